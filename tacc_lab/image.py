@@ -1,0 +1,115 @@
+"""Build (once) and cache the Debian bookworm node image.
+
+The image is keyed by a digest of everything that goes into it (package list, recipe
+version, the host's apt sources and locally added CA certificates), so a change in any
+of them builds a new image and an unchanged host reuses the cached one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tacc_lab.apt_sources import debian_mirror, source_files
+from tacc_lab.config import LabConfig
+from tacc_lab.runner import run
+
+SUITE = "bookworm"
+RECIPE_VERSION = "1"
+PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-apt",  # ansible.builtin.apt needs it on the target
+    "iproute2",
+    "sudo",
+    "ca-certificates",
+    "procps",  # ps/pgrep for health checks and testinfra
+)
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
+COMPLETE_MARK = ".tacc-lab-image-complete"
+
+
+def _ca_files() -> list[Path]:
+    return sorted(LOCAL_CA_DIR.glob("*.crt")) if LOCAL_CA_DIR.is_dir() else []
+
+
+def image_digest() -> str:
+    digest = hashlib.sha256(f"{SUITE}|{RECIPE_VERSION}|{','.join(PACKAGES)}".encode())
+    for file in source_files() + _ca_files():
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def image_path(cfg: LabConfig) -> Path:
+    return cfg.image_cache / f"{SUITE}-{image_digest()}"
+
+
+def ensure_image(cfg: LabConfig, log=print) -> tuple[Path, float | None]:
+    """Return (image dir, build seconds or None when it came from the cache)."""
+    target = image_path(cfg)
+    if (target / COMPLETE_MARK).exists():
+        return target, None
+    cfg.image_cache.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + ".building")
+    if staging.exists():
+        shutil.rmtree(staging)
+    log(f"building node image {target.name} (once; cached in {cfg.image_cache}) ...")
+    start = time.monotonic()
+    run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(staging),
+            debian_mirror(),
+        ]
+    )
+    _bake(staging)
+    (staging / COMPLETE_MARK).write_text(f"{time.time()}\n")
+    staging.rename(target)
+    _prune_old_images(cfg, keep=target)
+    return target, time.monotonic() - start
+
+
+def _bake(root: Path) -> None:
+    """Configure the image for any node: the host's sources and CAs, no shared secrets."""
+    apt_dir = root / "etc/apt"
+    (apt_dir / "sources.list").write_text("")
+    for file in source_files():
+        in_dir = file.parent.name == "sources.list.d"
+        target = apt_dir / "sources.list.d" / file.name if in_dir else apt_dir / file.name
+        shutil.copy2(file, target)
+    ca_dir = root / "usr/local/share/ca-certificates"
+    ca_dir.mkdir(parents=True, exist_ok=True)
+    for cert in _ca_files():
+        shutil.copy2(cert, ca_dir / cert.name)
+    run(["chroot", str(root), "update-ca-certificates"])
+    # Every node gets its own SSH host key and machine-id at boot time (see nodes.py);
+    # the ones debootstrap generated would otherwise be shared by all nodes.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc/ssh/sshd_config.d").mkdir(exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/10-tacc-lab.conf").write_text(
+        "HostKey /etc/ssh/ssh_host_ed25519_key\nUseDNS no\n"
+    )
+    (root / "etc/machine-id").write_text("")
+    run(["chroot", str(root), "systemctl", "enable", "systemd-networkd.service"])
+    run(["chroot", str(root), "apt-get", "clean"])
+    shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+    (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+
+
+def _prune_old_images(cfg: LabConfig, keep: Path) -> None:
+    """Remove superseded images that no running node uses as its overlay lower layer."""
+    mounts = Path("/proc/self/mounts").read_text()
+    for old in cfg.image_cache.glob(f"{SUITE}-*"):
+        if old != keep and not old.name.endswith(".building") and str(old) not in mounts:
+            print(f"removing stale node image {old.name}", file=sys.stderr)
+            shutil.rmtree(old, ignore_errors=True)

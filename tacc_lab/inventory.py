@@ -1,0 +1,70 @@
+"""Render the Ansible inventory for a lab (pure, unit-tested).
+
+Groups match `inventory/example/hosts.yml`, so every playbook runs unchanged on the lab.
+Node 1 is the head node (controller, login, accounting, NFS server); every other node
+is a compute node. A one-node lab puts everything on n1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server")
+COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
+ALL_GROUPS = HEAD_GROUPS + COMPUTE_GROUPS
+
+
+@dataclass(frozen=True)
+class InventoryNode:
+    name: str
+    address: str
+    index: int
+
+
+def groups_for(index: int, node_count: int) -> tuple[str, ...]:
+    if index == 1:
+        return HEAD_GROUPS + (COMPUTE_GROUPS if node_count == 1 else ())
+    return COMPUTE_GROUPS
+
+
+def render_inventory(
+    nodes: list[InventoryNode],
+    *,
+    ssh_key: Path,
+    known_hosts: Path,
+    proxy_url: str,
+    lab_name: str,
+) -> str:
+    """YAML text of the inventory for `nodes`, with host-key checking against the lab's file."""
+    count = len(nodes)
+    groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
+    hosts: dict[str, dict] = {}
+    for node in sorted(nodes, key=lambda n: n.index):
+        hosts[node.name] = {"ansible_host": node.address}
+        for group in groups_for(node.index, count):
+            groups[group]["hosts"][node.name] = None
+    ssh_args = (
+        f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
+        "-o ControlMaster=auto -o ControlPersist=60s"
+    )
+    data = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "ansible_ssh_private_key_file": str(ssh_key),
+                "ansible_ssh_common_args": ssh_args,
+                # Facts the roles read to adapt to the lab (see docs/lab.md).
+                "tacc_lab_name": lab_name,
+                "tacc_http_proxy": proxy_url,
+                "tacc_shared_dir": "/shared",
+            },
+            "hosts": hosts,
+            "children": {group: spec for group, spec in groups.items() if spec["hosts"]},
+        }
+    }
+    header = f"# Written by `tacc-lab up` for lab {lab_name!r}. Do not edit: it is regenerated.\n"
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,213 @@
+"""Lab lifecycle: up (idempotent, grows by whole nodes), down (leaves nothing), status."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tacc_lab.addressing import node_address, node_name
+from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
+from tacc_lab.image import ensure_image
+from tacc_lab.inventory import InventoryNode, groups_for, render_inventory
+from tacc_lab.network import bridge_exists, ensure_bridge, remove_bridge
+from tacc_lab.nodes import (
+    NodePaths,
+    configure_node,
+    ensure_ssh_key,
+    host_public_key,
+    is_mounted,
+    mount_overlay,
+    start_node,
+    stop_node,
+    wait_for_ssh,
+    write_known_hosts,
+)
+from tacc_lab.prereqs import check_prerequisites
+from tacc_lab.processes import process_alive, stop_process
+from tacc_lab.proxy import proxy_url, start_proxy
+from tacc_lab.runner import run
+from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
+
+
+@dataclass
+class UpResult:
+    started: list[str]
+    image_build_seconds: float | None
+    seconds: float
+
+
+def resolve_config(name: str, subnet: str | None, default_subnet: str) -> LabConfig:
+    """A running lab keeps its subnet; a different explicit --subnet is an error."""
+    probe = LabConfig.create(name, subnet or default_subnet)
+    state = load_state(probe.state_file)
+    if state is None:
+        return probe
+    if subnet is not None and probe.subnet != LabConfig.create(name, state.subnet).subnet:
+        raise LabError(
+            f"lab {name!r} already runs on {state.subnet}; run `tacc-lab down` before "
+            f"changing --subnet to {subnet}"
+        )
+    return LabConfig.create(name, state.subnet)
+
+
+def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpResult:
+    if node_count < 1:
+        raise LabError(f"--nodes must be at least 1, got {node_count}")
+    check_prerequisites()
+    start = time.monotonic()
+    with locked(cfg.state_dir):
+        state = load_state(cfg.state_file) or LabState(subnet=str(cfg.subnet))
+        if node_count < len(state.nodes):
+            raise LabError(
+                f"lab {cfg.name!r} has {len(state.nodes)} nodes; `up` only adds nodes "
+                f"(asked for {node_count}). Run `tacc-lab down` first to start smaller."
+            )
+        # Validate every new address before touching the host.
+        wanted = [
+            NodeRecord(name=node_name(i), index=i, address=str(node_address(cfg.subnet, i)))
+            for i in range(1, node_count + 1)
+        ]
+        image, built = _image_for(cfg, state, log)
+        ensure_ssh_key(cfg)
+        cfg.shared_dir.mkdir(parents=True, exist_ok=True)
+        ensure_bridge(cfg)
+        if not process_alive(state.proxy_pid):
+            state.proxy_pid = start_proxy(cfg)
+        state.image = str(image)
+        state.inventory = str(inventory_path)
+        save_state(cfg.state_file, state)
+
+        for record in wanted:
+            state.nodes.setdefault(record.name, record)
+        nodes = state.sorted_nodes()
+        to_start = [node for node in nodes if not process_alive(node.pid)]
+        public_keys: dict[str, tuple[str, str]] = {}
+        for node in to_start:
+            paths = NodePaths(cfg, node.name)
+            mount_overlay(paths, image)
+            configure_node(cfg, node, paths, nodes)
+        for node in nodes:
+            public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
+        write_known_hosts(cfg, public_keys)
+        for node in to_start:
+            node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
+            save_state(cfg.state_file, state)
+        if to_start:
+            log(f"booting {', '.join(n.name for n in to_start)} ...")
+        wait_for_ssh(cfg, to_start)
+        write_inventory(cfg, state, inventory_path)
+    return UpResult([n.name for n in to_start], built, time.monotonic() - start)
+
+
+def _image_for(cfg: LabConfig, state: LabState, log) -> tuple[Path, float | None]:
+    """Running nodes pin their image: new nodes must share the same lower layer."""
+    if state.nodes and state.image and Path(state.image).is_dir():
+        return Path(state.image), None
+    return ensure_image(cfg, log=log)
+
+
+def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
+    nodes = [InventoryNode(n.name, n.address, n.index) for n in state.sorted_nodes()]
+    text = render_inventory(
+        nodes,
+        ssh_key=cfg.ssh_key,
+        known_hosts=cfg.known_hosts,
+        proxy_url=proxy_url(cfg),
+        lab_name=cfg.name,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def down(cfg: LabConfig) -> list[str]:
+    """Stop and remove everything the lab created; safe to run twice or after a crash."""
+    check_prerequisites()
+    removed: list[str] = []
+    with locked(cfg.state_dir):
+        state = load_state(cfg.state_file)
+        if state is not None:
+            for node in state.sorted_nodes():
+                stop_node(cfg, node)
+                removed.append(node.name)
+            stop_process(state.proxy_pid)
+            if state.inventory:
+                Path(state.inventory).unlink(missing_ok=True)
+        for pid in leftover_processes(cfg):
+            stop_process(pid, timeout=15)
+        for mount in mounts_under(cfg.state_dir):
+            run(["umount", "--lazy", mount])
+        remove_bridge(cfg)
+    shutil.rmtree(cfg.state_dir, ignore_errors=True)
+    return removed
+
+
+def leftover_processes(cfg: LabConfig) -> list[int]:
+    """Node or proxy processes of this lab that the state file does not know about."""
+    markers = (f"--directory={cfg.nodes_dir}/", str(cfg.proxy_dir))
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if any(marker in cmdline for marker in markers):
+            found.append(int(proc.name))
+    return found
+
+
+def mounts_under(directory: Path) -> list[str]:
+    prefix = str(directory) + "/"
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    return sorted((p for p in points if p.startswith(prefix)), reverse=True)
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    address: str
+    state: str
+    groups: tuple[str, ...]
+
+
+def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str, str]]:
+    state = load_state(cfg.state_file)
+    if state is None:
+        return None, [], {}
+    count = len(state.nodes)
+    rows = []
+    for node in state.sorted_nodes():
+        running = process_alive(node.pid) and is_mounted(NodePaths(cfg, node.name).rootfs)
+        rows.append(
+            NodeStatus(
+                node.name,
+                node.address,
+                "running" if running else "stopped",
+                groups_for(node.index, count),
+            )
+        )
+    extra = {
+        "bridge": f"{cfg.bridge} ({'up' if bridge_exists(cfg.bridge) else 'missing'})",
+        "proxy": f"{proxy_url(cfg)} ({'running' if process_alive(state.proxy_pid) else 'stopped'})",
+        "shared": f"{cfg.shared_dir} -> /shared",
+        "image": state.image or "-",
+        "inventory": state.inventory or "-",
+    }
+    return state, rows, extra
+
+
+def find_node(cfg: LabConfig, name: str) -> NodeRecord:
+    state = load_state(cfg.state_file)
+    if state is None:
+        raise LabError(f"lab {cfg.name!r} is not up; run `tacc-lab up` first")
+    node = state.nodes.get(name)
+    if node is None:
+        known = ", ".join(n.name for n in state.sorted_nodes())
+        raise LabError(f"no node {name!r} in lab {cfg.name!r}; nodes are: {known}")
+    return node

@@ -1,0 +1,224 @@
+"""One lab node: an overlay over the cached image, booted by systemd-nspawn on the bridge."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
+from tacc_lab.processes import process_alive, stop_process
+from tacc_lab.proxy import proxy_url
+from tacc_lab.runner import run
+from tacc_lab.state import NodeRecord
+
+
+class NodePaths:
+    def __init__(self, cfg: LabConfig, name: str) -> None:
+        self.base = cfg.nodes_dir / name
+        self.upper = self.base / "upper"
+        self.work = self.base / "work"
+        self.rootfs = self.base / "rootfs"
+        self.log = self.base / "console.log"
+        self.host_key = self.base / "ssh_host_ed25519_key"
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts)
+
+
+def mount_overlay(paths: NodePaths, image: Path) -> None:
+    for directory in (paths.upper, paths.work, paths.rootfs):
+        directory.mkdir(parents=True, exist_ok=True)
+    if not is_mounted(paths.rootfs):
+        options = f"lowerdir={image},upperdir={paths.upper},workdir={paths.work}"
+        run(["mount", "-t", "overlay", "overlay", "-o", options, str(paths.rootfs)])
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def configure_node(
+    cfg: LabConfig, node: NodeRecord, paths: NodePaths, peers: list[NodeRecord]
+) -> str:
+    """Write the node's identity and network files into its overlay; return its host public key."""
+    root = paths.rootfs
+    prefix = cfg.subnet.prefixlen
+    proxy = proxy_url(cfg)
+    _write(root / "etc/hostname", f"{node.name}\n")
+    # A hosts file from the first boot: without it every FQDN lookup waits 10 s for DNS.
+    host_lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    host_lines += [f"{peer.address}\t{peer.name}" for peer in peers]
+    _write(root / "etc/hosts", "\n".join(host_lines) + "\n")
+    _write(root / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
+    # Must sort before the image's 80-container-host0.network, or host0 stays link-local.
+    _write(
+        root / "etc/systemd/network/10-host0.network",
+        f"[Match]\nName=host0\n\n[Network]\nAddress={node.address}/{prefix}\n"
+        "LinkLocalAddressing=no\nIPv6AcceptRA=no\n",
+    )
+    # No default route: the proxy on the bridge is the only way out, for registries only.
+    _write(
+        root / "etc/apt/apt.conf.d/01tacc-lab-proxy",
+        f'Acquire::http::Proxy "{proxy}";\nAcquire::https::Proxy "{proxy}";\n',
+    )
+    _write(root / "etc/pip.conf", f"[global]\nproxy = {proxy}\n")
+    _write(
+        root / "etc/environment",
+        f"http_proxy={proxy}\nhttps_proxy={proxy}\nno_proxy=localhost,127.0.0.1,{cfg.subnet}\n",
+    )
+    (root / "shared").mkdir(exist_ok=True)
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write(ssh_dir / "authorized_keys", cfg.ssh_key.with_suffix(".pub").read_text(), 0o600)
+    if not paths.host_key.exists():
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"root@{node.name}",
+                "-f",
+                str(paths.host_key),
+            ]
+        )
+    key_dst = root / "etc/ssh/ssh_host_ed25519_key"
+    _write(key_dst, paths.host_key.read_text(), 0o600)
+    public = paths.host_key.with_suffix(".pub").read_text()
+    _write(key_dst.with_suffix(".pub"), public)
+    return public
+
+
+def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
+    """Boot the node detached in its own session; return the systemd-nspawn pid."""
+    cmd = [
+        "systemd-nspawn",
+        "--quiet",
+        "--boot",
+        f"--directory={paths.rootfs}",
+        f"--machine={cfg.machine_name(node.name)}",
+        f"--hostname={node.name}",
+        # The host has no systemd as PID 1: no machined registration, no scope unit.
+        "--register=no",
+        "--keep-unit",
+        f"--network-bridge={cfg.bridge}",
+        f"--bind={cfg.shared_dir}:/shared",
+        "--console=passive",
+    ]
+    with open(paths.log, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def wait_for_ssh(cfg: LabConfig, nodes: list[NodeRecord], timeout: float = 90.0) -> None:
+    """Block until every node accepts an SSH login with its verified host key."""
+    deadline = time.monotonic() + timeout
+    pending = list(nodes)
+    while pending and time.monotonic() < deadline:
+        for node in list(pending):
+            if node.pid and not process_alive(node.pid):
+                log = (cfg.nodes_dir / node.name / "console.log").read_text(errors="replace")
+                raise LabError(f"node {node.name} exited while booting: {log.strip()[-500:]}")
+            if _port_open(node.address) and _ssh_ok(cfg, node):
+                pending.remove(node)
+        if pending:
+            time.sleep(0.2)
+    if pending:
+        names = ", ".join(n.name for n in pending)
+        raise LabError(f"nodes {names} did not answer SSH within {timeout:.0f} s")
+
+
+def _port_open(address: str) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def ssh_base_args(cfg: LabConfig) -> list[str]:
+    return [
+        "ssh",
+        "-i",
+        str(cfg.ssh_key),
+        "-o",
+        f"UserKnownHostsFile={cfg.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+
+
+def _ssh_ok(cfg: LabConfig, node: NodeRecord) -> bool:
+    proc = subprocess.run(
+        [*ssh_base_args(cfg), f"root@{node.address}", "true"],
+        capture_output=True,
+        check=False,
+        timeout=15,
+    )
+    return proc.returncode == 0
+
+
+def stop_node(cfg: LabConfig, node: NodeRecord) -> None:
+    """Power the node off (SIGTERM makes nspawn halt the container), unmount, delete."""
+    stop_process(node.pid, timeout=15)
+    paths = NodePaths(cfg, node.name)
+    if is_mounted(paths.rootfs):
+        run(["umount", str(paths.rootfs)])
+    if paths.base.exists():
+        run(["rm", "-rf", "--one-file-system", str(paths.base)])
+
+
+def ensure_ssh_key(cfg: LabConfig) -> None:
+    cfg.ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not cfg.ssh_key.exists():
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"tacc-lab-{cfg.name}",
+                "-f",
+                str(cfg.ssh_key),
+            ]
+        )
+
+
+def write_known_hosts(cfg: LabConfig, entries: dict[str, tuple[str, str]]) -> None:
+    """entries: node name -> (address, public key line)."""
+    lines = []
+    for name, (address, public) in sorted(entries.items()):
+        keytype, key = public.split()[:2]
+        lines.append(f"{name},{address} {keytype} {key}\n")
+    _write(cfg.known_hosts, "".join(lines), 0o600)
+
+
+def host_public_key(cfg: LabConfig, name: str) -> str:
+    return (cfg.nodes_dir / name / "ssh_host_ed25519_key.pub").read_text()

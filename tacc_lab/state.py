@@ -1,0 +1,55 @@
+"""The lab's on-disk record of its subnet, proxy and nodes (JSON, written atomically)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    index: int
+    address: str
+    pid: int | None = None
+
+
+@dataclass
+class LabState:
+    subnet: str
+    proxy_pid: int | None = None
+    image: str | None = None
+    inventory: str | None = None
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+
+    def sorted_nodes(self) -> list[NodeRecord]:
+        return sorted(self.nodes.values(), key=lambda n: n.index)
+
+
+def load_state(path: Path) -> LabState | None:
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    nodes = {name: NodeRecord(**rec) for name, rec in raw.pop("nodes", {}).items()}
+    return LabState(nodes=nodes, **raw)
+
+
+def save_state(path: Path, state: LabState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+@contextmanager
+def locked(state_dir: Path) -> Iterator[None]:
+    """Serialize lab changes: two `tacc-lab up` at once would race on the same nodes."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import yaml
+
+from tacc_lab.inventory import (
+    COMPUTE_GROUPS,
+    HEAD_GROUPS,
+    InventoryNode,
+    groups_for,
+    render_inventory,
+)
+
+
+def _render(count: int) -> dict:
+    nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
+    text = render_inventory(
+        nodes,
+        ssh_key=Path("/var/lib/tacc-lab/lab/ssh/id_ed25519"),
+        known_hosts=Path("/var/lib/tacc-lab/lab/ssh/known_hosts"),
+        proxy_url="http://10.77.0.1:3128",
+        lab_name="lab",
+    )
+    assert text.startswith("# Written by `tacc-lab up`")
+    return yaml.safe_load(text)
+
+
+def test_head_node_and_compute_nodes_get_their_groups():
+    data = _render(3)["all"]
+    assert list(data["hosts"]) == ["n1", "n2", "n3"]  # sorted by index
+    assert data["hosts"]["n2"]["ansible_host"] == "10.77.0.12"
+    children = data["children"]
+    assert list(children["slurm_controller"]["hosts"]) == ["n1"]
+    assert list(children["login"]["hosts"]) == ["n1"]
+    assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
+    assert list(children["gpu_nodes"]["hosts"]) == ["n2", "n3"]
+
+
+def test_single_node_lab_is_head_and_compute():
+    assert set(groups_for(1, 1)) == set(HEAD_GROUPS) | set(COMPUTE_GROUPS)
+    children = _render(1)["all"]["children"]
+    assert list(children["slurm_compute"]["hosts"]) == ["n1"]
+
+
+def test_inventory_verifies_host_keys_against_lab_known_hosts():
+    lab_vars = _render(2)["all"]["vars"]
+    args = lab_vars["ansible_ssh_common_args"]
+    assert "StrictHostKeyChecking=yes" in args
+    assert "UserKnownHostsFile=/var/lib/tacc-lab/lab/ssh/known_hosts" in args
+    assert lab_vars["ansible_user"] == "root"
+    assert lab_vars["tacc_http_proxy"] == "http://10.77.0.1:3128"
+
+
+def test_groups_match_the_example_inventory(project_root):
+    example = yaml.safe_load((project_root / "inventory/example/hosts.yml").read_text())
+    example_groups = set(example["all"]["children"])
+    assert set(HEAD_GROUPS) | set(COMPUTE_GROUPS) <= example_groups
