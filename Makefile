@@ -70,11 +70,11 @@ integration: venv
 	pytest -q -m lab tests/integration
 
 molecule: venv
-	cd molecule && molecule test --all
+	molecule test --all
 
 test: lint
 	pytest -q tests
-	cd molecule && molecule test --all
+	molecule test --all
 
 clean: lab-down
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

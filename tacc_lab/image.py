@@ -8,6 +8,7 @@ of them builds a new image and an unchanged host reuses the cached one.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -18,7 +19,7 @@ from tacc_lab.config import LabConfig
 from tacc_lab.runner import run
 
 SUITE = "bookworm"
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -103,7 +104,12 @@ def _bake(root: Path) -> None:
     run(["chroot", str(root), "systemctl", "enable", "systemd-networkd.service"])
     run(["chroot", str(root), "apt-get", "clean"])
     shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
-    (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+    lists = root / "var/lib/apt/lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    # The image ships no package lists: date the empty directory to the epoch so that
+    # `apt update_cache` with `cache_valid_time` refreshes them on a node's first run.
+    for path in (lists / "partial", lists):
+        os.utime(path, (0, 0))
 
 
 def _prune_old_images(cfg: LabConfig, keep: Path) -> None:

@@ -20,14 +20,15 @@ from tacc_lab.nodes import (
     host_public_key,
     is_mounted,
     mount_overlay,
+    node_alive,
     start_node,
     stop_node,
     wait_for_ssh,
     write_known_hosts,
 )
 from tacc_lab.prereqs import check_prerequisites
-from tacc_lab.processes import process_alive, stop_process
-from tacc_lab.proxy import proxy_url, start_proxy
+from tacc_lab.processes import stop_process
+from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
 
@@ -74,7 +75,7 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
         ensure_ssh_key(cfg)
         cfg.shared_dir.mkdir(parents=True, exist_ok=True)
         ensure_bridge(cfg)
-        if not process_alive(state.proxy_pid):
+        if not proxy_alive(cfg, state.proxy_pid):
             state.proxy_pid = start_proxy(cfg)
         state.image = str(image)
         state.inventory = str(inventory_path)
@@ -83,7 +84,7 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
         for record in wanted:
             state.nodes.setdefault(record.name, record)
         nodes = state.sorted_nodes()
-        to_start = [node for node in nodes if not process_alive(node.pid)]
+        to_start = [node for node in nodes if not node_alive(cfg, node)]
         public_keys: dict[str, tuple[str, str]] = {}
         for node in to_start:
             paths = NodePaths(cfg, node.name)
@@ -133,11 +134,11 @@ def down(cfg: LabConfig) -> list[str]:
             for node in state.sorted_nodes():
                 stop_node(cfg, node)
                 removed.append(node.name)
-            stop_process(state.proxy_pid)
+            stop_proxy(cfg, state.proxy_pid)
             if state.inventory:
                 Path(state.inventory).unlink(missing_ok=True)
-        for pid in leftover_processes(cfg):
-            stop_process(pid, timeout=15)
+        for pid, marker in leftover_processes(cfg):
+            stop_process(pid, marker, timeout=15)
         for mount in mounts_under(cfg.state_dir):
             run(["umount", "--lazy", mount])
         remove_bridge(cfg)
@@ -145,8 +146,8 @@ def down(cfg: LabConfig) -> list[str]:
     return removed
 
 
-def leftover_processes(cfg: LabConfig) -> list[int]:
-    """Node or proxy processes of this lab that the state file does not know about."""
+def leftover_processes(cfg: LabConfig) -> list[tuple[int, str]]:
+    """(pid, marker) of node or proxy processes of this lab the state file does not know."""
     markers = (f"--directory={cfg.nodes_dir}/", str(cfg.proxy_dir))
     found = []
     for proc in Path("/proc").iterdir():
@@ -156,8 +157,7 @@ def leftover_processes(cfg: LabConfig) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if any(marker in cmdline for marker in markers):
-            found.append(int(proc.name))
+        found += [(int(proc.name), marker) for marker in markers if marker in cmdline][:1]
     return found
 
 
@@ -183,7 +183,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
     count = len(state.nodes)
     rows = []
     for node in state.sorted_nodes():
-        running = process_alive(node.pid) and is_mounted(NodePaths(cfg, node.name).rootfs)
+        running = node_alive(cfg, node) and is_mounted(NodePaths(cfg, node.name).rootfs)
         rows.append(
             NodeStatus(
                 node.name,
@@ -192,9 +192,10 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
                 groups_for(node.index, count),
             )
         )
+    proxy_state = "running" if proxy_alive(cfg, state.proxy_pid) else "stopped"
     extra = {
         "bridge": f"{cfg.bridge} ({'up' if bridge_exists(cfg.bridge) else 'missing'})",
-        "proxy": f"{proxy_url(cfg)} ({'running' if process_alive(state.proxy_pid) else 'stopped'})",
+        "proxy": f"{proxy_url(cfg)} ({proxy_state})",
         "shared": f"{cfg.shared_dir} -> /shared",
         "image": state.image or "-",
         "inventory": state.inventory or "-",

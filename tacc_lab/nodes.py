@@ -101,6 +101,14 @@ def configure_node(
     return public
 
 
+def _marker(paths: NodePaths) -> str:
+    return f"--directory={paths.rootfs}"
+
+
+def node_alive(cfg: LabConfig, node: NodeRecord) -> bool:
+    return process_alive(node.pid, _marker(NodePaths(cfg, node.name)))
+
+
 def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
     """Boot the node detached in its own session; return the systemd-nspawn pid."""
     cmd = [
@@ -134,7 +142,7 @@ def wait_for_ssh(cfg: LabConfig, nodes: list[NodeRecord], timeout: float = 90.0)
     pending = list(nodes)
     while pending and time.monotonic() < deadline:
         for node in list(pending):
-            if node.pid and not process_alive(node.pid):
+            if not node_alive(cfg, node):
                 log = (cfg.nodes_dir / node.name / "console.log").read_text(errors="replace")
                 raise LabError(f"node {node.name} exited while booting: {log.strip()[-500:]}")
             if _port_open(node.address) and _ssh_ok(cfg, node):
@@ -184,8 +192,8 @@ def _ssh_ok(cfg: LabConfig, node: NodeRecord) -> bool:
 
 def stop_node(cfg: LabConfig, node: NodeRecord) -> None:
     """Power the node off (SIGTERM makes nspawn halt the container), unmount, delete."""
-    stop_process(node.pid, timeout=15)
     paths = NodePaths(cfg, node.name)
+    stop_process(node.pid, _marker(paths), timeout=15)
     if is_mounted(paths.rootfs):
         run(["umount", str(paths.rootfs)])
     if paths.base.exists():

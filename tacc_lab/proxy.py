@@ -19,6 +19,7 @@ from tacc_lab.addressing import bridge_address
 from tacc_lab.apt_sources import source_hosts
 from tacc_lab.config import PROXY_PORT, LabConfig
 from tacc_lab.errors import LabError
+from tacc_lab.processes import process_alive, stop_process
 from tacc_lab.runner import run
 
 
@@ -132,3 +133,11 @@ def _wait_listening(cfg: LabConfig, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.1)
     raise LabError(f"tinyproxy did not listen on {address[0]}:{address[1]} within 10 s")
+
+
+def proxy_alive(cfg: LabConfig, pid: int | None) -> bool:
+    return process_alive(pid, str(cfg.proxy_dir))
+
+
+def stop_proxy(cfg: LabConfig, pid: int | None) -> None:
+    stop_process(pid, str(cfg.proxy_dir))
