@@ -24,6 +24,14 @@ class InventoryNode:
     index: int
 
 
+@dataclass(frozen=True)
+class NodeHardware:
+    """What every lab node sees: the host's CPUs and memory (nodes share the kernel)."""
+
+    cpus: int
+    memory_mb: int
+
+
 def groups_for(index: int, node_count: int) -> tuple[str, ...]:
     if index == 1:
         return HEAD_GROUPS + (COMPUTE_GROUPS if node_count == 1 else ())
@@ -37,6 +45,7 @@ def render_inventory(
     known_hosts: Path,
     proxy_url: str,
     lab_name: str,
+    hardware: NodeHardware,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file."""
     count = len(nodes)
@@ -61,6 +70,14 @@ def render_inventory(
                 "tacc_lab_name": lab_name,
                 "tacc_http_proxy": proxy_url,
                 "tacc_shared_dir": "/shared",
+                # Where the lab differs from production (docs/lab.md): the host owns the
+                # clock, and nspawn mounts cgroup v1 controllers read-only.
+                "common_time_sync": "none",
+                "slurm_proctrack_type": "proctrack/linuxproc",
+                "slurm_task_plugin": "task/none",
+                "slurm_jobacct_gather_type": "jobacct_gather/linux",
+                "slurm_node_cpus": hardware.cpus,
+                "slurm_node_memory_mb": hardware.memory_mb,
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from tacc_lab.addressing import node_address, node_name
 from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.image import ensure_image
-from tacc_lab.inventory import InventoryNode, groups_for, render_inventory
+from tacc_lab.inventory import InventoryNode, NodeHardware, groups_for, render_inventory
 from tacc_lab.network import bridge_exists, ensure_bridge, remove_bridge
 from tacc_lab.nodes import (
     NodePaths,
@@ -118,10 +119,17 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         known_hosts=cfg.known_hosts,
         proxy_url=proxy_url(cfg),
         lab_name=cfg.name,
+        hardware=host_hardware(),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
+
+
+def host_hardware() -> NodeHardware:
+    meminfo = Path("/proc/meminfo").read_text().split()
+    memory_kb = int(meminfo[meminfo.index("MemTotal:") + 1])
+    return NodeHardware(cpus=os.cpu_count() or 1, memory_mb=memory_kb // 1024)
 
 
 def down(cfg: LabConfig) -> list[str]:

@@ -6,6 +6,7 @@ from tacc_lab.inventory import (
     COMPUTE_GROUPS,
     HEAD_GROUPS,
     InventoryNode,
+    NodeHardware,
     groups_for,
     render_inventory,
 )
@@ -19,6 +20,7 @@ def _render(count: int) -> dict:
         known_hosts=Path("/var/lib/tacc-lab/lab/ssh/known_hosts"),
         proxy_url="http://10.77.0.1:3128",
         lab_name="lab",
+        hardware=NodeHardware(cpus=2, memory_mb=24000),
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)
@@ -54,3 +56,10 @@ def test_groups_match_the_example_inventory(project_root):
     example = yaml.safe_load((project_root / "inventory/example/hosts.yml").read_text())
     example_groups = set(example["all"]["children"])
     assert set(HEAD_GROUPS) | set(COMPUTE_GROUPS) <= example_groups
+
+
+def test_lab_sets_the_plugins_nspawn_supports():
+    lab_vars = _render(2)["all"]["vars"]
+    assert lab_vars["slurm_proctrack_type"] == "proctrack/linuxproc"
+    assert lab_vars["slurm_task_plugin"] == "task/none"
+    assert (lab_vars["slurm_node_cpus"], lab_vars["slurm_node_memory_mb"]) == (2, 24000)
