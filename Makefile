@@ -51,11 +51,11 @@ lab-down: venv
 	tacc-lab down
 
 demo: lab-up
-	@echo "== every lab node answers Ansible =="
-	ansible all -m ansible.builtin.ping -o
-	@echo "== the shared directory is the same on every node =="
-	tacc-lab ssh n1 sh -c 'hostname > /shared/hello-from-n1'
-	ansible all -m ansible.builtin.command -a 'cat /shared/hello-from-n1' -o
+	@echo "== provision the lab as a Slurm cluster (re-runs change nothing) =="
+	ansible-playbook playbooks/site.yml
+	@echo "== the cluster at work =="
+	tacc-lab ssh n1 sinfo
+	tacc-lab ssh n1 srun -N2 hostname
 	@echo "demo done: the lab stays up (make lab-down removes it)"
 
 lint: venv

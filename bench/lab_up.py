@@ -35,8 +35,7 @@ def sh(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Complet
     return proc
 
 
-def up_until_ping(nodes: int, inventory: Path, env: dict[str, str] | None = None) -> float:
-    start = time.monotonic()
+def lab_up(nodes: int, inventory: Path, env: dict[str, str] | None) -> None:
     sh(
         [
             str(BIN / "tacc-lab"),
@@ -52,6 +51,11 @@ def up_until_ping(nodes: int, inventory: Path, env: dict[str, str] | None = None
         ],
         env,
     )
+
+
+def up_until_ping(nodes: int, inventory: Path, env: dict[str, str] | None = None) -> float:
+    start = time.monotonic()
+    lab_up(nodes, inventory, env)
     ping = sh([str(BIN / "ansible"), "-i", str(inventory), "all", "-m", "ansible.builtin.ping"])
     elapsed = time.monotonic() - start
     answered = ping.stdout.count("SUCCESS")
@@ -76,21 +80,7 @@ def main() -> int:
             cache = {"TACC_LAB_IMAGE_CACHE": str(Path(tmp) / "images")}
             down(cache)
             start = time.monotonic()
-            sh(
-                [
-                    str(BIN / "tacc-lab"),
-                    "--name",
-                    NAME,
-                    "up",
-                    "--nodes",
-                    "1",
-                    "--subnet",
-                    SUBNET,
-                    "--inventory",
-                    str(inventory),
-                ],
-                cache,
-            )
+            lab_up(1, inventory, cache)
             print(f"image build (uncached) + 1 node boot: {time.monotonic() - start:.1f} s")
             down(cache)
         down()

@@ -80,20 +80,7 @@ def configure_node(
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(ssh_dir / "authorized_keys", cfg.ssh_key.with_suffix(".pub").read_text(), 0o600)
     if not paths.host_key.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"root@{node.name}",
-                "-f",
-                str(paths.host_key),
-            ]
-        )
+        generate_ed25519_key(paths.host_key, comment=f"root@{node.name}")
     key_dst = root / "etc/ssh/ssh_host_ed25519_key"
     _write(key_dst, paths.host_key.read_text(), 0o600)
     public = paths.host_key.with_suffix(".pub").read_text()
@@ -200,23 +187,15 @@ def stop_node(cfg: LabConfig, node: NodeRecord) -> None:
         run(["rm", "-rf", "--one-file-system", str(paths.base)])
 
 
+def generate_ed25519_key(path: Path, *, comment: str) -> None:
+    """A passphrase-less ed25519 key pair at `path` and `path`.pub."""
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
 def ensure_ssh_key(cfg: LabConfig) -> None:
     cfg.ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not cfg.ssh_key.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"tacc-lab-{cfg.name}",
-                "-f",
-                str(cfg.ssh_key),
-            ]
-        )
+        generate_ed25519_key(cfg.ssh_key, comment=f"tacc-lab-{cfg.name}")
 
 
 def write_known_hosts(cfg: LabConfig, entries: dict[str, tuple[str, str]]) -> None:

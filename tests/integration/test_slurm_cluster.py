@@ -1,0 +1,108 @@
+"""Issue [2] on a real lab: converge site.yml, Slurm works across nodes, the re-run and
+--check --diff change nothing, and adding a node does not disturb a running job.
+
+Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, ROOT
+from tests.integration.lab_helpers import lab_cli, node_sh
+
+pytestmark = pytest.mark.lab
+
+NAME = "slurm"
+SUBNET = "10.77.6.0/24"
+
+
+def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
+    proc = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    changed = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)
+    }
+    return proc, changed
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Path:
+    inventory = tmp_path_factory.mktemp("slurm") / "hosts.yml"
+    lab_cli(NAME, "down")
+    proc = lab_cli(NAME, "up", "--nodes", "3", "--subnet", SUBNET, "--inventory", str(inventory))
+    assert proc.returncode == 0, proc.stderr
+    site(inventory)
+    yield inventory
+    lab_cli(NAME, "down")
+
+
+def test_compute_nodes_are_idle(cluster):
+    out = node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout.split("\n")
+    assert sorted(line for line in out if line) == ["n2 idle", "n3 idle"]
+
+
+def test_srun_spans_both_compute_nodes(cluster):
+    proc = node_sh(NAME, "n1", "timeout 60 srun -N2 hostname")
+    assert sorted(proc.stdout.split()) == ["n2", "n3"], proc.stderr
+
+
+def test_munge_credentials_decode_across_nodes(cluster):
+    cred = node_sh(NAME, "n3", "munge -n").stdout.strip()
+    proc = node_sh(NAME, "n1", f"echo {cred} | unmunge")
+    assert "STATUS:          Success (0)" in proc.stdout
+    assert "ENCODE_HOST:     n3" in proc.stdout
+    mode = node_sh(NAME, "n2", "stat -c '%a %U' /etc/munge/munge.key").stdout.strip()
+    assert mode == "400 munge"
+
+
+def test_rerun_and_check_diff_change_nothing(cluster):
+    _, changed = site(cluster)
+    assert changed == {"n1": 0, "n2": 0, "n3": 0}
+    _, changed = site(cluster, "--check", "--diff")
+    assert changed == {"n1": 0, "n2": 0, "n3": 0}
+
+
+def test_added_node_joins_without_disturbing_a_running_job(cluster):
+    job = node_sh(NAME, "n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 300'").stdout.strip()
+    deadline = time.monotonic() + 30
+    while node_sh(NAME, "n1", f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(1)
+    proc = lab_cli(NAME, "up", "--nodes", "4", "--inventory", str(cluster))
+    assert proc.returncode == 0, proc.stderr
+    run, changed = site(cluster)
+    assert changed["n4"] > 0
+    # Existing nodes change only what the new node list changes: /etc/hosts, slurm.conf
+    # and the ordered daemon restart.
+    for host in ("n1", "n2", "n3"):
+        assert changed[host] <= 3, run.stdout[-3000:]
+    deadline = time.monotonic() + 60
+    while "n4 idle" not in node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout:
+        assert time.monotonic() < deadline, "n4 never became idle"
+        time.sleep(2)
+    state = node_sh(NAME, "n1", f"squeue -h -j {job} -o '%T %N'").stdout.strip()
+    assert state == "RUNNING n2"
+    node_sh(NAME, "n1", f"scancel {job}")
+    _, changed = site(cluster)
+    assert set(changed.values()) == {0}
