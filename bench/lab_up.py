@@ -12,45 +12,16 @@ Uses its own lab name and subnet, so a running `make lab-up` lab is not disturbe
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-NAME = "bench"
-SUBNET = "10.77.7.0/24"
+from benchlib import BIN, lab_up, sh
+from benchlib import lab_down as down
+
 TARGET_SECONDS = 30.0
-
-
-def sh(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, cwd=ROOT, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"bench: `{' '.join(argv)}` failed:\n{proc.stdout}{proc.stderr}")
-    return proc
-
-
-def lab_up(nodes: int, inventory: Path, env: dict[str, str] | None) -> None:
-    sh(
-        [
-            str(BIN / "tacc-lab"),
-            "--name",
-            NAME,
-            "up",
-            "--nodes",
-            str(nodes),
-            "--subnet",
-            SUBNET,
-            "--inventory",
-            str(inventory),
-        ],
-        env,
-    )
 
 
 def up_until_ping(nodes: int, inventory: Path, env: dict[str, str] | None = None) -> float:
@@ -62,10 +33,6 @@ def up_until_ping(nodes: int, inventory: Path, env: dict[str, str] | None = None
     if answered != nodes:
         sys.exit(f"bench: only {answered}/{nodes} nodes answered ping")
     return elapsed
-
-
-def down(env: dict[str, str] | None = None) -> None:
-    sh([str(BIN / "tacc-lab"), "--name", NAME, "down"], env)
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -20,21 +21,60 @@ def lab_status(name: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def ansible(inventory: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {
+def ansible_env(inventory: Path) -> dict[str, str]:
+    """The repo's ansible.cfg, the venv's tools, and a fact cache private to this lab:
+    labs reuse node names (n1, n2, ...), so a shared cache would hand one lab's facts
+    to another."""
+    return {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.parent / "facts"),
         "PATH": f"{BIN}:{os.environ['PATH']}",
     }
+
+
+def ansible(inventory: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(BIN / "ansible"), "-i", str(inventory), *argv],
         capture_output=True,
         text=True,
-        env=env,
+        env=ansible_env(inventory),
         cwd=ROOT,
         timeout=timeout,
         check=False,
     )
+
+
+def failure_summary(proc: subprocess.CompletedProcess) -> str:
+    """What went wrong in an ansible-playbook run, failing lines first (a CI log keeps
+    only the head of an assertion message)."""
+    bad = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(("fatal:", "failed:", "ERROR!", "[ERROR]")) or "UNREACHABLE!" in line
+    ]
+    recap = proc.stdout[proc.stdout.rfind("PLAY RECAP") :] if "PLAY RECAP" in proc.stdout else ""
+    tail = ["--- stderr ---", proc.stderr[-2000:], "--- tail ---", proc.stdout[-3000:]]
+    return "\n".join([f"rc={proc.returncode}", *bad, recap, *tail])
+
+
+def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    """Run playbooks/site.yml; return the run and changed= per host from the recap."""
+    proc = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml", *extra],
+        capture_output=True,
+        text=True,
+        env=ansible_env(inventory),
+        cwd=ROOT,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, failure_summary(proc)
+    changed = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)
+    }
+    return proc, changed
 
 
 def node_sh(name: str, node: str, script: str) -> subprocess.CompletedProcess:

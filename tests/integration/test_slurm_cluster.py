@@ -6,44 +6,17 @@ Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, ROOT
-from tests.integration.lab_helpers import lab_cli, node_sh
+from tests.integration.lab_helpers import lab_cli, node_sh, site
 
 pytestmark = pytest.mark.lab
 
 NAME = "slurm"
 SUBNET = "10.77.6.0/24"
-
-
-def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-    }
-    proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml", *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=1200,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    changed = {
-        m.group(1): int(m.group(2))
-        for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)
-    }
-    return proc, changed
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Measure playbooks/site.yml on a fresh 3-node lab: the first converge (packages through
+the lab proxy), the idempotent re-run, --check --diff, and adding a 4th node while a job
+runs. Prints seconds, changed= per host and the re-run/converge ratio.
+
+Usage (as root, from the repository root, after `make venv`):
+    .venv/bin/python bench/converge.py [--accounting]
+
+Targets from issue [2]: re-run changed=0 and <= 25% of the converge time. Uses the bench
+lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from benchlib import lab_down, lab_up, node_sh, playbook
+
+SITE = "playbooks/site.yml"
+RERUN_TARGET = 0.25
+
+
+def changed_text(changed: dict[str, int]) -> str:
+    return " ".join(f"{host}={count}" for host, count in sorted(changed.items()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--accounting", action="store_true", help="also converge slurmdbd + MariaDB on n1"
+    )
+    args = parser.parse_args()
+    extra = []
+    if args.accounting:
+        extra = ["-e", "slurm_accounting_enabled=true", "-e", "slurm_dbd_db_password=bench-only"]
+    with tempfile.TemporaryDirectory() as tmp:
+        inventory = Path(tmp) / "hosts.yml"
+        lab_down()
+        lab_up(3, inventory)
+        try:
+            converge, changed = playbook(inventory, SITE, *extra)
+            print(f"fresh converge, 3 nodes: {converge:.1f} s (changed {changed_text(changed)})")
+            rerun, changed = playbook(inventory, SITE, *extra)
+            ratio = rerun / converge
+            verdict = "meets" if ratio <= RERUN_TARGET and not any(changed.values()) else "MISSES"
+            print(
+                f"idempotent re-run: {rerun:.1f} s, {ratio:.2f}x of converge "
+                f"(changed {changed_text(changed)}; {verdict} the changed=0, "
+                f"<= {RERUN_TARGET:.0%} target)"
+            )
+            check, changed = playbook(inventory, SITE, "--check", "--diff", *extra)
+            print(f"--check --diff: {check:.1f} s (changed {changed_text(changed)})")
+
+            job = node_sh("n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 600'").strip()
+            lab_up(4, inventory)
+            add, changed = playbook(inventory, SITE, *extra)
+            state = node_sh("n1", f"squeue -h -j {job} -o %T").strip()
+            print(
+                f"add-node run (n4 joins): {add:.1f} s (changed {changed_text(changed)}); "
+                f"job {job} on n2 afterwards: {state}"
+            )
+            node_sh("n1", f"scancel {job}")
+        finally:
+            lab_down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
