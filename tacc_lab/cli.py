@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET
 from tacc_lab.errors import LabError
+from tacc_lab.fakehw import FakeHardware, install
 from tacc_lab.lab import down, find_node, resolve_config, status, up
-from tacc_lab.nodes import ssh_base_args
+from tacc_lab.nodes import NodePaths, ssh_base_args
 
 
 def default_inventory(name: str) -> Path:
@@ -45,6 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     p_ssh = sub.add_parser("ssh", help="open a shell or run a command on a node")
     p_ssh.add_argument("node")
     p_ssh.add_argument("cmd", nargs=argparse.REMAINDER, help="command and arguments to run")
+    p_fake = sub.add_parser(
+        "fake-hw", help="give a node FAKE GPUs, NVSwitches, ConnectX NICs and RDMA devices"
+    )
+    p_fake.add_argument("node")
+    p_fake.add_argument("--gpus", type=int, default=0, help="GPU count (default: 0)")
+    p_fake.add_argument("--gpu-model", default="h100", help="h100, a100 or l40s (default: h100)")
+    p_fake.add_argument("--nvswitches", type=int, default=0, help="NVSwitch count (default: 0)")
+    p_fake.add_argument("--nics", type=int, default=0, help="ConnectX-6 Dx count (default: 0)")
+    p_fake.add_argument("--nic-fw", default="22.36.1010", help="their running firmware")
+    p_fake.add_argument("--rdma", type=int, default=0, help="RDMA devices (mlx5_N) in sysfs")
+    p_fake.add_argument(
+        "--link-layer",
+        choices=["InfiniBand", "Ethernet"],
+        default="InfiniBand",
+        help="link layer of the RDMA ports (Ethernet = RoCE)",
+    )
     return parser
 
 
@@ -84,6 +101,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "status":
         return _print_status(cfg, as_json=args.json)
+    if args.command == "fake-hw":
+        node = find_node(cfg, args.node)
+        hardware = FakeHardware(
+            gpus=args.gpus,
+            gpu_model=args.gpu_model,
+            nvswitches=args.nvswitches,
+            nics=args.nics,
+            nic_fw=args.nic_fw,
+            ib_devices=args.rdma,
+            link_layer=args.link_layer,
+        )
+        installed = install(NodePaths(cfg, node.name).rootfs, node.name, hardware)
+        print(f"{node.name}: FAKE hardware installed: {'; '.join(installed)}")
+        return 0
     if args.command == "ssh":
         node = find_node(cfg, args.node)
         argv = [*ssh_base_args(cfg), "-t" if sys.stdin.isatty() else "-T", f"root@{node.address}"]

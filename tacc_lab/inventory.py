@@ -12,6 +12,12 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
+
+# Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
+# them to Access_Type/Squash).
+EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "no_root_squash")
+
 HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
 ALL_GROUPS = HEAD_GROUPS + COMPUTE_GROUPS
@@ -46,9 +52,11 @@ def render_inventory(
     proxy_url: str,
     lab_name: str,
     hardware: NodeHardware,
+    subnet: str,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file."""
     count = len(nodes)
+    head = min(nodes, key=lambda n: n.index).name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
     hosts: dict[str, dict] = {}
     for node in sorted(nodes, key=lambda n: n.index):
@@ -78,6 +86,26 @@ def render_inventory(
                 "slurm_jobacct_gather_type": "jobacct_gather/linux",
                 "slurm_node_cpus": hardware.cpus,
                 "slurm_node_memory_mb": hardware.memory_mb,
+                # No kernel NFS in nspawn nodes: n1 serves /shared (a host directory
+                # bind-mounted on every node) with NFS-Ganesha; clients get enabled mount
+                # units for it, and the lab's bind mount stands in for the mount itself.
+                "nfs_server_implementation": "ganesha",
+                "nfs_server_grace_period": 0,
+                "nfs_server_exports": [
+                    {"path": "/shared", "clients": subnet, "options": list(EXPORT_OPTIONS)}
+                ],
+                "nfs_client_mounts": [{"src": f"{head}:/shared", "path": "/shared"}],
+                "nfs_client_mount_now": False,
+                # FAKE hardware boundary (`tacc-lab fake-hw`): where the roles find the
+                # RDMA sysfs tree and the fake NVIDIA driver repository. Nodes without
+                # fakes have neither, exactly like nodes without the hardware.
+                "rdma_sysfs_root": NODE_RDMA_SYSFS,
+                "rdma_configfs_root": NODE_RDMA_CONFIGFS,
+                "nvidia_gpu_repo_uri": NODE_REPO_URI,
+                "nvidia_gpu_repo_suites": ["./"],
+                "nvidia_gpu_repo_trusted": True,
+                "nvidia_gpu_driver_packages": ["tacc-fake-nvidia-driver"],
+                "nvidia_gpu_fabricmanager_packages": ["tacc-fake-nvidia-fabricmanager"],
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

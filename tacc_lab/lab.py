@@ -120,6 +120,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         proxy_url=proxy_url(cfg),
         lab_name=cfg.name,
         hardware=host_hardware(),
+        subnet=str(cfg.subnet),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:

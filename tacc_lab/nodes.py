@@ -110,6 +110,9 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
         "--keep-unit",
         f"--network-bridge={cfg.bridge}",
         f"--bind={cfg.shared_dir}:/shared",
+        # NFS-Ganesha's VFS backend needs open_by_handle_at, which nspawn's default
+        # seccomp filter denies (EPERM -> NFS3ERR_PERM); /shared is exported from n1.
+        "--system-call-filter=open_by_handle_at",
         "--console=passive",
     ]
     with open(paths.log, "ab") as log:

@@ -21,6 +21,7 @@ def _render(count: int) -> dict:
         proxy_url="http://10.77.0.1:3128",
         lab_name="lab",
         hardware=NodeHardware(cpus=2, memory_mb=24000),
+        subnet="10.77.0.0/24",
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)
@@ -63,3 +64,14 @@ def test_lab_sets_the_plugins_nspawn_supports():
     assert lab_vars["slurm_proctrack_type"] == "proctrack/linuxproc"
     assert lab_vars["slurm_task_plugin"] == "task/none"
     assert (lab_vars["slurm_node_cpus"], lab_vars["slurm_node_memory_mb"]) == (2, 24000)
+
+
+def test_lab_serves_shared_with_ganesha_and_points_roles_at_fake_hardware():
+    lab_vars = _render(3)["all"]["vars"]
+    assert lab_vars["nfs_server_implementation"] == "ganesha"
+    assert lab_vars["nfs_server_exports"][0]["path"] == "/shared"
+    assert lab_vars["nfs_server_exports"][0]["clients"] == "10.77.0.0/24"
+    assert lab_vars["nfs_client_mounts"] == [{"src": "n1:/shared", "path": "/shared"}]
+    assert lab_vars["nfs_client_mount_now"] is False
+    assert lab_vars["rdma_sysfs_root"] == "/opt/tacc-fake-hw/sys/class/infiniband"
+    assert lab_vars["nvidia_gpu_repo_uri"] == "file:/opt/tacc-fake-hw/repo"

@@ -1,0 +1,249 @@
+"""Give a lab node FAKE hardware: NVIDIA GPUs/NVSwitches, ConnectX NICs, RDMA devices.
+
+The lab has none of these, so roles are tested against fakes at the tool boundary
+(tacc_lab/fakes): `lspci`, `mstflint`, `mlxconfig`, `mlxfwmanager` wrappers in
+/usr/local/bin, a device state file, an RDMA sysfs tree under /opt/tacc-fake-hw/sys, and
+a local apt repository whose "driver" package ships the fake `nvidia-smi` and stub
+persistenced/fabric manager daemons, so the nvidia_gpu role really installs a driver
+package from a repository given in variables. Everything is written into the node's
+root filesystem from the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from email.utils import formatdate
+from pathlib import Path
+
+from tacc_lab.errors import LabError
+
+FAKES_SRC = Path(__file__).resolve().parent / "fakes"
+OPT = Path("opt/tacc-fake-hw")
+REPO = OPT / "repo"
+SYSFS = OPT / "sys/class/infiniband"
+TOOLS = ("lspci", "mstflint", "mlxconfig", "mlxfwmanager")
+# Node-side locations the lab inventory points the roles at.
+NODE_REPO_URI = f"file:/{REPO}"
+NODE_RDMA_SYSFS = f"/{SYSFS}"
+NODE_RDMA_CONFIGFS = f"/{OPT}/config/rdma_cm"
+
+GPU_MODELS = {
+    "h100": ("2330", "NVIDIA H100 80GB HBM3", 81559),
+    "a100": ("20b2", "NVIDIA A100-SXM4-80GB", 81920),
+    "l40s": ("26b9", "NVIDIA L40S", 46068),
+}
+NIC_PSID = "MT_0000000359"
+# The real driver creates /dev/nvidiaN; slurmd stat()s the gres.conf File= paths. nspawn
+# nodes cannot mknod GPU devices, so empty placeholder files stand in (lab only).
+DEV_NODES_SCRIPT = """\
+import json
+from pathlib import Path
+
+state = json.loads(Path("/etc/tacc-fake-hw/state.json").read_text())
+names = [f"nvidia{i}" for i in range(len(state.get("gpus", [])))]
+for name in names + ["nvidiactl", "nvidia-uvm"] if names else []:
+    Path("/dev", name).touch(mode=0o666)
+"""
+
+
+@dataclass(frozen=True)
+class FakeHardware:
+    gpus: int = 0
+    gpu_model: str = "h100"
+    nvswitches: int = 0
+    nics: int = 0
+    nic_fw: str = "22.36.1010"
+    ib_devices: int = 0
+    link_layer: str = "InfiniBand"
+
+
+def device_state(hw: FakeHardware, node: str) -> dict:
+    if hw.gpu_model not in GPU_MODELS:
+        raise LabError(f"unknown GPU model {hw.gpu_model!r}; known: {', '.join(GPU_MODELS)}")
+    device_id, name, memory = GPU_MODELS[hw.gpu_model]
+    seed = hashlib.sha256(node.encode()).hexdigest()
+    gpus = [
+        {
+            "pci": f"0000:{0x17 + 0x10 * i:02x}:00.0",
+            "device_id": device_id,
+            "name": name,
+            "uuid": f"GPU-{seed[:8]}-{seed[8:12]}-{seed[12:16]}-{i:04x}-{seed[16:28]}",
+            "memory_mib": memory,
+        }
+        for i in range(hw.gpus)
+    ]
+    switches = [{"pci": f"0000:0{5 + i}:00.0", "device_id": "22a3"} for i in range(hw.nvswitches)]
+    nics = [
+        {
+            "pci": f"0000:{0x3B + 0x10 * i:02x}:00.0",
+            "device_type": "ConnectX6DX",
+            "part_number": "MCX623106AN-CDA_Ax",
+            "description": "ConnectX-6 Dx EN adapter card; 100GbE; Dual-port QSFP56; PCIe 4.0 x16",
+            "psid": NIC_PSID,
+            "fw_version": hw.nic_fw,
+            "base_guid": f"b8cef603{seed[:6]}{i:02x}",
+            "base_mac": f"b8cef6{seed[:4]}{i:02x}",
+            "config": {
+                "LINK_TYPE_P1": "ETH(2)",
+                "LINK_TYPE_P2": "ETH(2)",
+                "SRIOV_EN": "False(0)",
+                "NUM_OF_VFS": "0",
+            },
+            "next_boot": {},
+            "pending_fw": None,
+        }
+        for i in range(hw.nics)
+    ]
+    return {
+        "gpus": gpus,
+        "nvswitches": switches,
+        "driver_version": "550.54.15",
+        "cuda_version": "12.4",
+        "nics": nics,
+    }
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _wrapper(tool: str) -> str:
+    module = tool.replace("-", "_")
+    return (
+        "#!/bin/sh\n# FAKE (lab only): see /opt/tacc-fake-hw/fakes/README\n"
+        f'exec /usr/bin/python3 /{OPT}/fakes/{module}.py "$@"\n'
+    )
+
+
+def _build_deb(workdir: Path, name: str, files: dict[str, tuple[str, int]], out: Path) -> Path:
+    """A minimal binary package (dpkg-deb) holding `files` {path: (text, mode)}."""
+    root = workdir / name
+    for rel, (text, mode) in files.items():
+        _write(root / rel, text, mode)
+    control = (
+        f"Package: {name}\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: tacc-lab <root@localhost>\n"
+        f"Description: FAKE (lab only) {name}: emulates an NVIDIA package for tests\n"
+    )
+    _write(root / "DEBIAN/control", control)
+    deb = out / f"{name}_1.0_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)],
+        check=True,
+        capture_output=True,
+    )
+    return deb
+
+
+def _daemon_unit(description: str, binary: str) -> str:
+    return (
+        f"[Unit]\nDescription=FAKE (lab only) {description}\n\n"
+        f"[Service]\nExecStart={binary}\n\n[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
+def build_driver_repo(repo: Path) -> None:
+    """A flat apt repository with fake driver and fabric manager packages."""
+    repo.mkdir(parents=True, exist_ok=True)
+    stub = "#!/bin/sh\n# FAKE (lab only) NVIDIA daemon: does nothing\nexec sleep infinity\n"
+    devnodes_unit = (
+        "[Unit]\nDescription=FAKE (lab only) /dev/nvidia* placeholders for the fake GPUs\n"
+        "Before=slurmd.service nvidia-persistenced.service\n\n"
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+        "ExecStart=/usr/bin/python3 /usr/lib/tacc-fake-hw/make-dev-nodes\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+    postinst = (
+        "#!/bin/sh\nset -e\nsystemctl enable tacc-fake-nvidia-devnodes.service\n"
+        "systemctl start tacc-fake-nvidia-devnodes.service\n"
+    )
+    packages = {
+        "tacc-fake-nvidia-driver": {
+            "usr/bin/nvidia-smi": (_wrapper("nvidia-smi"), 0o755),
+            "usr/lib/tacc-fake-hw/make-dev-nodes": (DEV_NODES_SCRIPT, 0o755),
+            "lib/systemd/system/tacc-fake-nvidia-devnodes.service": (devnodes_unit, 0o644),
+            "DEBIAN/postinst": (postinst, 0o755),
+            "usr/bin/nvidia-persistenced": (stub, 0o755),
+            "lib/systemd/system/nvidia-persistenced.service": (
+                _daemon_unit("NVIDIA persistence daemon", "/usr/bin/nvidia-persistenced"),
+                0o644,
+            ),
+        },
+        "tacc-fake-nvidia-fabricmanager": {
+            "usr/bin/nv-fabricmanager": (stub, 0o755),
+            "lib/systemd/system/nvidia-fabricmanager.service": (
+                _daemon_unit("NVIDIA fabric manager", "/usr/bin/nv-fabricmanager"),
+                0o644,
+            ),
+        },
+    }
+    stanzas = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, files in packages.items():
+            deb = _build_deb(Path(tmp), name, files, repo)
+            data = deb.read_bytes()
+            control = subprocess.run(
+                ["dpkg-deb", "--field", str(deb)], check=True, capture_output=True, text=True
+            ).stdout
+            stanzas.append(
+                control.rstrip("\n")
+                + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                + f"SHA256: {hashlib.sha256(data).hexdigest()}\n"
+            )
+    packages_text = "\n".join(stanzas)
+    _write(repo / "Packages", packages_text)
+    digest = hashlib.sha256(packages_text.encode()).hexdigest()
+    _write(
+        repo / "Release",
+        "Origin: tacc-lab\nLabel: FAKE NVIDIA driver (lab only)\nSuite: ./\n"
+        f"Date: {formatdate(usegmt=True)}\n"
+        f"SHA256:\n {digest} {len(packages_text.encode())} Packages\n",
+    )
+
+
+def build_rdma_tree(root: Path, hw: FakeHardware) -> None:
+    """/sys/class/infiniband look-alike: mlx5_N/ports/1/{state,link_layer,rate}."""
+    if root.exists():
+        shutil.rmtree(root)
+    for i in range(hw.ib_devices):
+        port = root / f"mlx5_{i}" / "ports" / "1"
+        _write(port / "state", "4: ACTIVE\n")
+        _write(port / "phys_state", "5: LinkUp\n")
+        _write(port / "link_layer", f"{hw.link_layer}\n")
+        _write(port / "rate", "200 Gb/sec (4X HDR)\n")
+    root.mkdir(parents=True, exist_ok=True)
+
+
+def install(rootfs: Path, node: str, hw: FakeHardware) -> list[str]:
+    """Install the fakes into a node's root filesystem; return what was installed."""
+    if not (rootfs / "etc").is_dir():
+        raise LabError(f"{rootfs} is not a mounted node root filesystem")
+    fakes = rootfs / OPT / "fakes"
+    if fakes.exists():
+        shutil.rmtree(fakes)
+    shutil.copytree(FAKES_SRC, fakes, ignore=shutil.ignore_patterns("__pycache__"))
+    _write(
+        fakes / "README",
+        "FAKE hardware tools for tacc-lab nodes: not NVIDIA/Mellanox software.\n",
+    )
+    for tool in TOOLS:
+        _write(rootfs / "usr/local/bin" / tool, _wrapper(tool), 0o755)
+    state = device_state(hw, node)
+    _write(rootfs / "etc/tacc-fake-hw/state.json", json.dumps(state, indent=2) + "\n")
+    (rootfs / "var/log/tacc-fake-hw").mkdir(parents=True, exist_ok=True)
+    build_driver_repo(rootfs / REPO)
+    build_rdma_tree(rootfs / SYSFS, hw)
+    (rootfs / OPT / "config/rdma_cm").mkdir(parents=True, exist_ok=True)
+    return [
+        f"{len(state['gpus'])} x {hw.gpu_model} GPU",
+        f"{len(state['nvswitches'])} NVSwitch",
+        f"{len(state['nics'])} ConnectX-6 Dx (fw {hw.nic_fw})",
+        f"{hw.ib_devices} RDMA device ({hw.link_layer})",
+    ]

@@ -1,0 +1,175 @@
+"""FAKE (lab only): imitates NVIDIA's ``nvidia-smi`` for the GPUs listed in the fake state.
+
+Supported::
+
+    nvidia-smi                       the summary table (driver and CUDA version, one row per GPU)
+    nvidia-smi -L | --list-gpus      GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)
+    nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]
+
+FIELDS is any subset, in any order, of index, name, uuid, memory.total, pci.bus_id,
+driver_version (plus their aliases gpu_name, gpu_uuid, gpu_bus_id, count). GPUs are numbered in
+PCI bus order. With no GPUs it prints "No devices were found" and exits 6, as the real tool does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+try:
+    from . import hwstate
+except ImportError:  # run as a standalone file: hwstate.py sits next to this one
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hwstate
+
+ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
+FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count")
+RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
+BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+
+
+class UsageError(Exception):
+    pass
+
+
+def gpus(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """GPUs in PCI bus order, each with index, uuid and the nvidia-smi style bus id."""
+    found = sorted(state["gpus"], key=lambda g: hwstate.normalize_pci(g["pci"]))
+    for index, gpu in enumerate(found):
+        gpu["index"] = index
+        gpu.setdefault("uuid", f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, gpu['pci'])}")
+        gpu["bus_id"] = "0000" + hwstate.normalize_pci(gpu["pci"]).upper()
+    return found
+
+
+def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: bool) -> str:
+    values = {
+        "index": str(gpu["index"]),
+        "name": gpu["name"],
+        "uuid": gpu["uuid"],
+        "memory.total": f"{gpu['memory_mib']} MiB" if units else str(gpu["memory_mib"]),
+        "pci.bus_id": gpu["bus_id"],
+        "driver_version": state.get("driver_version", "N/A"),
+        "count": str(len(state["gpus"])),
+    }
+    return values[field]
+
+
+def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
+    options = [opt.strip() for opt in format_arg.split(",")]
+    if options[0] != "csv" or not set(options[1:]) <= {"noheader", "nounits"}:
+        raise UsageError(f'"{format_arg}" is not a valid format.')
+    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    for field in fields:
+        if ALIASES.get(field, field) not in FIELDS:
+            raise UsageError(f'Field "{field}" is not a valid field to query.')
+    lines = []
+    if "noheader" not in options:
+        lines.append(", ".join(f + " [MiB]" if f == "memory.total" else f for f in fields))
+    units = "nounits" not in options
+    for gpu in gpus(state):
+        lines.append(", ".join(field_value(gpu, state, ALIASES.get(f, f), units) for f in fields))
+    return lines
+
+
+def row(left: str, middle: str, right: str) -> str:
+    """One line of the summary table's three-column GPU section."""
+    return f"|{left:<41}|{middle:<24}|{right:<22}|"
+
+
+def table(state: dict[str, Any]) -> list[str]:
+    """The default summary table, in the 550-series driver layout."""
+    rule = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+    wide_rule = "+" + "-" * 89 + "+"
+    driver, cuda = state.get("driver_version", "N/A"), state.get("cuda_version", "N/A")
+    lines = [
+        time.strftime("%a %b %d %H:%M:%S %Y"),
+        wide_rule,
+        f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}|",
+        "|" + rule[1:],
+        row(
+            " GPU  Name                 Persistence-M",
+            " Bus-Id          Disp.A",
+            " Volatile Uncorr. ECC",
+        ),
+        row(
+            " Fan  Temp   Perf          Pwr:Usage/Cap",
+            "           Memory-Usage",
+            " GPU-Util  Compute M.",
+        ),
+        row("", "", f"{'MIG M.':>21}"),
+        "|" + rule[1:-1].replace("-", "=") + "|",
+    ]
+    for gpu in gpus(state):
+        memory = f"{gpu['memory_mib']}MiB"
+        lines += [
+            row(
+                f" {gpu['index']:>3}  {gpu['name'][:29]:<29}  On",
+                f"   {gpu['bus_id']} Off",
+                f"{0:>21}",
+            ),
+            row(
+                " N/A   30C    P0             70W /  700W",
+                f"{'0MiB':>11} / {memory:>9}",
+                f"{'0%':>8}{'Default':>13}",
+            ),
+            row("", "", f"{'Disabled':>21}"),
+            rule,
+        ]
+    lines += [
+        " " * 89,
+        wide_rule,
+        f"| {'Processes:':<88}|",
+        f"| {' GPU   GI   CI        PID   Type   Process name':<77}GPU Memory |",
+        f"| {'       ID   ID':<77}Usage      |",
+        "|" + "=" * 89 + "|",
+        f"| {' No running processes found':<88}|",
+        wide_rule,
+    ]
+    return lines
+
+
+def parse(argv: list[str]) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if arg in ("-L", "--list-gpus"):
+            opts["list"] = "1"
+        elif name in ("--query-gpu", "--format"):
+            value = value if eq else next(args, "")
+            if not value:
+                raise UsageError(f'"{name}=" switch is missing a value.')
+            opts[name[2:]] = value
+        else:
+            raise UsageError(BAD_ARGS)
+    if ("query-gpu" in opts) != ("format" in opts) or ("list" in opts and "query-gpu" in opts):
+        raise UsageError(BAD_ARGS)
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        opts = parse(sys.argv[1:] if argv is None else argv)
+        state = hwstate.load()
+        if not state["gpus"]:
+            print("No devices were found")
+            return RC_NO_DEVICES
+        if "list" in opts:
+            lines = [f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})" for g in gpus(state)]
+        elif "query-gpu" in opts:
+            lines = query(state, opts["query-gpu"], opts["format"])
+        else:
+            lines = table(state)
+    except UsageError as err:
+        print(err, file=sys.stderr)
+        return RC_INVALID_ARGS
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
