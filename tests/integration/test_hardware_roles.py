@@ -1,0 +1,137 @@
+"""Issue [3] on a real lab: nfs_server/nfs_client, rdma, nvidia_gpu and smartnic_firmware
+converge (first run changes, second run and --check change nothing), do the real thing
+where the lab allows it (NFS-Ganesha serving /shared over NFS, proven from another node
+with libnfs), and meet FAKE hardware at the tool boundary (tacc-lab fake-hw): n2 has 4
+H100s, 2 NVSwitches, a ConnectX-6 Dx and a RoCE device; n3 has none and is skipped with a
+message. Runs in CI as root, on its own lab (`hw`, 10.77.11.0/24).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.lab_helpers import changed_by_role, lab_cli, node_sh, site
+
+pytestmark = pytest.mark.lab
+
+NAME = "hw"
+SUBNET = "10.77.11.0/24"
+SERVER = "10.77.11.11"
+ROLES = ("nfs_server", "nfs_client", "rdma", "nvidia_gpu", "smartnic_firmware")
+
+
+def sh(node: str, script: str) -> str:
+    proc = node_sh(NAME, node, script)
+    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    inventory = tmp_path_factory.mktemp("hw") / "hosts.yml"
+    (inventory.parent / "host_vars").mkdir()
+    # n2's GPUs are declared in inventory (slurm.conf never comes from facts).
+    (inventory.parent / "host_vars/n2.yml").write_text(
+        '---\nslurm_node_gres: ["gpu:h100:4"]\nrdma_roce_tos: 106\n'
+        "smartnic_firmware_mlxconfig: {SRIOV_EN: 'True', NUM_OF_VFS: 8}\n"
+    )
+    lab_cli(NAME, "down")
+    proc = lab_cli(NAME, "up", "--nodes", "3", "--subnet", SUBNET, "--inventory", str(inventory))
+    assert proc.returncode == 0, proc.stderr
+    fake = lab_cli(NAME, "fake-hw", "n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1",
+                   "--rdma", "1", "--link-layer", "Ethernet")  # fmt: skip
+    assert fake.returncode == 0, fake.stderr
+    first, _ = site(inventory)
+    second, second_hosts = site(inventory)
+    check, check_hosts = site(inventory, "--check", "--diff")
+    yield {
+        "inventory": inventory,
+        "first": first.stdout,
+        "second": second_hosts,
+        "check": check_hosts,
+        "first_roles": changed_by_role(first.stdout),
+        "second_roles": changed_by_role(second.stdout),
+        "check_roles": changed_by_role(check.stdout),
+    }
+    lab_cli(NAME, "down")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_changes_first_then_nothing_and_check_mode_is_clean(runs, role):
+    assert runs["first_roles"].get(role, 0) > 0, runs["first_roles"]
+    assert runs["second_roles"].get(role, 0) == 0, runs["second_roles"]
+    assert runs["check_roles"].get(role, 0) == 0, runs["check_roles"]
+
+
+def test_whole_site_second_run_and_check_mode_change_nothing(runs):
+    assert set(runs["second"].values()) == {0}, runs["second"]
+    assert set(runs["check"].values()) == {0}, runs["check"]
+
+
+def test_nodes_without_hardware_say_what_was_skipped(runs):
+    first = runs["first"]
+    assert "rdma: no RDMA device under /opt/tacc-fake-hw/sys/class/infiniband on n3" in first
+    assert "nvidia_gpu: no NVIDIA GPU (PCI vendor 10de) on n3" in first
+    assert "smartnic_firmware: no NVIDIA/Mellanox networking device on n3" in first
+
+
+def test_ganesha_serves_shared_over_nfs_to_another_node(runs):
+    sh("n2", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnfs-utils >/dev/null")
+    sh("n1", "mkdir -p /shared/nfs-proof && echo served-by-n1 > /shared/nfs-proof/hello")
+    url = f"nfs://{SERVER}/shared/nfs-proof"
+    assert "hello" in sh("n2", f"nfs-ls {url}")
+    assert sh("n2", f"nfs-cat {url}/hello").strip() == "served-by-n1"
+    sh("n2", f"nfs-cp /etc/hostname '{url}/from-n2?version=4'")
+    # Read back on the server's local disk: the write went over NFSv4 to n1.
+    assert sh("n1", "cat /shared/nfs-proof/from-n2").strip() == "n2"
+    assert "active" in sh("n1", "systemctl is-active nfs-ganesha")
+
+
+def test_clients_get_enabled_mount_units(runs):
+    for node in ("n2", "n3"):
+        unit = sh(node, "cat /etc/systemd/system/shared.mount")
+        assert "What=n1:/shared" in unit
+        assert "Options=vers=4.2,hard,proto=tcp,timeo=600,retrans=2,nconnect=8" in unit
+        assert sh(node, "systemctl is-enabled shared.mount").strip() == "enabled"
+
+
+def test_rdma_userspace_memlock_and_roce_defaults(runs):
+    for node in ("n2", "n3"):
+        sh(node, "command -v ibv_devinfo ibstat ib_write_bw")
+        assert "rdma_ucm" in sh(node, "cat /etc/modules-load.d/rdma.conf")
+        assert "LimitMEMLOCK=infinity" in sh(
+            node,
+            "systemctl show slurmd -p LimitMEMLOCK --value | sed s/^/LimitMEMLOCK=/;"
+            " cat /etc/systemd/system/slurmd.service.d/50-rdma-memlock.conf",
+        )
+        assert "memlock    unlimited" in sh(node, "cat /etc/security/limits.d/91-rdma.conf")
+    port = "/opt/tacc-fake-hw/config/rdma_cm/mlx5_0/ports/1"
+    assert sh("n2", f"cat {port}/default_roce_mode").strip() == "RoCE v2"
+    assert sh("n2", f"cat {port}/default_roce_tos").strip() == "106"
+    assert node_sh(NAME, "n3", "test -e /etc/tacc/roce.conf").returncode != 0
+
+
+def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
+    fact = sh("n2", "cat /etc/ansible/facts.d/nvidia_gpu.fact")
+    assert '"gres": "gpu:h100:4"' in fact
+    assert '"nvswitch_count": 2' in fact
+    assert sh("n2", "systemctl is-active nvidia-persistenced nvidia-fabricmanager").split() == [
+        "active",
+        "active",
+    ]
+    assert "tacc-fake-nvidia-driver" in sh("n2", "dpkg-query -W -f '${Package}\\n'")
+    sinfo = sh("n1", "sinfo -h -N -o '%N %t %G'")
+    assert "n2 idle gpu:h100:4" in sinfo
+    assert "n3 idle (null)" in sinfo
+    sh("n1", "timeout 60 srun -w n2 --gres=gpu:h100:2 true")
+    too_many = node_sh(NAME, "n1", "timeout 60 srun --gres=gpu:h100:5 true")
+    assert too_many.returncode != 0
+    assert "Requested node configuration is not available" in too_many.stderr
+
+
+def test_mlxconfig_settings_are_set_for_next_boot(runs):
+    config = sh("n2", "mlxconfig -d 0000:3b:00.0 q SRIOV_EN NUM_OF_VFS")
+    assert "True(1)" in config and "8" in config
+    log = sh("n2", "cat /var/log/tacc-fake-hw/burns.log")
+    assert log.count(" set ") == 1, log  # once, in the first run
+    assert '"reset_pending": true' in sh("n2", "cat /etc/ansible/facts.d/smartnic.fact")
