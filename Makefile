@@ -11,9 +11,10 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 LAB_NODES ?= 3
 
-# Host packages: the lab (nspawn, debootstrap, proxy), ssh, and a venv-capable Python.
+# Host packages: the lab (nspawn, debootstrap, proxy), ssh, a venv-capable Python, and
+# rsync (the baseline bench/tcloud_upload.py measures tcloud against).
 APT_PACKAGES := systemd-container debootstrap tinyproxy iproute2 openssh-client \
-	python3-venv python3-pip ca-certificates
+	python3-venv python3-pip ca-certificates rsync
 STAMP := .cache/stamps
 
 .PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean
@@ -56,6 +57,8 @@ demo: lab-up
 	@echo "== the cluster at work =="
 	tacc-lab ssh n1 sinfo
 	tacc-lab ssh n1 srun -N2 hostname
+	@echo "== a researcher's task: tcloud submit examples/hello, then its log =="
+	python -m tacc_lab.demo examples/hello
 	@echo "demo done: the lab stays up (make lab-down removes it)"
 
 lint: venv

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,19 @@ class HwError(Exception):
     def __init__(self, message: str, rc: int = 1) -> None:
         super().__init__(message)
         self.rc = rc
+
+
+def run_cli(produce: Callable[[list[str]], list[str]], argv: list[str] | None) -> int:
+    """Run a fake tool: print the lines `produce` returns, or its HwError on stderr with
+    the error's exit code."""
+    try:
+        lines = produce(sys.argv[1:] if argv is None else argv)
+    except HwError as err:
+        sys.stdout.flush()
+        print(err, file=sys.stderr)
+        return err.rc
+    print("\n".join(lines))
+    return 0
 
 
 def state_path() -> Path:

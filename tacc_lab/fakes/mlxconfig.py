@@ -167,16 +167,13 @@ def parse(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
+def run(argv: list[str]) -> list[str]:
+    opts = parse(argv)
+    return set_config(opts) if opts["command"] == "set" else query(opts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        opts = parse(sys.argv[1:] if argv is None else argv)
-        lines = set_config(opts) if opts["command"] == "set" else query(opts)
-    except HwError as err:
-        sys.stdout.flush()
-        print(err, file=sys.stderr)
-        return err.rc
-    print("\n".join(lines))
-    return 0
+    return hwstate.run_cli(run, argv)
 
 
 if __name__ == "__main__":

@@ -142,16 +142,13 @@ def parse(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
+def run(argv: list[str]) -> list[str]:
+    opts = parse(argv)
+    return burn(opts) if opts["command"] == "burn" else query(opts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        opts = parse(sys.argv[1:] if argv is None else argv)
-        lines = burn(opts) if opts["command"] == "burn" else query(opts)
-    except HwError as err:
-        sys.stdout.flush()
-        print(err, file=sys.stderr)
-        return err.rc
-    print("\n".join(lines))
-    return 0
+    return hwstate.run_cli(run, argv)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ def host_leftovers(name: str, state_dir: Path) -> list[str]:
                 found.append(f"process {proc.name}: {cmdline[:80]}")
     if state_dir.exists():
         found.append(f"directory {state_dir}")
+    return found
 
 
 def changed_by_role(stdout: str) -> dict[str, int]:

@@ -6,11 +6,14 @@ Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
+from tacc_lab.lab import resolve_config
+from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, site
 
 pytestmark = pytest.mark.lab
@@ -47,6 +50,36 @@ def test_munge_credentials_decode_across_nodes(cluster):
     assert "ENCODE_HOST:     n3" in proc.stdout
     mode = node_sh(NAME, "n2", "stat -c '%a %U' /etc/munge/munge.key").stdout.strip()
     assert mode == "400 munge"
+
+
+def test_tcloud_submit_runs_a_task_on_the_cluster(cluster, tmp_path):
+    """Issue [4] end to end: tcloud over SSH uploads, builds the job's workdir on shared
+    storage and submits it; the job runs on both compute nodes."""
+    cfg = resolve_config(NAME, SUBNET, SUBNET)
+    env = {"TCLOUD_CONFIG": str(tmp_path / "config.yaml"), "TCLOUD_CACHE_DIR": str(tmp_path)}
+    add = run_cli("tcloud", "config", "add", "lab", "--host", "10.77.6.11", "--user", "root",
+                  "--key", str(cfg.ssh_key), "--known-hosts", str(cfg.known_hosts),
+                  "--userdir", "/shared/tcloud/root", env=env)  # fmt: skip
+    assert add.returncode == 0, add.stderr
+    project = tmp_path / "task"
+    project.mkdir()
+    (project / "hello.sh").write_text('#!/bin/sh\necho "hello from $(hostname)"\n')
+    (project / "hello.sh").chmod(0o755)
+    (project / "tcloud.yaml").write_text(
+        "name: hello\nresources: {nodes: 2, mem: 100M, time: '5'}\nrun: [./hello.sh]\n"
+    )
+    proc = run_cli("tcloud", "submit", "--json", str(project), env=env)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)
+    assert job["blobs_sent"] == 2
+    deadline = time.monotonic() + 90
+    while node_sh(NAME, "n1", f"squeue -h -j {job['job']}").stdout.strip():
+        assert time.monotonic() < deadline, "job never finished"
+        time.sleep(2)
+    log = node_sh(NAME, "n1", f"cat {job['workdir']}/logs/hello-{job['job']}.out").stdout
+    assert sorted(log.splitlines()) == ["hello from n2", "hello from n3"]
+    again = json.loads(run_cli("tcloud", "submit", "--json", str(project), env=env).stdout)
+    assert again["blobs_sent"] == 0 and again["workdir"] != job["workdir"]
 
 
 def test_check_diff_on_the_converged_cluster_changes_nothing(cluster):

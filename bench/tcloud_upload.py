@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Measure tcloud's delta upload against `rsync -a` over ssh, side by side, on a lab
+node: a task of 1 GiB in 1,000 files; first submit, resubmit with nothing changed, and
+resubmit with one 10 MiB file changed; plus local hashing throughput, cold and warm.
+
+Usage (as root, from the repository root, after `make venv`; needs rsync on the host,
+`apt-get install rsync`; the node gets it through the lab proxy):
+    .venv/bin/python bench/tcloud_upload.py [--files 1000] [--mib 1024]
+
+Targets from issue [4]: resubmit unchanged <= 1 s and <= 1 MiB sent; one changed 10 MiB
+file sends about 10 MiB. Uses the bench lab (10.77.7.0/24), one node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import lab_down, lab_up, node_sh
+
+from tacc_lab.lab import resolve_config
+from tcloud.compiler import compile_task
+from tcloud.config import Cluster
+from tcloud.hashcache import HashCache
+from tcloud.schema import load_task
+from tcloud.ssh import session
+from tcloud.upload import upload
+
+NODE = "10.77.7.11"
+USERDIR = "/root/tcloud-bench"
+MIB = 1 << 20
+
+
+def make_tree(root: Path, files: int, total_mib: int) -> None:
+    size = total_mib * MIB // files
+    (root / "data").mkdir(parents=True)
+    for i in range(files):
+        (root / "data" / f"part{i:04d}.bin").write_bytes(os.urandom(size))
+    (root / "tcloud.yaml").write_text("name: bench\nrun: [ls data]\n")
+
+
+def tcloud_round(cluster: Cluster, project: Path, cache: Path) -> tuple[float, float, int]:
+    """(seconds for hashing+compile, seconds for the whole submit, bytes sent)."""
+    start = time.monotonic()
+    task = load_task(project / "tcloud.yaml")
+    with HashCache(cache) as hasher:
+        instruction = compile_task(task, hasher)
+    hashed = time.monotonic() - start
+    with session(cluster) as client:
+        result = upload(client, task, instruction, USERDIR)
+    return hashed, time.monotonic() - start, result.bytes_sent
+
+
+def rsync_round(project: Path, key: Path, known_hosts: Path) -> tuple[float, int]:
+    ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{NODE}:/root/rsync-bench/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    sent = int(re.search(r"Total bytes sent: ([\d,]+)", proc.stdout).group(1).replace(",", ""))
+    return time.monotonic() - start, sent
+
+
+def row(label: str, tcloud: tuple[float, int], rsync: tuple[float, int]) -> None:
+    (t_s, t_b), (r_s, r_b) = tcloud, rsync
+    print(
+        f"{label:<28} tcloud {t_s:7.2f} s {t_b / MIB:9.2f} MiB | rsync -a {r_s:7.2f} s "
+        f"{r_b / MIB:9.2f} MiB | time ratio {t_s / r_s:5.2f}x"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--mib", type=int, default=1024)
+    args = parser.parse_args()
+    if subprocess.run(["which", "rsync"], capture_output=True).returncode != 0:
+        sys.exit("bench: rsync is missing on this machine: apt-get install rsync")
+    cfg = resolve_config("bench", "10.77.7.0/24", "10.77.7.0/24")
+    cluster = Cluster(
+        "bench", NODE, user="root", key=str(cfg.ssh_key), known_hosts=str(cfg.known_hosts)
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        project, cache = tmp_path / "task", tmp_path / "hashes.sqlite"
+        make_tree(project, args.files, args.mib)
+        lab_down()
+        lab_up(1, tmp_path / "hosts.yml")
+        try:
+            node_sh("n1", "apt-get update -qq && apt-get install -y -q rsync >/dev/null")
+            hashed_cold, total, sent = tcloud_round(cluster, project, cache)
+            first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts)
+            row(f"first submit ({args.files} files)", (total, sent), first_rsync)
+            hashed_warm, total, sent = tcloud_round(cluster, project, cache)
+            row(
+                "resubmit, nothing changed",
+                (total, sent),
+                rsync_round(project, cfg.ssh_key, cfg.known_hosts),
+            )
+            verdict = "meets" if total <= 1.0 and sent <= MIB else "MISSES"
+            print(
+                f"  -> unchanged resubmit {total:.2f} s, {sent} bytes: {verdict} <= 1 s, <= 1 MiB"
+            )
+            (project / "data/part0007.bin").write_bytes(os.urandom(10 * MIB))
+            _, total, sent = tcloud_round(cluster, project, cache)
+            row(
+                "resubmit, one 10 MiB change",
+                (total, sent),
+                rsync_round(project, cfg.ssh_key, cfg.known_hosts),
+            )
+            size = args.mib
+            print(
+                f"hashing (local cache): cold {size / hashed_cold:8.1f} MiB/s "
+                f"({hashed_cold:.2f} s), warm {size / hashed_warm:8.1f} MiB/s "
+                f"({hashed_warm:.2f} s)"
+            )
+        finally:
+            lab_down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Clusters tcloud knows, in ~/.config/tcloud/config.yaml ($TCLOUD_CONFIG overrides):
+
+    current: lab
+    clusters:
+      lab: {host: 10.77.0.11, user: alice, port: 22, key: ~/.ssh/id_ed25519,
+            proxy_jump: null, known_hosts: null, userdir: null}
+
+`host` may be an alias from ~/.ssh/config; HostName, User, Port, IdentityFile and
+ProxyJump from there fill what the entry leaves out. `userdir` is the user's directory
+on the cluster (default: ~/tcloud on the login node, which should be on shared storage).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from tcloud.errors import TcloudError
+
+FIELDS = ("host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    proxy_jump: str | None = None
+    known_hosts: str | None = None
+    userdir: str | None = None
+
+
+def config_path() -> Path:
+    default = Path.home() / ".config" / "tcloud" / "config.yaml"
+    return Path(os.environ.get("TCLOUD_CONFIG", default))
+
+
+def load() -> dict:
+    path = config_path()
+    if not path.exists():
+        return {"current": None, "clusters": {}}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise TcloudError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("clusters", {}), dict):
+        raise TcloudError(f"{path}: expected a mapping with 'clusters'")
+    data.setdefault("clusters", {})
+    data.setdefault("current", None)
+    return data
+
+
+def save(data: dict) -> None:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=True))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def set_cluster(name: str, values: dict) -> Cluster:
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise TcloudError(f"unknown cluster settings: {', '.join(unknown)}")
+    data = load()
+    entry = {**data["clusters"].get(name, {}), **{k: v for k, v in values.items() if v is not None}}
+    if "host" not in entry:
+        raise TcloudError(f"cluster {name!r} needs --host")
+    data["clusters"][name] = entry
+    data["current"] = data["current"] or name
+    save(data)
+    return cluster(name)
+
+
+def use(name: str) -> None:
+    data = load()
+    if name not in data["clusters"]:
+        known = ", ".join(sorted(data["clusters"])) or "none"
+        raise TcloudError(f"no cluster {name!r}; known: {known} (`tcloud config add`)")
+    data["current"] = name
+    save(data)
+
+
+def cluster(name: str | None = None) -> Cluster:
+    data = load()
+    name = name or os.environ.get("TCLOUD_CLUSTER") or data["current"]
+    if not name:
+        raise TcloudError("no cluster configured; `tcloud config add NAME --host HOST`")
+    entry = data["clusters"].get(name)
+    if entry is None:
+        raise TcloudError(f"no cluster {name!r} in {config_path()}")
+    values = {k: entry.get(k) for k in FIELDS}
+    if values["port"] is not None:
+        values["port"] = int(values["port"])
+    return Cluster(name=name, **values)
+
+
+def listing() -> list[dict]:
+    data = load()
+    return [
+        {**asdict(cluster(name)), "current": name == data["current"]}
+        for name in sorted(data["clusters"])
+    ]

@@ -1,0 +1,99 @@
+"""tcloud layer 2: the task instruction and its digest are reproducible."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tcloud.compiler import compile_task
+from tcloud.schema import load_task
+from tests.conftest import run_cli
+
+TASK = """\
+name: t
+code: {exclude: ["*.log"]}
+resources: {nodes: 2, gpus_per_node: 4, partition: batch, qos: urgent, priority: 5}
+environment:
+  requirements: [numpy==1.26]
+  modules: [cuda/12.2]
+  env: {B: "2 words", A: "it's"}
+datasets:
+  - {name: shared, cluster: /shared/datasets/x}
+  - {name: local, local: ./data}
+setup: ["pip list > outputs/pip.txt"]
+run: ["python train.py --lr 0.1", "echo done; exit 0"]
+runtime: {transport: tcp}
+"""
+
+
+def project(root: Path) -> Path:
+    (root / "data").mkdir(parents=True)
+    (root / "data/a.bin").write_bytes(b"\0" * 100)
+    (root / "src").mkdir()
+    (root / "src/model.py").write_text("x = 1\n")
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "train.py").chmod(0o755)
+    (root / "debug.log").write_text("ignored\n")
+    (root / ".tcloudignore").write_text("# comment\nsecrets/\n")
+    (root / "secrets").mkdir()
+    (root / "secrets/key").write_text("nope\n")
+    (root / "tcloud.yaml").write_text(TASK)
+    return root / "tcloud.yaml"
+
+
+def test_same_inputs_same_digest_anywhere(tmp_path):
+    first = compile_task(load_task(project(tmp_path / "a")))
+    second = compile_task(load_task(project(tmp_path / "elsewhere/b")))
+    os.utime(tmp_path / "elsewhere/b/train.py", (1, 1))  # timestamps do not matter
+    third = compile_task(load_task(tmp_path / "elsewhere/b/tcloud.yaml"))
+    assert first.digest == second.digest == third.digest
+    assert str(tmp_path) not in first.script
+
+
+def test_a_content_change_changes_the_digest(tmp_path):
+    path = project(tmp_path)
+    before = compile_task(load_task(path)).digest
+    (tmp_path / "src/model.py").write_text("x = 2\n")
+    assert compile_task(load_task(path)).digest != before
+
+
+def test_manifest_honours_exclude_and_tcloudignore_and_modes(tmp_path):
+    instruction = compile_task(load_task(project(tmp_path)))
+    assert list(instruction.manifest) == [
+        "code/data/a.bin",
+        "code/src/model.py",
+        "code/tcloud.yaml",
+        "code/train.py",
+        "datasets/local/a.bin",
+    ]
+    assert instruction.manifest["code/train.py"].mode == 0o755
+    assert instruction.manifest["code/src/model.py"].mode == 0o644
+    assert instruction.manifest["datasets/local/a.bin"].size == 100
+
+
+def test_batch_script_quotes_every_user_string(tmp_path):
+    script = compile_task(load_task(project(tmp_path))).script
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for option in ("--nodes=2", "--gpus-per-node=4", "--partition=batch", "--qos=urgent",
+                   "--nice=5", "--job-name=t"):  # fmt: skip
+        assert f"#SBATCH {option}" in lines
+    assert "export A='it'\"'\"'s'" in lines and "export B='2 words'" in lines
+    assert "export NCCL_IB_DISABLE=1" in lines
+    assert "module load cuda/12.2" in lines
+    assert "srun --kill-on-bad-exit=1 bash -euo pipefail -c 'echo done; exit 0'" in lines
+    assert any("ln -sfn /shared/datasets/x" in line for line in lines)
+
+
+def test_dry_run_prints_digest_and_script_without_a_cluster(tmp_path):
+    path = project(tmp_path)
+    proc = run_cli("tcloud", "submit", "--dry-run", str(path))
+    assert proc.returncode == 0, proc.stderr
+    digest = compile_task(load_task(path)).digest
+    assert proc.stdout.startswith(f"digest: {digest}\n")
+    assert "#SBATCH --nodes=2" in proc.stdout
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path, copy, ignore=shutil.ignore_patterns("copy"))
+    again = run_cli("tcloud", "submit", "--dry-run", str(copy / "tcloud.yaml"))
+    assert again.stdout == proc.stdout
