@@ -1,6 +1,7 @@
 """`tcloud`: submit ML tasks to a TACC cluster over SSH.
 
-Exit codes: 0 ok, 2 usage, 3 invalid task file, 4 cluster or connection error.
+Exit codes: 0 ok, 2 usage, 3 invalid task file, 4 cluster or connection error,
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from tcloud import config
+from tcloud import config, files, jobs
 from tcloud.compiler import compile_task
 from tcloud.errors import EXIT_OK, EXIT_USAGE, TcloudError
 from tcloud.hashcache import HashCache
@@ -55,7 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     p_use.add_argument("name")
     p_ls = config_sub.add_parser("ls", help="list clusters")
     p_ls.add_argument("--json", action="store_true", help="machine-readable output")
+    add_cluster_commands(sub)
     return parser
+
+
+def add_cluster_commands(sub) -> None:
+    def command(name: str, text: str, *, listing: bool = False):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--cluster", help="cluster name (default: the current one)")
+        if listing:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    command("ps", "your jobs (--all: everyone's)", listing=True).add_argument(
+        "--all", action="store_true", help="every user's jobs"
+    )
+    command("status", "one job's state, nodes, times, exit code", listing=True).add_argument("job")
+    p_logs = command("logs", "a job's output; lines start with the node's rank")
+    p_logs.add_argument("job")
+    p_logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    p_logs.add_argument("--tail", type=int, help="only the last N lines")
+    p_logs.add_argument("--node", type=int, help="only this node's lines (rank 0, 1, ...)")
+    command("cancel", "cancel jobs").add_argument("jobs", nargs="+")
+    command("halt", "stop a job now and keep it queued, on hold").add_argument("job")
+    command("resume", "let a halted job run again").add_argument("job")
+    p_up = command("upload", "copy local files to your cluster directory (files/)")
+    p_up.add_argument("local", type=Path)
+    p_up.add_argument("remote", nargs="?", help="name under files/ (default: the local name)")
+    p_down = command("download", "fetch a job's outputs/ and logs/")
+    p_down.add_argument("job")
+    p_down.add_argument("dest", nargs="?", type=Path, help="local directory (default: ./JOB)")
+    command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
+    command("cat", "print a file from your cluster directory").add_argument("path")
+    p_env = command("env", "cached environments", listing=True)
+    p_env.add_argument("action", choices=["ls"])
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -158,7 +192,85 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def print_rows(rows: list[dict], as_json: bool, columns: tuple[str, ...]) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """Every command that needs the cluster: one verified SSH connection each."""
+    cluster = config.cluster(args.cluster)
+    userdir = cluster.userdir or DEFAULT_USERDIR
+    with session(cluster) as client:
+        if args.command == "ps":
+            print_rows(jobs.ps(client, args.all), args.json, jobs.PS_FIELDS)
+        elif args.command == "status":
+            info = jobs.status(client, args.job)
+            if args.json:
+                print(json.dumps(info, indent=2))
+            for key, value in [] if args.json else info.items():
+                print(f"{key + ':':<11} {value}")
+        elif args.command == "logs":
+            return jobs.logs(client, args.job, args.follow, args.tail, args.node)
+        elif args.command == "cancel":
+            jobs.cancel(client, args.jobs)
+            print(f"cancelled {' '.join(args.jobs)}")
+        elif args.command == "halt":
+            jobs.halt(client, args.job)
+            print(f"job {args.job} halted and held; `tcloud resume {args.job}` lets it run again")
+        elif args.command == "resume":
+            jobs.resume(client, args.job)
+            print(f"job {args.job} released")
+        else:
+            return sftp_command(args, client, userdir)
+    return EXIT_OK
+
+
+def sftp_command(args: argparse.Namespace, client, userdir: str) -> int:
+    sftp = client.open_sftp()
+    try:
+        if args.command == "upload":
+            count = files.upload(sftp, userdir, args.local, args.remote)
+            print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
+        elif args.command == "download":
+            workdir = jobs.status(client, args.job).get("WorkDir")
+            if not workdir:
+                raise TcloudError(f"job {args.job}: no workdir known")
+            dest = args.dest or Path(args.job)
+            count = files.download(sftp, workdir, dest)
+            print(f"downloaded {count} file(s) to {dest}/")
+        elif args.command == "ls":
+            print_rows(
+                files.ls(sftp, userdir, args.path or ""), args.json, ("name", "size", "mode")
+            )
+        elif args.command == "cat":
+            sys.stdout.buffer.write(files.cat(sftp, userdir, args.path))
+        else:
+            print_rows(files.envs(sftp, userdir), args.json, ("env", "path"))
+    finally:
+        sftp.close()
+    return EXIT_OK
+
+
 COMMANDS = {"init": cmd_init, "validate": cmd_validate, "submit": cmd_submit, "config": cmd_config}
+CLUSTER_COMMANDS = (
+    "ps",
+    "status",
+    "logs",
+    "cancel",
+    "halt",
+    "resume",
+    "upload",
+    "download",
+    "ls",
+    "cat",
+    "env",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if args.command in CLUSTER_COMMANDS:
+            return cmd_cluster(args)
         return COMMANDS[args.command](args)
     except TcloudError as exc:
         print(f"tcloud: error: {exc}", file=sys.stderr)

@@ -18,6 +18,9 @@ from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
 from tcloud.schema import TaskSpec
 
 FORMAT = "tcloud-instruction/1"
+# --label prefixes every output line with the task's rank (one task per node), which
+# `tcloud logs --node N` filters on.
+SRUN = "srun --kill-on-bad-exit=1 --label"
 TRANSPORT_ENV = {
     "auto": {},
     "rdma": {"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB"},
@@ -51,6 +54,8 @@ def sbatch_lines(task: TaskSpec) -> list[str]:
         "mem": res["mem"],
         "time": res["time"],
         "output": "logs/%x-%j.out",
+        # `tcloud halt` requeues the job on hold; Slurm requeues only requeueable jobs.
+        "requeue": None,
     }
     if res["gpus_per_node"]:
         options["gpus-per-node"] = res["gpus_per_node"]
@@ -60,7 +65,10 @@ def sbatch_lines(task: TaskSpec) -> list[str]:
     if res.get("priority") is not None:
         options["nice"] = res["priority"]
     options.update(res.get("sbatch") or {})
-    return [f"#SBATCH --{key}={value}" for key, value in options.items()]
+    return [
+        f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={value}"
+        for key, value in options.items()
+    ]
 
 
 def launch(task: TaskSpec, line: str) -> str:
@@ -75,10 +83,10 @@ def launch(task: TaskSpec, line: str) -> str:
             f"torchrun --nnodes=$SLURM_NNODES --nproc-per-node={gpus} "
             '--rdzv-backend=c10d --rdzv-endpoint="$TACC_MASTER_ADDR:29500"'
         )
-        return f"srun --kill-on-bad-exit=1 bash -euo pipefail -c {shlex.quote(torch + ' ' + line)}"
+        return f"{SRUN} bash -euo pipefail -c {shlex.quote(torch + ' ' + line)}"
     if launcher == "mpirun":
         return f"mpirun bash -euo pipefail -c {quoted}"
-    return f"srun --kill-on-bad-exit=1 bash -euo pipefail -c {quoted}"
+    return f"{SRUN} bash -euo pipefail -c {quoted}"
 
 
 def render_script(task: TaskSpec) -> str:

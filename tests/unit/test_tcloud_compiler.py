@@ -82,7 +82,8 @@ def test_batch_script_quotes_every_user_string(tmp_path):
     assert "export A='it'\"'\"'s'" in lines and "export B='2 words'" in lines
     assert "export NCCL_IB_DISABLE=1" in lines
     assert "module load cuda/12.2" in lines
-    assert "srun --kill-on-bad-exit=1 bash -euo pipefail -c 'echo done; exit 0'" in lines
+    assert "srun --kill-on-bad-exit=1 --label bash -euo pipefail -c 'echo done; exit 0'" in lines
+    assert "#SBATCH --requeue" in lines
     assert any("ln -sfn /shared/datasets/x" in line for line in lines)
 
 
