@@ -36,7 +36,12 @@ class Instruction:
     digest: str
 
     def manifest_json(self) -> dict:
-        return {path: [e.sha256, e.size, e.mode] for path, e in self.manifest.items()}
+        return manifest_json(self.manifest)
+
+
+def manifest_json(manifest: dict[str, Entry]) -> dict:
+    """path -> [sha256, size, mode]: what the digest covers and what the cluster stores."""
+    return {path: [e.sha256, e.size, e.mode] for path, e in manifest.items()}
 
 
 def env_digest(requirements: list[str]) -> str:
@@ -120,7 +125,7 @@ def digest_of(manifest: dict[str, Entry], script: str, environment: dict) -> str
     canonical = json.dumps(
         {
             "format": FORMAT,
-            "manifest": {p: [e.sha256, e.size, e.mode] for p, e in manifest.items()},
+            "manifest": manifest_json(manifest),
             "script": script,
             "environment": environment,
         },

@@ -9,7 +9,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tcloud.errors import Problem, TaskFileError
@@ -24,6 +24,8 @@ class Entry:
     sha256: str
     size: int
     mode: int  # 0o644 or 0o755
+    # Where the bytes are on this machine: for the upload only, never part of the digest.
+    source: Path | None = field(default=None, compare=False, repr=False)
 
 
 Hasher = Callable[[Path, os.stat_result], str]
@@ -80,7 +82,7 @@ def collect(
             continue
         info = path.stat()
         mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
-        entries[prefix + relpath] = Entry(hasher(path, info), info.st_size, mode)
+        entries[prefix + relpath] = Entry(hasher(path, info), info.st_size, mode, path)
     return entries
 
 
@@ -100,7 +102,8 @@ def build_manifest(task: TaskSpec, hasher: Hasher = sha256_file) -> dict[str, En
         prefix = f"datasets/{dataset.name}/"
         if source.is_file():
             info = source.stat()
-            manifest[prefix + source.name] = Entry(hasher(source, info), info.st_size, 0o644)
+            entry = Entry(hasher(source, info), info.st_size, 0o644, source)
+            manifest[prefix + source.name] = entry
         elif source.is_dir():
             manifest.update(collect(source, prefix, ["**"], ALWAYS_EXCLUDED, hasher))
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,8 +141,6 @@ def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
 
 def run(client: paramiko.SSHClient, argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
     """Run argv on the cluster; every word is shell-quoted, nothing is concatenated raw."""
-    import shlex
-
     chan_in, chan_out, chan_err = client.exec_command(shlex.join(argv))
     if stdin:
         chan_in.write(stdin)

@@ -14,6 +14,7 @@ import paramiko
 
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
+from tcloud.files import userdir_path
 from tcloud.schema import TaskSpec
 from tcloud.ssh import run
 
@@ -77,16 +78,6 @@ def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, 
     return sent
 
 
-def local_path(task: TaskSpec, relpath: str) -> Path:
-    kind, _, rest = relpath.partition("/")
-    if kind == "code":
-        return (task.base_dir / task.code["workdir"]).resolve() / rest
-    name, _, inner = rest.partition("/")
-    dataset = next(d for d in task.datasets if d.name == name)
-    source = (task.base_dir / dataset.local).resolve()
-    return source if source.is_file() else source / inner
-
-
 def upload(
     client: paramiko.SSHClient,
     task: TaskSpec,
@@ -106,14 +97,13 @@ def upload(
     if missing:
         sftp = client.open_sftp()
         try:
-            base = sftp.normalize(".") if userdir.startswith("~/") else ""
-            store = f"{base}/{userdir[2:]}" if base else userdir
+            store = userdir_path(sftp, userdir)
             for name in missing:
                 offset = partial.get(name, 0)
                 if offset > sizes[name]:
                     offset = 0
                     sftp.remove(f"{store}/store/.partial/{name}")
-                local = local_path(task, first_path[name])
+                local = instruction.manifest[first_path[name]].source
                 sent += send(sftp, local, f"{store}/store/.partial/{name}", offset, progress)
         finally:
             progress.close()

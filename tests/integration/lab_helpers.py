@@ -33,9 +33,12 @@ def ansible_env(inventory: Path) -> dict[str, str]:
     }
 
 
-def ansible(inventory: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def ansible_tool(
+    tool: str, inventory: Path, *argv: str, timeout: int
+) -> subprocess.CompletedProcess:
+    """Run `ansible` or `ansible-playbook` from the venv against a lab inventory."""
     return subprocess.run(
-        [str(BIN / "ansible"), "-i", str(inventory), *argv],
+        [str(BIN / tool), "-i", str(inventory), *argv],
         capture_output=True,
         text=True,
         env=ansible_env(inventory),
@@ -43,6 +46,10 @@ def ansible(inventory: Path, *argv: str, timeout: int = 600) -> subprocess.Compl
         timeout=timeout,
         check=False,
     )
+
+
+def ansible(inventory: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return ansible_tool("ansible", inventory, *argv, timeout=timeout)
 
 
 def failure_summary(proc: subprocess.CompletedProcess) -> str:
@@ -62,15 +69,7 @@ def playbook(
     inventory: Path, path: str, *extra: str, expect_ok: bool = True
 ) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     """Run an ansible-playbook; return the run and changed= per host from the recap."""
-    proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), path, *extra],
-        capture_output=True,
-        text=True,
-        env=ansible_env(inventory),
-        cwd=ROOT,
-        timeout=1200,
-        check=False,
-    )
+    proc = ansible_tool("ansible-playbook", inventory, path, *extra, timeout=1200)
     if expect_ok:
         assert proc.returncode == 0, failure_summary(proc)
     changed = {
