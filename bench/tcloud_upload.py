@@ -53,7 +53,7 @@ def tcloud_round(cluster: Cluster, project: Path, cache: Path) -> tuple[float, f
         instruction = compile_task(task, hasher)
     hashed = time.monotonic() - start
     with session(cluster) as client:
-        result = upload(client, task, instruction, USERDIR)
+        result = upload(client, instruction, USERDIR)
     return hashed, time.monotonic() - start, result.bytes_sent
 
 

@@ -1,24 +1,151 @@
-"""`tacc-agent` command line (its verbs arrive with later issues; see docs/architecture.md)."""
+"""`tacc-agent`: the cluster side of TACC, run by tcloud over SSH (JSON in, JSON out),
+by Slurm (the batch step and the per-node execution wrapper) and by ops.
+
+Verbs:
+  whoami                       the caller's user and directory
+  store                        delta upload: JSON request on stdin (missing | commit)
+  job check                    would the cluster accept this instruction? (stdin)
+  job submit WORKDIR           sbatch a committed job directory
+  job status|logs|cancel|halt|resume JOB, job ps
+  batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
+Errors: one JSON object {"error": ..., "field": ...} on stdout and a non-zero exit
+(2 rejected request, 3 Slurm or storage trouble); never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from tacc_agent import envcache, execute, jobs, logs, records, schedule, store, workspace
+from tacc_agent.config import load_config
+from tacc_agent.errors import EXIT_OK, EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.instruction import parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tacc-agent",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument(
+        "--config", type=Path, help="settings file (default /etc/tacc-agent/config.yaml)"
+    )
+    parser.add_argument("--userdir", help="use this directory instead of <workspace>/<user>")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("whoami", help="the caller's user and directory")
+    sub.add_parser("store", help="delta upload (JSON on stdin)")
+    sub.add_parser("env", help="the caller's cached environments")
+    p_job = sub.add_parser("job", help="submit and watch jobs")
+    job = p_job.add_subparsers(dest="verb", required=True)
+    job.add_parser("check", help="validate an instruction (stdin) against the cluster")
+    job.add_parser("submit", help="sbatch a committed job directory").add_argument(
+        "workdir", type=Path
+    )
+    job.add_parser("ps", help="your jobs")
+    job.add_parser("status", help="one job's state, nodes, exit codes").add_argument("job")
+    p_logs = job.add_parser("logs", help="every node's output, [host:rank] prefixed")
+    p_logs.add_argument("job")
+    p_logs.add_argument("-f", "--follow", action="store_true")
+    p_logs.add_argument("--tail", type=int)
+    p_logs.add_argument("--rank", type=int)
+    job.add_parser("cancel", help="cancel jobs").add_argument("jobs", nargs="+")
+    p_halt = job.add_parser("halt", help="checkpoint signal, then requeue on hold")
+    p_halt.add_argument("job")
+    p_halt.add_argument("--grace", type=float, help="seconds to wait for the checkpoint")
+    job.add_parser("resume", help="release a halted job").add_argument("job")
+    sub.add_parser("batch", help="(Slurm) a job's batch step").add_argument("jobdir", type=Path)
+    sub.add_parser("exec", help="(srun) one node's execution wrapper").add_argument(
+        "jobdir", type=Path
+    )
+    return parser
+
+
+def emit(data: object) -> int:
+    print(json.dumps(data, indent=1, sort_keys=True))
+    return EXIT_OK
+
+
+def read_request() -> dict:
+    try:
+        request = json.load(sys.stdin)
+    except ValueError as exc:
+        raise Rejected(f"expected one JSON object on stdin: {exc}") from None
+    if not isinstance(request, dict):
+        raise Rejected("expected one JSON object on stdin")
+    return request
+
+
+def job_command(args: argparse.Namespace, config) -> int:
+    user_dir = workspace.userdir(config, args.userdir)
+    if args.verb == "check":
+        task = parse(sys.stdin.read(), "instruction")
+        partition = schedule.check(task, config)
+        return emit({"ok": True, "partition": partition})
+    if args.verb == "submit":
+        return emit(schedule.submit(user_dir, args.workdir, config))
+    if args.verb == "ps":
+        return emit(jobs.ps(user_dir, config))
+    if args.verb == "status":
+        return emit(jobs.status(user_dir, args.job, config))
+    if args.verb == "logs":
+        job_dir = workspace.job_dir(user_dir, args.job)
+
+        def ended() -> bool:
+            state = jobs.status(user_dir, args.job, config)["state"]
+            return state in (*records.TERMINAL, "HALTED")
+
+        logs.stream(job_dir, args.follow, args.tail, args.rank, ended)
+        return EXIT_OK
+    if args.verb == "cancel":
+        return emit(jobs.cancel(user_dir, args.jobs, config))
+    if args.verb == "halt":
+        return emit(jobs.halt(user_dir, args.job, config, args.grace))
+    return emit(jobs.resume(user_dir, args.job, config))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.command == "batch":
+        return execute.batch(args.jobdir, config)
+    if args.command == "exec":
+        return execute.execute(args.jobdir, config)
+    if args.command == "job":
+        return job_command(args, config)
+    user_dir = workspace.userdir(config, args.userdir)
+    if args.command == "whoami":
+        return emit({"user": workspace.current_user(), "userdir": str(user_dir)})
+    if args.command == "env":
+        return emit(envcache.listing(user_dir))
+    return emit(store.handle(user_dir, read_request()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tacc-agent", description=__doc__)
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
         try:
             print(version("tacc-stack"))
         except PackageNotFoundError:
             print("unknown")
-        return 0
-    parser.print_help()
-    return 0
+        return EXIT_OK
+    if args.command is None:
+        parser.print_help()
+        return EXIT_REJECTED
+    os.umask(0o077)  # everything the agent writes for a user is private to them
+    try:
+        return dispatch(args)
+    except AgentError as exc:
+        print(json.dumps({"error": str(exc), "field": getattr(exc, "field", "")}))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -9,11 +9,18 @@ import shlex
 import sys
 from pathlib import Path
 
+from tacc_lab.addressing import node_name
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
 from tacc_lab.lab import down, find_node, resolve_config, status, up
 from tacc_lab.nodes import NodePaths, ssh_base_args
+from tacc_lab.researchers import (
+    check_researcher,
+    researcher_names,
+    user_cache_dir,
+    write_user_config,
+)
 
 
 def default_inventory(name: str) -> Path:
@@ -46,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_ssh = sub.add_parser("ssh", help="open a shell or run a command on a node")
     p_ssh.add_argument("node")
     p_ssh.add_argument("cmd", nargs=argparse.REMAINDER, help="command and arguments to run")
+    p_user = sub.add_parser(
+        "user",
+        help="print export lines that point tcloud at the lab's login node as NAME",
+        description='Use as: eval "$(tacc-lab user alice)"',
+    )
+    p_user.add_argument(
+        "researcher", metavar="NAME", help=f"one of: {', '.join(researcher_names())}"
+    )
     p_fake = sub.add_parser(
         "fake-hw", help="give a node FAKE GPUs, NVSwitches, ConnectX NICs and RDMA devices"
     )
@@ -114,6 +129,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         installed = install(NodePaths(cfg, node.name).rootfs, node.name, hardware)
         print(f"{node.name}: FAKE hardware installed: {'; '.join(installed)}")
+        return 0
+    if args.command == "user":
+        check_researcher(args.researcher)
+        login = find_node(cfg, node_name(1))  # n1 is the login node (inventory.py)
+        config = write_user_config(cfg, args.researcher, login.address)
+        print(f"export TCLOUD_CONFIG={shlex.quote(str(config))}")
+        print(f"export TCLOUD_CACHE_DIR={shlex.quote(str(user_cache_dir(cfg, args.researcher)))}")
         return 0
     if args.command == "ssh":
         node = find_node(cfg, args.node)

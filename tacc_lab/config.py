@@ -68,6 +68,15 @@ class LabConfig:
         return self.ssh_dir / "known_hosts"
 
     @property
+    def users_dir(self) -> Path:
+        """Per-researcher keys and tcloud config (`tacc-lab user NAME`)."""
+        return self.state_dir / "users"
+
+    def researcher_key(self, name: str) -> Path:
+        """A lab researcher's SSH private key; the public key is next to it (.pub)."""
+        return self.users_dir / name / "id_ed25519"
+
+    @property
     def proxy_dir(self) -> Path:
         return self.state_dir / "proxy"
 

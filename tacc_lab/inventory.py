@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab.errors import LabError
 from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
+from tacc_lab.researchers import RESEARCHERS
 
 # Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
 # them to Access_Type/Squash).
@@ -44,6 +46,19 @@ def groups_for(index: int, node_count: int) -> tuple[str, ...]:
     return COMPUTE_GROUPS
 
 
+def cluster_users(researchers: dict[str, str]) -> list[dict]:
+    """common_cluster_users entries, in RESEARCHERS order, with fixed UIDs."""
+    uids = dict(RESEARCHERS)
+    unknown = sorted(set(researchers) - set(uids))
+    if unknown:
+        raise LabError(f"not lab researchers: {', '.join(unknown)}")
+    return [
+        {"name": name, "uid": uid, "authorized_keys": [researchers[name].strip()]}
+        for name, uid in RESEARCHERS
+        if name in researchers
+    ]
+
+
 def render_inventory(
     nodes: list[InventoryNode],
     *,
@@ -53,8 +68,13 @@ def render_inventory(
     lab_name: str,
     hardware: NodeHardware,
     subnet: str,
+    researchers: dict[str, str] | None = None,
 ) -> str:
-    """YAML text of the inventory for `nodes`, with host-key checking against the lab's file."""
+    """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
+
+    `researchers` (name -> SSH public key) become `common_cluster_users` that log in
+    with that key.
+    """
     count = len(nodes)
     head = min(nodes, key=lambda n: n.index).name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
@@ -67,6 +87,7 @@ def render_inventory(
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
         "-o ControlMaster=auto -o ControlPersist=60s"
     )
+    users = cluster_users(researchers or {})
     data = {
         "all": {
             "vars": {
@@ -106,6 +127,12 @@ def render_inventory(
                 "nvidia_gpu_repo_trusted": True,
                 "nvidia_gpu_driver_packages": ["tacc-fake-nvidia-driver"],
                 "nvidia_gpu_fabricmanager_packages": ["tacc-fake-nvidia-fabricmanager"],
+                # The lab's researchers (`tacc-lab user NAME` points tcloud at them).
+                "common_cluster_users": users,
+                "tacc_agent_workspace": "/shared/tcloud",
+                # numpy from Debian for the numpy example: its `requirements: [numpy]`
+                # is then already satisfied, with no package index needed.
+                "tacc_agent_extra_packages": ["python3-numpy"],
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

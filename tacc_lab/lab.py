@@ -30,6 +30,7 @@ from tacc_lab.nodes import (
 from tacc_lab.prereqs import check_prerequisites
 from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
+from tacc_lab.researchers import ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
 
@@ -121,6 +122,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         lab_name=cfg.name,
         hardware=host_hardware(),
         subnet=str(cfg.subnet),
+        researchers=ensure_researcher_keys(cfg),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:

@@ -9,18 +9,23 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
+from contextlib import closing
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from tacc_agent.config import AgentConfig
+from tacc_agent.schedule import sbatch_argv
 from tcloud import config, files, jobs
+from tcloud.agent import Rejected, call
 from tcloud.compiler import compile_task
 from tcloud.errors import EXIT_OK, EXIT_USAGE, TcloudError
 from tcloud.hashcache import HashCache
 from tcloud.schema import TASK_FILE, find_task_file, load_task
-from tcloud.ssh import run, session
+from tcloud.ssh import session
 from tcloud.template import render_template
-from tcloud.upload import DEFAULT_USERDIR, upload
+from tcloud.upload import upload
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_submit = sub.add_parser("submit", help="compile a task and submit it")
     p_submit.add_argument("path", nargs="?", type=Path)
     p_submit.add_argument(
-        "--dry-run", action="store_true", help="print the digest and batch script; no cluster"
+        "--dry-run",
+        action="store_true",
+        help="print the digest, sbatch line and instruction; no cluster",
     )
     p_submit.add_argument("--json", action="store_true", help="machine-readable output")
     p_submit.add_argument("--cluster", help="cluster name (default: the current one)")
@@ -51,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_add.add_argument("--key", help="private key file (default: ssh-agent, ~/.ssh/config)")
     p_add.add_argument("--proxy-jump", dest="proxy_jump", help="[user@]jumphost[:port]")
     p_add.add_argument("--known-hosts", dest="known_hosts", help="extra known_hosts file")
-    p_add.add_argument("--userdir", help="your directory on the cluster (default ~/tcloud)")
+    p_add.add_argument(
+        "--userdir", help="your directory on the cluster (default: the cluster's workspace)"
+    )
     p_use = config_sub.add_parser("use", help="make NAME the current cluster")
     p_use.add_argument("name")
     p_ls = config_sub.add_parser("ls", help="list clusters")
@@ -68,17 +77,17 @@ def add_cluster_commands(sub) -> None:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    command("ps", "your jobs (--all: everyone's)", listing=True).add_argument(
-        "--all", action="store_true", help="every user's jobs"
+    command("ps", "your jobs, newest first", listing=True)
+    command("status", "one job's state, per-node states and exit codes", listing=True).add_argument(
+        "job"
     )
-    command("status", "one job's state, nodes, times, exit code", listing=True).add_argument("job")
-    p_logs = command("logs", "a job's output; lines start with the node's rank")
+    p_logs = command("logs", "a job's output, every line prefixed [host:rank]")
     p_logs.add_argument("job")
     p_logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     p_logs.add_argument("--tail", type=int, help="only the last N lines")
-    p_logs.add_argument("--node", type=int, help="only this node's lines (rank 0, 1, ...)")
+    p_logs.add_argument("--node", type=int, help="only this rank's lines (0, 1, ...)")
     command("cancel", "cancel jobs").add_argument("jobs", nargs="+")
-    command("halt", "stop a job now and keep it queued, on hold").add_argument("job")
+    command("halt", "checkpoint signal, then keep the job queued on hold").add_argument("job")
     command("resume", "let a halted job run again").add_argument("job")
     p_up = command("upload", "copy local files to your cluster directory (files/)")
     p_up.add_argument("local", type=Path)
@@ -134,22 +143,16 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
     cluster = config.cluster(args.cluster)
+    document = json.dumps(instruction.document).encode()
     with session(cluster) as client:
-        result = upload(client, task, instruction, cluster.userdir or DEFAULT_USERDIR)
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--chdir={result.workdir}",
-            f"--export=ALL,TACC_WORKDIR={result.workdir},TACC_USERDIR={result.userdir}",
-            f"{result.workdir}/job.sh",
-        ]
-        rc, out, err = run(client, argv)
-    if rc != 0:
-        raise TcloudError(f"sbatch failed: {err.strip()}")
-    job = out.strip().split(";")[0]
+        # Refused here (unknown partition, more GPUs than any node has) before any upload.
+        call(client, ["job", "check"], cluster.userdir, document, rejected=Rejected)
+        result = upload(client, instruction, cluster.userdir)
+        answer = call(client, ["job", "submit", result.workdir], cluster.userdir, rejected=Rejected)
     summary = {
-        "job": job,
+        "job_id": answer["job_id"],
         "name": task.name,
+        "partition": answer["partition"],
         "digest": instruction.digest,
         "workdir": result.workdir,
         "blobs_sent": result.blobs_sent,
@@ -160,8 +163,9 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(
-            f"submitted job {job} ({task.name}); sent {result.blobs_sent} file(s), "
-            f"{result.bytes_sent} bytes; workdir {result.workdir}"
+            f"submitted job {answer['job_id']} ({task.name}) to partition "
+            f"{answer['partition']}; sent {result.blobs_sent} file(s), {result.bytes_sent} "
+            f"bytes; workdir {result.workdir}"
         )
     return EXIT_OK
 
@@ -175,20 +179,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return submit_to_cluster(args, task, instruction)
     instruction = compile_task(task)
     size = sum(entry.size for entry in instruction.manifest.values())
+    sbatch = sbatch_argv(task, Path("$TACC_WORKDIR"), AgentConfig())
     if args.json:
         payload = {
             "digest": instruction.digest,
             "files": len(instruction.manifest),
             "bytes": size,
-            "script": instruction.script,
-            "manifest": instruction.manifest_json(),
+            "sbatch": sbatch,
+            "instruction": instruction.document,
         }
         print(json.dumps(payload, indent=2, sort_keys=True))
         return EXIT_OK
     print(f"digest: {instruction.digest}")
     print(f"files: {len(instruction.manifest)} ({size} bytes)")
-    print("--- batch script ---")
-    print(instruction.script, end="")
+    print(f"sbatch: {shlex.join(sbatch)}")
+    print("--- instruction.json ---")
+    print(json.dumps(instruction.document["task"], indent=2, sort_keys=True))
     return EXIT_OK
 
 
@@ -205,56 +211,56 @@ def print_rows(rows: list[dict], as_json: bool, columns: tuple[str, ...]) -> Non
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: one verified SSH connection each."""
     cluster = config.cluster(args.cluster)
-    userdir = cluster.userdir or DEFAULT_USERDIR
+    userdir = cluster.userdir
     with session(cluster) as client:
         if args.command == "ps":
-            print_rows(jobs.ps(client, args.all), args.json, jobs.PS_FIELDS)
+            print_rows(jobs.ps(client, userdir), args.json, jobs.PS_FIELDS)
         elif args.command == "status":
-            info = jobs.status(client, args.job)
+            info = jobs.status(client, userdir, args.job)
             if args.json:
                 print(json.dumps(info, indent=2))
-            for key, value in [] if args.json else info.items():
-                print(f"{key + ':':<11} {value}")
+            else:
+                jobs.describe(info)
         elif args.command == "logs":
-            return jobs.logs(client, args.job, args.follow, args.tail, args.node)
+            return jobs.logs(client, userdir, args.job, args.follow, args.tail, args.node)
         elif args.command == "cancel":
-            jobs.cancel(client, args.jobs)
-            print(f"cancelled {' '.join(args.jobs)}")
+            for row in jobs.cancel(client, userdir, args.jobs):
+                done = "cancelled" if row["cancelled"] else f"already {row['state']}"
+                print(f"job {row['job_id']}: {done}")
         elif args.command == "halt":
-            jobs.halt(client, args.job)
+            jobs.halt(client, userdir, args.job)
             print(f"job {args.job} halted and held; `tcloud resume {args.job}` lets it run again")
         elif args.command == "resume":
-            jobs.resume(client, args.job)
+            jobs.resume(client, userdir, args.job)
             print(f"job {args.job} released")
-        else:
-            return sftp_command(args, client, userdir)
-    return EXIT_OK
-
-
-def sftp_command(args: argparse.Namespace, client, userdir: str) -> int:
-    sftp = client.open_sftp()
-    try:
-        if args.command == "upload":
-            count = files.upload(sftp, userdir, args.local, args.remote)
-            print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
+        elif args.command == "env":
+            rows = [
+                {"env": e["digest"], "requirements": " ".join(e["requirements"]),
+                 "built_by_job": e["built_by_job"], "path": e["path"]}
+                for e in call(client, ["env"], userdir)
+            ]  # fmt: skip
+            print_rows(rows, args.json, ("env", "requirements", "built_by_job", "path"))
         elif args.command == "download":
-            workdir = jobs.status(client, args.job).get("WorkDir")
-            if not workdir:
-                raise TcloudError(f"job {args.job}: no workdir known")
+            workdir = jobs.status(client, userdir, args.job)["workdir"]
             dest = args.dest or Path(args.job)
-            count = files.download(sftp, workdir, dest)
+            with closing(client.open_sftp()) as sftp:
+                count = files.download(sftp, workdir, dest)
             print(f"downloaded {count} file(s) to {dest}/")
-        elif args.command == "ls":
-            print_rows(
-                files.ls(sftp, userdir, args.path or ""), args.json, ("name", "size", "mode")
-            )
-        elif args.command == "cat":
-            sys.stdout.buffer.write(files.cat(sftp, userdir, args.path))
         else:
-            print_rows(files.envs(sftp, userdir), args.json, ("env", "path"))
-    finally:
-        sftp.close()
+            home = call(client, ["whoami"], userdir)["userdir"]
+            with closing(client.open_sftp()) as sftp:
+                sftp_command(args, sftp, home)
     return EXIT_OK
+
+
+def sftp_command(args: argparse.Namespace, sftp, userdir: str) -> None:
+    if args.command == "upload":
+        count = files.upload(sftp, userdir, args.local, args.remote)
+        print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
+    elif args.command == "ls":
+        print_rows(files.ls(sftp, userdir, args.path or ""), args.json, ("name", "size", "mode"))
+    else:
+        sys.stdout.buffer.write(files.cat(sftp, userdir, args.path))
 
 
 COMMANDS = {"init": cmd_init, "validate": cmd_validate, "submit": cmd_submit, "config": cmd_config}

@@ -1,5 +1,5 @@
 """Files in the user's cluster directory, over SFTP: upload, download (a job's outputs
-and logs), ls, cat, and the cached environments (env ls). Paths given by the user are
+and logs), ls and cat. Paths given by the user are
 relative to that directory and may not climb out of it."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import paramiko
 from tcloud.errors import TcloudError
 
 FILES = "files"
-VENVS = ".tcloud/venvs"
 
 
 def userdir_path(sftp: paramiko.SFTPClient, userdir: str) -> str:
@@ -105,12 +104,3 @@ def cat(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> bytes:
             return handle.read()
     except FileNotFoundError:
         raise TcloudError(f"{relative}: no such file") from None
-
-
-def envs(sftp: paramiko.SFTPClient, userdir: str) -> list[dict]:
-    path = posixpath.join(userdir_path(sftp, userdir), VENVS)
-    try:
-        names = sorted(sftp.listdir(path))
-    except FileNotFoundError:
-        return []
-    return [{"env": name, "path": posixpath.join(path, name)} for name in names]

@@ -1,5 +1,5 @@
 """Layer 2 -> cluster: send only the blobs the cluster lacks, resumably, then have the
-cluster verify them and build the job's own workdir (tcloud/remote/store.py)."""
+cluster verify them and build the job's own workdir (`tacc-agent store`)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,14 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import paramiko
 
+from tcloud.agent import call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
-from tcloud.files import userdir_path
-from tcloud.schema import TaskSpec
-from tcloud.ssh import run
 
-DEFAULT_USERDIR = "~/tcloud"
 CHUNK = 1 << 20
 
 
@@ -35,13 +31,9 @@ def blob_name(sha256: str, mode: int) -> str:
     return f"{sha256}-{mode:o}"
 
 
-def remote(client: paramiko.SSHClient, request: dict) -> dict:
-    """One round trip to the cluster-side store helper."""
-    script = resources.files("tcloud.remote").joinpath("store.py").read_text()
-    rc, out, err = run(client, ["python3", "-c", script], json.dumps(request).encode())
-    if rc != 0:
-        raise TcloudError(f"cluster store helper failed ({rc}): {err.strip()[-500:]}")
-    return json.loads(out)
+def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
+    """One round trip to the cluster side of the upload (`tacc-agent store`)."""
+    return call(client, ["store"], userdir, json.dumps(request).encode())
 
 
 class Progress:
@@ -80,24 +72,22 @@ def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, 
 
 def upload(
     client: paramiko.SSHClient,
-    task: TaskSpec,
     instruction: Instruction,
-    userdir: str = DEFAULT_USERDIR,
+    userdir: str | None = None,
 ) -> UploadResult:
     start = time.monotonic()
     names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
     first_path = {}
     for path, name in names.items():
         first_path.setdefault(name, path)
-    answer = remote(client, {"op": "missing", "userdir": userdir, "blobs": sorted(first_path)})
-    missing, partial = answer["missing"], answer["partial"]
+    answer = remote(client, {"op": "missing", "blobs": sorted(first_path)}, userdir)
+    missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
     sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
     progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))
     sent = 0
     if missing:
         sftp = client.open_sftp()
         try:
-            store = userdir_path(sftp, userdir)
             for name in missing:
                 offset = partial.get(name, 0)
                 if offset > sizes[name]:
@@ -108,21 +98,9 @@ def upload(
         finally:
             progress.close()
             sftp.close()
-    files = {
-        "job.sh": instruction.script,
-        "instruction.json": json.dumps(
-            {
-                "digest": instruction.digest,
-                "environment": instruction.environment,
-                "manifest": instruction.manifest_json(),
-            },
-            sort_keys=True,
-            indent=1,
-        ),
-        "requirements.tcloud.txt": "".join(f"{r}\n" for r in task.environment["requirements"]),
-    }
-    request = {"op": "commit", "userdir": userdir, "blobs": missing, "manifest": names}
-    answer = remote(client, {**request, "digest": instruction.digest, "files": files})
+    files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
+    request = {"op": "commit", "blobs": missing, "manifest": names}
+    answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)
     if answer["bad"]:
         raise TcloudError(
             f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "

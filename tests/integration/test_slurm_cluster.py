@@ -1,5 +1,7 @@
-"""Issue [2] on a real lab: converge site.yml, Slurm works across nodes, the re-run and
---check --diff change nothing, and adding a node does not disturb a running job.
+"""Issues [2] and [5] on a real lab: converge site.yml, Slurm works across nodes; the
+researchers alice and bob run tasks end to end with tcloud (scheduling and execution
+layers); the re-run and --check --diff change nothing; adding a node does not disturb a
+running job.
 
 Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 """
@@ -7,12 +9,12 @@ Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 
 import pytest
 
-from tacc_lab.lab import resolve_config
 from tests.conftest import ROOT, run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, site
 
@@ -52,98 +54,196 @@ def test_munge_credentials_decode_across_nodes(cluster):
     assert mode == "400 munge"
 
 
-@pytest.fixture(scope="module")
-def tcloud(cluster, tmp_path_factory):
-    """Run tcloud against the lab's login node n1, as root, host keys verified."""
-    home = tmp_path_factory.mktemp("tcloud")
-    cfg = resolve_config(NAME, SUBNET, SUBNET)
-    env = {"TCLOUD_CONFIG": str(home / "config.yaml"), "TCLOUD_CACHE_DIR": str(home)}
+def researcher(name: str, tmp: Path):
+    """tcloud as a lab researcher: `eval "$(tacc-lab user NAME)"`, nothing else."""
+    proc = lab_cli(NAME, "user", name)
+    assert proc.returncode == 0, proc.stderr
+    env = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
+               for line in proc.stdout.splitlines())  # fmt: skip
 
-    def tcloud_cli(*argv: str, cwd: Path = ROOT):
+    def tcloud_cli(*argv: str, cwd: Path = tmp):
         return run_cli("tcloud", *argv, env=env, cwd=cwd)
 
-    add = tcloud_cli("config", "add", "lab", "--host", "10.77.6.11", "--user", "root",
-                     "--key", str(cfg.ssh_key), "--known-hosts", str(cfg.known_hosts),
-                     "--userdir", "/shared/tcloud/root")  # fmt: skip
-    assert add.returncode == 0, add.stderr
     return tcloud_cli
 
 
-def task_dir(root: Path, name: str, run: str, nodes: int = 2) -> Path:
+@pytest.fixture(scope="module")
+def alice(cluster, tmp_path_factory):
+    return researcher("alice", tmp_path_factory.mktemp("alice"))
+
+
+@pytest.fixture(scope="module")
+def bob(cluster, tmp_path_factory):
+    return researcher("bob", tmp_path_factory.mktemp("bob"))
+
+
+def task_dir(root: Path, name: str, run: list[str], nodes: int = 2, resources=None) -> Path:
     root.mkdir()
-    (root / "hello.sh").write_text(
-        "#!/bin/sh\n"
-        'echo "hello from $(hostname)"\n'
-        'echo "$SLURM_PROCID" > "$TACC_WORKDIR/outputs/rank$SLURM_PROCID"\n'
-    )
-    (root / "hello.sh").chmod(0o755)
-    (root / "tcloud.yaml").write_text(
-        f"name: {name}\nresources: {{nodes: {nodes}, mem: 100M, time: '5'}}\nrun: [{run!r}]\n"
-    )
+    limits = {"nodes": nodes, "mem": "100M", "time": "5", **(resources or {})}
+    (root / "tcloud.yaml").write_text(json.dumps({"name": name, "resources": limits, "run": run}))
     return root
 
 
-def wait_until_gone(job: str, seconds: int = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while node_sh(NAME, "n1", f"squeue -h -j {job}").stdout.strip():
-        assert time.monotonic() < deadline, f"job {job} never finished"
-        time.sleep(2)
-
-
-def test_tcloud_submit_runs_a_task_and_shows_every_nodes_log(tcloud, tmp_path):
-    """Issue [4] end to end: tcloud over SSH uploads, builds the job's workdir on shared
-    storage and submits it; the job runs on both compute nodes."""
-    project = task_dir(tmp_path / "task", "hello", "./hello.sh")
+def submit(tcloud, project: Path) -> str:
     proc = tcloud("submit", "--json", str(project))
     assert proc.returncode == 0, proc.stderr
-    job = json.loads(proc.stdout)
-    assert job["blobs_sent"] == 2
-    wait_until_gone(job["job"])
-    log = tcloud("logs", job["job"])
-    assert log.returncode == 0, log.stderr
-    assert sorted(log.stdout.splitlines()) == ["0: hello from n2", "1: hello from n3"]
-    only = tcloud("logs", job["job"], "--node", "1").stdout.splitlines()
-    assert only == ["1: hello from n3"]
-    assert "COMPLETED" in tcloud("status", job["job"]).stdout
-    again = json.loads(tcloud("submit", "--json", str(project)).stdout)
-    assert again["blobs_sent"] == 0 and again["workdir"] != job["workdir"]
-    fetched = tcloud("download", job["job"], str(tmp_path / "got"))
+    return json.loads(proc.stdout)["job_id"]
+
+
+def status(tcloud, job: str) -> dict:
+    proc = tcloud("status", "--json", job)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int = 90) -> dict:
+    deadline = time.monotonic() + seconds
+    while (info := status(tcloud, job))["state"] not in states:
+        assert time.monotonic() < deadline, f"job {job} stuck in {info['state']}: {info}"
+        time.sleep(0.5)
+    return info
+
+
+def test_two_node_job_reports_rank_and_host_and_outputs_download(alice, tmp_path):
+    line = ('echo "rank $RANK/$WORLD_SIZE on $(hostname) node $TACC_NODE_RANK/$TACC_NUM_NODES '
+            'master $MASTER_ADDR:$MASTER_PORT ips $TACC_NODE_IPS"; '
+            'echo "$RANK" > "$TACC_WORKDIR/outputs/rank$RANK"')  # fmt: skip
+    job = submit(alice, task_dir(tmp_path / "t", "ranks", [line]))
+    info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"))
+    assert info["state"] == "COMPLETED", info
+    assert [(n["host"], n["rank"], n["state"], n["exit_code"]) for n in info["nodes"]] == [
+        ("n2", 0, "COMPLETED", 0), ("n3", 1, "COMPLETED", 0)]  # fmt: skip
+    states = [h["state"] for h in info["history"]]
+    assert states == ["QUEUED", "PROVISIONING", "RUNNING", "COMPLETED"], states
+    log = alice("logs", job).stdout.splitlines()
+    ips = "10.77.6.12,10.77.6.13"
+    assert f"[n2:0] rank 0/2 on n2 node 0/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log
+    assert f"[n3:1] rank 1/2 on n3 node 1/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log
+    # Fail-safe switching: the lab has no RDMA, so TCP, with the reason in the log.
+    assert "[n2:0] tacc: transport tcp: no active RDMA port on n2, n3 (fail-safe switching, " \
+        "NCCL_IB_DISABLE=1)" in log  # fmt: skip
+    assert alice("logs", job, "--node", "1").stdout.splitlines() == [
+        line for line in log if line.startswith("[n3:1]")]  # fmt: skip
+    fetched = alice("download", job, str(tmp_path / "got"))
     assert fetched.returncode == 0, fetched.stderr
     assert sorted(p.name for p in (tmp_path / "got/outputs").iterdir()) == ["rank0", "rank1"]
-    assert (tmp_path / "got/logs" / f"hello-{job['job']}.out").exists()
+    assert {p.name for p in (tmp_path / "got/logs").iterdir()} >= {
+        "job.log", "rank-0-n2.log", "rank-1-n3.log"}  # fmt: skip
 
 
-def test_tcloud_ps_halt_resume_cancel(tcloud, tmp_path):
-    project = task_dir(tmp_path / "long", "sleeper", "sleep 300", nodes=1)
-    job = json.loads(tcloud("submit", "--json", str(project)).stdout)["job"]
+def test_numpy_example_builds_its_environment_once_for_two_jobs(alice, tmp_path):
+    example = ROOT / "examples/numpy-ddp"
+    first, second = submit(alice, example), submit(alice, example)
+    for job in (first, second):
+        info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"), 180)
+        assert info["state"] == "COMPLETED", (info, alice("logs", job).stdout[-3000:])
+    logs = [alice("logs", job).stdout for job in (first, second)]
+    built = [line for log in logs for line in log.splitlines() if ": built in " in line]
+    reused = [line for log in logs for line in log.splitlines() if ": reused (built by" in line]
+    assert len(built) == 1 and len(reused) == 1, logs
+    envs = json.loads(alice("env", "ls", "--json").stdout)
+    assert [e["requirements"] for e in envs] == ["numpy"]
+    assert alice("download", first, str(tmp_path / "got")).returncode == 0
+    model = json.loads((tmp_path / "got/outputs/model.json").read_text())
+    assert model["world_size"] == 2
+
+
+def test_failing_job_shows_failed_with_exit_code_and_last_lines(alice, tmp_path):
+    project = task_dir(tmp_path / "t", "breaks", ['echo "about to fail on $(hostname)"; exit 3'])
+    job = submit(alice, project)
+    info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"))
+    assert info["state"] == "FAILED" and info["exit_code"] == 3, info
+    assert "about to fail on n2" in info["last_lines"]["n2:0"]
+    text = alice("status", job).stdout
+    assert "FAILED (exit code 3)" in text and "about to fail on n3" in text, text
+
+
+def no_process(node: str, pattern: str) -> bool:
+    return node_sh(NAME, node, f"pgrep -f {shlex.quote(pattern)} || true").stdout.strip() == ""
+
+
+def test_cancel_leaves_no_job_process_on_any_node(alice, tmp_path):
+    job = submit(alice, task_dir(tmp_path / "t", "sleeper", ["sleep 987"]))
+    wait_state(alice, job, ("RUNNING",))
+    assert not no_process("n2", "sleep 987") and not no_process("n3", "sleep 987")
+    assert alice("cancel", job).returncode == 0
+    info = wait_state(alice, job, ("CANCELLED",), 30)
     deadline = time.monotonic() + 30
-    while json.loads(tcloud("status", "--json", job).stdout)["JobState"] != "RUNNING":
-        assert time.monotonic() < deadline, "job never started"
+    while not all(no_process(n, p) for n in ("n2", "n3") for p in ("sleep 987", info["workdir"])):
+        assert time.monotonic() < deadline, "job processes survived cancel"
         time.sleep(1)
-    listed = json.loads(tcloud("ps", "--json").stdout)
-    assert [row["name"] for row in listed if row["job"] == job] == ["sleeper"]
-    assert tcloud("halt", job).returncode == 0
-    held = json.loads(tcloud("status", "--json", job).stdout)
-    # Slurm 22.05 says Reason=job_requeued_in_held_state (JobHeldUser on later versions).
-    assert held["JobState"] in ("PENDING", "REQUEUE_HOLD") and "held" in held["Reason"].lower()
-    assert tcloud("resume", job).returncode == 0
-    released = json.loads(tcloud("status", "--json", job).stdout)
-    assert "held" not in released["Reason"].lower(), released
-    assert tcloud("cancel", job).returncode == 0
-    wait_until_gone(job, 30)
-    bad = tcloud("cancel", "12; rm -rf /")
-    assert bad.returncode == 4 and "not a job id" in bad.stderr
 
 
-def test_tcloud_files_and_envs(tcloud, tmp_path):
+def test_a_user_can_neither_read_nor_cancel_another_users_job(alice, bob, tmp_path):
+    job = submit(alice, task_dir(tmp_path / "t", "private", ["sleep 600"], nodes=1))
+    wait_state(alice, job, ("RUNNING",))
+    for verb in (("status", job), ("logs", job), ("cancel", job), ("download", job)):
+        proc = bob(*verb)
+        assert proc.returncode != 0 and f"no job {job} of yours" in proc.stderr, (verb, proc)
+    assert job not in [row["job"] for row in json.loads(bob("ps", "--json").stdout)]
+    assert job in [row["job"] for row in json.loads(alice("ps", "--json").stdout)]
+    workdir = status(alice, job)["workdir"]
+    peek = node_sh(NAME, "n1", f"su bob -c {shlex.quote(f'ls {workdir}')} 2>&1 || true")
+    assert "Permission denied" in peek.stdout
+    assert bob("cat", f"../alice/{Path(workdir).name}").returncode != 0
+    assert status(alice, job)["state"] == "RUNNING"
+    assert alice("cancel", job).returncode == 0
+
+
+def test_impossible_requests_are_refused_at_submit_with_the_reason(alice, tmp_path):
+    jobs_before = node_sh(NAME, "n1", "ls /shared/tcloud/alice/jobs | wc -l").stdout
+    gpus = task_dir(tmp_path / "g", "greedy", ["true"], nodes=1, resources={"gpus_per_node": 4})
+    proc = alice("submit", str(gpus))
+    assert proc.returncode == 3, proc
+    assert "4 GPUs per node requested, but the most any node in partition" in proc.stderr
+    wrong = task_dir(tmp_path / "p", "lost", ["true"], nodes=1, resources={"partition": "nope"})
+    proc = alice("submit", str(wrong))
+    assert proc.returncode == 3 and "unknown partition 'nope'; this cluster has:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert node_sh(NAME, "n1", "ls /shared/tcloud/alice/jobs | wc -l").stdout == jobs_before
+
+
+def test_halt_sends_the_checkpoint_signal_and_resume_runs_it_again(alice, tmp_path):
+    run = ['trap \'echo "checkpoint at $(date +%s)" >> "$TACC_WORKDIR/outputs/ckpt"; exit 0\' '
+           'USR1; echo "started"; while true; do sleep 1; done']  # fmt: skip
+    job = submit(alice, task_dir(tmp_path / "t", "ckpt", run, nodes=1))
+    wait_state(alice, job, ("RUNNING",))
+    time.sleep(1)
+    assert alice("halt", job).returncode == 0
+    info = wait_state(alice, job, ("HALTED",), 10)
+    assert info["slurm_state"] in ("PENDING", "REQUEUE_HOLD"), info
+    assert "checkpoint signal (SIGUSR1)" in alice("logs", job).stdout
+    assert alice("download", job, str(tmp_path / "got")).returncode == 0
+    assert (tmp_path / "got/outputs/ckpt").read_text().startswith("checkpoint at")
+    assert alice("resume", job).returncode == 0
+    info = wait_state(alice, job, ("RUNNING",), 120)
+    assert [h["state"] for h in info["history"]][-3:] == ["QUEUED", "PROVISIONING", "RUNNING"]
+    assert alice("cancel", job).returncode == 0
+    wait_state(alice, job, ("CANCELLED",), 30)
+
+
+def test_logs_follow_interleaves_every_node_and_ends_with_the_job(alice, tmp_path):
+    run = ['for i in 1 2 3 4 5; do echo "tick $i"; sleep 0.5; done']
+    job = submit(alice, task_dir(tmp_path / "t", "ticker", run))
+    proc = alice("logs", "-f", job)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for prefix in ("[n2:0]", "[n3:1]"):
+        assert [line for line in lines if line.startswith(f"{prefix} tick")] == [
+            f"{prefix} tick {i}" for i in range(1, 6)]  # fmt: skip
+    assert status(alice, job)["state"] == "COMPLETED"
+
+
+def test_tcloud_files(alice, tmp_path):
     (tmp_path / "notes.txt").write_text("remember the milk\n")
-    assert tcloud("upload", str(tmp_path / "notes.txt")).returncode == 0
-    listing = json.loads(tcloud("ls", "--json", "files").stdout)
+    assert alice("upload", str(tmp_path / "notes.txt")).returncode == 0
+    listing = json.loads(alice("ls", "--json", "files").stdout)
     assert {"name": "notes.txt", "size": 18, "mode": "0o600"} in listing
-    assert tcloud("cat", "files/notes.txt").stdout == "remember the milk\n"
-    escape = tcloud("cat", "../../../etc/shadow")
+    assert alice("cat", "files/notes.txt").stdout == "remember the milk\n"
+    escape = alice("cat", "../../../etc/shadow")
     assert escape.returncode == 4 and "outside your cluster directory" in escape.stderr
-    assert json.loads(tcloud("env", "ls", "--json").stdout) == []
+    bad = alice("cancel", "12; rm -rf /")
+    assert bad.returncode == 4 and "not a job id" in bad.stderr
 
 
 def test_check_diff_on_the_converged_cluster_changes_nothing(cluster):

@@ -63,7 +63,7 @@ def push(cluster: Cluster, project: Path):
     task = load_task(project / "tcloud.yaml")
     instruction = compile_task(task)
     with session(cluster) as client:
-        return upload_module.upload(client, task, instruction, USERDIR), instruction
+        return upload_module.upload(client, instruction, USERDIR), instruction
 
 
 def remote(cluster: Cluster, *argv: str) -> str:

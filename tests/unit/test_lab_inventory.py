@@ -1,7 +1,9 @@
 from pathlib import Path
 
+import pytest
 import yaml
 
+from tacc_lab.errors import LabError
 from tacc_lab.inventory import (
     COMPUTE_GROUPS,
     HEAD_GROUPS,
@@ -11,8 +13,13 @@ from tacc_lab.inventory import (
     render_inventory,
 )
 
+KEYS = {
+    "bob": "ssh-ed25519 AAAAbob bob@tacc-lab-lab\n",
+    "alice": "ssh-ed25519 AAAAalice alice@tacc-lab-lab",
+}
 
-def _render(count: int) -> dict:
+
+def _render(count: int, researchers: dict[str, str] | None = None) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
     text = render_inventory(
         nodes,
@@ -22,6 +29,7 @@ def _render(count: int) -> dict:
         lab_name="lab",
         hardware=NodeHardware(cpus=2, memory_mb=24000),
         subnet="10.77.0.0/24",
+        researchers=KEYS if researchers is None else researchers,
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)
@@ -75,3 +83,26 @@ def test_lab_serves_shared_with_ganesha_and_points_roles_at_fake_hardware():
     assert lab_vars["nfs_client_mount_now"] is False
     assert lab_vars["rdma_sysfs_root"] == "/opt/tacc-fake-hw/sys/class/infiniband"
     assert lab_vars["nvidia_gpu_repo_uri"] == "file:/opt/tacc-fake-hw/repo"
+
+
+def test_lab_researchers_become_cluster_users_with_their_keys():
+    lab_vars = _render(2)["all"]["vars"]
+    assert lab_vars["common_cluster_users"] == [
+        {
+            "name": "alice",
+            "uid": 2001,
+            "authorized_keys": ["ssh-ed25519 AAAAalice alice@tacc-lab-lab"],
+        },
+        {"name": "bob", "uid": 2002, "authorized_keys": ["ssh-ed25519 AAAAbob bob@tacc-lab-lab"]},
+    ]
+    assert lab_vars["tacc_agent_workspace"] == "/shared/tcloud"
+    assert lab_vars["tacc_agent_extra_packages"] == ["python3-numpy"]
+
+
+def test_no_researchers_means_no_cluster_users():
+    assert _render(1, researchers={})["all"]["vars"]["common_cluster_users"] == []
+
+
+def test_unknown_researcher_is_refused():
+    with pytest.raises(LabError, match="not lab researchers: mallory"):
+        _render(1, researchers={"mallory": "ssh-ed25519 AAAA"})

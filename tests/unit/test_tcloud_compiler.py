@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
+from tacc_agent.config import AgentConfig
+from tacc_agent.instruction import parse
+from tacc_agent.schedule import sbatch_argv
 from tcloud.compiler import compile_task
 from tcloud.schema import load_task
 from tests.conftest import run_cli
@@ -48,7 +52,7 @@ def test_same_inputs_same_digest_anywhere(tmp_path):
     os.utime(tmp_path / "elsewhere/b/train.py", (1, 1))  # timestamps do not matter
     third = compile_task(load_task(tmp_path / "elsewhere/b/tcloud.yaml"))
     assert first.digest == second.digest == third.digest
-    assert str(tmp_path) not in first.script
+    assert str(tmp_path) not in json.dumps(first.document)
 
 
 def test_a_content_change_changes_the_digest(tmp_path):
@@ -72,28 +76,40 @@ def test_manifest_honours_exclude_and_tcloudignore_and_modes(tmp_path):
     assert instruction.manifest["datasets/local/a.bin"].size == 100
 
 
-def test_batch_script_quotes_every_user_string(tmp_path):
-    script = compile_task(load_task(project(tmp_path))).script
-    lines = script.splitlines()
-    assert lines[0] == "#!/bin/bash"
-    for option in ("--nodes=2", "--gpus-per-node=4", "--partition=batch", "--qos=urgent",
-                   "--nice=5", "--job-name=t"):  # fmt: skip
-        assert f"#SBATCH {option}" in lines
-    assert "export A='it'\"'\"'s'" in lines and "export B='2 words'" in lines
-    assert "export NCCL_IB_DISABLE=1" in lines
-    assert "module load cuda/12.2" in lines
-    assert "srun --kill-on-bad-exit=1 --label bash -euo pipefail -c 'echo done; exit 0'" in lines
-    assert "#SBATCH --requeue" in lines
-    assert any("ln -sfn /shared/datasets/x" in line for line in lines)
+def test_instruction_carries_the_task_without_local_paths(tmp_path):
+    instruction = compile_task(load_task(project(tmp_path)))
+    task = instruction.document["task"]
+    assert instruction.document["format"] == "tacc-instruction/1"
+    assert task["datasets"] == [{"name": "shared", "cluster": "/shared/datasets/x"}]
+    assert task["run"] == ["python train.py --lr 0.1", "echo done; exit 0"]
+    assert task["resources"]["partition"] == "batch" and "account" not in task["resources"]
+    assert str(tmp_path) not in json.dumps(instruction.document)
 
 
-def test_dry_run_prints_digest_and_script_without_a_cluster(tmp_path):
+def test_the_cluster_accepts_what_the_compiler_writes(tmp_path):
+    instruction = compile_task(load_task(project(tmp_path)))
+    task = parse(json.dumps(instruction.document), "instruction.json")
+    assert task.resources["gpus_per_node"] == 4 and task.runtime["transport"] == "tcp"
+    assert task.environment["env"] == {"A": "it's", "B": "2 words"}
+
+
+def test_sbatch_line_is_argv_with_every_option(tmp_path):
+    task = parse(json.dumps(compile_task(load_task(project(tmp_path))).document), "i")
+    argv = sbatch_argv(task, Path("/w/job"), AgentConfig())
+    for option in ("--nodes=2", "--gres=gpu:4", "--partition=batch", "--qos=urgent",
+                   "--nice=5", "--job-name=t", "--requeue", "--ntasks-per-node=1",
+                   "--output=/w/job/logs/job.log", "--signal=USR1@60"):  # fmt: skip
+        assert option in argv
+    assert argv[0] == "sbatch" and argv[-1] == "/w/job/job.sh"
+
+
+def test_dry_run_prints_digest_and_sbatch_without_a_cluster(tmp_path):
     path = project(tmp_path)
     proc = run_cli("tcloud", "submit", "--dry-run", str(path))
     assert proc.returncode == 0, proc.stderr
     digest = compile_task(load_task(path)).digest
     assert proc.stdout.startswith(f"digest: {digest}\n")
-    assert "#SBATCH --nodes=2" in proc.stdout
+    assert "--nodes=2" in proc.stdout
     copy = tmp_path / "copy"
     shutil.copytree(tmp_path, copy, ignore=shutil.ignore_patterns("copy"))
     again = run_cli("tcloud", "submit", "--dry-run", str(copy / "tcloud.yaml"))

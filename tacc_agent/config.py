@@ -1,0 +1,55 @@
+"""The agent's settings: /etc/tacc-agent/config.yaml (or $TACC_AGENT_CONFIG), written by
+the tacc_agent role from inventory. Every key has a default, so the agent also runs
+without the file (a laptop, a test)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from tacc_agent.errors import EXIT_CLUSTER, AgentError
+
+DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    # Root of the per-user task directories on shared storage: <workspace>/<user>.
+    workspace: str = "/shared/tcloud"
+    # The interpreter researchers' environments are built from (venv --system-site-packages).
+    python: str = "/usr/bin/python3"
+    # Where /sys/class/infiniband lives (a fixture tree in tests, the FAKE tree in the lab).
+    rdma_sysfs_root: str = "/sys"
+    # Node facts written by `tacc-agent serve` (issue [6]); read when fresh.
+    facts_file: str = "/run/tacc-agent/facts.json"
+    facts_max_age_seconds: int = 120
+    # SIGUSR1 this many seconds before the time limit (sbatch --signal).
+    checkpoint_signal_seconds: int = 60
+    # `halt`: how long the program gets to checkpoint before the job is requeued on hold.
+    halt_grace_seconds: int = 10
+    # Upper bound of every Slurm command the agent runs.
+    slurm_timeout_seconds: int = 15
+    # How long ranks wait for each other at start (facts exchange).
+    rendezvous_timeout_seconds: int = 120
+    # How long a job waits for another job building the same environment.
+    env_lock_timeout_seconds: int = 1800
+
+
+def load_config(path: Path | None = None) -> AgentConfig:
+    path = path or Path(os.environ.get("TACC_AGENT_CONFIG", DEFAULT_PATH))
+    if not path.exists():
+        return AgentConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise AgentError(f"{path}: cannot read agent config: {exc}", EXIT_CLUSTER) from None
+    if not isinstance(data, dict):
+        raise AgentError(f"{path}: expected a mapping of settings", EXIT_CLUSTER)
+    known = {f.name: f.type for f in fields(AgentConfig)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
+    return AgentConfig(**data)

@@ -1,0 +1,266 @@
+"""Layer 4, execution. `tacc-agent batch JOBDIR` is the job's batch step (first node):
+prepares the environment once (envcache), runs the setup lines, then starts
+`tacc-agent exec JOBDIR` on every allocated node with srun and records the outcome.
+`tacc-agent exec` is one node's wrapper: it exchanges facts with the other ranks, picks
+the transport, sets the task's variables and runs each run line, writing every line
+the program prints to logs/rank-<r>-<host>.log and its exit status to status/.
+Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
+group, so cancel leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tacc_agent import envcache, records, slurm, transport
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.instruction import load
+from tcloud.schema import TaskSpec
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+KILL_GRACE_SECONDS = 10
+SINGLE_NODE_LAUNCHERS = ("none", "mpirun")
+
+
+def say(message: str) -> None:
+    print(f"tacc: {message}", flush=True)
+
+
+def user_dir_of(job_dir: Path) -> Path:
+    return job_dir.parent.parent  # <userdir>/jobs/<dir>
+
+
+class Forwarder:
+    """Signal handlers that pass signals on to the running program's process group."""
+
+    def __init__(self, on_signal=None) -> None:
+        self.child: subprocess.Popen | None = None
+        self.received: list[int] = []
+        self.on_signal = on_signal
+        for number in FORWARDED:
+            signal.signal(number, self.handle)
+
+    def handle(self, number: int, _frame) -> None:
+        self.received.append(number)
+        if self.on_signal:
+            self.on_signal(number)
+        if self.child and self.child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, number)
+
+    @property
+    def terminated(self) -> bool:
+        return any(n in (signal.SIGTERM, signal.SIGINT) for n in self.received)
+
+
+def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) -> int:
+    """Run one program in its own process group; every output line goes to sink."""
+    child = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    forwarder.child = child
+    for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]
+        sink(raw)
+    code = child.wait()
+    forwarder.child = None
+    if forwarder.terminated:
+        # The program may have left children in its group: make sure none survive.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    return 128 - code if code < 0 else code
+
+
+def base_env(task: TaskSpec, job_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        TACC_WORKDIR=str(job_dir),
+        TACC_USERDIR=str(user_dir_of(job_dir)),
+        TACC_DATASETS=str(job_dir / "datasets"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(task.environment["env"])
+    return env
+
+
+def with_modules(task: TaskSpec, line: str) -> str:
+    loads = [f"module load {shlex.quote(m)}" for m in task.environment["modules"]]
+    return " && ".join([*loads, line]) if loads else line
+
+
+# ---------------------------------------------------------------- batch step
+def batch(job_dir: Path, config: AgentConfig) -> int:
+    job_dir = job_dir.resolve()
+    task = load(job_dir)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    forwarder = Forwarder()
+    records.clear_ranks(job_dir)
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    records.add_event(job_dir, "PROVISIONING", restart=restarts)
+    say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
+    env = base_env(task, job_dir)
+    try:
+        link_datasets(task, job_dir)
+        if task.environment["requirements"]:
+            env_dir = envcache.ensure(
+                user_dir_of(job_dir), task.environment["requirements"], config.python,
+                job_id, say, config.env_lock_timeout_seconds,
+            )  # fmt: skip
+            envcache.activate(env_dir, env)
+    except AgentError as exc:
+        say(str(exc))
+        records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
+        return 1
+    for number, line in enumerate(task.setup, 1):
+        say(f"setup {number}/{len(task.setup)}: {line}")
+        argv = ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+        code = run_line(argv, job_dir / "code", env, forwarder, sys.stdout.buffer.write)
+        sys.stdout.flush()
+        if code != 0:
+            reason = f"setup line {number} exited {code}"
+            say(reason)
+            if not forwarder.terminated:
+                records.add_event(job_dir, "FAILED", exit_code=code, reason=reason)
+            return code
+    nodes = 1 if task.runtime["launcher"] in SINGLE_NODE_LAUNCHERS else task.resources["nodes"]
+    argv = [
+        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes}",
+        "--ntasks-per-node=1", "--export=ALL",
+        sys.executable, "-m", "tacc_agent", "exec", str(job_dir),
+    ]  # fmt: skip
+    code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
+                    sys.stdout.buffer.write)  # fmt: skip
+    sys.stdout.flush()
+    finish(job_dir, code, forwarder.terminated)
+    return code
+
+
+def link_datasets(task: TaskSpec, job_dir: Path) -> None:
+    for dataset in task.datasets:
+        if dataset.cluster:
+            link = job_dir / "datasets" / dataset.name
+            link.parent.mkdir(mode=0o700, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(dataset.cluster)
+
+
+def finish(job_dir: Path, code: int, terminated: bool) -> None:
+    """Record COMPLETED/FAILED, unless someone is stopping the job (cancel, halt, time
+    limit): then the agent that stops it, or Slurm's own state, has the last word."""
+    ranks = records.ranks(job_dir)
+    stopping = records.last_state(job_dir) in ("CANCELLED", "HALTED")
+    if terminated or stopping or any(r.get("terminated") for r in ranks):
+        return
+    failed = [r for r in ranks if r.get("exit_code")]
+    exit_code = failed[0]["exit_code"] if failed else code
+    if exit_code == 0 and code == 0:
+        records.add_event(job_dir, "COMPLETED", exit_code=0)
+    else:
+        where = ", ".join(f"{r['host']}:{r['rank']}" for r in failed) or "srun"
+        records.add_event(
+            job_dir, "FAILED", exit_code=exit_code or code, reason=f"exit {exit_code} on {where}"
+        )
+
+
+# ---------------------------------------------------------------- one node
+def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
+    """Every rank's status record, once all `count` ranks have written theirs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in records.ranks(job_dir) if "rdma" in r]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def framework_env(task: TaskSpec, rank: int, nodes: list[str], ips: list[str], job_id: str) -> dict:
+    per_node = max(task.resources["gpus_per_node"], 1)
+    torchrun = task.runtime["launcher"] == "torchrun"
+    return {
+        "TACC_JOB_ID": job_id,
+        "TACC_NODE_RANK": str(rank),
+        "TACC_NUM_NODES": str(len(nodes)),
+        "TACC_NODE_IPS": ",".join(ips),
+        "TACC_MASTER_ADDR": ips[0],
+        "MASTER_ADDR": ips[0],
+        "MASTER_PORT": str(20000 + int(job_id or 0) % 20000),
+        "WORLD_SIZE": str(len(nodes) * (per_node if torchrun else 1)),
+        "RANK": str(rank * (per_node if torchrun else 1)),
+        "LOCAL_RANK": "0",
+    }
+
+
+def command_for(task: TaskSpec, line: str, env: dict[str, str]) -> list[str]:
+    line = line if task.runtime["launcher"] != "mpirun" else f"mpirun {line}"
+    if task.runtime["launcher"] == "torchrun":
+        gpus = max(task.resources["gpus_per_node"], 1)
+        line = (
+            f"torchrun --nnodes={env['TACC_NUM_NODES']} --nproc-per-node={gpus} "
+            f"--node-rank={env['TACC_NODE_RANK']} --master-addr={env['MASTER_ADDR']} "
+            f"--master-port={env['MASTER_PORT']} {line}"
+        )
+    return ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+
+
+def execute(job_dir: Path, config: AgentConfig) -> int:
+    job_dir = job_dir.resolve()
+    task = load(job_dir)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    host = socket.gethostname()
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", host)
+    nodes = (
+        slurm.hostnames(nodelist, config.slurm_timeout_seconds)
+        if "SLURM_JOB_ID" in os.environ
+        else [host]
+    )
+    ips = [socket.gethostbyname(node) for node in nodes]
+    log_path = job_dir / "logs" / f"rank-{rank}-{host}.log"
+    with log_path.open("ab", buffering=0) as log:
+
+        def note(message: str) -> None:
+            log.write(f"tacc: {message}\n".encode())
+
+        def on_signal(number: int) -> None:
+            name = signal.Signals(number).name
+            if number == signal.SIGUSR1:
+                note("checkpoint signal (SIGUSR1) passed to the program")
+            elif number in (signal.SIGTERM, signal.SIGINT):
+                records.write_rank(job_dir, rank, terminated=True, signal=name)
+
+        forwarder = Forwarder(on_signal)
+        rdma = transport.local_rdma(config)
+        records.write_rank(job_dir, rank, host=host, ip=ips[rank] if rank < len(ips) else "",
+                           state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
+        peers = rendezvous(job_dir, len(nodes), config.rendezvous_timeout_seconds)
+        choice = transport.choose(task.runtime["transport"], peers)
+        if rank == 0:
+            note(f"transport {choice.name}: {choice.reason}")
+            records.write_json(job_dir / "status" / "transport.json", choice.__dict__)
+        env = base_env(task, job_dir) | framework_env(task, rank, nodes, ips, job_id)
+        env.update(choice.env, TACC_TRANSPORT=choice.name)
+        if os.environ.get("TACC_VENV"):
+            envcache.activate(Path(os.environ["TACC_VENV"]), env)
+        records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
+        if rank == 0:
+            records.add_event(job_dir, "RUNNING", nodes=nodes, transport=choice.name)
+        code = 0
+        for line in task.run:
+            code = run_line(
+                command_for(task, line, env), job_dir / "code", env, forwarder, log.write
+            )
+            if code != 0 or forwarder.terminated:
+                break
+        if code != 0:
+            note(f"exited {code}")
+    records.write_rank(job_dir, rank, state="EXITED", exit_code=code, ended=time.time())
+    return code

@@ -1,0 +1,185 @@
+"""The job verbs tcloud calls over SSH: status, ps, cancel, halt, resume.
+
+A job's state is its record (events written by the agent and the job itself)
+reconciled with what Slurm says now; a terminal state found by reconciliation is
+recorded, so it never changes afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tacc_agent import records, slurm, workspace
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import Rejected
+
+SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
+LOG_LINES = 10
+
+
+def slurm_info(job_id: str, config: AgentConfig) -> dict[str, str] | None:
+    found = slurm.show("job", job_id, config.slurm_timeout_seconds)
+    return found[0] if found else None
+
+
+def rank_state(rank: dict) -> str:
+    if rank.get("state") != "EXITED":
+        return "CANCELLED" if rank.get("terminated") else rank.get("state", "PROVISIONING")
+    if rank.get("terminated"):
+        return "CANCELLED"
+    return "COMPLETED" if rank.get("exit_code") == 0 else "FAILED"
+
+
+def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
+    """(state, reason) from the record and Slurm's view (None: Slurm forgot the job)."""
+    history = records.history(job_dir)
+    last = history[-1] if history else {"state": "QUEUED"}
+    if last["state"] in records.TERMINAL:
+        return last["state"], str(last.get("reason", ""))
+    ranks = records.ranks(job_dir)
+    slurm_state = (info or {}).get("JobState", "")
+    reason = (info or {}).get("Reason", "None")
+    if info and (slurm_state == "PENDING" or slurm_state.startswith("REQUEUE")):
+        held = "held" in reason.lower() or slurm_state == "REQUEUE_HOLD"
+        if last["state"] == "HALTED" or held:
+            return "HALTED", reason
+        return "QUEUED", reason if reason != "None" else ""
+    if info and slurm_state in SLURM_ACTIVE:
+        if last["state"] in ("PROVISIONING", "RUNNING", "HALTED"):
+            return last["state"], ""
+        return "PROVISIONING", ""
+    # Slurm says it ended (or forgot it) and the job did not record how: decide, record.
+    failed = [r for r in ranks if rank_state(r) == "FAILED"]
+    if slurm_state == "CANCELLED" or last["state"] == "HALTED":
+        state, why = "CANCELLED", f"Slurm: {slurm_state or 'gone'}"
+    elif slurm_state in SLURM_FAILED or failed:
+        state, why = "FAILED", f"Slurm: {slurm_state}" if slurm_state else "a rank failed"
+    elif slurm_state == "COMPLETED" or (ranks and all(rank_state(r) == "COMPLETED" for r in ranks)):
+        state, why = "COMPLETED", ""
+    else:
+        state, why = "FAILED", "the job left Slurm without recording how it ended"
+    codes = [r.get("exit_code") for r in failed]
+    records.add_event(job_dir, state, reason=why, exit_code=codes[0] if codes else None)
+    return state, why
+
+
+def status(user_dir: Path, job_id: str, config: AgentConfig, info=...) -> dict:
+    job_dir = workspace.job_dir(user_dir, job_id)
+    if info is ...:
+        info = slurm_info(job_id, config)
+    state, reason = reconcile(job_dir, info)
+    history = records.history(job_dir)
+    ranks = records.ranks(job_dir)
+    codes = [r.get("exit_code") for r in ranks if r.get("exit_code")]
+    final = next((e for e in reversed(history) if e["state"] in records.TERMINAL), {})
+    nodes = [
+        {
+            "rank": r["rank"],
+            "host": r.get("host", "?"),
+            "state": rank_state(r),
+            "exit_code": r.get("exit_code"),
+            "signal": r.get("signal"),
+        }
+        for r in ranks
+    ]
+    if not nodes and info and info.get("NodeList", "(null)") not in ("(null)", ""):
+        nodes = [{"rank": None, "host": info["NodeList"], "state": state, "exit_code": None}]
+    result = {
+        "job_id": job_id,
+        "name": _name(job_dir),
+        "state": state,
+        "reason": reason,
+        "exit_code": final.get("exit_code", codes[0] if codes else None)
+        if state in records.TERMINAL
+        else None,
+        "slurm_state": (info or {}).get("JobState"),
+        "workdir": str(job_dir),
+        "history": [{"state": e["state"], "time": e["time"]} for e in history],
+        "nodes": nodes,
+    }
+    if state == "FAILED":
+        result["last_lines"] = {
+            f"{host}:{rank}": records.tail_lines(path, LOG_LINES)
+            for rank, host, path in records.rank_logs(job_dir)
+        }
+        result["last_lines"]["job"] = records.tail_lines(job_dir / "logs" / "job.log", LOG_LINES)
+    return result
+
+
+def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
+    """The caller's jobs (their own index: nobody else's), newest first."""
+    out = slurm.slurm(["squeue", "--me", "--noheader", "--format=%i|%T|%r|%M|%N"],
+                      config.slurm_timeout_seconds)  # fmt: skip
+    queue = {}
+    for line in out.splitlines():
+        job, state, reason, elapsed, where = line.split("|", 4)
+        queue[job] = {"JobState": state, "Reason": reason, "RunTime": elapsed, "NodeList": where}
+    rows = []
+    for job_id in reversed(workspace.job_ids(user_dir)[-limit:]):
+        job_dir = workspace.job_dir(user_dir, job_id)
+        last = records.last_state(job_dir)
+        info = queue.get(job_id)
+        if info is None and last not in records.TERMINAL:
+            info = slurm_info(job_id, config)
+        state, _ = reconcile(job_dir, info)
+        history = records.history(job_dir)
+        submitted = history[0]["time"] if history else 0
+        rows.append(
+            {
+                "job": job_id,
+                "name": _name(job_dir),
+                "state": state,
+                "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
+                "nodes": (info or {}).get("NodeList", ""),
+            }
+        )
+    return rows
+
+
+def _name(job_dir: Path) -> str:
+    return (records.read_json(job_dir / "status" / "submit.json") or {}).get("name", "")
+
+
+def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict]:
+    dirs = [(job_id, workspace.job_dir(user_dir, job_id)) for job_id in job_ids]
+    done = []
+    for job_id, job_dir in dirs:
+        state, _ = reconcile(job_dir, slurm_info(job_id, config))
+        if state in records.TERMINAL:
+            done.append({"job_id": job_id, "state": state, "cancelled": False})
+            continue
+        records.add_event(job_dir, "CANCELLED", reason="cancelled by its owner")
+        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+        done.append({"job_id": job_id, "state": "CANCELLED", "cancelled": True})
+    return done
+
+
+def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None) -> dict:
+    """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold."""
+    job_dir = workspace.job_dir(user_dir, job_id)
+    state, _ = reconcile(job_dir, slurm_info(job_id, config))
+    if state in (*records.TERMINAL, "HALTED"):
+        raise Rejected(f"job {job_id} is {state}; only queued or running jobs can be halted")
+    grace = config.halt_grace_seconds if grace is None else grace
+    records.add_event(job_dir, "HALTED", reason="halted by its owner")
+    if state in ("PROVISIONING", "RUNNING"):
+        slurm.slurm(["scancel", "--signal=USR1", job_id], config.slurm_timeout_seconds)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if all(r.get("state") == "EXITED" for r in records.ranks(job_dir)):
+                break
+            time.sleep(0.2)
+    slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
+    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": state == "RUNNING"}
+
+
+def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
+    job_dir = workspace.job_dir(user_dir, job_id)
+    state, _ = reconcile(job_dir, slurm_info(job_id, config))
+    if state != "HALTED":
+        raise Rejected(f"job {job_id} is {state}; only halted jobs can be resumed")
+    slurm.slurm(["scontrol", "release", job_id], config.slurm_timeout_seconds)
+    records.add_event(job_dir, "QUEUED", reason="resumed by its owner")
+    return {"job_id": job_id, "state": "QUEUED"}

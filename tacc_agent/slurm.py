@@ -1,0 +1,49 @@
+"""Slurm's own commands, each bounded by a timeout, argv only (no shell)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tacc_agent.errors import EXIT_CLUSTER, AgentError
+
+TIMEOUT = 15
+
+
+def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
+    """stdout of a Slurm command; AgentError when it fails, hangs or is missing."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise AgentError(f"{argv[0]} not found: is this a Slurm node?", EXIT_CLUSTER) from None
+    except subprocess.TimeoutExpired:
+        raise AgentError(f"{argv[0]} did not answer within {timeout:g} s", EXIT_CLUSTER) from None
+    if check and proc.returncode != 0:
+        message = (proc.stderr or proc.stdout).strip()
+        raise AgentError(f"{argv[0]} failed: {message}", EXIT_CLUSTER)
+    return proc.stdout
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict."""
+    fields = {}
+    for word in line.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, str]]:
+    """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown."""
+    argv = ["scontrol", "show", kind, "--oneliner", *([name] if name else [])]
+    try:
+        out = slurm(argv, timeout)
+    except AgentError as exc:
+        if "Invalid job id" in str(exc) or "not found" in str(exc):
+            return []
+        raise
+    return [parse_oneliner(line) for line in out.splitlines() if line.strip()]
+
+
+def hostnames(nodelist: str, timeout: float = TIMEOUT) -> list[str]:
+    return slurm(["scontrol", "show", "hostnames", nodelist], timeout).split()

@@ -1,0 +1,82 @@
+"""The lab's researcher accounts: their SSH keys and the tcloud config that logs in as them.
+
+The accounts themselves are created on every node by the common role, from the
+`common_cluster_users` the lab inventory declares (tacc_lab/inventory.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
+from tacc_lab.nodes import generate_ed25519_key
+
+# (name, uid): the same UID on every node, like production's common_cluster_users.
+RESEARCHERS = (("alice", 2001), ("bob", 2002))
+# The tcloud cluster name in each researcher's config.
+CLUSTER_NAME = "lab"
+
+
+def researcher_names() -> list[str]:
+    return [name for name, _uid in RESEARCHERS]
+
+
+def check_researcher(name: str) -> None:
+    if name not in researcher_names():
+        known = ", ".join(researcher_names())
+        raise LabError(f"{name!r} is not a lab researcher; the researchers are: {known}")
+
+
+def ensure_researcher_keys(cfg: LabConfig) -> dict[str, str]:
+    """An ed25519 key pair per researcher (created once); name -> public key line."""
+    public: dict[str, str] = {}
+    for name in researcher_names():
+        key = cfg.researcher_key(name)
+        cfg.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key.parent.mkdir(mode=0o700, exist_ok=True)
+        if not key.exists():
+            generate_ed25519_key(key, comment=f"{name}@tacc-lab-{cfg.name}")
+        key.chmod(0o600)
+        public[name] = key.with_suffix(".pub").read_text().strip()
+    return public
+
+
+def user_config_path(cfg: LabConfig, name: str) -> Path:
+    return cfg.users_dir / name / "tcloud.yaml"
+
+
+def user_cache_dir(cfg: LabConfig, name: str) -> Path:
+    return cfg.users_dir / name / "cache"
+
+
+def write_user_config(cfg: LabConfig, name: str, login_address: str) -> Path:
+    """Write NAME's tcloud config (one cluster, "lab", current) and return its path.
+
+    Same format as tcloud/config.py reads and writes, which only writes to the path in
+    $TCLOUD_CONFIG. No `userdir`: the cluster decides it.
+    """
+    check_researcher(name)
+    key = cfg.researcher_key(name)
+    if not key.exists():
+        raise LabError(f"{name} has no key yet ({key}); run `tacc-lab up` to create it")
+    data = {
+        "current": CLUSTER_NAME,
+        "clusters": {
+            CLUSTER_NAME: {
+                "host": login_address,
+                "user": name,
+                "key": str(key),
+                "known_hosts": str(cfg.known_hosts),
+            }
+        },
+    }
+    path = user_config_path(cfg, name)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=True))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    return path

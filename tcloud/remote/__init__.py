@@ -1,1 +1,0 @@
-"""Scripts tcloud runs on the cluster's login node with `python3 -c` (stdlib only)."""
