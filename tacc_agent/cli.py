@@ -83,11 +83,11 @@ def read_request() -> dict:
 
 
 def job_command(args: argparse.Namespace, config) -> int:
-    user_dir = workspace.userdir(config, args.userdir)
     if args.verb == "check":
         task = parse(sys.stdin.read(), "instruction")
         partition = schedule.check(task, config)
         return emit({"ok": True, "partition": partition})
+    user_dir = workspace.userdir(config, args.userdir)
     if args.verb == "submit":
         return emit(schedule.submit(user_dir, args.workdir, config))
     if args.verb == "ps":

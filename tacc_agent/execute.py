@@ -39,13 +39,34 @@ def user_dir_of(job_dir: Path) -> Path:
     return job_dir.parent.parent  # <userdir>/jobs/<dir>
 
 
-class Forwarder:
-    """Signal handlers that pass signals on to the running program's process group."""
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc), whatever session or group it moved to."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
-    def __init__(self, on_signal=None) -> None:
+
+class Forwarder:
+    """Signal handlers that pass signals on to the running program's process group.
+
+    With `workers_only` (torchrun), the checkpoint signal goes to every process below
+    the launcher instead: torchrun would die of SIGUSR1, and it starts each worker in a
+    session of its own, where a group signal would not reach it.
+    """
+
+    def __init__(self, on_signal=None, workers_only: bool = False) -> None:
         self.child: subprocess.Popen | None = None
         self.received: list[int] = []
         self.on_signal = on_signal
+        self.workers_only = workers_only
         for number in FORWARDED:
             signal.signal(number, self.handle)
 
@@ -53,9 +74,18 @@ class Forwarder:
         self.received.append(number)
         if self.on_signal:
             self.on_signal(number)
-        if self.child and self.child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, number)
+        if not self.child or self.child.poll() is not None:
+            return
+        stopping = number in (signal.SIGTERM, signal.SIGINT)
+        if stopping or (self.workers_only and number == signal.SIGUSR1):
+            # Also processes that left the group (setsid): cancel leaves nothing behind.
+            for pid in descendants(self.child.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, number)
+            if not stopping:
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, number)
 
     @property
     def terminated(self) -> bool:
@@ -237,7 +267,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             elif number in (signal.SIGTERM, signal.SIGINT):
                 records.write_rank(job_dir, rank, terminated=True, signal=name)
 
-        forwarder = Forwarder(on_signal)
+        forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
         rdma = transport.local_rdma(config)
         records.write_rank(job_dir, rank, host=host, ip=ips[rank] if rank < len(ips) else "",
                            state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip

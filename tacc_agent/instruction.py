@@ -50,7 +50,8 @@ def parse(text: str, source: str) -> TaskSpec:
     if root is None:
         raise InvalidInstruction(f"{source}: empty instruction")
     if validator.problems:
-        raise InvalidInstruction("\n".join(str(p) for p in validator.problems))
+        problems = sorted(validator.problems, key=lambda p: (p.line, p.column))
+        raise InvalidInstruction("\n".join(str(p) for p in problems))
     task = dict(data["task"])
     task["code"] = {}
     task["datasets"] = [d for d in task["datasets"] or [] if d.get("cluster")]

@@ -1,0 +1,56 @@
+"""A job's state: its record reconciled with what Slurm says now."""
+
+from __future__ import annotations
+
+import pytest
+
+from tacc_agent import records
+from tacc_agent.jobs import reconcile
+
+
+def job(tmp_path, events: list[str], ranks: list[dict] | None = None):
+    job_dir = tmp_path / "job"
+    (job_dir / "status").mkdir(parents=True)
+    for state in events:
+        records.add_event(job_dir, state)
+    for rank in ranks or []:
+        records.write_rank(job_dir, **rank)
+    return job_dir
+
+
+EXITED_0 = {"rank": 0, "host": "n2", "state": "EXITED", "exit_code": 0}
+EXITED_3 = {"rank": 1, "host": "n3", "state": "EXITED", "exit_code": 3}
+
+
+@pytest.mark.parametrize(
+    ("events", "ranks", "slurm", "expected"),
+    [
+        (["QUEUED"], [], {"JobState": "PENDING", "Reason": "Resources"}, "QUEUED"),
+        (["QUEUED"], [], {"JobState": "CONFIGURING"}, "PROVISIONING"),
+        (["QUEUED", "PROVISIONING", "RUNNING"], [], {"JobState": "RUNNING"}, "RUNNING"),
+        (["QUEUED", "HALTED"], [], {"JobState": "PENDING",
+                                     "Reason": "job_requeued_in_held_state"}, "HALTED"),
+        (["QUEUED", "RUNNING"], [], {"JobState": "PENDING", "Reason": "JobHeldUser"}, "HALTED"),
+        (["QUEUED", "RUNNING"], [EXITED_0], {"JobState": "COMPLETED"}, "COMPLETED"),
+        (["QUEUED", "RUNNING"], [EXITED_0, EXITED_3], None, "FAILED"),
+        (["QUEUED", "RUNNING"], [], {"JobState": "TIMEOUT"}, "FAILED"),
+        (["QUEUED", "RUNNING"], [], {"JobState": "CANCELLED"}, "CANCELLED"),
+        (["QUEUED", "RUNNING"], [], None, "FAILED"),
+        (["QUEUED", "RUNNING", "COMPLETED"], [], {"JobState": "RUNNING"}, "COMPLETED"),
+    ],
+)  # fmt: skip
+def test_reconcile(tmp_path, events, ranks, slurm, expected):
+    job_dir = job(tmp_path, events, ranks)
+    state, _ = reconcile(job_dir, slurm)
+    assert state == expected
+    if expected in records.TERMINAL:
+        # Decided once, recorded: later reads do not depend on Slurm any more.
+        assert records.last_state(job_dir) == expected
+        assert reconcile(job_dir, {"JobState": "RUNNING"})[0] == expected
+
+
+def test_events_are_separate_files_in_order(tmp_path):
+    job_dir = job(tmp_path, ["QUEUED", "PROVISIONING", "RUNNING"])
+    assert [e["state"] for e in records.history(job_dir)] == ["QUEUED", "PROVISIONING", "RUNNING"]
+    with pytest.raises(ValueError, match="unknown job state"):
+        records.add_event(job_dir, "EXPLODED")
