@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import lab_down, lab_up, node_sh
+from benchlib import lab_down, lab_up, node_sh, playbook
 
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
@@ -96,6 +96,7 @@ def main() -> int:
         lab_down()
         lab_up(1, tmp_path / "hosts.yml")
         try:
+            playbook(tmp_path / "hosts.yml", "playbooks/agent.yml")  # tacc-agent store
             node_sh("n1", "apt-get update -qq && apt-get install -y -q rsync >/dev/null")
             hashed_cold, total, sent = tcloud_round(cluster, project, cache)
             first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts)

@@ -106,6 +106,9 @@ def render_inventory(
                 "slurm_task_plugin": "task/none",
                 "slurm_jobacct_gather_type": "jobacct_gather/linux",
                 "slurm_node_cpus": hardware.cpus,
+                # A requeued job (tcloud halt + resume) waits cred_expire before it runs
+                # again (slurm.conf(5)); 120 s by default, 20 s is plenty for lab nodes.
+                "slurm_extra_config": {"AuthInfo": "cred_expire=20"},
                 "slurm_node_memory_mb": hardware.memory_mb,
                 # No kernel NFS in nspawn nodes: n1 serves /shared (a host directory
                 # bind-mounted on every node) with NFS-Ganesha; clients get enabled mount

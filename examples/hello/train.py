@@ -4,10 +4,10 @@ import json
 import os
 import socket
 
-rank = int(os.environ.get("SLURM_PROCID", "0"))
-world = int(os.environ.get("SLURM_NTASKS", "1"))
+rank = int(os.environ["RANK"])
+world = int(os.environ["WORLD_SIZE"])
 host = socket.gethostname()
-master = os.environ["TACC_MASTER_ADDR"]
+master = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
 print(f"{os.environ['GREETING']}: rank {rank}/{world} on {host}, master {master}")
 loss = 1.0 / (rank + 1)
 out = os.path.join(os.environ["TACC_WORKDIR"], "outputs", f"rank{rank}.json")

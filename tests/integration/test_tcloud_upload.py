@@ -19,7 +19,7 @@ from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.schema import load_task
 from tcloud.ssh import run, session
-from tests.integration.lab_helpers import lab_cli, node_sh
+from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 
 pytestmark = pytest.mark.lab
 
@@ -35,6 +35,7 @@ def lab(tmp_path_factory):
     inventory = tmp_path_factory.mktemp("tc") / "hosts.yml"
     proc = lab_cli(NAME, "up", "--nodes", "1", "--subnet", SUBNET, "--inventory", str(inventory))
     assert proc.returncode == 0, proc.stderr
+    playbook(inventory, "playbooks/agent.yml")  # the cluster side of the upload
     cfg = resolve_config(NAME, SUBNET, SUBNET)
     yield Cluster(
         name=NAME,

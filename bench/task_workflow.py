@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Measure the scheduling and execution layers on the bench lab (issue [5]), each next
+to a baseline run side by side: plain `sbatch` over ssh.
+
+1. submit -> RUNNING latency of a 1-node job on an idle cluster, median of N: tcloud
+   (compile, delta upload, submit, environment and rank start) against
+   `ssh login sbatch --wrap` polled with squeue until RUNNING.
+2. a line printed by a rank -> visible in `tcloud logs -f` (target <= 1 s).
+3. K concurrent submissions of a 10 s task (K = 10, 20, 40): end-to-end completion
+   time (submit start -> job's final state), mean / min / max / stdev, as in the FfDL
+   paper's Table 1; the lab's compute nodes are declared with enough CPUs that all fit.
+
+Usage (as root, from the repository root, after `make venv`):
+    .venv/bin/python bench/task_workflow.py [--samples 10] [--concurrency 10 20 40]
+Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchlib import BIN, NAME, lab_down, lab_up, node_sh, playbook
+
+CPUS_PER_NODE = 24  # declared in slurm.conf: 40 one-CPU tasks fit on 2 nodes at once
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def researcher_env() -> dict[str, str]:
+    out = subprocess.run([str(BIN / "tacc-lab"), "--name", NAME, "user", "alice"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    env = {}
+    for line in out.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = shlex.split(value)[0]
+    return env
+
+
+class Tcloud:
+    def __init__(self, env: dict[str, str]) -> None:
+        import os
+
+        self.env = {**os.environ, **env}
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(BIN / "tcloud"), *argv], env=self.env, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
+        return proc
+
+    def submit(self, project: Path, retries: int = 3) -> tuple[str, int]:
+        """(job id, retries needed): sshd refuses some of many simultaneous logins."""
+        for attempt in range(retries + 1):
+            proc = self.run("submit", "--json", str(project), check=attempt == retries)
+            if proc.returncode == 0:
+                return json.loads(proc.stdout)["job_id"], attempt
+            time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def status(self, job: str) -> dict:
+        return json.loads(self.run("status", "--json", job).stdout)
+
+    def wait(self, job: str, states: tuple[str, ...], timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while (info := self.status(job))["state"] not in states:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job} stuck in {info['state']}")
+            time.sleep(0.2)
+        return info
+
+
+def event_time(info: dict, state: str) -> float:
+    return next(h["time"] for h in info["history"] if h["state"] == state)
+
+
+def task(root: Path, name: str, run: str, time_limit: str = "5") -> Path:
+    root.mkdir(parents=True)
+    (root / "tcloud.yaml").write_text(json.dumps({
+        "name": name, "run": [run],
+        "resources": {"nodes": 1, "cpus": 1, "mem": "50M", "time": time_limit},
+    }))  # fmt: skip
+    return root
+
+
+def login_sh(script: str) -> str:
+    return node_sh("n1", script)
+
+
+def baseline_submit_to_running() -> float:
+    start = time.time()
+    job = login_sh("sbatch --parsable -N1 -c1 --mem=50M --wrap 'sleep 2'").strip()
+    while login_sh(f"squeue -h -j {job} -o %T").strip() != "RUNNING":
+        time.sleep(0.05)
+    seconds = time.time() - start
+    while login_sh(f"squeue -h -j {job}").strip():
+        time.sleep(0.2)
+    return seconds
+
+
+def submit_to_running(tcloud: Tcloud, work: Path, samples: int) -> None:
+    ours, theirs = [], []
+    project = task(work / "latency", "latency", "sleep 1")
+    for _ in range(samples):
+        start = time.time()
+        job, _ = tcloud.submit(project)
+        info = tcloud.wait(job, TERMINAL)
+        ours.append(event_time(info, "RUNNING") - start)
+        theirs.append(baseline_submit_to_running())
+    a, b = statistics.median(ours), statistics.median(theirs)
+    print(f"submit -> RUNNING, 1 node, median of {samples}:")
+    print(f"  tcloud submit        {a:6.2f} s  (min {min(ours):.2f}, max {max(ours):.2f})")
+    print(f"  ssh sbatch (base)    {b:6.2f} s  (min {min(theirs):.2f}, max {max(theirs):.2f})")
+    print(f"  ratio                {a / b:6.2f}x")
+
+
+def log_latency(tcloud: Tcloud, work: Path) -> None:
+    run = "for i in $(seq 40); do python3 -c 'import time; print(\"tick\", time.time())'; " \
+          "sleep 0.25; done"  # fmt: skip
+    job, _ = tcloud.submit(task(work / "ticks", "ticks", run))
+    follower = subprocess.Popen([str(BIN / "tcloud"), "logs", "-f", job], env=tcloud.env,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    delays = []
+    for line in follower.stdout:  # type: ignore[union-attr]
+        words = line.split()
+        if len(words) == 3 and words[1] == "tick":
+            delays.append(time.time() - float(words[2]))
+    follower.wait()
+    delays.sort()
+    p95 = delays[int(len(delays) * 0.95) - 1]
+    print(f"rank prints a line -> `tcloud logs -f` shows it ({len(delays)} lines):")
+    print(f"  median {statistics.median(delays):.3f} s, p95 {p95:.3f} s, max {max(delays):.3f} s"
+          "  (target <= 1 s)")  # fmt: skip
+
+
+def concurrent(tcloud: Tcloud, work: Path, count: int) -> None:
+    project = task(work / f"c{count}", f"c{count}", "sleep 10")
+    starts: dict[str, float] = {}
+    retries = []
+    lock = threading.Lock()
+
+    def one(_: int) -> str:
+        start = time.time()
+        job, tries = tcloud.submit(project)
+        with lock:
+            starts[job] = start
+            retries.append(tries)
+        return job
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        jobs = list(pool.map(one, range(count)))
+    done = {job: tcloud.wait(job, TERMINAL, 600) for job in jobs}
+    failed = [j for j, info in done.items() if info["state"] != "COMPLETED"]
+    times = [event_time(info, info["state"]) - starts[job] for job, info in done.items()]
+    base = baseline_concurrent(count)
+    print(f"{count:3d} concurrent 10 s tasks: tcloud mean {statistics.mean(times):6.2f} s "
+          f"min {min(times):6.2f} max {max(times):6.2f} stdev {statistics.stdev(times):5.2f}"
+          f"  | sbatch mean {statistics.mean(base):6.2f} min {min(base):6.2f} "
+          f"max {max(base):6.2f} stdev {statistics.stdev(base):5.2f}"
+          f"  | ratio {statistics.mean(times) / statistics.mean(base):.2f}x"
+          f"  (failed {len(failed)}, ssh retries {sum(retries)})")  # fmt: skip
+
+
+def baseline_concurrent(count: int) -> list[float]:
+    """The same K tasks as plain sbatch --wrap over one ssh each, completion by polling."""
+    starts, jobs = {}, []
+    lock = threading.Lock()
+
+    def one(_: int) -> None:
+        start = time.time()
+        job = login_sh("sbatch --parsable -N1 -c1 --mem=50M --wrap 'sleep 10'").strip()
+        with lock:
+            starts[job] = start
+            jobs.append(job)
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        list(pool.map(one, range(count)))
+    ends: dict[str, float] = {}
+    while len(ends) < count:
+        queued = set(login_sh("squeue -h -o %i").split())
+        now = time.time()
+        for job in jobs:
+            if job not in queued and job not in ends:
+                ends[job] = now
+        time.sleep(0.2)
+    return [ends[job] - starts[job] for job in jobs]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 20, 40])
+    parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        inventory = work / "hosts.yml"
+        lab_down()
+        lab_up(3, inventory)
+        try:
+            playbook(inventory, "playbooks/site.yml", "-e", f"slurm_node_cpus={CPUS_PER_NODE}")
+            tcloud = Tcloud(researcher_env())
+            tcloud.wait(tcloud.submit(task(work / "warm", "warm", "true"))[0], TERMINAL)
+            submit_to_running(tcloud, work, args.samples)
+            log_latency(tcloud, work)
+            for count in args.concurrency:
+                concurrent(tcloud, work, count)
+        finally:
+            if not args.keep:
+                lab_down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
