@@ -13,7 +13,7 @@ from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import InventoryNode, NodeHardware, groups_for, render_inventory
-from tacc_lab.network import bridge_exists, ensure_bridge, remove_bridge
+from tacc_lab.network import bridge_exists, clear_stale_veth, ensure_bridge, remove_bridge
 from tacc_lab.nodes import (
     NodePaths,
     configure_node,
@@ -96,6 +96,7 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
             public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
         write_known_hosts(cfg, public_keys)
         for node in to_start:
+            clear_stale_veth(cfg.machine_name(node.name))
             node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
             save_state(cfg.state_file, state)
         if to_start:
@@ -145,6 +146,8 @@ def down(cfg: LabConfig) -> list[str]:
             for node in state.sorted_nodes():
                 stop_node(cfg, node)
                 removed.append(node.name)
+            for node in state.sorted_nodes():
+                clear_stale_veth(cfg.machine_name(node.name))
             stop_proxy(cfg, state.proxy_pid)
             if state.inventory:
                 Path(state.inventory).unlink(missing_ok=True)

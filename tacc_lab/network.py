@@ -1,9 +1,11 @@
-"""The lab's bridge: create, check the subnet is free, remove."""
+"""The lab's bridge: create, check the subnet is free, remove; nodes' stale veths."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import time
+from pathlib import Path
 
 from tacc_lab.addressing import bridge_address, overlapping
 from tacc_lab.config import LabConfig
@@ -49,3 +51,21 @@ def ensure_bridge(cfg: LabConfig) -> None:
 def remove_bridge(cfg: LabConfig) -> None:
     if bridge_exists(cfg.bridge):
         run(["ip", "link", "delete", cfg.bridge])
+
+
+def host_veth(machine: str) -> str:
+    """The host end of a node's veth pair, as systemd-nspawn names it (IFNAMSIZ - 1)."""
+    return f"vb-{machine}"[:15]
+
+
+def clear_stale_veth(machine: str, timeout: float = 15.0) -> None:
+    """The kernel tears a dead node's network namespace down asynchronously, so its veth
+    can outlive the node for a moment; a new node of the same name would then fail with
+    "Failed to add new veth interfaces ... File exists". Wait for it, then remove it."""
+    name = host_veth(machine)
+    deadline = time.monotonic() + timeout
+    while Path("/sys/class/net", name).exists():
+        if time.monotonic() > deadline:
+            run(["ip", "link", "delete", name], check=False)
+            return
+        time.sleep(0.2)
