@@ -57,7 +57,7 @@ demo: lab-up
 	@echo "== the cluster at work =="
 	tacc-lab ssh n1 sinfo
 	tacc-lab ssh n1 srun -N2 hostname
-	@echo "== a researcher's task: tcloud submit examples/hello, then its log =="
+	@echo "== a researcher (alice) submits examples/hello with tcloud and follows its logs =="
 	python -m tacc_lab.demo examples/hello
 	@echo "demo done: the lab stays up (make lab-down removes it)"
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from tacc_agent import envcache, execute, jobs, logs, records, schedule, store, workspace
@@ -123,13 +122,31 @@ def dispatch(args: argparse.Namespace) -> int:
         return emit({"user": workspace.current_user(), "userdir": str(user_dir)})
     if args.command == "env":
         return emit(envcache.listing(user_dir))
-    return emit(store.handle(user_dir, read_request()))
+    return emit(store_round_trip(user_dir, read_request(), config))
+
+
+def store_round_trip(user_dir: Path, request: dict, config) -> dict:
+    """`store`, optionally with the scheduling steps that go with it, so a submit is two
+    round trips: "check" (the instruction) refuses an impossible task before anything
+    is uploaded; "submit" sbatches the job directory the commit just built."""
+    partition = None
+    if request.get("check") is not None:
+        task = parse(json.dumps(request["check"]), "instruction")
+        partition = schedule.check(task, config)
+    answer = store.handle(user_dir, request)
+    if partition:
+        answer["partition"] = partition
+    if request.get("submit") and answer.get("workdir"):
+        answer["job"] = schedule.submit(user_dir, Path(answer["workdir"]), config)
+    return answer
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
+        from importlib.metadata import PackageNotFoundError, version  # only here: slow
+
         try:
             print(version("tacc-stack"))
         except PackageNotFoundError:

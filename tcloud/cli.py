@@ -18,7 +18,7 @@ from pathlib import Path
 from tacc_agent.config import AgentConfig
 from tacc_agent.schedule import sbatch_argv
 from tcloud import config, files, jobs
-from tcloud.agent import Rejected, call
+from tcloud.agent import call
 from tcloud.compiler import compile_task
 from tcloud.errors import EXIT_OK, EXIT_USAGE, TcloudError
 from tcloud.hashcache import HashCache
@@ -143,12 +143,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
     cluster = config.cluster(args.cluster)
-    document = json.dumps(instruction.document).encode()
     with session(cluster) as client:
-        # Refused here (unknown partition, more GPUs than any node has) before any upload.
-        call(client, ["job", "check"], cluster.userdir, document, rejected=Rejected)
-        result = upload(client, instruction, cluster.userdir)
-        answer = call(client, ["job", "submit", result.workdir], cluster.userdir, rejected=Rejected)
+        # An impossible task (unknown partition, more GPUs than any node has) is refused
+        # in the first round trip, before anything is uploaded.
+        result = upload(client, instruction, cluster.userdir, submit=True)
+    answer = result.job or {}
     summary = {
         "job_id": answer["job_id"],
         "name": task.name,

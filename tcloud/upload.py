@@ -11,7 +11,7 @@ from pathlib import Path
 
 import paramiko
 
-from tcloud.agent import call
+from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
 
@@ -25,6 +25,7 @@ class UploadResult:
     blobs_sent: int
     bytes_sent: int
     seconds: float
+    job: dict | None = None  # the agent's submit answer, with submit=True
 
 
 def blob_name(sha256: str, mode: int) -> str:
@@ -32,8 +33,9 @@ def blob_name(sha256: str, mode: int) -> str:
 
 
 def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
-    """One round trip to the cluster side of the upload (`tacc-agent store`)."""
-    return call(client, ["store"], userdir, json.dumps(request).encode())
+    """One round trip to the cluster side of the upload (`tacc-agent store`); a task the
+    cluster refuses is a Rejected error (exit 3, the message names the field)."""
+    return call(client, ["store"], userdir, json.dumps(request).encode(), rejected=Rejected)
 
 
 class Progress:
@@ -74,13 +76,19 @@ def upload(
     client: paramiko.SSHClient,
     instruction: Instruction,
     userdir: str | None = None,
+    submit: bool = False,
 ) -> UploadResult:
+    """Send what the cluster lacks and build the job directory; with submit, the same
+    two round trips also refuse an impossible task first and sbatch the job at the end."""
     start = time.monotonic()
     names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
     first_path = {}
     for path, name in names.items():
         first_path.setdefault(name, path)
-    answer = remote(client, {"op": "missing", "blobs": sorted(first_path)}, userdir)
+    first = {"op": "missing", "blobs": sorted(first_path)}
+    if submit:
+        first["check"] = instruction.document
+    answer = remote(client, first, userdir)
     missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
     sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
     progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))
@@ -99,7 +107,7 @@ def upload(
             progress.close()
             sftp.close()
     files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
-    request = {"op": "commit", "blobs": missing, "manifest": names}
+    request = {"op": "commit", "blobs": missing, "manifest": names, "submit": submit}
     answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)
     if answer["bad"]:
         raise TcloudError(
@@ -107,4 +115,6 @@ def upload(
             "dropped; run the command again to resend them"
         )
     seconds = time.monotonic() - start
-    return UploadResult(answer["workdir"], answer["userdir"], len(missing), sent, seconds)
+    return UploadResult(
+        answer["workdir"], answer["userdir"], len(missing), sent, seconds, answer.get("job")
+    )
