@@ -111,7 +111,9 @@ def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) 
 
 
 def base_env(task: TaskSpec, job_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    # Not the SSH session tcloud submitted from: with SSH_CLIENT set, Debian's bash
+    # sources bashrc files even when non-interactive (and trips on `set -u`).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
     env.update(
         TACC_WORKDIR=str(job_dir),
         TACC_USERDIR=str(user_dir_of(job_dir)),

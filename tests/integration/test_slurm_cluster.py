@@ -116,6 +116,8 @@ def test_two_node_job_reports_rank_and_host_and_outputs_download(alice, tmp_path
     states = [h["state"] for h in info["history"]]
     assert states == ["QUEUED", "PROVISIONING", "RUNNING", "COMPLETED"], states
     log = alice("logs", job).stdout.splitlines()
+    # Exactly the program's lines and the agent's; nothing from login shells' rc files.
+    assert len([line for line in log if not line.startswith("[job]")]) == 3, log
     ips = "10.77.6.12,10.77.6.13"
     assert f"[n2:0] rank 0/2 on n2 node 0/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log
     assert f"[n3:1] rank 1/2 on n3 node 1/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log

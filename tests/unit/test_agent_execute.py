@@ -24,7 +24,8 @@ def test_wrapper_sets_the_variables_and_records_the_exit(tmp_path):
             "$TACC_TRANSPORT $NCCL_IB_DISABLE $GREETING $PYTHONUNBUFFERED; pwd")  # fmt: skip
     task = {"name": "t", "run": [line], "environment": {"env": {"GREETING": "hi there"}}}
     _, job_dir = make_job(tmp_path, task)
-    proc = agent("exec", str(job_dir), env=agent_env(tmp_path))
+    env = agent_env(tmp_path) | {"SSH_CLIENT": "10.0.0.1 50000 22"}  # as if over ssh
+    proc = agent("exec", str(job_dir), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert rank_log(job_dir) == [
         "tacc: transport tcp: no active RDMA port on " + os.uname().nodename
