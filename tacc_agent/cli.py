@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tacc_agent import envcache, execute, jobs, logs, records, schedule, store, workspace
 from tacc_agent.config import load_config
-from tacc_agent.errors import EXIT_OK, EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
 from tacc_agent.instruction import parse
 
 
@@ -73,7 +73,7 @@ def emit(data: object) -> int:
 
 def read_request() -> dict:
     try:
-        request = json.load(sys.stdin)
+        request = json.loads(sys.stdin.buffer.read().decode())
     except ValueError as exc:
         raise Rejected(f"expected one JSON object on stdin: {exc}") from None
     if not isinstance(request, dict):
@@ -83,7 +83,7 @@ def read_request() -> dict:
 
 def job_command(args: argparse.Namespace, config) -> int:
     if args.verb == "check":
-        task = parse(sys.stdin.read(), "instruction")
+        task = parse(sys.stdin.buffer.read().decode(errors="replace"), "instruction")
         partition = schedule.check(task, config)
         return emit({"ok": True, "partition": partition})
     user_dir = workspace.userdir(config, args.userdir)
@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the contract is JSON on stdout, never a traceback
+        print(json.dumps({"error": f"internal error: {type(exc).__name__}: {exc}", "field": ""}))
+        return EXIT_CLUSTER
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,16 +40,26 @@ def user_dir_of(job_dir: Path) -> Path:
     return job_dir.parent.parent  # <userdir>/jobs/<dir>
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (from /proc), whatever session or group it moved to."""
-    children: dict[int, list[int]] = {}
+def process_tree() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc."""
+    tree: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def children(pid: int) -> list[int]:
+    return process_tree().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, whatever session or group it moved to."""
+    tree = process_tree()
     found, todo = [], [pid]
     while todo:
-        below = children.get(todo.pop(), [])
+        below = tree.get(todo.pop(), [])
         found += below
         todo += below
     return found
@@ -72,45 +83,81 @@ class Forwarder:
 
     def handle(self, number: int, _frame) -> None:
         self.received.append(number)
+        child = self.child
+        if child is not None and child.returncode is None:
+            self.forward(child.pid, number)
         if self.on_signal:
-            self.on_signal(number)
-        if not self.child or self.child.poll() is not None:
-            return
-        stopping = number in (signal.SIGTERM, signal.SIGINT)
-        if stopping or (self.workers_only and number == signal.SIGUSR1):
-            # Also processes that left the group (setsid): cancel leaves nothing behind.
-            for pid in descendants(self.child.pid):
+            try:  # bookkeeping only: a signal handler must never raise
+                self.on_signal(number)
+            except Exception as exc:
+                print(f"tacc: recording signal {number} failed: {exc}", file=sys.stderr)
+
+    def forward(self, pid: int, number: int) -> None:
+        if self.workers_only and number == signal.SIGUSR1:
+            # torchrun would die of it: its own children, the workers, get it instead.
+            for worker in children(pid):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, number)
-            if not stopping:
-                return
+                    os.kill(worker, number)
+            return
+        if number in (signal.SIGTERM, signal.SIGINT):
+            # Also processes that left the group (setsid): cancel leaves nothing behind.
+            for below in descendants(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(below, number)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, number)
+            os.killpg(pid, number)
 
     @property
     def terminated(self) -> bool:
         return any(n in (signal.SIGTERM, signal.SIGINT) for n in self.received)
 
 
+def stop_group(pid: int) -> None:
+    """TERM, a grace period, then KILL, to whatever is left of a program's group."""
+    for number, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(pid, number)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
 def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) -> int:
-    """Run one program in its own process group; every output line goes to sink."""
+    """Run one program in its own process group; every output line goes to sink. The
+    line ends when its program exits: what it left running in the background (holding
+    the output pipe open) is stopped then, as Slurm does at the end of a step."""
     child = subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     forwarder.child = child
-    for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]
-        sink(raw)
+    if forwarder.terminated:  # the signal came while it was starting
+        forwarder.handle(signal.SIGTERM, None)
+
+    def pump() -> None:
+        for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]
+            sink(raw)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     code = child.wait()
     forwarder.child = None
-    if forwarder.terminated:
-        # The program may have left children in its group: make sure none survive.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+    reader.join(1.0)
+    if reader.is_alive() or forwarder.terminated:
+        stop_group(child.pid)
+        reader.join(KILL_GRACE_SECONDS)
     return 128 - code if code < 0 else code
 
 
-def base_env(task: TaskSpec, job_dir: Path) -> dict[str, str]:
+def base_env(job_dir: Path) -> dict[str, str]:
+    """The agent's own environment (srun, the wrapper): the task's variables are only
+    for the program, so they cannot break srun or the agent."""
     # Not the SSH session tcloud submitted from: with SSH_CLIENT set, Debian's bash
     # sources bashrc files even when non-interactive (and trips on `set -u`).
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
@@ -120,8 +167,15 @@ def base_env(task: TaskSpec, job_dir: Path) -> dict[str, str]:
         TACC_DATASETS=str(job_dir / "datasets"),
         PYTHONUNBUFFERED="1",
     )
-    env.update(task.environment["env"])
     return env
+
+
+def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
+    return {**env, **task.environment["env"]}
+
+
+# The agent itself, isolated (-I) from the job's directory and PYTHON* variables.
+AGENT = [sys.executable, "-I", "-m", "tacc_agent"]
 
 
 def with_modules(task: TaskSpec, line: str) -> str:
@@ -139,7 +193,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     records.add_event(job_dir, "PROVISIONING", restart=restarts)
     say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
-    env = base_env(task, job_dir)
+    env = base_env(job_dir)
     try:
         link_datasets(task, job_dir)
         if task.environment["requirements"]:
@@ -155,9 +209,10 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     for number, line in enumerate(task.setup, 1):
         say(f"setup {number}/{len(task.setup)}: {line}")
         argv = ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
-        code = run_line(argv, job_dir / "code", env, forwarder, sys.stdout.buffer.write)
+        code = run_line(argv, job_dir / "code", program_env(task, env), forwarder,
+                        sys.stdout.buffer.write)  # fmt: skip
         sys.stdout.flush()
-        if code != 0:
+        if code != 0 or forwarder.terminated:
             reason = f"setup line {number} exited {code}"
             say(reason)
             if not forwarder.terminated:
@@ -166,9 +221,10 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     nodes = 1 if task.runtime["launcher"] in SINGLE_NODE_LAUNCHERS else task.resources["nodes"]
     argv = [
         "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes}",
-        "--ntasks-per-node=1", "--export=ALL",
-        sys.executable, "-m", "tacc_agent", "exec", str(job_dir),
+        "--ntasks-per-node=1", "--export=ALL", *AGENT, "exec", str(job_dir),
     ]  # fmt: skip
+    if forwarder.terminated:
+        return 128 + signal.SIGTERM
     code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
                     sys.stdout.buffer.write)  # fmt: skip
     sys.stdout.flush()
@@ -212,6 +268,26 @@ def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
         if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def agree_on_transport(
+    task: TaskSpec, job_dir: Path, rank: int, count: int, config: AgentConfig
+) -> transport.Choice:
+    """Rank 0 decides from every rank's facts and writes status/transport.json; the
+    others use what it wrote, so all ranks agree even if a rank's facts came late."""
+    path = job_dir / "status" / "transport.json"
+    if rank == 0:
+        peers = rendezvous(job_dir, count, config.rendezvous_timeout_seconds)
+        choice = transport.choose(task.runtime["transport"], peers)
+        records.write_json(path, choice.__dict__)
+        return choice
+    deadline = time.monotonic() + config.rendezvous_timeout_seconds + 10
+    while time.monotonic() < deadline:
+        decided = records.read_json(path)
+        if decided:
+            return transport.Choice(**decided)
+        time.sleep(0.1)
+    return transport.choose("tcp", [])
 
 
 def framework_env(task: TaskSpec, rank: int, nodes: list[str], ips: list[str], job_id: str) -> dict:
@@ -273,12 +349,10 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         rdma = transport.local_rdma(config)
         records.write_rank(job_dir, rank, host=host, ip=ips[rank] if rank < len(ips) else "",
                            state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
-        peers = rendezvous(job_dir, len(nodes), config.rendezvous_timeout_seconds)
-        choice = transport.choose(task.runtime["transport"], peers)
+        choice = agree_on_transport(task, job_dir, rank, len(nodes), config)
         if rank == 0:
             note(f"transport {choice.name}: {choice.reason}")
-            records.write_json(job_dir / "status" / "transport.json", choice.__dict__)
-        env = base_env(task, job_dir) | framework_env(task, rank, nodes, ips, job_id)
+        env = program_env(task, base_env(job_dir)) | framework_env(task, rank, nodes, ips, job_id)
         env.update(choice.env, TACC_TRANSPORT=choice.name)
         if os.environ.get("TACC_VENV"):
             envcache.activate(Path(os.environ["TACC_VENV"]), env)
@@ -287,6 +361,9 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             records.add_event(job_dir, "RUNNING", nodes=nodes, transport=choice.name)
         code = 0
         for line in task.run:
+            if forwarder.terminated:
+                code = 128 + signal.SIGTERM
+                break
             code = run_line(
                 command_for(task, line, env), job_dir / "code", env, forwarder, log.write
             )

@@ -12,10 +12,13 @@ from pathlib import Path
 
 from tacc_agent import records, slurm, workspace
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import Rejected
+from tacc_agent.errors import AgentError, Rejected
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
+# Not ended, not running: the job comes back (or is resumed) later.
+SLURM_PAUSED = ("SUSPENDED", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED",
+                "SPECIAL_EXIT", "REVOKED")  # fmt: skip
 LOG_LINES = 10
 
 
@@ -34,8 +37,7 @@ def rank_state(rank: dict) -> str:
 
 def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
     """(state, reason) from the record and Slurm's view (None: Slurm forgot the job)."""
-    history = records.history(job_dir)
-    last = history[-1] if history else {"state": "QUEUED"}
+    last = records.current(records.history(job_dir)) or {"state": "QUEUED"}
     if last["state"] in records.TERMINAL:
         return last["state"], str(last.get("reason", ""))
     ranks = records.ranks(job_dir)
@@ -46,17 +48,22 @@ def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
         if last["state"] == "HALTED" or held:
             return "HALTED", reason
         return "QUEUED", reason if reason != "None" else ""
+    if info and slurm_state in SLURM_PAUSED:
+        return ("HALTED" if last["state"] == "HALTED" else "QUEUED"), slurm_state
     if info and slurm_state in SLURM_ACTIVE:
         if last["state"] in ("PROVISIONING", "RUNNING", "HALTED"):
             return last["state"], ""
         return "PROVISIONING", ""
     # Slurm says it ended (or forgot it) and the job did not record how: decide, record.
     failed = [r for r in ranks if rank_state(r) == "FAILED"]
-    if slurm_state == "CANCELLED" or last["state"] == "HALTED":
+    all_done = bool(ranks) and all(rank_state(r) == "COMPLETED" for r in ranks)
+    if last["state"] == "HALTED" and all_done:
+        state, why = "COMPLETED", "finished during its checkpoint grace period"
+    elif slurm_state == "CANCELLED" or last["state"] == "HALTED":
         state, why = "CANCELLED", f"Slurm: {slurm_state or 'gone'}"
     elif slurm_state in SLURM_FAILED or failed:
         state, why = "FAILED", f"Slurm: {slurm_state}" if slurm_state else "a rank failed"
-    elif slurm_state == "COMPLETED" or (ranks and all(rank_state(r) == "COMPLETED" for r in ranks)):
+    elif slurm_state == "COMPLETED" or all_done:
         state, why = "COMPLETED", ""
     else:
         state, why = "FAILED", "the job left Slurm without recording how it ended"
@@ -73,7 +80,8 @@ def status(user_dir: Path, job_id: str, config: AgentConfig, info=...) -> dict:
     history = records.history(job_dir)
     ranks = records.ranks(job_dir)
     codes = [r.get("exit_code") for r in ranks if r.get("exit_code")]
-    final = next((e for e in reversed(history) if e["state"] in records.TERMINAL), {})
+    settled = records.current(history) or {}
+    final = settled if settled.get("state") in records.TERMINAL else {}
     nodes = [
         {
             "rank": r["rank"],
@@ -114,6 +122,8 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                       config.slurm_timeout_seconds)  # fmt: skip
     queue = {}
     for line in out.splitlines():
+        if line.count("|") < 4:
+            continue
         job, state, reason, elapsed, where = line.split("|", 4)
         queue[job] = {"JobState": state, "Reason": reason, "RunTime": elapsed, "NodeList": where}
     rows = []
@@ -163,16 +173,28 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     if state in (*records.TERMINAL, "HALTED"):
         raise Rejected(f"job {job_id} is {state}; only queued or running jobs can be halted")
     grace = config.halt_grace_seconds if grace is None else grace
+    if state == "QUEUED":  # nothing runs yet: just hold it
+        slurm.slurm(["scontrol", "hold", job_id], config.slurm_timeout_seconds)
+        records.add_event(job_dir, "HALTED", reason="held by its owner")
+        return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": False}
+    # Recorded first: the batch step must not mistake the checkpointed exit for the end.
     records.add_event(job_dir, "HALTED", reason="halted by its owner")
-    if state in ("PROVISIONING", "RUNNING"):
-        slurm.slurm(["scancel", "--signal=USR1", job_id], config.slurm_timeout_seconds)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if all(r.get("state") == "EXITED" for r in records.ranks(job_dir)):
-                break
-            time.sleep(0.2)
-    slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
-    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": state == "RUNNING"}
+    slurm.slurm(["scancel", "--signal=USR1", job_id], config.slurm_timeout_seconds)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        ranks = records.ranks(job_dir)
+        if ranks and all(r.get("state") == "EXITED" for r in ranks):
+            break
+        time.sleep(0.2)
+    try:
+        slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
+    except AgentError as exc:
+        now, _ = reconcile(job_dir, slurm_info(job_id, config))
+        if now in records.TERMINAL:
+            message = f"job {job_id} ended ({now}) during its checkpoint grace period"
+            raise Rejected(message) from None
+        raise exc from None
+    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": True}
 
 
 def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
@@ -180,6 +202,6 @@ def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     state, _ = reconcile(job_dir, slurm_info(job_id, config))
     if state != "HALTED":
         raise Rejected(f"job {job_id} is {state}; only halted jobs can be resumed")
-    slurm.slurm(["scontrol", "release", job_id], config.slurm_timeout_seconds)
     records.add_event(job_dir, "QUEUED", reason="resumed by its owner")
+    slurm.slurm(["scontrol", "release", job_id], config.slurm_timeout_seconds)
     return {"job_id": job_id, "state": "QUEUED"}

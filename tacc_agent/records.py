@@ -50,9 +50,19 @@ def history(job_dir: Path) -> list[dict]:
     return [e for e in (read_json(events / n) for n in names) if e]
 
 
+def current(entries: list[dict]) -> dict | None:
+    """The event that says where the job is: within the latest run (from its last
+    PROVISIONING on), the first final event wins, so a final state never changes;
+    otherwise the last event."""
+    starts = [i for i, e in enumerate(entries) if e["state"] == "PROVISIONING"]
+    run = entries[starts[-1] :] if starts else entries
+    final = next((e for e in run if e["state"] in TERMINAL), None)
+    return final or (entries[-1] if entries else None)
+
+
 def last_state(job_dir: Path) -> str | None:
-    entries = history(job_dir)
-    return entries[-1]["state"] if entries else None
+    event = current(history(job_dir))
+    return event["state"] if event else None
 
 
 def rank_path(job_dir: Path, rank: int) -> Path:
@@ -75,6 +85,7 @@ def clear_ranks(job_dir: Path) -> None:
     """A requeued run starts with no rank records of the previous one."""
     for path in (job_dir / "status").glob("rank-*.json"):
         path.unlink(missing_ok=True)
+    (job_dir / "status" / "transport.json").unlink(missing_ok=True)
 
 
 def rank_logs(job_dir: Path) -> list[tuple[int, str, Path]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tacc_agent import records, slurm, workspace
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import Rejected
+from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import digest_of, load
 from tcloud.schema import TaskSpec
 
@@ -158,7 +158,8 @@ def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
 def extra_options(options: dict[str, str]) -> list[str]:
     words = []
     for name, value in sorted(options.items()):
-        if not OPTION_NAME.fullmatch(name) or name in RESERVED_OPTIONS:
+        # sbatch accepts unambiguous prefixes (--outp): refuse those too.
+        if not OPTION_NAME.fullmatch(name) or any(r.startswith(name) for r in RESERVED_OPTIONS):
             raise Rejected(
                 f"sbatch option {name!r} cannot be set by a task (the agent sets it)",
                 f"resources.sbatch.{name}",
@@ -201,7 +202,7 @@ def sbatch_argv(task: TaskSpec, job_dir: Path, config: AgentConfig) -> list[str]
 
 
 def batch_script(task: TaskSpec, job_dir: Path, digest: str) -> str:
-    command = shlex.join([sys.executable, "-m", "tacc_agent", "batch", str(job_dir)])
+    command = shlex.join([sys.executable, "-I", "-m", "tacc_agent", "batch", str(job_dir)])
     return (
         "#!/bin/sh\n"
         f"# tacc-agent batch step of task {task.name}, instruction {digest}.\n"
@@ -220,6 +221,8 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     job_dir = job_dir.resolve()
     if job_dir.parent != (user_dir / "jobs").resolve() or not job_dir.is_dir():
         raise Rejected(f"{job_dir} is not one of your job directories")
+    if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
+        raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
     try:
         task = load(job_dir)
         partition = check(task, config)
@@ -228,7 +231,13 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         script = job_dir / "job.sh"
         script.write_text(batch_script(task, job_dir, digest_of(document)))
         script.chmod(0o700)
+        # First: the job's own events (PROVISIONING, ...) must come after this one.
+        records.add_event(job_dir, "QUEUED")
         out = slurm.slurm(argv, config.slurm_timeout_seconds)
+    except AgentError as exc:
+        if "did not answer" not in str(exc):  # refused: nothing of the job is left
+            shutil.rmtree(job_dir, ignore_errors=True)
+        raise
     except Exception:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
@@ -237,5 +246,4 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     records.write_json(
         job_dir / "status" / "submit.json", {"job_id": job_id, "name": task.name, "sbatch": argv}
     )
-    records.add_event(job_dir, "QUEUED", job_id=job_id)
     return {"job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition}

@@ -39,7 +39,7 @@ def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, 
     try:
         out = slurm(argv, timeout)
     except AgentError as exc:
-        if "Invalid job id" in str(exc) or "not found" in str(exc):
+        if "Invalid job id" in str(exc):  # Slurm no longer remembers the job
             return []
         raise
     return [parse_oneliner(line) for line in out.splitlines() if line.strip()]

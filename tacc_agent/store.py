@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
@@ -59,21 +61,48 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def safe_relpath(relpath: str) -> str:
-    parts = Path(relpath).parts
-    if not relpath or Path(relpath).is_absolute() or ".." in parts:
-        raise Rejected(f"manifest path {relpath!r} must be relative and stay inside the job")
-    return relpath
+TOP_DIRS = ("code", "datasets")
 
 
-def new_job_dir(jobs: Path, digest: str) -> Path:
+def safe_relpath(relpath: object, tops: tuple[str, ...] = TOP_DIRS) -> str:
+    """A normalized path under one of tops; Rejected otherwise."""
+    text = str(relpath)
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if not isinstance(relpath, str) or text.startswith("/") or ".." in parts or len(parts) < 2 \
+            or parts[0] not in tops:  # fmt: skip
+        raise Rejected(f"manifest path {text!r} must be a relative path under {' or '.join(tops)}/")
+    return "/".join(parts)
+
+
+def checked_request(request: dict) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    blobs, manifest, files = (
+        request.get("blobs", []),
+        request.get("manifest", {}),
+        request.get("files", {}),
+    )
+    if not isinstance(blobs, list) or not isinstance(manifest, dict) or not isinstance(files, dict):
+        raise Rejected("expected blobs: [names], manifest: {path: name}, files: {name: text}")
+    paths = [safe_relpath(p) for p in manifest]
+    if len(set(paths)) != len(paths) or any(
+        other.startswith(p + "/") for p in paths for other in paths
+    ):
+        raise Rejected("manifest paths must be unique and no file may also be a directory")
+    if set(files) - {"instruction.json"}:
+        raise Rejected("only instruction.json may be sent as a file")
+    return blobs, dict(zip(paths, manifest.values(), strict=True)), files
+
+
+def place(building: Path, jobs: Path, digest: str) -> Path:
+    """Rename a finished tree to the first free jobs/<digest12>-<n> (atomic)."""
     number = 1
     while True:
         candidate = jobs / f"{digest[:12]}-{number}"
         try:
-            candidate.mkdir(mode=0o700)
+            os.rename(building, candidate)  # fails if candidate exists (non-empty)
             return candidate
-        except FileExistsError:
+        except OSError:
+            if not candidate.exists():
+                raise
             number += 1
 
 
@@ -82,8 +111,11 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
     check_names(blobs + list(manifest.values()))
     if not isinstance(digest, str) or not BLOB.fullmatch(f"{digest}-644"):
         raise Rejected("instruction digest must be 64 hex digits")
-    document = files.get("instruction.json")
-    if document is None or digest_of(json.loads(document)) != digest:
+    try:
+        document = json.loads(files["instruction.json"])
+    except (KeyError, TypeError, ValueError):
+        raise Rejected("commit needs instruction.json, as JSON") from None
+    if digest_of(document) != digest:
         raise Rejected("instruction.json does not match the instruction digest")
     store, partial, jobs = store_dirs(user_dir)
     ensure_dirs(user_dir)
@@ -92,36 +124,42 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
         final, staged = store / name, partial / name
         if final.exists() or not staged.exists():
             continue
-        if sha256(staged) != name.split("-")[0]:
-            staged.unlink()
-            bad.append(name)
+        try:
+            if sha256(staged) != name.split("-")[0]:
+                staged.unlink()
+                bad.append(name)
+                continue
+            staged.chmod(0o555 if name.endswith("-755") else 0o444)
+            os.replace(staged, final)
+        except FileNotFoundError:  # a concurrent commit of the same blob moved it first
             continue
-        staged.chmod(0o555 if name.endswith("-755") else 0o444)
-        os.replace(staged, final)
     lacking = [n for n in set(manifest.values()) if not (store / n).exists()]
     if bad or lacking:
         return {"workdir": None, "bad": sorted(set(bad) | set(lacking))}
-    workdir = new_job_dir(jobs, digest)
-    for relpath, name in sorted(manifest.items()):
-        target = workdir / safe_relpath(relpath)
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.link(store / name, target)
-    for relpath, text in files.items():
-        (workdir / safe_relpath(relpath)).write_text(text)
-    for sub in ("logs", "outputs", "status"):
-        (workdir / sub).mkdir(mode=0o700, exist_ok=True)
+    # Built aside and renamed into place: a failure leaves no half-built job directory.
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=jobs))
+    try:
+        for relpath, name in sorted(manifest.items()):
+            target = building / relpath
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.link(store / name, target)
+        (building / "instruction.json").write_text(files["instruction.json"])
+        for sub in ("logs", "outputs", "status"):
+            (building / sub).mkdir(mode=0o700, exist_ok=True)
+        workdir = place(building, jobs, digest)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     return {"workdir": str(workdir), "userdir": str(user_dir), "bad": []}
 
 
 def handle(user_dir: Path, request: dict) -> dict:
     if request.get("op") == "missing":
-        return missing(user_dir, list(request.get("blobs", [])))
+        blobs = request.get("blobs", [])
+        if not isinstance(blobs, list):
+            raise Rejected("expected blobs: [names]")
+        return missing(user_dir, blobs)
     if request.get("op") == "commit":
-        return commit(
-            user_dir,
-            list(request.get("blobs", [])),
-            dict(request.get("manifest", {})),
-            request.get("digest", ""),
-            {k: str(v) for k, v in dict(request.get("files", {})).items()},
-        )
+        blobs, manifest, files = checked_request(request)
+        return commit(user_dir, blobs, manifest, request.get("digest", ""), files)
     raise Rejected(f"unknown store operation {json.dumps(request.get('op'))}")

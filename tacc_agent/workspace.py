@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
@@ -44,9 +45,11 @@ def userdir(config: AgentConfig, override: str | None = None) -> Path:
                 "(the tacc_agent role creates a directory for each one)",
                 EXIT_CLUSTER,
             ) from None
-    if path.stat().st_uid != os.getuid():
-        raise AgentError(f"{path} is not yours; refusing to use it", EXIT_CLUSTER)
-    path.chmod(0o700)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
+        raise AgentError(f"{path} is not yours (or is a symlink); refusing to use it", EXIT_CLUSTER)
+    if not override:
+        path.chmod(0o700)  # an explicit --userdir keeps the mode its owner chose
     return path
 
 

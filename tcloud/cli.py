@@ -147,7 +147,9 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
         # An impossible task (unknown partition, more GPUs than any node has) is refused
         # in the first round trip, before anything is uploaded.
         result = upload(client, instruction, cluster.userdir, submit=True)
-    answer = result.job or {}
+    if not result.job:
+        raise TcloudError("the cluster's tacc-agent did not submit the job (is it up to date?)")
+    answer = result.job
     summary = {
         "job_id": answer["job_id"],
         "name": task.name,

@@ -158,3 +158,33 @@ def test_job_check_and_errors_are_json_without_traceback(tmp_path):
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"] == (
         "no job 123 of yours on this cluster"
     )
+
+
+def test_a_background_process_does_not_hold_the_line_open(tmp_path):
+    line = "(trap '' TERM; exec sleep 863) & echo started"
+    _, job_dir = make_job(tmp_path, {"name": "t", "run": [line, "echo second"]})
+    start = time.monotonic()
+    proc = agent("exec", str(job_dir), env=agent_env(tmp_path))
+    assert proc.returncode == 0 and time.monotonic() - start < 20  # TERM ignored: KILL
+    assert rank_log(job_dir)[-2:] == ["started", "second"]
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 863"], capture_output=True, text=True)
+    assert leftovers.stdout == ""
+
+
+def test_bad_store_requests_get_a_json_error_and_leave_nothing(tmp_path):
+    env = agent_env(tmp_path)
+    (tmp_path / "workspace").mkdir()
+    for request in (
+        {"op": "commit", "manifest": ["a"]},
+        {"op": "missing", "blobs": 5},
+        {"op": "commit", "blobs": [], "manifest": {"../../x": "0" * 64 + "-644"}},
+        {"op": "commit", "blobs": [], "manifest": {}, "digest": "0" * 64,
+         "files": {"instruction.json": "not json"}},
+        {"op": "explode"},
+    ):  # fmt: skip
+        proc = agent("store", env=env, input=json.dumps(request))
+        assert proc.returncode in (2, 3), (request, proc)
+        assert "error" in json.loads(proc.stdout) and "Traceback" not in proc.stderr
+    user = os.environ.get("USER") or "root"
+    jobs = tmp_path / "workspace" / user / "jobs"
+    assert not jobs.exists() or list(jobs.iterdir()) == []

@@ -54,3 +54,23 @@ def test_events_are_separate_files_in_order(tmp_path):
     assert [e["state"] for e in records.history(job_dir)] == ["QUEUED", "PROVISIONING", "RUNNING"]
     with pytest.raises(ValueError, match="unknown job state"):
         records.add_event(job_dir, "EXPLODED")
+
+
+def test_a_final_state_stays_final_within_its_run(tmp_path):
+    job_dir = job(tmp_path, ["QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "HALTED"])
+    assert reconcile(job_dir, {"JobState": "COMPLETED"})[0] == "COMPLETED"
+    # A new run (requeue after halt + resume) starts over.
+    rerun = job(tmp_path / "b", ["PROVISIONING", "HALTED", "QUEUED", "PROVISIONING", "RUNNING"])
+    assert reconcile(rerun, {"JobState": "RUNNING"})[0] == "RUNNING"
+
+
+@pytest.mark.parametrize("paused", ["SUSPENDED", "PREEMPTED", "STOPPED"])
+def test_paused_jobs_are_not_recorded_as_ended(tmp_path, paused):
+    job_dir = job(tmp_path, ["QUEUED", "PROVISIONING", "RUNNING"])
+    assert reconcile(job_dir, {"JobState": paused})[0] == "QUEUED"
+    assert records.last_state(job_dir) == "RUNNING"
+
+
+def test_a_job_that_finishes_while_being_halted_is_completed(tmp_path):
+    job_dir = job(tmp_path, ["QUEUED", "PROVISIONING", "RUNNING", "HALTED"], [EXITED_0])
+    assert reconcile(job_dir, None)[0] == "COMPLETED"

@@ -88,8 +88,9 @@ def test_sbatch_argv_is_words_and_reserved_options_are_refused(tmp_path: Path):
     argv = sbatch_argv(task(sbatch={"constraint": "a100&ib"}), tmp_path, AgentConfig())
     assert "--constraint=a100&ib" in argv and "--signal=USR1@60" in argv
     assert "--signal=USR1@30" in sbatch_argv(task(time="1"), tmp_path, AgentConfig())
-    with pytest.raises(Rejected, match="'output' cannot be set by a task"):
-        sbatch_argv(task(sbatch={"output": "/tmp/x"}), tmp_path, AgentConfig())
+    for name in ("output", "outp", "chd", "export"):  # sbatch takes unambiguous prefixes
+        with pytest.raises(Rejected, match=f"'{name}' cannot be set by a task"):
+            sbatch_argv(task(sbatch={name: "/tmp/x"}), tmp_path, AgentConfig())
 
 
 def test_the_cluster_revalidates_the_instruction_with_positions():
