@@ -2,6 +2,7 @@
 by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
 Verbs:
+  check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
   whoami                       the caller's user and directory
   store                        delta upload: JSON request on stdin (missing | commit)
   job check                    would the cluster accept this instruction? (stdin)
@@ -20,7 +21,17 @@ import os
 import sys
 from pathlib import Path
 
-from tacc_agent import envcache, execute, jobs, logs, records, schedule, store, workspace
+from tacc_agent import (
+    envcache,
+    execute,
+    health,
+    jobs,
+    logs,
+    records,
+    schedule,
+    store,
+    workspace,
+)  # fmt: skip
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
 from tacc_agent.instruction import parse
@@ -38,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--userdir", help="use this directory instead of <workspace>/<user>")
     sub = parser.add_subparsers(dest="command")
+    p_check = sub.add_parser("check", help="run the node health checks once (HealthCheckProgram)")
+    p_check.add_argument("--json", action="store_true", help="machine-readable output")
+    p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
     sub.add_parser("whoami", help="the caller's user and directory")
     sub.add_parser("store", help="delta upload (JSON on stdin)")
     sub.add_parser("env", help="the caller's cached environments")
@@ -117,6 +131,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return execute.execute(args.jobdir, config)
     if args.command == "job":
         return job_command(args, config)
+    if args.command == "check":
+        return health.check(config, args.json, not args.no_slurm)
     user_dir = workspace.userdir(config, args.userdir)
     if args.command == "whoami":
         return emit({"user": workspace.current_user(), "userdir": str(user_dir)})

@@ -36,6 +36,24 @@ class AgentConfig:
     rendezvous_timeout_seconds: int = 120
     # How long a job waits for another job building the same environment.
     env_lock_timeout_seconds: int = 1800
+    # --- health checks (`tacc-agent check`, issue [6]) ---
+    # Upper bound of each external probe (nvidia-smi, systemctl, statfs of a mount).
+    check_timeout_seconds: float = 5.0
+    proc_root: str = "/proc"
+    state_dir: str = "/var/lib/tacc-agent"
+    nvidia_smi: str = "nvidia-smi"
+    expected_gpus: int = 0  # 0: GPUs are optional (absent is fine)
+    kernel_log: str = "/var/log/kern.log"
+    expected_rdma_ports: int = 0
+    min_rdma_rate_gbps: float = 0.0
+    # [{path, fstype, options: [..]}]: must be mounted like this and answer statfs.
+    mounts: tuple = ()
+    services: tuple = ("munge", "slurmd")
+    # local path -> minimum free percent
+    disk_min_free_percent: dict | None = None
+    real_memory_mb: int = 0  # the node's RealMemory in slurm.conf; 0: do not compare
+    # Drain the node in Slurm when a check fails (reason "tacc: <check>: <detail>").
+    drain: bool = True
 
 
 def load_config(path: Path | None = None) -> AgentConfig:
@@ -52,4 +70,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
+    for key in ("mounts", "services"):
+        if key in data:
+            data[key] = tuple(data[key] or ())
     return AgentConfig(**data)

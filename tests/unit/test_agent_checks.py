@@ -1,0 +1,188 @@
+"""Node health checks on fixture trees and fake tools (issue [6], first part)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from pathlib import Path
+
+import pytest
+
+from tacc_agent import health, slurm
+from tacc_agent.checks import mounts
+from tacc_agent.checks.base import ABSENT, FAIL, OK, STUCK, Result
+from tacc_agent.checks.gpu import check_gpus
+from tacc_agent.checks.rdma import check_rdma
+from tacc_agent.checks.system import check_memory, check_services
+
+
+def tool(path: Path, script: str) -> str:
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def rdma_tree(root: Path, ports: dict[str, tuple[str, str, int]]) -> str:
+    for name, (state, rate, symbol_errors) in ports.items():
+        port = root / "class/infiniband" / name.replace("/", "/ports/")
+        (port / "counters").mkdir(parents=True)
+        (port / "state").write_text(f"{state}\n")
+        (port / "phys_state").write_text("5: LinkUp\n" if "ACTIVE" in state else "3: Disabled\n")
+        (port / "rate").write_text(f"{rate}\n")
+        (port / "counters/symbol_error").write_text(f"{symbol_errors}\n")
+    return str(root)
+
+
+def test_rdma_healthy_degraded_counters_and_absent(tmp_path):
+    healthy = rdma_tree(
+        tmp_path / "ok",
+        {
+            "mlx5_0/1": ("4: ACTIVE", "200 Gb/sec (4X HDR)", 0),
+            "mlx5_1/1": ("4: ACTIVE", "200 Gb/sec (4X HDR)", 0),
+        },
+    )
+    state = str(tmp_path / "counters.json")
+    assert check_rdma(healthy, 2, 100, state).status == OK
+    degraded = rdma_tree(
+        tmp_path / "bad",
+        {"mlx5_0/1": ("4: ACTIVE", "200 Gb/sec", 0), "mlx5_1/1": ("1: DOWN", "10 Gb/sec", 0)},
+    )
+    result = check_rdma(degraded, 2, 100, str(tmp_path / "c2.json"))
+    assert result.status == FAIL
+    assert result.detail == "1 of 2 expected ports active; mlx5_1/1 1: DOWN (3: Disabled)"
+    counter = Path(healthy, "class/infiniband/mlx5_0/ports/1/counters/symbol_error")
+    counter.write_text("7\n")
+    grown = check_rdma(healthy, 2, 100, state)
+    assert grown.status == FAIL and "mlx5_0/1 errors: symbol_error +7" in grown.detail
+    assert check_rdma(healthy, 2, 100, state).status == OK  # no new errors since
+    assert check_rdma(str(tmp_path / "none"), 0, 0, state).status == ABSENT
+    assert check_rdma(str(tmp_path / "none"), 2, 0, state).status == FAIL
+
+
+def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("boot\n")
+    two = tool(
+        tmp_path / "smi2",
+        'case "$1" in --query-gpu=index,pci.bus_id) '
+        'printf "0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n";; *) exit 2;; esac\n',
+    )
+    state: dict = {}
+    assert check_gpus(two, 2, str(log), state, 5).status == OK
+    missing = check_gpus(two, 4, str(log), state, 5)
+    assert missing.status == FAIL and missing.detail == "2 GPU(s), expected 4"
+    log.write_text("boot\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
+    xid = check_gpus(two, 2, str(log), state, 5)
+    assert xid.status == FAIL and xid.detail == "Xid 79 on 0000:3b:00"
+    assert check_gpus(two, 2, str(log), state, 5).status == OK  # only new Xids count
+    fallen = tool(tmp_path / "smi15", "exit 15\n")
+    assert check_gpus(fallen, 2, str(log), state, 5).detail == (
+        "nvidia-smi exited 15 (GPU has fallen off the bus)")  # fmt: skip
+    none = tool(tmp_path / "smi6", "echo 'No devices were found'; exit 6\n")
+    assert check_gpus(none, 0, str(log), state, 5).status == ABSENT
+    assert check_gpus(str(tmp_path / "nope"), 0, str(log), state, 5).status == ABSENT
+    assert check_gpus(str(tmp_path / "nope"), 8, str(log), state, 5).status == FAIL
+    hang = tool(tmp_path / "hang", "sleep 30\n")
+    slow = check_gpus(hang, 8, str(log), state, 0.3)
+    assert slow.status == FAIL and "did not answer within 0.3 s" in slow.detail
+
+
+def test_services_from_systemctl(tmp_path, monkeypatch):
+    tool(tmp_path / "systemctl", "printf 'Id=munge.service\\nLoadState=loaded\\nActiveState=active"
+         "\\n\\nId=slurmd.service\\nLoadState=loaded\\nActiveState=failed\\n'\n")  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    result = check_services(["munge", "slurmd"], 5)
+    assert result.status == FAIL and result.detail == "slurmd.service failed"
+
+
+def test_memory_against_real_memory(tmp_path):
+    (tmp_path / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree: 1 kB\n")
+    assert check_memory(str(tmp_path), 15000).status == OK
+    low = check_memory(str(tmp_path), 32000)
+    assert low.status == FAIL and "less than the configured RealMemory 32000 MB" in low.detail
+
+
+MOUNTINFO = (
+    "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    "40 22 0:40 / {shared} rw,nosuid,relatime shared:2 - nfs4 n1:/shared rw,vers=4.2\n"
+    "41 22 0:41 / /with\\040space rw - tmpfs tmpfs rw\n"
+)
+
+
+def test_mountinfo_types_options_and_liveness(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self/mountinfo").write_text(MOUNTINFO.format(shared=shared))
+    table = mounts.parse_mountinfo(MOUNTINFO.format(shared=shared))
+    assert table["/with space"].fstype == "tmpfs"
+    good = [{"path": str(shared), "fstype": "nfs4", "options": ["rw", "vers=4.2"]}]
+    assert mounts.check_mounts(good, str(tmp_path), str(tmp_path / "st"), 2).status == OK
+    bad = [{"path": str(shared), "fstype": "nfs", "options": ["ro"]},
+           {"path": "/scratch", "fstype": "xfs"}]  # fmt: skip
+    result = mounts.check_mounts(bad, str(tmp_path), str(tmp_path / "st"), 2)
+    assert result.status == FAIL
+    assert result.detail == (f"{shared} is nfs4, expected nfs; {shared} lacks options ro; "
+                             "/scratch not mounted")  # fmt: skip
+
+
+def test_a_blocking_statfs_is_stuck_and_not_probed_again(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self/mountinfo").write_text(MOUNTINFO.format(shared=shared))
+    # The forked probe inherits this: statfs that never returns, like a dead NFS server.
+    monkeypatch.setattr(os, "statvfs", lambda path: signal.pause())
+    want = [{"path": str(shared)}]
+    first = mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 0.2)
+    assert first.status == STUCK and "did not answer within 0.2 s" in first.detail
+    forks = []
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or 0)
+    second = mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 0.2)
+    assert second.status == STUCK and "statfs blocked since" in second.detail and not forks
+    marker = next((tmp_path / "st").glob("stuck-*.json"))
+    pid = json.loads(marker.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)  # the server came back: the blocked probe finishes
+    os.waitpid(pid, 0)
+    monkeypatch.undo()
+    assert mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 2).status == OK
+
+
+class FakeSlurm:
+    def __init__(self, state: str, reason: str = "none") -> None:
+        self.record = {"NodeName": "n2", "State": state, "Reason": reason}
+        self.calls: list[list[str]] = []
+
+    def show(self, kind, name, timeout):
+        return [self.record]
+
+    def run(self, argv, timeout):
+        self.calls.append(argv)
+        return ""
+
+
+FAILED = [Result("gpu", FAIL, "1 GPU(s), expected 2"), Result("rdma", OK)]
+HEALTHY = [Result("gpu", OK), Result("rdma", ABSENT)]
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "results", "calls", "said"),
+    [
+        ("IDLE", "none", FAILED, [["scontrol", "update", "NodeName=n2", "State=DRAIN",
+                                   "Reason=tacc: gpu: 1 GPU(s), expected 2"]], "drained n2"),
+        ("IDLE+DRAIN", "tacc: gpu: 1 GPU(s), expected 2", FAILED, [], "already drained"),
+        ("IDLE+DRAIN", "disk swap [admin@2026]", FAILED, [], "drained by an admin"),
+        ("IDLE+DRAIN", "tacc: gpu: old", HEALTHY,
+         [["scontrol", "update", "NodeName=n2", "State=RESUME"]], "resumed n2"),
+        ("IDLE+DRAIN", "disk swap [admin@2026]", HEALTHY, [], "nothing to do"),
+    ],
+)  # fmt: skip
+def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason, results,
+                                                      calls, said):  # fmt: skip
+    fake = FakeSlurm(state, reason)
+    monkeypatch.setattr(slurm, "show", fake.show)
+    monkeypatch.setattr(slurm, "slurm", fake.run)
+    assert said in health.apply_to_slurm(results, "n2", 5)
+    assert fake.calls == calls
