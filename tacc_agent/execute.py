@@ -246,9 +246,13 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
     limit): then the agent that stops it, or Slurm's own state, has the last word."""
     ranks = records.ranks(job_dir)
     stopping = records.last_state(job_dir) in ("CANCELLED", "HALTED")
-    if terminated or stopping or any(r.get("terminated") for r in ranks):
+    if terminated or stopping:
         return
-    failed = [r for r in ranks if r.get("exit_code")]
+    # A rank that failed on its own; the others may have been stopped because of it
+    # (srun --kill-on-bad-exit).
+    failed = [r for r in ranks if r.get("exit_code") and not r.get("terminated")]
+    if not failed and any(r.get("terminated") for r in ranks):
+        return  # stopped from outside (time limit, node failure): Slurm's state decides
     exit_code = failed[0]["exit_code"] if failed else code
     if exit_code == 0 and code == 0:
         records.add_event(job_dir, "COMPLETED", exit_code=0)
