@@ -110,8 +110,8 @@ def job_command(args: argparse.Namespace, config) -> int:
     if args.verb == "logs":
         job_dir = workspace.job_dir(user_dir, args.job)
 
-        def ended() -> bool:
-            state = jobs.status(user_dir, args.job, config)["state"]
+        def ended() -> bool:  # once a second while following: the state only
+            state, _ = jobs.reconcile(job_dir, jobs.slurm_info(args.job, config))
             return state in (*records.TERMINAL, "HALTED")
 
         logs.stream(job_dir, args.follow, args.tail, args.rank, ended)

@@ -68,9 +68,9 @@ def descendants(pid: int) -> list[int]:
 class Forwarder:
     """Signal handlers that pass signals on to the running program's process group.
 
-    With `workers_only` (torchrun), the checkpoint signal goes to every process below
-    the launcher instead: torchrun would die of SIGUSR1, and it starts each worker in a
-    session of its own, where a group signal would not reach it.
+    With `workers_only` (torchrun), the checkpoint signal goes to the launcher's own
+    children, the workers, instead: torchrun would die of SIGUSR1, and it starts each
+    worker in a session of its own, where a group signal would not reach it.
     """
 
     def __init__(self, on_signal=None, workers_only: bool = False) -> None:
@@ -138,7 +138,7 @@ def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) 
     )  # fmt: skip
     forwarder.child = child
     if forwarder.terminated:  # the signal came while it was starting
-        forwarder.handle(signal.SIGTERM, None)
+        forwarder.forward(child.pid, signal.SIGTERM)
 
     def pump() -> None:
         for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]

@@ -72,10 +72,9 @@ def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
     return state, why
 
 
-def status(user_dir: Path, job_id: str, config: AgentConfig, info=...) -> dict:
+def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = workspace.job_dir(user_dir, job_id)
-    if info is ...:
-        info = slurm_info(job_id, config)
+    info = slurm_info(job_id, config)
     state, reason = reconcile(job_dir, info)
     history = records.history(job_dir)
     ranks = records.ranks(job_dir)
