@@ -3,6 +3,7 @@ by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
 Verbs:
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
+  serve [--port N] [--interval S]  the node daemon: checks, /metrics, facts file
   whoami                       the caller's user and directory
   store                        delta upload: JSON request on stdin (missing | commit)
   job check                    would the cluster accept this instruction? (stdin)
@@ -21,20 +22,11 @@ import os
 import sys
 from pathlib import Path
 
-from tacc_agent import (
-    envcache,
-    execute,
-    health,
-    jobs,
-    logs,
-    records,
-    schedule,
-    store,
-    workspace,
-)  # fmt: skip
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
-from tacc_agent.instruction import parse
+
+# Each verb imports only the modules it uses: `check` (Slurm's HealthCheckProgram) starts
+# fast, and the `serve` daemon stays small.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser("check", help="run the node health checks once (HealthCheckProgram)")
     p_check.add_argument("--json", action="store_true", help="machine-readable output")
     p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
+    p_serve = sub.add_parser("serve", help="the node daemon: checks on an interval, /metrics")
+    p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port, 9770)")
+    p_serve.add_argument("--interval", type=float, help="seconds between check runs (60)")
     sub.add_parser("whoami", help="the caller's user and directory")
     sub.add_parser("store", help="delta upload (JSON on stdin)")
     sub.add_parser("env", help="the caller's cached environments")
@@ -96,6 +91,9 @@ def read_request() -> dict:
 
 
 def job_command(args: argparse.Namespace, config) -> int:
+    from tacc_agent import jobs, logs, records, schedule, workspace
+    from tacc_agent.instruction import parse
+
     if args.verb == "check":
         task = parse(sys.stdin.buffer.read().decode(errors="replace"), "instruction")
         partition = schedule.check(task, config)
@@ -125,14 +123,23 @@ def job_command(args: argparse.Namespace, config) -> int:
 
 def dispatch(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    if args.command == "batch":
-        return execute.batch(args.jobdir, config)
-    if args.command == "exec":
-        return execute.execute(args.jobdir, config)
+    if args.command in ("batch", "exec"):
+        from tacc_agent import execute
+
+        run = execute.batch if args.command == "batch" else execute.execute
+        return run(args.jobdir, config)
     if args.command == "job":
         return job_command(args, config)
     if args.command == "check":
+        from tacc_agent import health
+
         return health.check(config, args.json, not args.no_slurm)
+    if args.command == "serve":
+        from tacc_agent import serve
+
+        return serve.serve(config, args.port, args.interval)
+    from tacc_agent import envcache, workspace
+
     user_dir = workspace.userdir(config, args.userdir)
     if args.command == "whoami":
         return emit({"user": workspace.current_user(), "userdir": str(user_dir)})
@@ -145,6 +152,9 @@ def store_round_trip(user_dir: Path, request: dict, config) -> dict:
     """`store`, optionally with the scheduling steps that go with it, so a submit is two
     round trips: "check" (the instruction) refuses an impossible task before anything
     is uploaded; "submit" sbatches the job directory the commit just built."""
+    from tacc_agent import schedule, store
+    from tacc_agent.instruction import parse
+
     partition = None
     if request.get("check") is not None:
         task = parse(json.dumps(request["check"]), "instruction")

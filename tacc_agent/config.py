@@ -23,7 +23,7 @@ class AgentConfig:
     python: str = "/usr/bin/python3"
     # Where /sys/class/infiniband lives (a fixture tree in tests, the FAKE tree in the lab).
     rdma_sysfs_root: str = "/sys"
-    # Node facts written by `tacc-agent serve` (issue [6]); read when fresh.
+    # Node facts written by `tacc-agent serve`; the execution layer reads them when fresh.
     facts_file: str = "/run/tacc-agent/facts.json"
     facts_max_age_seconds: int = 120
     # SIGUSR1 this many seconds before the time limit (sbatch --signal).
@@ -54,6 +54,12 @@ class AgentConfig:
     real_memory_mb: int = 0  # the node's RealMemory in slurm.conf; 0: do not compare
     # Drain the node in Slurm when a check fails (reason "tacc: <check>: <detail>").
     drain: bool = True
+    # --- the daemon (`tacc-agent serve`) ---
+    check_interval_seconds: float = 60.0
+    # Prometheus scrapes http://<node>:<metrics_port>/metrics (all interfaces by default,
+    # like node_exporter; firewall it like any exporter).
+    metrics_address: str = "0.0.0.0"  # noqa: S104 (an exporter is scraped from outside)
+    metrics_port: int = 9770
 
 
 def load_config(path: Path | None = None) -> AgentConfig:

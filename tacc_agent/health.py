@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tacc_agent import slurm
-from tacc_agent.checks.base import Result, timed
+from tacc_agent.checks.base import Result, read_state, timed, write_state
 from tacc_agent.checks.gpu import check_gpus
 from tacc_agent.checks.mounts import check_mounts
 from tacc_agent.checks.rdma import check_rdma
@@ -22,14 +22,22 @@ from tacc_agent.errors import AgentError
 TAG = "tacc:"
 
 
+def boot_id(proc_root: str) -> str:
+    try:
+        return Path(proc_root, "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def run_checks(config: AgentConfig) -> list[Result]:
     state_dir = Path(config.state_dir)
     xid_file = state_dir / "xid.json"
-    xid_state = json.loads(xid_file.read_text()) if xid_file.exists() else {}
+    xid_state = read_state(xid_file)
     timeout = config.check_timeout_seconds
+    booted = boot_id(config.proc_root)
     results = [
         timed("gpu", lambda: check_gpus(config.nvidia_smi, config.expected_gpus,
-                                        config.kernel_log, xid_state, timeout)),
+                                        config.kernel_log, xid_state, timeout, booted)),
         timed("rdma", lambda: check_rdma(config.rdma_sysfs_root, config.expected_rdma_ports,
                                          config.min_rdma_rate_gbps,
                                          str(state_dir / "rdma-counters.json"))),
@@ -39,8 +47,7 @@ def run_checks(config: AgentConfig) -> list[Result]:
         timed("disk", lambda: check_disk(config.disk_min_free_percent or {"/": 5.0})),
         timed("memory", lambda: check_memory(config.proc_root, config.real_memory_mb)),
     ]  # fmt: skip
-    state_dir.mkdir(parents=True, exist_ok=True)
-    xid_file.write_text(json.dumps(xid_state))
+    write_state(xid_file, xid_state)
     return results
 
 

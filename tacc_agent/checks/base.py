@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 OK, FAIL, ABSENT, STUCK = "ok", "fail", "absent", "stuck"
+STATUSES = (OK, FAIL, ABSENT, STUCK)
+
+
+class Sample(NamedTuple):
+    """One figure for /metrics: name (without the tacc_agent_ prefix), labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
 
 
 @dataclass
@@ -16,7 +29,7 @@ class Result:
     status: str  # ok | fail | absent (no such hardware/software here) | stuck
     detail: str = ""
     seconds: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -49,3 +62,19 @@ def command(argv: list[str], timeout: float) -> Output:
     except subprocess.TimeoutExpired:
         return Output(None, "", f"{argv[0]} did not answer within {timeout:g} s")
     return Output(proc.returncode, proc.stdout, proc.stderr.strip())
+
+
+def read_state(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(path: Path, data: dict) -> None:
+    """Atomically: `check` (HealthCheckProgram) and `serve` may share the state dir."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(data))
+    temporary.replace(path)

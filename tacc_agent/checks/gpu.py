@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, command
+from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 
 # nvidia-smi(1), RETURN VALUE.
 EXIT_CODES = {
@@ -21,7 +21,15 @@ EXIT_CODES = {
 # row remapping failures, NVLink errors, fallen off the bus, contained/uncontained ECC.
 CRITICAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
 XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
-HEALTH_FIELDS = "index,ecc.errors.uncorrected.volatile.total,remapped_rows.failure"
+# One optional query for figures and health; a driver that lacks a field rejects the whole
+# query (exit 2), which then only costs the figures, never the check.
+FIGURE_FIELDS = ("index,temperature.gpu,utilization.gpu,memory.used,memory.total,power.draw,"
+                 "ecc.errors.uncorrected.volatile.total,remapped_rows.failure")  # fmt: skip
+FIGURES = (  # field position -> metric name, scale to base units
+    (1, "gpu_temperature_celsius", 1.0), (2, "gpu_utilization_ratio", 0.01),
+    (3, "gpu_memory_used_bytes", 2.0**20), (4, "gpu_memory_total_bytes", 2.0**20),
+    (5, "gpu_power_watts", 1.0), (6, "gpu_ecc_uncorrected_errors", 1.0),
+)  # fmt: skip
 
 
 def xids(kernel_log: str, since_line: int) -> tuple[list[tuple[str, int]], int]:
@@ -35,24 +43,51 @@ def xids(kernel_log: str, since_line: int) -> tuple[list[tuple[str, int]], int]:
     return [x for x in found if x[1] in CRITICAL_XIDS], len(lines)
 
 
-def health_problems(nvidia_smi: str, timeout: float) -> list[str]:
-    """ECC and row-remap trouble; [] when the GPUs do not report these fields."""
-    out = command([nvidia_smi, f"--query-gpu={HEALTH_FIELDS}", "--format=csv,noheader,nounits"],
+def number(text: str) -> float | None:
+    """A figure, or None for nvidia-smi's "[N/A]" / "[Not Supported]"."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def figures(nvidia_smi: str, timeout: float) -> tuple[list[str], list[Sample]]:
+    """ECC and row-remap trouble, and per-GPU figures; nothing when not reported."""
+    out = command([nvidia_smi, f"--query-gpu={FIGURE_FIELDS}", "--format=csv,noheader,nounits"],
                   timeout)  # fmt: skip
     if out.code != 0:
-        return []
-    problems = []
+        return [], []
+    problems, samples = [], []
     for line in out.stdout.splitlines():
-        index, ecc, remap = [v.strip() for v in line.split(",")][:3]
-        if ecc.isdigit() and int(ecc) > 0:
-            problems.append(f"GPU {index}: {ecc} uncorrected ECC errors")
-        if remap.lower() == "yes":
+        values = [v.strip() for v in line.split(",")]
+        if len(values) < 8:
+            continue
+        index = values[0]
+        for position, name, scale in FIGURES:
+            value = number(values[position])
+            if value is not None:
+                samples.append(Sample(name, {"gpu": index}, value * scale))
+        ecc = number(values[6])
+        if ecc:
+            problems.append(f"GPU {index}: {ecc:g} uncorrected ECC errors")
+        if values[7].lower() == "yes":
             problems.append(f"GPU {index}: row remapping failed")
-    return problems
+    return problems, samples
+
+
+def critical_xids(kernel_log: str, xid_state: dict, boot_id: str) -> list[str]:
+    """Critical Xids since the last run, plus the ones already seen since boot: they hold
+    until the node reboots (a GPU reset), so the next run cannot resume the node."""
+    if xid_state.get("boot_id") != boot_id:
+        xid_state.update(boot_id=boot_id, events=[])
+    events, xid_state["line"] = xids(kernel_log, xid_state.get("line", 0))
+    seen = xid_state.setdefault("events", [])
+    seen += [f"Xid {code} on {bus}" for bus, code in events if f"Xid {code} on {bus}" not in seen]
+    return list(seen)
 
 
 def check_gpus(nvidia_smi: str, expected: int, kernel_log: str, xid_state: dict,
-               timeout: float) -> Result:  # fmt: skip
+               timeout: float, boot_id: str = "") -> Result:  # fmt: skip
     out = command([nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
     if out.code is None and "not found" in out.problem:
         if expected:
@@ -69,10 +104,11 @@ def check_gpus(nvidia_smi: str, expected: int, kernel_log: str, xid_state: dict,
     problems = []
     if expected and count != expected:
         problems.append(f"{count} GPU(s), expected {expected}")
-    events, xid_state["line"] = xids(kernel_log, xid_state.get("line", 0))
-    problems += [f"Xid {code} on {bus}" for bus, code in events]
-    problems += health_problems(nvidia_smi, timeout)
-    metrics = {"gpus": count}
+    seen = critical_xids(kernel_log, xid_state, boot_id)
+    problems += seen
+    trouble, samples = figures(nvidia_smi, timeout)
+    problems += trouble
+    samples = [Sample("gpus", {}, count), Sample("gpu_critical_xids", {}, len(seen)), *samples]
     if problems:
-        return Result("gpu", FAIL, "; ".join(problems), metrics=metrics)
-    return Result("gpu", OK, f"{count} GPU(s)", metrics=metrics)
+        return Result("gpu", FAIL, "; ".join(problems), samples=samples)
+    return Result("gpu", OK, f"{count} GPU(s)", samples=samples)

@@ -3,11 +3,10 @@ rate, and error counters, whose growth since the last run is what matters."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from tacc_agent.checks.base import ABSENT, FAIL, OK, Result
+from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, read_state, write_state
 
 ERROR_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
                   "local_link_integrity_errors", "excessive_buffer_overrun_errors")  # fmt: skip
@@ -48,9 +47,8 @@ def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
             return Result("rdma", FAIL, f"no RDMA port, expected {expected_ports}")
         return Result("rdma", ABSENT, "no RDMA device")
     state = Path(state_file)
-    before = json.loads(state.read_text()) if state.exists() else {}
-    state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(json.dumps({p["name"]: p["counters"] for p in found}))
+    before = read_state(state)
+    write_state(state, {p["name"]: p["counters"] for p in found})
     problems = []
     active = [p for p in found if "ACTIVE" in p["state"]]
     for port in found:
@@ -69,7 +67,21 @@ def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
                 f"{name} +{delta}" for name, delta in sorted(grown.items())))  # fmt: skip
     if expected_ports and len(active) < expected_ports:
         problems.insert(0, f"{len(active)} of {expected_ports} expected ports active")
-    metrics = {"rdma_ports": len(found), "rdma_ports_active": len(active)}
+    samples = port_samples(found)
     if problems:
-        return Result("rdma", FAIL, "; ".join(problems), metrics=metrics)
-    return Result("rdma", OK, f"{len(active)} port(s) active", metrics=metrics)
+        return Result("rdma", FAIL, "; ".join(problems), samples=samples)
+    return Result("rdma", OK, f"{len(active)} port(s) active", samples=samples)
+
+
+def port_samples(found: list[dict]) -> list[Sample]:
+    """Per port: active, link rate (bytes/s, like node_exporter), error counters."""
+    samples = [Sample("rdma_ports_active", {}, sum("ACTIVE" in p["state"] for p in found))]
+    for port in found:
+        device, number = port["name"].split("/")
+        labels = {"device": device, "port": number}
+        samples.append(Sample("rdma_port_active", labels, int("ACTIVE" in port["state"])))
+        samples.append(Sample("rdma_port_rate_bytes_per_second", labels,
+                              port["rate_gbps"] * 1e9 / 8))  # fmt: skip
+        samples += [Sample("rdma_port_errors_total", labels | {"counter": name}, value)
+                    for name, value in sorted(port["counters"].items())]  # fmt: skip
+    return samples

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, command
+from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 
 
 def check_services(names: list[str], timeout: float) -> Result:
@@ -44,23 +44,25 @@ def check_services(names: list[str], timeout: float) -> Result:
 
 def check_disk(paths: dict[str, float]) -> Result:
     """paths: local path -> minimum free percent."""
-    problems, metrics = [], {}
+    problems, samples = [], []
     for path, minimum in paths.items():
         usage = shutil.disk_usage(path)
         free = 100.0 * usage.free / usage.total if usage.total else 0.0
-        metrics[f"disk_free_percent:{path}"] = round(free, 2)
+        samples.append(Sample("disk_free_ratio", {"path": path}, round(free / 100, 4)))
         if free < minimum:
             problems.append(f"{path} {free:.1f}% free < {minimum:g}%")
     if problems:
-        return Result("disk", FAIL, "; ".join(problems), metrics=metrics)
-    return Result("disk", OK, f"{len(paths)} path(s) above their minimum", metrics=metrics)
+        return Result("disk", FAIL, "; ".join(problems), samples=samples)
+    return Result("disk", OK, f"{len(paths)} path(s) above their minimum", samples=samples)
 
 
 def check_memory(proc_root: str, real_memory_mb: int) -> Result:
     meminfo = Path(proc_root, "meminfo").read_text().split()
     total_mb = int(meminfo[meminfo.index("MemTotal:") + 1]) // 1024
-    metrics = {"memory_total_mb": total_mb}
+    samples = [Sample("memory_total_bytes", {}, total_mb * 2**20)]
+    if real_memory_mb:
+        samples.append(Sample("memory_configured_bytes", {}, real_memory_mb * 2**20))
     if real_memory_mb and total_mb < real_memory_mb:
         detail = f"{total_mb} MB, less than the configured RealMemory {real_memory_mb} MB"
-        return Result("memory", FAIL, detail, metrics=metrics)
-    return Result("memory", OK, f"{total_mb} MB", metrics=metrics)
+        return Result("memory", FAIL, detail, samples=samples)
+    return Result("memory", OK, f"{total_mb} MB", samples=samples)

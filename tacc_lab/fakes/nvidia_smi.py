@@ -7,7 +7,10 @@ Supported::
     nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]
 
 FIELDS is any subset, in any order, of index, name, uuid, memory.total, pci.bus_id,
-driver_version (plus their aliases gpu_name, gpu_uuid, gpu_bus_id, count). GPUs are numbered in
+driver_version, the idle figures temperature.gpu, utilization.gpu, memory.used, power.draw,
+and the health fields ecc.errors.uncorrected.volatile.total, remapped_rows.failure (plus the
+aliases gpu_name, gpu_uuid, gpu_bus_id, count). A GPU's state may set "ecc_uncorrected" and
+"remap_failed" to stage trouble. GPUs are numbered in
 PCI bus order. With no GPUs it prints "No devices were found" and exits 6, as the real tool does.
 """
 
@@ -26,7 +29,10 @@ except ImportError:  # run as a standalone file: hwstate.py sits next to this on
     import hwstate
 
 ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
-FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count")
+FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count",
+          "temperature.gpu", "utilization.gpu", "memory.used", "power.draw",
+          "ecc.errors.uncorrected.volatile.total", "remapped_rows.failure")
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W"}
 RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
@@ -54,6 +60,12 @@ def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: b
         "pci.bus_id": gpu["bus_id"],
         "driver_version": state.get("driver_version", "N/A"),
         "count": str(len(state["gpus"])),
+        "temperature.gpu": "30",  # an idle GPU, as the summary table shows it
+        "utilization.gpu": "0 %" if units else "0",
+        "memory.used": "0 MiB" if units else "0",
+        "power.draw": "70.00 W" if units else "70.00",
+        "ecc.errors.uncorrected.volatile.total": str(gpu.get("ecc_uncorrected", 0)),
+        "remapped_rows.failure": "Yes" if gpu.get("remap_failed") else "No",
     }
     return values[field]
 
@@ -68,7 +80,7 @@ def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
             raise UsageError(f'Field "{field}" is not a valid field to query.')
     lines = []
     if "noheader" not in options:
-        lines.append(", ".join(f + " [MiB]" if f == "memory.total" else f for f in fields))
+        lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in fields))
     units = "nounits" not in options
     for gpu in gpus(state):
         lines.append(", ".join(field_value(gpu, state, ALIASES.get(f, f), units) for f in fields))

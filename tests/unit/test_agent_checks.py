@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from tacc_agent.checks.base import ABSENT, FAIL, OK, STUCK, Result
 from tacc_agent.checks.gpu import check_gpus
 from tacc_agent.checks.rdma import check_rdma
 from tacc_agent.checks.system import check_memory, check_services
+from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
 
 
 def tool(path: Path, script: str) -> str:
@@ -74,9 +75,11 @@ def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
     missing = check_gpus(two, 4, str(log), state, 5)
     assert missing.status == FAIL and missing.detail == "2 GPU(s), expected 4"
     log.write_text("boot\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
-    xid = check_gpus(two, 2, str(log), state, 5)
+    xid = check_gpus(two, 2, str(log), state, 5, "boot-1")
     assert xid.status == FAIL and xid.detail == "Xid 79 on 0000:3b:00"
-    assert check_gpus(two, 2, str(log), state, 5).status == OK  # only new Xids count
+    again = check_gpus(two, 2, str(log), state, 5, "boot-1")  # it holds until a reboot
+    assert again.status == FAIL and again.detail == "Xid 79 on 0000:3b:00"
+    assert check_gpus(two, 2, str(log), state, 5, "boot-2").status == OK  # old lines not reread
     fallen = tool(tmp_path / "smi15", "exit 15\n")
     assert check_gpus(fallen, 2, str(log), state, 5).detail == (
         "nvidia-smi exited 15 (GPU has fallen off the bus)")  # fmt: skip
@@ -128,26 +131,26 @@ def test_mountinfo_types_options_and_liveness(tmp_path):
                              "/scratch not mounted")  # fmt: skip
 
 
-def test_a_blocking_statfs_is_stuck_and_not_probed_again(tmp_path, monkeypatch):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    (tmp_path / "self").mkdir()
-    (tmp_path / "self/mountinfo").write_text(MOUNTINFO.format(shared=shared))
-    # The forked probe inherits this: statfs that never returns, like a dead NFS server.
-    monkeypatch.setattr(os, "statvfs", lambda path: signal.pause())
-    want = [{"path": str(shared)}]
-    first = mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 0.2)
-    assert first.status == STUCK and "did not answer within 0.2 s" in first.detail
-    forks = []
-    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or 0)
-    second = mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 0.2)
-    assert second.status == STUCK and "statfs blocked since" in second.detail and not forks
-    marker = next((tmp_path / "st").glob("stuck-*.json"))
-    pid = json.loads(marker.read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)  # the server came back: the blocked probe finishes
-    os.waitpid(pid, 0)
-    monkeypatch.undo()
-    assert mounts.check_mounts(want, str(tmp_path), str(tmp_path / "st"), 2).status == OK
+def test_a_fuse_mount_whose_statfs_blocks_is_stuck_not_reprobed_then_failed(tmp_path, monkeypatch):
+    point = tmp_path / "hung"
+    point.mkdir()
+    state = str(tmp_path / "st")
+    want = [{"path": str(point), "fstype": FSTYPE}]
+    with blocking_fuse(point) as fuse:
+        start = time.monotonic()
+        first = mounts.check_mounts(want, "/proc", state, 0.3)
+        assert time.monotonic() - start < 1.5  # bounded: the probe blocks, the check does not
+        assert first.status == STUCK and "did not answer within 0.3 s" in first.detail
+        marker = next(Path(state).glob("stuck-*.json"))
+        fuse["stuck_pids"].append(json.loads(marker.read_text())["pid"])
+        forks = []
+        monkeypatch.setattr(os, "fork", lambda: forks.append(1) or 0)
+        second = mounts.check_mounts(want, "/proc", state, 0.3)
+        assert second.status == STUCK and "statfs blocked since" in second.detail and not forks
+        monkeypatch.undo()
+        fuse["abort"]()  # the server died: the blocked probe ends, the mount stays
+        dead = mounts.check_mounts(want, "/proc", state, 2)
+        assert dead.status == FAIL and dead.detail == f"{point}: statfs failed"
 
 
 class FakeSlurm:
@@ -186,3 +189,27 @@ def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason
     monkeypatch.setattr(slurm, "slurm", fake.run)
     assert said in health.apply_to_slurm(results, "n2", 5)
     assert fake.calls == calls
+
+
+def test_gpu_figures_and_ecc_from_one_optional_query(tmp_path):
+    smi = tool(
+        tmp_path / "smi",
+        'case "$1" in --query-gpu=index,pci.bus_id) printf "0, 00000000:3B:00.0\\n";;\n'
+        ' --query-gpu=index,temperature*) printf "0, 41, 87, 1024, 81559, 312.50, 2, No\\n";;\n'
+        " *) exit 2;; esac\n",
+    )
+    result = check_gpus(smi, 1, str(tmp_path / "none.log"), {}, 5)
+    assert result.status == FAIL and result.detail == "GPU 0: 2 uncorrected ECC errors"
+    figures = {s.name: s.value for s in result.samples}
+    assert figures["gpu_utilization_ratio"] == 0.87
+    assert figures["gpu_memory_used_bytes"] == 1024 * 2**20
+    assert figures["gpu_power_watts"] == 312.5 and figures["gpus"] == 1
+    old_driver = tool(
+        tmp_path / "old",
+        'case "$1" in --query-gpu=index,pci.bus_id) printf "0, 00000000:3B:00.0\\n";;\n'
+        ' --query-gpu=index,temperature*) printf "0, 41, [N/A], 10, 20, [Not Supported], '
+        '[N/A], [N/A]\\n";; *) exit 2;; esac\n',
+    )
+    plain = check_gpus(old_driver, 1, str(tmp_path / "none.log"), {}, 5)
+    assert plain.status == OK
+    assert "gpu_power_watts" not in {s.name for s in plain.samples}

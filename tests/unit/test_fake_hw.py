@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tacc_agent.checks.gpu import check_gpus
 from tests.conftest import ROOT
 
 PCI = "0000:3b:00.0"
@@ -180,6 +182,27 @@ def test_nvidia_smi_table(lab):
     assert header in lines
     assert any("NVIDIA H100 80GB HBM3" in line and "00000000:17:00.0" in line for line in lines)
     assert {len(line) for line in lines[1:] if line.strip()} == {91}
+
+
+def test_nvidia_smi_figures_and_health_fields_feed_the_agent(tmp_path):
+    gpus = [dict(STATE["gpus"][0]), dict(STATE["gpus"][1], ecc_uncorrected=3)]
+    lab = Lab(tmp_path, {**STATE, "gpus": gpus})
+    fields = "--query-gpu=index,utilization.gpu,power.draw,remapped_rows.failure"
+    assert lab.ok("nvidia_smi", fields, "--format=csv").splitlines() == [
+        "index, utilization.gpu [%], power.draw [W], remapped_rows.failure",
+        "0, 0 %, 70.00 W, No",
+        "1, 0 %, 70.00 W, No",
+    ]
+    smi = tmp_path / "nvidia-smi"  # the agent's GPU check, run against the fake
+    smi.write_text(f"#!/bin/sh\nTACC_FAKE_HW_STATE={lab.state_file} exec {sys.executable} "
+                   f"-m tacc_lab.fakes.nvidia_smi \"$@\"\n")  # fmt: skip
+    smi.chmod(0o755)
+    result = check_gpus(str(smi), 2, str(tmp_path / "kern.log"), {}, 10)
+    assert result.status == "fail" and re.fullmatch(
+        r"GPU \d: 3 uncorrected ECC errors", result.detail
+    )
+    watts = [s.value for s in result.samples if s.name == "gpu_power_watts"]
+    assert watts == [70.0, 70.0]
 
 
 def test_nvidia_smi_without_gpus_exits_6(tmp_path):
