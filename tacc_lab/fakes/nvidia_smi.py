@@ -31,7 +31,7 @@ except ImportError:  # run as a standalone file: hwstate.py sits next to this on
 ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count",
           "temperature.gpu", "utilization.gpu", "memory.used", "power.draw",
-          "ecc.errors.uncorrected.volatile.total", "remapped_rows.failure")
+          "ecc.errors.uncorrected.volatile.total", "remapped_rows.failure")  # fmt: skip
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W"}
 RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
