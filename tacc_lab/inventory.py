@@ -136,6 +136,9 @@ def render_inventory(
                 # numpy from Debian for the numpy example: its `requirements: [numpy]`
                 # is then already satisfied, with no package index needed.
                 "tacc_agent_extra_packages": ["python3-numpy"],
+                # The agent checks /shared is mounted and alive; in the lab it is the bind
+                # mount standing in for NFS (above), so its type is the host's.
+                "tacc_agent_mount_fstype": "",
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 
+# A restart (a configuration roll-out) passes through "activating" for a moment: that is no
+# reason to drain a node. "failed", "inactive" and a stuck "deactivating" are.
+TRANSITIONAL_OK = ("active", "activating", "reloading")
+
 
 def check_services(names: list[str], timeout: float) -> Result:
     if not names:
@@ -31,7 +35,7 @@ def check_services(names: list[str], timeout: float) -> Result:
         return Result("services", FAIL, f"systemctl described {len(units)} of {len(names)} units")
     problems = []
     for name, unit in zip(names, units, strict=True):
-        if unit.get("ActiveState") == "active":
+        if unit.get("ActiveState") in TRANSITIONAL_OK:
             continue
         state = unit.get("ActiveState", "?")
         if unit.get("LoadState") == "not-found":

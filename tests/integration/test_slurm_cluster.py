@@ -1,7 +1,7 @@
-"""Issues [2] and [5] on a real lab: converge site.yml, Slurm works across nodes; the
-researchers alice and bob run tasks end to end with tcloud (scheduling and execution
-layers); the re-run and --check --diff change nothing; adding a node does not disturb a
-running job.
+"""Issues [2], [5] and [6] on a real lab: converge site.yml, Slurm works across nodes;
+the researchers alice and bob run tasks end to end with tcloud (scheduling and execution
+layers); the node agent checks, drains and resumes through the real Slurm; the re-run and
+--check --diff change nothing; adding a node does not disturb a running job.
 
 Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import shlex
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, site
@@ -259,6 +261,101 @@ def test_tcloud_files(alice, tmp_path):
     assert escape.returncode == 4 and "outside your cluster directory" in escape.stderr
     bad = alice("cancel", "12; rm -rf /")
     assert bad.returncode == 4 and "not a job id" in bad.stderr
+
+
+def node_address(inventory: Path, node: str) -> str:
+    data = yaml.safe_load(inventory.read_text())
+    return data["all"]["hosts"][node]["ansible_host"]
+
+
+SANDBOXED = ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict",
+             "Restart=on-failure"]  # fmt: skip
+
+
+def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
+    for node in ("n1", "n2", "n3"):
+        shown = node_sh(NAME, node, "systemctl show tacc-agent -p ActiveState -p ProtectSystem "
+                        "-p NoNewPrivileges -p Restart").stdout  # fmt: skip
+        assert sorted(shown.split()) == SANDBOXED, node
+    facts = json.loads(node_sh(NAME, "n2", "cat /run/tacc-agent/facts.json").stdout)
+    assert facts["node"] == "n2" and facts["healthy"], facts
+    assert facts["checks"]["services"]["detail"] == "munge, slurmd active"
+    assert facts["checks"]["mounts"] == {"status": "ok", "detail": "1 mount(s) present and alive"}
+    assert facts["rdma"] == {"active_ports": 0}  # no (fake) RDMA in this lab: TCP it is
+    controller = json.loads(node_sh(NAME, "n1", "cat /run/tacc-agent/facts.json").stdout)
+    assert controller["healthy"], controller
+    url = f"http://{node_address(cluster, 'n3')}:9770/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    assert "tacc_agent_healthy 1" in text.splitlines()
+    assert 'tacc_agent_check_status{check="services",status="ok"} 1' in text
+    assert 'tacc_agent_check_status{check="gpu",status="absent"} 1' in text
+    # one-shot, as HealthCheckProgram or ops would run it: healthy, nothing to do
+    proc = node_sh(NAME, "n2", "tacc-agent check")
+    assert proc.returncode == 0 and "slurm: n2 idle, nothing to do" in proc.stdout, proc.stdout
+
+
+BAD_SETTINGS = "services: [munge, slurmd]\nmounts: [{path: /mnt/tacc-missing}]\n"
+
+
+def sinfo_state(node: str) -> str:
+    return node_sh(NAME, "n1", f"sinfo -h -N -n {node} -o '%t|%E'").stdout.strip()
+
+
+def test_agent_drains_resumes_its_own_drain_and_leaves_an_admin_drain_alone(cluster):
+    node_sh(NAME, "n3", "systemctl stop tacc-agent")  # one writer at a time in this test
+    try:
+        node_sh(NAME, "n3", f"printf '{BAD_SETTINGS}' > /tmp/bad.yaml")
+        failing = node_sh(NAME, "n3", "tacc-agent --config /tmp/bad.yaml check")
+        assert failing.returncode == 1
+        reason = "tacc: mounts: /mnt/tacc-missing not mounted"
+        assert f"slurm: drained n3: {reason}" in failing.stdout
+        assert sinfo_state("n3") == f"drain|{reason}"
+        again = node_sh(NAME, "n3", "tacc-agent --config /tmp/bad.yaml check").stdout
+        assert "already drained" in again
+        healthy = node_sh(NAME, "n3", "tacc-agent check")
+        assert healthy.returncode == 0 and f"resumed n3 (was: {reason})" in healthy.stdout
+        assert sinfo_state("n3") == "idle|none"
+        admin = "DIMM swap [ops]"
+        node_sh(NAME, "n1", f"scontrol update NodeName=n3 State=DRAIN Reason='{admin}'")
+        ignored = node_sh(NAME, "n3", "tacc-agent --config /tmp/bad.yaml check").stdout
+        assert "was drained by an admin" in ignored and "left alone" in ignored
+        assert sinfo_state("n3") == f"drain|{admin}"
+        assert "nothing to do" in node_sh(NAME, "n3", "tacc-agent check").stdout
+        assert sinfo_state("n3") == f"drain|{admin}"  # only an admin resumes it
+    finally:
+        node_sh(NAME, "n1", "scontrol update NodeName=n3 State=RESUME")
+        node_sh(NAME, "n3", "systemctl start tacc-agent")
+    assert sinfo_state("n3") == "idle|none"
+
+
+def test_the_daemon_drains_a_node_whose_mount_vanishes(cluster):
+    """A tmpfs the agent watches is unmounted: the daemon (1 s interval here) drains the
+    node, and resumes it when the mount is back."""
+    settings = "services: [munge, slurmd]\nmounts: [{path: /mnt/tacc-watch, fstype: tmpfs}]\n"
+    node_sh(NAME, "n3", "systemctl stop tacc-agent; mkdir -p /mnt/tacc-watch && "
+            f"mount -t tmpfs tmpfs /mnt/tacc-watch && printf '{settings}' > /tmp/watch.yaml && "
+            "systemd-run --unit tacc-agent-test tacc-agent --config /tmp/watch.yaml serve "
+            "--port 19770 --interval 1")  # fmt: skip
+    try:
+        time.sleep(2)
+        assert sinfo_state("n3") == "idle|none"
+        node_sh(NAME, "n3", "umount /mnt/tacc-watch")
+        deadline = time.monotonic() + 20
+        while not sinfo_state("n3").startswith("drain|"):
+            assert time.monotonic() < deadline, "the daemon never drained n3"
+            time.sleep(0.5)
+        assert sinfo_state("n3") == "drain|tacc: mounts: /mnt/tacc-watch not mounted"
+        node_sh(NAME, "n3", "mount -t tmpfs tmpfs /mnt/tacc-watch")
+        deadline = time.monotonic() + 20
+        while sinfo_state("n3") != "idle|none":
+            assert time.monotonic() < deadline, "the daemon never resumed n3"
+            time.sleep(0.5)
+        log = node_sh(NAME, "n3", "journalctl -u tacc-agent-test -o cat --no-pager").stdout
+        assert "slurm: drained n3: tacc: mounts: /mnt/tacc-watch not mounted" in log
+    finally:
+        node_sh(NAME, "n3", "systemctl stop tacc-agent-test; umount /mnt/tacc-watch; "
+                "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent")  # fmt: skip
 
 
 def test_check_diff_on_the_converged_cluster_changes_nothing(cluster):

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import BIN, ROOT
 
@@ -71,6 +72,9 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
         "AccountingStorageType=accounting_storage/slurmdbd",
         "GresTypes=gpu",
         "PriorityWeightFairshare=10000",
+        "HealthCheckProgram=/usr/local/sbin/tacc-agent-healthcheck",
+        "HealthCheckInterval=300",
+        "HealthCheckNodeState=ANY",
     ):
         assert line in conf.splitlines()
     assert "NodeName=login1" not in conf and "NodeName=ctl1" not in conf
@@ -79,3 +83,17 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
 def test_gres_conf_names_each_gpu_device(rendered):
     gres = (rendered[0] / "gpu01/gres.conf").read_text()
     assert "NodeName=gpu01 Name=gpu Type=a100 File=/dev/nvidia[0-7]" in gres
+
+
+def test_agent_settings_come_from_inventory(rendered):
+    """Per node: its Slurm daemons, its GPUs (Gres), its RealMemory, its NFS mounts."""
+    gpu = yaml.safe_load((rendered[0] / "gpu05/tacc-agent.yaml").read_text())
+    assert gpu["services"] == ["munge", "slurmd"] and gpu["drain"] is True
+    assert gpu["expected_gpus"] == 8 and gpu["real_memory_mb"] == 489250
+    assert gpu["mounts"] == [{"path": "/shared", "fstype": "nfs4"}]
+    controller = yaml.safe_load((rendered[0] / "ctl1/tacc-agent.yaml").read_text())
+    assert controller["services"] == ["munge", "slurmctld", "slurmdbd"]
+    assert controller["drain"] is False and controller["expected_gpus"] == 0
+    assert controller["real_memory_mb"] == 0
+    limited = yaml.safe_load((rendered[1] / "gpu03/tacc-agent.yaml").read_text())
+    assert limited == yaml.safe_load((rendered[0] / "gpu03/tacc-agent.yaml").read_text())
