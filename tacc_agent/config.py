@@ -43,7 +43,8 @@ class AgentConfig:
     state_dir: str = "/var/lib/tacc-agent"
     nvidia_smi: str = "nvidia-smi"
     expected_gpus: int = 0  # 0: GPUs are optional (absent is fine)
-    kernel_log: str = "/var/log/kern.log"
+    # Where Xid lines are read: the kernel ring buffer, or a log file such as kern.log.
+    kernel_log: str = "/dev/kmsg"
     expected_rdma_ports: int = 0
     min_rdma_rate_gbps: float = 0.0
     # [{path, fstype, options: [..]}]: must be mounted like this and answer statfs.

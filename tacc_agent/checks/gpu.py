@@ -1,9 +1,10 @@
 """GPUs through nvidia-smi (count against the expected number, its documented exit
-codes), critical Xid events in the kernel log, and ECC / row-remap health when the
-GPUs report them."""
+codes), critical Xid events in the kernel log (/dev/kmsg or a log file), and ECC /
+row-remap health with per-GPU figures when the GPUs report them."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -32,15 +33,54 @@ FIGURES = (  # field position -> metric name, scale to base units
 )  # fmt: skip
 
 
-def xids(kernel_log: str, since_line: int) -> tuple[list[tuple[str, int]], int]:
-    """Critical Xid events after line `since_line`, and the new line count."""
+def log_file_lines(kernel_log: str, xid_state: dict) -> list[str]:
+    """Lines a kernel log file (kern.log) gained since the last run."""
     try:
         lines = Path(kernel_log).read_text(errors="replace").splitlines()
     except OSError:
-        return [], since_line
-    start = since_line if since_line <= len(lines) else 0  # the log was rotated
-    found = [(m.group(1), int(m.group(2))) for line in lines[start:] if (m := XID.search(line))]
-    return [x for x in found if x[1] in CRITICAL_XIDS], len(lines)
+        return []
+    since = xid_state.get("line", 0)
+    start = since if since <= len(lines) else 0  # the log was rotated
+    xid_state["line"] = len(lines)
+    return lines[start:]
+
+
+def kmsg_lines(device: str, xid_state: dict) -> list[str]:
+    """Messages the kernel ring buffer (/dev/kmsg, one "prio,seq,usec,flags;text" record
+    per read) gained since the last run, by sequence number. Non-blocking: it stops at
+    the end of the buffer. Needs no syslog daemon (Debian 12 logs to the journal only)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    last, found = xid_state.get("kmsg_seq", -1), []
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten while reading: go on
+                continue
+            if not chunk:
+                break
+            for record in chunk.decode(errors="replace").split("\n"):
+                head, sep, text = record.partition(";")
+                fields = head.split(",")
+                if not sep or len(fields) < 3 or not fields[1].isdigit():
+                    continue  # a continuation line (" KEY=value") or a partial record
+                if int(fields[1]) > last:
+                    found.append(text)
+                    xid_state["kmsg_seq"] = int(fields[1])
+    finally:
+        os.close(fd)
+    return found
+
+
+def xids(lines: list[str]) -> list[tuple[str, int]]:
+    """Critical Xid events (PCI address, code) in these kernel messages."""
+    found = [(m.group(1), int(m.group(2))) for line in lines if (m := XID.search(line))]
+    return [x for x in found if x[1] in CRITICAL_XIDS]
 
 
 def number(text: str) -> float | None:
@@ -80,7 +120,9 @@ def critical_xids(kernel_log: str, xid_state: dict, boot_id: str) -> list[str]:
     until the node reboots (a GPU reset), so the next run cannot resume the node."""
     if xid_state.get("boot_id") != boot_id:
         xid_state.update(boot_id=boot_id, events=[])
-    events, xid_state["line"] = xids(kernel_log, xid_state.get("line", 0))
+        xid_state.pop("kmsg_seq", None)  # sequence numbers restart with the kernel
+    reader = kmsg_lines if kernel_log.startswith("/dev/") else log_file_lines
+    events = xids(reader(kernel_log, xid_state))
     seen = xid_state.setdefault("events", [])
     seen += [f"Xid {code} on {bus}" for bus, code in events if f"Xid {code} on {bus}" not in seen]
     return list(seen)

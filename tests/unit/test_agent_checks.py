@@ -14,6 +14,7 @@ from tacc_agent import health, slurm
 from tacc_agent.checks import mounts
 from tacc_agent.checks.base import ABSENT, FAIL, OK, STUCK, Result
 from tacc_agent.checks.gpu import check_gpus
+from tacc_agent.checks.gpu import kmsg_lines as xid_lines
 from tacc_agent.checks.rdma import check_rdma
 from tacc_agent.checks.system import check_memory, check_services
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
@@ -213,3 +214,24 @@ def test_gpu_figures_and_ecc_from_one_optional_query(tmp_path):
     plain = check_gpus(old_driver, 1, str(tmp_path / "none.log"), {}, 5)
     assert plain.status == OK
     assert "gpu_power_watts" not in {s.name for s in plain.samples}
+
+
+def test_xids_from_kmsg_records_by_sequence_number(tmp_path):
+    """/dev/kmsg's record format (Documentation/ABI/testing/dev-kmsg), read from a file."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,101,5000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+        "4,102,6000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+        " SUBSYSTEM=pci\n"
+        "4,103,7000,-;NVRM: Xid (PCI:0000:5e:00): 13, pid=9, Graphics Exception\n"
+    )  # fmt: skip
+    state: dict = {}
+    assert xid_lines(str(kmsg), state) == [
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:5e:00): 13, pid=9, Graphics Exception",
+    ]
+    assert state["kmsg_seq"] == 103 and xid_lines(str(kmsg), state) == []  # seen already
+    two = tool(tmp_path / "smi", 'printf "0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n"\n')
+    result = check_gpus(two, 2, str(kmsg), {}, 5, "boot-1")
+    assert result.status == FAIL and result.detail == "Xid 79 on 0000:3b:00"  # 13 is not critical
