@@ -3,7 +3,7 @@ by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
 Verbs:
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
-  serve [--port N] [--interval S]  the node daemon: checks, /metrics, facts file
+  serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
   whoami                       the caller's user and directory
   store                        delta upload: JSON request on stdin (missing | commit)
   job check                    would the cluster accept this instruction? (stdin)
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve = sub.add_parser("serve", help="the node daemon: checks on an interval, /metrics")
     p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port, 9770)")
     p_serve.add_argument("--interval", type=float, help="seconds between check runs (60)")
+    for verb in (p_check, p_serve):  # also after the verb: `tacc-agent serve --config FILE`
+        verb.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="settings file")
     sub.add_parser("whoami", help="the caller's user and directory")
     sub.add_parser("store", help="delta upload (JSON on stdin)")
     sub.add_parser("env", help="the caller's cached environments")

@@ -177,6 +177,8 @@ HEALTHY = [Result("gpu", OK), Result("rdma", ABSENT)]
         ("IDLE", "none", FAILED, [["scontrol", "update", "NodeName=n2", "State=DRAIN",
                                    "Reason=tacc: gpu: 1 GPU(s), expected 2"]], "drained n2"),
         ("IDLE+DRAIN", "tacc: gpu: 1 GPU(s), expected 2", FAILED, [], "already drained"),
+        ("IDLE+DRAIN", "tacc: gpu: 1 GPU(s), expected 2 [root@2026-11-22T20:10:00]", FAILED, [],
+         "already drained"),
         ("IDLE+DRAIN", "disk swap [admin@2026]", FAILED, [], "drained by an admin"),
         ("IDLE+DRAIN", "tacc: gpu: old", HEALTHY,
          [["scontrol", "update", "NodeName=n2", "State=RESUME"]], "resumed n2"),

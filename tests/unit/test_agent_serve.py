@@ -134,8 +134,8 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     with blocking_fuse(point):
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "tacc_agent", "--config", str(tmp_path / "agent.yaml"),
-             "serve", "--port", "0", "--interval", "0.5"],
+            [sys.executable, "-m", "tacc_agent", "serve", "--port", "0", "--interval", "0.5",
+             "--config", str(tmp_path / "agent.yaml")],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
