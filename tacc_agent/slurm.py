@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
@@ -23,13 +24,21 @@ def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
     return proc.stdout
 
 
+KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")
+
+
 def parse_oneliner(line: str) -> dict[str, str]:
-    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict."""
-    fields = {}
+    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict. A value may
+    hold spaces (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not
+    start a new Key= continues the value before it."""
+    fields: dict[str, str] = {}
+    key = ""
     for word in line.split():
-        key, sep, value = word.partition("=")
-        if sep:
-            fields[key] = value
+        name, sep, value = word.partition("=")
+        if sep and KEY.fullmatch(name):
+            key, fields[name] = name, value
+        elif key:
+            fields[key] += " " + word
     return fields
 
 

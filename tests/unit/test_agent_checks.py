@@ -237,3 +237,13 @@ def test_xids_from_kmsg_records_by_sequence_number(tmp_path):
     two = tool(tmp_path / "smi", 'printf "0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n"\n')
     result = check_gpus(two, 2, str(kmsg), {}, 5, "boot-1")
     assert result.status == FAIL and result.detail == "Xid 79 on 0000:3b:00"  # 13 is not critical
+
+
+def test_scontrol_values_with_spaces_are_kept_whole():
+    line = ("NodeName=n3 Arch=x86_64 CoresPerSocket=1 CfgTRES=cpu=2,mem=23G State=IDLE+DRAIN "
+            "OS=Linux 6.1.0-27-amd64 #1 SMP Debian Reason=tacc: mounts: /mnt/x not mounted "
+            "[root@2026-11-22T20:26:01]")  # fmt: skip
+    record = slurm.parse_oneliner(line)
+    assert record["OS"] == "Linux 6.1.0-27-amd64 #1 SMP Debian"
+    assert record["CfgTRES"] == "cpu=2,mem=23G" and record["State"] == "IDLE+DRAIN"
+    assert record["Reason"] == "tacc: mounts: /mnt/x not mounted [root@2026-11-22T20:26:01]"
