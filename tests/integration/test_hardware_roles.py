@@ -8,6 +8,8 @@ message. Runs in CI as root, on its own lab (`hw`, 10.77.11.0/24).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.lab_helpers import changed_by_role, lab_cli, node_sh, site
@@ -135,3 +137,25 @@ def test_mlxconfig_settings_are_set_for_next_boot(runs):
     log = sh("n2", "cat /var/log/tacc-fake-hw/burns.log")
     assert log.count(" set ") == 1, log  # once, in the first run
     assert '"reset_pending": true' in sh("n2", "cat /etc/ansible/facts.d/smartnic.fact")
+
+
+SCRAPE = ("python3 -c \"import urllib.request as u; "
+          "print(u.urlopen('http://127.0.0.1:9770/metrics').read().decode())\"")  # fmt: skip
+
+
+def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
+    """Issue [6] at the FAKE hardware boundary: n2's GPUs (expected 4, from its Gres) and
+    its RoCE port pass the checks and show up in the facts file and /metrics; n3 has
+    neither, and says so."""
+    report = json.loads(sh("n2", "tacc-agent check --json --no-slurm"))
+    checks = {check["check"]: check for check in report["checks"]}
+    assert (checks["gpu"]["status"], checks["gpu"]["detail"]) == ("ok", "4 GPU(s)")
+    assert (checks["rdma"]["status"], checks["rdma"]["detail"]) == ("ok", "1 port(s) active")
+    facts = json.loads(sh("n2", "cat /run/tacc-agent/facts.json"))
+    assert facts["gpu"] == {"count": 4} and facts["rdma"] == {"active_ports": 1}
+    metrics = sh("n2", SCRAPE).splitlines()
+    assert len([m for m in metrics if m.startswith("tacc_agent_gpu_power_watts{")]) == 4
+    assert "tacc_agent_healthy 1" in metrics and "tacc_agent_rdma_ports_active 1" in metrics
+    bare = {c["check"]: c["status"] for c in json.loads(sh("n3", "tacc-agent check --json "
+                                                             "--no-slurm"))["checks"]}  # fmt: skip
+    assert bare["gpu"] == "absent" and bare["rdma"] == "absent"

@@ -194,24 +194,25 @@ def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason
     assert fake.calls == calls
 
 
-def test_gpu_figures_and_ecc_from_one_optional_query(tmp_path):
-    smi = tool(
-        tmp_path / "smi",
-        'case "$1" in --query-gpu=index,pci.bus_id) printf "0, 00000000:3B:00.0\\n";;\n'
-        ' --query-gpu=index,temperature*) printf "0, 41, 87, 1024, 81559, 312.50, 2, No\\n";;\n'
-        " *) exit 2;; esac\n",
+def one_gpu_smi(path: Path, figures: str) -> str:
+    """nvidia-smi for one GPU that answers the figures query with this CSV line."""
+    script = (
+        'case "$1" in --query-gpu=index,pci.bus_id) echo "0, 00000000:3B:00.0";;\n'
+        f' --query-gpu=index,temperature*) echo "{figures}";; *) exit 2;; esac\n'
     )
+    return tool(path, script)
+
+
+def test_gpu_figures_and_ecc_from_one_optional_query(tmp_path):
+    smi = one_gpu_smi(tmp_path / "smi", "0, 41, 87, 1024, 81559, 312.50, 2, No")
     result = check_gpus(smi, 1, str(tmp_path / "none.log"), {}, 5)
     assert result.status == FAIL and result.detail == "GPU 0: 2 uncorrected ECC errors"
     figures = {s.name: s.value for s in result.samples}
     assert figures["gpu_utilization_ratio"] == 0.87
     assert figures["gpu_memory_used_bytes"] == 1024 * 2**20
     assert figures["gpu_power_watts"] == 312.5 and figures["gpus"] == 1
-    old_driver = tool(
-        tmp_path / "old",
-        'case "$1" in --query-gpu=index,pci.bus_id) printf "0, 00000000:3B:00.0\\n";;\n'
-        ' --query-gpu=index,temperature*) printf "0, 41, [N/A], 10, 20, [Not Supported], '
-        '[N/A], [N/A]\\n";; *) exit 2;; esac\n',
+    old_driver = one_gpu_smi(
+        tmp_path / "old", "0, 41, [N/A], 10, 20, [Not Supported], [N/A], [N/A]"
     )
     plain = check_gpus(old_driver, 1, str(tmp_path / "none.log"), {}, 5)
     assert plain.status == OK
