@@ -7,6 +7,7 @@ of them builds a new image and an unchanged host reuses the cached one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -52,11 +53,20 @@ def image_path(cfg: LabConfig) -> Path:
 
 
 def ensure_image(cfg: LabConfig, log=print) -> tuple[Path, float | None]:
-    """Return (image dir, build seconds or None when it came from the cache)."""
+    """Return (image dir, build seconds or None when it came from the cache). Labs that
+    come up side by side (parallel test workers) wait for one build instead of racing."""
     target = image_path(cfg)
     if (target / COMPLETE_MARK).exists():
         return target, None
     cfg.image_cache.mkdir(parents=True, exist_ok=True)
+    with open(cfg.image_cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / COMPLETE_MARK).exists():  # another lab built it meanwhile
+            return target, None
+        return target, _build(cfg, target, log)
+
+
+def _build(cfg: LabConfig, target: Path, log) -> float:
     staging = target.with_name(target.name + ".building")
     if staging.exists():
         shutil.rmtree(staging)
@@ -76,7 +86,7 @@ def ensure_image(cfg: LabConfig, log=print) -> tuple[Path, float | None]:
     (staging / COMPLETE_MARK).write_text(f"{time.time()}\n")
     staging.rename(target)
     _prune_old_images(cfg, keep=target)
-    return target, time.monotonic() - start
+    return time.monotonic() - start
 
 
 def _bake(root: Path) -> None:
