@@ -4,11 +4,10 @@ World-readable, written atomically, so a reader never sees half a file."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from tacc_agent.checks.base import Result
+from tacc_agent.checks.base import Result, write_state
 
 # argv of the per-node task wrapper: python -I -m tacc_agent exec JOBDIR (execute.py)
 WRAPPER = b"tacc_agent\0exec\0"
@@ -51,7 +50,4 @@ def write(path: Path, facts: dict) -> None:
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True)
         path.parent.chmod(0o755)  # the agent runs with umask 077
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(facts, indent=1) + "\n")
-    temporary.chmod(0o644)  # the task wrappers run as the job's user
-    temporary.replace(path)
+    write_state(path, facts, mode=0o644)  # the task wrappers run as the job's user

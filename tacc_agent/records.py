@@ -20,10 +20,13 @@ STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Atomic replace (readers on other nodes never see half a file)."""
+def write_json(path: Path, data: dict, mode: int | None = None) -> None:
+    """Atomic replace (readers on other nodes never see half a file). `mode` overrides
+    the agent's umask 077 for a file other users must read."""
     temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
     temporary.write_text(json.dumps(data, sort_keys=True))
+    if mode is not None:
+        temporary.chmod(mode)
     os.replace(temporary, path)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent import records
+from tacc_agent.checks import rdma
 from tacc_agent.config import AgentConfig
 
 RDMA_ENV = {"NCCL_IB_DISABLE": "0"}
@@ -26,17 +27,12 @@ class Choice:
 
 
 def sysfs_ports(sysfs_root: str) -> list[dict]:
-    """Every RDMA port and its state ("4: ACTIVE" in sysfs)."""
-    ports = []
-    for state in sorted(Path(sysfs_root, "class", "infiniband").glob("*/ports/*/state")):
-        try:
-            text = state.read_text().strip()
-        except OSError:
-            continue
-        ports.append(
-            {"device": state.parents[2].name, "port": state.parent.name, "active": "ACTIVE" in text}
-        )
-    return ports
+    """Every RDMA port and whether it is ACTIVE, as the rdma health check reads them."""
+    return [
+        {"device": device, "port": number, "active": "ACTIVE" in port["state"]}
+        for port in rdma.ports(sysfs_root)
+        for device, number in [port["name"].split("/")]
+    ]
 
 
 def local_rdma(config: AgentConfig) -> dict:

@@ -1,15 +1,15 @@
-"""What every check returns, and the bounded subprocess they share."""
+"""What every check returns, and the bounded subprocess and state files they share."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from tacc_agent import records
 
 OK, FAIL, ABSENT, STUCK = "ok", "fail", "absent", "stuck"
 STATUSES = (OK, FAIL, ABSENT, STUCK)
@@ -65,16 +65,12 @@ def command(argv: list[str], timeout: float) -> Output:
 
 
 def read_state(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """A state file (RDMA counters, Xids, a stuck probe), {} when missing or unreadable."""
+    data = records.read_json(path)
     return data if isinstance(data, dict) else {}
 
 
-def write_state(path: Path, data: dict) -> None:
-    """Atomically: `check` (HealthCheckProgram) and `serve` may share the state dir."""
+def write_state(path: Path, data: dict, mode: int | None = None) -> None:
+    """Atomically: `check` (HealthCheckProgram) and `serve` share the state dir."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(data))
-    temporary.replace(path)
+    records.write_json(path, data, mode)

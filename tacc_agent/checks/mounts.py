@@ -8,13 +8,12 @@ probed again until that child has finished (the probe's pid is kept in the state
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_agent.checks.base import FAIL, OK, STUCK, Result
+from tacc_agent.checks.base import FAIL, OK, STUCK, Result, read_state, write_state
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: 
         if missing:
             problems.append(f"{point} lacks options {','.join(sorted(missing))}")
         marker = Path(state_dir, f"stuck-{hashlib.sha256(point.encode()).hexdigest()[:12]}.json")
-        previous = json.loads(marker.read_text()) if marker.exists() else None
+        previous = read_state(marker)
         if previous and pid_alive(previous["pid"]):
             stuck.append(f"{point} stuck (statfs blocked since {previous['since']:.0f})")
             continue
@@ -99,8 +98,7 @@ def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: 
         if alive is False:
             problems.append(f"{point}: statfs failed")
             continue
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"pid": alive, "since": time.time()}))
+        write_state(marker, {"pid": alive, "since": time.time()})
         stuck.append(f"{point} stuck (statfs did not answer within {timeout:g} s)")
     if stuck:
         return Result("mounts", STUCK, "; ".join(stuck + problems))
