@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from tacc_agent import envcache, records, slurm, transport
+from tacc_agent import envcache, lost_nodes, records, slurm, transport
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.instruction import load
@@ -189,10 +189,15 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     task = load(job_dir)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     forwarder = Forwarder()
-    records.clear_ranks(job_dir)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    records.add_event(job_dir, "PROVISIONING", restart=restarts)
+    # A requeued run: say what stopped the last one before its rank records go.
+    lost = lost_nodes.describe(records.ranks(job_dir), config.slurm_timeout_seconds)
+    records.clear_ranks(job_dir)
+    detail = {"lost": lost} if restarts and lost else {}
+    records.add_event(job_dir, "PROVISIONING", restart=restarts, **detail)
     say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
+    if detail:
+        say(f"run {restarts} was requeued: {lost}")
     env = base_env(job_dir)
     try:
         link_datasets(task, job_dir)

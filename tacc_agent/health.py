@@ -6,7 +6,6 @@ touched. Usable as Slurm's HealthCheckProgram."""
 from __future__ import annotations
 
 import json
-import re
 import socket
 from dataclasses import asdict
 from pathlib import Path
@@ -21,8 +20,6 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 
 TAG = "tacc:"
-# scontrol show node appends who set the reason and when: "... [root@2026-11-22T20:10:00]"
-SET_BY = re.compile(r"\s*\[[^\]\s]+@[^\]\s]+\]$")
 
 
 def boot_id(proc_root: str) -> str:
@@ -68,7 +65,7 @@ def apply_to_slurm(results: list[Result], node: str, timeout: float) -> str:
     if not found:
         return f"slurm: {node} is not a Slurm node here"
     state = found[0].get("State", "")
-    reason = SET_BY.sub("", found[0].get("Reason", ""))
+    reason = slurm.strip_set_by(found[0].get("Reason", ""))
     ours = reason.startswith(TAG)
     drained = "DRAIN" in state
     failing = any(r.failed for r in results)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tacc_agent import records, slurm, workspace
+from tacc_agent import lost_nodes, records, slurm, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 
@@ -35,7 +35,9 @@ def rank_state(rank: dict) -> str:
     return "COMPLETED" if rank.get("exit_code") == 0 else "FAILED"
 
 
-def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
+def reconcile(
+    job_dir: Path, info: dict[str, str] | None, timeout: float = slurm.TIMEOUT
+) -> tuple[str, str]:
     """(state, reason) from the record and Slurm's view (None: Slurm forgot the job)."""
     last = records.current(records.history(job_dir)) or {"state": "QUEUED"}
     if last["state"] in records.TERMINAL:
@@ -47,6 +49,10 @@ def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
         held = "held" in reason.lower() or slurm_state == "REQUEUE_HOLD"
         if last["state"] == "HALTED" or held:
             return "HALTED", reason
+        requeued = info.get("Restarts", "0") not in ("0", "")
+        lost = lost_nodes.describe(ranks, timeout) if requeued else ""
+        if lost:  # Slurm requeued it (sbatch --requeue): it runs again when nodes allow
+            return "QUEUED", f"requeued: {lost}"
         return "QUEUED", reason if reason != "None" else ""
     if info and slurm_state in SLURM_PAUSED:
         return ("HALTED" if last["state"] == "HALTED" else "QUEUED"), slurm_state
@@ -63,6 +69,8 @@ def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
         state, why = "CANCELLED", f"Slurm: {slurm_state or 'gone'}"
     elif slurm_state in SLURM_FAILED or failed:
         state, why = "FAILED", f"Slurm: {slurm_state}" if slurm_state else "a rank failed"
+        lost = lost_nodes.describe(ranks, timeout) if slurm_state == "NODE_FAIL" else ""
+        why = f"{why}: {lost}" if lost else why
     elif slurm_state == "COMPLETED" or all_done:
         state, why = "COMPLETED", ""
     else:
@@ -75,7 +83,7 @@ def reconcile(job_dir: Path, info: dict[str, str] | None) -> tuple[str, str]:
 def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = workspace.job_dir(user_dir, job_id)
     info = slurm_info(job_id, config)
-    state, reason = reconcile(job_dir, info)
+    state, reason = reconcile(job_dir, info, config.slurm_timeout_seconds)
     history = records.history(job_dir)
     ranks = records.ranks(job_dir)
     codes = [r.get("exit_code") for r in ranks if r.get("exit_code")]
@@ -103,7 +111,10 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         else None,
         "slurm_state": (info or {}).get("JobState"),
         "workdir": str(job_dir),
-        "history": [{"state": e["state"], "time": e["time"]} for e in history],
+        "history": [
+            {"state": e["state"], "time": e["time"], **({"lost": e["lost"]} if "lost" in e else {})}
+            for e in history
+        ],
         "nodes": nodes,
     }
     if state == "FAILED":

@@ -8,6 +8,8 @@ import subprocess
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
 TIMEOUT = 15
+# scontrol show node appends who set the reason and when: "... [root@2026-11-22T20:10:00]"
+SET_BY = re.compile(r"\s*\[[^\]\s]+@[^\]\s]+\]$")
 
 
 def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
@@ -56,3 +58,8 @@ def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, 
 
 def hostnames(nodelist: str, timeout: float = TIMEOUT) -> list[str]:
     return slurm(["scontrol", "show", "hostnames", nodelist], timeout).split()
+
+
+def strip_set_by(reason: str) -> str:
+    """A node Reason without scontrol's "[user@time]" suffix."""
+    return SET_BY.sub("", reason)

@@ -14,7 +14,7 @@ from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
 from tacc_lab.lab import down, find_node, resolve_config, status, up
-from tacc_lab.nodes import NodePaths, ssh_base_args
+from tacc_lab.nodes import NodePaths, cut_power, ssh_base_args
 from tacc_lab.researchers import (
     check_researcher,
     researcher_names,
@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop every node, remove overlays, bridge, proxy and state")
     p_status = sub.add_parser("status", help="nodes, addresses and state")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
+    p_off = sub.add_parser(
+        "poweroff",
+        help="cut a node's power: every process dies at once; `up` boots it again",
+    )
+    p_off.add_argument("node")
     p_ssh = sub.add_parser("ssh", help="open a shell or run a command on a node")
     p_ssh.add_argument("node")
     p_ssh.add_argument("cmd", nargs=argparse.REMAINDER, help="command and arguments to run")
@@ -116,6 +121,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "status":
         return _print_status(cfg, as_json=args.json)
+    if args.command == "poweroff":
+        node = find_node(cfg, args.node)
+        if cut_power(cfg, node):
+            print(f"{node.name}: power cut (its disk is kept; `tacc-lab up` boots it again)")
+        else:
+            print(f"{node.name}: already off")
+        return 0
     if args.command == "fake-hw":
         node = find_node(cfg, args.node)
         hardware = FakeHardware(

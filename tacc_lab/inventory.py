@@ -108,7 +108,10 @@ def render_inventory(
                 "slurm_node_cpus": hardware.cpus,
                 # A requeued job (tcloud halt + resume) waits cred_expire before it runs
                 # again (slurm.conf(5)); 120 s by default, 20 s is plenty for lab nodes.
-                "slurm_extra_config": {"AuthInfo": "cred_expire=20"},
+                # A node that stops answering (power cut) is DOWN after SlurmdTimeout
+                # (300 s by default) and its jobs requeued; 30 s keeps the lab's fault
+                # tests short while a loaded host still answers every ping in time.
+                "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdTimeout": 30},
                 "slurm_node_memory_mb": hardware.memory_mb,
                 # No kernel NFS in nspawn nodes: n1 serves /shared (a host directory
                 # bind-mounted on every node) with NFS-Ganesha; clients get enabled mount

@@ -91,7 +91,9 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
         for node in to_start:
             paths = NodePaths(cfg, node.name)
             mount_overlay(paths, image)
-            configure_node(cfg, node, paths, nodes)
+            if not paths.configured.exists():
+                configure_node(cfg, node, paths, nodes)
+                paths.configured.touch()
         for node in nodes:
             public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
         write_known_hosts(cfg, public_keys)

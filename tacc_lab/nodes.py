@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -24,6 +26,9 @@ class NodePaths:
         self.rootfs = self.base / "rootfs"
         self.log = self.base / "console.log"
         self.host_key = self.base / "ssh_host_ed25519_key"
+        # Written after the first boot's configure_node: a node booted again after a
+        # power cut keeps its disk (hosts, machine-id) like a real server does.
+        self.configured = self.base / "configured"
 
 
 def is_mounted(path: Path) -> bool:
@@ -178,6 +183,35 @@ def _ssh_ok(cfg: LabConfig, node: NodeRecord) -> bool:
         timeout=15,
     )
     return proc.returncode == 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def cut_power(cfg: LabConfig, node: NodeRecord, timeout: float = 15.0) -> bool:
+    """Like pulling a server's power cord: SIGKILL to the container's init, so every
+    process in it dies at once and nothing shuts down cleanly. Its disk (the overlay)
+    stays; `tacc-lab up` boots it again. (SIGKILL to systemd-nspawn alone would leave
+    the container running, reparented.) False if the node was not running."""
+    if not node_alive(cfg, node):
+        return False
+    for child in _children(node.pid or 0):
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while node_alive(cfg, node):
+        if time.monotonic() > deadline:
+            raise LabError(f"{node.name}: still running {timeout:.0f} s after its power cut")
+        time.sleep(0.1)
+    return True
 
 
 def stop_node(cfg: LabConfig, node: NodeRecord) -> None:

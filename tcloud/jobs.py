@@ -66,6 +66,9 @@ def describe(info: dict, out=sys.stdout) -> None:
     if info.get("reason"):
         print(f"reason: {info['reason']}", file=out)
     print(f"workdir: {info['workdir']}", file=out)
+    for entry in info.get("history", []):
+        if entry.get("lost"):  # a run Slurm requeued because nodes went away
+            print(f"requeued once: {entry['lost']}", file=out)
     for node in info.get("nodes", []):
         exit_code = "" if node.get("exit_code") is None else f" exit {node['exit_code']}"
         print(f"  [{node['host']}:{node['rank']}] {node['state']}{exit_code}", file=out)

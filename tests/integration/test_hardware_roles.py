@@ -81,7 +81,11 @@ def test_ganesha_serves_shared_over_nfs_to_another_node(runs):
     sh("n2", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnfs-utils >/dev/null")
     sh("n1", "mkdir -p /shared/nfs-proof && echo served-by-n1 > /shared/nfs-proof/hello")
     url = f"nfs://{SERVER}/shared/nfs-proof"
-    assert "hello" in sh("n2", f"nfs-ls {url}")
+    listing = node_sh(NAME, "n2", f"nfs-ls {url}")
+    if listing.returncode != 0:  # what the server had registered, for the CI log
+        rpc = node_sh(NAME, "n1", "rpcinfo -p; tail -20 /var/log/ganesha/ganesha.log")
+        pytest.fail(f"nfs-ls: {listing.stderr}\n--- n1 ---\n{rpc.stdout}{rpc.stderr}")
+    assert "hello" in listing.stdout
     assert sh("n2", f"nfs-cat {url}/hello").strip() == "served-by-n1"
     sh("n2", f"nfs-cp /etc/hostname '{url}/from-n2?version=4'")
     # Read back on the server's local disk: the write went over NFSv4 to n1.

@@ -74,3 +74,58 @@ def test_paused_jobs_are_not_recorded_as_ended(tmp_path, paused):
 def test_a_job_that_finishes_while_being_halted_is_completed(tmp_path):
     job_dir = job(tmp_path, ["QUEUED", "PROVISIONING", "RUNNING", "HALTED"], [EXITED_0])
     assert reconcile(job_dir, None)[0] == "COMPLETED"
+
+
+RUNNING_ON_N3 = {"rank": 1, "host": "n3", "state": "RUNNING"}
+TERMINATED_ON_N2 = {"rank": 0, "host": "n2", "state": "EXITED", "exit_code": 143,
+                    "terminated": True}  # fmt: skip
+N3_DOWN = {"NodeName": "n3", "State": "DOWN+NOT_RESPONDING",
+           "Reason": "Not responding [slurm@2026-11-22T10:00:00]"}  # fmt: skip
+
+
+@pytest.fixture
+def slurm_nodes(monkeypatch):
+    """scontrol show node, answered from a dict (what a down node looks like)."""
+    nodes: dict[str, dict] = {}
+    monkeypatch.setattr(
+        "tacc_agent.slurm.show",
+        lambda kind, name="", timeout=0: [nodes[name]] if name in nodes else [],
+    )
+    return nodes
+
+
+def test_a_requeued_job_says_which_node_failed(tmp_path, slurm_nodes):
+    slurm_nodes["n3"] = N3_DOWN
+    job_dir = job(
+        tmp_path, ["QUEUED", "PROVISIONING", "RUNNING"], [TERMINATED_ON_N2, RUNNING_ON_N3]
+    )
+    pending = {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}
+    state, reason = reconcile(job_dir, pending)
+    assert (state, reason) == (
+        "QUEUED", "requeued: node n3 (DOWN+NOT_RESPONDING: Not responding) failed during the run"
+    )  # fmt: skip
+    # Without a restart, a pending job's reason is Slurm's.
+    assert reconcile(job_dir, {**pending, "Restarts": "0"}) == ("QUEUED", "BeginTime")
+
+
+def test_a_node_failure_that_ends_the_job_names_the_node(tmp_path, slurm_nodes):
+    slurm_nodes["n3"] = N3_DOWN
+    job_dir = job(
+        tmp_path, ["QUEUED", "PROVISIONING", "RUNNING"], [TERMINATED_ON_N2, RUNNING_ON_N3]
+    )
+    state, reason = reconcile(job_dir, {"JobState": "NODE_FAIL"})
+    assert state == "FAILED"
+    assert (
+        reason
+        == "Slurm: NODE_FAIL: node n3 (DOWN+NOT_RESPONDING: Not responding) failed during the run"
+    )
+
+
+def test_a_lost_node_that_is_back_is_still_named(tmp_path, slurm_nodes):
+    from tacc_agent import lost_nodes
+
+    slurm_nodes["n3"] = {"NodeName": "n3", "State": "IDLE", "Reason": ""}
+    assert (
+        lost_nodes.describe([TERMINATED_ON_N2, RUNNING_ON_N3], 1) == "node n3 failed during the run"
+    )
+    assert lost_nodes.describe([TERMINATED_ON_N2, EXITED_0], 1) == ""
