@@ -29,6 +29,51 @@ def researcher_env(lab: str, user: str) -> dict[str, str]:
     return env
 
 
+# The daemons each node group runs once site.yml has provisioned it.
+SERVICES_BY_GROUP = {
+    "slurm_controller": ["slurmctld"],
+    "slurm_compute": ["slurmd"],
+    "nfs_server": ["nfs-ganesha"],
+}
+EVERY_NODE = ["sshd", "munge", "tacc-agent"]
+
+
+def lab_json(lab: str, *argv: str) -> dict:
+    proc = subprocess.run([str(BIN / "tacc-lab"), "--name", lab, *argv],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+def services_on(lab: str, node: str, services: list[str]) -> str:
+    proc = subprocess.run(
+        [str(BIN / "tacc-lab"), "--name", lab, "ssh", node, "systemctl", "is-active", *services],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    states = proc.stdout.split()
+    return " ".join(
+        name if state == "active" else f"{name}({state})"
+        for name, state in zip(services, states + ["?"] * len(services), strict=False)
+    )
+
+
+def summary(lab: str, info: dict) -> str:
+    """What ran where: every node's role groups and daemons, and the job's ranks."""
+    ranks: dict[str, list[str]] = {}
+    for rank in info.get("nodes", []):
+        code = "" if rank.get("exit_code") is None else f" exit {rank['exit_code']}"
+        ranks.setdefault(rank["host"], []).append(f"rank {rank['rank']} {rank['state']}{code}")
+    lines = [f"== summary: what ran where (lab {lab!r}) =="]
+    for node in lab_json(lab, "status", "--json")["nodes"]:
+        wanted = EVERY_NODE + [s for g in node["groups"] for s in SERVICES_BY_GROUP.get(g, [])]
+        lines.append(f"{node['name']}  {node['address']}  {','.join(node['groups'])}")
+        lines.append(f"    daemons: {services_on(lab, node['name'], wanted)}")
+        if node["name"] in ranks:
+            lines.append(f"    job {info['job_id']}: {'; '.join(ranks[node['name']])}")
+    lines.append(f"job {info['job_id']} {info['name']} (alice): {info['state']}, "
+                 f"files in {info['workdir']} on /shared")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     task = Path(args[0] if args else ROOT / "examples/hello")
@@ -50,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"$ tcloud status {job['job_id']}")
     sys.stdout.flush()
     status = subprocess.run([tcloud, "status", job["job_id"]], env=env, check=False)
-    return status.returncode
+    if status.returncode != 0:
+        return status.returncode
+    info = subprocess.run([tcloud, "status", "--json", job["job_id"]], env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if info.returncode == 0:
+        print(summary(lab, json.loads(info.stdout)))
+    return 0 if info.returncode == 0 and json.loads(info.stdout)["state"] == "COMPLETED" else 1
 
 
 if __name__ == "__main__":

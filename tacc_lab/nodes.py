@@ -80,6 +80,12 @@ def configure_node(
         root / "etc/environment",
         f"http_proxy={proxy}\nhttps_proxy={proxy}\nno_proxy=localhost,127.0.0.1,{cfg.subnet}\n",
     )
+    # Under load a boot-time unit can fail to get its cgroup (status=219/CGROUP); this
+    # one removes /run/nologin, and without it no researcher can log in: retry it.
+    _write(
+        root / "etc/systemd/system/systemd-user-sessions.service.d/10-tacc-lab-retry.conf",
+        "[Service]\nRestart=on-failure\nRestartSec=1\n",
+    )
     (root / "shared").mkdir(exist_ok=True)
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -124,3 +124,45 @@ def changed_by_role(stdout: str) -> dict[str, int]:
         if role and line.startswith("changed: ["):
             counts[role] = counts.get(role, 0) + 1
     return counts
+
+
+def changed_tasks(stdout: str) -> set[tuple[str, str]]:
+    """(task title, host) of every changed result in an ansible-playbook log; handlers
+    are titled "HANDLER <name>"."""
+    found: set[tuple[str, str]] = set()
+    title = None
+    for line in stdout.splitlines():
+        match = re.match(r"^(TASK|RUNNING HANDLER) \[(.+?)\] \*+$", line)
+        if match:
+            title = match.group(2) if match.group(1) == "TASK" else f"HANDLER {match.group(2)}"
+            continue
+        host = re.match(r"^changed: \[([^\]]+)\]", line)
+        if title and host:
+            found.add((title, host.group(1)))
+    return found
+
+
+def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
+    """Run site.yml and SIGKILL it (and every process it started) the moment its output
+    shows `marker` (e.g. a TASK header: the task before it has finished on every host):
+    an operator's laptop dying mid-run. Returns the output up to the kill."""
+    proc = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/site.yml"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ansible_env(inventory),
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            os.killpg(proc.pid, 9)
+            break
+    proc.wait(timeout=timeout)
+    output = "".join(lines)
+    assert marker in output, f"site.yml ended (rc={proc.returncode}) before {marker!r}"
+    return output

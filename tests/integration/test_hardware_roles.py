@@ -12,7 +12,14 @@ import json
 
 import pytest
 
-from tests.integration.lab_helpers import changed_by_role, lab_cli, node_sh, site
+from tests.integration.lab_helpers import (
+    changed_by_role,
+    changed_tasks,
+    lab_cli,
+    node_sh,
+    site,
+    site_killed_at,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -20,6 +27,8 @@ NAME = "hw"
 SUBNET = "10.77.11.0/24"
 SERVER = "10.77.11.11"
 ROLES = ("nfs_server", "nfs_client", "rdma", "nvidia_gpu", "smartnic_firmware")
+# The task after the one that writes slurm.conf: its header means that one is done.
+KILL_AT = "TASK [slurm : Set up accounting]"
 
 
 def sh(node: str, script: str) -> str:
@@ -43,15 +52,20 @@ def runs(tmp_path_factory) -> dict:
     fake = lab_cli(NAME, "fake-hw", "n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1",
                    "--rdma", "1", "--link-layer", "Ethernet")  # fmt: skip
     assert fake.returncode == 0, fake.stderr
+    # The first converge is killed (SIGKILL) just after slurm.conf was written and before
+    # the restart it notified: the re-run must finish the job from there.
+    killed = site_killed_at(inventory, KILL_AT)
     first, _ = site(inventory)
     second, second_hosts = site(inventory)
     check, check_hosts = site(inventory, "--check", "--diff")
     yield {
         "inventory": inventory,
-        "first": first.stdout,
+        "killed": killed,
+        "rerun": first.stdout,
+        "first": killed + first.stdout,
         "second": second_hosts,
         "check": check_hosts,
-        "first_roles": changed_by_role(first.stdout),
+        "first_roles": changed_by_role(killed + first.stdout),
         "second_roles": changed_by_role(second.stdout),
         "check_roles": changed_by_role(check.stdout),
     }
@@ -63,6 +77,21 @@ def test_role_changes_first_then_nothing_and_check_mode_is_clean(runs, role):
     assert runs["first_roles"].get(role, 0) > 0, runs["first_roles"]
     assert runs["second_roles"].get(role, 0) == 0, runs["second_roles"]
     assert runs["check_roles"].get(role, 0) == 0, runs["check_roles"]
+
+
+@pytest.mark.fault
+def test_a_killed_run_is_finished_by_the_next_one_which_changes_only_what_was_left(runs):
+    killed, rerun = changed_tasks(runs["killed"]), changed_tasks(runs["rerun"])
+    assert killed and rerun, (len(killed), len(rerun))
+    # Nothing the killed run did is done again...
+    assert killed & rerun == set(), sorted(killed & rerun)
+    # ...and the restarts its slurm.conf change notified, never run, are not lost: every
+    # daemon runs a configuration at least as new as the file.
+    assert "RUNNING HANDLER" not in runs["killed"]
+    for node, daemon in (("n1", "slurmctld"), ("n2", "slurmd"), ("n3", "slurmd")):
+        started = sh(node, f"systemctl show --timestamp=unix -P ActiveEnterTimestamp {daemon}")
+        written = sh(node, "stat -c %Y /etc/slurm/slurm.conf")
+        assert int(started.strip().lstrip("@")) >= int(written), (node, daemon)
 
 
 def test_whole_site_second_run_and_check_mode_change_nothing(runs):

@@ -8,8 +8,11 @@ Runs in CI as root, on its own lab (`slurm`, 10.77.6.0/24).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shlex
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, site
 
 pytestmark = pytest.mark.lab
@@ -56,12 +59,18 @@ def test_munge_credentials_decode_across_nodes(cluster):
     assert mode == "400 munge"
 
 
-def researcher(name: str, tmp: Path):
-    """tcloud as a lab researcher: `eval "$(tacc-lab user NAME)"`, nothing else."""
+def researcher_env(name: str) -> dict[str, str]:
+    """What `eval "$(tacc-lab user NAME)"` exports, over this process's environment."""
     proc = lab_cli(NAME, "user", name)
     assert proc.returncode == 0, proc.stderr
-    env = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
-               for line in proc.stdout.splitlines())  # fmt: skip
+    exported = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
+                    for line in proc.stdout.splitlines())  # fmt: skip
+    return {**os.environ, **exported}
+
+
+def researcher(name: str, tmp: Path):
+    """tcloud as a lab researcher: `eval "$(tacc-lab user NAME)"`, nothing else."""
+    env = researcher_env(name)
 
     def tcloud_cli(*argv: str, cwd: Path = tmp):
         return run_cli("tcloud", *argv, env=env, cwd=cwd)
@@ -362,6 +371,127 @@ def test_the_daemon_drains_a_node_whose_mount_vanishes(cluster):
     finally:
         node_sh(NAME, "n3", "systemctl stop tacc-agent-test; umount /mnt/tacc-watch; "
                 "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent")  # fmt: skip
+
+
+# ---------------------------------------------------------------- fault suite (issue [7])
+def terminal(tcloud, job: str, seconds: int = 120) -> dict:
+    return wait_state(tcloud, job, ("COMPLETED", "FAILED", "CANCELLED"), seconds)
+
+
+@pytest.mark.fault
+def test_running_jobs_finish_when_slurmctld_restarts_under_them(alice, tmp_path):
+    run = ['sleep 8; echo "outlived the controller on $(hostname)"']
+    job = submit(alice, task_dir(tmp_path / "t", "outlives", run))
+    wait_state(alice, job, ("RUNNING",))
+    restart = node_sh(NAME, "n1", "systemctl restart slurmctld && scontrol ping")
+    assert restart.returncode == 0 and "is UP" in restart.stdout, restart
+    # Submitted right after the restart: the controller schedules again.
+    after = submit(alice, task_dir(tmp_path / "u", "after", ["echo scheduled"], nodes=1))
+    for each in (job, after):
+        info = terminal(alice, each)
+        assert info["state"] == "COMPLETED", info
+    log = alice("logs", job).stdout
+    assert "[n2:0] outlived the controller on n2" in log and "[n3:1] outlived" in log, log
+
+
+def node_up(node: str, seconds: int = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while sinfo_state(node) not in ("idle|none", "mix|none", "alloc|none"):
+        assert time.monotonic() < deadline, f"{node} never came back: {sinfo_state(node)}"
+        time.sleep(1)
+
+
+@pytest.mark.fault
+def test_a_node_that_loses_power_mid_job_is_named_and_the_job_runs_again(alice, cluster, tmp_path):
+    """Jobs are submitted with --requeue: Slurm requeues a job whose node died (after
+    SlurmdTimeout, 30 s in the lab), and it runs again once the node is back."""
+    run = ['mark="$TACC_WORKDIR/outputs/rank$TACC_NODE_RANK"; '
+           'if [ -e "$mark" ]; then echo "second run on $(hostname)"; '
+           'else touch "$mark"; exec sleep 600; fi']  # fmt: skip
+    job = submit(alice, task_dir(tmp_path / "t", "survivor", run))
+    wait_state(alice, job, ("RUNNING",))
+    deadline = time.monotonic() + 30
+    while no_process("n3", "sleep 600"):
+        assert time.monotonic() < deadline, "the program never started on n3"
+        time.sleep(0.5)
+    off = lab_cli(NAME, "poweroff", "n3")
+    assert off.returncode == 0 and "power cut" in off.stdout, off
+    try:
+        info = wait_state(alice, job, ("QUEUED",), 120)
+        assert info["reason"].startswith("requeued: node n3 ("), info
+        assert "failed during the run" in info["reason"], info
+        text = alice("status", job).stdout
+        assert "QUEUED" in text and "requeued: node n3" in text, text
+    finally:
+        up = lab_cli(NAME, "up", "--nodes", "3", "--inventory", str(cluster))
+        assert up.returncode == 0, up.stderr
+    node_up("n3")
+    info = terminal(alice, job, 180)
+    assert info["state"] == "COMPLETED", (info, alice("logs", job).stdout[-3000:])
+    assert "requeued once: node n3 failed during the run" in alice("status", job).stdout
+    log = alice("logs", job).stdout
+    assert "run 1 was requeued: node n3" in log and "[n3:1] second run on n3" in log, log
+
+
+BIG_MIB = 512  # large enough that the cut lands mid-blob however fast SFTP is here
+
+
+@pytest.mark.fault
+def test_an_upload_cut_mid_way_resumes_and_leaves_no_corrupt_blob(alice, tmp_path):
+    project = task_dir(tmp_path / "t", "big", ["sha256sum big.bin | cut -c1-64"], nodes=1)
+    hashed = hashlib.sha256()
+    with (project / "big.bin").open("wb") as big:
+        for _ in range(BIG_MIB):
+            block = os.urandom(1 << 20)
+            big.write(block)
+            hashed.update(block)
+    digest = hashed.hexdigest()
+    partial = Path(f"/var/lib/tacc-lab/{NAME}/shared/tcloud/alice/store/.partial")
+    env = researcher_env("alice")
+    cut = subprocess.Popen([str(BIN / "tcloud"), "submit", str(project)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while sum(p.stat().st_size for p in partial.glob("*")) < (4 << 20):
+        assert time.monotonic() < deadline and cut.poll() is None, cut.communicate()
+        time.sleep(0.02)
+    node_sh(NAME, "n1", "pkill -KILL -f '^sshd: alice'")  # the connection drops mid-blob
+    _, err = cut.communicate(timeout=60)
+    assert cut.returncode != 0 and "Traceback" not in err, err
+    assert err.strip(), "a cut upload must say what happened"
+    sent = sum(p.stat().st_size for p in partial.glob("*"))
+    assert 0 < sent < (BIG_MIB << 20), sent
+    # The next submit sends only the rest and the cluster verifies the whole blob.
+    job = submit(alice, project)
+    info = terminal(alice, job)
+    assert info["state"] == "COMPLETED", info
+    assert f"[n2:0] {digest}" in alice("logs", job).stdout
+    store = partial.parent
+    for blob in store.glob("*-*"):
+        with blob.open("rb") as data:
+            assert hashlib.file_digest(data, "sha256").hexdigest() == blob.name.split("-")[0]
+    assert not list(partial.glob("*")), "a verified blob leaves nothing partial behind"
+
+
+@pytest.mark.fault
+def test_a_killed_agent_is_restarted_by_systemd_without_draining_the_node(cluster):
+    def show(prop: str) -> str:
+        return node_sh(NAME, "n2", f"systemctl show -P {prop} tacc-agent").stdout.strip()
+
+    restarts, pid = int(show("NRestarts")), show("MainPID")
+    node_sh(NAME, "n2", f"kill -KILL {pid}")
+    deadline = time.monotonic() + 30  # RestartSec=5
+    states = set()
+    while not (show("ActiveState") == "active" and show("MainPID") not in ("0", pid)):
+        assert time.monotonic() < deadline, "systemd did not restart the agent"
+        states.add(sinfo_state("n2"))
+        time.sleep(0.5)
+    assert int(show("NRestarts")) == restarts + 1
+    for _ in range(6):  # its first checks after the restart: still healthy, still serving
+        states.add(sinfo_state("n2"))
+        time.sleep(0.5)
+    assert {s.split("|")[0] for s in states} <= {"idle", "mix", "alloc"}, states
+    journal = node_sh(NAME, "n2", "journalctl -u tacc-agent -o cat --no-pager -n 50").stdout
+    assert "drained" not in journal, journal
 
 
 def test_added_node_joins_without_disturbing_a_running_job(cluster):
