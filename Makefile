@@ -25,6 +25,7 @@ help:
 	@echo "make lint      ruff + ansible-lint (production profile)"
 	@echo "make lab-up    boot the virtual cluster (LAB_NODES=$(LAB_NODES))"
 	@echo "make lab-down  remove the virtual cluster, leaving nothing behind"
+	@echo "make bench     run every bench script on a lab: bench/REPORT.md, results.json, PNG"
 
 deps: $(STAMP)/apt
 $(STAMP)/apt: Makefile
@@ -42,6 +43,16 @@ $(VENV)/.installed: pyproject.toml $(STAMP)/apt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# The bench scripts one after the other on the bench lab (about an hour, docs/bench.md);
+# BENCH_ARGS=--quick for a labelled smoke run. The plot needs the `bench` extra.
+.PHONY: bench
+bench: venv $(VENV)/.bench-installed
+	python -u bench/report.py $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 lab-up: venv

@@ -14,7 +14,8 @@
    b) reaction alone: `tacc-agent check` started -> sinfo shows drain.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python -u bench/agent_health.py [--runs 20] [--minutes 10] [--trials 5]
+    .venv/bin/python -u bench/agent_health.py [--runs 20] [--minutes 10] [--trials 5] \
+        [--json PATH]
 Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end.
 """
 
@@ -30,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from benchlib import NAME, lab_down, lab_up, node_sh, playbook
+from benchlib import NAME, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, summary
 
 TIMED = """for i in $(seq {runs}); do s=$(date +%s.%N); {cmd} >/dev/null 2>&1; \
 e=$(date +%s.%N); echo "$s $e"; done"""
@@ -51,11 +52,12 @@ def show(label: str, values: list[float], unit: str = "s") -> None:
           f"max {max(values):7.3f} {unit}   (n={len(values)})", flush=True)  # fmt: skip
 
 
-def check_wall_time(runs: int) -> None:
+def check_wall_time(runs: int) -> dict:
     print(f"1. tacc-agent check wall time on n2 ({runs} runs each, inside the node)")
     floor = timed("n2", "python3 -I -c pass", runs)
     show("baseline: python3 -I -c pass", floor)
-    show("baseline: scontrol show node n2", timed("n2", "scontrol show node n2", runs))
+    scontrol = timed("n2", "scontrol show node n2", runs)
+    show("baseline: scontrol show node n2", scontrol)
     bare = timed("n2", "tacc-agent check --no-slurm", runs)
     show("tacc-agent check --no-slurm", bare)
     full = timed("n2", "tacc-agent check", runs)
@@ -63,6 +65,9 @@ def check_wall_time(runs: int) -> None:
     ratio = statistics.median(full) / statistics.median(floor)
     print(f"  ratio check / interpreter start: {ratio:.1f}x; "
           f"target <= 0.5 s: {'met' if max(full) <= 0.5 else 'NOT met'}", flush=True)  # fmt: skip
+    return {"runs": runs, "python_start": summary(floor), "scontrol": summary(scontrol),
+            "check_no_slurm": summary(bare), "check": summary(full), "ratio": ratio,
+            "target_s": 0.5, "meets": max(full) <= 0.5}  # fmt: skip
 
 
 def proc_figures(node: str) -> tuple[int, float]:
@@ -82,7 +87,7 @@ def scrape_loop(url: str, stop: threading.Event, sizes: list[int]) -> None:
             sizes.append(len(answer.read()))
 
 
-def daemon_footprint(minutes: float, address: str, other_work) -> None:
+def daemon_footprint(minutes: float, address: str, other_work) -> dict:
     node_sh("n2", "systemctl restart tacc-agent")
     time.sleep(2)
     rss0, cpu0 = proc_figures("n2")
@@ -104,9 +109,13 @@ def daemon_footprint(minutes: float, address: str, other_work) -> None:
     print(f"  CPU: {cpu1 - cpu0:.2f} s over {runs} check runs = "
           f"{(cpu1 - cpu0) / runs * 1000:.0f} ms per interval (own + probes, scrapes included)",
           flush=True)  # fmt: skip
+    return {"minutes": minutes, "interval_s": 60, "scrapes": len(sizes),
+            "scrape_kib": statistics.mean(sizes or [0]) / 1024, "rss_start_mib": rss0 / 1024,
+            "rss_end_mib": rss1 / 1024, "rss_target_mib": 30, "cpu_s": cpu1 - cpu0,
+            "check_runs": runs, "cpu_ms_per_interval": (cpu1 - cpu0) / runs * 1000}  # fmt: skip
 
 
-def drain_latency(trials: int) -> None:
+def drain_latency(trials: int) -> dict:
     node = "n3"
     node_sh(node, "systemctl stop tacc-agent; mkdir -p /mnt/bench-watch; "
             f"printf '{WATCH}' > /tmp/watch.yaml")  # fmt: skip
@@ -138,6 +147,7 @@ def drain_latency(trials: int) -> None:
         reaction,
     )
     print("  at the default 60 s interval expect about 30 s + the reaction above", flush=True)
+    return {"trials": trials, "daemon_5s": summary(daemon), "reaction": summary(reaction)}
 
 
 def wait_idle(node: str) -> None:
@@ -154,16 +164,21 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
+    add_json_argument(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with Record(args.json, nodes=3) as out, tempfile.TemporaryDirectory() as tmp:
         inventory = Path(tmp) / "hosts.yml"
         lab_down()
         lab_up(3, inventory)
         try:
             playbook(inventory, "playbooks/site.yml")
             address = yaml.safe_load(inventory.read_text())["all"]["hosts"]["n2"]["ansible_host"]
-            check_wall_time(args.runs)
-            daemon_footprint(args.minutes, address, lambda: drain_latency(args.trials))
+            out["check"] = check_wall_time(args.runs)
+
+            def drain() -> None:
+                out["drain"] = drain_latency(args.trials)
+
+            out["daemon"] = daemon_footprint(args.minutes, address, drain)
         finally:
             if not args.keep:
                 lab_down()

@@ -1,9 +1,14 @@
-"""Shared by the bench scripts: run a tool from the venv, drive the bench lab."""
+"""Shared by the bench scripts: run a tool from the venv, drive the bench lab, and write
+the numbers as JSON (`--json PATH`) for bench/report.py."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -51,3 +56,89 @@ def playbook(inventory: Path, playbook_path: str, *extra: str) -> tuple[float, d
         for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)
     }
     return seconds, changed
+
+
+def summary(values: list[float]) -> dict:
+    """mean / median / min / max / stdev (0 for fewer than 2 values) and the values."""
+    return {
+        "n": len(values),
+        "mean": statistics.mean(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": [round(v, 4) for v in values],
+    }
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the numbers (and this command) as JSON"
+    )
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that reproduces this run, from the repository root (without --json)."""
+    args, rest = [], list(sys.argv[1:] if argv is None else argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--json":
+            rest[:1] = []
+        elif not arg.startswith("--json="):
+            args.append(arg)
+    script, python = Path(os.path.abspath(sys.argv[0])), Path(os.path.abspath(sys.executable))
+    with_root = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (script, python)]
+    return shlex.join([str(with_root[1]), "-u", str(with_root[0]), *args])
+
+
+def short_reason(exc: BaseException) -> str:
+    """One or two lines on why a bench run stopped: the first line of the message and, for
+    a failed tool, the last line of its output that names the error."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    text = exc.code if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0].removeprefix("bench: ")
+    named = re.compile(r"fatal|error|failed|refused|timed? ?out", re.I)
+    detail = [line for line in lines[1:] if named.search(line)]
+    last = (detail or lines[1:] or [""])[-1]
+    return " / ".join(part[:300] for part in (first, last) if part)
+
+
+class Record(dict):
+    """A bench script's numbers. With a path, every top-level assignment rewrites the JSON
+    file (atomically), so a run that fails part-way still leaves what it measured; leaving
+    the `with` block marks it complete, or records the short reason it stopped."""
+
+    def __init__(self, path: str | None, **fields) -> None:
+        super().__init__(command=command_line(), complete=False, **fields)
+        self.path = Path(path) if path else None
+
+    def __setitem__(self, key: str, value) -> None:
+        super().__setitem__(key, value)
+        self.save()
+
+    def update(self, *args, **fields) -> None:
+        super().update(*args, **fields)
+        self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+    def __enter__(self) -> Record:
+        self.save()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self["complete"] = True
+        else:
+            self["error"] = short_reason(exc)
+        return False

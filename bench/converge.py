@@ -4,7 +4,7 @@ the lab proxy), the idempotent re-run, --check --diff, and adding a 4th node whi
 runs. Prints seconds, changed= per host and the re-run/converge ratio.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python bench/converge.py [--accounting]
+    .venv/bin/python bench/converge.py [--accounting] [--json PATH]
 
 Targets from issue [2]: re-run changed=0 and <= 25% of the converge time. Uses the bench
 lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import lab_down, lab_up, node_sh, playbook
+from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
 
 SITE = "playbooks/site.yml"
 RERUN_TARGET = 0.25
@@ -32,17 +32,23 @@ def main() -> int:
     parser.add_argument(
         "--accounting", action="store_true", help="also converge slurmdbd + MariaDB on n1"
     )
+    add_json_argument(parser)
     args = parser.parse_args()
     extra = []
     if args.accounting:
         extra = ["-e", "slurm_accounting_enabled=true", "-e", "slurm_dbd_db_password=bench-only"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        Record(args.json, nodes=3, accounting=args.accounting) as out,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         inventory = Path(tmp) / "hosts.yml"
         lab_down()
         lab_up(3, inventory)
         try:
             converge, changed = playbook(inventory, SITE, *extra)
             print(f"fresh converge, 3 nodes: {converge:.1f} s (changed {changed_text(changed)})")
+            out["fresh"] = {"seconds": converge, "changed": changed}
+            out["slurm_version"] = node_sh("n1", "sinfo --version").strip()
             rerun, changed = playbook(inventory, SITE, *extra)
             ratio = rerun / converge
             zero = "changed=0: yes" if not any(changed.values()) else "changed=0: NO"
@@ -52,8 +58,17 @@ def main() -> int:
                 f"(changed {changed_text(changed)}; {zero}; {fast} the "
                 f"<= {RERUN_TARGET:.0%} target)"
             )
+            out["rerun"] = {
+                "seconds": rerun,
+                "changed": changed,
+                "ratio": ratio,
+                "changed_zero": not any(changed.values()),
+                "target_ratio": RERUN_TARGET,
+                "meets": ratio <= RERUN_TARGET,
+            }
             check, changed = playbook(inventory, SITE, "--check", "--diff", *extra)
             print(f"--check --diff: {check:.1f} s (changed {changed_text(changed)})")
+            out["check"] = {"seconds": check, "changed": changed}
 
             job = node_sh("n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 600'").strip()
             lab_up(4, inventory)
@@ -63,6 +78,7 @@ def main() -> int:
                 f"add-node run (n4 joins): {add:.1f} s (changed {changed_text(changed)}); "
                 f"job {job} on n2 afterwards: {state}"
             )
+            out["add_node"] = {"seconds": add, "changed": changed, "job_state": state}
             node_sh("n1", f"scancel {job}")
         finally:
             lab_down()

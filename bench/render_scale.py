@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""Simulated scale (baseline for issue [7]): render the cluster-wide slurm.conf for a
-generated inventory of N GPU nodes (default 4,096) with the slurm role's render_local
-entry point, and time it. Only one host (the controller) is rendered: every host renders
-the same bytes, so one is what a real run costs per host. Prints the time and file size.
+"""Simulated scale (issue [7]): slurm.conf and /etc/hosts for a generated inventory of N
+GPU nodes (default 4,096 with 8 GPUs each, plus a controller and a login node), rendered
+with the project's own templates and filters, timed, with file sizes and line counts.
 
-Usage: .venv/bin/python -u bench/render_scale.py [--nodes 4096]
-Needs no lab. The example inventory's group_vars supply everything but the host list.
+Timed two ways, for the controller only (every host renders the same bytes):
+  render   - the two templates through Ansible's templating engine, loaded in this process
+             with the inventory, the slurm role's defaults and its filter plugin. Time
+             spent rendering, hostvars lookups of all N nodes included; the inventory
+             load is timed and printed separately. This is the number held to the target.
+  playbook - `ansible-playbook playbooks/render-slurm-config.yml --limit ctl1`, wall
+             clock, as ops would run it (start-up, inventory parsing, every task).
+The playbook's slurm.conf and hosts must be byte-identical to the in-process ones.
+
+Usage: .venv/bin/python -u bench/render_scale.py [--nodes 4096] [--hetero] [--json PATH]
+Needs no lab. The example inventory's group_vars supply everything but the host list
+and the GPU nodes' hardware (224 CPUs, ~2 TB, 8 x H100 each).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -18,50 +29,220 @@ import time
 from pathlib import Path
 
 import yaml
-from benchlib import ROOT, sh
+from benchlib import BIN, ROOT, Record, add_json_argument, sh
+
+TARGET_S = 5.0
+GPUS_PER_NODE = 8
+HOST = "ctl1"
 
 
-def inventory(root: Path, nodes: int) -> Path:
-    """The example inventory's variables, with N GPU nodes 10.10.<rack>.<slot>."""
+def inventory(root: Path, nodes: int, hetero: bool) -> Path:
+    """The example inventory's variables, with N GPU nodes gpuNNNN at 10.10.<rack>.<slot>
+    (250 per rack). --hetero: the last 1/32 of the nodes are an h200 group with more
+    memory (a second NodeName line) and their own partition, listed by name."""
     shutil.copytree(ROOT / "inventory/example/group_vars", root / "group_vars")
-    gpus = {f"gpu{i:04d}": {"ansible_host": f"10.10.{1 + (i - 1) // 250}.{1 + (i - 1) % 250}"}
+    hardware = {"slurm_node_cpus": 224, "slurm_node_memory_mb": 2_063_000,
+                "slurm_node_gres": [f"gpu:h100:{GPUS_PER_NODE}"]}  # fmt: skip
+    (root / "group_vars/gpu_nodes/hardware.yml").write_text(yaml.safe_dump(hardware))
+    width = max(4, len(str(nodes)))
+    gpus = {f"gpu{i:0{width}d}": {"ansible_host": f"10.10.{1 + (i - 1) // 250}.{1 + (i - 1) % 250}"}
             for i in range(1, nodes + 1)}  # fmt: skip
-    members = dict.fromkeys(gpus)
+    children = {
+        "slurm_controller": {"hosts": {HOST: None}},
+        "slurm_dbd": {"hosts": {HOST: None}},
+        "login": {"hosts": {"login1": None}},
+        "slurm_compute": {"hosts": dict.fromkeys(gpus)},
+        "gpu_nodes": {"hosts": dict.fromkeys(gpus)},
+    }
+    if hetero:
+        h200 = list(gpus)[nodes - max(1, nodes // 32) :]
+        children["h200_nodes"] = {"hosts": dict.fromkeys(h200)}
+        (root / "group_vars/h200_nodes").mkdir()
+        (root / "group_vars/h200_nodes/hardware.yml").write_text(yaml.safe_dump({
+            "slurm_node_memory_mb": 3_095_000,
+            "slurm_node_gres": [f"gpu:h200:{GPUS_PER_NODE}"]}))  # fmt: skip
+        cluster = yaml.safe_load((root / "group_vars/all/cluster.yml").read_text())
+        partitions = [*cluster["slurm_partitions"], {"name": "h200", "nodes": ",".join(h200)}]
+        (root / "group_vars/all/zz_bench.yml").write_text(  # read after cluster.yml
+            yaml.safe_dump({"slurm_partitions": partitions})
+        )
     data = {"all": {
-        "hosts": {"ctl1": {"ansible_host": "10.10.0.10"},
+        "hosts": {HOST: {"ansible_host": "10.10.0.10"},
                   "login1": {"ansible_host": "10.10.0.11"}, **gpus},
-        "children": {
-            "slurm_controller": {"hosts": {"ctl1": None}},
-            "slurm_dbd": {"hosts": {"ctl1": None}},
-            "login": {"hosts": {"login1": None}},
-            "slurm_compute": {"hosts": members},
-            "gpu_nodes": {"hosts": members},
-        },
+        "children": children,
     }}  # fmt: skip
     path = root / "hosts.yml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
+def render_in_process(hosts: Path, dest: Path) -> dict:
+    """Render slurm.conf (slurm role) and hosts (common role) for HOST the way the template
+    action does, in this process. Returns (wall s, CPU s) of loading the inventory, and
+    (wall s, CPU s, text) of each file."""
+    os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")  # read when ansible is imported
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import add_all_plugin_dirs, init_plugin_loader
+    from ansible.template import Templar, generate_ansible_template_vars, trust_as_template
+    from ansible.vars.hostvars import HostVars
+    from ansible.vars.manager import VariableManager
+
+    init_plugin_loader()
+    add_all_plugin_dirs(str(ROOT / "roles/slurm"))  # what loading the role does
+    start, start_cpu = time.monotonic(), time.process_time()
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(hosts)])
+    manager = VariableManager(loader=loader, inventory=inv)
+    HostVars(inventory=inv, variable_manager=manager, loader=loader)  # as the executor does
+    host_vars = manager.get_vars(host=inv.get_host(HOST))
+    result: dict = {"inventory": (time.monotonic() - start, time.process_time() - start_cpu)}
+
+    def load(path: str) -> dict:
+        return loader.load_from_file(str(ROOT / path), trusted_as_template=True) or {}
+
+    # Precedence as in the play: role defaults < inventory < include_vars < extra vars.
+    variables = {**load("roles/slurm/defaults/main.yml"), **load("roles/common/defaults/main.yml"),
+                 **host_vars, **load("roles/slurm/vars/Debian.yml"),
+                 "vault_slurm_dbd_db_password": "bench"}  # fmt: skip
+    for name, src in (("slurm.conf", "roles/slurm/templates/slurm.conf.j2"),
+                      ("hosts", "roles/common/templates/hosts.j2")):  # fmt: skip
+        begin, begin_cpu = time.monotonic(), time.process_time()
+        full = str(ROOT / src)
+        templar = Templar(loader=loader).copy_with_new_env(
+            searchpath=[str(Path(full).parent)],
+            available_variables={**variables, **generate_ansible_template_vars(
+                path=Path(src).name, fullpath=full, dest_path=str(dest / name))},
+        )  # fmt: skip
+        text = templar.template(
+            trust_as_template(Path(full).read_text()),
+            escape_backslashes=False,
+            overrides={"trim_blocks": True, "lstrip_blocks": False},
+        )
+        result[name] = (time.monotonic() - begin, time.process_time() - begin_cpu, text)
+    return result
+
+
+def describe(text: str) -> tuple[int, int]:
+    return len(text.encode()), len(text.splitlines())
+
+
+def verdict(wall: float, cpu: float) -> str:
+    """PASS/FAIL of the wall time, and of the CPU time (what an idle core would take; on a
+    loaded machine the wall time is larger)."""
+
+    def mark(seconds: float) -> str:
+        return "PASS" if seconds <= TARGET_S else "FAIL"
+
+    return f"target <= {TARGET_S:g} s: {mark(wall)} (wall), {mark(cpu)} (CPU)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4096)
+    parser.add_argument(
+        "--hetero", action="store_true", help="make 1/32 of the nodes a second hardware group"
+    )
+    add_json_argument(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        hosts = inventory(Path(tmp), args.nodes)
-        out = Path(tmp) / "render"
+    os.chdir(ROOT)
+    with (
+        Record(
+            args.json,
+            nodes=args.nodes,
+            gpus=args.nodes * GPUS_PER_NODE,
+            target_s=TARGET_S,
+            hetero=args.hetero,
+            load_avg=os.getloadavg(),
+        ) as out,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        hosts = inventory(Path(tmp), args.nodes, args.hetero)
+        print(
+            f"inventory: {args.nodes} GPU nodes x {GPUS_PER_NODE} GPUs = "
+            f"{args.nodes * GPUS_PER_NODE} GPUs (+ {HOST}, login1), "
+            f"{hosts.stat().st_size / 1024:.0f} KiB hosts.yml; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+            flush=True,
+        )
+
+        local = render_in_process(hosts, Path(tmp) / "local")
+        conf_s, conf_cpu, conf = local["slurm.conf"]
+        etc_s, etc_cpu, etc_hosts = local["hosts"]
+        conf_bytes, conf_lines = describe(conf)
+        node_lines = sum(line.startswith("NodeName=") for line in conf.splitlines())
+        hosts_bytes, hosts_lines = describe(etc_hosts)
+        out.update(
+            inventory_s=local["inventory"][0],
+            inventory_cpu_s=local["inventory"][1],
+            slurm_conf_render_s=conf_s,
+            hosts_render_s=etc_s,
+            slurm_conf_bytes=conf_bytes,
+            slurm_conf_lines=conf_lines,
+            node_lines=node_lines,
+            hosts_bytes=hosts_bytes,
+            hosts_lines=hosts_lines,
+        )
+        print(
+            f"in-process: inventory loaded in {local['inventory'][0]:.2f} s "
+            f"({local['inventory'][1]:.2f} s CPU)",
+            flush=True,
+        )
+        print(
+            f"  slurm.conf rendered in {conf_s:.2f} s ({conf_cpu:.2f} s CPU): "
+            f"{conf_bytes / 1024:.1f} KiB, {conf_lines} lines, {node_lines} NodeName lines",
+            flush=True,
+        )
+        print(
+            f"  /etc/hosts rendered in {etc_s:.2f} s ({etc_cpu:.2f} s CPU): "
+            f"{hosts_bytes / 1024:.1f} KiB, {hosts_lines} lines",
+            flush=True,
+        )
+        for line in conf.splitlines():
+            if line.startswith(("NodeName=", "PartitionName=")):
+                print(f"    {line if len(line) <= 160 else line[:157] + '...'}", flush=True)
+        out["render_cpu_s"] = conf_cpu + etc_cpu
+        out["render_s"] = conf_s + etc_s
+        print(
+            f"render (both templates): {out['render_s']:.2f} s, "
+            f"{out['render_cpu_s']:.2f} s CPU; {verdict(out['render_s'], out['render_cpu_s'])}",
+            flush=True,
+        )
+
+        render_dir = Path(tmp) / "render"
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_before = children.ru_utime + children.ru_stime
         start = time.monotonic()
-        sh([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(hosts),
-            "playbooks/render-slurm-config.yml", "--limit", "ctl1",
-            "-e", f"slurm_render_dir={out}", "-e", "vault_slurm_dbd_db_password=bench"],
-           {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})  # fmt: skip
-        seconds = time.monotonic() - start
-        conf = out / "ctl1/slurm.conf"
-        lines = conf.read_text().splitlines()
-        node_lines = sum(line.startswith("NodeName=") for line in lines)
-        print(f"{args.nodes} GPU nodes: slurm.conf rendered in {seconds:.1f} s "
-              f"(ansible-playbook, one host), {conf.stat().st_size / 1024:.0f} KiB, "
-              f"{len(lines)} lines, {node_lines} NodeName lines")  # fmt: skip
+        sh(
+            [
+                str(BIN / "ansible-playbook"),
+                "-i",
+                str(hosts),
+                "playbooks/render-slurm-config.yml",
+                "--limit",
+                HOST,
+                "-e",
+                f"slurm_render_dir={render_dir}",
+                "-e",
+                "vault_slurm_dbd_db_password=bench",
+            ],
+            {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        )
+        out["playbook_s"] = time.monotonic() - start
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out["playbook_cpu_s"] = children.ru_utime + children.ru_stime - cpu_before
+        files = [(render_dir / HOST / name).read_text() for name in ("slurm.conf", "hosts")]
+        same = files == [conf, etc_hosts]
+        out["playbook_matches_render"] = same
+        print(
+            f"ansible-playbook render-slurm-config.yml --limit {HOST}: "
+            f"{out['playbook_s']:.1f} s wall, {out['playbook_cpu_s']:.1f} s CPU; "
+            f"{verdict(out['playbook_s'], out['playbook_cpu_s'])}; its slurm.conf and hosts are "
+            f"{'identical to' if same else 'DIFFERENT from'} the in-process render",
+            flush=True,
+        )
+        if not same:
+            sys.exit("bench: the playbook rendered different files than the in-process render")
     return 0
 
 

@@ -11,7 +11,8 @@ to a baseline run side by side: plain `sbatch` over ssh.
    paper's Table 1; the lab's compute nodes are declared with enough CPUs that all fit.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python bench/task_workflow.py [--samples 10] [--concurrency 10 20 40]
+    .venv/bin/python bench/task_workflow.py [--samples 10] [--concurrency 10 20 40] \
+        [--json PATH]
 Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end.
 """
 
@@ -29,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import BIN, NAME, lab_down, lab_up, playbook
+from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, playbook, summary
 
 # Declared in slurm.conf so that 40 one-CPU tasks fit on the 2 compute nodes at once;
 # config_overrides makes slurmd accept more CPUs than the node has.
@@ -121,7 +122,7 @@ def baseline_submit_to_running() -> float:
     return seconds
 
 
-def submit_to_running(tcloud: Tcloud, work: Path, samples: int) -> None:
+def submit_to_running(tcloud: Tcloud, work: Path, samples: int) -> dict:
     ours, theirs = [], []
     project = task(work / "latency", "latency", "sleep 1")
     for _ in range(samples):
@@ -135,9 +136,10 @@ def submit_to_running(tcloud: Tcloud, work: Path, samples: int) -> None:
     print(f"  tcloud submit        {a:6.2f} s  (min {min(ours):.2f}, max {max(ours):.2f})")
     print(f"  ssh sbatch (base)    {b:6.2f} s  (min {min(theirs):.2f}, max {max(theirs):.2f})")
     print(f"  ratio                {a / b:6.2f}x")
+    return {"tcloud": summary(ours), "sbatch": summary(theirs), "ratio": a / b}
 
 
-def log_latency(tcloud: Tcloud, work: Path) -> None:
+def log_latency(tcloud: Tcloud, work: Path) -> dict:
     run = "for i in $(seq 40); do python3 -c 'import time; print(\"tick\", time.time())'; " \
           "sleep 0.25; done"  # fmt: skip
     job, _ = tcloud.submit(task(work / "ticks", "ticks", run))
@@ -154,9 +156,11 @@ def log_latency(tcloud: Tcloud, work: Path) -> None:
     print(f"rank prints a line -> `tcloud logs -f` shows it ({len(delays)} lines):")
     print(f"  median {statistics.median(delays):.3f} s, p95 {p95:.3f} s, max {max(delays):.3f} s"
           "  (target <= 1 s)")  # fmt: skip
+    return {"lines": len(delays), "median_s": statistics.median(delays), "p95_s": p95,
+            "max_s": max(delays), "target_s": 1.0}  # fmt: skip
 
 
-def concurrent(tcloud: Tcloud, work: Path, count: int) -> None:
+def concurrent(tcloud: Tcloud, work: Path, count: int) -> dict:
     project = task(work / f"c{count}", f"c{count}", "sleep 10")
     starts: dict[str, float] = {}
     retries = []
@@ -176,12 +180,15 @@ def concurrent(tcloud: Tcloud, work: Path, count: int) -> None:
     failed = [j for j, info in done.items() if info["state"] != "COMPLETED"]
     times = [event_time(info, info["state"]) - starts[job] for job, info in done.items()]
     base = baseline_concurrent(count)
-    print(f"{count:3d} concurrent 10 s tasks: tcloud mean {statistics.mean(times):6.2f} s "
-          f"min {min(times):6.2f} max {max(times):6.2f} stdev {statistics.stdev(times):5.2f}"
-          f"  | sbatch mean {statistics.mean(base):6.2f} min {min(base):6.2f} "
-          f"max {max(base):6.2f} stdev {statistics.stdev(base):5.2f}"
-          f"  | ratio {statistics.mean(times) / statistics.mean(base):.2f}x"
+    ours, theirs = summary(times), summary(base)
+    print(f"{count:3d} concurrent 10 s tasks: tcloud mean {ours['mean']:6.2f} s "
+          f"min {ours['min']:6.2f} max {ours['max']:6.2f} stdev {ours['stdev']:5.2f}"
+          f"  | sbatch mean {theirs['mean']:6.2f} min {theirs['min']:6.2f} "
+          f"max {theirs['max']:6.2f} stdev {theirs['stdev']:5.2f}"
+          f"  | ratio {ours['mean'] / theirs['mean']:.2f}x"
           f"  (failed {len(failed)}, ssh retries {sum(retries)})")  # fmt: skip
+    return {"k": count, "tcloud": ours, "sbatch": theirs, "ratio": ours["mean"] / theirs["mean"],
+            "failed": len(failed), "ssh_retries": sum(retries)}  # fmt: skip
 
 
 def baseline_concurrent(count: int) -> list[float]:
@@ -214,8 +221,12 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 20, 40])
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
+    add_json_argument(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        Record(args.json, nodes=3, samples=args.samples, task_s=10) as out,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         work = Path(tmp)
         inventory = work / "hosts.yml"
         lab_down()
@@ -224,10 +235,11 @@ def main() -> int:
             playbook(inventory, "playbooks/site.yml", "-e", json.dumps(DECLARED))
             tcloud = Tcloud(researcher_env())
             tcloud.wait(tcloud.submit(task(work / "warm", "warm", "true"))[0], TERMINAL)
-            submit_to_running(tcloud, work, args.samples)
-            log_latency(tcloud, work)
+            out["submit_to_running"] = submit_to_running(tcloud, work, args.samples)
+            out["log_latency"] = log_latency(tcloud, work)
+            out["concurrency"] = []
             for count in args.concurrency:
-                concurrent(tcloud, work, count)
+                out["concurrency"] = [*out["concurrency"], concurrent(tcloud, work, count)]
         finally:
             if not args.keep:
                 lab_down()

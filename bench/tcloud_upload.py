@@ -5,7 +5,7 @@ resubmit with one 10 MiB file changed; plus local hashing throughput, cold and w
 
 Usage (as root, from the repository root, after `make venv`; needs rsync on the host,
 `apt-get install rsync`; the node gets it through the lab proxy):
-    .venv/bin/python bench/tcloud_upload.py [--files 1000] [--mib 1024]
+    .venv/bin/python bench/tcloud_upload.py [--files 1000] [--mib 1024] [--json PATH]
 
 Targets from issue [4]: resubmit unchanged <= 1 s and <= 1 MiB sent; one changed 10 MiB
 file sends about 10 MiB. Uses the bench lab (10.77.7.0/24), one node.
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import lab_down, lab_up, node_sh, playbook
+from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
 
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
@@ -70,18 +70,21 @@ def rsync_round(project: Path, key: Path, known_hosts: Path) -> tuple[float, int
     return time.monotonic() - start, sent
 
 
-def row(label: str, tcloud: tuple[float, int], rsync: tuple[float, int]) -> None:
+def row(label: str, tcloud: tuple[float, int], rsync: tuple[float, int]) -> dict:
     (t_s, t_b), (r_s, r_b) = tcloud, rsync
     print(
         f"{label:<28} tcloud {t_s:7.2f} s {t_b / MIB:9.2f} MiB | rsync -a {r_s:7.2f} s "
         f"{r_b / MIB:9.2f} MiB | time ratio {t_s / r_s:5.2f}x"
     )
+    return {"tcloud_s": t_s, "tcloud_bytes": t_b, "rsync_s": r_s, "rsync_bytes": r_b,
+            "ratio": t_s / r_s}  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=1024)
+    add_json_argument(parser)
     args = parser.parse_args()
     if subprocess.run(["which", "rsync"], capture_output=True).returncode != 0:
         sys.exit("bench: rsync is missing on this machine: apt-get install rsync")
@@ -89,7 +92,10 @@ def main() -> int:
     cluster = Cluster(
         "bench", NODE, user="root", key=str(cfg.ssh_key), known_hosts=str(cfg.known_hosts)
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        Record(args.json, files=args.files, mib=args.mib) as out,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         tmp_path = Path(tmp)
         project, cache = tmp_path / "task", tmp_path / "hashes.sqlite"
         make_tree(project, args.files, args.mib)
@@ -100,9 +106,9 @@ def main() -> int:
             node_sh("n1", "apt-get update -qq && apt-get install -y -q rsync >/dev/null")
             hashed_cold, total, sent = tcloud_round(cluster, project, cache)
             first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts)
-            row(f"first submit ({args.files} files)", (total, sent), first_rsync)
+            out["first"] = row(f"first submit ({args.files} files)", (total, sent), first_rsync)
             hashed_warm, total, sent = tcloud_round(cluster, project, cache)
-            row(
+            out["unchanged"] = row(
                 "resubmit, nothing changed",
                 (total, sent),
                 rsync_round(project, cfg.ssh_key, cfg.known_hosts),
@@ -111,9 +117,10 @@ def main() -> int:
             print(
                 f"  -> unchanged resubmit {total:.2f} s, {sent} bytes: {verdict} <= 1 s, <= 1 MiB"
             )
+            out["unchanged_meets"] = total <= 1.0 and sent <= MIB
             (project / "data/part0007.bin").write_bytes(os.urandom(10 * MIB))
             _, total, sent = tcloud_round(cluster, project, cache)
-            row(
+            out["one_changed"] = row(
                 "resubmit, one 10 MiB change",
                 (total, sent),
                 rsync_round(project, cfg.ssh_key, cfg.known_hosts),
@@ -124,6 +131,12 @@ def main() -> int:
                 f"({hashed_cold:.2f} s), warm {size / hashed_warm:8.1f} MiB/s "
                 f"({hashed_warm:.2f} s)"
             )
+            out["hashing"] = {
+                "cold_s": hashed_cold,
+                "warm_s": hashed_warm,
+                "cold_mib_per_s": size / hashed_cold,
+                "warm_mib_per_s": size / hashed_warm,
+            }
         finally:
             lab_down()
     return 0

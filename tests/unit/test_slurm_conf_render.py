@@ -1,9 +1,12 @@
 """slurm.conf comes from inventory variables only: rendered from the example inventory
-(1 controller + login + 8 GPU nodes) it is the same on every host and in a --limit run."""
+(1 controller + login + 8 GPU nodes) it is the same on every host and in a --limit run.
+Nodes with the same hardware share one NodeName line, names and addresses written as
+hostlist expressions that pair up node by node."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,14 +14,15 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.unit.test_hostlist import expand
 
 
-def render(out: Path, *extra: str) -> None:
+def render(out: Path, *extra: str, inventory: Path = ROOT / "inventory/example") -> None:
     proc = subprocess.run(
         [
             str(BIN / "ansible-playbook"),
             "-i",
-            "inventory/example",
+            str(inventory),
             "playbooks/render-slurm-config.yml",
             "-e",
             f"slurm_render_dir={out}",
@@ -61,8 +65,12 @@ def test_limit_run_renders_the_same_bytes(rendered):
 
 def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
     conf = (rendered[0] / "ctl1/slurm.conf").read_text()
-    # 515000 MB declared, 0.95 safety factor.
-    assert "NodeName=gpu05 NodeAddr=10.10.1.5 CPUs=64 RealMemory=489250 Gres=gpu:a100:8" in conf
+    # 515000 MB declared, 0.95 safety factor; the 8 identical nodes share one line.
+    nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert nodes == [
+        "NodeName=gpu[01-08] NodeAddr=10.10.1.[1-8] CPUs=64 RealMemory=489250 "
+        "Gres=gpu:a100:8 State=UNKNOWN"
+    ]
     assert "SlurmctldHost=ctl1(10.10.0.10)" in conf
     assert "PartitionName=urgent Nodes=ALL Default=NO MaxTime=12:00:00" in conf
     assert "PriorityTier=10 QOS=urgent" in conf
@@ -97,3 +105,63 @@ def test_agent_settings_come_from_inventory(rendered):
     assert controller["real_memory_mb"] == 0
     limited = yaml.safe_load((rendered[1] / "gpu03/tacc-agent.yaml").read_text())
     assert limited == yaml.safe_load((rendered[0] / "gpu03/tacc-agent.yaml").read_text())
+
+
+def test_etc_hosts_is_rendered_next_to_them(rendered):
+    full, limited = rendered
+    hosts = (full / "ctl1/hosts").read_text().splitlines()
+    assert "10.10.0.10\tctl1" in hosts and "10.10.1.8\tgpu08" in hosts
+    assert len({p.read_bytes() for p in full.glob("*/hosts")}) == 1
+    assert (limited / "gpu03/hosts").read_bytes() == (full / "ctl1/hosts").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    """The example inventory with mixed hardware: gpu03 and gpu07 have 4 GPUs, gpu06
+    more memory, gpu02's address is out of step with its name; a partition lists nodes.
+    Rendered for two hosts (--limit), which must agree."""
+    inventory = tmp_path_factory.mktemp("inventory")
+    shutil.copytree(ROOT / "inventory/example", inventory, dirs_exist_ok=True)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["hosts"]["gpu02"]["ansible_host"] = "10.10.9.200"
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    for host in ("gpu03", "gpu07"):
+        (inventory / f"host_vars/{host}.yml").write_text('slurm_node_gres: ["gpu:a100:4"]\n')
+    (inventory / "host_vars/gpu06.yml").write_text("slurm_node_memory_mb: 1030000\n")
+    cluster = yaml.safe_load((inventory / "group_vars/all/cluster.yml").read_text())
+    cluster["slurm_partitions"].append({"name": "small", "nodes": "gpu07,gpu03,gpu04"})
+    (inventory / "group_vars/all/cluster.yml").write_text(yaml.safe_dump(cluster))
+    out = tmp_path_factory.mktemp("mixed")
+    render(out, "--limit", "ctl1,gpu07", inventory=inventory)
+    assert (out / "ctl1/slurm.conf").read_bytes() == (out / "gpu07/slurm.conf").read_bytes()
+    return out / "ctl1/slurm.conf"
+
+
+def test_nodes_with_the_same_hardware_share_a_line(mixed):
+    lines = mixed.read_text().splitlines()
+    assert [line for line in lines if line.startswith("NodeName=")] == [
+        "NodeName=gpu[01-02,04-05,08] NodeAddr=10.10.1.1,10.10.9.200,10.10.1.[4-5,8] CPUs=64 "
+        "RealMemory=489250 Gres=gpu:a100:8 State=UNKNOWN",
+        "NodeName=gpu[03,07] NodeAddr=10.10.1.[3,7] CPUs=64 RealMemory=489250 "
+        "Gres=gpu:a100:4 State=UNKNOWN",
+        "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 RealMemory=978500 Gres=gpu:a100:8 State=UNKNOWN",
+    ]
+    assert "PartitionName=small Nodes=gpu[03-04,07] Default=NO" in mixed.read_text()
+
+
+def test_nodename_and_nodeaddr_expand_to_each_hosts_address(mixed):
+    """Slurm pairs the i-th NodeName with the i-th NodeAddr of a line."""
+    pairs: dict[str, str] = {}
+    for line in mixed.read_text().splitlines():
+        if line.startswith("NodeName="):
+            fields = dict(field.split("=", 1) for field in line.split())
+            names, addrs = expand(fields["NodeName"]), expand(fields["NodeAddr"])
+            assert len(names) == len(addrs), line
+            pairs.update(zip(names, addrs, strict=True))
+    inventory = yaml.safe_load((ROOT / "inventory/example/hosts.yml").read_text())
+    expected = {
+        host: vars_["ansible_host"]
+        for host, vars_ in inventory["all"]["hosts"].items()
+        if host.startswith("gpu")
+    }
+    assert pairs == {**expected, "gpu02": "10.10.9.200"}

@@ -1,0 +1,852 @@
+#!/usr/bin/env python3
+"""Run every bench script on the bench lab, one after the other, and write the report:
+bench/results.json (every number, each script's command and output), bench/REPORT.md
+(machine description, then one table per area, each row with the command that reproduces
+it) and bench/concurrency.png (completion time against concurrency, tcloud and sbatch).
+
+Usage (as root, from the repository root; `make bench` does this after installing the
+plotting extra):
+    .venv/bin/python -u bench/report.py [--quick] [--only NAME ...] [--out DIR]
+    .venv/bin/python -u bench/report.py --from-json bench/results.json   # re-render only
+
+--quick is a smoke test (fewer samples, concurrency 2 4, a 1-minute agent soak, a
+64 MiB upload); its report says so at the top. A script that fails is named in the
+report with the reason; the rest still run, the report is still written, and the exit
+status is 1. docs/bench.md says what each number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from benchlib import BIN, NAME, ROOT
+
+BENCH = ROOT / "bench"
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    file: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+
+    def argv(self, quick: bool) -> list[str]:
+        return list(self.quick if quick else self.full)
+
+
+# In run order. render_scale needs no lab and is quick, so a broken setup shows early.
+SCRIPTS = (
+    Script("render_scale", "render_scale.py", ("--nodes", "4096"), ("--nodes", "4096")),
+    Script("lab_up", "lab_up.py", ("--nodes", "3", "--runs", "3"), ("--nodes", "3", "--runs", "1")),
+    Script("converge", "converge.py", (), ()),
+    Script(
+        "tcloud_upload",
+        "tcloud_upload.py",
+        ("--files", "1000", "--mib", "1024"),
+        ("--files", "100", "--mib", "64"),
+    ),
+    Script(
+        "task_workflow",
+        "task_workflow.py",
+        ("--samples", "10", "--concurrency", "10", "20", "40"),
+        ("--samples", "3", "--concurrency", "2", "4"),
+    ),
+    Script(
+        "agent_health",
+        "agent_health.py",
+        ("--runs", "20", "--minutes", "10", "--trials", "5"),
+        ("--runs", "5", "--minutes", "1", "--trials", "2"),
+    ),
+)
+BY_NAME = {script.name: script for script in SCRIPTS}
+KEEP_LINES = 80  # of each script's output, kept in results.json
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def python_cmd() -> str:
+    exe = Path(os.path.abspath(sys.executable))
+    return str(exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe)
+
+
+def command_for(script: Script, quick: bool) -> str:
+    return shlex.join([python_cmd(), "-u", f"bench/{script.file}", *script.argv(quick)])
+
+
+def failure_reason(output: str, result: dict | None, rc: int) -> str:
+    """Short: the script's own recorded reason, else the line of its output that names it."""
+    if "unrecognized arguments: --json" in output:
+        return "does not accept --json yet (row missing)"
+    if result and result.get("error"):
+        return str(result["error"])
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    named = [ln for ln in lines if re.search(r"^bench:|error|fatal|failed|Traceback", ln, re.I)]
+    for line in named:
+        if line.startswith("bench:"):
+            return line.removeprefix("bench: ")[:300]
+    pick = (named or lines or [f"exit status {rc}"])[-1]
+    return f"{pick[:300]} (exit status {rc})"
+
+
+def run_script(script: Script, quick: bool, workdir: Path, timeout: float) -> dict:
+    """Run one bench script, streaming its output, and collect its JSON and status."""
+    json_path = workdir / f"{script.name}.json"
+    argv = [sys.executable, "-u", str(BENCH / script.file), *script.argv(quick)]
+    argv += ["--json", str(json_path)]
+    entry = {
+        "script": script.file,
+        "command": command_for(script, quick),
+        "mode": "quick" if quick else "full",
+        "started": now_iso(),
+        "load_before": list(os.getloadavg()),
+    }
+    print(f"\n== {script.file}: {entry['command']}", flush=True)
+    start = time.monotonic()
+    # Its own session, so that a timeout or Ctrl-C here interrupts it and the tools it
+    # runs as Ctrl-C in a terminal would: its `finally` blocks still remove the bench lab.
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        interrupt(proc)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    lines: list[str] = []
+    while True:  # read to the end, also after an interrupt, so the script never blocks
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                print(f"   {line}", end="", flush=True)
+                lines.append(line)
+            break
+        except KeyboardInterrupt:
+            if entry.get("interrupted"):
+                kill(proc, signal.SIGKILL)
+            entry["interrupted"] = True
+            print(
+                "\nreport: interrupted; waiting for the script to clean up (Ctrl-C again kills it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            kill(proc, signal.SIGINT)
+    proc.wait()
+    timer.cancel()
+    entry["wall_s"] = time.monotonic() - start
+    entry["rc"] = proc.returncode
+    entry["output"] = "".join(lines[-KEEP_LINES:])
+    entry["result"] = result = read_json(json_path)
+    entry["ok"] = proc.returncode == 0 and result is not None and not timed_out.is_set()
+    if entry.get("interrupted"):
+        entry["ok"], entry["error"] = False, "interrupted (Ctrl-C)"
+    elif timed_out.is_set():
+        entry["error"] = f"timed out after {timeout:.0f} s (interrupted)"
+    elif proc.returncode != 0:
+        entry["error"] = failure_reason(entry["output"], result, proc.returncode)
+    elif result is None:
+        entry["error"] = "exited 0 but wrote no JSON"
+    if result and result.get("command"):
+        entry["command"] = result["command"]
+    status = "ok" if entry["ok"] else f"FAILED: {entry['error']}"
+    print(f"== {script.file}: {status} ({entry['wall_s']:.0f} s)", flush=True)
+    return entry
+
+
+def kill(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def interrupt(proc: subprocess.Popen) -> None:
+    """SIGINT to the script's session (its finally blocks run), SIGKILL 3 minutes later."""
+    kill(proc, signal.SIGINT)
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        kill(proc, signal.SIGKILL)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def bench_lab_down() -> str | None:
+    """Remove the bench lab whatever the scripts left; the error text if that fails."""
+    proc = subprocess.run(
+        [str(BIN / "tacc-lab"), "--name", NAME, "down"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[-300:]
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+def now_iso() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def first_match(path: str, pattern: str) -> str | None:
+    try:
+        found = re.search(pattern, Path(path).read_text(), re.M)
+    except OSError:
+        return None
+    return found.group(1).strip().strip('"') if found else None
+
+
+def tool_output(*argv: str) -> str | None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = proc.stdout.strip()
+    return out.splitlines()[0] if proc.returncode == 0 and out else None
+
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def other_labs() -> list[str]:
+    """tacc-lab labs other than the bench lab that were up (they share the CPUs)."""
+    root = Path(os.environ.get("TACC_LAB_STATE_ROOT", "/var/lib/tacc-lab"))
+    try:
+        return sorted(
+            d.name for d in root.iterdir() if (d / "state.json").exists() and d.name != NAME
+        )
+    except OSError:
+        return []
+
+
+def machine() -> dict:
+    mem_kib = first_match("/proc/meminfo", r"^MemTotal:\s+(\d+)")
+    commit = tool_output("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD")
+    dirty = tool_output("git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no")
+    return {
+        "cpu_model": first_match("/proc/cpuinfo", r"^model name\s*:\s*(.+)$")
+        or platform.processor()
+        or platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(int(mem_kib) / 1024 / 1024, 1) if mem_kib else None,
+        "kernel": platform.release(),
+        "os": first_match("/etc/os-release", r"^PRETTY_NAME=(.+)$"),
+        "virtualization": tool_output("systemd-detect-virt"),
+        "python": platform.python_version(),
+        "ansible_core": version("ansible-core"),
+        "tacc_stack": f"{commit}{' (uncommitted changes)' if dirty else ''}" if commit else None,
+        "load_at_start": list(os.getloadavg()),
+        "other_labs_at_start": other_labs(),
+    }
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def fmt(value, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def cmd(entry: dict) -> str:
+    return f"`{entry.get('command', 'n/a')}`"
+
+
+def changed_text(changed: dict | None) -> str:
+    if not changed:
+        return "n/a"
+    return " ".join(f"{host}={count}" for host, count in sorted(changed.items()))
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def missing(entry: dict | None, what: str) -> list[str]:
+    """A line saying why a section has no (or partial) numbers; [] if the script was fine."""
+    if entry is None:
+        return [f"_Not run in this report ({what})._", ""]
+    if entry.get("ok"):
+        return []
+    partial = " Rows below, if any, are what it measured before." if entry.get("result") else ""
+    return [f"**{entry['script']} failed:** {entry.get('error', 'unknown')}.{partial}", ""]
+
+
+def stats_cells(s: dict | None, digits: int = 2) -> list[str]:
+    s = s or {}
+    return [fmt(s.get(k), "", digits) for k in ("mean", "min", "max", "stdev")]
+
+
+def section_lab(entry: dict | None) -> list[str]:
+    lines = ["## Lab boot (bench/lab_up.py)", "", *missing(entry, "lab_up")]
+    result = (entry or {}).get("result") or {}
+    up = result.get("up")
+    if up:
+        target = result.get("target_s")
+        verdict = "meets" if result.get("meets") else "misses"
+        lines += table(
+            ["measurement", "median s", "min s", "max s", "runs", "target", "command"],
+            [
+                [
+                    f"`tacc-lab up --nodes {result.get('nodes')}` (cached image) -> all "
+                    "nodes answer `ansible -m ping`",
+                    fmt(up["median"], digits=1),
+                    fmt(up["min"], digits=1),
+                    fmt(up["max"], digits=1),
+                    up["n"],
+                    f"<= {fmt(target, ' s', 0)} ({verdict})",
+                    cmd(entry),
+                ]
+            ],
+        )
+    return lines
+
+
+def section_provisioning(entry: dict | None) -> list[str]:
+    lines = ["## Provisioning (bench/converge.py)", "", *missing(entry, "converge")]
+    result = (entry or {}).get("result") or {}
+    rows = []
+    if "fresh" in result:
+        fresh = result["fresh"]
+        rows.append(
+            [
+                "fresh converge of `playbooks/site.yml`, 3 nodes",
+                fmt(fresh["seconds"], "", 1),
+                changed_text(fresh["changed"]),
+                "packages through the lab proxy",
+            ]
+        )
+    if "rerun" in result:
+        rerun = result["rerun"]
+        zero = "changed=0" if rerun["changed_zero"] else "**changed != 0**"
+        verdict = "meets" if rerun["meets"] else "misses"
+        rows.append(
+            [
+                "idempotent re-run",
+                fmt(rerun["seconds"], "", 1),
+                changed_text(rerun["changed"]),
+                f"{zero}; {rerun['ratio']:.2f}x of the converge (target <= "
+                f"{rerun['target_ratio']:.2f}x: {verdict})",
+            ]
+        )
+    if "check" in result:
+        check = result["check"]
+        rows.append(
+            [
+                "`--check --diff`",
+                fmt(check["seconds"], "", 1),
+                changed_text(check["changed"]),
+                "dry run, would-change counts",
+            ]
+        )
+    if "add_node" in result:
+        add = result["add_node"]
+        rows.append(
+            [
+                "add a 4th node (`tacc-lab up --nodes 4`, site.yml again) while a job runs on n2",
+                fmt(add["seconds"], "", 1),
+                changed_text(add["changed"]),
+                f"the job afterwards: {add.get('job_state') or 'gone'}",
+            ]
+        )
+    if rows:
+        lines += table(
+            ["step", "seconds", "changed= per host", "note", "command"],
+            [[*row, cmd(entry)] for row in rows],
+        )
+    return lines
+
+
+def section_side_by_side(upload: dict | None, workflow: dict | None) -> list[str]:
+    lines = ["## tcloud against the baseline, side by side", ""]
+    lines += missing(upload, "tcloud_upload") + missing(workflow, "task_workflow")
+    rows = []
+    up = (upload or {}).get("result") or {}
+    labels = {
+        "first": f"upload: first submit ({up.get('files')} files, {up.get('mib')} MiB)",
+        "unchanged": "upload: resubmit, nothing changed",
+        "one_changed": "upload: resubmit, one 10 MiB file changed",
+    }
+    mib = 1 << 20
+    for key, label in labels.items():
+        if key in up:
+            r = up[key]
+            rows.append(
+                [
+                    label,
+                    f"{r['tcloud_s']:.2f} s, {r['tcloud_bytes'] / mib:.2f} MiB sent",
+                    "`rsync -a` over ssh",
+                    f"{r['rsync_s']:.2f} s, {r['rsync_bytes'] / mib:.2f} MiB sent",
+                    f"{r['ratio']:.2f}x",
+                    cmd(upload),
+                ]
+            )
+    wf = (workflow or {}).get("result") or {}
+    if "submit_to_running" in wf:
+        s = wf["submit_to_running"]
+        t, b = s["tcloud"], s["sbatch"]
+        rows.append(
+            [
+                f"submit -> RUNNING, 1 node, median of {t['n']}",
+                f"{t['median']:.2f} s (min {t['min']:.2f}, max {t['max']:.2f})",
+                "`ssh login sbatch --wrap`, squeue polled",
+                f"{b['median']:.2f} s (min {b['min']:.2f}, max {b['max']:.2f})",
+                f"{s['ratio']:.2f}x",
+                cmd(workflow),
+            ]
+        )
+    if rows:
+        lines += table(
+            [
+                "measurement",
+                "tcloud",
+                "baseline",
+                "baseline result",
+                "ratio (tcloud / baseline)",
+                "command",
+            ],
+            rows,
+        )
+    if "hashing" in up:
+        h = up["hashing"]
+        lines += [
+            f"tcloud's local hashing of the {up.get('mib')} MiB task: cold "
+            f"{h['cold_mib_per_s']:.0f} MiB/s ({h['cold_s']:.2f} s), warm cache "
+            f"{h['warm_mib_per_s']:.0f} MiB/s ({h['warm_s']:.2f} s); included in the "
+            "tcloud upload times above.",
+            "",
+        ]
+    if rows:
+        lines += [
+            "The upload rows time hashing + the transfer (no sbatch); the submit row "
+            "times the whole `tcloud submit` (compile, delta upload, sbatch, environment "
+            "and rank start) against a bare sbatch that uploads nothing.",
+            "",
+        ]
+    return lines
+
+
+def section_concurrency(workflow: dict | None, plot: str | None) -> list[str]:
+    lines = ["## Concurrent submissions (bench/task_workflow.py)", ""]
+    lines += missing(workflow, "task_workflow")
+    rows = []
+    for c in ((workflow or {}).get("result") or {}).get("concurrency", []):
+        rows.append(
+            [
+                c["k"],
+                *stats_cells(c["tcloud"]),
+                *stats_cells(c["sbatch"]),
+                f"{c['ratio']:.2f}x",
+                c["failed"],
+                c["ssh_retries"],
+                cmd(workflow),
+            ]
+        )
+    if rows:
+        lines += [
+            "End-to-end completion time (submit start -> the job's final state) of K "
+            "simultaneous 10 s one-CPU tasks, in seconds.",
+            "",
+        ]
+        lines += table(
+            [
+                "K",
+                "tcloud mean",
+                "min",
+                "max",
+                "stdev",
+                "sbatch mean",
+                "min",
+                "max",
+                "stdev",
+                "ratio (means)",
+                "tcloud failed",
+                "ssh retries",
+                "command",
+            ],
+            rows,
+        )
+    if plot:
+        lines += [f"![completion time against concurrency]({plot})", ""]
+    return lines
+
+
+def section_logs(workflow: dict | None) -> list[str]:
+    lines = ["## Log latency (bench/task_workflow.py)", "", *missing(workflow, "task_workflow")]
+    log = ((workflow or {}).get("result") or {}).get("log_latency")
+    if log:
+        verdict = "meets" if log["p95_s"] <= log["target_s"] else "misses"
+        lines += table(
+            ["measurement", "lines", "median s", "p95 s", "max s", "target", "command"],
+            [
+                [
+                    "a rank prints a line -> `tcloud logs -f` shows it",
+                    log["lines"],
+                    fmt(log["median_s"], digits=3),
+                    fmt(log["p95_s"], digits=3),
+                    fmt(log["max_s"], digits=3),
+                    f"<= {log['target_s']:g} s ({verdict} at p95)",
+                    cmd(workflow),
+                ]
+            ],
+        )
+    return lines
+
+
+def section_agent(entry: dict | None) -> list[str]:
+    lines = ["## Agent footprint (bench/agent_health.py)", "", *missing(entry, "agent_health")]
+    result = (entry or {}).get("result") or {}
+    rows = []
+    check = result.get("check")
+    if check:
+        target = f"<= {check['target_s']:g} s (max: {'meets' if check['meets'] else 'misses'})"
+        for key, label, goal in (
+            ("check", "`tacc-agent check` on n2 (with Slurm: drain/resume logic)", target),
+            ("check_no_slurm", "`tacc-agent check --no-slurm`", ""),
+            ("python_start", "baseline: `python3 -I -c pass` (interpreter start)", ""),
+            ("scontrol", "baseline: `scontrol show node n2`", ""),
+        ):
+            s = check[key]
+            rows.append([label, f"{s['median']:.3f} s", f"{s['max']:.3f} s", s["n"], goal])
+    daemon = result.get("daemon")
+    if daemon:
+        rss_ok = "meets" if daemon["rss_end_mib"] <= daemon["rss_target_mib"] else "misses"
+        rows.append(
+            [
+                f"daemon RSS at start -> after {daemon['minutes']:g} min (scraped every "
+                f"15 s, {daemon['scrapes']} scrapes)",
+                f"{daemon['rss_start_mib']:.1f} MiB",
+                f"{daemon['rss_end_mib']:.1f} MiB",
+                "",
+                f"<= {daemon['rss_target_mib']} MiB ({rss_ok})",
+            ]
+        )
+        rows.append(
+            [
+                f"daemon CPU per {daemon['interval_s']} s check interval (own + probes, "
+                "scrapes included)",
+                f"{daemon['cpu_ms_per_interval']:.0f} ms",
+                f"{daemon['cpu_s']:.2f} s in all",
+                daemon["check_runs"],
+                "",
+            ]
+        )
+    drain = result.get("drain")
+    if drain:
+        for key, label in (
+            ("daemon_5s", "failing check -> DRAIN in sinfo, daemon at a 5 s interval"),
+            ("reaction", "`tacc-agent check` started -> DRAIN (reaction alone)"),
+        ):
+            s = drain[key]
+            rows.append([label, f"{s['median']:.2f} s", f"{s['max']:.2f} s", s["n"], ""])
+    if rows:
+        lines += table(
+            ["measurement", "median / value", "max / value", "n", "target", "command"],
+            [[*row, cmd(entry)] for row in rows],
+        )
+    return lines
+
+
+def section_scale(entry: dict | None) -> list[str]:
+    lines = ["## Simulated scale (bench/render_scale.py)", "", *missing(entry, "render_scale")]
+    r = (entry or {}).get("result") or {}
+    render, playbook, target = r.get("render_s"), r.get("playbook_s"), r.get("target_s")
+    if render is None and playbook is None:
+        return lines
+    render_cpu, playbook_cpu = r.get("render_cpu_s"), r.get("playbook_cpu_s")
+    verdict = ""  # render_scale.py holds the in-process render to the target
+    if render is not None and target is not None:
+        verdict = f" (render: wall {'meets' if render <= target else 'misses'}"
+        if render_cpu is not None:
+            verdict += f", CPU {'meets' if render_cpu <= target else 'misses'}"
+        verdict += ")"
+    conf, hosts = r.get("slurm_conf_bytes"), r.get("hosts_bytes")
+    lines += table(
+        ["nodes", "GPUs", "render s, wall / CPU (in-process)", "ansible-playbook s, wall / CPU",
+         "slurm.conf", "NodeName lines", "/etc/hosts", "target", "command"],
+        [[fmt(r.get("nodes")), fmt(r.get("gpus")), f"{fmt(render)} / {fmt(render_cpu)}",
+          f"{fmt(playbook, digits=1)} / {fmt(playbook_cpu, digits=1)}",
+          f"{conf / 1024:.0f} KiB, {fmt(r.get('slurm_conf_lines'))} lines" if conf else "n/a",
+          fmt(r.get("node_lines")),
+          f"{hosts / 1024:.0f} KiB, {fmt(r.get('hosts_lines'))} lines" if hosts else "n/a",
+          f"<= {target:g} s{verdict}" if target is not None else "n/a",
+          cmd(entry)]],
+    )  # fmt: skip
+    if r.get("playbook_matches_render") is False:
+        lines += ["**The playbook rendered different files than the in-process render.**", ""]
+    return lines
+
+
+def section_runs(results: dict) -> list[str]:
+    rows = []
+    for name, entry in results["scripts"].items():
+        status = "ok" if entry.get("ok") else f"**FAILED**: {entry.get('error', 'unknown')}"
+        load = entry.get("load_before") or []
+        rows.append(
+            [
+                name,
+                status,
+                fmt(entry.get("wall_s"), "", 0),
+                " ".join(f"{x:.1f}" for x in load),
+                cmd(entry),
+            ]
+        )
+    return [
+        "## Runs",
+        "",
+        *table(["script", "status", "wall s", "load avg before (1/5/15 min)", "command"], rows),
+    ]
+
+
+def machine_lines(results: dict) -> list[str]:
+    m = results["machine"]
+    slurm = ((results["scripts"].get("converge") or {}).get("result") or {}).get("slurm_version")
+    labs = ", ".join(m.get("other_labs_at_start") or []) or "none"
+    rows = [
+        ["CPU", f"{m.get('cpu_model')}, {m.get('cpus')} CPUs ({m.get('cpus_usable')} usable)"],
+        ["memory", fmt(m.get("memory_gib"), " GiB", 1)],
+        ["OS / kernel", f"{m.get('os')} / Linux {m.get('kernel')}"],
+        ["virtualization", m.get("virtualization") or "none detected"],
+        ["Python / ansible-core", f"{m.get('python')} / {m.get('ansible_core')}"],
+        ["Slurm (lab nodes)", slurm or "n/a (from converge.py)"],
+        ["tacc-stack commit", m.get("tacc_stack") or "n/a"],
+        ["load average at start", " ".join(f"{x:.2f}" for x in m.get("load_at_start", []))],
+        ["other tacc-lab labs up at start", labs],
+    ]
+    return ["## Machine", "", *table(["", ""], rows)]
+
+
+def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
+    """Write REPORT.md (and concurrency.png if there are numbers) from results."""
+    scripts = results["scripts"]
+    quick = results.get("mode") == "quick"
+    plot = write_plot(results, out_dir / "concurrency.png")
+    head = ["# Benchmark report", ""]
+    if quick:
+        head += [
+            "> **QUICK SMOKE RUN** (`bench/report.py --quick`): fewer samples, concurrency "
+            "2 and 4 instead of 10/20/40, a 1-minute agent soak, a 64 MiB upload. The "
+            "numbers only show that every script works; do not quote them.",
+            "",
+        ]
+    failed = [n for n, e in scripts.items() if not e.get("ok")]
+    if failed:
+        head += [f"> **Incomplete:** {', '.join(failed)} failed; see Runs below.", ""]
+    commands = results.get("commands") or [results.get("command")]
+    total = sum(entry.get("wall_s") or 0 for entry in scripts.values())
+    head += [
+        f"Generated {results.get('finished') or results.get('started')} by "
+        + ", then ".join(f"`{c}`" for c in commands)
+        + f"; the scripts ran {total / 60:.0f} min in all. Every number comes from "
+        "results.json next to this file; the command in each row reproduces it "
+        "(docs/bench.md).",
+        "",
+    ]
+    body = [
+        *machine_lines(results),
+        *section_runs(results),
+        *section_provisioning(scripts.get("converge")),
+        *section_side_by_side(scripts.get("tcloud_upload"), scripts.get("task_workflow")),
+        *section_concurrency(scripts.get("task_workflow"), plot.name if plot else None),
+        *section_logs(scripts.get("task_workflow")),
+        *section_agent(scripts.get("agent_health")),
+        *section_scale(scripts.get("render_scale")),
+        *section_lab(scripts.get("lab_up")),
+    ]
+    report = out_dir / "REPORT.md"
+    report.write_text("\n".join(head + body).rstrip() + "\n")
+    return report, plot
+
+
+def write_plot(results: dict, path: Path) -> Path | None:
+    """Completion time against concurrency, tcloud and sbatch: mean, min/max error bars."""
+    rows = ((results["scripts"].get("task_workflow") or {}).get("result") or {}).get(
+        "concurrency", []
+    )
+    if not rows:
+        path.unlink(missing_ok=True)
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "report: matplotlib is missing, so no plot: `make bench` installs it, or "
+            "`.venv/bin/pip install -e '.[bench]'`",
+            file=sys.stderr,
+        )
+        return None
+    ks = [row["k"] for row in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    shift = 0.01 * (max(ks) - min(ks) or 1)
+    for key, label, marker, offset in (
+        ("tcloud", "tcloud submit", "o", -shift),
+        ("sbatch", "ssh sbatch (baseline)", "s", shift),
+    ):
+        mean = [row[key]["mean"] for row in rows]
+        low = [row[key]["mean"] - row[key]["min"] for row in rows]
+        high = [row[key]["max"] - row[key]["mean"] for row in rows]
+        ax.errorbar(
+            [k + offset for k in ks], mean, yerr=[low, high], marker=marker, capsize=4, label=label
+        )
+    ax.axhline(10, color="grey", linestyle="--", linewidth=1, label="the task itself (10 s)")
+    ax.set_xticks(ks)
+    ax.set_xlabel("concurrent 10 s tasks (K)")
+    ax.set_ylabel("completion time, s (mean; bars: min-max)")
+    title = "Completion time against concurrency"
+    if results.get("mode") == "quick":
+        title += " (QUICK SMOKE RUN)"
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: fewer samples, concurrency 2 4, 1-min agent soak",
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="PATH",
+        type=Path,
+        help="re-render REPORT.md and the plot from this results.json only",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(BY_NAME),
+        metavar="NAME",
+        help=f"run only these ({', '.join(BY_NAME)}), replacing their entries "
+        "in an existing results.json of the same mode",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where results.json, REPORT.md and concurrency.png go "
+        "(default: bench/, or the --from-json file's directory)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5400,
+        help="seconds one script may run before it is interrupted (default 5400)",
+    )
+    args = parser.parse_args()
+    if args.from_json:
+        results = read_json(args.from_json)
+        if results is None or "scripts" not in results:
+            sys.exit(f"report: {args.from_json} is not a results.json written by bench/report.py")
+        out_dir = args.out or args.from_json.parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report, plot = render(results, out_dir)
+        print(f"report: wrote {report}" + (f" and {plot}" if plot else ""))
+        return 0 if all(e.get("ok") for e in results["scripts"].values()) else 1
+    if os.geteuid() != 0:
+        sys.exit("report: run as root (the bench scripts boot lab containers)")
+    out_dir = args.out or BENCH
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.json"
+    mode = "quick" if args.quick else "full"
+    command = shlex.join([python_cmd(), "-u", "bench/report.py", *sys.argv[1:]])
+    results = {"mode": mode, "scripts": {}, "commands": []}
+    if args.only:  # replace these scripts' entries, keep the others
+        previous = read_json(results_path)
+        if previous and previous.get("mode") == mode and "scripts" in previous:
+            results = {"commands": [], **previous}
+    results.update(mode=mode, command=command, started=now_iso(), machine=machine())
+    results["commands"] = [*results["commands"], command]
+    results.pop("finished", None)
+    started = time.monotonic()
+    interrupted = False
+    with tempfile.TemporaryDirectory(prefix="tacc-bench-") as tmp:
+        for script in SCRIPTS:
+            if args.only and script.name not in args.only:
+                continue
+            entry = run_script(script, args.quick, Path(tmp), args.timeout)
+            results["scripts"][script.name] = entry
+            write_results(results, results_path)
+            if entry.get("interrupted"):
+                interrupted = True
+                break
+    leftover = bench_lab_down()
+    if leftover:
+        print(f"report: `tacc-lab --name {NAME} down` failed: {leftover}", file=sys.stderr)
+    results["wall_s"] = time.monotonic() - started
+    results["finished"] = now_iso()
+    write_results(results, results_path)
+    report, plot = render(results, out_dir)
+    failed = [f"{n}: {e.get('error')}" for n, e in results["scripts"].items() if not e.get("ok")]
+    print(
+        f"\nreport: wrote {results_path}, {report}"
+        + (f", {plot}" if plot else "")
+        + f" in {results['wall_s'] / 60:.1f} min"
+    )
+    for line in failed:
+        print(f"report: FAILED {line}", file=sys.stderr)
+    if interrupted:
+        return 130
+    return 1 if failed or leftover else 0
+
+
+def write_results(results: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The slurm role's hostlist filters: the expressions they write expand (by Slurm's rules,
+slurm.conf(5)) to exactly the names they were given, in order, and pair NodeAddr with
+NodeName by position."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+_SPEC = importlib.util.spec_from_file_location(
+    "hostlist", ROOT / "roles/slurm/filter_plugins/hostlist.py"
+)
+hostlist = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(hostlist)
+
+
+def expand(expr: str) -> list[str]:
+    """Slurm's reading of a hostlist, written for the tests: comma-separated terms, each a
+    plain name or PREFIX[LO-HI,N,...] (the bracket ending the name); every range printed
+    with the width of its LO."""
+    names: list[str] = []
+    for term in re.findall(r"[^,\[\]]*\[[^\]]*\]|[^,]+", expr):
+        assert term and not re.search(r"\s", term), f"bad term {term!r} in {expr!r}"
+        if "[" not in term:
+            assert "]" not in term, expr
+            names.append(term)
+            continue
+        prefix, body = term.split("[")
+        assert body.endswith("]"), f"the range must end the name: {term!r}"
+        for element in body[:-1].split(","):
+            lo, _, hi = element.partition("-")
+            assert lo.isdigit() and (not hi or hi.isdigit()), f"bad range {element!r}"
+            assert int(lo) <= int(hi or lo), f"descending range {element!r}"
+            names += [f"{prefix}{v:0{len(lo)}d}" for v in range(int(lo), int(hi or lo) + 1)]
+    return names
+
+
+def brackets_are_conservative(expr: str) -> bool:
+    """Within one bracket: ascending, and every LO unpadded or all of one padded width."""
+    for body in re.findall(r"\[([^\]]*)\]", expr):
+        elements = [e.partition("-") for e in body.split(",")]
+        los = [int(lo) for lo, _, _ in elements]
+        highs = [int(hi or lo) for lo, _, hi in elements]
+        if any(lo <= prev for lo, prev in zip(los[1:], highs, strict=False)):
+            return False
+        padded = {len(lo) for lo, _, _ in elements if len(lo) > 1 and lo[0] == "0"}
+        if padded and {len(lo) for lo, _, _ in elements} != padded:
+            return False
+    return True
+
+
+GPUS = [f"gpu{i:04d}" for i in range(1, 4097)]
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        ([*GPUS, "n2", "n3"], "gpu[0001-4096],n[2-3]"),
+        (["n3", "n2"], "n[2-3]"),
+        (["gpu01", "gpu02", "gpu03", "gpu05", "gpu10"], "gpu[01-03,05,10]"),
+        (["n8", "n9", "n10", "n11"], "n[8-11]"),  # unpadded: the width may grow
+        (["x0998", "x0999", "x1000", "x1001"], "x[0998-1001]"),  # 1000 fits width 4
+        (["gpu1", "gpu01", "gpu2", "gpu02"], "gpu[1-2],gpu[01-02]"),  # widths never merge
+        (["n9", "n09", "n10"], "n9,n[09-10]"),
+        (["a1", "b1", "a2", "a"], "a,a[1-2],b1"),  # mixed prefixes, a name without digits
+        (["login"], "login"),
+        (["gpu07"], "gpu07"),
+        (["gpu1-ib", "gpu2-ib"], "gpu1-ib,gpu2-ib"),  # no range in mid-name: kept as is
+        (["rack1-n01", "rack1-n02", "rack2-n01"], "rack1-n[01-02],rack2-n01"),
+        (["1234", "1235"], "1234,1235"),  # no prefix: no brackets
+        (["gpu01", "gpu01", "gpu02"], "gpu[01-02]"),  # a set: duplicates dropped
+        (["10.10.1.2", "10.10.1.1", "10.10.2.1"], "10.10.1.[1-2],10.10.2.1"),
+    ],
+)
+def test_hostlist_compresses_a_set_of_hosts(names, expected):
+    assert hostlist.tacc_hostlist(names) == expected
+    assert expand(expected) == sorted(set(names), key=hostlist.natural_key)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        ("ALL", "ALL"),
+        ("gpu03,gpu01, gpu02", "gpu[01-03]"),
+        ("gpu[01-04],n5", "gpu[01-04],n5"),  # already an expression: left alone
+        ([], ""),
+    ],
+)
+def test_hostlist_takes_partition_node_strings(nodes, expected):
+    assert hostlist.tacc_hostlist(nodes) == expected
+
+
+@pytest.mark.parametrize("bad", ["a,b", "gpu[1]", "two words", ""])
+def test_names_a_hostlist_cannot_hold_are_refused(bad):
+    with pytest.raises(ValueError, match="cannot be written in a Slurm hostlist"):
+        hostlist.tacc_hostlist([bad, "n1"])
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["10.0.0.5", "10.0.0.3", "10.0.0.4", "10.0.0.4"],  # descending, duplicate
+        ["n3", "n2", "n1"],
+        ["n1", "login", "n2"],
+        ["gpu9", "gpu10", "gpu010", "gpu011"],
+    ],
+)
+def test_compress_keeps_order_and_duplicates(names):
+    expr = hostlist.compress(names)
+    assert expand(expr) == names
+    assert brackets_are_conservative(expr)
+
+
+def test_random_lists_round_trip():
+    rng = random.Random(20240607)  # noqa: S311 - a fixed seed, repeatable lists
+    prefixes = ["gpu", "n", "rack1-n", "10.10.1.", "10.10.2.", "x"]
+    for _ in range(400):
+        names = [
+            rng.choice(prefixes)
+            + f"{rng.randint(0, 1200):0{rng.choice([0, 0, 2, 3, 4])}d}"
+            + rng.choice(["", "", "", "-ib"])
+            for _ in range(rng.randint(1, 60))
+        ]
+        ordered = hostlist.compress(names)
+        assert expand(ordered) == names, ordered
+        as_set = hostlist.tacc_hostlist(names)
+        assert expand(as_set) == sorted(set(names), key=hostlist.natural_key), as_set
+        assert brackets_are_conservative(ordered) and brackets_are_conservative(as_set)
+
+
+def nodes(hostvars: dict, hosts=None, **defaults) -> list[dict]:
+    args = {"cpus": 1, "memory_mb": 1024, "gres": [], "memory_factor": 0.95, **defaults}
+    return hostlist.tacc_slurm_nodes(list(hostvars) if hosts is None else hosts, hostvars, **args)
+
+
+def pairs(groups: list[dict]) -> dict[str, str]:
+    """host -> address, by expanding each line's NodeName and NodeAddr side by side."""
+    result: dict[str, str] = {}
+    for group in groups:
+        names = expand(group["names"])
+        addrs = expand(group["addrs"]) if group["addrs"] else names
+        assert len(addrs) == len(names), group
+        result.update(zip(names, addrs, strict=True))
+    return result
+
+
+def test_the_lab_compute_nodes_share_one_line():
+    hostvars = {"n2": {"ansible_host": "10.77.10.12"}, "n3": {"ansible_host": "10.77.10.13"}}
+    assert nodes(hostvars) == [
+        {"names": "n[2-3]", "addrs": "10.77.10.[12-13]", "cpus": "1", "real_memory": 972,
+         "gres": ""}
+    ]  # fmt: skip
+
+
+def test_nodes_group_by_hardware_and_pair_addresses():
+    hostvars = {f"gpu{i:02d}": {"ansible_host": f"10.10.1.{i}"} for i in range(1, 9)}
+    hostvars["gpu03"]["slurm_node_gres"] = ["gpu:h100:4"]
+    hostvars["gpu06"]["slurm_node_memory_mb"] = 2048
+    hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
+    groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
+    assert groups == [
+        {"names": "gpu[01-02,04-05,08]", "addrs": "10.10.1.[1-2,4-5,8]", "cpus": "64",
+         "real_memory": 972, "gres": "gpu:h100:8"},
+        {"names": "gpu[03,07]", "addrs": "10.10.1.[3,7]", "cpus": "64", "real_memory": 972,
+         "gres": "gpu:h100:4"},
+        {"names": "gpu06", "addrs": "10.10.1.6", "cpus": "64", "real_memory": 1945,
+         "gres": "gpu:h100:8"},
+    ]  # fmt: skip
+    assert pairs(groups) == {host: v["ansible_host"] for host, v in hostvars.items()}
+
+
+def test_addresses_out_of_step_with_names_still_pair():
+    """Names sort one way, addresses another: NodeAddr follows the names' order."""
+    hostvars = {f"n{i}": {"ansible_host": f"10.0.{i % 3}.{100 - i}"} for i in range(1, 13)}
+    hostvars["n5"]["ansible_host"] = "n5-ib.cluster"
+    hostvars["n6"]["ansible_host"] = "n6"
+    (group,) = nodes(hostvars)
+    assert expand(group["names"]) == [f"n{i}" for i in range(1, 13)]
+    assert pairs([group]) == {host: v["ansible_host"] for host, v in hostvars.items()}
+    assert brackets_are_conservative(group["addrs"])
+
+
+def test_no_nodeaddr_when_every_address_is_the_name():
+    assert nodes({"n1": {}, "n2": {"ansible_host": "n2"}})[0]["addrs"] == ""
+
+
+def test_order_of_hosts_does_not_change_the_lines():
+    hostvars = {
+        f"gpu{i:04d}": {"ansible_host": f"10.10.{i // 250}.{i % 250}"} for i in range(1, 600)
+    }
+    for i in range(1, 600, 7):
+        hostvars[f"gpu{i:04d}"]["slurm_node_cpus"] = 32
+    shuffled = list(hostvars)
+    random.Random(1).shuffle(shuffled)  # noqa: S311
+    assert nodes(hostvars, hosts=shuffled) == nodes(hostvars)
+    assert pairs(nodes(hostvars)) == {host: v["ansible_host"] for host, v in hostvars.items()}
+
+
+def test_4096_gpu_nodes_are_one_line():
+    hostvars = {
+        name: {"ansible_host": f"10.10.{1 + i // 250}.{1 + i % 250}"} for i, name in enumerate(GPUS)
+    }
+    (group,) = nodes(hostvars, gres=["gpu:h100:8"])
+    assert group["names"] == "gpu[0001-4096]"
+    assert group["addrs"].startswith("10.10.1.[1-250],10.10.2.[1-250],")
+    assert group["addrs"].endswith(",10.10.17.[1-96]")
+    assert pairs([group]) == {host: v["ansible_host"] for host, v in hostvars.items()}
