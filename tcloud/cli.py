@@ -1,7 +1,7 @@
 """`tcloud`: submit ML tasks to a TACC cluster over SSH.
 
-Exit codes: 0 ok, 2 usage, 3 invalid task file, 4 cluster or connection error,
-130 interrupted.
+Exit codes: 0 ok, 1 internal error (a bug), 2 usage, 3 invalid task file, 4 cluster or
+connection error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,16 +16,38 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
 from tacc_agent.schedule import sbatch_argv
 from tcloud import config, files, jobs
 from tcloud.agent import call
 from tcloud.compiler import compile_task
-from tcloud.errors import EXIT_OK, EXIT_USAGE, TcloudError
+from tcloud.errors import (
+    EXIT_INTERNAL,
+    EXIT_INVALID_TASK,
+    EXIT_OK,
+    EXIT_USAGE,
+    TcloudError,
+    UsageError,
+)
 from tcloud.hashcache import HashCache
-from tcloud.schema import TASK_FILE, find_task_file, load_task
+from tcloud.schema import NAME, TASK_FILE, find_task_file, load_task
 from tcloud.ssh import session
 from tcloud.template import render_template
 from tcloud.upload import upload
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_add.add_argument("name")
     p_add.add_argument("--host", help="login node address or ~/.ssh/config alias")
     p_add.add_argument("--user")
-    p_add.add_argument("--port", type=int)
+    p_add.add_argument("--port", type=port)
     p_add.add_argument("--key", help="private key file (default: ssh-agent, ~/.ssh/config)")
     p_add.add_argument("--proxy-jump", dest="proxy_jump", help="[user@]jumphost[:port]")
     p_add.add_argument("--known-hosts", dest="known_hosts", help="extra known_hosts file")
@@ -84,8 +106,8 @@ def add_cluster_commands(sub) -> None:
     p_logs = command("logs", "a job's output, every line prefixed [host:rank]")
     p_logs.add_argument("job")
     p_logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    p_logs.add_argument("--tail", type=int, help="only the last N lines")
-    p_logs.add_argument("--node", type=int, help="only this rank's lines (0, 1, ...)")
+    p_logs.add_argument("--tail", type=count, help="only the last N lines")
+    p_logs.add_argument("--node", type=count, help="only this rank's lines (0, 1, ...)")
     command("cancel", "cancel jobs").add_argument("jobs", nargs="+")
     command("halt", "checkpoint signal, then keep the job queued on hold").add_argument("job")
     command("resume", "let a halted job run again").add_argument("job")
@@ -106,7 +128,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     if target.exists() and not args.force:
         raise TcloudError(f"{target} exists; use --force to overwrite it")
     default = re.sub(r"[^A-Za-z0-9_.-]", "-", target.resolve().parent.name).strip("-.")
-    name = args.name or default or "task"
+    name = args.name or default[:64] or "task"
+    if not re.fullmatch(NAME, name):
+        raise UsageError(f"--name {name!r}: expected a name of letters, digits, _.- (<= 64)")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_template(name))
     print(f"wrote {target}; edit it, then `tcloud validate` and `tcloud submit`")
@@ -139,6 +163,18 @@ def cmd_config(args: argparse.Namespace) -> int:
             mark = "*" if row["current"] else " "
             print(f"{mark} {row['name']:<12} {row['user'] or '-'}@{row['host']}")
     return EXIT_OK
+
+
+def local_sbatch(path: Path, task) -> list[str]:
+    """The sbatch line as the cluster will build it: sbatch options a task may not set
+    are refused here, before anything is uploaded (exit 3)."""
+    try:
+        return sbatch_argv(task, Path("$TACC_WORKDIR"), AgentConfig())
+    except AgentError as exc:
+        field = getattr(exc, "field", "")
+        error = TcloudError(f"{path}: {field}: {exc}" if field else f"{path}: {exc}")
+        error.exit_code = EXIT_INVALID_TASK
+        raise error from None
 
 
 def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
@@ -174,13 +210,13 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
     task = load_task(path)
+    sbatch = local_sbatch(path, task)
     if not args.dry_run:
         with HashCache() as hasher:
             instruction = compile_task(task, hasher)
         return submit_to_cluster(args, task, instruction)
     instruction = compile_task(task)
     size = sum(entry.size for entry in instruction.manifest.values())
-    sbatch = sbatch_argv(task, Path("$TACC_WORKDIR"), AgentConfig())
     if args.json:
         payload = {
             "digest": instruction.digest,
@@ -209,8 +245,19 @@ def print_rows(rows: list[dict], as_json: bool, columns: tuple[str, ...]) -> Non
         print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
 
 
+def check_cluster_args(args: argparse.Namespace) -> None:
+    """What can be refused before connecting: job ids, paths, the upload's files."""
+    for job in [args.job] if hasattr(args, "job") else getattr(args, "jobs", []):
+        jobs.check_ids([job])
+    if args.command == "upload":
+        files.plan_upload(args.local, args.remote)
+    if args.command in ("ls", "cat") and args.path:
+        files.check_path(args.path)
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: one verified SSH connection each."""
+    check_cluster_args(args)
     cluster = config.cluster(args.cluster)
     userdir = cluster.userdir
     with session(cluster) as client:
@@ -302,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tcloud: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: one line, never a traceback
+        print(f"tcloud: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -45,14 +45,29 @@ def load() -> dict:
     if not path.exists():
         return {"current": None, "clusters": {}}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise TcloudError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TcloudError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise TcloudError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("clusters", {}), dict):
         raise TcloudError(f"{path}: expected a mapping with 'clusters'")
-    data.setdefault("clusters", {})
+    data["clusters"] = data.get("clusters") or {}
     data.setdefault("current", None)
     return data
+
+
+def check_port(value: object, where: str) -> int:
+    """A TCP port, 1-65535; TcloudError naming where it came from otherwise."""
+    try:
+        port = int(str(value))
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise TcloudError(f"{where}: port must be a number from 1 to 65535, got {value!r}")
+    return port
 
 
 def save(data: dict) -> None:
@@ -68,8 +83,12 @@ def set_cluster(name: str, values: dict) -> Cluster:
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise TcloudError(f"unknown cluster settings: {', '.join(unknown)}")
+    if values.get("port") is not None:
+        check_port(values["port"], f"cluster {name!r}")
     data = load()
-    entry = {**data["clusters"].get(name, {}), **{k: v for k, v in values.items() if v is not None}}
+    old = data["clusters"].get(name)
+    old = old if isinstance(old, dict) else {}
+    entry = {**old, **{k: v for k, v in values.items() if v is not None}}
     if "host" not in entry:
         raise TcloudError(f"cluster {name!r} needs --host")
     data["clusters"][name] = entry
@@ -93,11 +112,22 @@ def cluster(name: str | None = None) -> Cluster:
     if not name:
         raise TcloudError("no cluster configured; `tcloud config add NAME --host HOST`")
     entry = data["clusters"].get(name)
+    where = f"{config_path()}: cluster {name!r}"
     if entry is None:
         raise TcloudError(f"no cluster {name!r} in {config_path()}")
+    if not isinstance(entry, dict):
+        raise TcloudError(f"{where}: expected a mapping of settings ({', '.join(FIELDS)})")
+    unknown = sorted(str(k) for k in set(entry) - set(FIELDS))
+    if unknown:
+        raise TcloudError(f"{where}: unknown settings {', '.join(unknown)}")
     values = {k: entry.get(k) for k in FIELDS}
+    for key in FIELDS:
+        if key != "port" and values[key] is not None and not isinstance(values[key], str):
+            raise TcloudError(f"{where}: {key} must be text, got {values[key]!r}")
+    if not values["host"]:
+        raise TcloudError(f"{where}: needs a host (`tcloud config add {name} --host HOST`)")
     if values["port"] is not None:
-        values["port"] = int(values["port"])
+        values["port"] = check_port(values["port"], where)
     return Cluster(name=name, **values)
 
 

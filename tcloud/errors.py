@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 # Exit codes (documented in docs/tcloud.md).
 EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug in tcloud: reported in one line, never as a traceback
 EXIT_USAGE = 2
 EXIT_INVALID_TASK = 3
 EXIT_CLUSTER = 4
@@ -28,10 +29,17 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.path}:{self.line}:{self.column}"
+        # A problem with a file as a whole (a local file to upload) has no position.
+        where = f"{self.path}:{self.line}:{self.column}" if self.line else self.path
         if self.field:
             return f"{where}: {self.field}: {self.message}"
         return f"{where}: {self.message}"
+
+
+class UsageError(TcloudError):
+    """A command line tcloud refuses before contacting anything (exit 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 class TaskFileError(TcloudError):

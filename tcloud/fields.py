@@ -22,7 +22,8 @@ Check = Callable[[Any], str | None]  # returns what is expected, or None when fi
 
 @dataclass(frozen=True)
 class Field:
-    """One key of a mapping: its kind, whether it is required, its default."""
+    """One key of a mapping: its kind, whether it is required, its default. `each`
+    checks every entry of a list[str], `keys` every key of a map[str]."""
 
     kind: str  # str | int | bool | list[str] | map[str] | mapping | list[mapping] | any
     required: bool = False
@@ -30,6 +31,8 @@ class Field:
     check: Check | None = None
     children: dict[str, Field] = field(default_factory=dict)
     expected: str = ""
+    each: Check | None = None
+    keys: Check | None = None
 
 
 def pattern(regex: str, expected: str) -> Check:
@@ -41,12 +44,29 @@ def at_least(minimum: int) -> Check:
     return lambda value: None if value >= minimum else f"an integer >= {minimum}"
 
 
+def between(minimum: int, maximum: int) -> Check:
+    return lambda value: (
+        None if minimum <= value <= maximum else f"an integer from {minimum} to {maximum}"
+    )
+
+
 def one_of(*choices: str) -> Check:
     return lambda value: None if value in choices else "one of " + ", ".join(choices)
 
 
 def non_empty(value: Any) -> str | None:
     return None if value else "at least one entry"
+
+
+def single_line(value: str) -> str | None:
+    return "one line of text" if not value.strip() or "\n" in value or "\r" in value else None
+
+
+def relative_path(value: str) -> str | None:
+    """A path or glob inside the directory it belongs to: not absolute, no '..'."""
+    if value.startswith(("/", "~")) or ".." in value.split("/"):
+        return "a path relative to the directory, without '..' (and not absolute)"
+    return None
 
 
 _SCALAR = yaml.constructor.SafeConstructor()
@@ -60,6 +80,20 @@ _KIND_WORDS = {
     "list[mapping]": "a list of mappings",
     "any": "a value",
 }
+_NODE_WORDS = {yaml.SequenceNode: "a list", yaml.MappingNode: "a mapping"}
+
+
+def is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+
+def shown(node: yaml.Node) -> str:
+    """What a node is, for messages: its text for a scalar, else its kind."""
+    if is_null(node):
+        return "nothing (null)"
+    if isinstance(node, yaml.ScalarNode):
+        return repr(node.value)
+    return _NODE_WORDS.get(type(node), "a value")
 
 
 class Validator:
@@ -73,16 +107,29 @@ class Validator:
         mark = node.start_mark
         self.problems.append(Problem(self.path, mark.line + 1, mark.column + 1, name, message))
 
+    def key_of(self, key_node: yaml.Node, prefix: str) -> str | None:
+        """A mapping key as text; a list or mapping used as a key is a problem."""
+        if isinstance(key_node, yaml.ScalarNode):
+            return str(key_node.value)
+        where = prefix.rstrip(".") or "(top)"
+        self.problem(key_node, where, f"expected a key name, got {shown(key_node)} as a key")
+        return None
+
     def mapping(self, node: yaml.Node, fields: dict[str, Field], prefix: str = "") -> dict:
+        if is_null(node):  # `resources:` with nothing under it: all defaults
+            node = yaml.MappingNode("tag:yaml.org,2002:map", [], node.start_mark, node.end_mark)
         if not isinstance(node, yaml.MappingNode):
-            self.problem(node, prefix or "(top)", "expected a mapping of keys to values")
+            where = prefix.rstrip(".") or "(top)"
+            self.problem(node, where, f"expected a mapping of keys to values, got {shown(node)}")
             return {}
         seen: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            key = self.key_of(key_node, prefix)
+            if key is None:
+                continue
             name = f"{prefix}{key}"
             if key not in fields:
-                hint = difflib.get_close_matches(str(key), list(fields), n=1)
+                hint = difflib.get_close_matches(key, list(fields), n=1)
                 suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
                 known = ", ".join(fields)
                 self.problem(key_node, name, f"unknown key{suggestion}; known keys: {known}")
@@ -108,11 +155,16 @@ class Validator:
     def value(self, node: yaml.Node, spec: Field, name: str) -> Any:
         if spec.kind == "any":
             return _SCALAR.construct_object(node, deep=True)
+        if is_null(node) and spec.kind not in ("mapping", "list[str]"):
+            # An empty value: the default for an optional key, a problem for a required one.
+            if spec.required:
+                self.problem(node, name, f"expected {self.expected(spec)}, got nothing (null)")
+            return spec.default
         if spec.kind == "mapping":
             return self.mapping(node, spec.children, prefix=f"{name}.")
         if spec.kind == "list[mapping]":
             if not isinstance(node, yaml.SequenceNode):
-                self.problem(node, name, f"expected {self.expected(spec)}")
+                self.problem(node, name, f"expected {self.expected(spec)}, got {shown(node)}")
                 return spec.default
             return [
                 self.mapping(item, spec.children, prefix=f"{name}[{i}].")
@@ -129,20 +181,34 @@ class Validator:
     def plain(self, node: yaml.Node, spec: Field, name: str) -> Any:
         wanted = self.expected(spec)
         if spec.kind == "list[str]":
-            if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+            if is_null(node):
                 return []
             if not isinstance(node, yaml.SequenceNode):
-                self.problem(node, name, f"expected {wanted}")
+                self.problem(node, name, f"expected {wanted}, got {shown(node)}")
                 return spec.default
-            items = [self.scalar(item, "str", f"{name}[{i}]") for i, item in enumerate(node.value)]
-            return [item for item in items if item is not None]
+            items = []
+            for i, item in enumerate(node.value):
+                text = self.scalar(item, "str", f"{name}[{i}]")
+                if text is not None and spec.each and (problem := spec.each(text)):
+                    self.problem(item, f"{name}[{i}]", f"expected {problem}, got {text!r}")
+                elif text is not None:
+                    items.append(text)
+            return items
         if spec.kind == "map[str]":
             if not isinstance(node, yaml.MappingNode):
-                self.problem(node, name, f"expected {wanted}")
+                self.problem(node, name, f"expected {wanted}, got {shown(node)}")
                 return spec.default
-            result = {}
+            result: dict[str, str] = {}
             for key_node, value_node in node.value:
-                key = str(key_node.value)
+                key = self.key_of(key_node, f"{name}.")
+                if key is None:
+                    continue
+                if key in result:
+                    self.problem(key_node, f"{name}.{key}", "appears twice")
+                    continue
+                if spec.keys and (problem := spec.keys(key)):
+                    self.problem(key_node, f"{name}.{key}", f"expected {problem}")
+                    continue
                 text = self.scalar(value_node, "str", f"{name}.{key}")
                 if text is not None:
                     result[key] = text
@@ -152,14 +218,20 @@ class Validator:
     def scalar(self, node: yaml.Node, kind: str, name: str, wanted: str = "") -> Any:
         wanted = wanted or _KIND_WORDS[kind]
         if not isinstance(node, yaml.ScalarNode):
-            self.problem(node, name, f"expected {wanted}")
+            self.problem(node, name, f"expected {wanted}, got {shown(node)}")
             return None
         value = _SCALAR.construct_object(node)
         if kind == "str" and isinstance(value, str | int | float) and not isinstance(value, bool):
-            return str(value)
+            # A number where text is wanted keeps the text as written: YAML 1.1 reads
+            # `time: 1:30:00` as 5400 and `LR: 0.10` as 0.1.
+            text = value if isinstance(value, str) else node.value
+            if "\0" in text:  # no argv word, variable or path can carry one
+                self.problem(node, name, "expected text without NUL characters")
+                return None
+            return text
         if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
             return value
         if kind == "bool" and isinstance(value, bool):
             return value
-        self.problem(node, name, f"expected {wanted}, got {node.value!r}")
+        self.problem(node, name, f"expected {wanted}, got {shown(node)}")
         return None

@@ -1,18 +1,62 @@
 """Files in the user's cluster directory, over SFTP: upload, download (a job's outputs
-and logs), ls and cat. Paths given by the user are
-relative to that directory and may not climb out of it."""
+and logs), ls and cat. Paths given by the user are relative to that directory and may
+not climb out of it; they are checked before anything connects (`check_path`,
+`plan_upload`). An upload lands under a temporary name and is renamed into place, so a
+failed one leaves no partial file; a download never writes outside its directory nor
+through a symlink there."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 
-from tcloud.errors import TcloudError
+from tcloud.errors import TcloudError, UsageError
+from tcloud.manifest import UNLIMITED, Collector, is_utf8, shown
 
 FILES = "files"
+PARTIAL = ".tcloud-partial"
+
+
+def check_path(relative: str, what: str = "path") -> str:
+    """A path in the user's cluster directory as typed: relative, no '..', UTF-8. Refused
+    with exit 4, as tcloud always refused paths outside that directory."""
+    if "\0" in relative or not is_utf8(relative):
+        raise TcloudError(f"{what} {shown(relative)!r} is not UTF-8 text")
+    if relative.startswith(("/", "~")) or ".." in relative.split("/"):
+        raise TcloudError(
+            f"{what} {relative!r} is outside your cluster directory: give a path relative "
+            "to it, without '..'"
+        )
+    return relative
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    name: str  # under files/
+    files: list[tuple[Path, str]]  # (local source, path below name; "" for one file)
+
+
+def plan_upload(local: Path, remote: str | None) -> UploadPlan:
+    """What `tcloud upload LOCAL [NAME]` sends; UsageError (before any connection) for a
+    missing path, a bad NAME, a symlink out of the directory, a name that is not UTF-8."""
+    if not local.exists():
+        raise UsageError(f"{shown(local)} does not exist")
+    name = check_path(remote or local.name, "NAME")  # "" (for "."): straight into files/
+    if local.is_file():
+        return UploadPlan(name, [(local, "")])
+    if not local.is_dir():
+        raise UsageError(f"{shown(local)} is not a regular file or directory")
+    collector = Collector(lambda *_: "", UNLIMITED, "none", remedy="move it out of the directory")
+    entries = collector.collect(local.resolve(), "", ["**"], [], "upload")
+    if collector.problems:
+        raise UsageError("\n".join(str(p) for p in collector.problems[:20]))
+    return UploadPlan(name, [(entry.source, path) for path, entry in entries.items()])
 
 
 def userdir_path(sftp: paramiko.SFTPClient, userdir: str) -> str:
@@ -42,30 +86,78 @@ def ensure_dir(sftp: paramiko.SFTPClient, path: str) -> None:
         sftp.mkdir(missing, mode=0o700)
 
 
+def put(sftp: paramiko.SFTPClient, source: Path, destination: str) -> None:
+    """source to destination through a temporary name: all of it or nothing."""
+    partial = posixpath.join(
+        posixpath.dirname(destination), f".{posixpath.basename(destination)}{PARTIAL}"
+    )
+    try:
+        sftp.put(str(source), partial)
+        sftp.chmod(partial, 0o600)
+        try:
+            sftp.posix_rename(partial, destination)
+        except OSError:  # a server without posix-rename: replace by hand
+            with contextlib.suppress(OSError):
+                sftp.remove(destination)
+            sftp.rename(partial, destination)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            sftp.remove(partial)
+        raise
+
+
 def upload(sftp: paramiko.SFTPClient, userdir: str, local: Path, remote: str | None) -> int:
     """Copy a local file or tree to <userdir>/files/<remote or its name>; return files sent."""
-    if not local.exists():
-        raise TcloudError(f"{local} does not exist")
-    target = inside(userdir_path(sftp, userdir), posixpath.join(FILES, remote or local.name))
-    sources = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-    for source in sources:
-        relative = "" if local.is_file() else source.relative_to(local).as_posix()
+    plan = plan_upload(local, remote)
+    target = inside(userdir_path(sftp, userdir), posixpath.join(FILES, plan.name))
+    for source, relative in plan.files:
         destination = posixpath.join(target, relative) if relative else target
         ensure_dir(sftp, posixpath.dirname(destination))
-        sftp.put(str(source), destination)
-        sftp.chmod(destination, 0o600)
-    return len(sources)
+        try:
+            put(sftp, source, destination)
+        except (OSError, paramiko.SSHException) as exc:
+            raise TcloudError(f"upload of {shown(source)} failed: {exc}") from None
+    return len(plan.files)
+
+
+def local_target(local: Path, name: str, remote: str) -> Path:
+    """local/name for a name the cluster listed: one plain component, and no symlink
+    there to write through."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise TcloudError(f"refusing the file name {name!r} listed in {remote} (not a plain name)")
+    target = local / name
+    if target.is_symlink():
+        raise TcloudError(
+            f"{shown(target)} is a symlink; refusing to write through it (download into an "
+            "empty directory)"
+        )
+    return target
 
 
 def download_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> int:
     count = 0
+    try:
+        entries = sftp.listdir_attr(remote)
+    except UnicodeDecodeError:
+        raise TcloudError(
+            f"{remote} holds a file name that is not UTF-8; rename it on the cluster"
+        ) from None
     local.mkdir(parents=True, exist_ok=True)
-    for entry in sftp.listdir_attr(remote):
+    for entry in entries:
         source = posixpath.join(remote, entry.filename)
+        target = local_target(local, entry.filename, remote)
         if stat.S_ISDIR(entry.st_mode):
-            count += download_tree(sftp, source, local / entry.filename)
-        elif stat.S_ISREG(entry.st_mode):
-            sftp.get(source, str(local / entry.filename))
+            count += download_tree(sftp, source, target)
+        elif stat.S_ISREG(entry.st_mode):  # symlinks are not followed
+            partial = target.with_name(f".{target.name}{PARTIAL}")
+            try:
+                sftp.get(source, str(partial))
+                os.replace(partial, target)
+            except (OSError, paramiko.SSHException) as exc:
+                raise TcloudError(f"download of {source} failed: {exc}") from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    partial.unlink()
             count += 1
     return count
 
@@ -82,11 +174,13 @@ def download(sftp: paramiko.SFTPClient, workdir: str, dest: Path) -> int:
 
 
 def ls(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> list[dict]:
-    path = inside(userdir_path(sftp, userdir), relative)
+    path = inside(userdir_path(sftp, userdir), check_path(relative))
     try:
         entries = sftp.listdir_attr(path)
     except FileNotFoundError:
         raise TcloudError(f"{relative or '.'}: no such file or directory") from None
+    except UnicodeDecodeError:
+        raise TcloudError(f"{relative or '.'}: holds a file name that is not UTF-8") from None
     return [
         {
             "name": e.filename + ("/" if stat.S_ISDIR(e.st_mode) else ""),
@@ -98,7 +192,7 @@ def ls(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> list[dict]:
 
 
 def cat(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> bytes:
-    path = inside(userdir_path(sftp, userdir), relative)
+    path = inside(userdir_path(sftp, userdir), check_path(relative))
     try:
         with sftp.open(path, "rb") as handle:
             return handle.read()

@@ -1,12 +1,15 @@
 """Local hash cache: (path, size, mtime, inode) -> sha256, so unchanged files are not
-read again. SQLite in ~/.cache/tcloud/ ($TCLOUD_CACHE_DIR overrides)."""
+read again. SQLite in ~/.cache/tcloud/ ($TCLOUD_CACHE_DIR overrides). It is only a
+cache: one that cannot be read (corrupt, not a database) is started afresh."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
 
+from tcloud.errors import TcloudError
 from tcloud.manifest import sha256_file
 
 
@@ -14,22 +17,55 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TCLOUD_CACHE_DIR", Path.home() / ".cache" / "tcloud"))
 
 
+def cache_key(path: Path) -> str | bytes:
+    """The resolved path: text, or its bytes when the name is not UTF-8 (SQLite text
+    must be UTF-8; a BLOB key never equals a TEXT one, so the two cannot collide)."""
+    resolved = str(path.resolve())
+    try:
+        resolved.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(resolved)
+    return resolved
+
+
+def open_db(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path)
+    try:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS hashes (path TEXT PRIMARY KEY, size INTEGER,"
+            " mtime_ns INTEGER, inode INTEGER, sha256 TEXT)"
+        )
+        db.execute("SELECT count(*) FROM hashes").fetchone()
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
 class HashCache:
     """A `manifest.Hasher` that remembers. Use as a context manager (commits on exit)."""
 
     def __init__(self, path: Path | None = None) -> None:
         path = path or cache_dir() / "hashes.sqlite"
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.db = sqlite3.connect(path)
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS hashes (path TEXT PRIMARY KEY, size INTEGER,"
-            " mtime_ns INTEGER, inode INTEGER, sha256 TEXT)"
-        )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                self.db = open_db(path)
+            except sqlite3.OperationalError:
+                raise  # locked by another tcloud, or cannot be opened: not ours to delete
+            except sqlite3.DatabaseError:  # not a database (any more): start afresh
+                path.unlink()
+                self.db = open_db(path)
+        except (OSError, sqlite3.Error) as exc:
+            raise TcloudError(
+                f"hash cache {path}: {getattr(exc, 'strerror', None) or exc}; "
+                "set TCLOUD_CACHE_DIR to a writable directory"
+            ) from None
         self.hits = 0
         self.misses = 0
 
     def __call__(self, path: Path, info: os.stat_result) -> str:
-        key = str(path.resolve())
+        key = cache_key(path)
         row = self.db.execute(
             "SELECT sha256 FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?",
             (key, info.st_size, info.st_mtime_ns, info.st_ino),
@@ -49,5 +85,6 @@ class HashCache:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.db.commit()
+        with contextlib.suppress(sqlite3.Error):  # only a cache: the next run hashes again
+            self.db.commit()
         self.db.close()

@@ -16,8 +16,19 @@ from pathlib import Path
 import yaml
 
 from tcloud.errors import TaskFileError
-from tcloud.fields import Field, Validator, non_empty
-from tcloud.schema import CODE, ENVIRONMENT, RESOURCES, RUNTIME, Dataset, TaskSpec, fill_defaults
+from tcloud.fields import Field, Validator, non_empty, pattern, relative_path
+from tcloud.schema import (
+    CODE,
+    ENVIRONMENT,
+    NAME,
+    RESOURCES,
+    RUNTIME,
+    Dataset,
+    TaskSpec,
+    env_name,
+    fill_defaults,
+    sbatch_option,
+)
 
 LEGACY = {
     "entrypoint": Field("list[str]", required=True, check=non_empty),
@@ -34,11 +45,13 @@ LEGACY = {
         "mapping",
         required=True,
         children={
-            "name": Field("str", required=True),
+            "name": Field(
+                "str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")
+            ),
             "general": Field("list[str]", default=[], expected="a list of key=value"),
             "module": Field("list[str]", default=[]),
             "env": Field("any", default={}),
-            "log": Field("str"),
+            "log": Field("str", check=relative_path),
         },
     ),
     "datasets": Field("list[str]", default=[], expected="a list of paths"),
@@ -70,6 +83,13 @@ def general_to_resources(lines: list[str]) -> tuple[dict, list[str]]:
                 resources[name] = kind(value)
             except ValueError:
                 problems.append(f"{line!r}: expected a number")
+                continue
+            # The same limits as tcloud.yaml's resources (nodes >= 1, a size, a time, ...).
+            check = RESOURCES[name].check
+            if check and (wanted := check(resources[name])):
+                problems.append(f"{line!r}: expected {wanted}")
+        elif wanted := sbatch_option(key):
+            problems.append(f"{line!r}: expected {wanted}")
         else:
             resources["sbatch"][key] = value
     return resources, problems
@@ -101,6 +121,9 @@ def load_legacy(path: Path, root: yaml.Node) -> TaskSpec:
     resources, general_problems = general_to_resources(job.get("general") or [])
     for message in general_problems:
         validator.problem(root, "job.general", message)
+    for name in env_from(job.get("env")):
+        if wanted := env_name(name):
+            validator.problem(root, f"job.env.{name}", f"expected {wanted}")
     if validator.problems:
         raise TaskFileError(validator.problems)
     environment = data.get("environment") or {}

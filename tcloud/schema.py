@@ -13,40 +13,98 @@ from pathlib import Path
 import yaml
 
 from tcloud.errors import Problem, TaskFileError
-from tcloud.fields import Field, Validator, at_least, non_empty, one_of, pattern
+from tcloud.fields import (
+    Field,
+    Validator,
+    at_least,
+    between,
+    non_empty,
+    one_of,
+    pattern,
+    relative_path,
+    single_line,
+)
 
 TASK_FILE = "tcloud.yaml"
 LEGACY_FILE = "tuxiv.conf"
 
-SLURM_TIME = r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+|UNLIMITED|INFINITE"
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+# Slurm partition, QoS and account names: one word, nothing a shell or sbatch would split.
+SLURM_NAME = pattern(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}", "a Slurm name (letters, digits, _.+-)")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIZE = re.compile(r"(\d+)([KMGT]?)")
+_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch --time).
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+NICE_MAX = 2147483645  # sbatch --nice bound
+
+
+def size_bytes(text: str) -> int:
+    """Bytes in a size like 512M or 4G (no unit: MiB, as Slurm reads --mem)."""
+    match = _SIZE.fullmatch(text)
+    return int(match.group(1)) * _UNITS[match.group(2)] if match else 0
+
+
+def positive_size(value: str) -> str | None:
+    return None if size_bytes(value) > 0 else "a size > 0 like 4G or 512M"
+
+
+def slurm_time(value: str) -> str | None:
+    """None for a Slurm time limit > 0 (or UNLIMITED), else what is expected."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME.fullmatch(value)
+    if not match:
+        return "a Slurm time"
+    days, first, *rest = match.groups()
+    later = [int(part) for part in rest if part is not None]
+    if any(part >= 60 for part in later) or (days is not None and int(first) >= 24):
+        return "a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS) with fields in range"
+    if int(days or 0) + int(first) + sum(later) == 0:
+        # Slurm reads 0 as "no limit": the task must say UNLIMITED if that is meant.
+        return "a Slurm time > 0 (or UNLIMITED)"
+    return None
+
+
+def env_name(key: str) -> str | None:
+    return None if _ENV_NAME.fullmatch(key) else "a shell variable name ([A-Za-z_]\\w*)"
+
+
+def sbatch_option(key: str) -> str | None:
+    if re.fullmatch(r"[a-z][a-z0-9-]*", key):
+        return None
+    return "an sbatch option name such as exclusive or mail-type (lowercase, no leading --)"
+
 
 CODE = {
     "workdir": Field("str", default="."),
-    "include": Field("list[str]", default=["**"]),
-    "exclude": Field("list[str]", default=[]),
+    "include": Field("list[str]", default=["**"], each=relative_path),
+    "exclude": Field("list[str]", default=[], each=relative_path),
 }
 RESOURCES = {
     "nodes": Field("int", default=1, check=at_least(1)),
     "gpus_per_node": Field("int", default=0, check=at_least(0)),
     "cpus": Field("int", default=1, check=at_least(1), expected="CPUs per task (>= 1)"),
-    "mem": Field("str", default="4G", check=pattern(r"\d+[KMGT]?", "a size like 4G or 512M")),
-    "time": Field("str", default="01:00:00", check=pattern(SLURM_TIME, "a Slurm time")),
-    "partition": Field("str"),
-    "qos": Field("str"),
-    "priority": Field("int", check=at_least(0), expected="a nice value >= 0"),
-    "account": Field("str"),
-    "sbatch": Field("map[str]", default={}, expected="extra sbatch options, name: value"),
+    "mem": Field("str", default="4G", check=positive_size, expected="a size like 4G or 512M"),
+    "time": Field("str", default="01:00:00", check=slurm_time, expected="a Slurm time"),
+    "partition": Field("str", check=SLURM_NAME),
+    "qos": Field("str", check=SLURM_NAME),
+    "priority": Field("int", check=between(0, NICE_MAX), expected="a nice value >= 0"),
+    "account": Field("str", check=SLURM_NAME),
+    "sbatch": Field(
+        "map[str]", default={}, expected="extra sbatch options, name: value", keys=sbatch_option
+    ),
 }
 ENVIRONMENT = {
-    "requirements": Field("list[str]", default=[], expected="pip requirement lines"),
-    "modules": Field("list[str]", default=[]),
-    "env": Field("map[str]", default={}),
+    "requirements": Field(
+        "list[str]", default=[], expected="pip requirement lines", each=single_line
+    ),
+    "modules": Field("list[str]", default=[], each=single_line),
+    "env": Field("map[str]", default={}, keys=env_name),
 }
 DATASET = {
     "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),
-    "local": Field("str", expected="a local path to upload"),
+    "local": Field("str", check=single_line, expected="a local path to upload"),
     "cluster": Field("str", check=pattern(r"/.*", "an absolute path on the cluster")),
 }
 RUNTIME = {
@@ -61,7 +119,9 @@ TASK = {
     "datasets": Field("list[mapping]", default=[], children=DATASET),
     "setup": Field("list[str]", default=[], expected="a list of shell lines"),
     "run": Field("list[str]", required=True, check=non_empty, expected="a list of shell lines"),
-    "outputs": Field("list[str]", default=[], expected="a list of paths or globs"),
+    "outputs": Field(
+        "list[str]", default=[], expected="a list of paths or globs", each=relative_path
+    ),
     "runtime": Field("mapping", default={}, children=RUNTIME),
 }
 
@@ -94,17 +154,36 @@ def fill_defaults(value: dict | None, fields: dict[str, Field]) -> dict:
     return {key: value.get(key, spec.default) for key, spec in fields.items()}
 
 
-def compose(path: Path) -> yaml.Node | None:
+def read_text(path: Path) -> str:
+    """A task file's text; a file that is unreadable or not UTF-8 is a TaskFileError."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise TaskFileError([Problem(str(path), 0, 0, "", exc.strerror or str(exc))]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        message = f"not UTF-8 text: byte 0x{byte} cannot be decoded; save the file as UTF-8"
+        raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
+
+
+def compose(path: Path) -> yaml.Node | None:
+    text = read_text(path)
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         message = f"not valid YAML: {exc.problem or exc.context}"
+        raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        message = f"not valid YAML: control character {character!r} is not allowed"
         raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
 
 
@@ -115,14 +194,6 @@ def child(node: yaml.Node, key: str) -> yaml.Node | None:
             if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
                 return value_node
     return None
-
-
-def check_env_names(validator: Validator, root: yaml.Node) -> None:
-    env = child(child(root, "environment") or root, "env")
-    for key_node, _ in env.value if isinstance(env, yaml.MappingNode) else []:
-        if not _ENV_NAME.fullmatch(str(key_node.value)):
-            name = f"environment.env.{key_node.value}"
-            validator.problem(key_node, name, "expected a shell variable name ([A-Za-z_]\\w*)")
 
 
 def spec_from(data: dict, base_dir: Path) -> TaskSpec:
@@ -153,6 +224,14 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
 
 def load_task(path: Path) -> TaskSpec:
     """Read and validate a task file (tcloud.yaml, or a legacy tuxiv.conf)."""
+    try:
+        return _load_task(path)
+    except RecursionError:
+        message = "nested too deeply to be a task file"
+        raise TaskFileError([Problem(str(path), 0, 0, "", message)]) from None
+
+
+def _load_task(path: Path) -> TaskSpec:
     root = compose(path)
     if root is None:
         raise TaskFileError([Problem(str(path), 1, 1, "", "empty file; `tcloud init` writes one")])
@@ -163,7 +242,6 @@ def load_task(path: Path) -> TaskSpec:
     validator = Validator(str(path))
     data = validator.mapping(root, TASK)
     if isinstance(root, yaml.MappingNode):
-        check_env_names(validator, root)
         check_datasets(validator, child(root, "datasets") or root, data)
     if validator.problems:
         raise TaskFileError(validator.problems)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shlex
 import sys
@@ -24,6 +25,9 @@ from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
 USER_KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
+# paramiko logs a failed handshake with its traceback from its own thread; with no
+# handler that lands on stderr. tcloud reports the failure itself (`connect`), once.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)

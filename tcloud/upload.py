@@ -14,6 +14,7 @@ import paramiko
 from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
+from tcloud.manifest import shown
 
 CHUNK = 1 << 20
 
@@ -62,7 +63,14 @@ class Progress:
 def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, progress) -> int:
     """Append local[offset:] to remote_path; return bytes sent."""
     sent = 0
-    with local.open("rb") as source, sftp.open(remote_path, "ab") as target:
+    try:
+        handle = local.open("rb")
+    except OSError as exc:
+        raise TcloudError(
+            f"{shown(local)}: cannot read: {exc.strerror or exc} (did it change since tcloud "
+            "hashed it? run the command again)"
+        ) from None
+    with handle as source, sftp.open(remote_path, "ab") as target:
         target.set_pipelined(True)
         source.seek(offset)
         for block in iter(lambda: source.read(CHUNK), b""):

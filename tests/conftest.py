@@ -30,3 +30,34 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT, tim
         timeout=timeout,
         check=False,
     )
+
+
+SUITES = {"bad_input": "bad-input", "fault": "fault"}  # marker -> name in the summary
+FAILED = ("failed", "error", "xpassed")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line per suite that ran: "bad-input suite: N cases ran, P passed, F failed".
+    Counted from the reports' keywords, so it works with xdist workers too."""
+    for marker, suite in SUITES.items():
+        outcomes: dict[str, str] = {}
+        for category in ("passed", "xfailed", "skipped", *FAILED):
+            for report in terminalreporter.stats.get(category, []):
+                if marker not in getattr(report, "keywords", {}):
+                    continue
+                if category in FAILED:
+                    outcomes[report.nodeid] = "failed"  # any failing phase fails the case
+                elif category == "skipped":
+                    outcomes.setdefault(report.nodeid, "skipped")
+                elif outcomes.get(report.nodeid) != "failed":
+                    outcomes[report.nodeid] = "passed"
+        if not outcomes:
+            continue
+        counts = {k: list(outcomes.values()).count(k) for k in ("passed", "failed", "skipped")}
+        ran = counts["passed"] + counts["failed"]
+        line = (
+            f"{suite} suite: {ran} cases ran, {counts['passed']} passed, {counts['failed']} failed"
+        )
+        if counts["skipped"]:
+            line += f", {counts['skipped']} skipped"
+        terminalreporter.write_line(line)

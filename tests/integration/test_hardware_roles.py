@@ -87,10 +87,11 @@ def test_a_killed_run_is_finished_by_the_next_one_which_changes_only_what_was_le
     assert killed & rerun == set(), sorted(killed & rerun)
     # ...and the restarts its slurm.conf change notified, never run, are not lost: every
     # daemon runs a configuration at least as new as the file.
-    assert "RUNNING HANDLER" not in runs["killed"]
+    assert "RUNNING HANDLER [slurm" not in runs["killed"]
     for node, daemon in (("n1", "slurmctld"), ("n2", "slurmd"), ("n3", "slurmd")):
         started = sh(node, f"systemctl show --timestamp=unix -P ActiveEnterTimestamp {daemon}")
         written = sh(node, "stat -c %Y /etc/slurm/slurm.conf")
+        assert started.startswith("@"), (node, daemon, started)
         assert int(started.strip().lstrip("@")) >= int(written), (node, daemon)
 
 

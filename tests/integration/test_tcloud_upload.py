@@ -2,23 +2,28 @@
 verified host key): only missing blobs are sent, every job gets its own hard-linked
 immutable workdir, a cut upload resumes, a tampered blob is refused, and a changed or
 unknown host key is refused. Runs in CI as root on its own lab (`tc`, 10.77.13.0/24).
+Issue [7]'s bad-input cases that need the cluster side are at the end.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tacc_lab.lab import resolve_config
+from tcloud import files
 from tcloud import upload as upload_module
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.schema import load_task
 from tcloud.ssh import run, session
+from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 
 pytestmark = pytest.mark.lab
@@ -173,3 +178,128 @@ def test_unknown_host_is_refused_without_a_terminal(lab, tmp_path, monkeypatch):
                       known_hosts=str(tmp_path / "empty"))  # fmt: skip
     with pytest.raises(TcloudError, match=r"unknown host: .* SHA256:"), session(cluster):
         pass
+
+
+# --- issue [7]: bad input against the real cluster side ------------------------------
+
+
+@pytest.fixture
+def cli(lab, tmp_path):
+    """The tcloud console script configured for the lab node (its verified host key)."""
+    config = tmp_path / "tcloud-config.yaml"
+    config.write_text(yaml.safe_dump({"current": NAME, "clusters": {NAME: {
+        "host": lab.host, "user": lab.user, "key": lab.key, "known_hosts": lab.known_hosts,
+        "userdir": USERDIR}}}))  # fmt: skip
+    (tmp_path / "home").mkdir()
+    env = {"TCLOUD_CONFIG": str(config), "TCLOUD_CLUSTER": NAME, "HOME": str(tmp_path / "home"),
+           "TCLOUD_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+
+    def tcloud(*argv: str) -> subprocess.CompletedProcess:
+        return run_cli("tcloud", *argv, env=env, cwd=tmp_path, timeout=300)
+
+    return tcloud
+
+
+def userdir_tree() -> list[str]:
+    """Everything under the user's cluster directory (and that it exists or not)."""
+    return node_sh(NAME, "n1", f"find {USERDIR} 2>&1 | sort").stdout.splitlines()
+
+
+def bad_project(root: Path, kind: str) -> Path:
+    root.mkdir(parents=True)
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "tcloud.yaml").write_text("name: bad\nrun: [python3 train.py]\n")
+    if kind == "escaping-symlink":
+        (root / "key").symlink_to("/etc/passwd")
+    elif kind == "huge-file":
+        with (root / "model.ckpt").open("wb") as handle:
+            handle.truncate(3 << 30)  # sparse: no disk used
+    elif kind == "bad-name":
+        (root / "tcloud.yaml").write_text("name: 'bad; touch /tmp/pwned'\nrun: [x]\n")
+    elif kind == "non-utf8-name":
+        (root / os.fsdecode(b"caf\xe9.txt")).write_text("x\n")
+    elif kind == "agent-owned-sbatch-option":
+        (root / "tcloud.yaml").write_text("name: bad\nrun: [x]\n"
+                                          "resources: {sbatch: {output: /tmp/x}}\n")  # fmt: skip
+    return root
+
+
+REFUSED = {
+    "escaping-symlink": "key: code: symlink to /etc/passwd, outside",
+    "huge-file": "model.ckpt: code: 3.0 GiB is over the limit of 2G",
+    "bad-name": "name: expected a name of letters, digits, _.-",
+    "non-utf8-name": "caf\\xe9.txt: code: file name is not UTF-8",
+    "agent-owned-sbatch-option": "resources.sbatch.output: sbatch option 'output' cannot be set",
+}
+
+
+@pytest.mark.bad_input
+def test_refused_submits_leave_nothing_on_the_cluster(lab, cli, tmp_path):
+    assert cli("ls").returncode == 0  # the CLI reaches the node: refusals are not that
+    before = userdir_tree()
+    for kind, message in REFUSED.items():
+        proc = cli("submit", str(bad_project(tmp_path / kind, kind)))
+        assert proc.returncode == 3, (kind, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr, (kind, proc.stderr)
+    assert userdir_tree() == before  # no job directory, no blob, no partial blob
+    assert node_sh(NAME, "n1", "ls /tmp/pwned").returncode != 0
+
+
+@pytest.mark.bad_input
+def test_traversal_is_refused_and_download_stays_in_its_directory(lab, cli, tmp_path):
+    (tmp_path / "notes.txt").write_text("notes\n")
+    for argv, message in (
+        (["cat", "../../../etc/shadow"], "outside your cluster directory"),
+        (["ls", "/etc"], "outside your cluster directory"),
+        (["upload", "notes.txt", "../escaped.txt"], "outside your cluster directory"),
+        (["download", "../../etc", "dest"], "not a job id"),
+    ):
+        proc = cli(*argv)
+        assert proc.returncode == 4 and message in proc.stderr, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert node_sh(NAME, "n1", f"ls {USERDIR}/escaped.txt /root/escaped.txt").returncode != 0
+    # A job's outputs holding links out of it: only the plain file comes down.
+    workdir = f"{USERDIR}/jobs/bad-input-1"
+    node_sh(NAME, "n1", f"mkdir -p {workdir}/outputs/sub {workdir}/logs && "
+                        f"echo ok > {workdir}/outputs/ok.txt && "
+                        f"ln -sfn /etc/shadow {workdir}/outputs/shadow && "
+                        f"ln -sfn /etc {workdir}/outputs/sub/etc && "
+                        f"echo log > {workdir}/logs/job.log")  # fmt: skip
+    dest = tmp_path / "download" / "dest"
+    with session(lab) as client, closing(client.open_sftp()) as sftp:
+        assert files.download(sftp, workdir, dest) == 2
+    found = sorted(str(p.relative_to(tmp_path / "download")) for p in dest.parent.rglob("*"))
+    assert found == ["dest", "dest/logs", "dest/logs/job.log", "dest/outputs",
+                     "dest/outputs/ok.txt", "dest/outputs/sub"]  # fmt: skip
+    # A name the cluster cannot give as UTF-8 is named, not a crash.
+    node_sh(NAME, "n1", f"touch {workdir}/outputs/$(printf 'caf\\351')")
+    with (
+        session(lab) as client,
+        closing(client.open_sftp()) as sftp,
+        pytest.raises(TcloudError, match="not UTF-8"),
+    ):
+        files.download(sftp, workdir, tmp_path / "again")
+    node_sh(NAME, "n1", f"rm -rf {workdir}")
+
+
+@pytest.mark.bad_input
+def test_upload_names_with_metacharacters_land_verbatim_and_escaping_trees_are_refused(
+    lab, cli, tmp_path
+):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    odd = "a b;$(touch pwned)`id`.txt"
+    (tree / odd).write_text("odd\n")
+    (tree / "données-π.csv").write_text("utf8\n")
+    proc = cli("upload", str(tree), "bad-input-tree")
+    assert proc.returncode == 0, proc.stderr
+    listing = node_sh(NAME, "n1", f"ls {USERDIR}/files/bad-input-tree").stdout.splitlines()
+    assert sorted(listing) == sorted([odd, "données-π.csv"])
+    assert node_sh(NAME, "n1", f"ls {USERDIR}/files/bad-input-tree/pwned pwned").returncode != 0
+    (tree / "hostkey").symlink_to("/etc/passwd")
+    before = userdir_tree()
+    proc = cli("upload", str(tree), "bad-input-tree-2")
+    assert proc.returncode == 2, proc.stderr
+    assert "hostkey: upload: symlink to /etc/passwd, outside" in proc.stderr
+    assert userdir_tree() == before
+    node_sh(NAME, "n1", f"rm -rf {USERDIR}/files/bad-input-tree")
