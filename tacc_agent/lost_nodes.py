@@ -12,8 +12,14 @@ BAD_NODE_STATES = ("DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN
 
 
 def lost_hosts(ranks: list[dict]) -> list[str]:
-    """Hosts of ranks that started but never recorded an exit, in rank order."""
-    hosts = [r.get("host", "?") for r in ranks if r.get("state") in ("PROVISIONING", "RUNNING")]
+    """Hosts of ranks that started but never recorded an exit, in rank order. A rank
+    that was told to stop (`terminated`: SIGTERM from a halt, preemption or time limit)
+    and then SIGKILLed before it could record its exit was not lost with its node."""
+    hosts = [
+        r.get("host", "?")
+        for r in ranks
+        if r.get("state") in ("PROVISIONING", "RUNNING") and not r.get("terminated")
+    ]
     return list(dict.fromkeys(hosts))
 
 

@@ -156,7 +156,7 @@ def download_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> int:
             except (OSError, paramiko.SSHException) as exc:
                 raise TcloudError(f"download of {source} failed: {exc}") from None
             finally:
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # gone, or not ours to remove
                     partial.unlink()
             count += 1
     return count

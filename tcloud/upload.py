@@ -3,6 +3,7 @@ cluster verify them and build the job's own workdir (`tacc-agent store`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -111,9 +112,18 @@ def upload(
                     sftp.remove(f"{store}/store/.partial/{name}")
                 local = instruction.manifest[first_path[name]].source
                 sent += send(sftp, local, f"{store}/store/.partial/{name}", offset, progress)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            # A dropped connection (or a file that vanished here): what arrived stays in
+            # the cluster's .partial store and the next run sends only the rest.
+            detail = str(exc) or type(exc).__name__
+            raise TcloudError(
+                f"the upload stopped ({detail}); run the command again: what arrived is "
+                "kept and only the rest is sent"
+            ) from None
         finally:
             progress.close()
-            sftp.close()
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                sftp.close()
     files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
     request = {"op": "commit", "blobs": missing, "manifest": names, "submit": submit}
     answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)

@@ -129,3 +129,6 @@ def test_a_lost_node_that_is_back_is_still_named(tmp_path, slurm_nodes):
         lost_nodes.describe([TERMINATED_ON_N2, RUNNING_ON_N3], 1) == "node n3 failed during the run"
     )
     assert lost_nodes.describe([TERMINATED_ON_N2, EXITED_0], 1) == ""
+    # Told to stop (halt, preemption) and SIGKILLed before it wrote its exit: not lost.
+    stopped = {"rank": 1, "host": "n3", "state": "RUNNING", "terminated": True}
+    assert lost_nodes.describe([TERMINATED_ON_N2, stopped], 1) == ""
