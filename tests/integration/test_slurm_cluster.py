@@ -512,7 +512,8 @@ def test_a_killed_agent_is_restarted_by_systemd_without_draining_the_node(cluste
 
 
 def test_added_node_joins_without_disturbing_a_running_job(cluster):
-    job = node_sh(NAME, "n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 300'").stdout.strip()
+    # The job must outlive the add-node converge, which takes minutes on a loaded host.
+    job = node_sh(NAME, "n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 3600'").stdout.strip()
     deadline = time.monotonic() + 30
     while node_sh(NAME, "n1", f"squeue -h -j {job} -o %T").stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "job never started"

@@ -121,7 +121,7 @@ def test_cut_upload_leaves_no_blob_and_resumes(lab, project, monkeypatch):
         return real_send(sftp, local, remote_path, offset, progress)
 
     monkeypatch.setattr(upload_module, "send", cut_after_first_chunk)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(TcloudError, match=r"the upload stopped \(connection reset \(simulated\)\)"):
         push(lab, project)
     instruction = compile_task(load_task(project / "tcloud.yaml"))
     blob = f"{instruction.manifest['code/big.bin'].sha256}-644"
