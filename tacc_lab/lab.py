@@ -103,7 +103,13 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
             save_state(cfg.state_file, state)
         if to_start:
             log(f"booting {', '.join(n.name for n in to_start)} ...")
-        wait_for_ssh(cfg, to_start)
+
+        def boot_again(node: NodeRecord) -> None:
+            clear_stale_veth(cfg.machine_name(node.name))
+            node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
+            save_state(cfg.state_file, state)
+
+        wait_for_ssh(cfg, to_start, boot_again=boot_again)
         write_inventory(cfg, state, inventory_path)
     return UpResult([n.name for n in to_start], built, time.monotonic() - start)
 
