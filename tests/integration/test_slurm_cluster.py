@@ -237,7 +237,12 @@ def test_halt_sends_the_checkpoint_signal_and_resume_runs_it_again(alice, tmp_pa
            'USR1; echo "started"; while true; do sleep 1; done']  # fmt: skip
     job = submit(alice, task_dir(tmp_path / "t", "ckpt", run, nodes=1))
     wait_state(alice, job, ("RUNNING",))
-    time.sleep(1)
+    # "started" comes after the trap is set: a USR1 before it would kill the program
+    # (bash's default action), which a loaded host's slow start can otherwise allow.
+    deadline = time.monotonic() + 30
+    while "started" not in alice("logs", job).stdout:
+        assert time.monotonic() < deadline, "the program never started"
+        time.sleep(0.5)
     assert alice("halt", job).returncode == 0
     info = wait_state(alice, job, ("HALTED",), 10)
     assert info["slurm_state"] in ("PENDING", "REQUEUE_HOLD"), info
