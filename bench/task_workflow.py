@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ from pathlib import Path
 
 from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, playbook, summary
 
+from tacc_lab.demo import researcher_env
+
 # Declared in slurm.conf so that 40 one-CPU tasks fit on the 2 compute nodes at once;
 # config_overrides makes slurmd accept more CPUs than the node has.
 DECLARED = {
@@ -39,16 +40,6 @@ DECLARED = {
     "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdParameters": "config_overrides"},
 }
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-
-
-def researcher_env() -> dict[str, str]:
-    out = subprocess.run([str(BIN / "tacc-lab"), "--name", NAME, "user", "alice"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    env = {}
-    for line in out.splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = shlex.split(value)[0]
-    return env
 
 
 class Tcloud:
@@ -233,7 +224,7 @@ def main() -> int:
         lab_up(3, inventory)
         try:
             playbook(inventory, "playbooks/site.yml", "-e", json.dumps(DECLARED))
-            tcloud = Tcloud(researcher_env())
+            tcloud = Tcloud(researcher_env(NAME, "alice"))
             tcloud.wait(tcloud.submit(task(work / "warm", "warm", "true"))[0], TERMINAL)
             out["submit_to_running"] = submit_to_running(tcloud, work, args.samples)
             out["log_latency"] = log_latency(tcloud, work)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.lab_helpers import lab_cli, lab_status, node_sh, site
 
@@ -65,18 +66,9 @@ def test_munge_credentials_decode_across_nodes(cluster):
     assert mode == "400 munge"
 
 
-def researcher_env(name: str) -> dict[str, str]:
-    """What `eval "$(tacc-lab user NAME)"` exports, over this process's environment."""
-    proc = lab_cli(NAME, "user", name)
-    assert proc.returncode == 0, proc.stderr
-    exported = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
-                    for line in proc.stdout.splitlines())  # fmt: skip
-    return {**os.environ, **exported}
-
-
 def researcher(name: str, tmp: Path):
     """tcloud as a lab researcher: `eval "$(tacc-lab user NAME)"`, nothing else."""
-    env = researcher_env(name)
+    env = researcher_env(NAME, name)
 
     def tcloud_cli(*argv: str, cwd: Path = tmp):
         return run_cli("tcloud", *argv, env=env, cwd=cwd)
@@ -462,7 +454,7 @@ def test_an_upload_cut_mid_way_resumes_and_leaves_no_corrupt_blob(alice, tmp_pat
             hashed.update(block)
     digest = hashed.hexdigest()
     partial = Path(f"/var/lib/tacc-lab/{NAME}/shared/tcloud/alice/store/.partial")
-    env = researcher_env("alice")
+    env = researcher_env(NAME, "alice")
     # A root shell on n1 that is already connected, waiting for the word: the cut lands
     # the moment the first 4 MiB are there, not an ssh handshake later.
     killer = subprocess.Popen(
