@@ -97,19 +97,17 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
         for node in nodes:
             public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
         write_known_hosts(cfg, public_keys)
-        for node in to_start:
+
+        def boot(node: NodeRecord) -> None:
             clear_stale_veth(cfg.machine_name(node.name))
             node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
             save_state(cfg.state_file, state)
+
+        for node in to_start:
+            boot(node)
         if to_start:
             log(f"booting {', '.join(n.name for n in to_start)} ...")
-
-        def boot_again(node: NodeRecord) -> None:
-            clear_stale_veth(cfg.machine_name(node.name))
-            node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
-            save_state(cfg.state_file, state)
-
-        wait_for_ssh(cfg, to_start, boot_again=boot_again)
+        wait_for_ssh(cfg, to_start, boot_again=boot)
         write_inventory(cfg, state, inventory_path)
     return UpResult([n.name for n in to_start], built, time.monotonic() - start)
 
