@@ -5,6 +5,8 @@ Verbs:
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
   serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
   whoami                       the caller's user and directory
+  quota                        the caller's limits, fair share and usage
+  queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
   store                        delta upload: JSON request on stdin (missing | commit)
   job check                    would the cluster accept this instruction? (stdin)
   job submit WORKDIR           sbatch a committed job directory
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in (p_check, p_serve):  # also after the verb: `tacc-agent serve --config FILE`
         verb.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="settings file")
     sub.add_parser("whoami", help="the caller's user and directory")
+    sub.add_parser("quota", help="the caller's limits, fair share and usage (Slurm accounting)")
+    sub.add_parser("queue-tick", help="one round of the scheduling plug-ins' tick (root)")
     sub.add_parser("store", help="delta upload (JSON on stdin)")
     sub.add_parser("env", help="the caller's cached environments")
     p_job = sub.add_parser("job", help="submit and watch jobs")
@@ -93,7 +97,7 @@ def read_request() -> dict:
 
 
 def job_command(args: argparse.Namespace, config) -> int:
-    from tacc_agent import jobs, logs, records, schedule, workspace
+    from tacc_agent import jobs, logs, records, schedule, sweeps, workspace
     from tacc_agent.instruction import parse
 
     if args.verb == "check":
@@ -111,7 +115,10 @@ def job_command(args: argparse.Namespace, config) -> int:
         job_dir = workspace.job_dir(user_dir, args.job)
 
         def ended() -> bool:  # once a second while following: the state only
-            state, _ = jobs.reconcile(job_dir, jobs.slurm_info(args.job, config))
+            if "_" not in args.job and sweeps.is_sweep(job_dir):
+                state = jobs.sweep_status(args.job, job_dir, config)["state"]
+            else:
+                state, _ = jobs.reconcile(job_dir, jobs.slurm_info(args.job, config))
             return state in (*records.TERMINAL, "HALTED")
 
         logs.stream(job_dir, args.follow, args.tail, args.rank, ended)
@@ -125,6 +132,10 @@ def job_command(args: argparse.Namespace, config) -> int:
 
 def dispatch(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if config.plugins:  # their task fields are part of what an instruction may hold
+        from tacc_agent.instruction import configure
+
+        configure(config.plugins)
     if args.command in ("batch", "exec"):
         from tacc_agent import execute
 
@@ -140,6 +151,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from tacc_agent import serve
 
         return serve.serve(config, args.port, args.interval)
+    if args.command == "quota":
+        from tacc_agent.quota import quota
+
+        return emit(quota(config))
+    if args.command == "queue-tick":
+        from tacc_agent.queue_ticks import tick
+
+        return emit({"changes": tick(config)})
     from tacc_agent import envcache, workspace
 
     user_dir = workspace.userdir(config, args.userdir)

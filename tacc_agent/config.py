@@ -26,6 +26,25 @@ class AgentConfig:
     # Node facts written by `tacc-agent serve`; the execution layer reads them when fresh.
     facts_file: str = "/run/tacc-agent/facts.json"
     facts_max_age_seconds: int = 120
+    # The time limit of a task that sets none (and has no prediction).
+    default_time_limit: str = "01:00:00"
+    # Plug-ins (tacc_plugins): words applied to the defaults, e.g. ["las", "-duration",
+    # "mylab.plugins"]; ops' choice, so it may also turn off policy plug-ins.
+    plugins: tuple = ()
+    # duration plug-in: a limit is predicted from the last `duration_history` completed
+    # runs (at least `duration_min_runs`): longest x margin + pad, capped at
+    # default_time_limit.
+    duration_history: int = 5
+    duration_min_runs: int = 1
+    duration_margin: float = 1.5
+    duration_pad_seconds: int = 60
+    # las plug-in (off unless `plugins` names it; runs in the daemon where
+    # queue_tick_seconds > 0, i.e. the controller): a user's attained GPU-seconds (node-
+    # seconds for jobs without GPUs) pick their queue by these thresholds; each queue
+    # down adds las_nice_step to the nice value of their pending jobs.
+    queue_tick_seconds: float = 0.0
+    las_thresholds: tuple = (3600.0, 36000.0)
+    las_nice_step: int = 10000
     # SIGUSR1 this many seconds before the time limit (sbatch --signal).
     checkpoint_signal_seconds: int = 60
     # `halt`: how long the program gets to checkpoint before the job is requeued on hold.
@@ -77,7 +96,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
-    for key in ("mounts", "services"):
+    for key in ("mounts", "services", "plugins", "las_thresholds"):
         if key in data:
             data[key] = tuple(data[key] or ())
     return AgentConfig(**data)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -21,10 +20,14 @@ import threading
 import time
 from pathlib import Path
 
-from tacc_agent import envcache, lost_nodes, records, slurm, transport
+from tacc_agent import envcache, lost_nodes, records, slurm, sweeps, transport
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.instruction import load
+from tacc_agent.schedule import cluster_plugins
+from tacc_plugins.api import Launch, Outcome
+from tacc_plugins.launcher import with_modules
+from tacc_plugins.registry import in_layer
 from tcloud.schema import TaskSpec
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
@@ -178,14 +181,9 @@ def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
 AGENT = [sys.executable, "-I", "-m", "tacc_agent"]
 
 
-def with_modules(task: TaskSpec, line: str) -> str:
-    loads = [f"module load {shlex.quote(m)}" for m in task.environment["modules"]]
-    return " && ".join([*loads, line]) if loads else line
-
-
 # ---------------------------------------------------------------- batch step
 def batch(job_dir: Path, config: AgentConfig) -> int:
-    job_dir = job_dir.resolve()
+    job_dir = sweeps.batch_dir(job_dir.resolve())  # a sweep's trial works in its own
     task = load(job_dir)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     forwarder = Forwarder()
@@ -223,18 +221,36 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
             if not forwarder.terminated:
                 records.add_event(job_dir, "FAILED", exit_code=code, reason=reason)
             return code
-    nodes = 1 if task.runtime["launcher"] in SINGLE_NODE_LAUNCHERS else task.resources["nodes"]
+    # The nodes Slurm gave the job: with a range (nodes: 2-4) anything from min to max.
+    allocated = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or task.resources["nodes"]
+    nodes = 1 if task.runtime["launcher"] in SINGLE_NODE_LAUNCHERS else allocated
     argv = [
         "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes}",
         "--ntasks-per-node=1", "--export=ALL", *AGENT, "exec", str(job_dir),
     ]  # fmt: skip
     if forwarder.terminated:
         return 128 + signal.SIGTERM
+    started = time.monotonic()
     code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
                     sys.stdout.buffer.write)  # fmt: skip
     sys.stdout.flush()
     finish(job_dir, code, forwarder.terminated)
+    report_outcome(task, job_dir, code, time.monotonic() - started, config)
     return code
+
+
+def report_outcome(task: TaskSpec, job_dir: Path, code: int, seconds: float,
+                   config: AgentConfig) -> None:  # fmt: skip
+    """Each execution plug-in's line about the finished run (e.g. predicted vs actual)."""
+    submitted = records.read_json(job_dir / "status" / "submit.json") or {}
+    outcome = Outcome(task, job_dir, code, seconds, submitted)
+    for plugin in in_layer(cluster_plugins(task, config), "execute"):
+        try:
+            line = plugin.finish(outcome)
+        except Exception as exc:  # a plug-in's report never fails the job
+            line = f"plug-in {plugin.name}: could not report: {exc}"
+        if line:
+            say(line)
 
 
 def link_datasets(task: TaskSpec, job_dir: Path) -> None:
@@ -299,35 +315,6 @@ def agree_on_transport(
     return transport.choose("tcp", [])
 
 
-def framework_env(task: TaskSpec, rank: int, nodes: list[str], ips: list[str], job_id: str) -> dict:
-    per_node = max(task.resources["gpus_per_node"], 1)
-    torchrun = task.runtime["launcher"] == "torchrun"
-    return {
-        "TACC_JOB_ID": job_id,
-        "TACC_NODE_RANK": str(rank),
-        "TACC_NUM_NODES": str(len(nodes)),
-        "TACC_NODE_IPS": ",".join(ips),
-        "TACC_MASTER_ADDR": ips[0],
-        "MASTER_ADDR": ips[0],
-        "MASTER_PORT": str(20000 + int(job_id or 0) % 20000),
-        "WORLD_SIZE": str(len(nodes) * (per_node if torchrun else 1)),
-        "RANK": str(rank * (per_node if torchrun else 1)),
-        "LOCAL_RANK": "0",
-    }
-
-
-def command_for(task: TaskSpec, line: str, env: dict[str, str]) -> list[str]:
-    line = line if task.runtime["launcher"] != "mpirun" else f"mpirun {line}"
-    if task.runtime["launcher"] == "torchrun":
-        gpus = max(task.resources["gpus_per_node"], 1)
-        line = (
-            f"torchrun --nnodes={env['TACC_NUM_NODES']} --nproc-per-node={gpus} "
-            f"--node-rank={env['TACC_NODE_RANK']} --master-addr={env['MASTER_ADDR']} "
-            f"--master-port={env['MASTER_PORT']} {line}"
-        )
-    return ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
-
-
 def execute(job_dir: Path, config: AgentConfig) -> int:
     job_dir = job_dir.resolve()
     task = load(job_dir)
@@ -358,24 +345,31 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         rdma = transport.local_rdma(config)
         records.write_rank(job_dir, rank, host=host, ip=ips[rank] if rank < len(ips) else "",
                            state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
-        choice = agree_on_transport(task, job_dir, rank, len(nodes), config)
-        if rank == 0:
+        launch = Launch(task, rank, nodes, ips, job_id, program_env(task, base_env(job_dir)),
+                        job_dir=job_dir, config=config)  # fmt: skip
+        for plugin in in_layer(cluster_plugins(task, config), "execute"):
+            plugin.execute(launch)
+        choice = launch.transport
+        if rank == 0 and choice is not None:
             note(f"transport {choice.name}: {choice.reason}")
-        env = program_env(task, base_env(job_dir)) | framework_env(task, rank, nodes, ips, job_id)
-        env.update(choice.env, TACC_TRANSPORT=choice.name)
+        env = launch.env
         if os.environ.get("TACC_VENV"):
             envcache.activate(Path(os.environ["TACC_VENV"]), env)
         records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
         if rank == 0:
-            records.add_event(job_dir, "RUNNING", nodes=nodes, transport=choice.name)
+            shaped = {k: v for k, v in launch.notes.items() if k != "transport"}
+            records.add_event(job_dir, "RUNNING", nodes=nodes,
+                              transport=choice.name if choice else "none",
+                              **({"plugins": shaped} if shaped else {}))  # fmt: skip
+        command = launch.command or (
+            lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+        )
         code = 0
         for line in task.run:
             if forwarder.terminated:
                 code = 128 + signal.SIGTERM
                 break
-            code = run_line(
-                command_for(task, line, env), job_dir / "code", env, forwarder, log.write
-            )
+            code = run_line(command(line), job_dir / "code", env, forwarder, log.write)
             if code != 0 or forwarder.terminated:
                 break
         if code != 0:

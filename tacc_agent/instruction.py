@@ -11,19 +11,38 @@ from pathlib import Path
 import yaml
 
 from tacc_agent.errors import Rejected
+from tacc_plugins.registry import available, from_env, is_module
 from tcloud.fields import Field, Validator, one_of
-from tcloud.schema import TASK, TaskSpec, spec_from
+from tcloud.schema import TaskSpec, spec_from, task_fields
 
 FORMAT = "tacc-instruction/1"
 FILE = "instruction.json"
 
-# What the cluster reads of a task: everything but the laptop-side `code` section.
-CLUSTER_TASK = {key: spec for key, spec in TASK.items() if key != "code"}
-INSTRUCTION = {
-    "format": Field("str", required=True, check=one_of(FORMAT)),
-    "task": Field("mapping", required=True, children=CLUSTER_TASK),
-    "manifest": Field("any", default={}),
-}
+
+# Plug-in modules ops named in the agent config (`plugins`), set by the CLI at start.
+CONFIGURED: list[str] = []
+
+
+def configure(words: tuple | list) -> None:
+    CONFIGURED[:] = [str(w) for w in words]
+
+
+def cluster_task_fields() -> dict[str, Field]:
+    """What the cluster reads of a task: everything but the laptop-side `code` section,
+    with the fields of every plug-in installed here (the laptop chose which were on)."""
+    modules = [w.lstrip("+") for w in [*from_env(), *CONFIGURED] if is_module(w)]
+    table = task_fields(available(modules).values())
+    return {key: spec for key, spec in table.items() if key != "code"}
+
+
+def instruction_fields() -> dict[str, Field]:
+    return {
+        "format": Field("str", required=True, check=one_of(FORMAT)),
+        "task": Field("mapping", required=True, children=cluster_task_fields()),
+        "manifest": Field("any", default={}),
+        # Which schema and compile plug-ins were on, and what each changed.
+        "plugins": Field("any", default={}),
+    }
 
 
 class InvalidInstruction(Rejected):
@@ -46,7 +65,8 @@ def parse(text: str, source: str) -> TaskSpec:
     except yaml.YAMLError as exc:
         raise InvalidInstruction(f"{source}: not valid JSON: {exc}") from None
     validator = Validator(source)
-    data = validator.mapping(root, INSTRUCTION) if root is not None else {}
+    fields = instruction_fields()
+    data = validator.mapping(root, fields) if root is not None else {}
     if root is None:
         raise InvalidInstruction(f"{source}: empty instruction")
     if validator.problems:
@@ -55,7 +75,7 @@ def parse(text: str, source: str) -> TaskSpec:
     task = dict(data["task"])
     task["code"] = {}
     task["datasets"] = [d for d in task["datasets"] or [] if d.get("cluster")]
-    return spec_from(task, Path("."))
+    return spec_from(task, Path("."), {"code": Field("mapping"), **fields["task"].children})
 
 
 def load(job_dir: Path) -> TaskSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tacc_agent import lost_nodes, records, slurm, workspace
+from tacc_agent import lost_nodes, records, slurm, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 
@@ -80,8 +80,71 @@ def reconcile(
     return state, why
 
 
+def array_queue(job_id: str, config: AgentConfig) -> dict[str, dict[str, str]]:
+    """Slurm's view of every task of array job_id still in the queue, by "12_3"."""
+    out = slurm.slurm(["squeue", "--noheader", "--array", f"--jobs={job_id}",
+                       "--format=%i|%T|%r|%M|%N"], config.slurm_timeout_seconds,
+                      check=False)  # fmt: skip
+    return parse_squeue(out)
+
+
+def parse_squeue(out: str) -> dict[str, dict[str, str]]:
+    queue = {}
+    for line in out.splitlines():
+        if line.count("|") < 4:
+            continue
+        job, state, reason, elapsed, where = line.split("|", 4)
+        queue[job] = {"JobState": state, "Reason": reason, "RunTime": elapsed, "NodeList": where}
+    return queue
+
+
+def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
+                 queue: dict[str, dict[str, str]] | None = None) -> dict:  # fmt: skip
+    """A sweep: each trial reconciled like a job, and the sweep's state from theirs."""
+    from tacc_agent.instruction import load
+    from tacc_plugins.sweep import trials_of
+
+    queue = array_queue(job_id, config) if queue is None else queue
+    parameters = trials_of(load(job_dir))
+    trials = []
+    for index in sweeps.trial_indexes(job_dir):
+        trial_id, trial = f"{job_id}_{index}", sweeps.trial_dir(job_dir, index)
+        info = queue.get(trial_id)
+        if info is None and records.last_state(trial) not in records.TERMINAL:
+            info = slurm_info(trial_id, config)
+        state, reason = reconcile(trial, info, config.slurm_timeout_seconds)
+        final = records.current(records.history(trial)) or {}
+        trials.append({
+            "trial": int(index), "job_id": trial_id, "state": state, "reason": reason,
+            "exit_code": final.get("exit_code") if state in records.TERMINAL else None,
+            "parameters": parameters[int(index)] if int(index) < len(parameters) else {},
+            "nodes": (info or {}).get("NodeList", ""),
+        })  # fmt: skip
+    states = [t["state"] for t in trials]
+    return {
+        "job_id": job_id, "name": _name(job_dir), "state": sweeps.summary_state(states),
+        "reason": sweeps.counts(states), "exit_code": None, "workdir": str(job_dir),
+        "sweep": True, "trials": trials, "history": [], "nodes": [],
+        "plugins": _plugins(job_dir),
+    }  # fmt: skip
+
+
+def _plugins(job_dir: Path) -> dict:
+    """What the plug-ins did to the job: compile passes, scheduling, execution."""
+    document = records.read_json(job_dir / "instruction.json") or {}
+    submitted = records.read_json(job_dir / "status" / "submit.json") or {}
+    shaped = dict((document.get("plugins") or {}).get("shaped") or {})
+    shaped.update(submitted.get("plugins") or {})
+    running = [e for e in records.history(job_dir) if e.get("plugins")]
+    if running:
+        shaped.update(running[-1]["plugins"])
+    return shaped
+
+
 def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = workspace.job_dir(user_dir, job_id)
+    if "_" not in job_id and sweeps.is_sweep(job_dir):
+        return sweep_status(job_id, job_dir, config)
     info = slurm_info(job_id, config)
     state, reason = reconcile(job_dir, info, config.slurm_timeout_seconds)
     history = records.history(job_dir)
@@ -116,6 +179,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
             for e in history
         ],
         "nodes": nodes,
+        "plugins": _plugins(sweep_root(job_dir, job_id)) | _plugins(job_dir),
     }
     if state == "FAILED":
         result["last_lines"] = {
@@ -128,17 +192,23 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
 
 def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
     """The caller's jobs (their own index: nobody else's), newest first."""
-    out = slurm.slurm(["squeue", "--me", "--noheader", "--format=%i|%T|%r|%M|%N"],
+    out = slurm.slurm(["squeue", "--me", "--array", "--noheader", "--format=%i|%T|%r|%M|%N"],
                       config.slurm_timeout_seconds)  # fmt: skip
-    queue = {}
-    for line in out.splitlines():
-        if line.count("|") < 4:
-            continue
-        job, state, reason, elapsed, where = line.split("|", 4)
-        queue[job] = {"JobState": state, "Reason": reason, "RunTime": elapsed, "NodeList": where}
+    queue = parse_squeue(out)
     rows = []
     for job_id in reversed(workspace.job_ids(user_dir)[-limit:]):
         job_dir = workspace.job_dir(user_dir, job_id)
+        if sweeps.is_sweep(job_dir):
+            sweep = sweep_status(job_id, job_dir, config, queue)
+            history = records.history(job_dir)
+            submitted = history[0]["time"] if history else 0
+            rows.append({
+                "job": job_id, "name": f"{sweep['name']} ({sweep['reason']})",
+                "state": sweep["state"],
+                "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
+                "nodes": ",".join(sorted({t["nodes"] for t in sweep["trials"] if t["nodes"]})),
+            })  # fmt: skip
+            continue
         last = records.last_state(job_dir)
         info = queue.get(job_id)
         if info is None and last not in records.TERMINAL:
@@ -162,10 +232,30 @@ def _name(job_dir: Path) -> str:
     return (records.read_json(job_dir / "status" / "submit.json") or {}).get("name", "")
 
 
+def sweep_root(job_dir: Path, job_id: str) -> Path:
+    """The sweep's directory for a trial (12_3), else the job's own."""
+    return job_dir.parent.parent if "_" in job_id else job_dir
+
+
+def cancel_sweep(job_id: str, job_dir: Path, config: AgentConfig) -> dict:
+    sweep = sweep_status(job_id, job_dir, config)
+    running = [t for t in sweep["trials"] if t["state"] not in records.TERMINAL]
+    for trial in running:
+        records.add_event(sweeps.trial_dir(job_dir, str(trial["trial"])), "CANCELLED",
+                          reason="cancelled by its owner (the whole sweep)")  # fmt: skip
+    if running:
+        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+    return {"job_id": job_id, "state": "CANCELLED" if running else sweep["state"],
+            "cancelled": bool(running), "trials": len(running)}  # fmt: skip
+
+
 def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict]:
     dirs = [(job_id, workspace.job_dir(user_dir, job_id)) for job_id in job_ids]
     done = []
     for job_id, job_dir in dirs:
+        if "_" not in job_id and sweeps.is_sweep(job_dir):
+            done.append(cancel_sweep(job_id, job_dir, config))
+            continue
         state, _ = reconcile(job_dir, slurm_info(job_id, config))
         if state in records.TERMINAL:
             done.append({"job_id": job_id, "state": state, "cancelled": False})
@@ -178,7 +268,7 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
 
 def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None) -> dict:
     """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold."""
-    job_dir = workspace.job_dir(user_dir, job_id)
+    job_dir = not_a_sweep(workspace.job_dir(user_dir, job_id), job_id)
     state, _ = reconcile(job_dir, slurm_info(job_id, config))
     if state in (*records.TERMINAL, "HALTED"):
         raise Rejected(f"job {job_id} is {state}; only queued or running jobs can be halted")
@@ -207,8 +297,15 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": True}
 
 
+def not_a_sweep(job_dir: Path, job_id: str) -> Path:
+    if "_" not in job_id and sweeps.is_sweep(job_dir):
+        raise Rejected(f"job {job_id} is a sweep; halt or resume its trials one at a time "
+                       f"({job_id}_0, {job_id}_1, ...)")  # fmt: skip
+    return job_dir
+
+
 def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
-    job_dir = workspace.job_dir(user_dir, job_id)
+    job_dir = not_a_sweep(workspace.job_dir(user_dir, job_id), job_id)
     state, _ = reconcile(job_dir, slurm_info(job_id, config))
     if state != "HALTED":
         raise Rejected(f"job {job_id} is {state}; only halted jobs can be resumed")

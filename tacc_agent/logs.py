@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tacc_agent import records
+from tacc_agent import records, sweeps
 
 POLL_SECONDS = 0.1
 STATE_CHECK_SECONDS = 1.0
@@ -38,9 +38,22 @@ class Source:
         return [f"{self.prefix} {raw.decode(errors='replace')}" for raw in complete]
 
 
+def job_files(job_dir: Path, rank: int | None, label: str = "") -> list[tuple[Path, str]]:
+    wanted = [] if rank is not None else [(job_dir / "logs" / "job.log", f"[{label}job]")]
+    wanted += [(p, f"[{label}{h}:{r}]") for r, h, p in records.rank_logs(job_dir)
+               if rank in (None, r)]  # fmt: skip
+    return wanted
+
+
 def sources(job_dir: Path, known: dict[Path, Source], rank: int | None, tail) -> list[Source]:
-    wanted = [] if rank is not None else [(job_dir / "logs" / "job.log", "[job]")]
-    wanted += [(p, f"[{h}:{r}]") for r, h, p in records.rank_logs(job_dir) if rank in (None, r)]
+    if sweeps.is_sweep(job_dir):  # every trial's files, labelled with the trial
+        wanted = [
+            f
+            for index in sweeps.trial_indexes(job_dir)
+            for f in job_files(sweeps.trial_dir(job_dir, index), rank, f"trial {index} ")
+        ]
+    else:
+        wanted = job_files(job_dir, rank)
     for path, prefix in wanted:
         if path not in known:
             known[path] = Source(path, prefix, tail)

@@ -2,7 +2,9 @@
 
 Requests the cluster can never satisfy (an unknown partition, more GPUs, CPUs or memory
 per node than any node of the partition has, more nodes than it has) are refused before
-anything reaches Slurm, with the field and the reason.
+anything reaches Slurm, with the field and the reason. The sbatch options are then
+shaped by the scheduling plug-ins that are on (tacc_plugins: GPU shares, node ranges,
+GPU types, predicted time limits, ...), and their notes go into status/submit.json.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_agent import records, slurm, workspace
+from tacc_agent import records, slurm, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import digest_of, load
+from tacc_plugins.api import Plugin, Submission
+from tacc_plugins.elastic import min_nodes
+from tacc_plugins.registry import PluginError, in_layer, select
 from tcloud.schema import TaskSpec
 
 # sbatch options a task may not override: the agent owns the job's layout and env.
@@ -37,6 +42,8 @@ class Node:
     memory_mb: int
     gpus: int
     partitions: tuple[str, ...]
+    shards: int = 0
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,13 @@ class Partition:
     nodes: tuple[str, ...]
 
 
-def gpu_count(gres: str) -> int:
-    """GPUs in a node's Gres= (gpu:a100:8(S:0-1),gpu:2 ...); 0 for (null)."""
+def gpu_count(gres: str, name: str = "gpu") -> int:
+    """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
+    shard:16 ...); 0 for (null)."""
     total = 0
     for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
         parts = entry.split(":")
-        if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
+        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
 
@@ -64,6 +72,10 @@ def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
             memory_mb=int(r.get("RealMemory", "0") or 0),
             gpus=gpu_count(r.get("Gres", "")),
             partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
+            shards=gpu_count(r.get("Gres", ""), "shard"),
+            features=tuple(
+                f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)"
+            ),
         )
         for r in records_
         if "NodeName" in r
@@ -141,7 +153,7 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
                 f"resources.{field}",
             )
     fitting = [n for n in members if all(have(n) >= wanted for _, wanted, _, have in limits)]
-    if res["nodes"] > len(fitting):
+    if min_nodes(res) > len(fitting):
         raise Rejected(
             f"{res['nodes']} nodes requested, but partition {partition.name!r} has "
             f"{len(fitting)} node(s) that fit the per-node request",
@@ -168,37 +180,77 @@ def extra_options(options: dict[str, str]) -> list[str]:
     return words
 
 
-def sbatch_argv(task: TaskSpec, job_dir: Path, config: AgentConfig) -> list[str]:
+def base_options(task: TaskSpec, job_dir: Path, config: AgentConfig) -> dict[str, str | None]:
+    """The sbatch options of the task as written, before any scheduling plug-in."""
     res = task.resources
-    limit = time_seconds(res["time"])
+    options: dict[str, str | None] = {
+        "job-name": task.name,
+        "nodes": str(res["nodes"]),
+        "ntasks-per-node": "1",
+        "cpus-per-task": str(res["cpus"]),
+        "mem": res["mem"],
+        "time": res["time"] or config.default_time_limit,
+        "requeue": None,
+        "chdir": str(job_dir),
+        "output": f"{job_dir}/logs/job.log",
+        "open-mode": "append",
+        "export": f"ALL,TACC_WORKDIR={job_dir}",
+    }
+    if res["gpus_per_node"]:
+        options["gres"] = f"gpu:{res['gpus_per_node']}"
+    for key in ("partition", "qos", "account"):
+        if res[key]:
+            options[key] = res[key]
+    if res["priority"] is not None:
+        options["nice"] = str(res["priority"])
+    return options
+
+
+def checkpoint_signal(options: dict[str, str | None], config: AgentConfig) -> None:
+    """The checkpoint signal reaches every rank's program before the time limit (set
+    last: a plug-in may have changed the limit)."""
+    limit = time_seconds(options["time"] or config.default_time_limit)
     warn = config.checkpoint_signal_seconds if limit is None else min(
         config.checkpoint_signal_seconds, max(limit // 2, 1)
     )  # fmt: skip
-    argv = [
-        "sbatch",
-        "--parsable",
-        f"--job-name={task.name}",
-        f"--nodes={res['nodes']}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={res['cpus']}",
-        f"--mem={res['mem']}",
-        f"--time={res['time']}",
-        "--requeue",
-        # The checkpoint signal reaches every rank's program before the time limit.
-        f"--signal=USR1@{warn}",
-        f"--chdir={job_dir}",
-        f"--output={job_dir}/logs/job.log",
-        "--open-mode=append",
-        f"--export=ALL,TACC_WORKDIR={job_dir}",
-    ]
-    if res["gpus_per_node"]:
-        argv.append(f"--gres=gpu:{res['gpus_per_node']}")
-    for key in ("partition", "qos", "account"):
-        if res[key]:
-            argv.append(f"--{key}={res[key]}")
-    if res["priority"] is not None:
-        argv.append(f"--nice={res['priority']}")
-    return [*argv, *extra_options(res["sbatch"] or {}), str(job_dir / "job.sh")]
+    options["signal"] = f"USR1@{warn}"
+
+
+def sbatch_argv(
+    task: TaskSpec, job_dir: Path, config: AgentConfig, options: dict | None = None
+) -> list[str]:
+    """sbatch's argv: `options` as the scheduling plug-ins left them (default: the
+    task's own), then the task's extra sbatch options, then the batch script."""
+    options = dict(base_options(task, job_dir, config) if options is None else options)
+    checkpoint_signal(options, config)
+    words = [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
+    extra = extra_options(task.resources["sbatch"] or {})
+    return ["sbatch", "--parsable", *words, *extra, str(job_dir / "job.sh")]
+
+
+def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
+    """The plug-ins on for this job: the defaults, then ops' selection (agent config
+    `plugins`), then the task's own words (which cannot turn off cluster policy)."""
+    try:
+        return select(config.plugins, task.plugins, policy_from=config.plugins)
+    except PluginError as exc:
+        raise Rejected(str(exc), "plugins") from None
+
+
+def plan(
+    task: TaskSpec, job_dir: Path, config: AgentConfig, user_dir: Path | None = None,
+    digest: str = "",
+) -> Submission:  # fmt: skip
+    """Check the task against the cluster, then let the scheduling plug-ins shape it."""
+    partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
+    partition = check_feasible(task, partitions, nodes)
+    submission = Submission(
+        task=task, options=base_options(task, job_dir, config), partition=partition,
+        partitions=partitions, nodes=nodes, user_dir=user_dir, digest=digest, config=config,
+    )  # fmt: skip
+    for plugin in in_layer(cluster_plugins(task, config), "schedule"):
+        plugin.schedule(submission)
+    return submission
 
 
 def batch_script(task: TaskSpec, job_dir: Path, digest: str) -> str:
@@ -212,8 +264,9 @@ def batch_script(task: TaskSpec, job_dir: Path, digest: str) -> str:
 
 
 def check(task: TaskSpec, config: AgentConfig) -> str:
-    partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
-    return check_feasible(task, partitions, nodes)
+    """The partition the task would go to; Rejected (with the field) when the cluster or
+    a scheduling plug-in refuses it."""
+    return plan(task, Path("/nonexistent"), config).partition
 
 
 def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
@@ -225,11 +278,16 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
     try:
         task = load(job_dir)
-        partition = check(task, config)
-        argv = sbatch_argv(task, job_dir, config)
         document = records.read_json(job_dir / "instruction.json") or {}
+        digest = digest_of(document)
+        submission = plan(task, job_dir, config, user_dir, digest)
+        partition = submission.partition
+        argv = sbatch_argv(task, job_dir, config, submission.options)
         script = job_dir / "job.sh"
-        script.write_text(batch_script(task, job_dir, digest_of(document)))
+        script.write_text(batch_script(task, job_dir, digest))
+        trials = submission.data.get("sweep", {}).get("trials", 0)
+        if trials:
+            sweeps.make_trials(job_dir, trials)
         script.chmod(0o700)
         # First: the job's own events (PROVISIONING, ...) must come after this one.
         records.add_event(job_dir, "QUEUED")
@@ -244,6 +302,13 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     job_id = out.strip().split(";")[0]
     workspace.register(user_dir, job_id, job_dir)
     records.write_json(
-        job_dir / "status" / "submit.json", {"job_id": job_id, "name": task.name, "sbatch": argv}
-    )
-    return {"job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition}
+        job_dir / "status" / "submit.json",
+        {"job_id": job_id, "name": task.name, "sbatch": argv, "digest": digest,
+         "options": submission.options, "plugins": submission.notes,
+         "plugin_data": submission.data,
+         "entrypoint": submission.data.get("entrypoint", "")},
+    )  # fmt: skip
+    return {
+        "job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition,
+        "plugins": submission.notes,
+    }  # fmt: skip

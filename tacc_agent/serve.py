@@ -119,6 +119,18 @@ def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
     return server
 
 
+def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
+    """Every queue_tick_seconds: one round of the scheduling plug-ins' `tick` (LAS)."""
+    from tacc_agent.queue_ticks import tick
+
+    while not stop.wait(config.queue_tick_seconds):
+        try:
+            for change in tick(config):
+                log(change)
+        except Exception as exc:  # Slurm down for a moment: try again next time
+            log(f"queue tick failed: {type(exc).__name__}: {exc}")
+
+
 def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
     interval = interval if interval is not None else config.check_interval_seconds
     port = port if port is not None else config.metrics_port
@@ -131,6 +143,8 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     log(f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
         f"checks every {interval:g} s")  # fmt: skip
+    if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
+        threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
     while not stop.is_set():
         started = time.monotonic()
         daemon.cycle()

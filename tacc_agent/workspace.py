@@ -20,6 +20,8 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 
 JOB_ID = re.compile(r"\d+")
+# A sweep's trial: <array job id>_<index> (tacc_agent/sweeps.py).
+TRIAL_ID = re.compile(r"(\d+)_(\d+)")
 
 
 def current_user() -> str:
@@ -55,12 +57,21 @@ def userdir(config: AgentConfig, override: str | None = None) -> Path:
 
 def job_dir(user_dir: Path, job_id: str) -> Path:
     """A job of the caller's, by Slurm id; Rejected when it is not theirs (or unknown)."""
-    if not JOB_ID.fullmatch(job_id):
-        raise Rejected(f"not a job id: {job_id!r} (expected a number such as 1234)")
-    link = user_dir / "index" / job_id
+    trial = TRIAL_ID.fullmatch(job_id)
+    if not JOB_ID.fullmatch(job_id) and not trial:
+        raise Rejected(
+            f"not a job id: {job_id!r} (expected a number such as 1234, or 1234_5 for "
+            "trial 5 of a sweep)"
+        )
+    link = user_dir / "index" / (trial.group(1) if trial else job_id)
     if not link.is_symlink() and not link.exists():
         raise Rejected(f"no job {job_id} of yours on this cluster")
-    return link.resolve()
+    if not trial:
+        return link.resolve()
+    found = link.resolve() / "trials" / trial.group(2)
+    if not found.is_dir():
+        raise Rejected(f"job {trial.group(1)} has no trial {trial.group(2)}")
+    return found
 
 
 def register(user_dir: Path, job_id: str, directory: Path) -> None:

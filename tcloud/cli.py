@@ -17,7 +17,11 @@ from pathlib import Path
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
+from tacc_agent.instruction import parse
 from tacc_agent.schedule import sbatch_argv
+from tacc_plugins.registry import PluginError, available, from_env, select
+from tacc_plugins.registry import describe as describe_plugins
+from tacc_plugins.sweep import trials_of
 from tcloud import config, files, jobs
 from tcloud.agent import call
 from tcloud.compiler import compile_task
@@ -70,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_submit.add_argument("--json", action="store_true", help="machine-readable output")
     p_submit.add_argument("--cluster", help="cluster name (default: the current one)")
+    p_submit.add_argument(
+        "--sweep", action="store_true", help="run the task file's sweep: one trial per combination"
+    )
+    p_plugins = sub.add_parser("plugins", help="the plug-ins and which are on")
+    p_plugins.add_argument("path", nargs="?", type=Path, help="for this task file's selection")
+    p_plugins.add_argument("--json", action="store_true", help="machine-readable output")
     p_config = sub.add_parser("config", help="clusters: add, use, ls")
     config_sub = p_config.add_subparsers(dest="config_command", required=True)
     p_add = config_sub.add_parser("add", help="add or update a cluster")
@@ -119,6 +129,7 @@ def add_cluster_commands(sub) -> None:
     p_down.add_argument("dest", nargs="?", type=Path, help="local directory (default: ./JOB)")
     command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
     command("cat", "print a file from your cluster directory").add_argument("path")
+    command("quota", "your limits, fair share and usage on the cluster", listing=True)
     p_env = command("env", "cached environments", listing=True)
     p_env.add_argument("action", choices=["ls"])
 
@@ -195,6 +206,7 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
         "blobs_sent": result.blobs_sent,
         "bytes_sent": result.bytes_sent,
         "upload_seconds": round(result.seconds, 3),
+        "plugins": {**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -204,18 +216,59 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
             f"{answer['partition']}; sent {result.blobs_sent} file(s), {result.bytes_sent} "
             f"bytes; workdir {result.workdir}"
         )
+        for name, what in sorted(summary["plugins"].items()):
+            print(f"  plug-in {name}: {what}")
+    return EXIT_OK
+
+
+def check_sweep_flag(path: Path, task, sweep: bool) -> None:
+    """A sweep can start many jobs: it runs only when asked for with --sweep."""
+    trials = len(trials_of(task))
+    if trials and not sweep:
+        error = TcloudError(
+            f"{path}: sweep: this task is a sweep of {trials} trial(s); submit it with "
+            "--sweep to run them (one Slurm job array), or remove the sweep section"
+        )
+        error.exit_code = EXIT_INVALID_TASK
+        raise error
+    if sweep and not trials:
+        error = TcloudError(f"{path}: --sweep given, but the task file has no sweep section")
+        error.exit_code = EXIT_INVALID_TASK
+        raise error
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    words = from_env()
+    if args.path:
+        words = [*words, *load_task(find_task_file(args.path)).plugins]
+    try:
+        rows = describe_plugins(available(), select(words))
+    except PluginError as exc:
+        raise TcloudError(str(exc)) from None
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for row in rows:
+        state = "on " if row["on"] else "off"
+        policy = " (cluster policy)" if row["policy"] else ""
+        print(f"{state} {row['name']:<10} {'/'.join(row['layers']):<24} {row['summary']}{policy}")
     return EXIT_OK
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
     task = load_task(path)
+    check_sweep_flag(path, task, args.sweep)
     sbatch = local_sbatch(path, task)
     if not args.dry_run:
         with HashCache() as hasher:
             instruction = compile_task(task, hasher)
         return submit_to_cluster(args, task, instruction)
     instruction = compile_task(task)
+    # As the cluster will read it (after the compile passes); the cluster's scheduling
+    # plug-ins (shards, node ranges, arrays, predicted limits) shape it further.
+    compiled = parse(json.dumps(instruction.document), "instruction")
+    sbatch = local_sbatch(path, compiled)
     size = sum(entry.size for entry in instruction.manifest.values())
     if args.json:
         payload = {
@@ -229,7 +282,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"digest: {instruction.digest}")
     print(f"files: {len(instruction.manifest)} ({size} bytes)")
-    print(f"sbatch: {shlex.join(sbatch)}")
+    print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(sbatch)}")
     print("--- instruction.json ---")
     print(json.dumps(instruction.document["task"], indent=2, sort_keys=True))
     return EXIT_OK
@@ -281,6 +334,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         elif args.command == "resume":
             jobs.resume(client, userdir, args.job)
             print(f"job {args.job} released")
+        elif args.command == "quota":
+            info = call(client, ["quota"], userdir)
+            print(json.dumps(info, indent=2) if args.json else quota_text(info))
         elif args.command == "env":
             rows = [
                 {"env": e["digest"], "requirements": " ".join(e["requirements"]),
@@ -301,6 +357,33 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def quota_text(info: dict) -> str:
+    """`tcloud quota` for people: what runs now, then each account's limits."""
+    lines = [
+        f"{info['user']}: {info['running_jobs']} running job(s) holding "
+        f"{info['gpus_in_use']} GPU(s), {info['pending_jobs']} pending"
+    ]
+    if not info.get("accounting"):
+        lines.append(info.get("message", "no accounting on this cluster"))
+        return "\n".join(lines)
+    shares = {s["Account"].strip(): s for s in info.get("fairshare", [])}
+    qos = {q["Name"]: q for q in info.get("qos", [])}
+    for assoc in info.get("associations", []):
+        share = shares.get(assoc["Account"], {})
+        lines.append(
+            f"account {assoc['Account']}: fair share {share.get('FairShare', '?')} "
+            f"(shares {assoc['Fairshare']}, usage {share.get('EffectvUsage', '?')}), "
+            f"QoS {assoc['QOS'] or '-'} (default {assoc['DefaultQOS'] or '-'})"
+        )
+    for name, q in sorted(qos.items()):
+        limits = [f"{k} {q[k]}" for k in ("MaxTRESPU", "MaxJobsPU", "MaxWall") if q.get(k)]
+        extra = f", preempts {q['Preempt']}" if q.get("Preempt") else ""
+        factor = f", usage factor {q['UsageFactor']}" if q.get("UsageFactor") else ""
+        lines.append(f"  qos {name}: priority {q['Priority']}, "
+                     f"{', '.join(limits) or 'no limits'}{extra}{factor}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def sftp_command(args: argparse.Namespace, sftp, userdir: str) -> None:
     if args.command == "upload":
         count = files.upload(sftp, userdir, args.local, args.remote)
@@ -311,7 +394,13 @@ def sftp_command(args: argparse.Namespace, sftp, userdir: str) -> None:
         sys.stdout.buffer.write(files.cat(sftp, userdir, args.path))
 
 
-COMMANDS = {"init": cmd_init, "validate": cmd_validate, "submit": cmd_submit, "config": cmd_config}
+COMMANDS = {
+    "init": cmd_init,
+    "validate": cmd_validate,
+    "submit": cmd_submit,
+    "config": cmd_config,
+    "plugins": cmd_plugins,
+}
 CLUSTER_COMMANDS = (
     "ps",
     "status",
@@ -324,6 +413,7 @@ CLUSTER_COMMANDS = (
     "ls",
     "cat",
     "env",
+    "quota",
 )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tacc_agent.instruction import FORMAT, digest_of
+from tacc_plugins.api import Plugin
+from tacc_plugins.registry import from_env, in_layer, select
 from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
 from tcloud.schema import TaskSpec
 
@@ -33,7 +35,7 @@ def manifest_json(manifest: dict[str, Entry]) -> dict:
 def task_document(task: TaskSpec) -> dict:
     """The task as the cluster needs it: uploaded datasets are files of the manifest,
     so only datasets already on the cluster are named."""
-    return {
+    document = {
         "name": task.name,
         # Unset options stay out (the cluster applies the same defaults).
         "resources": {k: v for k, v in task.resources.items() if v is not None},
@@ -44,9 +46,27 @@ def task_document(task: TaskSpec) -> dict:
         "outputs": task.outputs,
         "runtime": task.runtime,
     }
+    if task.plugins:
+        document["plugins"] = task.plugins
+    # Fields plug-ins added (sweep, ...): only the ones the task sets.
+    document.update({k: v for k, v in task.extensions.items() if v not in (None, [], {})})
+    return document
 
 
-def compile_task(task: TaskSpec, hasher: Hasher = sha256_file) -> Instruction:
+def compile_task(
+    task: TaskSpec, hasher: Hasher = sha256_file, plugins: list[Plugin] | None = None
+) -> Instruction:
+    """The instruction of `task`: its document after every compile pass of the plug-ins
+    that are on (default: as for load_task), with a record of which were on and what
+    each pass changed."""
+    plugins = select(from_env(), task.plugins) if plugins is None else plugins
     manifest = build_manifest(task, hasher)
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
+    shaped = {}
+    for plugin in in_layer(plugins, "compile"):
+        change = plugin.compile(document)
+        if change:
+            shaped[plugin.name] = change
+    on = [p.name for p in plugins if {"schema", "compile"} & set(p.layers)]
+    document["plugins"] = {"on": on, "shaped": shaped}
     return Instruction(manifest, document, digest_of(document))

@@ -25,7 +25,7 @@ class Field:
     """One key of a mapping: its kind, whether it is required, its default. `each`
     checks every entry of a list[str], `keys` every key of a map[str]."""
 
-    kind: str  # str | int | bool | list[str] | map[str] | mapping | list[mapping] | any
+    kind: str  # str | int | number | bool | list[str] | map[str] | mapping | list[mapping] | any
     required: bool = False
     default: Any = None
     check: Check | None = None
@@ -73,6 +73,7 @@ _SCALAR = yaml.constructor.SafeConstructor()
 _KIND_WORDS = {
     "str": "a string",
     "int": "an integer",
+    "number": "a number",
     "bool": "true or false",
     "list[str]": "a list of strings",
     "map[str]": "a mapping of names to strings",
@@ -154,7 +155,13 @@ class Validator:
 
     def value(self, node: yaml.Node, spec: Field, name: str) -> Any:
         if spec.kind == "any":
-            return _SCALAR.construct_object(node, deep=True)
+            value = _SCALAR.construct_object(node, deep=True)
+            wanted = spec.check(value) if spec.check is not None else None
+            if wanted:
+                got = repr(value) if isinstance(node, yaml.ScalarNode) else shown(node)
+                self.problem(node, name, f"expected {wanted}, got {got}")
+                return spec.default
+            return value
         if is_null(node) and spec.kind not in ("mapping", "list[str]"):
             # An empty value: the default for an optional key, a problem for a required one.
             if spec.required:
@@ -230,6 +237,8 @@ class Validator:
                 return None
             return text
         if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind == "number" and isinstance(value, int | float) and not isinstance(value, bool):
             return value
         if kind == "bool" and isinstance(value, bool):
             return value

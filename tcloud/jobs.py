@@ -12,14 +12,17 @@ import paramiko
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
 
-JOB_ID = re.compile(r"\d+")
+JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
 PS_FIELDS = ("job", "name", "state", "submitted", "nodes")
 
 
 def check_ids(jobs: list[str]) -> list[str]:
     bad = [job for job in jobs if not JOB_ID.fullmatch(job)]
     if bad:
-        raise TcloudError(f"not a job id: {', '.join(bad)} (expected numbers such as 1234)")
+        raise TcloudError(
+            f"not a job id: {', '.join(bad)} (expected numbers such as 1234, or 1234_5 for "
+            "trial 5 of a sweep)"
+        )
     return jobs
 
 
@@ -69,6 +72,12 @@ def describe(info: dict, out=sys.stdout) -> None:
     for entry in info.get("history", []):
         if entry.get("lost"):  # a run Slurm requeued because nodes went away
             print(f"requeued once: {entry['lost']}", file=out)
+    for name, what in sorted((info.get("plugins") or {}).items()):
+        print(f"plug-in {name}: {what}", file=out)
+    for trial in info.get("trials", []):
+        exit_code = "" if trial.get("exit_code") is None else f" exit {trial['exit_code']}"
+        values = " ".join(f"{k}={v}" for k, v in trial.get("parameters", {}).items())
+        print(f"  trial {trial['job_id']} {trial['state']}{exit_code}  {values}", file=out)
     for node in info.get("nodes", []):
         exit_code = "" if node.get("exit_code") is None else f" exit {node['exit_code']}"
         print(f"  [{node['host']}:{node['rank']}] {node['state']}{exit_code}", file=out)

@@ -7,11 +7,14 @@ are errors with a suggestion. docs/tcloud.md documents each field.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
+from tacc_plugins.api import Plugin
+from tacc_plugins.registry import ENV, PluginError, check_words, from_env, in_layer, select
 from tcloud.errors import Problem, TaskFileError
 from tcloud.fields import (
     Field,
@@ -86,7 +89,9 @@ RESOURCES = {
     "gpus_per_node": Field("int", default=0, check=at_least(0)),
     "cpus": Field("int", default=1, check=at_least(1), expected="CPUs per task (>= 1)"),
     "mem": Field("str", default="4G", check=positive_size, expected="a size like 4G or 512M"),
-    "time": Field("str", default="01:00:00", check=slurm_time, expected="a Slurm time"),
+    # Unset: the cluster's default (tacc-agent default_time_limit, 01:00:00), or a
+    # prediction from earlier runs (the duration plug-in).
+    "time": Field("str", check=slurm_time, expected="a Slurm time"),
     "partition": Field("str", check=SLURM_NAME),
     "qos": Field("str", check=SLURM_NAME),
     "priority": Field("int", check=between(0, NICE_MAX), expected="a nice value >= 0"),
@@ -123,6 +128,12 @@ TASK = {
         "list[str]", default=[], expected="a list of paths or globs", each=relative_path
     ),
     "runtime": Field("mapping", default={}, children=RUNTIME),
+    "plugins": Field(
+        "list[str]",
+        default=[],
+        expected="plug-ins for this task: name or +name turns one on, -name off",
+        each=lambda word: check_words([word]),
+    ),
 }
 
 
@@ -147,6 +158,24 @@ class TaskSpec:
     setup: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     runtime: dict = field(default_factory=dict)
+    # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
+    plugins: list[str] = field(default_factory=list)
+    extensions: dict = field(default_factory=dict)
+
+
+def task_fields(plugins: Iterable[Plugin]) -> dict[str, Field]:
+    """The task's field table with the fields of `plugins` added or put in place of a
+    built-in one ("resources.nodes")."""
+    table = dict(TASK)
+    for plugin in plugins:
+        for path, spec in plugin.fields.items():
+            section, _, name = path.rpartition(".")
+            if not section:
+                table[name] = spec
+                continue
+            parent = table[section]
+            table[section] = replace(parent, children={**parent.children, name: spec})
+    return table
 
 
 def fill_defaults(value: dict | None, fields: dict[str, Field]) -> dict:
@@ -196,18 +225,20 @@ def child(node: yaml.Node, key: str) -> yaml.Node | None:
     return None
 
 
-def spec_from(data: dict, base_dir: Path) -> TaskSpec:
+def spec_from(data: dict, base_dir: Path, table: dict[str, Field] = TASK) -> TaskSpec:
     return TaskSpec(
         name=data["name"],
         run=list(data["run"] or []),
         base_dir=base_dir,
         code=fill_defaults(data["code"], CODE),
-        resources=fill_defaults(data["resources"], RESOURCES),
+        resources=fill_defaults(data["resources"], table["resources"].children),
         environment=fill_defaults(data["environment"], ENVIRONMENT),
         datasets=[Dataset(d["name"], d["local"], d["cluster"]) for d in data["datasets"] or []],
         setup=list(data["setup"] or []),
         outputs=list(data["outputs"] or []),
         runtime=fill_defaults(data["runtime"], RUNTIME),
+        plugins=list(data.get("plugins") or []),
+        extensions={key: data.get(key) for key in table if key not in TASK},
     )
 
 
@@ -222,16 +253,18 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
         names.add(dataset.get("name"))
 
 
-def load_task(path: Path) -> TaskSpec:
-    """Read and validate a task file (tcloud.yaml, or a legacy tuxiv.conf)."""
+def load_task(path: Path, selection: list[str] | None = None) -> TaskSpec:
+    """Read and validate a task file (tcloud.yaml, or a legacy tuxiv.conf) with the
+    schema plug-ins that are on: the defaults, then `selection` (default: $TACC_PLUGINS),
+    then the task's own `plugins:` words."""
     try:
-        return _load_task(path)
+        return _load_task(path, from_env() if selection is None else selection)
     except RecursionError:
         message = "nested too deeply to be a task file"
         raise TaskFileError([Problem(str(path), 0, 0, "", message)]) from None
 
 
-def _load_task(path: Path) -> TaskSpec:
+def _load_task(path: Path, selection: list[str]) -> TaskSpec:
     root = compose(path)
     if root is None:
         raise TaskFileError([Problem(str(path), 1, 1, "", "empty file; `tcloud init` writes one")])
@@ -239,13 +272,55 @@ def _load_task(path: Path) -> TaskSpec:
         from tcloud.legacy import load_legacy
 
         return load_legacy(path, root)
+    plugins = task_plugins(path, root, selection)
     validator = Validator(str(path))
-    data = validator.mapping(root, TASK)
+    table = task_fields(plugins)
+    data = validator.mapping(root, table)
     if isinstance(root, yaml.MappingNode):
         check_datasets(validator, child(root, "datasets") or root, data)
+    if not validator.problems:
+        # Plug-ins see every section with its defaults filled in.
+        for section in ("code", "resources", "environment", "runtime"):
+            data[section] = fill_defaults(data[section], table[section].children)
+        for plugin in in_layer(plugins, "schema"):
+            plugin.check(data, lambda name, message: validator.problem(
+                node_at(root, name), name, message))  # fmt: skip
     if validator.problems:
         raise TaskFileError(validator.problems)
-    return spec_from(data, path.resolve().parent)
+    return spec_from(data, path.resolve().parent, table)
+
+
+def node_at(root: yaml.Node, dotted: str) -> yaml.Node:
+    """The node of a dotted field (resources.nodes), or the nearest one that exists."""
+    node = root
+    for key in dotted.split("."):
+        below = child(node, key.split("[")[0])
+        if below is None:
+            break
+        node = below
+    return node
+
+
+def task_plugins(path: Path, root: yaml.Node, selection: list[str]) -> list[Plugin]:
+    """The plug-ins on for this task file: its `plugins:` words come after `selection`."""
+    validator = Validator(str(path))
+    node = child(root, "plugins")
+    words = validator.value(node, TASK["plugins"], "plugins") if node is not None else []
+    if validator.problems:
+        raise TaskFileError(validator.problems)
+    try:
+        return select(selection, words or [])
+    except PluginError as exc:
+        # The word's own line when it is in the file; else ($TACC_PLUGINS) the file's top.
+        items = node.value if isinstance(node, yaml.SequenceNode) else []
+        found = [(i, item) for i, item in enumerate(items) if item.value == exc.word]
+        name, where = (f"plugins[{found[0][0]}]", found[0][1]) if found else ("plugins", root)
+        if not found and exc.word in selection:
+            name = f"plugins (${ENV})"
+        mark = where.start_mark
+        raise TaskFileError(
+            [Problem(str(path), mark.line + 1, mark.column + 1, name, str(exc))]
+        ) from None
 
 
 def find_task_file(path: Path | None) -> Path:

@@ -110,7 +110,8 @@ def _set(path: list[str], value):
 
 TAMPERED = [
     # (id, tamper, what the refusal names)
-    ("nodes-zero", _set(["resources", "nodes"], 0), "resources.nodes: expected an integer >= 1"),
+    ("nodes-zero", _set(["resources", "nodes"], 0),
+     "resources.nodes: expected a node count >= 1, or a range like 2-4"),
     ("name-injection", _set(["name"], "x; rm -rf ~"), "name: expected a name of letters"),
     ("env-name-injection", _set(["environment", "env"], {"A;B": "x"}),
      "environment.env.A;B: expected a shell variable name"),

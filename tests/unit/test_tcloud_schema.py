@@ -36,7 +36,7 @@ def test_init_template_is_a_valid_task(tmp_path):
 
 def test_minimal_task_gets_defaults(tmp_path):
     task = load_task(write(tmp_path, "name: t\nrun: [echo hi]\n"))
-    assert task.resources["nodes"] == 1 and task.resources["time"] == "01:00:00"
+    assert task.resources["nodes"] == 1 and task.resources["time"] is None
     assert task.code == {"workdir": ".", "include": ["**"], "exclude": []}
     assert task.base_dir == tmp_path.resolve()
 
@@ -57,7 +57,8 @@ def test_every_problem_is_reported_in_file_order(tmp_path):
     found = problems(path)
     assert found == [
         f"{path}:1:7: name: expected a name of letters, digits, _.-, got 'bad name'",
-        f"{path}:3:10: resources.nodes: expected an integer, got 'zero'",
+        f"{path}:3:10: resources.nodes: expected a node count >= 1, or a range like 2-4"
+        ", got 'zero'",
         f"{path}:4:9: resources.time: expected a Slurm time, got 'soon'",
         f"{path}:5:22: runtime.transport: expected one of auto, rdma, tcp, got 'infiniband'",
         f"{path}:6:6: run: expected at least one entry, got []",
@@ -119,7 +120,7 @@ def test_cli_validate_exit_codes_and_no_traceback(tmp_path):
     write(tmp_path, "name: t\nresources: {nodes: 0}\nrun: [x]\n")
     proc = run_cli("tcloud", "validate", str(tmp_path))
     assert proc.returncode == 3
-    assert "resources.nodes: expected an integer >= 1, got 0" in proc.stderr
+    assert "resources.nodes: expected a node count >= 1, or a range like 2-4, got 0" in proc.stderr
     assert "Traceback" not in proc.stderr
     missing = run_cli("tcloud", "validate", str(tmp_path / "nowhere"))
     assert missing.returncode == 3 and "Traceback" not in missing.stderr

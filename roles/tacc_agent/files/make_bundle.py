@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-PACKAGES = ("tcloud", "tacc_agent", "tacc_lab")
+PACKAGES = ("tcloud", "tacc_agent", "tacc_plugins", "tacc_lab")
 TOP_FILES = ("pyproject.toml", "README.md")
 SKIP_PARTS = {"__pycache__"}
 

@@ -1,0 +1,76 @@
+"""`tacc-agent quota`: the caller's limits and usage as Slurm's accounting keeps them
+(associations, QoS, fair share) plus what they hold in the queue right now. The limits
+are set by ops from inventory (the slurm role's slurm_accounts and slurm_qos)."""
+
+from __future__ import annotations
+
+from tacc_agent import slurm, workspace
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.queue_ticks import gpus_per_node
+
+ASSOC = ("Account", "Fairshare", "QOS", "DefaultQOS", "MaxTRES", "MaxJobs", "MaxWall")
+QOS = ("Name", "Priority", "MaxWall", "MaxTRESPU", "MaxJobsPU", "Preempt", "PreemptMode",
+       "UsageFactor")  # fmt: skip
+SHARE = ("Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
+
+
+def table(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    rows = []
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) >= len(columns):
+            rows.append(dict(zip(columns, values, strict=False)))
+    return rows
+
+
+def in_queue(user: str, config: AgentConfig) -> dict:
+    out = slurm.slurm(["squeue", "--noheader", f"--user={user}", "--array",
+                       "--format=%T|%D|%b"], config.slurm_timeout_seconds)  # fmt: skip
+    running = pending = gpus = 0
+    for line in out.splitlines():
+        state, nodes, tres = [*line.split("|"), "", "", ""][:3]
+        if state == "RUNNING":
+            running += 1
+            gpus += gpus_per_node(tres) * int(nodes or 1)
+        elif state == "PENDING":
+            pending += 1
+    return {"running_jobs": running, "pending_jobs": pending, "gpus_in_use": gpus}
+
+
+def quota(config: AgentConfig) -> dict:
+    user = workspace.current_user()
+    timeout = config.slurm_timeout_seconds
+    result: dict = {"user": user, **in_queue(user, config)}
+    try:
+        assoc = slurm.slurm(
+            [
+                "sacctmgr",
+                "--noheader",
+                "--parsable2",
+                "show",
+                "assoc",
+                "where",
+                f"user={user}",
+                "format=" + ",".join(ASSOC),
+            ],
+            timeout,
+        )
+        qos = slurm.slurm(
+            ["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=" + ",".join(QOS)],
+            timeout,
+        )
+        share = slurm.slurm(["sshare", "--noheader", "--parsable2", "--users", user,
+                             "--format=" + ",".join(SHARE)], timeout)  # fmt: skip
+    except AgentError as exc:
+        result.update(accounting=False, message=f"no accounting on this cluster ({exc})")
+        return result
+    associations = table(assoc, ASSOC)
+    names = {q for a in associations for q in a["QOS"].split(",") if q}
+    result.update(
+        accounting=True,
+        associations=associations,
+        qos=[q for q in table(qos, QOS) if q["Name"] in names],
+        fairshare=[s for s in table(share, SHARE) if s["User"].strip() == user],
+    )
+    return result

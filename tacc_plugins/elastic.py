@@ -1,0 +1,62 @@
+"""Elastic size (Elastic-KubeFlow's point): a task may give a node range
+(`nodes: 2-4`). Slurm gets it as its min-max node count and starts the job on as many
+nodes as are free up to the maximum (at least the minimum); the execution layer tells
+the program the size it got (TACC_NUM_NODES, WORLD_SIZE, torchrun --nnodes)."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from tacc_plugins.api import Launch, Plugin, Submission
+from tcloud.fields import Field
+
+RANGE = re.compile(r"(\d+)-(\d+)")
+EXPECTED = "a node count >= 1, or a range like 2-4"
+
+
+def node_range(value: object) -> tuple[int, int] | None:
+    """(min, max) of a node count (3) or range ("2-4"); None when it is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value) if value >= 1 else None
+    match = RANGE.fullmatch(str(value).strip())
+    if not match:
+        return None
+    low, high = int(match.group(1)), int(match.group(2))
+    return (low, high) if 1 <= low <= high else None
+
+
+def check_nodes(value: object) -> str | None:
+    return None if node_range(value) else EXPECTED
+
+
+def min_nodes(resources: dict) -> int:
+    found = node_range(resources.get("nodes", 1))
+    return found[0] if found else 1
+
+
+class Elastic(Plugin):
+    name = "elastic"
+    layers = ("schema", "schedule", "execute")
+    summary = "nodes: 2-4 -> sbatch --nodes=2-4; the program learns the size it got"
+    fields: ClassVar[dict[str, Field]] = {
+        "resources.nodes": Field("any", default=1, check=check_nodes, expected=EXPECTED)
+    }
+
+    def check(self, task, problem) -> None:
+        res = task["resources"]
+        low, high = node_range(res["nodes"]) or (1, 1)
+        res["nodes"] = low if low == high else f"{low}-{high}"
+
+    def schedule(self, submission: Submission) -> None:
+        nodes = submission.task.resources["nodes"]
+        if isinstance(nodes, str):
+            submission.options["nodes"] = nodes
+            submission.note(self.name, f"min-max nodes {nodes}")
+
+    def execute(self, launch: Launch) -> None:
+        nodes = launch.task.resources["nodes"]
+        if isinstance(nodes, str):
+            low, high = node_range(nodes) or (1, 1)
+            launch.env.update(TACC_NODES_MIN=str(low), TACC_NODES_MAX=str(high))
+            launch.note(self.name, f"{len(launch.nodes)} node(s) of {nodes}")

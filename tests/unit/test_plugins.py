@@ -1,0 +1,388 @@
+"""Issue [8]: the plug-in seam and each built-in technique, on and off.
+
+Layers 1-2 run for real (load_task, compile_task); layer 3 runs `schedule.plan` against
+a fixed cluster shape (the parsed `scontrol show` records of test_agent_schedule);
+layer 4's hooks run on a Launch as the execution wrapper builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tacc_agent import schedule, sweeps, workspace
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import Rejected
+from tacc_agent.instruction import parse
+from tacc_agent.slurm import parse_oneliner
+from tacc_plugins import duration, elastic, las, sweep
+from tacc_plugins.api import Launch, Outcome, Queue, QueuedJob
+from tacc_plugins.registry import PluginError, available, select
+from tcloud.compiler import compile_task
+from tcloud.errors import TaskFileError
+from tcloud.schema import load_task
+
+NODES = [
+    "NodeName=g1 CPUTot=64 RealMemory=512000 Gres=gpu:h100:4,shard:16 "
+    "AvailableFeatures=h100 Partitions=gpu State=IDLE",
+    "NodeName=g2 CPUTot=64 RealMemory=512000 Gres=gpu:a100:4 AvailableFeatures=a100 "
+    "Partitions=gpu State=IDLE",
+    "NodeName=c1 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu State=IDLE",
+    "NodeName=c2 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu State=IDLE",
+]
+PARTITIONS = [
+    "PartitionName=gpu Default=NO Nodes=g[1-2] State=UP",
+    "PartitionName=cpu Default=YES Nodes=c[1-2] State=UP",
+]
+
+
+@pytest.fixture(autouse=True)
+def cluster(monkeypatch):
+    nodes = schedule.parse_nodes([parse_oneliner(line) for line in NODES])
+    shape = (schedule.parse_partitions([parse_oneliner(p) for p in PARTITIONS], nodes), nodes)
+    monkeypatch.setattr(schedule, "cluster_shape", lambda timeout: shape)
+    monkeypatch.delenv("TACC_PLUGINS", raising=False)
+
+
+def write_task(tmp: Path, task: dict) -> Path:
+    (tmp / "tcloud.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+    return tmp / "tcloud.yaml"
+
+
+def compiled(tmp: Path, task: dict, selection: list[str] | None = None):
+    """(instruction document, the task as the cluster reads it)."""
+    spec = load_task(write_task(tmp, task), selection or [])
+    document = compile_task(spec, plugins=select(selection or [], spec.plugins)).document
+    return document, parse(json.dumps(document), "instruction.json")
+
+
+def planned(task, config: AgentConfig | None = None, user_dir: Path | None = None, digest=""):
+    return schedule.plan(task, Path("/w/job"), config or AgentConfig(), user_dir, digest)
+
+
+def base(**extra) -> dict:
+    return {"name": "t", "run": ["python train.py"], **extra}
+
+
+# ------------------------------------------------------------------ the seam
+def test_defaults_are_on_and_las_is_off():
+    on = {p.name for p in select()}
+    assert on == {"gpu_share", "elastic", "gpu_types", "sweep", "duration", "launcher",
+                  "transport"}  # fmt: skip
+    assert {p.name for p in select(["las", "-duration"])} == on - {"duration"} | {"las"}
+
+
+def test_selection_errors_name_the_word_and_what_exists():
+    with pytest.raises(PluginError, match=r"unknown plug-in 'nope'; available: duration"):
+        select(["nope"])
+    with pytest.raises(PluginError, match=r"'las' is cluster policy; only ops"):
+        select(["las"], ["-las"], policy_from=["las"])
+    assert "las" not in {p.name for p in select(["-las"], policy_from=["-las"])}
+    with pytest.raises(PluginError, match=r"cannot be loaded"):
+        select(["no_such_package.plugin"])
+
+
+def test_a_task_file_names_its_plugins_and_bad_words_point_at_the_line(tmp_path):
+    path = write_task(tmp_path, base(plugins=["-duration", "+bogus"]))
+    with pytest.raises(TaskFileError) as caught:
+        load_task(path, [])
+    assert f"{path}:6:3: plugins[1]: unknown plug-in 'bogus'; available:" in str(caught.value)
+    with pytest.raises(TaskFileError, match=r"tcloud.yaml:1:1: plugins \(\$TACC_PLUGINS\): "
+                       "unknown plug-in 'nope'"):  # fmt: skip
+        load_task(write_task(tmp_path, base()), ["nope"])
+
+
+def test_the_instruction_records_which_plugins_were_on_and_what_they_changed(tmp_path):
+    document, _ = compiled(tmp_path, base(resources={"gpus_per_node": 0.5}))
+    assert document["plugins"]["on"] == ["gpu_share", "elastic", "gpu_types", "sweep"]
+    assert document["plugins"]["shaped"] == {
+        "gpu_share": "gpus_per_node 0.5 -> gpu_share 0.5 (scheduled as GPU shards)"
+    }
+
+
+PLUGIN_MODULE = '''
+"""A technique from outside the project: tags jobs with a cost centre."""
+from typing import ClassVar
+
+from tacc_plugins.api import Plugin
+from tcloud.fields import Field, pattern
+
+
+class CostCentre(Plugin):
+    name = "cost_centre"
+    layers = ("schema", "compile", "schedule")
+    fields: ClassVar = {
+        "resources.cost_centre": Field("str", check=pattern(r"cc-[0-9]+(-checked)?", "cc-N"))
+    }
+
+    def check(self, task, problem):
+        if task["resources"]["cost_centre"] is None:
+            problem("resources.cost_centre", "every task names its cost centre")
+
+    def compile(self, document):
+        document["task"]["resources"]["cost_centre"] += "-checked"
+        return "checked"
+
+    def schedule(self, submission):
+        centre = submission.task.resources["cost_centre"]
+        submission.options["comment"] = centre
+        submission.note(self.name, f"comment {centre}")
+'''
+
+
+def test_a_new_plugin_is_one_module_and_no_layer_changes(tmp_path, monkeypatch):
+    (tmp_path / "lab_plugins").mkdir()
+    (tmp_path / "lab_plugins" / "__init__.py").write_text("")
+    (tmp_path / "lab_plugins" / "cost.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TACC_PLUGINS", "lab_plugins.cost")
+    project = tmp_path / "p"
+    project.mkdir()
+    # Its schema rule holds, with file, line and field...
+    with pytest.raises(TaskFileError, match=r"resources.cost_centre: every task names"):
+        load_task(write_task(project, base()))
+    with pytest.raises(TaskFileError, match=r"resources.cost_centre: expected cc-N, got 'x'"):
+        load_task(write_task(project, base(resources={"cost_centre": "x"})))
+    # ...its compile pass is recorded in the instruction...
+    spec = load_task(write_task(project, base(resources={"cost_centre": "cc-7"})))
+    document = compile_task(spec).document
+    assert "cost_centre" in document["plugins"]["on"]
+    assert document["plugins"]["shaped"]["cost_centre"] == "checked"
+    # ...and the cluster (which has the module too) runs its scheduling hook.
+    cluster_task = parse(json.dumps(document), "instruction.json")
+    submission = planned(cluster_task, AgentConfig(plugins=("lab_plugins.cost",)))
+    assert submission.options["comment"] == "cc-7-checked"
+    assert submission.notes["cost_centre"] == "comment cc-7-checked"
+    assert "cost_centre" in available(["lab_plugins.cost"])
+
+
+# ------------------------------------------------------------------ GPU sharing
+def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
+    _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25, "partition": "gpu"}))
+    submission = planned(task)
+    assert submission.options["gres"] == "shard:1"
+    assert submission.notes["gpu_share"] == "0.25 GPU -> 1 of 4 shards of one GPU"
+    _, half = compiled(tmp_path, base(resources={"gpus_per_node": 0.5, "partition": "gpu"}))
+    assert planned(half).options["gres"] == "shard:2"
+    argv = schedule.sbatch_argv(task, Path("/w/job"), AgentConfig(), submission.options)
+    assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
+
+
+def test_a_fraction_without_shards_is_refused_with_the_field(tmp_path):
+    _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25}))  # cpu partition
+    with pytest.raises(Rejected, match=r"needs GPU sharing .gres/shard.") as caught:
+        planned(task)
+    assert caught.value.field == "resources.gpus_per_node"
+
+
+def test_gpu_share_off_makes_a_fraction_an_error(tmp_path):
+    path = write_task(tmp_path, base(resources={"gpus_per_node": 0.25}))
+    with pytest.raises(TaskFileError, match=r"gpus_per_node: expected an integer, got '0.25'"):
+        load_task(path, ["-gpu_share"])
+    with pytest.raises(TaskFileError, match=r"expected whole GPUs .* got 1.5"):
+        load_task(write_task(tmp_path, base(resources={"gpus_per_node": 1.5})), [])
+    assert load_task(write_task(tmp_path, base(resources={"gpus_per_node": 2.0})),
+                     []).resources["gpus_per_node"] == 2  # fmt: skip
+
+
+# ------------------------------------------------------------------ elastic + GPU types
+def test_a_node_range_reaches_slurm_and_the_program_learns_the_size(tmp_path):
+    _, task = compiled(tmp_path, base(resources={"nodes": "1-2"}))
+    submission = planned(task)
+    assert submission.options["nodes"] == "1-2"
+    launch = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {})
+    elastic.Elastic().execute(launch)
+    assert launch.env == {"TACC_NODES_MIN": "1", "TACC_NODES_MAX": "2"}
+    assert launch.notes["elastic"] == "1 node(s) of 1-2"
+    _, too_many = compiled(tmp_path, base(resources={"nodes": "3-4"}))
+    with pytest.raises(Rejected, match=r"3-4 nodes requested, but partition 'cpu' has 2"):
+        planned(too_many)
+
+
+@pytest.mark.parametrize("nodes", ["0-2", "3-1", "2-", "x", 0])
+def test_bad_node_ranges_are_refused(tmp_path, nodes):
+    with pytest.raises(TaskFileError, match=r"resources.nodes: expected a node count >= 1, or"):
+        load_task(write_task(tmp_path, base(resources={"nodes": nodes})), [])
+
+
+def test_elastic_off_refuses_a_range(tmp_path):
+    with pytest.raises(TaskFileError, match=r"resources.nodes: expected an integer"):
+        load_task(write_task(tmp_path, base(resources={"nodes": "2-4"})), ["-elastic"])
+
+
+def test_acceptable_gpu_types_become_a_constraint(tmp_path):
+    res = {"partition": "gpu", "gpus_per_node": 1, "gpu_types": ["h100", "a100"]}
+    _, task = compiled(tmp_path, base(resources=res))
+    assert planned(task).options["constraint"] == "h100|a100"
+    _, none = compiled(tmp_path, base(resources={**res, "gpu_types": ["l40s"]}))
+    with pytest.raises(Rejected, match=r"no node in partition 'gpu' has a GPU of type l40s; "
+                       "the types there: a100, h100"):  # fmt: skip
+        planned(none)
+    with pytest.raises(TaskFileError, match=r"GPU types need GPUs"):
+        load_task(write_task(tmp_path, base(resources={"gpu_types": ["h100"]})), [])
+
+
+# ------------------------------------------------------------------ sweeps
+SWEEP = {"parameters": {"LR": [0.1, 0.01], "BATCH": [32, 64, 128]}, "parallel": 2}
+
+
+def test_a_sweep_compiles_to_its_trials_and_one_job_array(tmp_path):
+    document, task = compiled(tmp_path, base(sweep=SWEEP))
+    trials = document["task"]["sweep"]["trials"]
+    assert len(trials) == 6 and trials[0] == {"LR": "0.1", "BATCH": "32"}
+    assert trials[-1] == {"LR": "0.01", "BATCH": "128"}
+    submission = planned(task)
+    assert submission.options["array"] == "0-5%2"
+    assert submission.options["output"] == "/w/job/trials/%a/logs/job.log"
+    launch = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"})
+    sweep.Sweep().execute(launch)
+    assert launch.env["LR"] == "0.01" and launch.env["BATCH"] == "64"
+    assert launch.env["TACC_TRIAL"] == "4" and launch.env["TACC_TRIALS"] == "6"
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ({"LR": []}, "LR has no list of values"),
+        ({"1X": [1]}, "'1X' is not a shell variable name"),
+        ({"SLURM_X": [1]}, "SLURM_X is reserved"),
+        ({"A": list(range(40)), "B": list(range(30))}, "1200 trials; at most 1000"),
+    ],
+)
+def test_bad_sweeps_are_refused_with_the_field(tmp_path, grid, message):
+    with pytest.raises(TaskFileError, match=r"sweep.parameters") as caught:
+        load_task(write_task(tmp_path, base(sweep={"parameters": grid})), [])
+    assert message in str(caught.value)
+
+
+def test_trials_get_directories_and_ids(tmp_path):
+    job_dir = tmp_path / "user" / "jobs" / "abc-1"
+    (job_dir / "code").mkdir(parents=True)
+    (job_dir / "instruction.json").write_text("{}")
+    sweeps.make_trials(job_dir, 3)
+    workspace.register(tmp_path / "user", "12", job_dir)
+    trial = workspace.job_dir(tmp_path / "user", "12_2")
+    assert trial == job_dir / "trials" / "2"
+    assert (trial / "code").resolve() == (job_dir / "code").resolve()
+    with pytest.raises(Rejected, match=r"job 12 has no trial 3"):
+        workspace.job_dir(tmp_path / "user", "12_3")
+    assert sweeps.summary_state(["COMPLETED", "RUNNING", "QUEUED"]) == "RUNNING"
+    assert sweeps.summary_state(["COMPLETED", "FAILED"]) == "FAILED"
+    assert sweeps.counts(["QUEUED", "COMPLETED", "QUEUED"]) == "1 COMPLETED, 2 QUEUED"
+
+
+# ------------------------------------------------------------------ duration prediction
+def past_job(user_dir: Path, name: str, digest: str, entrypoint: str, seconds: float | None):
+    job = user_dir / "jobs" / name
+    (job / "status" / "events").mkdir(parents=True)
+    (job / "status" / "submit.json").write_text(
+        json.dumps({"digest": digest, "entrypoint": entrypoint})
+    )
+    events = [("QUEUED", 0.0), ("RUNNING", 100.0)]
+    if seconds is not None:
+        events.append(("COMPLETED", 100.0 + seconds))
+    else:
+        events.append(("FAILED", 150.0))
+    for i, (state, when) in enumerate(events):
+        (job / "status" / "events" / f"{i:020d}-{state}.json").write_text(
+            json.dumps({"state": state, "time": when})
+        )
+
+
+def test_no_time_limit_and_earlier_runs_give_a_tighter_predicted_one(tmp_path):
+    _, task = compiled(tmp_path, base())
+    user = tmp_path / "user"
+    entry = duration.entrypoint_of(task)
+    past_job(user, "a", "d1", entry, 100)
+    past_job(user, "b", "d1", entry, 140)
+    past_job(user, "c", "d1", entry, None)  # a failure says nothing about duration
+    submission = planned(task, user_dir=user, digest="d1")
+    # longest 140 s x 1.5 + 60 s = 270 s -> 5 minutes
+    assert submission.options["time"] == "00:05:00"
+    assert submission.data["duration"] == {"limit_seconds": 300, "basis": "digest", "runs": 2,
+                                           "longest": 140.0}  # fmt: skip
+    assert "predicted 00:05:00 from 2 earlier run(s) of the same digest" in (
+        submission.notes["duration"])  # fmt: skip
+    # Another digest of the same entry point still predicts; the cap holds.
+    capped = planned(task, AgentConfig(default_time_limit="00:04:00"), user, "other")
+    assert capped.options["time"] == "00:04:00"
+    assert capped.data["duration"]["basis"] == "entrypoint"
+
+
+def test_prediction_is_off_with_a_time_limit_without_history_or_when_turned_off(tmp_path):
+    user = tmp_path / "user"
+    _, task = compiled(tmp_path, base())
+    assert planned(task, user_dir=user).options["time"] == "01:00:00"  # no history yet
+    past_job(user, "a", "d1", duration.entrypoint_of(task), 100)
+    _, limited = compiled(tmp_path, base(resources={"time": "30"}))
+    assert planned(limited, user_dir=user, digest="d1").options["time"] == "30"
+    off = planned(task, AgentConfig(plugins=("-duration",)), user, "d1")
+    assert off.options["time"] == "01:00:00" and "duration" not in off.notes
+
+
+def test_the_job_log_gets_prediction_versus_actual(tmp_path):
+    submitted = {"plugin_data": {"duration": {"limit_seconds": 300}}}
+    line = duration.DurationPrediction().finish(Outcome(None, tmp_path, 0, 150.0, submitted))
+    assert line == "duration: ran 150 s; predicted limit 300 s (50% of it used)"
+
+
+# ------------------------------------------------------------------ LAS
+def test_squeue_lines_become_queued_jobs():
+    from tacc_agent.queue_ticks import parse_queue
+
+    jobs = parse_queue("12|alice|RUNNING|0|2|gres/gpu:4|1:02:03\n13_1|bob|PENDING|0|1|N/A|0:00\n")
+    assert (jobs[0].gpus, jobs[0].elapsed_seconds, jobs[0].nodes) == (8, 3723, 2)
+    assert (jobs[1].job_id, jobs[1].gpus, jobs[1].state) == ("13_1", 0, "PENDING")
+
+
+def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
+    config = AgentConfig(las_thresholds=(100.0, 1000.0), las_nice_step=500)
+    changed: dict[str, int] = {}
+
+    def tick(jobs):
+        queue = Queue(jobs, lambda job, nice: changed.__setitem__(job, nice), 0.0, tmp_path,
+                      config)  # fmt: skip
+        las.LeastAttainedService().tick(queue)
+        return queue.notes
+
+    # alice ran 2 GPUs for 60 s, then 600 s: 1200 GPU-s attained, past both thresholds.
+    tick([QueuedJob("1", "alice", "RUNNING", 0, 2, 60)])
+    notes = tick([QueuedJob("1", "alice", "RUNNING", 0, 2, 600),
+                  QueuedJob("2", "alice", "PENDING", 0, 1, 0),
+                  QueuedJob("3", "bob", "PENDING", 0, 1, 0)])  # fmt: skip
+    assert changed == {"2": 1000}  # bob attained nothing: his job keeps nice 0
+    assert notes == ["las: job 2 of alice (1200 GPU-s) nice 0 -> 1000"]
+    state = json.loads((tmp_path / "las.json").read_text())
+    assert state["attained"] == {"alice": 1200.0}
+    # No change is made twice (the nice is already right), and node-time stands in for
+    # GPU time on CPU-only jobs.
+    changed.clear()
+    tick([QueuedJob("2", "alice", "PENDING", 1000, 1, 0),
+          QueuedJob("4", "bob", "RUNNING", 0, 0, 200, nodes=1)])  # fmt: skip
+    assert changed == {}
+    assert json.loads((tmp_path / "las.json").read_text())["attained"]["bob"] == 200.0
+
+
+# ------------------------------------------------------------------ quota
+def test_quota_text_shows_limits_fair_share_and_usage():
+    from tcloud.cli import quota_text
+
+    info = {
+        "user": "alice", "running_jobs": 1, "pending_jobs": 2, "gpus_in_use": 4,
+        "accounting": True,
+        "associations": [{"Account": "vision", "Fairshare": "10", "QOS": "normal,scavenger",
+                          "DefaultQOS": "normal"}],
+        "fairshare": [{"Account": "vision", "User": "alice", "FairShare": "0.5",
+                       "EffectvUsage": "0.25"}],
+        "qos": [{"Name": "normal", "Priority": "10", "MaxTRESPU": "gres/gpu=8", "MaxJobsPU": "",
+                 "MaxWall": "2-00:00:00", "Preempt": "scavenger", "UsageFactor": "1.000000"}],
+    }  # fmt: skip
+    text = quota_text(info)
+    assert "alice: 1 running job(s) holding 4 GPU(s), 2 pending" in text
+    assert "account vision: fair share 0.5 (shares 10, usage 0.25)" in text
+    assert "qos normal: priority 10, MaxTRESPU gres/gpu=8, MaxWall 2-00:00:00" in text
+    assert "no accounting" in quota_text({**info, "accounting": False})
