@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -506,6 +507,126 @@ def test_a_killed_agent_is_restarted_by_systemd_without_draining_the_node(cluste
     assert {s.split("|")[0] for s in states} <= {"idle", "mix", "alloc"}, states
     journal = node_sh(NAME, "n2", "journalctl -u tacc-agent -o cat --no-pager -n 50").stdout
     assert "drained" not in journal, journal
+
+
+# ---------------------------------------------------------------- issue [8]: plug-ins
+def plugin_task(root: Path, task: dict) -> Path:
+    root.mkdir()
+    limits = {"nodes": 1, "mem": "50M", **task.pop("resources", {})}
+    (root / "tcloud.yaml").write_text(json.dumps({"resources": limits, **task}))
+    return root
+
+
+def submit_args(tcloud, project: Path, *extra: str) -> str:
+    proc = tcloud("submit", "--json", *extra, str(project))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["job_id"]
+
+
+def test_a_sweep_is_one_job_array_addressed_whole_or_by_trial(alice, tmp_path):
+    line = 'echo "trial $TACC_TRIAL/$TACC_TRIALS LR=$LR SEED=$SEED on $(hostname)"'
+    project = plugin_task(tmp_path / "grid", {
+        "name": "grid", "resources": {"time": "5"}, "run": [line],
+        "sweep": {"parameters": {"LR": [0.1, 0.01], "SEED": [1, 2]}, "parallel": 2}})  # fmt: skip
+    refused = alice("submit", str(project))
+    assert refused.returncode == 3 and "submit it with --sweep" in refused.stderr
+    job = submit_args(alice, project, "--sweep")
+    info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"), 120)
+    assert info["state"] == "COMPLETED" and info["reason"] == "4 COMPLETED", info
+    assert info["plugins"]["sweep"] == "job array 0-3%2 (4 trials)"
+    trials = {t["job_id"]: (t["state"], t["parameters"]) for t in info["trials"]}
+    assert trials[f"{job}_2"] == ("COMPLETED", {"LR": "0.01", "SEED": "1"}), trials
+    whole = alice("logs", job).stdout
+    for index, (lr, seed) in enumerate([("0.1", 1), ("0.1", 2), ("0.01", 1), ("0.01", 2)]):
+        assert f"] trial {index}/4 LR={lr} SEED={seed} on n" in whole, whole
+    one = [x for x in alice("logs", f"{job}_2").stdout.splitlines() if "trial " in x]
+    assert len(one) == 1 and "trial 2/4 LR=0.01 SEED=1" in one[0], one
+    trial = status(alice, f"{job}_1")
+    assert trial["state"] == "COMPLETED" and trial["nodes"][0]["exit_code"] == 0, trial
+    assert "grid (4 COMPLETED)" in alice("ps").stdout
+
+
+def test_a_sweep_trial_or_the_whole_sweep_can_be_cancelled(alice, tmp_path):
+    project = plugin_task(tmp_path / "long", {
+        "name": "long-grid", "resources": {"time": "5"}, "run": ["sleep 876"],
+        "sweep": {"parameters": {"X": [1, 2, 3]}}})  # fmt: skip
+    job = submit_args(alice, project, "--sweep")
+    deadline = time.monotonic() + 90
+    while [t["state"] for t in status(alice, job)["trials"]].count("RUNNING") < 2:
+        assert time.monotonic() < deadline, status(alice, job)
+        time.sleep(1)
+    assert alice("cancel", f"{job}_0").returncode == 0
+    wait_state(alice, f"{job}_0", ("CANCELLED",), 30)
+    assert status(alice, job)["state"] in ("RUNNING", "QUEUED")
+    assert alice("cancel", job).returncode == 0
+    info = wait_state(alice, job, ("CANCELLED",), 30)
+    assert {t["state"] for t in info["trials"]} == {"CANCELLED"}, info
+    deadline = time.monotonic() + 30
+    while not all(no_process(n, "sleep 876") for n in ("n2", "n3")):
+        assert time.monotonic() < deadline, "trial processes survived cancel"
+        time.sleep(1)
+
+
+def test_a_node_range_grows_on_an_idle_cluster_and_shrinks_on_a_busy_one(alice, bob, tmp_path):
+    line = 'echo "size $TACC_NUM_NODES of $TACC_NODES_MIN-$TACC_NODES_MAX"'
+    task = {"name": "elastic", "resources": {"nodes": "1-2", "time": "5"}, "run": [line]}
+    grown = submit_args(alice, plugin_task(tmp_path / "a", dict(task)))
+    info = wait_state(alice, grown, ("COMPLETED", "FAILED", "CANCELLED"))
+    assert info["state"] == "COMPLETED" and len(info["nodes"]) == 2, info
+    assert "[n2:0] size 2 of 1-2" in alice("logs", grown).stdout
+    blocker = submit(bob, task_dir(tmp_path / "b", "blocker", ["sleep 600"], nodes=1))
+    wait_state(bob, blocker, ("RUNNING",))
+    shrunk = submit_args(alice, plugin_task(tmp_path / "c", dict(task)))
+    info = wait_state(alice, shrunk, ("COMPLETED", "FAILED", "CANCELLED"))
+    assert info["state"] == "COMPLETED" and len(info["nodes"]) == 1, info
+    assert "size 1 of 1-2" in alice("logs", shrunk).stdout
+    assert bob("cancel", blocker).returncode == 0
+
+
+def slurm_time_limit(job: str) -> str:
+    out = node_sh(NAME, "n1", f"scontrol show job {job} --oneliner").stdout
+    return next(w.split("=", 1)[1] for w in out.split() if w.startswith("TimeLimit="))
+
+
+def test_duration_prediction_tightens_the_limit_from_earlier_runs_and_can_be_off(alice, tmp_path):
+    task = {"name": "predictable", "run": ["sleep 3"]}
+    first = submit_args(alice, plugin_task(tmp_path / "a", dict(task)))
+    assert wait_state(alice, first, ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
+    # The same entry point again, with no time limit: 3 s x 1.5 + 60 s -> 2 minutes.
+    second = submit_args(alice, plugin_task(tmp_path / "b", {**task, "run": ["sleep 3"]}))
+    assert slurm_time_limit(second) == "00:02:00"
+    info = wait_state(alice, second, ("COMPLETED", "FAILED"))
+    assert info["plugins"]["duration"].startswith("predicted 00:02:00 from 1 earlier run(s)")
+    log = alice("logs", second).stdout
+    assert re.search(r"\[job\] tacc: duration: ran \d+ s; predicted limit 120 s", log), log
+    # The task turns the plug-in off: the cluster's default limit.
+    off = submit_args(alice, plugin_task(tmp_path / "c", {**task, "plugins": ["-duration"]}))
+    assert slurm_time_limit(off) == "01:00:00"
+    assert "duration" not in wait_state(alice, off, ("COMPLETED", "FAILED"))["plugins"]
+
+
+def test_las_raises_the_nice_of_pending_jobs_of_the_user_with_more_service(alice, bob, tmp_path):
+    las = ("plugins: [las]\nlas_thresholds: [1]\nlas_nice_step: 500\n"
+           "state_dir: /root/las-test\n")  # fmt: skip
+    node_sh(NAME, "n1", f"rm -rf /root/las-test; printf '{las}' > /root/las.yaml")
+    hog = submit(alice, task_dir(tmp_path / "h", "hog", ["sleep 600"], nodes=2))
+    wait_state(alice, hog, ("RUNNING",))
+    mine = submit(alice, task_dir(tmp_path / "m", "mine", ["true"], nodes=1))
+    theirs = submit(bob, task_dir(tmp_path / "t", "theirs", ["true"], nodes=1))
+    # Off by default: the agent's own settings have no las, and nothing changes.
+    assert json.loads(node_sh(NAME, "n1", "tacc-agent queue-tick").stdout) == {"changes": []}
+    tick = "tacc-agent --config /root/las.yaml queue-tick"
+    changes = []
+    for _ in range(2):  # the first tick may see the hog at 0 s elapsed
+        changes += json.loads(node_sh(NAME, "n1", tick).stdout)["changes"]
+        time.sleep(2)
+    assert any(f"job {mine} of alice" in c and "-> 500" in c for c in changes), changes
+    assert not any(f"job {theirs} " in c for c in changes), changes
+    nice = dict(line.split() for line in node_sh(
+        NAME, "n1", f"squeue -h -j {mine},{theirs} -o '%i %y'").stdout.splitlines())  # fmt: skip
+    assert nice == {mine: "500", theirs: "0"}, nice
+    for tcloud, job in ((alice, hog), (alice, mine), (bob, theirs)):
+        tcloud("cancel", job)
 
 
 def test_added_node_joins_without_disturbing_a_running_job(cluster):
