@@ -41,7 +41,7 @@ class AgentConfig:
     # las plug-in (off unless `plugins` names it; runs in the daemon where
     # queue_tick_seconds > 0, i.e. the controller): a user's attained GPU-seconds (node-
     # seconds for jobs without GPUs) pick their queue by these thresholds; each queue
-    # down adds las_nice_step to the nice value of their pending jobs.
+    # below the most attained one gives their pending jobs las_nice_step more priority.
     queue_tick_seconds: float = 0.0
     las_thresholds: tuple = (3600.0, 36000.0)
     las_nice_step: int = 10000

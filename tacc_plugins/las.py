@@ -3,10 +3,12 @@ GPU time a user has attained, the lower the queue their pending jobs sit in. Att
 service is GPUs x seconds (node-seconds for jobs without GPUs, so CPU-only partitions
 take part too), summed over the user's running jobs at every tick and kept in the
 agent's state directory. A user's queue is the number of `las_thresholds` their service
-has passed; each queue down adds `las_nice_step` to the nice value of their pending
-jobs. Slurm's own priority/multifactor does the rest: no home-made scheduler. Off by
-default; ops turn it on with the agent's `plugins: [las]` and a `queue_tick_seconds`
-on the controller.
+has passed. Pending jobs get their queue through Slurm's nice value: the most attained
+queue keeps nice 0 and each queue above it gets `las_nice_step` more priority (a
+negative nice, which the agent may set as root), so the ordering works whether or not
+the cluster's multifactor weights give jobs any base priority. Slurm's own
+priority/multifactor does the rest: no home-made scheduler. Off by default; ops turn it
+on with the agent's `plugins: [las]` and a `queue_tick_seconds` on the controller.
 """
 
 from __future__ import annotations
@@ -55,7 +57,13 @@ def account(state: dict, queue: Queue) -> None:
 
 
 def level(service: float, thresholds: list[float]) -> int:
+    """0 for the least attained queue, len(thresholds) for the most."""
     return bisect.bisect_right(sorted(thresholds), service)
+
+
+def nice_for(service: float, thresholds: list[float], step: int) -> int:
+    """Less attained service, more priority: -step per queue above the last one."""
+    return -(len(thresholds) - level(service, thresholds)) * step
 
 
 class LeastAttainedService(Plugin):
@@ -75,7 +83,7 @@ class LeastAttainedService(Plugin):
             if job.state != "PENDING":
                 continue
             service = state["attained"].get(job.user, 0.0)
-            nice = level(service, thresholds) * int(config.las_nice_step)
+            nice = nice_for(service, thresholds, int(config.las_nice_step))
             if nice != job.nice:
                 queue.set_nice(job.job_id, nice)
                 queue.notes.append(f"las: job {job.job_id} of {job.user} ({service:.0f} "

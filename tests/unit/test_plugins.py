@@ -354,16 +354,17 @@ def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
     notes = tick([QueuedJob("1", "alice", "RUNNING", 0, 2, 600),
                   QueuedJob("2", "alice", "PENDING", 0, 1, 0),
                   QueuedJob("3", "bob", "PENDING", 0, 1, 0)])  # fmt: skip
-    assert changed == {"2": 1000}  # bob attained nothing: his job keeps nice 0
-    assert notes == ["las: job 2 of alice (1200 GPU-s) nice 0 -> 1000"]
+    # alice is in the most attained queue (nice 0); bob attained nothing: two queues up.
+    assert changed == {"3": -1000}
+    assert notes == ["las: job 3 of bob (0 GPU-s) nice 0 -> -1000"]
     state = json.loads((tmp_path / "las.json").read_text())
     assert state["attained"] == {"alice": 1200.0}
     # No change is made twice (the nice is already right), and node-time stands in for
     # GPU time on CPU-only jobs.
     changed.clear()
-    tick([QueuedJob("2", "alice", "PENDING", 1000, 1, 0),
+    tick([QueuedJob("3", "bob", "PENDING", -1000, 1, 0),
           QueuedJob("4", "bob", "RUNNING", 0, 0, 200, nodes=1)])  # fmt: skip
-    assert changed == {}
+    assert changed == {"3": -500}  # bob passed the first threshold: one queue down
     assert json.loads((tmp_path / "las.json").read_text())["attained"]["bob"] == 200.0
 
 

@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Each optimization plug-in (issue [8]) on and off in one run on the bench lab, with the
+figure it is meant to move. Every workload is submitted through tcloud as a researcher
+would; "off" is the same workload with the plug-in turned off (`plugins: [-name]` in
+the task, or for LAS, no tick).
+
+1. duration: a replayed workload in which a 2-node job waits for a 1-node job to end;
+   short evaluation jobs that set no time limit arrive. With prediction they get a
+   limit from their earlier run and Slurm's backfill starts them on the idle node at
+   once; with the 1-hour default they wait behind the 2-node job. Figure: mean start
+   delay of the short jobs.
+2. las: the same trace FIFO and with least-attained-service: alice submits 4 long jobs,
+   bob 4 short ones 3 s later, one job per node. Figure: mean job completion time.
+3. gpu_share: 4 tasks of 20 s on a node with one (FAKE) GPU: whole GPUs serialize,
+   quarter GPUs (shards) share it. Figure: makespan.
+4. elastic: a 2-node task while one node is busy: `nodes: 2` waits, `nodes: 1-2`
+   starts on the free one. Figure: start delay.
+5. sweep: 8 trials as one sweep (one submission, one job array) against 8 separate
+   submissions. Figure: time to submit them all.
+
+Usage (as root, from the repository root, after `make venv`):
+    .venv/bin/python -u bench/plugins.py [--json PATH]
+Uses the bench lab (10.77.7.0/24, 3 nodes: n1 head, n2 with one FAKE H100, n3) and
+removes it at the end. About 20 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
+from task_workflow import Tcloud
+
+from tacc_lab.demo import researcher_env
+
+CPUS = 4  # declared per compute node; a job with cpus: 4 has a node to itself
+SETTINGS = {
+    "slurm_node_cpus": CPUS,
+    "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdParameters": "config_overrides"},
+}
+N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
+      "slurm_gpu_shards_per_gpu": 4}  # fmt: skip
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+LAS = "plugins: [las]\nlas_thresholds: [1]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
+
+
+def project(root: Path, name: str, run: str, **fields) -> Path:
+    root.mkdir(parents=True)
+    resources = {"nodes": 1, "cpus": 1, "mem": "50M", **fields.pop("resources", {})}
+    task = {"name": name, "resources": resources, "run": [run], **fields}
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def history_time(info: dict, state: str, last: bool = False) -> float:
+    times = [h["time"] for h in info["history"] if h["state"] == state]
+    return times[-1] if last else times[0]
+
+
+def wait_all(tcloud: Tcloud, jobs: list[str], timeout: float = 900) -> list[dict]:
+    return [tcloud.wait(job, TERMINAL, timeout) for job in jobs]
+
+
+def start_delays(infos: list[dict]) -> list[float]:
+    return [history_time(i, "RUNNING") - history_time(i, "QUEUED") for i in infos]
+
+
+def completion_times(infos: list[dict]) -> list[float]:
+    return [history_time(i, i["state"], last=True) - history_time(i, "QUEUED") for i in infos]
+
+
+# ---------------------------------------------------------------- 1. duration
+def duration_mode(tcloud: Tcloud, work: Path, on: bool) -> dict:
+    words = {} if on else {"plugins": ["-duration"]}
+    tag = "on" if on else "off"
+    blocker = tcloud.submit(project(work / f"a-{tag}", "train", "sleep 150",
+                                    resources={"cpus": CPUS, "time": "10"}))[0]  # fmt: skip
+    tcloud.wait(blocker, ("RUNNING",))
+    tcloud.submit(project(work / f"b-{tag}", "big", "sleep 5",
+                          resources={"nodes": 2, "cpus": CPUS, "time": "5"}))  # fmt: skip
+    time.sleep(2)
+    short = [tcloud.submit(project(work / f"c-{tag}-{i}", "eval", "sleep 15", **words))[0]
+             for i in range(3)]  # fmt: skip
+    infos = wait_all(tcloud, short)
+    limits = [json.dumps(i.get("plugins", {}).get("duration", "default 01:00:00")) for i in infos]
+    wait_all(tcloud, [blocker])
+    delays = start_delays(infos)
+    return {"mean_start_delay_s": round(statistics.mean(delays), 1),
+            "start_delays_s": [round(d, 1) for d in delays], "limits": limits}  # fmt: skip
+
+
+def bench_duration(tcloud: Tcloud, work: Path) -> dict:
+    warm = tcloud.submit(project(work / "warm", "eval", "sleep 15"))[0]  # earlier run: history
+    wait_all(tcloud, [warm])
+    off = duration_mode(tcloud, work, on=False)
+    on = duration_mode(tcloud, work, on=True)
+    return {"off": off, "on": on,
+            "improvement": round(off["mean_start_delay_s"] / max(on["mean_start_delay_s"], 0.1),
+                                 2)}  # fmt: skip
+
+
+# ---------------------------------------------------------------- 2. LAS
+def ticker(stop: threading.Event) -> None:
+    """The daemon's queue tick (the same `tick` function), every 2 s, as root on n1."""
+    while not stop.wait(2):
+        node_sh("n1", "tacc-agent --config /root/las.yaml queue-tick >/dev/null 2>&1 || true")
+
+
+def las_mode(alice: Tcloud, bob: Tcloud, work: Path, on: bool) -> dict:
+    tag = "las" if on else "fifo"
+    node_sh("n1", f"rm -rf /root/las-bench; printf '{LAS}' > /root/las.yaml")
+    stop = threading.Event()
+    thread = threading.Thread(target=ticker, args=(stop,), daemon=True)
+    if on:
+        thread.start()
+    whole = {"cpus": CPUS, "time": "10"}
+    long = [alice.submit(project(work / f"{tag}-long-{i}", "long", "sleep 60", resources=whole))[0]
+            for i in range(4)]  # fmt: skip
+    time.sleep(3)
+    short = [bob.submit(project(work / f"{tag}-short-{i}", "short", "sleep 10", resources=whole))[0]
+             for i in range(4)]  # fmt: skip
+    infos_long, infos_short = wait_all(alice, long), wait_all(bob, short)
+    stop.set()
+    jct_long, jct_short = completion_times(infos_long), completion_times(infos_short)
+    return {"mean_jct_s": round(statistics.mean(jct_long + jct_short), 1),
+            "mean_jct_long_s": round(statistics.mean(jct_long), 1),
+            "mean_jct_short_s": round(statistics.mean(jct_short), 1)}  # fmt: skip
+
+
+def bench_las(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
+    fifo = las_mode(alice, bob, work, on=False)
+    las = las_mode(alice, bob, work, on=True)
+    return {"fifo": fifo, "las": las,
+            "improvement": round(fifo["mean_jct_s"] / las["mean_jct_s"], 2)}  # fmt: skip
+
+
+# ---------------------------------------------------------------- 3. GPU sharing
+def bench_gpu_share(tcloud: Tcloud, work: Path) -> dict:
+    result = {}
+    for label, gpus in (("whole", 1), ("quarter", 0.25)):
+        start = time.time()
+        jobs = [tcloud.submit(project(work / f"gpu-{label}-{i}", "gpu", "sleep 20",
+                                      resources={"gpus_per_node": gpus, "time": "5"}))[0]
+                for i in range(4)]  # fmt: skip
+        infos = wait_all(tcloud, jobs)
+        if not all(i["state"] == "COMPLETED" for i in infos):
+            raise RuntimeError(f"gpu_share {label}: not every task completed: {infos}")
+        end = max(history_time(i, "COMPLETED", last=True) for i in infos)
+        result[label] = {"makespan_s": round(end - start, 1)}
+    result["improvement"] = round(result["whole"]["makespan_s"] / result["quarter"]["makespan_s"],
+                                  2)  # fmt: skip
+    return result
+
+
+# ---------------------------------------------------------------- 4. elastic
+def bench_elastic(tcloud: Tcloud, work: Path) -> dict:
+    result = {}
+    for label, nodes in (("fixed", 2), ("range", "1-2")):
+        blocker = tcloud.submit(project(work / f"busy-{label}", "busy", "sleep 45",
+                                        resources={"cpus": CPUS, "time": "5"}))[0]  # fmt: skip
+        tcloud.wait(blocker, ("RUNNING",))
+        job = tcloud.submit(
+            project(
+                work / f"el-{label}",
+                "elastic",
+                "sleep 5",
+                resources={"nodes": nodes, "cpus": CPUS, "time": "5"},
+            )
+        )[0]
+        info = tcloud.wait(job, TERMINAL, 300)
+        wait_all(tcloud, [blocker])
+        result[label] = {"start_delay_s": round(start_delays([info])[0], 1),
+                         "nodes": len(info["nodes"])}  # fmt: skip
+    return result
+
+
+# ---------------------------------------------------------------- 5. sweep
+def bench_sweep(tcloud: Tcloud, work: Path) -> dict:
+    grid = {"parameters": {"LR": [0.1, 0.03, 0.01, 0.003], "SEED": [1, 2]}}
+    start = time.monotonic()
+    sweep = json.loads(tcloud.run("submit", "--json", "--sweep", str(project(
+        work / "sweep", "grid", "echo $LR $SEED", sweep=grid))).stdout)["job_id"]  # fmt: skip
+    one_submit = time.monotonic() - start
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:  # one after the other, as a loop of submits would
+        separate = list(pool.map(lambda i: tcloud.submit(project(
+            work / f"single-{i}", "single", f"echo trial {i}"))[0], range(8)))  # fmt: skip
+    eight_submits = time.monotonic() - start
+    info = tcloud.wait(sweep, TERMINAL, 300)
+    wait_all(tcloud, separate)
+    return {"sweep_submit_s": round(one_submit, 2), "separate_submits_s": round(eight_submits, 2),
+            "sweep_state": info["state"], "trials": len(info["trials"]),
+            "improvement": round(eight_submits / one_submit, 2)}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_json_argument(parser)
+    args = parser.parse_args()
+    with Record(args.json, lab=NAME) as record, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        inventory = work / "hosts.yml"
+        (work / "host_vars").mkdir()
+        (work / "host_vars" / "n2.yml").write_text(json.dumps(N2))
+        lab_down()
+        lab_up(3, inventory)
+        try:
+            sh([str(BIN / "tacc-lab"), "--name", NAME, "fake-hw", "n2", "--gpus", "1"])
+            playbook(inventory, "playbooks/site.yml", "-e", json.dumps(SETTINGS))
+            alice = Tcloud(researcher_env(NAME, "alice"))
+            bob = Tcloud(researcher_env(NAME, "bob"))
+            for name, run in (("duration", lambda: bench_duration(alice, work / "d")),
+                              ("las", lambda: bench_las(alice, bob, work / "l")),
+                              ("gpu_share", lambda: bench_gpu_share(alice, work / "g")),
+                              ("elastic", lambda: bench_elastic(alice, work / "e")),
+                              ("sweep", lambda: bench_sweep(alice, work / "s"))):  # fmt: skip
+                started = time.monotonic()
+                record[name] = run()
+                print(f"{name} ({time.monotonic() - started:.0f} s): "
+                      f"{json.dumps(record[name])}", flush=True)  # fmt: skip
+        finally:
+            lab_down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
