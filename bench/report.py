@@ -74,6 +74,7 @@ SCRIPTS = (
         ("--runs", "20", "--minutes", "10", "--trials", "5"),
         ("--runs", "5", "--minutes", "1", "--trials", "2"),
     ),
+    Script("plugins", "plugins.py", (), ()),
 )
 BY_NAME = {script.name: script for script in SCRIPTS}
 KEEP_LINES = 80  # of each script's output, kept in results.json
@@ -618,6 +619,47 @@ def section_scale(entry: dict | None) -> list[str]:
     return lines
 
 
+PLUGIN_ROWS = (
+    # (plug-in, figure, off label and path, on label and path, unit)
+    ("duration", "mean start delay of 3 short jobs behind a waiting 2-node job",
+     ("1 h default limit", ("off", "mean_start_delay_s")),
+     ("predicted limit", ("on", "mean_start_delay_s")), "s"),
+    ("las", "mean job completion time, 4 long (alice) + 4 short (bob) jobs",
+     ("FIFO", ("fifo", "mean_jct_s")), ("LAS", ("las", "mean_jct_s")), "s"),
+    ("gpu_share", "makespan of 4 x 20 s tasks on one (FAKE) GPU",
+     ("whole GPU each", ("whole", "makespan_s")), ("0.25 GPU each", ("quarter", "makespan_s")),
+     "s"),
+    ("elastic", "start delay of a 2-node task with one node busy",
+     ("nodes: 2", ("fixed", "start_delay_s")), ("nodes: 1-2", ("range", "start_delay_s")), "s"),
+    ("sweep", "time to submit 8 trials",
+     ("8 submits", ("separate_submits_s",)), ("1 sweep", ("sweep_submit_s",)), "s"),
+)  # fmt: skip
+
+
+def dig(data: dict, path: tuple[str, ...]):
+    for key in path:
+        data = (data or {}).get(key)
+    return data
+
+
+def section_plugins(entry: dict | None) -> list[str]:
+    lines = ["## Plug-ins on and off (bench/plugins.py)", "", *missing(entry, "plugins")]
+    result = (entry or {}).get("result") or {}
+    rows = []
+    for name, figure, (off_label, off_path), (on_label, on_path), unit in PLUGIN_ROWS:
+        data = result.get(name)
+        if not data:
+            continue
+        off, on = dig(data, off_path), dig(data, on_path)
+        ratio = f"{off / on:.2f}x" if off and on else "-"
+        rows.append([name, figure, f"{off_label}: {fmt(off, ' ' + unit, 1)}",
+                     f"{on_label}: {fmt(on, ' ' + unit, 1)}", ratio])  # fmt: skip
+    if rows:
+        lines += table(["plug-in", "figure", "off", "on", "off / on"], rows)
+        lines += [f"Reproduce: `{cmd(entry)}`", ""]
+    return lines
+
+
 def section_runs(results: dict) -> list[str]:
     rows = []
     for name, entry in results["scripts"].items():
@@ -692,6 +734,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_logs(scripts.get("task_workflow")),
         *section_agent(scripts.get("agent_health")),
         *section_scale(scripts.get("render_scale")),
+        *section_plugins(scripts.get("plugins")),
         *section_lab(scripts.get("lab_up")),
     ]
     report = out_dir / "REPORT.md"

@@ -1,7 +1,12 @@
 """Elastic size (Elastic-KubeFlow's point): a task may give a node range
-(`nodes: 2-4`). Slurm gets it as its min-max node count and starts the job on as many
-nodes as are free up to the maximum (at least the minimum); the execution layer tells
-the program the size it got (TACC_NUM_NODES, WORLD_SIZE, torchrun --nnodes)."""
+(`nodes: 2-4`). At submit the scheduling hook picks the size from the partition's
+state: the whole range's maximum while there are that many idle nodes and nothing
+waits in the queue (grow when the cluster is idle), the minimum when jobs are pending
+(shrink when the queue waits), else as many as are idle. Slurm gets `--nodes=SIZE-MAX`
+(it allocates the smallest count it can, so the size is the plug-in's choice, and
+Slurm keeps the range in the job record); the execution layer tells the program the
+size it got (TACC_NUM_NODES, WORLD_SIZE, torchrun --nnodes).
+"""
 
 from __future__ import annotations
 
@@ -35,6 +40,18 @@ def min_nodes(resources: dict) -> int:
     return found[0] if found else 1
 
 
+def partition_load(submission: Submission) -> tuple[int, int]:
+    """(idle nodes, pending jobs) of the submission's partition, from Slurm."""
+    from tacc_agent import slurm
+
+    timeout = submission.config.slurm_timeout_seconds
+    part = f"--partition={submission.partition}"
+    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", "--format=%D"], timeout)
+    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i"],
+                          timeout)  # fmt: skip
+    return sum(int(n) for n in idle.split() if n.isdigit()), len(pending.split())
+
+
 class Elastic(Plugin):
     name = "elastic"
     layers = ("schema", "schedule", "execute")
@@ -50,9 +67,14 @@ class Elastic(Plugin):
 
     def schedule(self, submission: Submission) -> None:
         nodes = submission.task.resources["nodes"]
-        if isinstance(nodes, str):
-            submission.options["nodes"] = nodes
-            submission.note(self.name, f"min-max nodes {nodes}")
+        if not isinstance(nodes, str):
+            return
+        low, high = node_range(nodes) or (1, 1)
+        idle, pending = partition_load(submission)
+        size = low if pending else max(low, min(high, idle))
+        submission.options["nodes"] = f"{size}-{high}"
+        why = f"{pending} job(s) waiting" if pending else f"{idle} idle node(s)"
+        submission.note(self.name, f"{size} of {nodes} nodes ({why})")
 
     def execute(self, launch: Launch) -> None:
         nodes = launch.task.resources["nodes"]

@@ -577,6 +577,7 @@ def test_a_node_range_grows_on_an_idle_cluster_and_shrinks_on_a_busy_one(alice, 
     grown = submit_args(alice, plugin_task(tmp_path / "a", dict(task)))
     info = wait_state(alice, grown, ("COMPLETED", "FAILED", "CANCELLED"))
     assert info["state"] == "COMPLETED" and len(info["nodes"]) == 2, info
+    assert info["plugins"]["elastic"] == "2 of 1-2 nodes (2 idle node(s))", info
     assert "[n2:0] size 2 of 1-2" in alice("logs", grown).stdout
     blocker = submit(bob, task_dir(tmp_path / "b", "blocker", ["sleep 600"], nodes=1))
     wait_state(bob, blocker, ("RUNNING",))
@@ -613,7 +614,9 @@ def test_las_gives_pending_jobs_of_the_user_with_less_service_more_priority(alic
     las = ("plugins: [las]\nlas_thresholds: [1]\nlas_nice_step: 500\n"
            "state_dir: /root/las-test\n")  # fmt: skip
     node_sh(NAME, "n1", f"rm -rf /root/las-test; printf '{las}' > /root/las.yaml")
-    hog = submit(alice, task_dir(tmp_path / "h", "hog", ["sleep 600"], nodes=2))
+    cpus = node_sh(NAME, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
+    whole = {"cpus": int(cpus.split()[0])}  # the hog leaves no room on either node
+    hog = submit(alice, task_dir(tmp_path / "h", "hog", ["sleep 600"], 2, whole))
     wait_state(alice, hog, ("RUNNING",))
     mine = submit(alice, task_dir(tmp_path / "m", "mine", ["true"], nodes=1))
     theirs = submit(bob, task_dir(tmp_path / "t", "theirs", ["true"], nodes=1))

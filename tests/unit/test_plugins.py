@@ -45,7 +45,11 @@ def cluster(monkeypatch):
     nodes = schedule.parse_nodes([parse_oneliner(line) for line in NODES])
     shape = (schedule.parse_partitions([parse_oneliner(p) for p in PARTITIONS], nodes), nodes)
     monkeypatch.setattr(schedule, "cluster_shape", lambda timeout: shape)
+    monkeypatch.setattr(elastic, "partition_load", lambda submission: LOAD["cpu"])
     monkeypatch.delenv("TACC_PLUGINS", raising=False)
+
+
+LOAD = {"cpu": (2, 0)}  # (idle nodes, pending jobs) the elastic plug-in sees
 
 
 def write_task(tmp: Path, task: dict) -> Path:
@@ -190,10 +194,15 @@ def test_gpu_share_off_makes_a_fraction_an_error(tmp_path):
 
 
 # ------------------------------------------------------------------ elastic + GPU types
-def test_a_node_range_reaches_slurm_and_the_program_learns_the_size(tmp_path):
+def test_a_node_range_grows_when_idle_shrinks_when_jobs_wait(tmp_path, monkeypatch):
     _, task = compiled(tmp_path, base(resources={"nodes": "1-2"}))
     submission = planned(task)
-    assert submission.options["nodes"] == "1-2"
+    assert submission.options["nodes"] == "2-2"
+    assert submission.notes["elastic"] == "2 of 1-2 nodes (2 idle node(s))"
+    monkeypatch.setitem(LOAD, "cpu", (2, 3))
+    assert planned(task).notes["elastic"] == "1 of 1-2 nodes (3 job(s) waiting)"
+    monkeypatch.setitem(LOAD, "cpu", (0, 0))
+    assert planned(task).options["nodes"] == "1-2"  # nothing idle: the minimum, and wait
     launch = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {})
     elastic.Elastic().execute(launch)
     assert launch.env == {"TACC_NODES_MIN": "1", "TACC_NODES_MAX": "2"}
