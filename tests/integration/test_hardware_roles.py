@@ -9,6 +9,7 @@ message. Runs in CI as root, on its own lab (`hw`, 10.77.11.0/24).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -41,9 +42,10 @@ def sh(node: str, script: str) -> str:
 def runs(tmp_path_factory) -> dict:
     inventory = tmp_path_factory.mktemp("hw") / "hosts.yml"
     (inventory.parent / "host_vars").mkdir()
-    # n2's GPUs are declared in inventory (slurm.conf never comes from facts).
+    # n2's GPUs are declared in inventory (slurm.conf never comes from facts); they are
+    # also offered as shards (4 per GPU by default), n2's alone.
     (inventory.parent / "host_vars/n2.yml").write_text(
-        '---\nslurm_node_gres: ["gpu:h100:4"]\nrdma_roce_tos: 106\n'
+        '---\nslurm_node_gres: ["gpu:h100:4"]\nslurm_gpu_sharing: shard\nrdma_roce_tos: 106\n'
         "smartnic_firmware_mlxconfig: {SRIOV_EN: 'True', NUM_OF_VFS: 8}\n"
     )
     lab_cli(NAME, "down")
@@ -157,12 +159,64 @@ def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
     ]
     assert "tacc-fake-nvidia-driver" in sh("n2", "dpkg-query -W -f '${Package}\\n'")
     sinfo = sh("n1", "sinfo -h -N -o '%N %t %G'")
-    assert "n2 idle gpu:h100:4" in sinfo
+    assert "n2 idle gpu:h100:4,shard:16" in sinfo
     assert "n3 idle (null)" in sinfo
     sh("n1", "timeout 60 srun -w n2 --gres=gpu:h100:2 true")
     too_many = node_sh(NAME, "n1", "timeout 60 srun --gres=gpu:h100:5 true")
     assert too_many.returncode != 0
     assert "Requested node configuration is not available" in too_many.stderr
+
+
+def job_state(job: str) -> str:
+    return sh("n1", f"squeue -h -j {job} -o %T").strip()
+
+
+def test_gpu_shards_let_jobs_share_n2s_gpus(runs):
+    """Issue [8] item 2: n2 (slurm_gpu_sharing: shard) offers 16 shards; a job can take
+    one, and two jobs holding shards run on n2 at the same time. n2 has 2 CPUs, so two
+    jobs fill it. Slurm 22.05 takes one job's shards from a single GPU (there is no
+    MULTIPLE_SHARING_GRES_PJ before 23.02), so each job asks for 2 of a GPU's 4 shards."""
+    assert "shard:16" in sh("n1", "scontrol show node n2")
+    assert "Name=shard Count=16" in sh("n2", "cat /etc/slurm/gres.conf")
+    sh("n1", "timeout 60 srun -w n2 --gres=shard:1 true")
+    jobs = [
+        sh(
+            "n1",
+            "cd /tmp && sbatch --parsable -w n2 --gres=shard:2 -t 5 -o /tmp/shard-%j.out "
+            "--wrap 'echo GPU=$CUDA_VISIBLE_DEVICES; sleep 60'",
+        ).strip()
+        for _ in range(2)
+    ]
+    try:
+        both = ""
+        for _ in range(60):
+            states = [job_state(job) for job in jobs]
+            if states == ["RUNNING", "RUNNING"]:
+                both = sh("n1", f"squeue -h -j {','.join(jobs)} -o '%i %T %N %b'")
+                break
+            sh("n1", "sleep 1")
+        assert both, f"the two shard jobs never ran together: {states}"
+        assert both.count(" RUNNING n2 ") == 2, both
+        for job in jobs:  # each job sees one GPU, as a gres/gpu job would
+            out = sh(
+                "n2",
+                f"for i in $(seq 20); do test -s /tmp/shard-{job}.out && break;"
+                f" sleep 1; done; cat /tmp/shard-{job}.out",
+            )
+            assert re.fullmatch(r"GPU=\d", out.strip()), out
+    finally:
+        sh("n1", f"scancel {' '.join(jobs)}")
+
+
+def test_gpu_type_features_pick_nodes_by_constraint(runs):
+    """Issue [8] item 7: n2's GPU type (h100, from slurm_node_gres) is a node feature, so
+    --constraint picks among acceptable GPU types; a type no node has is refused."""
+    assert "AvailableFeatures=h100" in sh("n1", "scontrol show node n2")
+    assert sh("n1", "timeout 60 srun --constraint=h100 hostname").strip() == "n2"
+    assert sh("n1", "timeout 60 srun --constraint='a100|h100' hostname").strip() == "n2"
+    refused = node_sh(NAME, "n1", "cd /tmp && timeout 60 sbatch --constraint=a100 --wrap true")
+    assert refused.returncode != 0, refused.stdout
+    assert "Invalid feature specification" in refused.stderr
 
 
 def test_mlxconfig_settings_are_set_for_next_boot(runs):

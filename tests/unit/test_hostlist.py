@@ -9,6 +9,7 @@ import random
 import re
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 
@@ -153,7 +154,7 @@ def test_the_lab_compute_nodes_share_one_line():
     hostvars = {"n2": {"ansible_host": "10.77.10.12"}, "n3": {"ansible_host": "10.77.10.13"}}
     assert nodes(hostvars) == [
         {"names": "n[2-3]", "addrs": "10.77.10.[12-13]", "cpus": "1", "real_memory": 972,
-         "gres": ""}
+         "gres": "", "features": "", "hosts": ["n2", "n3"]}
     ]  # fmt: skip
 
 
@@ -163,14 +164,15 @@ def test_nodes_group_by_hardware_and_pair_addresses():
     hostvars["gpu06"]["slurm_node_memory_mb"] = 2048
     hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
     groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
-    assert groups == [
+    assert [{k: v for k, v in g.items() if k != "hosts"} for g in groups] == [
         {"names": "gpu[01-02,04-05,08]", "addrs": "10.10.1.[1-2,4-5,8]", "cpus": "64",
-         "real_memory": 972, "gres": "gpu:h100:8"},
+         "real_memory": 972, "gres": "gpu:h100:8", "features": "h100"},
         {"names": "gpu[03,07]", "addrs": "10.10.1.[3,7]", "cpus": "64", "real_memory": 972,
-         "gres": "gpu:h100:4"},
+         "gres": "gpu:h100:4", "features": "h100"},
         {"names": "gpu06", "addrs": "10.10.1.6", "cpus": "64", "real_memory": 1945,
-         "gres": "gpu:h100:8"},
+         "gres": "gpu:h100:8", "features": "h100"},
     ]  # fmt: skip
+    assert groups[1]["hosts"] == ["gpu03", "gpu07"]
     assert pairs(groups) == {host: v["ansible_host"] for host, v in hostvars.items()}
 
 
@@ -210,3 +212,71 @@ def test_4096_gpu_nodes_are_one_line():
     assert group["addrs"].startswith("10.10.1.[1-250],10.10.2.[1-250],")
     assert group["addrs"].endswith(",10.10.17.[1-96]")
     assert pairs([group]) == {host: v["ansible_host"] for host, v in hostvars.items()}
+
+
+def test_role_defaults_are_the_fallback_of_a_host_without_the_variable():
+    """hostvars never hold role defaults: the filter's fallback must be the role's."""
+    defaults = yaml.safe_load((ROOT / "roles/slurm/defaults/main.yml").read_text())
+    for name, value in hostlist.ROLE_DEFAULTS.items():
+        assert defaults[name] == value, name
+
+
+@pytest.mark.parametrize(
+    ("gres", "sharing", "expected"),
+    [
+        (["gpu:h100:4"], "shard", ["gpu:h100:4", "shard:16"]),
+        (["gpu:h100:4"], "mps", ["gpu:h100:4", "mps:400"]),
+        (["gpu:h100:4"], "none", ["gpu:h100:4"]),
+        (["gpu:a100:2", "gpu:l40s:2"], "shard", ["gpu:a100:2", "gpu:l40s:2", "shard:16"]),
+        ("gpu:2,nic:1", "shard", ["gpu:2", "nic:1", "shard:8"]),  # a string, untyped GPUs
+        ([], "shard", []),  # no GPU: nothing to share
+        (["nic:2"], "mps", ["nic:2"]),
+        (["gpu:h100:4", "shard:8"], "shard", ["gpu:h100:4", "shard:8"]),  # set by hand: kept
+    ],
+)
+def test_node_gres_adds_the_gpus_shares(gres, sharing, expected):
+    assert hostlist.node_gres(gres, sharing, 4, 100) == expected
+
+
+@pytest.mark.parametrize(("gres", "sharing"), [(["gpu:h100:4"], "mig"), (["gpu:h100:x"], "none"),
+                                               (["gpu:a:b:4"], "none")])  # fmt: skip
+def test_node_gres_refuses_what_slurm_would_not_read(gres, sharing):
+    with pytest.raises(ValueError, match=r"slurm_gpu_sharing|not a Gres"):
+        hostlist.node_gres(gres, sharing, 4, 100)
+
+
+def test_node_features_are_gpu_types_then_inventory_features_once():
+    assert hostlist.node_features(["gpu:h100:4", "shard:16"], ["ib", "h100"]) == ["h100", "ib"]
+    assert hostlist.node_features(["gpu:a100:2", "gpu:l40s:2"], []) == ["a100", "l40s"]
+    assert hostlist.node_features(["gpu:2"], "nvme") == ["nvme"]
+    with pytest.raises(ValueError, match="cannot be a Slurm node feature"):
+        hostlist.node_features([], ["a|b"])
+
+
+def test_features_split_nodes_that_differ_only_in_features():
+    hostvars = {f"g{i}": {"slurm_node_gres": ["gpu:h100:4"]} for i in range(1, 5)}
+    hostvars["g3"]["slurm_node_features"] = ["ib"]
+    hostvars["g4"]["slurm_gpu_sharing"] = "shard"
+    groups = nodes(hostvars)
+    assert [(g["names"], g["gres"], g["features"]) for g in groups] == [
+        ("g[1-2]", "gpu:h100:4", "h100"),
+        ("g3", "gpu:h100:4", "h100,ib"),
+        ("g4", "gpu:h100:4,shard:16", "h100"),
+    ]
+    assert hostlist.tacc_gres_types(groups) == "gpu,shard"
+    # gres.conf only cares about the Gres: g1-g3 share their lines.
+    assert hostlist.tacc_gres_conf(groups) == [
+        "NodeName=g[1-3] Name=gpu Type=h100 File=/dev/nvidia[0-3]",
+        "NodeName=g4 Name=gpu Type=h100 File=/dev/nvidia[0-3]",
+        "NodeName=g4 Name=shard Count=16",
+    ]
+
+
+def test_gres_conf_lines_number_devices_across_entries():
+    assert hostlist.gres_conf_lines(["gpu:a100:1", "gpu:l40s:2", "mps:300", "nic:ib:1"]) == [
+        "Name=gpu Type=a100 File=/dev/nvidia0",
+        "Name=gpu Type=l40s File=/dev/nvidia[1-2]",
+        "Name=mps Count=300",
+        "Name=nic Type=ib Count=1",
+    ]
+    assert hostlist.tacc_gres_types([{"gres": ""}, {"gres": "nic:1,gpu:2"}]) == "gpu,nic"

@@ -67,9 +67,10 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
     conf = (rendered[0] / "ctl1/slurm.conf").read_text()
     # 515000 MB declared, 0.95 safety factor; the 8 identical nodes share one line.
     nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    # Features: the GPU type from the Gres, then the group's slurm_node_features.
     assert nodes == [
         "NodeName=gpu[01-08] NodeAddr=10.10.1.[1-8] CPUs=64 RealMemory=489250 "
-        "Gres=gpu:a100:8 State=UNKNOWN"
+        "Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN"
     ]
     assert "SlurmctldHost=ctl1(10.10.0.10)" in conf
     assert "PartitionName=urgent Nodes=ALL Default=NO MaxTime=12:00:00" in conf
@@ -78,8 +79,16 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
         "AccountingStorageType=accounting_storage/slurmdbd",
+        # With slurm_accounts: jobs need an association; QoS and their limits hold.
+        "AccountingStorageEnforce=associations,limits,qos,safe",
+        # A QoS limits gres/gpu per user: the TRES must be tracked.
+        "AccountingStorageTRES=gres/gpu",
         "GresTypes=gpu",
+        "PriorityDecayHalfLife=7-0",
         "PriorityWeightFairshare=10000",
+        "PriorityWeightAge=1000",
+        "PriorityWeightQOS=5000",
+        "PriorityWeightJobSize=0",
         "HealthCheckProgram=/usr/local/sbin/tacc-agent-healthcheck",
         "HealthCheckInterval=300",
         "HealthCheckNodeState=ANY",
@@ -88,9 +97,12 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
     assert "NodeName=login1" not in conf and "NodeName=ctl1" not in conf
 
 
-def test_gres_conf_names_each_gpu_device(rendered):
-    gres = (rendered[0] / "gpu01/gres.conf").read_text()
-    assert "NodeName=gpu01 Name=gpu Type=a100 File=/dev/nvidia[0-7]" in gres
+def test_gres_conf_names_each_gpu_device_once_for_identical_nodes(rendered):
+    gres = (rendered[0] / "gpu01/gres.conf").read_text().splitlines()
+    assert [line for line in gres if line.startswith("NodeName=")] == [
+        "NodeName=gpu[01-08] Name=gpu Type=a100 File=/dev/nvidia[0-7]"
+    ]
+    assert len({p.read_bytes() for p in rendered[0].glob("*/gres.conf")}) == 1
 
 
 def test_agent_settings_come_from_inventory(rendered):
@@ -141,10 +153,11 @@ def test_nodes_with_the_same_hardware_share_a_line(mixed):
     lines = mixed.read_text().splitlines()
     assert [line for line in lines if line.startswith("NodeName=")] == [
         "NodeName=gpu[01-02,04-05,08] NodeAddr=10.10.1.1,10.10.9.200,10.10.1.[4-5,8] CPUs=64 "
-        "RealMemory=489250 Gres=gpu:a100:8 State=UNKNOWN",
+        "RealMemory=489250 Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN",
         "NodeName=gpu[03,07] NodeAddr=10.10.1.[3,7] CPUs=64 RealMemory=489250 "
-        "Gres=gpu:a100:4 State=UNKNOWN",
-        "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 RealMemory=978500 Gres=gpu:a100:8 State=UNKNOWN",
+        "Gres=gpu:a100:4 Features=a100,ib State=UNKNOWN",
+        "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 RealMemory=978500 Gres=gpu:a100:8 "
+        "Features=a100,ib State=UNKNOWN",
     ]
     assert "PartitionName=small Nodes=gpu[03-04,07] Default=NO" in mixed.read_text()
 
@@ -165,3 +178,60 @@ def test_nodename_and_nodeaddr_expand_to_each_hosts_address(mixed):
         if host.startswith("gpu")
     }
     assert pairs == {**expected, "gpu02": "10.10.9.200"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    """GPU sharing per node group: gpu01-04 shard their 8 A100s (default 4 shards each),
+    gpu05-06 have 4 H100s under MPS, gpu07 shards with 2 per GPU and has an extra
+    feature, gpu08 has two GPU types and no sharing; no accounts and no QoS GPU limit."""
+    inventory = tmp_path_factory.mktemp("shared-inventory")
+    shutil.copytree(ROOT / "inventory/example", inventory, dirs_exist_ok=True)
+    host_vars = {
+        **{f"gpu0{i}": {"slurm_gpu_sharing": "shard"} for i in range(1, 5)},
+        **{f"gpu0{i}": {"slurm_gpu_sharing": "mps", "slurm_node_gres": ["gpu:h100:4"]}
+           for i in (5, 6)},
+        "gpu07": {"slurm_gpu_sharing": "shard", "slurm_gpu_shards_per_gpu": 2,
+                  "slurm_node_features": ["ib", "nvme"]},
+        "gpu08": {"slurm_node_gres": ["gpu:a100:2", "gpu:l40s:2"]},
+    }  # fmt: skip
+    for host, values in host_vars.items():
+        (inventory / f"host_vars/{host}.yml").write_text(yaml.safe_dump(values))
+    cluster = yaml.safe_load((inventory / "group_vars/all/cluster.yml").read_text())
+    cluster["slurm_accounts"] = []
+    cluster["slurm_qos"] = [{"name": "urgent", "priority": 100}]
+    (inventory / "group_vars/all/cluster.yml").write_text(yaml.safe_dump(cluster))
+    out = tmp_path_factory.mktemp("shared")
+    render(out, "--limit", "ctl1,gpu05", inventory=inventory)
+    assert (out / "ctl1/slurm.conf").read_bytes() == (out / "gpu05/slurm.conf").read_bytes()
+    assert (out / "ctl1/gres.conf").read_bytes() == (out / "gpu05/gres.conf").read_bytes()
+    return out / "ctl1"
+
+
+def test_shared_gpus_add_shard_and_mps_gres_per_node(shared):
+    lines = (shared / "slurm.conf").read_text().splitlines()
+    assert [line.split(" CPUs=")[0].split(" NodeAddr=")[0] + " " + line.split(" RealMemory=")[1]
+            for line in lines if line.startswith("NodeName=")] == [
+        "NodeName=gpu[01-04] 489250 Gres=gpu:a100:8,shard:32 Features=a100,ib State=UNKNOWN",
+        "NodeName=gpu[05-06] 489250 Gres=gpu:h100:4,mps:400 Features=h100,ib State=UNKNOWN",
+        "NodeName=gpu07 489250 Gres=gpu:a100:8,shard:16 Features=a100,ib,nvme State=UNKNOWN",
+        "NodeName=gpu08 489250 Gres=gpu:a100:2,gpu:l40s:2 Features=a100,l40s,ib State=UNKNOWN",
+    ]  # fmt: skip
+    assert "GresTypes=gpu,shard,mps" in lines
+    # Every Gres type is tracked; no accounts: nothing enforced, so no association needed.
+    assert "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps" in lines
+    assert not [line for line in lines if line.startswith("AccountingStorageEnforce")]
+
+
+def test_gres_conf_counts_shares_and_numbers_devices_across_gpu_types(shared):
+    lines = (shared / "gres.conf").read_text().splitlines()
+    assert [line for line in lines if line.startswith("NodeName=")] == [
+        "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-7]",
+        "NodeName=gpu[01-04] Name=shard Count=32",
+        "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[0-3]",
+        "NodeName=gpu[05-06] Name=mps Count=400",
+        "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-7]",
+        "NodeName=gpu07 Name=shard Count=16",
+        "NodeName=gpu08 Name=gpu Type=a100 File=/dev/nvidia[0-1]",
+        "NodeName=gpu08 Name=gpu Type=l40s File=/dev/nvidia[2-3]",
+    ]

@@ -65,3 +65,35 @@ def test_qos_and_partitions_come_from_inventory(host):
     config = host.check_output("scontrol show config")
     assert re.search(r"^PreemptMode\s*=\s*REQUEUE$", config, re.M), config
     assert re.search(r"^PreemptType\s*=\s*preempt/partition_prio$", config, re.M), config
+
+
+def test_qos_limits_modes_and_usage_factors_come_from_inventory(host):
+    fields = "format=Name,Preempt,MaxTRESPU,MaxJobsPU,PreemptMode,UsageFactor"
+    rows = host.check_output(f"sacctmgr -n -P show qos normal,scavenger {fields}").splitlines()
+    assert sorted(rows) == [
+        "normal|scavenger|gres/gpu=2|10|cluster|1.000000",
+        "scavenger||||requeue|0.000000",
+    ]
+
+
+def test_accounts_and_users_come_from_inventory(host):
+    fields = "format=Account,User,Fairshare,DefaultQOS,QOS"
+    rows = host.check_output(f"sacctmgr -n -P show assoc where cluster=tacc {fields}")
+    assocs = {tuple(row.split("|")[:2]): row.split("|")[2:] for row in rows.splitlines()}
+    assert assocs[("physics", "")] == ["200", "normal", "normal,scavenger"]
+    assert assocs[("physics", "alice")][1:] == ["normal", "normal,scavenger"]
+    assert assocs[("chemistry", "")][0] == "100"
+    assert {("chemistry", "bob"), ("chemistry", "carol"), ("root", "root")} <= set(assocs)
+
+
+def test_associations_limits_and_fair_share_are_enforced(host):
+    config = host.check_output("scontrol show config")
+    assert re.search(r"^AccountingStorageEnforce\s*=\s*associations,limits,qos,safe$",
+                     config, re.M), config  # fmt: skip
+    assert re.search(r"^AccountingStorageTRES\s*=.*gres/gpu", config, re.M), config
+    # scontrol spells it PriorityWeightFairShare.
+    assert re.search(r"^PriorityWeightFairshare\s*=\s*10000$", config, re.M | re.I), config
+    # A user with no association (nobody is in no account) cannot submit.
+    refused = host.run("cd /tmp && runuser -u nobody -- sbatch --wrap true")
+    assert refused.rc != 0
+    assert "Invalid account" in refused.stderr, refused.stderr

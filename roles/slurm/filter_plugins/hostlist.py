@@ -1,4 +1,5 @@
-"""Jinja filters: Slurm hostlist expressions for slurm.conf (NodeName, NodeAddr, Nodes=).
+"""Jinja filters: Slurm hostlist expressions for slurm.conf (NodeName, NodeAddr, Nodes=),
+and the node lines of slurm.conf and gres.conf (Gres with GPU shares, Features).
 
 How Slurm reads a hostlist (slurm.conf(5), "node range expression"): comma-separated
 terms; a term is a plain name or PREFIX[RANGES], RANGES being comma-separated N or LO-HI.
@@ -108,37 +109,151 @@ def tacc_hostlist(nodes: str | Iterable[str]) -> str:
     return compress(sorted(set(map(_check, nodes)), key=natural_key))
 
 
+SHARING = ("none", "shard", "mps")
+
+
+def _gres_list(gres: object) -> list[str]:
+    """slurm_node_gres as a list: ["gpu:h100:4"] or the string "gpu:h100:4,nic:2"."""
+    if isinstance(gres, str):
+        return [g.strip() for g in gres.split(",") if g.strip()]
+    return [str(g) for g in gres or []]
+
+
+def _parse_gres(entry: str) -> tuple[str, str, str]:
+    """("gpu", "h100", "4") for gpu:h100:4; ("gpu", "", "2") for gpu:2; count "1" for
+    "gpu". A GPU count must be a number; other Gres may use Slurm's K/M/G suffixes."""
+    parts = entry.split(":")
+    count = parts[-1] if len(parts) > 1 else "1"
+    if len(parts) > 3 or not parts[0] or not count or (parts[0] == "gpu" and not count.isdigit()):
+        raise ValueError(f"{entry!r} is not a Gres of the form name[:type]:count")
+    return parts[0], parts[1] if len(parts) == 3 else "", count
+
+
+def _gpu_count(parsed: Iterable[tuple[str, str, str]]) -> int:
+    return sum(int(count) for name, _, count in parsed if name == "gpu")
+
+
+def node_gres(gres: object, sharing: str, shards_per_gpu: object, mps_per_gpu: object) -> list[str]:
+    """A node's Gres with its GPUs' shares added: gpu:h100:4 and shard (4 per GPU) give
+    ["gpu:h100:4", "shard:16"]. Nothing is added without GPUs, or when the inventory
+    already lists a shard/mps Gres itself."""
+    entries = _gres_list(gres)
+    if sharing not in SHARING:
+        raise ValueError(f"slurm_gpu_sharing must be one of {', '.join(SHARING)}, got {sharing!r}")
+    parsed = [_parse_gres(entry) for entry in entries]
+    gpus = _gpu_count(parsed)
+    if sharing == "none" or gpus == 0 or any(name == sharing for name, _, _ in parsed):
+        return entries
+    per_gpu = int(shards_per_gpu if sharing == "shard" else mps_per_gpu)
+    return [*entries, f"{sharing}:{gpus * per_gpu}"]
+
+
+def node_features(gres: list[str], features: object) -> list[str]:
+    """Features= of a node: its GPU types (gpu:h100:4 -> h100), then the inventory's
+    slurm_node_features, each once, in that order."""
+    types = [gres_type for name, gres_type, _ in map(_parse_gres, gres) if name == "gpu"]
+    extra = [features] if isinstance(features, str) else list(features or [])
+    result: list[str] = []
+    for feature in map(str, [*types, *extra]):
+        if not feature:
+            continue
+        if _RESERVED.search(feature) or "|" in feature or "&" in feature:
+            raise ValueError(f"{feature!r} cannot be a Slurm node feature")
+        if feature not in result:
+            result.append(feature)
+    return result
+
+
+def gres_conf_lines(gres: list[str]) -> list[str]:
+    """gres.conf lines (without NodeName) for a node's Gres: GPUs by device file, each
+    GPU entry after the previous one's files (/dev/nvidia0..N-1 in order); shard, mps
+    and any other Gres by Count (Slurm spreads shards and MPS evenly over the GPUs)."""
+    lines, next_device = [], 0
+    for name, gres_type, count in map(_parse_gres, gres):
+        type_field = f" Type={gres_type}" if gres_type else ""
+        if name != "gpu":
+            lines.append(f"Name={name}{type_field} Count={count}")
+            continue
+        if int(count) == 0:
+            continue
+        last = next_device + int(count) - 1
+        files = f"{next_device}" if last == next_device else f"[{next_device}-{last}]"
+        lines.append(f"Name=gpu{type_field} File=/dev/nvidia{files}")
+        next_device = last + 1
+    return lines
+
+
+def _host_key(
+    values: Mapping, cpus: object, memory_mb: object, memory_factor: float, defaults: dict
+) -> tuple[str, int, str, str]:
+    """(cpus, RealMemory, Gres, Features) of one host: what its NodeName line says."""
+    gres = node_gres(
+        values.get("slurm_node_gres", defaults["gres"]),
+        str(values.get("slurm_gpu_sharing", defaults["sharing"])),
+        values.get("slurm_gpu_shards_per_gpu", defaults["shards_per_gpu"]),
+        values.get("slurm_gpu_mps_per_gpu", defaults["mps_per_gpu"]),
+    )
+    features = node_features(gres, values.get("slurm_node_features", defaults["features"]))
+    return (
+        str(values.get("slurm_node_cpus", cpus)),
+        int(float(values.get("slurm_node_memory_mb", memory_mb)) * float(memory_factor)),
+        ",".join(gres),
+        ",".join(features),
+    )
+
+
+# The slurm role's defaults (defaults/main.yml) of the per-node variables: what a host
+# that does not set one in inventory has. hostvars hold inventory variables only, never
+# role defaults, and the rendering host's own value must not stand in for another
+# host's (a GPU node would lend its Gres to a CPU node): so these, not the rendering
+# host's values, are the fallback. tests/unit/test_hostlist.py keeps them in step.
+ROLE_DEFAULTS = {
+    "slurm_node_cpus": 1,
+    "slurm_node_memory_mb": 1024,
+    "slurm_node_gres": [],
+    "slurm_gpu_sharing": "none",
+    "slurm_gpu_shards_per_gpu": 4,
+    "slurm_gpu_mps_per_gpu": 100,
+    "slurm_node_features": [],
+}
+
+
 def tacc_slurm_nodes(
     hosts: Iterable[str],
     hostvars: Mapping,
-    cpus: object,
-    memory_mb: object,
-    gres: object,
-    memory_factor: float,
+    cpus: object = ROLE_DEFAULTS["slurm_node_cpus"],
+    memory_mb: object = ROLE_DEFAULTS["slurm_node_memory_mb"],
+    gres: object = (),
+    memory_factor: float = 0.95,
+    sharing: str = ROLE_DEFAULTS["slurm_gpu_sharing"],
+    shards_per_gpu: object = ROLE_DEFAULTS["slurm_gpu_shards_per_gpu"],
+    mps_per_gpu: object = ROLE_DEFAULTS["slurm_gpu_mps_per_gpu"],
+    features: object = (),
 ) -> list[dict]:
     """slurm.conf's node lines for `hosts`: one dict per distinct hardware, {names, addrs,
-    cpus, real_memory, gres}. names is a hostlist; addrs is the hostlist of the nodes'
-    ansible_host in the order of the names ("" when every address is the node's name).
+    cpus, real_memory, gres, features, hosts}. names is a hostlist; addrs is the hostlist
+    of the nodes' ansible_host in the order of the names ("" when every address is the
+    node's name); hosts the node names in that order.
 
-    Each host's ansible_host, slurm_node_cpus, slurm_node_memory_mb and slurm_node_gres
-    come from hostvars, falling back to the arguments (the rendering host's values, as
-    `| default(...)` would); RealMemory is memory * memory_factor, truncated. Looked up
-    here rather than in a template loop: at thousands of hosts the per-host template
-    code costs as much as Ansible's own hostvars lookup. Groups come in the order of
-    their first node, so the result does not depend on the order of `hosts`.
+    Each host's ansible_host, slurm_node_cpus, slurm_node_memory_mb, slurm_node_gres,
+    slurm_gpu_sharing, slurm_gpu_shards_per_gpu, slurm_gpu_mps_per_gpu and
+    slurm_node_features come from hostvars, falling back to the arguments (by default the
+    role's defaults, ROLE_DEFAULTS); RealMemory is memory * memory_factor,
+    truncated; Gres gets shard:/mps: added for GPU sharing (node_gres) and Features the
+    GPU types (node_features). Looked up here rather than in a template loop: at
+    thousands of hosts the per-host template code costs as much as Ansible's own hostvars
+    lookup. Groups come in the order of their first node, so the result does not depend
+    on the order of `hosts`.
     """
-    groups: dict[tuple[str, int, str], list[tuple[str, str]]] = {}
+    defaults = {"gres": gres, "sharing": sharing, "shards_per_gpu": shards_per_gpu,
+                "mps_per_gpu": mps_per_gpu, "features": features}  # fmt: skip
+    groups: dict[tuple[str, int, str, str], list[tuple[str, str]]] = {}
     for host in hosts:
         values = hostvars[host]  # the costly part: all of the host's variables
-        host_gres = values.get("slurm_node_gres", gres) or []
-        key = (
-            str(values.get("slurm_node_cpus", cpus)),
-            int(float(values.get("slurm_node_memory_mb", memory_mb)) * float(memory_factor)),
-            host_gres if isinstance(host_gres, str) else ",".join(map(str, host_gres)),
-        )
+        key = _host_key(values, cpus, memory_mb, memory_factor, defaults)
         groups.setdefault(key, []).append((_check(host), _check(values.get("ansible_host", host))))
     result = []
-    for (node_cpus, real_memory, node_gres), pairs in groups.items():
+    for (node_cpus, real_memory, node_gres_text, node_feature_text), pairs in groups.items():
         pairs.sort(key=lambda pair: natural_key(pair[0]))
         names = [name for name, _ in pairs]
         if len(set(names)) != len(names):
@@ -149,10 +264,38 @@ def tacc_slurm_nodes(
             "addrs": "" if addrs == names else compress(addrs),
             "cpus": node_cpus,
             "real_memory": real_memory,
-            "gres": node_gres,
+            "gres": node_gres_text,
+            "features": node_feature_text,
+            "hosts": names,
         }
         result.append((natural_key(names[0]), group))
     return [group for _, group in sorted(result, key=lambda item: item[0])]
+
+
+def tacc_gres_types(groups: Iterable[Mapping]) -> str:
+    """GresTypes= for slurm.conf: every Gres name on the node lines, gpu first, then in
+    the order they first appear ("gpu,shard")."""
+    names: list[str] = []
+    for group in groups:
+        for name, _, _ in map(_parse_gres, _gres_list(group["gres"])):
+            if name not in names:
+                names.append(name)
+    return ",".join(sorted(names, key=lambda name: name != "gpu"))
+
+
+def tacc_gres_conf(groups: Iterable[Mapping]) -> list[str]:
+    """gres.conf's node lines from tacc_slurm_nodes' groups: nodes whose Gres are the
+    same share one hostlist line per Gres entry."""
+    by_gres: dict[str, list[str]] = {}
+    for group in groups:
+        if group["gres"]:
+            by_gres.setdefault(group["gres"], []).extend(group["hosts"])
+    ordered = sorted(by_gres.items(), key=lambda item: natural_key(min(item[1], key=natural_key)))
+    return [
+        f"NodeName={tacc_hostlist(hosts)} {line}"
+        for gres, hosts in ordered
+        for line in gres_conf_lines(_gres_list(gres))
+    ]
 
 
 class FilterModule:
@@ -160,4 +303,6 @@ class FilterModule:
         return {
             "tacc_hostlist": tacc_hostlist,
             "tacc_slurm_nodes": tacc_slurm_nodes,
+            "tacc_gres_types": tacc_gres_types,
+            "tacc_gres_conf": tacc_gres_conf,
         }
