@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from tacc_lab.demo import researcher_env
+from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
     changed_by_role,
     changed_tasks,
@@ -217,6 +219,33 @@ def test_gpu_type_features_pick_nodes_by_constraint(runs):
     refused = node_sh(NAME, "n1", "cd /tmp && timeout 60 sbatch --constraint=a100 --wrap true")
     assert refused.returncode != 0, refused.stdout
     assert "Invalid feature specification" in refused.stderr
+
+
+def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
+    """Issue [8] items 2 and 7 end to end: the compiler marks the fraction, the
+    scheduling plug-ins map it to shards and the GPU type to a constraint, and the job
+    record names the type the node had."""
+    env = researcher_env(NAME, "alice")
+    line = 'echo "GPU=$CUDA_VISIBLE_DEVICES type=$TACC_GPU_TYPE on $(hostname)"'
+    (tmp_path / "tcloud.yaml").write_text(json.dumps({
+        "name": "half", "run": [line],
+        "resources": {"gpus_per_node": 0.5, "gpu_types": ["a100", "h100"], "mem": "50M",
+                      "time": "5"}}))  # fmt: skip
+    proc = run_cli("tcloud", "submit", "--json", str(tmp_path), env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["plugins"]["gpu_share"] == "0.5 GPU -> 2 of 4 shards of one GPU", answer
+    assert answer["plugins"]["gpu_types"] == "constraint a100|h100", answer
+    job = answer["job_id"]
+    for _ in range(90):
+        info = json.loads(run_cli("tcloud", "status", "--json", job, env=env, cwd=tmp_path).stdout)
+        if info["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        sh("n1", "sleep 1")
+    assert info["state"] == "COMPLETED", info
+    assert info["plugins"]["gpu_types"] == "h100", info  # the type n2 had
+    log = run_cli("tcloud", "logs", job, env=env, cwd=tmp_path).stdout
+    assert re.search(r"\[n2:0\] GPU=\d type=h100 on n2", log), log
 
 
 def test_mlxconfig_settings_are_set_for_next_boot(runs):
