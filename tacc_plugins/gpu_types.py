@@ -39,14 +39,18 @@ class GpuTypes(Plugin):
 
         members = [n for n in submission.nodes if submission.partition in n.partitions]
         offered = sorted({f for n in members for f in n.features})
-        if not set(types) & set(offered):
+        usable = [t for t in types if t in offered]
+        if not usable:
             raise Rejected(
                 f"no node in partition {submission.partition!r} has a GPU of type "
                 f"{' or '.join(types)}; the types there: {', '.join(offered) or 'none'}",
                 "resources.gpu_types",
             )
-        submission.options["constraint"] = "|".join(types)
-        submission.note(self.name, f"constraint {'|'.join(types)}")
+        # Slurm refuses a whole constraint that names a feature no node has.
+        submission.options["constraint"] = "|".join(usable)
+        absent = [t for t in types if t not in offered]
+        where = f" (no {', '.join(absent)} node in partition {submission.partition!r})"
+        submission.note(self.name, f"constraint {'|'.join(usable)}{where if absent else ''}")
 
     def execute(self, launch: Launch) -> None:
         types = launch.task.resources.get("gpu_types") or []

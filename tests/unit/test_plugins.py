@@ -227,6 +227,11 @@ def test_acceptable_gpu_types_become_a_constraint(tmp_path):
     res = {"partition": "gpu", "gpus_per_node": 1, "gpu_types": ["h100", "a100"]}
     _, task = compiled(tmp_path, base(resources=res))
     assert planned(task).options["constraint"] == "h100|a100"
+    # Slurm refuses a constraint naming a feature no node has: only the types there.
+    _, some = compiled(tmp_path, base(resources={**res, "gpu_types": ["l40s", "a100"]}))
+    partly = planned(some)
+    assert partly.options["constraint"] == "a100"
+    assert partly.notes["gpu_types"] == "constraint a100 (no l40s node in partition 'gpu')"
     _, none = compiled(tmp_path, base(resources={**res, "gpu_types": ["l40s"]}))
     with pytest.raises(Rejected, match=r"no node in partition 'gpu' has a GPU of type l40s; "
                        "the types there: a100, h100"):  # fmt: skip

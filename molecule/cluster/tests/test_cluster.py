@@ -97,3 +97,30 @@ def test_associations_limits_and_fair_share_are_enforced(host):
     refused = host.run("cd /tmp && runuser -u nobody -- sbatch --wrap true")
     assert refused.rc != 0
     assert "Invalid account" in refused.stderr, refused.stderr
+
+
+def test_a_researcher_sees_their_limits_and_fair_share_with_tcloud_quota(host):
+    """Issue [8] item 3, the researcher's side: `tcloud quota` as alice (over SSH, through
+    the agent on the login node) shows her account, its fair share and her QoS limits."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tacc_lab.demo import researcher_env
+
+    env = {**os.environ, **researcher_env("mcluster", "alice")}
+    tcloud = str(Path(sys.executable).parent / "tcloud")
+    proc = subprocess.run([tcloud, "quota", "--json"], env=env, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["user"] == "alice" and info["accounting"] is True, info
+    assert [(a["Account"], a["Fairshare"]) for a in info["associations"]] == [("physics", "200")]
+    normal = next(q for q in info["qos"] if q["Name"] == "normal")
+    assert normal["MaxTRESPU"] == "gres/gpu=2" and normal["MaxJobsPU"] == "10", normal
+    text = subprocess.run([tcloud, "quota"], env=env, capture_output=True, text=True,
+                          check=False).stdout  # fmt: skip
+    assert "account physics: fair share" in text and "(shares 200," in text, text
+    assert "qos normal: priority 0, MaxTRESPU gres/gpu=2, MaxJobsPU 10" in text, text
