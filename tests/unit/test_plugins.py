@@ -80,6 +80,7 @@ def test_defaults_are_on_and_las_is_off():
     assert {p.name for p in select(["las", "-duration"])} == on - {"duration"} | {"las"}
 
 
+@pytest.mark.bad_input
 def test_selection_errors_name_the_word_and_what_exists():
     with pytest.raises(PluginError, match=r"unknown plug-in 'nope'; available: duration"):
         select(["nope"])
@@ -90,6 +91,7 @@ def test_selection_errors_name_the_word_and_what_exists():
         select(["no_such_package.plugin"])
 
 
+@pytest.mark.bad_input
 def test_a_task_file_names_its_plugins_and_bad_words_point_at_the_line(tmp_path):
     path = write_task(tmp_path, base(plugins=["-duration", "+bogus"]))
     with pytest.raises(TaskFileError) as caught:
@@ -176,6 +178,7 @@ def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
     assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
 
 
+@pytest.mark.bad_input
 def test_a_fraction_without_shards_is_refused_with_the_field(tmp_path):
     _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25}))  # cpu partition
     with pytest.raises(Rejected, match=r"needs GPU sharing .gres/shard.") as caught:
@@ -183,6 +186,7 @@ def test_a_fraction_without_shards_is_refused_with_the_field(tmp_path):
     assert caught.value.field == "resources.gpus_per_node"
 
 
+@pytest.mark.bad_input
 def test_gpu_share_off_makes_a_fraction_an_error(tmp_path):
     path = write_task(tmp_path, base(resources={"gpus_per_node": 0.25}))
     with pytest.raises(TaskFileError, match=r"gpus_per_node: expected an integer, got '0.25'"):
@@ -212,12 +216,14 @@ def test_a_node_range_grows_when_idle_shrinks_when_jobs_wait(tmp_path, monkeypat
         planned(too_many)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize("nodes", ["0-2", "3-1", "2-", "x", 0])
 def test_bad_node_ranges_are_refused(tmp_path, nodes):
     with pytest.raises(TaskFileError, match=r"resources.nodes: expected a node count >= 1, or"):
         load_task(write_task(tmp_path, base(resources={"nodes": nodes})), [])
 
 
+@pytest.mark.bad_input
 def test_elastic_off_refuses_a_range(tmp_path):
     with pytest.raises(TaskFileError, match=r"resources.nodes: expected an integer"):
         load_task(write_task(tmp_path, base(resources={"nodes": "2-4"})), ["-elastic"])
@@ -258,6 +264,7 @@ def test_a_sweep_compiles_to_its_trials_and_one_job_array(tmp_path):
     assert launch.env["TACC_TRIAL"] == "4" and launch.env["TACC_TRIALS"] == "6"
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("grid", "message"),
     [
