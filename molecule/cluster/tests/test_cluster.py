@@ -117,10 +117,13 @@ def test_a_researcher_sees_their_limits_and_fair_share_with_tcloud_quota(host):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["user"] == "alice" and info["accounting"] is True, info
-    assert [(a["Account"], a["Fairshare"]) for a in info["associations"]] == [("physics", "200")]
+    # Her own association in the account (a user's share within it is 1 by default).
+    assert [(a["Account"], a["DefaultQOS"]) for a in info["associations"]] == [
+        ("physics", "normal")]  # fmt: skip
+    assert [s["Account"].strip() for s in info["fairshare"]] == ["physics"], info
     normal = next(q for q in info["qos"] if q["Name"] == "normal")
     assert normal["MaxTRESPU"] == "gres/gpu=2" and normal["MaxJobsPU"] == "10", normal
     text = subprocess.run([tcloud, "quota"], env=env, capture_output=True, text=True,
                           check=False).stdout  # fmt: skip
-    assert "account physics: fair share" in text and "(shares 200," in text, text
+    assert "account physics: fair share" in text and "QoS normal,scavenger" in text, text
     assert "qos normal: priority 0, MaxTRESPU gres/gpu=2, MaxJobsPU 10" in text, text
