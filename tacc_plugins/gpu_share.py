@@ -2,14 +2,15 @@
 (`gpus_per_node: 0.25`). The compiler marks the fraction (`resources.gpu_share`), and
 the scheduling layer maps it to Slurm GPU shards (gres/shard, set up by the slurm role
 with `slurm_gpu_sharing: shard`): ceil(fraction x shards per GPU) shards, so several
-small tasks pack onto one GPU."""
+small tasks pack onto one GPU. The program gets TACC_GPU_SHARE (the fraction). Slurm
+22.05 (Debian 12) does not set CUDA_VISIBLE_DEVICES for shard jobs; later releases do."""
 
 from __future__ import annotations
 
 import math
 from typing import ClassVar
 
-from tacc_plugins.api import Plugin, Problem, Submission
+from tacc_plugins.api import Launch, Plugin, Problem, Submission
 from tcloud.fields import Field
 
 WHOLE_OR_FRACTION = "whole GPUs (0, 1, 2, ...) or a fraction of one GPU (0 < x < 1, e.g. 0.25)"
@@ -27,7 +28,7 @@ def share_value(value: float) -> str | None:
 
 class GpuShare(Plugin):
     name = "gpu_share"
-    layers = ("schema", "compile", "schedule")
+    layers = ("schema", "compile", "schedule", "execute")
     summary = "fractional GPUs (gpus_per_node: 0.25) become Slurm GPU shards"
     fields: ClassVar[dict[str, Field]] = {
         "resources.gpus_per_node": Field(
@@ -71,3 +72,8 @@ class GpuShare(Plugin):
         shards = max(1, math.ceil(share * min(per_gpu)))
         submission.options["gres"] = f"shard:{shards}"
         submission.note(self.name, f"{share:g} GPU -> {shards} of {min(per_gpu)} shards of one GPU")
+
+    def execute(self, launch: Launch) -> None:
+        share = launch.task.resources.get("gpu_share")
+        if share:  # the program may size itself (batch, memory) to its share
+            launch.env["TACC_GPU_SHARE"] = f"{share:g}"

@@ -200,13 +200,15 @@ def test_gpu_shards_let_jobs_share_n2s_gpus(runs):
             sh("n1", "sleep 1")
         assert both, f"the two shard jobs never ran together: {states}"
         assert both.count(" RUNNING n2 ") == 2, both
-        for job in jobs:  # each job sees one GPU, as a gres/gpu job would
+        # Slurm 22.05 (Debian 12) leaves CUDA_VISIBLE_DEVICES unset for shard jobs;
+        # later releases set it as for a GPU (gres.shtml, Sharding). Either is accepted.
+        for job in jobs:
             out = sh(
                 "n2",
                 f"for i in $(seq 20); do test -s /tmp/shard-{job}.out && break;"
                 f" sleep 1; done; cat /tmp/shard-{job}.out",
             )
-            assert re.fullmatch(r"GPU=\d", out.strip()), out
+            assert re.fullmatch(r"GPU=\d?", out.strip()), out
     finally:
         sh("n1", f"scancel {' '.join(jobs)}")
 
@@ -228,7 +230,7 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     scheduling plug-ins map it to shards and the GPU type to a constraint, and the job
     record names the type the node had."""
     env = researcher_env(NAME, "alice")
-    line = 'echo "GPU=$CUDA_VISIBLE_DEVICES type=$TACC_GPU_TYPE on $(hostname)"'
+    line = 'echo "GPU=${CUDA_VISIBLE_DEVICES:-} type=$TACC_GPU_TYPE on $(hostname)"'
     (tmp_path / "tcloud.yaml").write_text(json.dumps({
         "name": "half", "run": [line],
         "resources": {"gpus_per_node": 0.5, "gpu_types": ["a100", "h100"], "mem": "50M",
@@ -249,7 +251,7 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     assert info["state"] == "COMPLETED", info
     assert info["plugins"]["gpu_types"] == "h100", info  # the type n2 had
     log = run_cli("tcloud", "logs", job, env=env, cwd=tmp_path).stdout
-    assert re.search(r"\[n2:0\] GPU=\d type=h100 on n2", log), log
+    assert re.search(r"\[n2:0\] GPU=\d? type=h100 on n2", log), log  # 22.05: see above
 
 
 def test_mlxconfig_settings_are_set_for_next_boot(runs):

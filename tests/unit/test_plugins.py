@@ -19,7 +19,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.instruction import parse
 from tacc_agent.slurm import parse_oneliner
-from tacc_plugins import duration, elastic, las, sweep
+from tacc_plugins import duration, elastic, gpu_share, las, sweep
 from tacc_plugins.api import Launch, Outcome, Queue, QueuedJob
 from tacc_plugins.registry import PluginError, available, select
 from tcloud.compiler import compile_task
@@ -174,6 +174,9 @@ def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
     assert submission.notes["gpu_share"] == "0.25 GPU -> 1 of 4 shards of one GPU"
     _, half = compiled(tmp_path, base(resources={"gpus_per_node": 0.5, "partition": "gpu"}))
     assert planned(half).options["gres"] == "shard:2"
+    launch = Launch(task, 0, ["g1"], ["10.0.0.1"], "7", {})
+    gpu_share.GpuShare().execute(launch)
+    assert launch.env == {"TACC_GPU_SHARE": "0.25"}
     argv = schedule.sbatch_argv(task, Path("/w/job"), AgentConfig(), submission.options)
     assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
 
