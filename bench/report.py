@@ -656,7 +656,7 @@ def section_plugins(entry: dict | None) -> list[str]:
                      f"{on_label}: {fmt(on, ' ' + unit, 1)}", ratio])  # fmt: skip
     if rows:
         lines += table(["plug-in", "figure", "off", "on", "off / on"], rows)
-        lines += [f"Reproduce: `{cmd(entry)}`", ""]
+        lines += [f"Reproduce: {cmd(entry)}", ""]
     return lines
 
 
