@@ -115,7 +115,7 @@ def job_command(args: argparse.Namespace, config) -> int:
         job_dir = workspace.job_dir(user_dir, args.job)
 
         def ended() -> bool:  # once a second while following: the state only
-            if "_" not in args.job and sweeps.is_sweep(job_dir):
+            if sweeps.is_whole_sweep(args.job, job_dir):
                 state = jobs.sweep_status(args.job, job_dir, config)["state"]
             else:
                 state, _ = jobs.reconcile(job_dir, jobs.slurm_info(args.job, config))

@@ -143,7 +143,7 @@ def _plugins(job_dir: Path) -> dict:
 
 def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = workspace.job_dir(user_dir, job_id)
-    if "_" not in job_id and sweeps.is_sweep(job_dir):
+    if sweeps.is_whole_sweep(job_id, job_dir):
         return sweep_status(job_id, job_dir, config)
     info = slurm_info(job_id, config)
     state, reason = reconcile(job_dir, info, config.slurm_timeout_seconds)
@@ -253,7 +253,7 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
     dirs = [(job_id, workspace.job_dir(user_dir, job_id)) for job_id in job_ids]
     done = []
     for job_id, job_dir in dirs:
-        if "_" not in job_id and sweeps.is_sweep(job_dir):
+        if sweeps.is_whole_sweep(job_id, job_dir):
             done.append(cancel_sweep(job_id, job_dir, config))
             continue
         state, _ = reconcile(job_dir, slurm_info(job_id, config))
@@ -298,7 +298,7 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
 
 
 def not_a_sweep(job_dir: Path, job_id: str) -> Path:
-    if "_" not in job_id and sweeps.is_sweep(job_dir):
+    if sweeps.is_whole_sweep(job_id, job_dir):
         raise Rejected(f"job {job_id} is a sweep; halt or resume its trials one at a time "
                        f"({job_id}_0, {job_id}_1, ...)")  # fmt: skip
     return job_dir

@@ -47,8 +47,10 @@ def parse_queue(text: str) -> list[QueuedJob]:
     return jobs
 
 
-def read_queue(config: AgentConfig) -> list[QueuedJob]:
-    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING",
+def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
+    """Pending and running jobs (array tasks one by one), everybody's or `user`'s."""
+    who = [f"--user={user}"] if user else []
+    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING", *who,
                        f"--format={FORMAT}"], config.slurm_timeout_seconds)  # fmt: skip
     return parse_queue(out)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tacc_agent import slurm, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.queue_ticks import gpus_per_node
+from tacc_agent.queue_ticks import read_queue
 
 ASSOC = ("Account", "Fairshare", "QOS", "DefaultQOS", "MaxTRES", "MaxJobs", "MaxWall")
 QOS = ("Name", "Priority", "MaxWall", "MaxTRESPU", "MaxJobsPU", "Preempt", "PreemptMode",
@@ -25,17 +25,11 @@ def table(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
 
 
 def in_queue(user: str, config: AgentConfig) -> dict:
-    out = slurm.slurm(["squeue", "--noheader", f"--user={user}", "--array",
-                       "--format=%T|%D|%b"], config.slurm_timeout_seconds)  # fmt: skip
-    running = pending = gpus = 0
-    for line in out.splitlines():
-        state, nodes, tres = [*line.split("|"), "", "", ""][:3]
-        if state == "RUNNING":
-            running += 1
-            gpus += gpus_per_node(tres) * int(nodes or 1)
-        elif state == "PENDING":
-            pending += 1
-    return {"running_jobs": running, "pending_jobs": pending, "gpus_in_use": gpus}
+    jobs = read_queue(config, user)
+    running = [job for job in jobs if job.state == "RUNNING"]
+    return {"running_jobs": len(running),
+            "pending_jobs": sum(job.state == "PENDING" for job in jobs),
+            "gpus_in_use": sum(job.gpus for job in running)}  # fmt: skip
 
 
 def quota(config: AgentConfig) -> dict:

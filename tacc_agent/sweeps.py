@@ -27,6 +27,11 @@ def is_sweep(job_dir: Path) -> bool:
     return trials_dir(job_dir).is_dir()
 
 
+def is_whole_sweep(job_id: str, job_dir: Path) -> bool:
+    """JOB (not JOB_I) names a sweep: the verb applies to all its trials."""
+    return "_" not in job_id and is_sweep(job_dir)
+
+
 def make_trials(job_dir: Path, count: int) -> None:
     """Each trial's directory, with links to what the trials share."""
     for index in range(count):

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacc_agent import records
 from tacc_plugins.api import Outcome, Plugin, Submission
 
 RECENT_JOBS = 300  # job directories read, newest first
@@ -37,19 +38,6 @@ def entrypoint_of(task) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def events(job_dir: Path) -> list[dict]:
-    folder = job_dir / "status" / "events"
-    names = sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
-    return [read_json(folder / name) for name in names]
-
-
 def run_seconds(entries: list[dict]) -> float | None:
     """From the last RUNNING to COMPLETED of the last run; None if it did not complete."""
     running = [e["time"] for e in entries if e.get("state") == "RUNNING" and "time" in e]
@@ -66,10 +54,10 @@ def past_runs(user_dir: Path) -> list[PastRun]:
         jobs.is_dir()) else []  # fmt: skip
     found = []
     for job_dir in dirs[:RECENT_JOBS]:
-        submit = read_json(job_dir / "status" / "submit.json")
+        submit = records.read_json(job_dir / "status" / "submit.json") or {}
         if not submit.get("entrypoint"):
             continue
-        entries = events(job_dir)
+        entries = records.history(job_dir)
         timed_out = next((e for e in entries if "TIMEOUT" in str(e.get("reason", ""))), None)
         limit = (submit.get("plugin_data") or {}).get("duration", {}).get("limit_seconds")
         found.append(PastRun(submit.get("digest", ""), submit["entrypoint"],

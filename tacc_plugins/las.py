@@ -14,28 +14,22 @@ on with the agent's `plugins: [las]` and a `queue_tick_seconds` on the controlle
 from __future__ import annotations
 
 import bisect
-import json
-import os
 from pathlib import Path
 
+from tacc_agent import records
 from tacc_plugins.api import Plugin, Queue
 
 STATE_FILE = "las.json"
 
 
 def load_state(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
+    data = records.read_json(path) or {}
     return {"attained": dict(data.get("attained", {})), "counted": dict(data.get("counted", {}))}
 
 
 def save_state(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(state, sort_keys=True))
-    os.replace(temporary, path)
+    records.write_json(path, state)  # atomic: a tick killed mid-write leaves the old state
 
 
 def account(state: dict, queue: Queue) -> None:

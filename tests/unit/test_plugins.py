@@ -411,3 +411,18 @@ def test_quota_text_shows_limits_fair_share_and_usage():
     assert "account vision: fair share 0.5 (shares 10, usage 0.25)" in text
     assert "qos normal: priority 10, MaxTRESPU gres/gpu=8, MaxWall 2-00:00:00" in text
     assert "no accounting" in quota_text({**info, "accounting": False})
+
+
+def test_quota_counts_the_callers_queue(monkeypatch):
+    from tacc_agent import quota, slurm
+
+    seen = []
+
+    def squeue(argv, timeout):
+        seen.append(argv)
+        return "7|alice|RUNNING|0|2|gres/gpu:4|1:00\n8|alice|PENDING|0|1|N/A|0:00\n"
+
+    monkeypatch.setattr(slurm, "slurm", squeue)
+    counts = quota.in_queue("alice", AgentConfig())
+    assert counts == {"running_jobs": 1, "pending_jobs": 1, "gpus_in_use": 8}
+    assert "--user=alice" in seen[0]
