@@ -15,6 +15,7 @@ from tacc_lab.image import ensure_image
 from tacc_lab.inventory import InventoryNode, NodeHardware, groups_for, render_inventory
 from tacc_lab.network import bridge_exists, clear_stale_veth, ensure_bridge, remove_bridge
 from tacc_lab.nodes import (
+    Boot,
     NodePaths,
     configure_node,
     ensure_ssh_key,
@@ -98,16 +99,20 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
             public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
         write_known_hosts(cfg, public_keys)
 
-        def boot(node: NodeRecord) -> None:
+        boots: dict[str, Boot] = {}
+
+        def boot(node: NodeRecord) -> Boot:
             clear_stale_veth(cfg.machine_name(node.name))
-            node.pid = start_node(cfg, node, NodePaths(cfg, node.name))
+            started = start_node(cfg, node, NodePaths(cfg, node.name))
+            node.pid = started.process.pid
             save_state(cfg.state_file, state)
+            return started
 
         for node in to_start:
-            boot(node)
+            boots[node.name] = boot(node)
         if to_start:
             log(f"booting {', '.join(n.name for n in to_start)} ...")
-        wait_for_ssh(cfg, to_start, boot_again=boot)
+        wait_for_ssh(cfg, boots, to_start, boot_again=boot)
         write_inventory(cfg, state, inventory_path)
     return UpResult([n.name for n in to_start], built, time.monotonic() - start)
 

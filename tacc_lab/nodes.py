@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_lab.config import LabConfig
@@ -108,8 +109,27 @@ def node_alive(cfg: LabConfig, node: NodeRecord) -> bool:
     return process_alive(node.pid, _marker(NodePaths(cfg, node.name)))
 
 
-def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
-    """Boot the node detached in its own session; return the systemd-nspawn pid."""
+@dataclass
+class Boot:
+    """One systemd-nspawn run of a node: its process and where its console output of
+    this run starts (the log is appended to across power cuts, so older runs' last
+    words must not be read as this one's)."""
+
+    process: subprocess.Popen
+    log: Path
+    log_offset: int
+
+    def exit_status(self) -> int | None:
+        return self.process.poll()
+
+    def said(self) -> str:
+        with self.log.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace").strip()
+
+
+def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
+    """Boot the node detached in its own session."""
     cmd = [
         "systemd-nspawn",
         "--quiet",
@@ -128,6 +148,7 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
         "--console=passive",
     ]
     with open(paths.log, "ab") as log:
+        offset = log.tell()
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -135,33 +156,49 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> int:
             stderr=log,
             start_new_session=True,
         )
-    return proc.pid
+    return Boot(proc, paths.log, offset)
+
+
+def _exit_words(status: int) -> str:
+    if status < 0:
+        return f"killed by signal {-status}"
+    return f"exit status {status}"
 
 
 def wait_for_ssh(
     cfg: LabConfig,
+    boots: dict[str, Boot],
     nodes: list[NodeRecord],
     timeout: float = 90.0,
-    boot_again: Callable[[NodeRecord], None] | None = None,
+    boot_again: Callable[[NodeRecord], Boot] | None = None,
 ) -> None:
     """Block until every node accepts an SSH login with its verified host key.
 
-    A node that exits in its first moments without a word in its console log (seen
-    twice under heavy load, not understood yet) is booted once more by `boot_again`;
-    one that says why it failed, or fails twice, is an error."""
+    A node whose systemd-nspawn exits in its first moments without a word of this run
+    in its console log (seen under heavy load, cause not found) is booted once more by
+    `boot_again`; one that says why it failed, or fails twice, is an error that names
+    nspawn's exit status and what this run printed."""
     deadline = time.monotonic() + timeout
     pending = list(nodes)
     retried: set[str] = set()
     while pending and time.monotonic() < deadline:
         for node in list(pending):
-            if not node_alive(cfg, node):
-                log = (cfg.nodes_dir / node.name / "console.log").read_text(errors="replace")
-                if not log.strip() and boot_again and node.name not in retried:
-                    print(f"{node.name} exited while booting, without a word; booting it again")
+            boot = boots[node.name]
+            status = boot.exit_status()
+            if status is not None:
+                said = boot.said()
+                if not said and boot_again and node.name not in retried:
+                    print(
+                        f"{node.name}: systemd-nspawn ended while booting "
+                        f"({_exit_words(status)}) without a word; booting it again"
+                    )
                     retried.add(node.name)
-                    boot_again(node)
+                    boots[node.name] = boot_again(node)
                     continue
-                raise LabError(f"node {node.name} exited while booting: {log.strip()[-500:]}")
+                raise LabError(
+                    f"node {node.name} exited while booting ({_exit_words(status)}): "
+                    + (said[-500:] if said else "nothing in its console log")
+                )
             if _port_open(node.address) and _ssh_ok(cfg, node):
                 pending.remove(node)
         if pending:
