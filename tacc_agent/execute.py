@@ -198,6 +198,8 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         say(f"run {restarts} was requeued: {lost}")
     env = base_env(job_dir)
     try:
+        if sweeps.is_trial(job_dir):
+            sweeps.own_code_tree(job_dir)
         link_datasets(task, job_dir)
         if task.environment["requirements"]:
             env_dir = envcache.ensure(
@@ -259,7 +261,9 @@ def link_datasets(task: TaskSpec, job_dir: Path) -> None:
             link = job_dir / "datasets" / dataset.name
             link.parent.mkdir(mode=0o700, exist_ok=True)
             if not link.is_symlink():
-                link.symlink_to(dataset.cluster)
+                # A sweep's trials share one datasets/ and may start together.
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(dataset.cluster)
 
 
 def finish(job_dir: Path, code: int, terminated: bool) -> None:

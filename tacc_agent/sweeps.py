@@ -1,9 +1,14 @@
 """The cluster side of sweeps (tacc_plugins/sweep.py): one job directory holds the
-sweep, each trial a directory of its own under it, so every trial has the record, logs
-and rank files of an ordinary job:
+sweep, each trial a directory of its own under it, so every trial has the record, logs,
+outputs and rank files of an ordinary job, and a code tree of its own:
 
-<workdir>/trials/<index>/   instruction.json -> ../../instruction.json, code -> ../../code,
-                            status/, logs/ (as for any job)
+<workdir>/trials/<index>/   instruction.json -> ../../instruction.json,
+                            datasets -> ../../datasets (when the task uploads datasets),
+                            status/, logs/, outputs/ (as for any job),
+                            code/: built when the trial starts (own_code_tree), the job's
+                            code/ again with directories of its own and the same read-only
+                            files hard-linked, so what one trial writes where it runs is
+                            not seen, or overwritten, by another
 
 Job ids: the array's Slurm id (12) is the sweep, 12_3 its trial 3.
 """
@@ -11,9 +16,12 @@ Job ids: the array's Slurm id (12) is the sweep, 12_3 its trial 3.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from tacc_agent import records
+from tacc_agent.errors import AgentError
 from tacc_agent.instruction import FILE
 
 ACTIVE = ("PROVISIONING", "RUNNING")
@@ -27,6 +35,10 @@ def is_sweep(job_dir: Path) -> bool:
     return trials_dir(job_dir).is_dir()
 
 
+def is_trial(directory: Path) -> bool:
+    return directory.parent.name == "trials" and is_sweep(directory.parent.parent)
+
+
 def is_whole_sweep(job_id: str, job_dir: Path) -> bool:
     """JOB (not JOB_I) names a sweep: the verb applies to all its trials."""
     return "_" not in job_id and is_sweep(job_dir)
@@ -36,13 +48,47 @@ def make_trials(job_dir: Path, count: int) -> None:
     """Each trial's directory, with links to what the trials share."""
     for index in range(count):
         trial = trials_dir(job_dir) / str(index)
-        for sub in ("status", "logs"):
+        for sub in ("status", "logs", "outputs"):
             (trial / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        for shared in (FILE, "code"):
+        for shared in (FILE, "datasets"):
             link = trial / shared
             if not link.is_symlink() and (job_dir / shared).exists():
                 link.symlink_to(os.path.join("..", "..", shared))
         records.add_event(trial, "QUEUED")
+
+
+def own_code_tree(trial: Path) -> None:
+    """trial/code: the sweep's code/ with directories of the trial's own and its files
+    hard-linked (they are the read-only blobs of the user's store, as in any job), built
+    aside and renamed into place; kept when a requeued trial runs again. Trials of
+    sweeps submitted before trials had their own tree have a link here: left alone."""
+    code = trial / "code"
+    if code.exists() or code.is_symlink():
+        return
+    shared = trial.parent.parent / "code"
+    building = Path(tempfile.mkdtemp(prefix=".code-", dir=trial))
+    try:
+        for root, dirs, files in os.walk(shared):
+            here = building / os.path.relpath(root, shared)
+            for name in dirs:
+                source = Path(root, name)
+                if source.is_symlink():
+                    (here / name).symlink_to(os.readlink(source))
+                else:
+                    (here / name).mkdir(mode=0o700)
+            for name in files:
+                source = Path(root, name)
+                if source.is_symlink():
+                    (here / name).symlink_to(os.readlink(source))
+                else:
+                    os.link(source, here / name)
+        building.rename(code)
+    except OSError as exc:
+        shutil.rmtree(building, ignore_errors=True)
+        raise AgentError(f"could not build the trial's code tree in {trial}: {exc}") from None
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
 
 
 def trial_dir(job_dir: Path, index: str) -> Path:

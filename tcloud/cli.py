@@ -124,7 +124,7 @@ def add_cluster_commands(sub) -> None:
     p_up = command("upload", "copy local files to your cluster directory (files/)")
     p_up.add_argument("local", type=Path)
     p_up.add_argument("remote", nargs="?", help="name under files/ (default: the local name)")
-    p_down = command("download", "fetch a job's outputs/ and logs/")
+    p_down = command("download", "fetch a job's outputs/ and logs/ (a sweep's: by trial)")
     p_down.add_argument("job")
     p_down.add_argument("dest", nargs="?", type=Path, help="local directory (default: ./JOB)")
     command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
@@ -345,10 +345,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             ]  # fmt: skip
             print_rows(rows, args.json, ("env", "requirements", "built_by_job", "path"))
         elif args.command == "download":
-            workdir = jobs.status(client, userdir, args.job)["workdir"]
+            info = jobs.status(client, userdir, args.job)
             dest = args.dest or Path(args.job)
             with closing(client.open_sftp()) as sftp:
-                count = files.download(sftp, workdir, dest)
+                count = files.download_job(sftp, info, dest)
             print(f"downloaded {count} file(s) to {dest}/")
         else:
             home = call(client, ["whoami"], userdir)["userdir"]

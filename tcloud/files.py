@@ -173,6 +173,19 @@ def download(sftp: paramiko.SFTPClient, workdir: str, dest: Path) -> int:
     return total
 
 
+def download_job(sftp: paramiko.SFTPClient, info: dict, dest: Path) -> int:
+    """What `tcloud download` fetches for the job `status` describes: its outputs/ and
+    logs/, or for a whole sweep each trial's, into dest/trials/<i>/."""
+    if not info.get("sweep"):
+        return download(sftp, info["workdir"], dest)
+    total = 0
+    for trial in info["trials"]:
+        index = str(trial["trial"])
+        total += download(sftp, posixpath.join(info["workdir"], "trials", index),
+                          dest / "trials" / index)  # fmt: skip
+    return total
+
+
 def ls(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> list[dict]:
     path = inside(userdir_path(sftp, userdir), check_path(relative))
     try:

@@ -546,6 +546,37 @@ def test_a_sweep_is_one_job_array_addressed_whole_or_by_trial(alice, tmp_path):
     assert "grid (4 COMPLETED)" in alice("ps").stdout
 
 
+def test_sweep_trials_run_in_code_trees_of_their_own_and_download_by_trial(alice, tmp_path):
+    """What one trial writes where it runs is not another's (before, all trials ran in the
+    sweep's one code/ directory); uploaded and cluster datasets reach every trial."""
+    line = ('test ! -e result.txt || { echo "collision: $(cat result.txt)"; exit 1; }; '
+            'echo "$X" > result.txt; sleep 2; '
+            'echo "trial $TACC_TRIAL kept $(cat result.txt)," '
+            '"read $(cat "$TACC_DATASETS/words/w.txt")," '
+            '"cluster $(test -s "$TACC_DATASETS/etc_slurm/slurm.conf" && echo ok)"; '
+            'echo "$X" > "$TACC_WORKDIR/outputs/x.txt"')  # fmt: skip
+    project = plugin_task(tmp_path / "own", {
+        "name": "own-trees", "resources": {"time": "5"}, "run": [line],
+        "datasets": [{"name": "words", "local": "data"},
+                     {"name": "etc_slurm", "cluster": "/etc/slurm"}],
+        "sweep": {"parameters": {"X": ["a", "b", "c"]}, "parallel": 3}})  # fmt: skip
+    (project / "data").mkdir()
+    (project / "data" / "w.txt").write_text("hello")
+    job = submit_args(alice, project, "--sweep")
+    info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"), 120)
+    log = alice("logs", job).stdout
+    assert info["state"] == "COMPLETED" and info["reason"] == "3 COMPLETED", (info, log)
+    for index, value in enumerate("abc"):
+        assert f"trial {index} kept {value}, read hello, cluster ok" in log, log
+    fetched = alice("download", job, str(tmp_path / "got"))
+    assert fetched.returncode == 0, fetched.stderr
+    for index, value in enumerate("abc"):
+        got = tmp_path / "got" / "trials" / str(index) / "outputs" / "x.txt"
+        assert got.read_text() == f"{value}\n"
+    one = alice("download", f"{job}_1", str(tmp_path / "one"))
+    assert one.returncode == 0 and (tmp_path / "one" / "outputs" / "x.txt").read_text() == "b\n"
+
+
 def test_a_sweep_trial_or_the_whole_sweep_can_be_cancelled(alice, tmp_path):
     project = plugin_task(tmp_path / "long", {
         "name": "long-grid", "resources": {"time": "5"}, "run": ["sleep 876"],

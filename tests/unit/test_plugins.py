@@ -7,7 +7,9 @@ layer 4's hooks run on a Launch as the execution wrapper builds it.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import yaml
 
 from tacc_agent import schedule, sweeps, workspace
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import Rejected
+from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import parse
 from tacc_agent.slurm import parse_oneliner
 from tacc_plugins import duration, elastic, gpu_share, las, sweep
@@ -291,12 +293,58 @@ def test_trials_get_directories_and_ids(tmp_path):
     workspace.register(tmp_path / "user", "12", job_dir)
     trial = workspace.job_dir(tmp_path / "user", "12_2")
     assert trial == job_dir / "trials" / "2"
-    assert (trial / "code").resolve() == (job_dir / "code").resolve()
+    assert sweeps.is_trial(trial) and not sweeps.is_trial(job_dir)
+    assert (trial / "instruction.json").read_text() == "{}"
+    assert (trial / "outputs").is_dir() and not (trial / "code").exists()  # built at start
     with pytest.raises(Rejected, match=r"job 12 has no trial 3"):
         workspace.job_dir(tmp_path / "user", "12_3")
     assert sweeps.summary_state(["COMPLETED", "RUNNING", "QUEUED"]) == "RUNNING"
     assert sweeps.summary_state(["COMPLETED", "FAILED"]) == "FAILED"
     assert sweeps.counts(["QUEUED", "COMPLETED", "QUEUED"]) == "1 COMPLETED, 2 QUEUED"
+
+
+def test_each_trial_runs_in_a_code_tree_of_its_own_with_the_same_read_only_files(tmp_path):
+    job_dir = tmp_path / "jobs" / "abc-1"
+    (job_dir / "code" / "pkg" / "data").mkdir(parents=True)
+    (job_dir / "code" / "train.py").write_text("print('hi')")
+    (job_dir / "code" / "pkg" / "data" / "x.csv").write_text("1,2")
+    (job_dir / "code" / "train.py").chmod(0o444)
+    (job_dir / "code" / "link.py").symlink_to("train.py")
+    (job_dir / "datasets" / "mnist").mkdir(parents=True)
+    sweeps.make_trials(job_dir, 2)
+    first, second = (job_dir / "trials" / i for i in ("0", "1"))
+    for trial in (first, second):
+        sweeps.own_code_tree(trial)
+    code = first / "code"
+    assert not code.is_symlink() and code.is_dir()
+    assert (code / "train.py").stat().st_ino == (job_dir / "code" / "train.py").stat().st_ino
+    assert (code / "pkg" / "data" / "x.csv").read_text() == "1,2"
+    assert os.readlink(code / "link.py") == "train.py"
+    (code / "result.txt").write_text("trial 0")  # what one trial writes where it runs
+    assert not (second / "code" / "result.txt").exists()
+    assert not (job_dir / "code" / "result.txt").exists()
+    assert (first / "datasets" / "mnist").is_dir()  # uploaded datasets are shared
+    (code / "pkg" / "data" / "x.csv").unlink()
+    sweeps.own_code_tree(first)  # a requeued trial keeps its tree
+    assert not (code / "pkg" / "data" / "x.csv").exists()
+    assert [p.name for p in first.iterdir() if p.name.startswith(".code-")] == []
+
+
+def test_a_trial_whose_code_tree_cannot_be_built_fails_with_the_reason(tmp_path, monkeypatch):
+    job_dir = tmp_path / "jobs" / "abc-1"
+    (job_dir / "code").mkdir(parents=True)
+    (job_dir / "code" / "train.py").write_text("x")
+    sweeps.make_trials(job_dir, 1)
+    trial = job_dir / "trials" / "0"
+
+    def full_disk(source, target):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sweeps.os, "link", full_disk)
+    with pytest.raises(AgentError, match=r"trial's code tree in .*No space left on device"):
+        sweeps.own_code_tree(trial)
+    left = [p.name for p in trial.iterdir() if p.name.startswith((".code-", "code"))]
+    assert left == [], left  # nothing half-built
 
 
 # ------------------------------------------------------------------ duration prediction
