@@ -266,6 +266,9 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
     return done
 
 
+MAX_HALT_GRACE_SECONDS = 3600  # the researcher's SSH call waits this long at most
+
+
 def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None) -> dict:
     """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold."""
     job_dir = not_a_sweep(workspace.job_dir(user_dir, job_id), job_id)
@@ -273,6 +276,10 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     if state in (*records.TERMINAL, "HALTED"):
         raise Rejected(f"job {job_id} is {state}; only queued or running jobs can be halted")
     grace = config.halt_grace_seconds if grace is None else grace
+    if not 0 <= grace <= MAX_HALT_GRACE_SECONDS:
+        raise Rejected(
+            f"a halt's grace period is 0 to {MAX_HALT_GRACE_SECONDS} seconds, got {grace:g}"
+        )
     if state == "QUEUED":  # nothing runs yet: just hold it
         slurm.slurm(["scontrol", "hold", job_id], config.slurm_timeout_seconds)
         records.add_event(job_dir, "HALTED", reason="held by its owner")
@@ -281,11 +288,12 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     records.add_event(job_dir, "HALTED", reason="halted by its owner")
     slurm.slurm(["scancel", "--signal=USR1", job_id], config.slurm_timeout_seconds)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+    exited = False
+    while not exited and time.monotonic() < deadline:
         ranks = records.ranks(job_dir)
-        if ranks and all(r.get("state") == "EXITED" for r in ranks):
-            break
-        time.sleep(0.2)
+        exited = bool(ranks) and all(r.get("state") == "EXITED" for r in ranks)
+        if not exited:
+            time.sleep(0.2)
     try:
         slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
     except AgentError as exc:
@@ -294,7 +302,10 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
             message = f"job {job_id} ended ({now}) during its checkpoint grace period"
             raise Rejected(message) from None
         raise exc from None
-    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": True}
+    # Whether the program ended on its own within the grace period (it checkpointed,
+    # if it handles the signal) or was still running and Slurm stopped it.
+    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": True,
+            "exited_in_grace": exited, "grace_seconds": grace}  # fmt: skip
 
 
 def not_a_sweep(job_dir: Path, job_id: str) -> Path:

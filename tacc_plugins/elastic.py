@@ -40,16 +40,27 @@ def min_nodes(resources: dict) -> int:
     return found[0] if found else 1
 
 
+# Pending for a reason no node could end: a hold (a halted job), a dependency, a start
+# time. Such a job does not wait for nodes, so it must not shrink an elastic job.
+NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
+
+
+def waiting_jobs(squeue_out: str) -> int:
+    """Pending jobs (squeue `%i|%r` lines) that wait for nodes."""
+    reasons = [line.partition("|")[2] for line in squeue_out.splitlines() if "|" in line]
+    return sum(1 for reason in reasons if not reason.startswith(NOT_WAITING_FOR_NODES))
+
+
 def partition_load(submission: Submission) -> tuple[int, int]:
-    """(idle nodes, pending jobs) of the submission's partition, from Slurm."""
+    """(idle nodes, jobs waiting for nodes) of the submission's partition, from Slurm."""
     from tacc_agent import slurm
 
     timeout = submission.config.slurm_timeout_seconds
     part = f"--partition={submission.partition}"
     idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", "--format=%D"], timeout)
-    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i"],
+    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"],
                           timeout)  # fmt: skip
-    return sum(int(n) for n in idle.split() if n.isdigit()), len(pending.split())
+    return sum(int(n) for n in idle.split() if n.isdigit()), waiting_jobs(pending)
 
 
 class Elastic(Plugin):

@@ -119,7 +119,12 @@ def add_cluster_commands(sub) -> None:
     p_logs.add_argument("--tail", type=count, help="only the last N lines")
     p_logs.add_argument("--node", type=count, help="only this rank's lines (0, 1, ...)")
     command("cancel", "cancel jobs").add_argument("jobs", nargs="+")
-    command("halt", "checkpoint signal, then keep the job queued on hold").add_argument("job")
+    p_halt = command("halt", "checkpoint signal, then keep the job queued on hold")
+    p_halt.add_argument("job")
+    p_halt.add_argument(
+        "--grace", type=grace_seconds, metavar="SECONDS",
+        help="how long the program may take to checkpoint and exit (default: the cluster's)",
+    )  # fmt: skip
     command("resume", "let a halted job run again").add_argument("job")
     p_up = command("upload", "copy local files to your cluster directory (files/)")
     p_up.add_argument("local", type=Path)
@@ -329,8 +334,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 done = "cancelled" if row["cancelled"] else f"already {row['state']}"
                 print(f"job {row['job_id']}: {done}")
         elif args.command == "halt":
-            jobs.halt(client, userdir, args.job)
-            print(f"job {args.job} halted and held; `tcloud resume {args.job}` lets it run again")
+            print(halt_text(jobs.halt(client, userdir, args.job, args.grace)))
         elif args.command == "resume":
             jobs.resume(client, userdir, args.job)
             print(f"job {args.job} released")
@@ -355,6 +359,31 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             with closing(client.open_sftp()) as sftp:
                 sftp_command(args, sftp, home)
     return EXIT_OK
+
+
+def grace_seconds(text: str) -> float:
+    """--grace: 0 to 3600 seconds (the agent holds the SSH call that long at most)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0 to 3600 seconds, got {text!r}")
+    return value
+
+
+def halt_text(result: dict) -> str:
+    job = result["job_id"]
+    again = f"`tcloud resume {job}` lets it run again"
+    if not result.get("checkpoint_signal"):
+        return f"job {job} was still queued: held; {again}"
+    grace = f"{result.get('grace_seconds', 0):g} s"
+    if result.get("exited_in_grace"):
+        done = f"the program exited within the {grace} grace period after the checkpoint signal"
+    else:
+        done = (f"the program was still running {grace} after the checkpoint signal; "
+                "Slurm stopped it")  # fmt: skip
+    return f"job {job}: {done}; halted and held; {again}"
 
 
 def quota_text(info: dict) -> str:

@@ -54,8 +54,11 @@ def cancel(client: paramiko.SSHClient, userdir: str | None, jobs: list[str]) -> 
     return call(client, ["job", "cancel", *check_ids(jobs)], userdir)
 
 
-def halt(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, ["job", "halt", *check_ids([job])], userdir)
+def halt(
+    client: paramiko.SSHClient, userdir: str | None, job: str, grace: float | None = None
+) -> dict:
+    extra = [] if grace is None else ["--grace", f"{grace:g}"]
+    return call(client, ["job", "halt", *check_ids([job]), *extra], userdir)
 
 
 def resume(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:

@@ -132,3 +132,44 @@ def test_a_lost_node_that_is_back_is_still_named(tmp_path, slurm_nodes):
     # Told to stop (halt, preemption) and SIGKILLed before it wrote its exit: not lost.
     stopped = {"rank": 1, "host": "n3", "state": "RUNNING", "terminated": True}
     assert lost_nodes.describe([TERMINATED_ON_N2, stopped], 1) == ""
+
+
+@pytest.fixture
+def running_job(tmp_path, monkeypatch):
+    """A running job of the caller's, with Slurm answered: what `halt` asks and does."""
+    from tacc_agent import jobs, workspace
+
+    user_dir = tmp_path / "alice"
+    job_dir = job(user_dir / "jobs", ["QUEUED", "PROVISIONING", "RUNNING"])
+    workspace.register(user_dir, "41", job_dir)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: {"JobState": "RUNNING"})
+    monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: calls.append(argv))
+    return user_dir, job_dir, calls
+
+
+def test_halt_says_whether_the_program_exited_within_its_grace_period(running_job):
+    from tacc_agent import jobs
+    from tacc_agent.config import AgentConfig
+
+    user_dir, job_dir, calls = running_job
+    records.write_rank(job_dir, 0, host="n2", state="RUNNING")
+    late = jobs.halt(user_dir, "41", AgentConfig(), grace=0.3)
+    assert late["exited_in_grace"] is False and late["grace_seconds"] == 0.3
+    assert calls == [["scancel", "--signal=USR1", "41"], ["scontrol", "requeuehold", "41"]]
+    records.add_event(job_dir, "RUNNING")  # a new run, halted again: this time it exits
+    records.write_rank(job_dir, 0, state="EXITED", exit_code=0)
+    assert jobs.halt(user_dir, "41", AgentConfig(), grace=30)["exited_in_grace"] is True
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("grace", [-1, 3601])
+def test_a_halt_grace_outside_0_to_3600_seconds_is_refused_before_any_signal(running_job, grace):
+    from tacc_agent import jobs
+    from tacc_agent.config import AgentConfig
+    from tacc_agent.errors import Rejected
+
+    user_dir, _, calls = running_job
+    with pytest.raises(Rejected, match=r"grace period is 0 to 3600 seconds"):
+        jobs.halt(user_dir, "41", AgentConfig(), grace=grace)
+    assert calls == []

@@ -221,6 +221,16 @@ def test_a_node_range_grows_when_idle_shrinks_when_jobs_wait(tmp_path, monkeypat
         planned(too_many)
 
 
+def test_only_jobs_that_wait_for_nodes_shrink_a_node_range():
+    squeue = "\n".join([
+        "31|Resources", "32|Priority", "33|JobHeldUser", "34|JobHeldAdmin",
+        "35|Dependency", "36|BeginTime", "37|QOSMaxGRESPerUser",
+    ])  # fmt: skip
+    # a halted job (held), one after another's end, one for later: none waits for nodes
+    assert elastic.waiting_jobs(squeue) == 3
+    assert elastic.waiting_jobs("") == 0
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("nodes", ["0-2", "3-1", "2-", "x", 0])
 def test_bad_node_ranges_are_refused(tmp_path, nodes):
@@ -441,6 +451,19 @@ def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
 
 
 # ------------------------------------------------------------------ quota
+def test_halt_says_whether_the_program_exited_in_its_grace_period():
+    from tcloud.cli import halt_text
+
+    done = {"job_id": "7", "checkpoint_signal": True, "exited_in_grace": True,
+            "grace_seconds": 10}  # fmt: skip
+    assert halt_text(done).startswith("job 7: the program exited within the 10 s grace")
+    late = halt_text({**done, "exited_in_grace": False, "grace_seconds": 2.5})
+    assert "still running 2.5 s after the checkpoint signal; Slurm stopped it" in late
+    assert halt_text({"job_id": "7", "checkpoint_signal": False}).startswith(
+        "job 7 was still queued: held; `tcloud resume 7`"
+    )
+
+
 def test_quota_text_shows_limits_fair_share_and_usage():
     from tcloud.cli import quota_text
 
