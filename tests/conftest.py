@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +12,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def role_module(role: str, name: str):
+    """roles/<role>/library/<name>.py as a Python module, with the role's module_utils
+    importable the way Ansible ships them (ansible.module_utils.<file>)."""
+    import ansible.module_utils
+
+    utils = str(ROOT / "roles" / role / "module_utils")
+    if Path(utils).is_dir() and utils not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(utils)
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"roles/{role}/library/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -3,18 +3,11 @@ smartnic_config), on the real tools' documented output formats."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import role_module
 
-
-def load(role: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"roles/{role}/library/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load = role_module
 
 
 gpu = load("nvidia_gpu", "nvidia_gpu_facts")

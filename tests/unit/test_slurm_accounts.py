@@ -3,17 +3,11 @@ the accounts, users and settings that differ."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import role_module
 
-_SPEC = importlib.util.spec_from_file_location(
-    "slurm_accounts", ROOT / "roles/slurm/library/slurm_accounts.py"
-)
-slurm_accounts = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(slurm_accounts)
+slurm_accounts = role_module("slurm", "slurm_accounts")
 
 # `sacctmgr -n -P show assoc where cluster=tacc format=Account,User,Partition,Fairshare,
 # DefaultQOS,QOS` as Slurm 22.05 prints it: root's rows as `sacctmgr add cluster` made

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import role_module
 
-_SPEC = importlib.util.spec_from_file_location(
-    "slurm_qos", ROOT / "roles/slurm/library/slurm_qos.py"
-)
-slurm_qos = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(slurm_qos)
+slurm_qos = role_module("slurm", "slurm_qos")
 
 
 def spec(name: str, priority: int = 0, preempt=(), max_wall: str = "") -> dict:

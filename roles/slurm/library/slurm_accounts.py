@@ -69,6 +69,7 @@ commands:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.tacc_sacctmgr import run_planned, show  # noqa: E402
 
 FORMAT = "Account,User,Partition,Fairshare,DefaultQOS,QOS"
 SACCTMGR = ["sacctmgr", "--immediate"]
@@ -179,13 +180,6 @@ def current_state(specs: list[dict], current: dict) -> dict[str, dict | None]:
     return state
 
 
-def _show(module: AnsibleModule, *args: str) -> str:
-    rc, out, err = module.run_command(["sacctmgr", "--noheader", "--parsable2", "show", *args])
-    if rc != 0:
-        module.fail_json(msg=f"sacctmgr show {args[0]} failed: {err.strip() or out.strip()}")
-    return out
-
-
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -207,8 +201,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     cluster, specs = module.params["cluster"], module.params["accounts"]
-    known = cluster in parse_clusters(_show(module, "cluster", "format=Cluster"))
-    shown = _show(module, "assoc", "where", f"cluster={cluster}", f"format={FORMAT}")
+    known = cluster in parse_clusters(show(module, "cluster", "format=Cluster"))
+    shown = show(module, "assoc", "where", f"cluster={cluster}", f"format={FORMAT}")
     current = parse_assocs(shown)
     commands = plan(specs, current, cluster, known)
     result = {
@@ -216,11 +210,7 @@ def main() -> None:
         "commands": [" ".join(c) for c in commands],
         "diff": {"before": current_state(specs, current), "after": wanted_state(specs)},
     }
-    if commands and not module.check_mode:
-        for argv in commands:
-            rc, out, err = module.run_command(argv)
-            if rc != 0:
-                module.fail_json(msg=f"{' '.join(argv)} failed: {err.strip() or out.strip()}")
+    run_planned(module, commands)
     module.exit_json(**result)
 
 

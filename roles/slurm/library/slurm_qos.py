@@ -76,6 +76,7 @@ deferred:
 import re  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.tacc_sacctmgr import run_planned, show  # noqa: E402
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 GPU_TRES = "gres/gpu"
@@ -222,18 +223,11 @@ def parse_tres(stdout: str) -> set[str]:
     return names
 
 
-def _sacctmgr(module: AnsibleModule, *args: str) -> str:
-    rc, out, err = module.run_command(["sacctmgr", "--noheader", "--parsable2", "show", *args])
-    if rc != 0:
-        module.fail_json(msg=f"sacctmgr show {args[0]} failed: {err.strip() or out.strip()}")
-    return out
-
-
 def gpu_tres_known(module: AnsibleModule, specs: list[dict]) -> bool:
     """Whether gres/gpu is a TRES of the cluster (only asked when a QoS has a GPU limit)."""
     if all(spec.get("max_gpus_per_user") is None for spec in specs):
         return True
-    return GPU_TRES in parse_tres(_sacctmgr(module, "tres", "format=Type,Name"))
+    return GPU_TRES in parse_tres(show(module, "tres", "format=Type,Name"))
 
 
 def main() -> None:
@@ -260,7 +254,7 @@ def main() -> None:
     )
     specs = module.params["qos"]
     try:
-        current = parse_table(_sacctmgr(module, "qos", f"format={FORMAT}"))
+        current = parse_table(show(module, "qos", f"format={FORMAT}"))
         wanted = {spec["name"]: desired(spec) for spec in specs}
     except ValueError as exc:
         module.fail_json(msg=f"slurm_qos: {exc}")
@@ -280,11 +274,7 @@ def main() -> None:
         "deferred": deferred,
         "diff": {"before": {name: current.get(name) for name in wanted}, "after": wanted},
     }
-    if commands and not module.check_mode:
-        for argv in commands:
-            rc, out, err = module.run_command(argv)
-            if rc != 0:
-                module.fail_json(msg=f"{' '.join(argv)} failed: {err.strip() or out.strip()}")
+    run_planned(module, commands)
     module.exit_json(**result)
 
 
