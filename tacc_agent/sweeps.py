@@ -70,18 +70,14 @@ def own_code_tree(trial: Path) -> None:
     try:
         for root, dirs, files in os.walk(shared):
             here = building / os.path.relpath(root, shared)
-            for name in dirs:
-                source = Path(root, name)
+            for name in [*dirs, *files]:
+                source, target = Path(root, name), here / name
                 if source.is_symlink():
-                    (here / name).symlink_to(os.readlink(source))
+                    target.symlink_to(os.readlink(source))
+                elif source.is_dir():
+                    target.mkdir(mode=0o700)
                 else:
-                    (here / name).mkdir(mode=0o700)
-            for name in files:
-                source = Path(root, name)
-                if source.is_symlink():
-                    (here / name).symlink_to(os.readlink(source))
-                else:
-                    os.link(source, here / name)
+                    os.link(source, target)
         building.rename(code)
     except OSError as exc:
         shutil.rmtree(building, ignore_errors=True)
