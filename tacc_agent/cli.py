@@ -10,7 +10,7 @@ Verbs:
   store                        delta upload: JSON request on stdin (missing | commit)
   job check                    would the cluster accept this instruction? (stdin)
   job submit WORKDIR           sbatch a committed job directory
-  job status|logs|cancel|halt|resume JOB, job ps
+  job status|logs|cancel|halt|resume|rerun JOB, job ps
   batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
 Errors: one JSON object {"error": ..., "field": ...} on stdout and a non-zero exit
 (2 rejected request, 3 Slurm or storage trouble); never a traceback.
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_halt.add_argument("job")
     p_halt.add_argument("--grace", type=float, help="seconds to wait for the checkpoint")
     job.add_parser("resume", help="release a halted job").add_argument("job")
+    job.add_parser("rerun", help="the same files and locked environment again").add_argument("job")
     sub.add_parser("batch", help="(Slurm) a job's batch step").add_argument("jobdir", type=Path)
     sub.add_parser("exec", help="(srun) one node's execution wrapper").add_argument(
         "jobdir", type=Path
@@ -97,7 +98,7 @@ def read_request() -> dict:
 
 
 def job_command(args: argparse.Namespace, config) -> int:
-    from tacc_agent import jobs, logs, records, schedule, sweeps, workspace
+    from tacc_agent import jobs, logs, records, rerun, schedule, sweeps, workspace
     from tacc_agent.instruction import parse
 
     if args.verb == "check":
@@ -127,6 +128,8 @@ def job_command(args: argparse.Namespace, config) -> int:
         return emit(jobs.cancel(user_dir, args.jobs, config))
     if args.verb == "halt":
         return emit(jobs.halt(user_dir, args.job, config, args.grace))
+    if args.verb == "rerun":
+        return emit(rerun.rerun(user_dir, args.job, config))
     return emit(jobs.resume(user_dir, args.job, config))
 
 

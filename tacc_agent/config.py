@@ -19,8 +19,14 @@ DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
 class AgentConfig:
     # Root of the per-user task directories on shared storage: <workspace>/<user>.
     workspace: str = "/shared/tcloud"
-    # The interpreter researchers' environments are built from (venv --system-site-packages).
+    # The interpreter researchers' environments are built from (an isolated venv, so its
+    # lock names every package in it).
     python: str = "/usr/bin/python3"
+    # The index environments are built from: the cluster's package cache (role
+    # package_cache), e.g. http://ctl1:3141/tacc/cluster/+simple/; "" = PyPI.
+    package_index: str = ""
+    # uv, which builds environments; "" = the one beside the agent's Python, else PATH.
+    uv: str = ""
     # Where /sys/class/infiniband lives (a fixture tree in tests, the FAKE tree in the lab).
     rdma_sysfs_root: str = "/sys"
     # Node facts written by `tacc-agent serve`; the execution layer reads them when fresh.

@@ -26,13 +26,18 @@ from tacc_agent.errors import AgentError
 from tacc_agent.instruction import load
 from tacc_agent.schedule import cluster_plugins
 from tacc_plugins.api import Launch, Outcome
-from tacc_plugins.launcher import with_modules
+from tacc_plugins.launcher import (
+    FIRST_NODE_LAUNCHERS,
+    TORCHRUN_LINE,
+    with_modules,
+    wrapper_rank,
+    wrappers_per_node,
+)
 from tacc_plugins.registry import in_layer
 from tcloud.schema import TaskSpec
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 KILL_GRACE_SECONDS = 10
-SINGLE_NODE_LAUNCHERS = ("none", "mpirun")
 
 
 def say(message: str) -> None:
@@ -158,14 +163,17 @@ def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) 
     return 128 - code if code < 0 else code
 
 
-def base_env(job_dir: Path) -> dict[str, str]:
+def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
     """The agent's own environment (srun, the wrapper): the task's variables are only
-    for the program, so they cannot break srun or the agent."""
+    for the program, so they cannot break srun or the agent. TACC_WORKDIR is the job's
+    directory, or its code/ for tasks that ask for the legacy meaning (tuxiv.conf)."""
     # Not the SSH session tcloud submitted from: with SSH_CLIENT set, Debian's bash
     # sources bashrc files even when non-interactive (and trips on `set -u`).
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    legacy = task is not None and task.runtime.get("workdir") == "code"
     env.update(
-        TACC_WORKDIR=str(job_dir),
+        TACC_WORKDIR=str(job_dir / "code" if legacy else job_dir),
+        TACC_JOB_DIR=str(job_dir),
         TACC_USERDIR=str(user_dir_of(job_dir)),
         TACC_DATASETS=str(job_dir / "datasets"),
         PYTHONUNBUFFERED="1",
@@ -196,17 +204,19 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
     if detail:
         say(f"run {restarts} was requeued: {lost}")
-    env = base_env(job_dir)
+    env = base_env(job_dir, task)
     try:
         if sweeps.is_trial(job_dir):
             sweeps.own_code_tree(job_dir)
         link_datasets(task, job_dir)
-        if task.environment["requirements"]:
-            env_dir = envcache.ensure(
-                user_dir_of(job_dir), task.environment["requirements"], config.python,
-                job_id, say, config.env_lock_timeout_seconds,
+        if task.environment["requirements"] or task.environment.get("lock"):
+            environment = envcache.ensure(
+                user_dir_of(job_dir), task.environment["requirements"],
+                environment_builder(config, user_dir_of(job_dir)), job_id, say,
+                config.env_lock_timeout_seconds, task.environment.get("lock"),
             )  # fmt: skip
-            envcache.activate(env_dir, env)
+            envcache.record_for_job(job_dir, environment)
+            envcache.activate(Path(environment["path"]), env)
     except AgentError as exc:
         say(str(exc))
         records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
@@ -223,13 +233,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
             if not forwarder.terminated:
                 records.add_event(job_dir, "FAILED", exit_code=code, reason=reason)
             return code
-    # The nodes Slurm gave the job: with a range (nodes: 2-4) anything from min to max.
-    allocated = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or task.resources["nodes"]
-    nodes = 1 if task.runtime["launcher"] in SINGLE_NODE_LAUNCHERS else allocated
-    argv = [
-        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes}",
-        "--ntasks-per-node=1", "--export=ALL", *AGENT, "exec", str(job_dir),
-    ]  # fmt: skip
+    argv = wrapper_argv(task, job_dir)
     if forwarder.terminated:
         return 128 + signal.SIGTERM
     started = time.monotonic()
@@ -239,6 +243,31 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     finish(job_dir, code, forwarder.terminated)
     report_outcome(task, job_dir, code, time.monotonic() - started, config)
     return code
+
+
+def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder:
+    return envcache.Builder(
+        python=config.python,
+        uv=envcache.uv_binary(config.uv),
+        index=config.package_index,
+        cache_dir=user_dir / ".cache" / "uv",
+    )
+
+
+def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
+    """How the batch step starts the wrappers: srun, one per process (launcher srun) or
+    per node (torchrun); mpirun's one wrapper runs right here, in the batch step, so
+    mpirun sees the whole allocation and starts its own daemons with srun."""
+    if task.runtime["launcher"] == "mpirun":
+        return [*AGENT, "exec", str(job_dir)]
+    # The nodes Slurm gave the job: with a range (nodes: 2-4) anything from min to max.
+    allocated = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or task.resources["nodes"]
+    nodes = 1 if task.runtime["launcher"] in FIRST_NODE_LAUNCHERS else allocated
+    per_node = wrappers_per_node(task)
+    return [
+        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
+        f"--ntasks-per-node={per_node}", "--export=ALL", *AGENT, "exec", str(job_dir),
+    ]  # fmt: skip
 
 
 def report_outcome(task: TaskSpec, job_dir: Path, code: int, seconds: float,
@@ -289,6 +318,33 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
 
 
 # ---------------------------------------------------------------- one node
+class RankLogs:
+    """torchrun's output, filed by rank: a worker's line ("[tacc-rank 3] text") goes to
+    logs/rank-3-<host>.log without its prefix; torchrun's own lines to the wrapper's log."""
+
+    def __init__(self, job_dir: Path, host: str, own) -> None:
+        self.job_dir, self.host, self.own = job_dir, host, own
+        self.files: dict[int, object] = {}
+
+    def write(self, raw: bytes) -> None:
+        match = TORCHRUN_LINE.match(raw)
+        if not match:
+            self.own.write(raw)
+            return
+        rank = int(match.group(1))
+        if rank not in self.files:
+            path = self.job_dir / "logs" / f"rank-{rank}-{self.host}.log"
+            self.files[rank] = path.open("ab", buffering=0)
+        self.files[rank].write(raw[match.end() :])  # type: ignore[attr-defined]
+
+    def __enter__(self) -> RankLogs:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for handle in self.files.values():
+            handle.close()  # type: ignore[attr-defined]
+
+
 def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
     """Every rank's status record, once all `count` ranks have written theirs."""
     deadline = time.monotonic() + timeout
@@ -322,18 +378,23 @@ def agree_on_transport(
 def execute(job_dir: Path, config: AgentConfig) -> int:
     job_dir = job_dir.resolve()
     task = load(job_dir)
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
     job_id = os.environ.get("SLURM_JOB_ID", "")
     host = socket.gethostname()
-    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", host)
+    mpirun = task.runtime["launcher"] == "mpirun"  # runs in the batch step: the job's nodes
+    step_nodes = None if mpirun else os.environ.get("SLURM_STEP_NODELIST")
+    nodelist = step_nodes or os.environ.get("SLURM_JOB_NODELIST", host)
     nodes = (
         slurm.hostnames(nodelist, config.slurm_timeout_seconds)
         if "SLURM_JOB_ID" in os.environ
         else [host]
     )
     ips = [socket.gethostbyname(node) for node in nodes]
+    node_rank = nodes.index(host) if host in nodes else 0
+    local_rank = 0 if mpirun else int(os.environ.get("SLURM_LOCALID", "0") or 0)
+    rank = wrapper_rank(task, node_rank, local_rank)
+    wrappers = 1 if mpirun else int(os.environ.get("SLURM_NTASKS", "1") or 1)
     log_path = job_dir / "logs" / f"rank-{rank}-{host}.log"
-    with log_path.open("ab", buffering=0) as log:
+    with log_path.open("ab", buffering=0) as log, RankLogs(job_dir, host, log) as rank_logs:
 
         def note(message: str) -> None:
             log.write(f"tacc: {message}\n".encode())
@@ -347,10 +408,12 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
 
         forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
         rdma = transport.local_rdma(config)
-        records.write_rank(job_dir, rank, host=host, ip=ips[rank] if rank < len(ips) else "",
+        records.write_rank(job_dir, rank, host=host, ip=ips[node_rank] if ips else "",
                            state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
-        launch = Launch(task, rank, nodes, ips, job_id, program_env(task, base_env(job_dir)),
-                        job_dir=job_dir, config=config)  # fmt: skip
+        launch = Launch(task, rank, nodes, ips, job_id,
+                        program_env(task, base_env(job_dir, task)), job_dir=job_dir,
+                        config=config, node_rank=node_rank, local_rank=local_rank,
+                        wrappers=wrappers)  # fmt: skip
         for plugin in in_layer(cluster_plugins(task, config), "execute"):
             plugin.execute(launch)
         choice = launch.transport
@@ -373,7 +436,8 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             if forwarder.terminated:
                 code = 128 + signal.SIGTERM
                 break
-            code = run_line(command(line), job_dir / "code", env, forwarder, log.write)
+            sink = rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write
+            code = run_line(command(line), job_dir / "code", env, forwarder, sink)
             if code != 0 or forwarder.terminated:
                 break
         if code != 0:

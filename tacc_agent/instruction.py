@@ -12,7 +12,7 @@ import yaml
 
 from tacc_agent.errors import Rejected
 from tacc_plugins.registry import available, from_env, is_module
-from tcloud.fields import Field, Validator, one_of
+from tcloud.fields import Field, Validator, one_of, pattern
 from tcloud.schema import TaskSpec, spec_from, task_fields
 
 FORMAT = "tacc-instruction/1"
@@ -42,6 +42,8 @@ def instruction_fields() -> dict[str, Field]:
         "manifest": Field("any", default={}),
         # Which schema and compile plug-ins were on, and what each changed.
         "plugins": Field("any", default={}),
+        # The job this one reruns (`tcloud rerun`): same files, the environment locked.
+        "rerun_of": Field("str", check=pattern(r"\d+", "a job id")),
     }
 
 
@@ -56,6 +58,11 @@ def canonical(document: dict) -> bytes:
 def digest_of(document: dict) -> str:
     """The instruction's identity: equal inputs give equal digests on any machine."""
     return hashlib.sha256(canonical(document)).hexdigest()
+
+
+def code_digest(document: dict) -> str:
+    """The identity of a job's files (the manifest alone): equal for a job and its reruns."""
+    return digest_of({"manifest": document.get("manifest", {})})
 
 
 def parse(text: str, source: str) -> TaskSpec:

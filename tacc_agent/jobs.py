@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tacc_agent import lost_nodes, records, slurm, sweeps, workspace
+from tacc_agent import envcache, lost_nodes, records, slurm, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.instruction import FILE, code_digest
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
@@ -147,6 +148,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         return sweep_status(job_id, job_dir, config)
     info = slurm_info(job_id, config)
     state, reason = reconcile(job_dir, info, config.slurm_timeout_seconds)
+    instruction = records.read_json(job_dir / FILE) or {}
     history = records.history(job_dir)
     ranks = records.ranks(job_dir)
     codes = [r.get("exit_code") for r in ranks if r.get("exit_code")]
@@ -180,6 +182,9 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         ],
         "nodes": nodes,
         "plugins": _plugins(sweep_root(job_dir, job_id)) | _plugins(job_dir),
+        "environment": envcache.job_environment(job_dir),
+        "code_digest": code_digest(instruction),
+        "rerun_of": instruction.get("rerun_of"),
     }
     if state == "FAILED":
         result["last_lines"] = {

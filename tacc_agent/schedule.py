@@ -23,7 +23,7 @@ from tacc_agent.instruction import digest_of, load
 from tacc_plugins.api import Plugin, Submission
 from tacc_plugins.elastic import min_nodes
 from tacc_plugins.registry import PluginError, in_layer, select
-from tcloud.schema import TaskSpec
+from tcloud.schema import TaskSpec, processes_per_node
 
 # sbatch options a task may not override: the agent owns the job's layout and env.
 RESERVED_OPTIONS = {
@@ -180,13 +180,20 @@ def extra_options(options: dict[str, str]) -> list[str]:
     return words
 
 
+def slurm_tasks_per_node(task: TaskSpec) -> int:
+    if task.runtime["launcher"] in ("srun", "mpirun"):
+        return processes_per_node(task.resources)
+    return 1
+
+
 def base_options(task: TaskSpec, job_dir: Path, config: AgentConfig) -> dict[str, str | None]:
     """The sbatch options of the task as written, before any scheduling plug-in."""
     res = task.resources
     options: dict[str, str | None] = {
         "job-name": task.name,
         "nodes": str(res["nodes"]),
-        "ntasks-per-node": "1",
+        # One Slurm task per process (srun, mpirun's slots); torchrun starts its own.
+        "ntasks-per-node": str(slurm_tasks_per_node(task)),
         "cpus-per-task": str(res["cpus"]),
         "mem": res["mem"],
         "time": res["time"] or config.default_time_limit,

@@ -46,9 +46,11 @@ def local_rdma(config: AgentConfig) -> dict:
 
 
 def choose(requested: str, ranks: list[dict]) -> Choice:
-    """ranks: each rank's {"host", "rdma": {"active_ports"}} from its status file."""
+    """ranks: each rank's {"host", "rdma": {"active_ports"}} from its status file (a node
+    with several ranks is named once)."""
     if requested == "tcp":
         return Choice("tcp", "the task asks for tcp", TCP_ENV)
+    ranks = list({r["host"]: r for r in ranks}.values())
     lacking = [r["host"] for r in ranks if not r.get("rdma", {}).get("active_ports")]
     if ranks and not lacking:
         counts = ", ".join(f"{r['host']}: {r['rdma']['active_ports']}" for r in ranks)

@@ -114,12 +114,15 @@ class Launch:
     `transport` and `env`."""
 
     task: Any
-    rank: int
+    rank: int  # this wrapper's rank: the process's global rank (torchrun: its node's first)
     nodes: list[str]
     ips: list[str]
     job_id: str
     env: dict[str, str]
     job_dir: Path = Path(".")
+    node_rank: int = 0  # index of this node in `nodes`
+    local_rank: int = 0  # index of this wrapper on its node
+    wrappers: int = 1  # how many wrappers the job runs (one per rank; torchrun: per node)
     config: Any = None  # tacc_agent.config.AgentConfig
     command: Callable[[str], list[str]] | None = None
     transport: Any = None  # tacc_agent.transport.Choice

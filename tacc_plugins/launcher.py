@@ -1,12 +1,31 @@
-"""Built-in execution plug-in: how each run line starts on a node (srun runs one
-wrapper per node; `torchrun` and `mpirun` wrap the line), and the variables frameworks
-read (MASTER_ADDR, WORLD_SIZE, RANK, TACC_NODE_RANK, ...)."""
+"""Built-in execution plug-in: how each run line starts on a node, and the variables
+frameworks read (MASTER_ADDR, WORLD_SIZE, RANK, LOCAL_RANK, TACC_NODE_RANK, ...).
+
+- `srun`: Slurm starts one wrapper per process (resources.processes_per_node on each
+  node, through Slurm's MPI plug-in, so an MPI program gets its PMI from srun); each
+  runs the line once with its own RANK and LOCAL_RANK.
+- `torchrun`: one wrapper per node runs `torchrun --nproc-per-node=N`, which starts the
+  workers and sets their RANK and LOCAL_RANK; every worker line comes out prefixed with
+  its global rank (TORCHRUN_RANK_PREFIX) so the wrapper files it under that rank.
+- `mpirun`: one wrapper on the first node runs `mpirun` once in the allocation; OpenMPI
+  reads Slurm's allocation (N slots per node) and starts its daemons with srun.
+- `none`: the line runs once, on the first node.
+"""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from tacc_plugins.api import Launch, Plugin
+from tcloud.schema import processes_per_node
+
+# torchrun's line prefix (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with --tee): a worker's
+# lines reach the wrapper as "[tacc-rank 3] text"; the wrapper writes "text" to rank 3's log.
+TORCHRUN_RANK_PREFIX = "[tacc-rank ${rank}] "
+TORCHRUN_LINE = re.compile(rb"^\[tacc-rank (\d+)\] ?")
+MPIRUN_LAUNCHERS = ("mpirun",)
+FIRST_NODE_LAUNCHERS = ("none", "mpirun")
 
 
 def with_modules(task, line: str) -> str:
@@ -14,35 +33,56 @@ def with_modules(task, line: str) -> str:
     return " && ".join([*loads, line]) if loads else line
 
 
-def gpus_per_node(task) -> int:
-    return max(int(task.resources["gpus_per_node"] or 0), 1)
+def wrappers_per_node(task) -> int:
+    """Wrappers Slurm starts on each node: one per process with srun, else one."""
+    return processes_per_node(task.resources) if task.runtime["launcher"] == "srun" else 1
 
 
-def framework_env(task, rank: int, nodes: list[str], ips: list[str], job_id: str) -> dict:
-    per_node = gpus_per_node(task)
-    torchrun = task.runtime["launcher"] == "torchrun"
+def wrapper_rank(task, node_rank: int, local_rank: int) -> int:
+    """A wrapper's rank: the global rank of the process it runs (torchrun: of its node's
+    first worker)."""
+    per_node = processes_per_node(task.resources)
+    if task.runtime["launcher"] == "srun":
+        return node_rank * per_node + local_rank
+    return node_rank * per_node if task.runtime["launcher"] == "torchrun" else 0
+
+
+def framework_env(task, launch: Launch) -> dict:
+    per_node = processes_per_node(task.resources)
+    nodes = len(launch.nodes)
     return {
-        "TACC_JOB_ID": job_id,
-        "TACC_NODE_RANK": str(rank),
-        "TACC_NUM_NODES": str(len(nodes)),
-        "TACC_NODE_IPS": ",".join(ips),
-        "TACC_MASTER_ADDR": ips[0],
-        "MASTER_ADDR": ips[0],
-        "MASTER_PORT": str(20000 + int(job_id or 0) % 20000),
-        "WORLD_SIZE": str(len(nodes) * (per_node if torchrun else 1)),
-        "RANK": str(rank * (per_node if torchrun else 1)),
-        "LOCAL_RANK": "0",
+        "TACC_JOB_ID": launch.job_id,
+        "TACC_NODE_RANK": str(launch.node_rank),
+        "TACC_NUM_NODES": str(nodes),
+        "TACC_NODE_IPS": ",".join(launch.ips),
+        "TACC_PROCESSES_PER_NODE": str(per_node),
+        "TACC_MASTER_ADDR": launch.ips[0],
+        "MASTER_ADDR": launch.ips[0],
+        "MASTER_PORT": str(20000 + int(launch.job_id or 0) % 20000),
+        "WORLD_SIZE": str(nodes * per_node),
+        "RANK": str(launch.rank),
+        "LOCAL_RANK": str(launch.local_rank),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        **(
+            {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_RANK_PREFIX}
+            if task.runtime["launcher"] == "torchrun"
+            else {}
+        ),
     }
 
 
 def command_for(task, line: str, env: dict[str, str]) -> list[str]:
-    line = line if task.runtime["launcher"] != "mpirun" else f"mpirun {line}"
-    if task.runtime["launcher"] == "torchrun":
-        line = (
-            f"torchrun --nnodes={env['TACC_NUM_NODES']} --nproc-per-node={gpus_per_node(task)} "
-            f"--node-rank={env['TACC_NODE_RANK']} --master-addr={env['MASTER_ADDR']} "
-            f"--master-port={env['MASTER_PORT']} {line}"
-        )
+    launcher = task.runtime["launcher"]
+    if launcher == "mpirun":
+        line = f"mpirun {line}"
+    elif launcher == "torchrun":
+        line = shlex.join([
+            "torchrun", f"--nnodes={env['TACC_NUM_NODES']}",
+            f"--nproc-per-node={env['TACC_PROCESSES_PER_NODE']}",
+            f"--node-rank={env['TACC_NODE_RANK']}", f"--master-addr={env['MASTER_ADDR']}",
+            f"--master-port={env['MASTER_PORT']}", "--tee=3",
+            f"--log-dir={env['TACC_JOB_DIR']}/logs/torchrun",
+        ]) + f" {line}"  # fmt: skip
     return ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
 
 
@@ -53,6 +93,5 @@ class Launcher(Plugin):
 
     def execute(self, launch: Launch) -> None:
         task = launch.task
-        launch.env.update(framework_env(task, launch.rank, launch.nodes, launch.ips,
-                                        launch.job_id))  # fmt: skip
+        launch.env.update(framework_env(task, launch))
         launch.command = lambda line: command_for(task, line, launch.env)

@@ -16,7 +16,7 @@ class FailSafeTransport(Plugin):
         from tacc_agent.execute import agree_on_transport
 
         choice = agree_on_transport(
-            launch.task, launch.job_dir, launch.rank, len(launch.nodes), launch.config
+            launch.task, launch.job_dir, launch.rank, launch.wrappers, launch.config
         )
         launch.transport = choice
         launch.env.update(choice.env, TACC_TRANSPORT=choice.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -126,6 +127,10 @@ def add_cluster_commands(sub) -> None:
         help="how long the program may take to checkpoint and exit (default: the cluster's)",
     )  # fmt: skip
     command("resume", "let a halted job run again").add_argument("job")
+    command(
+        "rerun", "submit a past job again: the same files and the same locked versions",
+        listing=True,
+    ).add_argument("job")  # fmt: skip
     p_up = command("upload", "copy local files to your cluster directory (files/)")
     p_up.add_argument("local", type=Path)
     p_up.add_argument("remote", nargs="?", help="name under files/ (default: the local name)")
@@ -156,6 +161,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
     task = load_task(path)
+    check_locally(path, task)
     if args.json:
         print(json.dumps({"file": str(path), "valid": True, "name": task.name}))
     else:
@@ -191,6 +197,19 @@ def local_sbatch(path: Path, task) -> list[str]:
         error = TcloudError(f"{path}: {field}: {exc}" if field else f"{path}: {exc}")
         error.exit_code = EXIT_INVALID_TASK
         raise error from None
+
+
+def unhashed(_path: Path, _stat: os.stat_result) -> str:
+    """A hasher for checks that need the manifest's files but not their contents."""
+    return ""
+
+
+def check_locally(path: Path, task) -> None:
+    """Everything submit refuses before connecting, for validate and submit alike: the
+    task's sbatch options as written and after the compile passes (exit 3)."""
+    local_sbatch(path, task)
+    compiled = parse(json.dumps(compile_task(task, unhashed).document), "instruction")
+    local_sbatch(path, compiled)
 
 
 def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
@@ -264,7 +283,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
     task = load_task(path)
     check_sweep_flag(path, task, args.sweep)
-    sbatch = local_sbatch(path, task)
+    check_locally(path, task)
     if not args.dry_run:
         with HashCache() as hasher:
             instruction = compile_task(task, hasher)
@@ -338,16 +357,21 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         elif args.command == "resume":
             jobs.resume(client, userdir, args.job)
             print(f"job {args.job} released")
+        elif args.command == "rerun":
+            answer = jobs.rerun(client, userdir, args.job)
+            print(json.dumps(answer, indent=2) if args.json else jobs.rerun_text(answer))
         elif args.command == "quota":
             info = call(client, ["quota"], userdir)
             print(json.dumps(info, indent=2) if args.json else quota_text(info))
         elif args.command == "env":
             rows = [
                 {"env": e["digest"], "requirements": " ".join(e["requirements"]),
+                 "python": e.get("python", ""), "locked": len(e.get("lock", [])),
                  "built_by_job": e["built_by_job"], "path": e["path"]}
                 for e in call(client, ["env"], userdir)
             ]  # fmt: skip
-            print_rows(rows, args.json, ("env", "requirements", "built_by_job", "path"))
+            columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
+            print_rows(rows, args.json, columns)
         elif args.command == "download":
             info = jobs.status(client, userdir, args.job)
             dest = args.dest or Path(args.job)

@@ -1,5 +1,6 @@
 """Jobs on the cluster, through the agent on the login node (`tacc-agent job ...`):
-ps, status, logs, cancel, halt (checkpoint signal, then requeue on hold), resume.
+ps, status, logs, cancel, halt (checkpoint signal, then requeue on hold), resume,
+rerun (the same files and locked environment again).
 The agent answers only for the caller's own jobs; Slurm enforces the same."""
 
 from __future__ import annotations
@@ -65,6 +66,31 @@ def resume(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
     return call(client, ["job", "resume", *check_ids([job])], userdir)
 
 
+def rerun(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
+    return call(client, ["job", "rerun", *check_ids([job])], userdir)
+
+
+def rerun_text(answer: dict) -> str:
+    lock = answer.get("lock") or []
+    pinned = f"{len(lock)} locked version(s)" if lock else "no environment"
+    return (
+        f"submitted job {answer['job_id']} ({answer['name']}), a rerun of job "
+        f"{answer['rerun_of']}: code {answer['code_digest'][:12]}, {pinned}; "
+        f"workdir {answer['workdir']}"
+    )
+
+
+def describe_environment(environment: dict, out) -> None:
+    print(
+        f"environment {environment['digest']}: python {environment.get('python', '?')} "
+        f"({environment.get('platform', '?')}), {environment.get('installer', '?')}, "
+        f"index {environment.get('index', '?')}; locked:",
+        file=out,
+    )
+    for line in environment.get("lock", []):
+        print(f"  {line}", file=out)
+
+
 def describe(info: dict, out=sys.stdout) -> None:
     """`tcloud status` for people: state, per-node states and, when it failed, why."""
     code = "" if info.get("exit_code") is None else f" (exit code {info['exit_code']})"
@@ -72,6 +98,11 @@ def describe(info: dict, out=sys.stdout) -> None:
     if info.get("reason"):
         print(f"reason: {info['reason']}", file=out)
     print(f"workdir: {info['workdir']}", file=out)
+    if info.get("code_digest"):
+        again = f" (a rerun of job {info['rerun_of']})" if info.get("rerun_of") else ""
+        print(f"code: {info['code_digest'][:12]}{again}", file=out)
+    if info.get("environment"):
+        describe_environment(info["environment"], out)
     for entry in info.get("history", []):
         if entry.get("lost"):  # a run Slurm requeued because nodes went away
             print(f"requeued once: {entry['lost']}", file=out)

@@ -1,11 +1,14 @@
 """Read the legacy Go tcloud's `tuxiv.conf` into a TaskSpec.
 
 Mapping: entrypoint -> run; job.name -> name; job.general ("key=value", formerly
-`#SBATCH --key=value`) -> resources (nodes, cpus-per-task, mem, time, partition, qos,
-account, gres=gpu:N) and the rest to resources.sbatch; job.module -> modules; job.env ->
+`#SBATCH --key=value`) -> resources (nodes, ntasks-per-node -> processes_per_node,
+cpus-per-task, mem, time, partition, qos, account, gres=gpu:N) and the rest to
+resources.sbatch; job.module -> modules; job.env ->
 env; job.log -> outputs; environment.dependencies -> pip requirements (conda "name=ver"
 becomes "name==ver"; a {pip: [...]} entry is taken as is; channels cannot be honoured
-by pip and are reported); datasets (paths) -> local datasets.
+by pip and are reported); datasets (paths) -> local datasets. Legacy entry points
+name their files as `${TACC_WORKDIR}/train.py`: TACC_WORKDIR was the uploaded code, so
+such a task runs with `runtime.workdir: code` (TACC_WORKDIR = the job's code/).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ LEGACY = {
 RESOURCE_KEYS = {
     "nodes": ("nodes", int),
     "cpus-per-task": ("cpus", int),
+    # One process per task slot, as `#SBATCH --ntasks-per-node` meant for the legacy tool.
+    "ntasks-per-node": ("processes_per_node", int),
     "mem": ("mem", str),
     "time": ("time", str),
     "partition": ("partition", str),
@@ -143,5 +148,5 @@ def load_legacy(path: Path, root: yaml.Node) -> TaskSpec:
         ),
         datasets=[Dataset(Path(p).name, local=p) for p in data.get("datasets") or []],
         outputs=[job["log"]] if job.get("log") else [],
-        runtime=fill_defaults({}, RUNTIME),
+        runtime=fill_defaults({"workdir": "code"}, RUNTIME),
     )

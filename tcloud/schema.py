@@ -40,6 +40,7 @@ _UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch --time).
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 NICE_MAX = 2147483645  # sbatch --nice bound
+MAX_PROCESSES_PER_NODE = 1024
 
 
 def size_bytes(text: str) -> int:
@@ -73,6 +74,18 @@ def env_name(key: str) -> str | None:
     return None if _ENV_NAME.fullmatch(key) else "a shell variable name ([A-Za-z_]\\w*)"
 
 
+_PINNED = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_.,-]+\])?==[A-Za-z0-9.+!_-]+"
+    r"( +--hash=sha256:[0-9a-f]{64})*"
+)
+
+
+def pinned_requirement(line: str) -> str | None:
+    if _PINNED.fullmatch(line.strip()):
+        return None
+    return "a pinned requirement line: name==version (optionally --hash=sha256:...)"
+
+
 def sbatch_option(key: str) -> str | None:
     if re.fullmatch(r"[a-z][a-z0-9-]*", key):
         return None
@@ -87,6 +100,13 @@ CODE = {
 RESOURCES = {
     "nodes": Field("int", default=1, check=at_least(1)),
     "gpus_per_node": Field("int", default=0, check=at_least(0)),
+    # Processes per node: torchrun's --nproc-per-node, or the ranks srun/mpirun start on
+    # each node (sbatch --ntasks-per-node). Unset: gpus_per_node, or 1 without GPUs.
+    "processes_per_node": Field(
+        "int",
+        check=between(1, MAX_PROCESSES_PER_NODE),
+        expected=f"processes per node (1 to {MAX_PROCESSES_PER_NODE})",
+    ),
     "cpus": Field("int", default=1, check=at_least(1), expected="CPUs per task (>= 1)"),
     "mem": Field("str", default="4G", check=positive_size, expected="a size like 4G or 512M"),
     # Unset: the cluster's default (tacc-agent default_time_limit, 01:00:00), or a
@@ -106,6 +126,15 @@ ENVIRONMENT = {
     ),
     "modules": Field("list[str]", default=[], each=single_line),
     "env": Field("map[str]", default={}, keys=env_name),
+    # Exact versions (name==version lines, as in a lock file): the environment is built
+    # from these alone, with no resolution. `tcloud rerun` sets it from the past job's
+    # lock; a task may set it too.
+    "lock": Field(
+        "list[str]",
+        default=[],
+        expected="pinned requirement lines (name==version)",
+        each=pinned_requirement,
+    ),
 }
 DATASET = {
     "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),
@@ -114,6 +143,9 @@ DATASET = {
 }
 RUNTIME = {
     "launcher": Field("str", default="srun", check=one_of("srun", "torchrun", "mpirun", "none")),
+    # What $TACC_WORKDIR names: the job's directory (code/, outputs/, logs/), or, as the
+    # legacy Go tcloud did (tuxiv.conf files), the uploaded code itself.
+    "workdir": Field("str", default="job", check=one_of("job", "code")),
     "transport": Field("str", default="auto", check=one_of("auto", "rdma", "tcp")),
 }
 TASK = {
@@ -161,6 +193,15 @@ class TaskSpec:
     # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
     plugins: list[str] = field(default_factory=list)
     extensions: dict = field(default_factory=dict)
+
+
+def processes_per_node(resources: dict) -> int:
+    """The task's processes per node: its own setting, else one per GPU (a GPU share
+    counts as one), else 1."""
+    if resources.get("processes_per_node"):
+        return int(resources["processes_per_node"])
+    gpus = resources.get("gpus_per_node") or 0
+    return max(int(gpus), 1)
 
 
 def task_fields(plugins: Iterable[Plugin]) -> dict[str, Field]:

@@ -78,8 +78,11 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     dist.init_process_group(backend="nccl" if cuda else "gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_backend()
     print(
-        f"rank {rank}/{world} (local {local_rank}) on {socket.gethostname()}: {device}", flush=True
+        f"rank {rank}/{world} (local {local_rank}) on {socket.gethostname()}: {device}, "
+        f"backend {backend}",
+        flush=True,
     )
 
     outputs = Path(os.environ.get("TACC_WORKDIR", ".")) / "outputs"
@@ -125,12 +128,14 @@ def train_epoch(
 ) -> float | None:
     """One pass over this rank's part; the mean loss over all ranks, None to stop."""
     totals = torch.zeros(2, device=device)  # summed loss, samples
-    for x, y in loader:
+    for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()  # DDP averages the gradients over all ranks here
         optimizer.step()
+        if step == 0 and dist.get_rank() == 0:
+            print(f"epoch {epoch + 1} first step: loss {loss.item():.5f}", flush=True)
         totals[0] += loss.detach() * len(y)
         totals[1] += len(y)
         if any_rank(CHECKPOINT_REQUESTED.is_set(), device):

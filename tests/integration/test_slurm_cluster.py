@@ -23,29 +23,18 @@ import yaml
 
 from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
-from tests.integration.lab_helpers import lab_cli, lab_status, node_sh, site
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import lab_cli, node_sh, site
 
-pytestmark = pytest.mark.lab
+# The slurm lab is shared with test_frameworks.py (tests/integration/conftest.py).
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(SLURM_LAB)]
 
-NAME = "slurm"
-SUBNET = "10.77.6.0/24"
+NAME = SLURM_LAB
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Path:
-    inventory = tmp_path_factory.mktemp("slurm") / "hosts.yml"
-    # For a developer re-running a few tests: TACC_TEST_REUSE_LAB=1 keeps a lab that is
-    # already up and provisioned (and leaves it up). CI never sets it.
-    reuse = os.environ.get("TACC_TEST_REUSE_LAB") == "1" and lab_status(NAME)["up"]
-    if not reuse:
-        lab_cli(NAME, "down")
-    proc = lab_cli(NAME, "up", "--nodes", "3", "--subnet", SUBNET, "--inventory", str(inventory))
-    assert proc.returncode == 0, proc.stderr
-    if not reuse:
-        site(inventory)
-    yield inventory
-    if not reuse:
-        lab_cli(NAME, "down")
+def cluster(slurm_lab) -> Path:
+    return slurm_lab
 
 
 def test_compute_nodes_are_idle(cluster):

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tacc_agent import envcache, logs, records
+from tacc_agent import logs, records
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
 
@@ -86,41 +86,6 @@ def test_sigterm_kills_the_whole_program_and_usr1_reaches_it(tmp_path):
     rank = records.ranks(job_dir)[0]
     assert rank.get("terminated") and rank["signal"] == "SIGTERM", rank
     assert "tacc: checkpoint signal (SIGUSR1) passed to the program" in rank_log(job_dir)
-
-
-def test_environment_is_built_once_under_a_lock_and_then_reused(tmp_path):
-    user_dir = tmp_path / "user"
-    user_dir.mkdir()
-    script = (
-        "import sys; from pathlib import Path; from tacc_agent import envcache; "
-        "envcache.ensure(Path(sys.argv[1]), ['pip'], sys.executable, sys.argv[2], print, 300)"
-    )
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(user_dir), job], stdout=subprocess.PIPE, text=True
-        )
-        for job in ("101", "102")
-    ]
-    outputs = [racer.communicate(timeout=300)[0] for racer in racers]
-    assert all(racer.returncode == 0 for racer in racers), outputs
-    text = "".join(outputs)
-    assert text.count(": built in ") == 1 and text.count(": reused (built by job ") == 1
-    (entry,) = envcache.listing(user_dir)
-    assert entry["requirements"] == ["pip"] and entry["built_by_job"] in ("101", "102")
-    assert (Path(entry["path"]) / "bin/python").exists()
-
-
-def test_a_failed_build_leaves_nothing_that_looks_ready(tmp_path):
-    lines: list[str] = []
-    try:
-        envcache.ensure(tmp_path, ["--no-index", "surely-not-a-package-xyz"], sys.executable,
-                        "1", lines.append, 60)  # fmt: skip
-    except Exception as exc:  # AgentError
-        assert "building the environment failed" in str(exc)
-    else:
-        raise AssertionError("the build should have failed")
-    assert envcache.listing(tmp_path) == []
-    assert not (tmp_path / "envs" / envcache.env_digest(["--no-index", "x"])).exists()
 
 
 def test_log_stream_prefixes_each_rank_and_follows_until_the_end(tmp_path):
