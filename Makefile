@@ -17,7 +17,7 @@ APT_PACKAGES := systemd-container debootstrap tinyproxy iproute2 openssh-client 
 	python3-venv python3-pip ca-certificates rsync
 STAMP := .cache/stamps
 
-.PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean
+.PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean gpu-check
 
 help:
 	@echo "make demo      set up everything, boot the lab, provision it, show it working"
@@ -26,6 +26,7 @@ help:
 	@echo "make lab-up    boot the virtual cluster (LAB_NODES=$(LAB_NODES))"
 	@echo "make lab-down  remove the virtual cluster, leaving nothing behind"
 	@echo "make bench     run every bench script on a lab: bench/REPORT.md, results.json, PNG"
+	@echo "make gpu-check on a machine with NVIDIA GPUs: the GPU paths against the real driver"
 
 deps: $(STAMP)/apt
 $(STAMP)/apt: Makefile
@@ -54,6 +55,11 @@ bench: venv $(VENV)/.bench-installed
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
+
+# Not part of `make test` (CI has no GPU): run it on a GPU machine, e.g. the device tool's.
+# It needs no venv and no network: the machine's Python with PyTorch, and nvidia-smi.
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(PYTHON) tools/gpu_check.py
 
 lab-up: venv
 	tacc-lab up --nodes $(LAB_NODES)

@@ -75,6 +75,12 @@ SCRIPTS = (
         ("--runs", "5", "--minutes", "1", "--trials", "2"),
     ),
     Script("plugins", "plugins.py", (), ()),
+    Script(
+        "frameworks",
+        "frameworks.py",
+        ("--runs", "3", "--samples", "3"),
+        ("--runs", "1", "--samples", "1"),
+    ),
 )
 BY_NAME = {script.name: script for script in SCRIPTS}
 KEEP_LINES = 80  # of each script's output, kept in results.json
@@ -660,6 +666,30 @@ def section_plugins(entry: dict | None) -> list[str]:
     return lines
 
 
+def section_frameworks(entry: dict | None) -> list[str]:
+    lines = ["## Frameworks: the PyTorch task's environment and first step (bench/frameworks.py)",
+             "", *missing(entry, "frameworks")]  # fmt: skip
+    r = (entry or {}).get("result") or {}
+    if not r:
+        return lines
+    warm = r.get("env_build_warm") or {}
+    pip, uv = dig(warm, ("pip", "median")), dig(warm, ("uv", "median"))
+    first = dig(r, ("submit_to_first_step", "median"))
+    rows = [
+        ["environment build, cold package cache (empty devpi; torch from the seeded wheel)",
+         "-", fmt(r.get("env_build_cold_uv_seconds"), " s", 1), "-"],
+        ["environment build, fresh lab, warm package cache (median)",
+         fmt(pip, " s", 1), fmt(uv, " s", 1), f"{pip / uv:.2f}x" if pip and uv else "-"],
+        ["tcloud submit -> first training step, environment being built", "-",
+         fmt(r.get("submit_to_first_step_uncached_seconds"), " s", 1), "-"],
+        ["tcloud submit -> first training step, environment cached (median)", "-",
+         fmt(first, " s", 1), "-"],
+    ]  # fmt: skip
+    lines += table(["measurement", "pip", "uv (what the agent uses)", "pip / uv"], rows)
+    lines += [f"Reproduce: {cmd(entry)}", ""]
+    return lines
+
+
 def section_runs(results: dict) -> list[str]:
     rows = []
     for name, entry in results["scripts"].items():
@@ -735,6 +765,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_agent(scripts.get("agent_health")),
         *section_scale(scripts.get("render_scale")),
         *section_plugins(scripts.get("plugins")),
+        *section_frameworks(scripts.get("frameworks")),
         *section_lab(scripts.get("lab_up")),
     ]
     report = out_dir / "REPORT.md"

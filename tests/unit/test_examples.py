@@ -1,6 +1,7 @@
 """examples/: every task file validates, every script compiles, numpy-ddp really trains.
 
-The torch example is only syntax-checked (no torch here, no GPUs in the lab); numpy-ddp is
+The torch example is syntax-checked here (it runs for real in the lab: test_frameworks.py);
+numpy-ddp is
 run as the execution wrapper would start it: one process per node, RANK/WORLD_SIZE/
 MASTER_ADDR/MASTER_PORT and the TACC_* variables set, cwd = the code directory.
 """
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tcloud.schema import load_task
+from tcloud.schema import load_task, processes_per_node
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-TASK_FILES = sorted(EXAMPLES.glob("*/tcloud.yaml"))
+TASK_FILES = sorted(EXAMPLES.glob("*/*.yaml"))
 SCRIPTS = sorted(EXAMPLES.rglob("*.py"))
 NUMPY_DDP = EXAMPLES / "numpy-ddp"
 
@@ -44,16 +45,22 @@ def relative(path: Path) -> str:
 @pytest.mark.parametrize("path", TASK_FILES, ids=relative)
 def test_task_file_validates(path):
     task = load_task(path)
-    assert task.name == path.parent.name
+    assert task.name.startswith(path.parent.name)
     assert "outputs/" in task.outputs
 
 
 def test_the_examples_are_there():
     names = {path.parent.name for path in TASK_FILES}
     assert {"hello", "numpy-ddp", "pytorch-ddp"} <= names
-    torch = load_task(EXAMPLES / "pytorch-ddp" / "tcloud.yaml")
-    assert torch.runtime["launcher"] == "torchrun"
-    assert torch.resources["gpus_per_node"] == 8 and torch.resources["nodes"] == 2
+    lab = load_task(EXAMPLES / "pytorch-ddp" / "tcloud.yaml")
+    gpus = load_task(EXAMPLES / "pytorch-ddp" / "gpu-cluster.yaml")
+    assert lab.runtime["launcher"] == gpus.runtime["launcher"] == "torchrun"
+    assert lab.run == [line.replace("--epochs 20 --batch-size 256",
+                                    "--epochs 8 --samples 16384 --batch-size 128")
+                       for line in gpus.run]  # the same train.py  # fmt: skip
+    assert (lab.resources["nodes"], processes_per_node(lab.resources)) == (2, 2)
+    assert lab.resources["gpus_per_node"] == 0
+    assert gpus.resources["gpus_per_node"] == 8 and processes_per_node(gpus.resources) == 8
     assert load_task(NUMPY_DDP / "tcloud.yaml").runtime["launcher"] == "srun"
 
 
