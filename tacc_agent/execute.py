@@ -34,7 +34,7 @@ from tacc_plugins.launcher import (
     wrappers_per_node,
 )
 from tacc_plugins.registry import in_layer
-from tcloud.schema import TaskSpec
+from tcloud.schema import TaskSpec, processes_per_node
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 KILL_GRACE_SECONDS = 10
@@ -320,15 +320,16 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
 # ---------------------------------------------------------------- one node
 class RankLogs:
     """torchrun's output, filed by rank: a worker's line ("[tacc-rank 3] text") goes to
-    logs/rank-3-<host>.log without its prefix; torchrun's own lines to the wrapper's log."""
+    logs/rank-3-<host>.log without its prefix; torchrun's own lines, and any line naming
+    a rank that is not one of this node's workers, to the wrapper's log as they came."""
 
-    def __init__(self, job_dir: Path, host: str, own) -> None:
-        self.job_dir, self.host, self.own = job_dir, host, own
+    def __init__(self, job_dir: Path, host: str, own, ranks: range = range(0)) -> None:
+        self.job_dir, self.host, self.own, self.ranks = job_dir, host, own, ranks
         self.files: dict[int, object] = {}
 
     def write(self, raw: bytes) -> None:
         match = TORCHRUN_LINE.match(raw)
-        if not match:
+        if not match or int(match.group(1)) not in self.ranks:
             self.own.write(raw)
             return
         rank = int(match.group(1))
@@ -394,7 +395,11 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
     rank = wrapper_rank(task, node_rank, local_rank)
     wrappers = 1 if mpirun else int(os.environ.get("SLURM_NTASKS", "1") or 1)
     log_path = job_dir / "logs" / f"rank-{rank}-{host}.log"
-    with log_path.open("ab", buffering=0) as log, RankLogs(job_dir, host, log) as rank_logs:
+    workers = range(rank, rank + processes_per_node(task.resources))
+    with (
+        log_path.open("ab", buffering=0) as log,
+        RankLogs(job_dir, host, log, workers) as rank_logs,
+    ):
 
         def note(message: str) -> None:
             log.write(f"tacc: {message}\n".encode())

@@ -139,9 +139,12 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
         partition = defaults[0]
     members = [n for n in nodes if n.name in partition.nodes]
     want_mem = memory_mb(res["mem"])
+    tasks = slurm_tasks_per_node(task)  # each Slurm task gets `cpus` CPUs
+    cpus = ("cpus", res["cpus"] * tasks, "CPUs" if tasks == 1 else
+            f"CPUs ({tasks} processes x {res['cpus']})", lambda n: n.cpus)  # fmt: skip
     limits = (
         ("gpus_per_node", res["gpus_per_node"], "GPUs", lambda n: n.gpus),
-        ("cpus", res["cpus"], "CPUs", lambda n: n.cpus),
+        cpus,
         ("mem", want_mem, "MB of memory", lambda n: n.memory_mb),
     )
     for field, wanted, what, have in limits:

@@ -103,7 +103,7 @@ def test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes(alice
     assert environment["index"].startswith("http://n1:3141/"), environment
     assert environment["installer"].startswith("uv "), environment
     text = alice("status", job).stdout
-    assert "locked:" in text and next(l for l in environment["lock"] if "torch==" in l) in text
+    assert "locked:" in text and next(x for x in environment["lock"] if "torch==" in x) in text
 
 
 def test_rerun_builds_the_same_locked_versions_from_the_same_files(alice, ddp_job):
