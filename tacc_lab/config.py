@@ -16,6 +16,13 @@ PROXY_PORT = 3128
 STATE_ROOT = Path(os.environ.get("TACC_LAB_STATE_ROOT", "/var/lib/tacc-lab"))
 # The node image is cached outside the repository and shared by every lab on the machine.
 IMAGE_CACHE = Path(os.environ.get("TACC_LAB_IMAGE_CACHE", "/var/cache/tacc-lab/images"))
+# The package cache's data (devpi-server's directory, roles/package_cache), per lab name and
+# kept across labs, outside the repository: the multi-GB downloads (torch) happen once
+# per machine, not once per lab. Per name because two labs run at once (pytest-xdist)
+# and two devpi-server processes must never share one server directory.
+PACKAGE_CACHE = Path(os.environ.get("TACC_LAB_PACKAGE_CACHE", "/var/cache/tacc-lab/package-cache"))
+# Where the head node sees it: the role's package_cache_dir.
+NODE_PACKAGE_CACHE = "/var/lib/tacc-package-cache"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 
@@ -28,6 +35,7 @@ class LabConfig:
     subnet: ipaddress.IPv4Network
     state_root: Path = STATE_ROOT
     image_cache: Path = IMAGE_CACHE
+    package_cache_root: Path = PACKAGE_CACHE
 
     @classmethod
     def create(cls, name: str, subnet: str, **paths: Path) -> LabConfig:
@@ -54,6 +62,12 @@ class LabConfig:
     def shared_dir(self) -> Path:
         """Host directory bind-mounted at /shared in every node."""
         return self.state_dir / "shared"
+
+    @property
+    def package_cache_dir(self) -> Path:
+        """Host directory bind-mounted at NODE_PACKAGE_CACHE in the head node; `down`
+        leaves it (it is not under the state directory)."""
+        return self.package_cache_root / self.name
 
     @property
     def ssh_dir(self) -> Path:

@@ -1,8 +1,8 @@
 """Render the Ansible inventory for a lab (pure, unit-tested).
 
 Groups match `inventory/example/hosts.yml`, so every playbook runs unchanged on the lab.
-Node 1 is the head node (controller, login, accounting, NFS server); every other node
-is a compute node. A one-node lab puts everything on n1.
+Node 1 is the head node (controller, login, accounting, NFS server, package cache); every
+other node is a compute node. A one-node lab puts everything on n1.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab.config import NODE_PACKAGE_CACHE
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
 from tacc_lab.researchers import RESEARCHERS
@@ -20,7 +21,7 @@ from tacc_lab.researchers import RESEARCHERS
 # them to Access_Type/Squash).
 EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "no_root_squash")
 
-HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server")
+HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
 ALL_GROUPS = HEAD_GROUPS + COMPUTE_GROUPS
 
@@ -69,11 +70,13 @@ def render_inventory(
     hardware: NodeHardware,
     subnet: str,
     researchers: dict[str, str] | None = None,
+    package_cache_wheels: list[str] | None = None,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
 
     `researchers` (name -> SSH public key) become `common_cluster_users` that log in
-    with that key.
+    with that key. `package_cache_wheels` (paths on this machine) are uploaded into the
+    cluster package cache on the head node.
     """
     count = len(nodes)
     head = min(nodes, key=lambda n: n.index).name
@@ -136,12 +139,16 @@ def render_inventory(
                 # The lab's researchers (`tacc-lab user NAME` points tcloud at them).
                 "common_cluster_users": users,
                 "tacc_agent_workspace": "/shared/tcloud",
-                # numpy from Debian for the numpy example: its `requirements: [numpy]`
-                # is then already satisfied, with no package index needed.
-                "tacc_agent_extra_packages": ["python3-numpy"],
+                # Researchers' environments are isolated venvs built from the package
+                # cache (roles/package_cache), so no OS Python packages are added for them.
                 # The agent checks /shared is mounted and alive; in the lab it is the bind
                 # mount standing in for NFS (above), so its type is the host's.
                 "tacc_agent_mount_fstype": "",
+                # The package cache's data is a host directory per lab name, kept across
+                # labs and bind-mounted here on n1 (docs/lab.md); the wheels of this
+                # machine's pip find-links directories are uploaded into it.
+                "package_cache_dir": NODE_PACKAGE_CACHE,
+                "package_cache_wheels": list(package_cache_wheels or []),
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_lab.addressing import node_address, node_name
-from tacc_lab.config import LabConfig
+from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import InventoryNode, NodeHardware, groups_for, render_inventory
@@ -34,6 +34,7 @@ from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
 from tacc_lab.researchers import ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
+from tacc_lab.wheels import host_find_links_wheels
 
 
 @dataclass
@@ -77,6 +78,7 @@ def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpRe
         image, built = _image_for(cfg, state, log)
         ensure_ssh_key(cfg)
         cfg.shared_dir.mkdir(parents=True, exist_ok=True)
+        cfg.package_cache_dir.mkdir(parents=True, exist_ok=True)
         ensure_bridge(cfg)
         if not proxy_alive(cfg, state.proxy_pid):
             state.proxy_pid = start_proxy(cfg)
@@ -135,6 +137,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         hardware=host_hardware(),
         subnet=str(cfg.subnet),
         researchers=ensure_researcher_keys(cfg),
+        package_cache_wheels=host_find_links_wheels(),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
@@ -222,6 +225,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
         "bridge": f"{cfg.bridge} ({'up' if bridge_exists(cfg.bridge) else 'missing'})",
         "proxy": f"{proxy_url(cfg)} ({proxy_state})",
         "shared": f"{cfg.shared_dir} -> /shared",
+        "pkgcache": f"{cfg.package_cache_dir} -> n1:{NODE_PACKAGE_CACHE} (kept by down)",
         "image": state.image or "-",
         "inventory": state.inventory or "-",
     }

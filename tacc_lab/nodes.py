@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_lab.config import LabConfig
+from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.processes import process_alive, stop_process
 from tacc_lab.proxy import proxy_url
@@ -78,9 +78,12 @@ def configure_node(
         f'Acquire::http::Proxy "{proxy}";\nAcquire::https::Proxy "{proxy}";\n',
     )
     _write(root / "etc/pip.conf", f"[global]\nproxy = {proxy}\n")
+    # Peers by name too: pip and uv match no_proxy against the host name they were given
+    # (http://n1:3141, the package cache), and a CIDR only matches literal addresses.
+    no_proxy = ",".join(["localhost", "127.0.0.1", str(cfg.subnet), *(p.name for p in peers)])
     _write(
         root / "etc/environment",
-        f"http_proxy={proxy}\nhttps_proxy={proxy}\nno_proxy=localhost,127.0.0.1,{cfg.subnet}\n",
+        f"http_proxy={proxy}\nhttps_proxy={proxy}\nno_proxy={no_proxy}\n",
     )
     # Under load a boot-time unit can fail to get its cgroup (status=219/CGROUP); this
     # one removes /run/nologin, and without it no researcher can log in: retry it.
@@ -130,6 +133,9 @@ class Boot:
 
 def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
     """Boot the node detached in its own session."""
+    # The head node keeps the package cache's data in a host directory of this lab's
+    # name that outlives the lab (config.PACKAGE_CACHE).
+    cache = [f"--bind={cfg.package_cache_dir}:{NODE_PACKAGE_CACHE}"] if node.index == 1 else []
     cmd = [
         "systemd-nspawn",
         "--quiet",
@@ -142,6 +148,7 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
         "--keep-unit",
         f"--network-bridge={cfg.bridge}",
         f"--bind={cfg.shared_dir}:/shared",
+        *cache,
         # NFS-Ganesha's VFS backend needs open_by_handle_at, which nspawn's default
         # seccomp filter denies (EPERM -> NFS3ERR_PERM); /shared is exported from n1.
         "--system-call-filter=open_by_handle_at",

@@ -7,8 +7,9 @@ frameworks read (MASTER_ADDR, WORLD_SIZE, RANK, LOCAL_RANK, TACC_NODE_RANK, ...)
 - `torchrun`: one wrapper per node runs `torchrun --nproc-per-node=N`, which starts the
   workers and sets their RANK and LOCAL_RANK; every worker line comes out prefixed with
   its global rank (TORCHRUN_RANK_PREFIX) so the wrapper files it under that rank.
-- `mpirun`: one wrapper on the first node runs `mpirun` once in the allocation; OpenMPI
-  reads Slurm's allocation (N slots per node) and starts its daemons with srun.
+- `mpirun`: one wrapper on the first node runs `mpirun --tag-output` once in the
+  allocation; OpenMPI reads Slurm's allocation (N slots per node) and starts its daemons
+  with srun.
 - `none`: the line runs once, on the first node.
 """
 
@@ -74,7 +75,9 @@ def framework_env(task, launch: Launch) -> dict:
 def command_for(task, line: str, env: dict[str, str]) -> list[str]:
     launcher = task.runtime["launcher"]
     if launcher == "mpirun":
-        line = f"mpirun {line}"
+        # --tag-output: mpirun forwards each rank's output line by line ("[1,3]<stdout>:"),
+        # so two ranks' lines are never glued together in the log.
+        line = f"mpirun --tag-output {line}"
     elif launcher == "torchrun":
         line = shlex.join([
             "torchrun", f"--nnodes={env['TACC_NUM_NODES']}",
