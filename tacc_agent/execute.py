@@ -11,6 +11,7 @@ group, so cancel leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -160,7 +161,47 @@ def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) 
     if reader.is_alive() or forwarder.terminated:
         stop_group(child.pid)
         reader.join(KILL_GRACE_SECONDS)
+    stop_leftovers()
     return 128 - code if code < 0 else code
+
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def become_subreaper() -> None:
+    """Orphans of the programs this process starts (the workers of a launcher that died,
+    a daemon that left its session) become its children instead of init's, so they can
+    be found and stopped: Slurm's proctrack/linuxproc only follows parent links."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        say(f"cannot become a child subreaper: {os.strerror(ctypes.get_errno())}")
+
+
+def reap() -> None:
+    """Collect adopted children that have exited (never while a Popen waits for its own)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def stop_leftovers() -> None:
+    """What a finished line left running outside its process group (adopted by this
+    subreaper): TERM, the grace period, then KILL, as at the end of a Slurm step."""
+    for number, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 0)):
+        reap()
+        left = descendants(os.getpid())
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            reap()
+            if not descendants(os.getpid()):
+                return
+            time.sleep(0.1)
+    reap()
 
 
 def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
@@ -194,6 +235,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     job_dir = sweeps.batch_dir(job_dir.resolve())  # a sweep's trial works in its own
     task = load(job_dir)
     job_id = os.environ.get("SLURM_JOB_ID", "")
+    become_subreaper()
     forwarder = Forwarder()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     # A requeued run: say what stopped the last one before its rank records go.
@@ -411,6 +453,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             elif number in (signal.SIGTERM, signal.SIGINT):
                 records.write_rank(job_dir, rank, terminated=True, signal=name)
 
+        become_subreaper()
         forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
         rdma = transport.local_rdma(config)
         records.write_rank(job_dir, rank, host=host, ip=ips[node_rank] if ips else "",

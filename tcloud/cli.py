@@ -459,6 +459,7 @@ CLUSTER_COMMANDS = (
     "status",
     "logs",
     "cancel",
+    "rerun",
     "halt",
     "resume",
     "upload",

@@ -136,6 +136,19 @@ def test_a_background_process_does_not_hold_the_line_open(tmp_path):
     assert leftovers.stdout == ""
 
 
+def test_an_orphan_that_left_its_session_is_stopped_when_its_line_ends(tmp_path):
+    # A launcher killed before its workers (torchrun by a signal) orphans them in
+    # sessions of their own, with no pipe held open: the wrapper, a child subreaper,
+    # adopts and stops them. On the old code this sleep outlived the job.
+    line = "setsid sh -c 'sleep 871 </dev/null >/dev/null 2>&1 &' ; echo started"
+    _, job_dir = make_job(tmp_path, {"name": "t", "run": [line]})
+    proc = agent("exec", str(job_dir), env=agent_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rank_log(job_dir)[-1] == "started"
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 871"], capture_output=True, text=True)
+    assert leftovers.stdout == ""
+
+
 def test_bad_store_requests_get_a_json_error_and_leave_nothing(tmp_path):
     env = agent_env(tmp_path)
     (tmp_path / "workspace").mkdir()
