@@ -103,7 +103,9 @@ def ready(env_dir: Path) -> dict | None:
 
 @dataclass(frozen=True)
 class Builder:
-    """How environments are built on this cluster (from the agent's settings)."""
+    """How environments are built on this cluster (from the agent's settings). uv runs
+    with --no-config: no uv.toml of the user's or above the job changes where packages
+    come from behind the record's back."""
 
     python: str
     uv: str
@@ -124,14 +126,17 @@ class Builder:
         """uv's commands: a venv, the lock (unless given), exactly the locked versions."""
         python = str(env_dir / "bin" / "python")
         lock_file = str(env_dir / LOCK_FILE)
-        resolve = [self.uv, "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+        resolve = [self.uv, "pip", "compile", "--no-config", "--quiet", "--no-header",
+                   "--no-annotate",
                    "--python", python, *self.index_args(), "-o", lock_file,
                    str(requirements_file)]  # fmt: skip
         return [
-            [self.uv, "venv", "--quiet", "--python", self.python, str(env_dir)],
+            # --seed: pip in the environment, for setup lines that install the code.
+            [self.uv, "venv", "--no-config", "--quiet", "--seed", "--python", self.python,
+             str(env_dir)],
             *([] if lock else [resolve]),
-            [self.uv, "pip", "sync", "--quiet", "--python", python, *self.index_args(),
-             lock_file],
+            [self.uv, "pip", "sync", "--no-config", "--quiet", "--python", python,
+             *self.index_args(), lock_file],
         ]  # fmt: skip
 
     def version(self) -> str:

@@ -261,6 +261,8 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
             envcache.activate(Path(environment["path"]), env)
     except AgentError as exc:
         say(str(exc))
+        if forwarder.terminated:  # cancelled, halted or out of time while building
+            return 128 + signal.SIGTERM
         records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
         return 1
     for number, line in enumerate(task.setup, 1):
@@ -306,9 +308,12 @@ def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
     allocated = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or task.resources["nodes"]
     nodes = 1 if task.runtime["launcher"] in FIRST_NODE_LAUNCHERS else allocated
     per_node = wrappers_per_node(task)
+    # Slurm 22.05's srun no longer takes the job's cpus-per-task from the environment:
+    # each wrapper (and what it starts: torchrun's workers) gets the CPUs the task asked.
     return [
         "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
-        f"--ntasks-per-node={per_node}", "--export=ALL", *AGENT, "exec", str(job_dir),
+        f"--ntasks-per-node={per_node}", f"--cpus-per-task={task.resources['cpus']}",
+        "--export=ALL", *AGENT, "exec", str(job_dir),
     ]  # fmt: skip
 
 
@@ -360,6 +365,16 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
 
 
 # ---------------------------------------------------------------- one node
+def slurm_node_rank(nodes: list[str], host: str) -> int:
+    """This node's index in the step: Slurm's own (SLURM_NODEID, the order its ranks
+    and PMIx follow, whatever the host calls itself); outside Slurm, the host's place."""
+    if os.environ.get("SLURM_NODEID", "").isdigit():
+        return int(os.environ["SLURM_NODEID"])
+    if host not in nodes:
+        raise AgentError(f"this host ({host}) is not one of the job's nodes: {', '.join(nodes)}")
+    return nodes.index(host)
+
+
 class RankLogs:
     """torchrun's output, filed by rank: a worker's line ("[tacc-rank 3] text") goes to
     logs/rank-3-<host>.log without its prefix; torchrun's own lines, and any line naming
@@ -432,7 +447,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         else [host]
     )
     ips = [socket.gethostbyname(node) for node in nodes]
-    node_rank = nodes.index(host) if host in nodes else 0
+    node_rank = 0 if mpirun else slurm_node_rank(nodes, host)
     local_rank = 0 if mpirun else int(os.environ.get("SLURM_LOCALID", "0") or 0)
     rank = wrapper_rank(task, node_rank, local_rank)
     wrappers = 1 if mpirun else int(os.environ.get("SLURM_NTASKS", "1") or 1)

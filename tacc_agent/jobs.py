@@ -13,7 +13,7 @@ from pathlib import Path
 from tacc_agent import envcache, lost_nodes, records, slurm, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.instruction import FILE, code_digest
+from tacc_agent.instruction import FILE, code_digest, load
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
@@ -291,7 +291,10 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
         return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": False}
     # Recorded first: the batch step must not mistake the checkpointed exit for the end.
     records.add_event(job_dir, "HALTED", reason="halted by its owner")
-    slurm.slurm(["scancel", "--signal=USR1", job_id], config.slurm_timeout_seconds)
+    # Every step's processes; with mpirun also the batch step, where mpirun runs and
+    # passes the signal on to its ranks.
+    full = ["--full"] if load(job_dir).runtime["launcher"] == "mpirun" else []
+    slurm.slurm(["scancel", *full, "--signal=USR1", job_id], config.slurm_timeout_seconds)
     deadline = time.monotonic() + grace
     exited = False
     while not exited and time.monotonic() < deadline:

@@ -41,11 +41,16 @@ def rerun(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     if sweeps.is_sweep(job_dir) or sweeps.is_trial(job_dir):
         raise Rejected(f"job {job_id} is (part of) a sweep; submit the sweep again instead")
     document = rerun_document(job_id, job_dir)
-    manifest = {
-        path: f"{sha256}-{mode:o}" for path, (sha256, _size, mode) in document["manifest"].items()
-    }
+    try:
+        names = {
+            path: f"{sha}-{mode:o}" for path, (sha, _size, mode) in document["manifest"].items()
+        }
+    except (AttributeError, TypeError, ValueError):
+        raise Rejected(f"job {job_id}'s instruction has a malformed manifest") from None
     text = canonical(document).decode()
-    answer = store.commit(user_dir, [], manifest, digest_of(document), {FILE: text})
+    # The same checks as an upload's commit: paths under code/ or datasets/, no '..'.
+    _, manifest, files = store.checked_request({"manifest": names, "files": {FILE: text}})
+    answer = store.commit(user_dir, [], manifest, digest_of(document), files)
     if not answer["workdir"]:
         missing = ", ".join(answer["bad"][:3])
         raise Rejected(f"job {job_id}'s files are no longer all in your store ({missing} ...)")

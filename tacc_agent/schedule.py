@@ -216,14 +216,18 @@ def base_options(task: TaskSpec, job_dir: Path, config: AgentConfig) -> dict[str
     return options
 
 
-def checkpoint_signal(options: dict[str, str | None], config: AgentConfig) -> None:
+def checkpoint_signal(
+    options: dict[str, str | None], config: AgentConfig, mpirun_task: bool = False
+) -> None:
     """The checkpoint signal reaches every rank's program before the time limit (set
     last: a plug-in may have changed the limit)."""
     limit = time_seconds(options["time"] or config.default_time_limit)
     warn = config.checkpoint_signal_seconds if limit is None else min(
         config.checkpoint_signal_seconds, max(limit // 2, 1)
     )  # fmt: skip
-    options["signal"] = f"USR1@{warn}"
+    # mpirun runs in the batch step (B:), and passes the signal on to its ranks.
+    batch = "B:" if mpirun_task else ""
+    options["signal"] = f"{batch}USR1@{warn}"
 
 
 def sbatch_argv(
@@ -232,7 +236,7 @@ def sbatch_argv(
     """sbatch's argv: `options` as the scheduling plug-ins left them (default: the
     task's own), then the task's extra sbatch options, then the batch script."""
     options = dict(base_options(task, job_dir, config) if options is None else options)
-    checkpoint_signal(options, config)
+    checkpoint_signal(options, config, task.runtime["launcher"] == "mpirun")
     words = [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
     extra = extra_options(task.resources["sbatch"] or {})
     return ["sbatch", "--parsable", *words, *extra, str(job_dir / "job.sh")]

@@ -49,8 +49,18 @@ def wrapper_rank(task, node_rank: int, local_rank: int) -> int:
 
 
 def framework_env(task, launch: Launch) -> dict:
-    per_node = processes_per_node(task.resources)
-    nodes = len(launch.nodes)
+    """The variables of the line's process: torchrun and srun ranks get RANK,
+    LOCAL_RANK and WORLD_SIZE (torchrun sets its workers' own); `none` is one process;
+    under mpirun each rank reads OMPI_COMM_WORLD_RANK/SIZE, set by mpirun itself."""
+    launcher = task.runtime["launcher"]
+    per_node = 1 if launcher == "none" else processes_per_node(task.resources)
+    nodes = 1 if launcher == "none" else len(launch.nodes)
+    ranks = {
+        "WORLD_SIZE": str(nodes * per_node),
+        "RANK": str(launch.rank),
+        "LOCAL_RANK": str(launch.local_rank),
+        "LOCAL_WORLD_SIZE": str(per_node),
+    }
     return {
         "TACC_JOB_ID": launch.job_id,
         "TACC_NODE_RANK": str(launch.node_rank),
@@ -60,13 +70,10 @@ def framework_env(task, launch: Launch) -> dict:
         "TACC_MASTER_ADDR": launch.ips[0],
         "MASTER_ADDR": launch.ips[0],
         "MASTER_PORT": str(20000 + int(launch.job_id or 0) % 20000),
-        "WORLD_SIZE": str(nodes * per_node),
-        "RANK": str(launch.rank),
-        "LOCAL_RANK": str(launch.local_rank),
-        "LOCAL_WORLD_SIZE": str(per_node),
+        **({} if launcher == "mpirun" else ranks),
         **(
             {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_RANK_PREFIX}
-            if task.runtime["launcher"] == "torchrun"
+            if launcher == "torchrun"
             else {}
         ),
     }

@@ -80,10 +80,16 @@ _PINNED = re.compile(
 )
 
 
+# A direct reference as uv writes it in a lock: "name @ https://...whl" (no spaces).
+_DIRECT = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_.,-]+\])? @ (https?|git\+\w+|file)://\S+"
+)
+
+
 def pinned_requirement(line: str) -> str | None:
-    if _PINNED.fullmatch(line.strip()):
+    if _PINNED.fullmatch(line.strip()) or _DIRECT.fullmatch(line.strip()):
         return None
-    return "a pinned requirement line: name==version (optionally --hash=sha256:...)"
+    return "a pinned requirement line: name==version or name @ URL"
 
 
 def sbatch_option(key: str) -> str | None:

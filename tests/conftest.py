@@ -47,7 +47,11 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT, tim
     )
 
 
-SUITES = {"bad_input": "bad-input", "fault": "fault"}  # marker -> name in the summary
+SUITES = {
+    "bad_input": "bad-input",
+    "fault": "fault",
+    "security": "security",
+}  # marker -> name in the summary
 FAILED = ("failed", "error", "xpassed")
 
 

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tacc_agent import logs, records
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
@@ -136,6 +138,7 @@ def test_a_background_process_does_not_hold_the_line_open(tmp_path):
     assert leftovers.stdout == ""
 
 
+@pytest.mark.fault
 def test_an_orphan_that_left_its_session_is_stopped_when_its_line_ends(tmp_path):
     # A launcher killed before its workers (torchrun by a signal) orphans them in
     # sessions of their own, with no pipe held open: the wrapper, a child subreaper,

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent import envcache, records, rerun
+from tacc_agent import envcache, records, rerun, workspace
+from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import code_digest
+from tcloud.schema import pinned_requirement
 from tests.unit.agent_jobs import make_job
 
 
@@ -149,3 +151,27 @@ def test_a_rerun_keeps_the_files_and_pins_the_locked_versions(tmp_path):
     assert document["rerun_of"] == "5" and document["manifest"] == past["manifest"]
     assert code_digest(document) == code_digest(past)
     assert json.loads(json.dumps(document))["task"]["run"] == task["run"]
+
+
+def test_a_lock_may_pin_direct_references_but_not_options():
+    assert pinned_requirement("torch==2.13.0+cpu") is None
+    assert pinned_requirement("pkg @ https://example.org/pkg-1.0-py3-none-any.whl") is None
+    for bad in ("--index-url http://evil/simple", "-r /etc/passwd", "torch>=2", "torch"):
+        assert pinned_requirement(bad), bad
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("path", ["code/../../escape", "../x", "/etc/passwd", "outputs/x"])
+def test_a_rerun_refuses_a_manifest_path_outside_the_job(tmp_path, path):
+    # The user may edit their past job's instruction.json: a rerun commits its manifest
+    # through the same path checks as an upload (the old code linked it unchecked).
+    task = {"name": "t", "run": ["true"]}
+    user_dir, job_dir = make_job(tmp_path, task, {"train.py": "print(1)\n"})
+    document = records.read_json(job_dir / "instruction.json")
+    entry = next(iter(document["manifest"].values()))
+    document["manifest"] = {path: entry}
+    (job_dir / "instruction.json").write_text(json.dumps(document))
+    workspace.register(user_dir, "5", job_dir)
+    with pytest.raises(Rejected, match="must be a relative path under code or datasets"):
+        rerun.rerun(user_dir, "5", AgentConfig())
+    assert not (tmp_path / "escape").exists()

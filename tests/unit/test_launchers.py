@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import Rejected
-from tacc_agent.execute import AGENT, RankLogs, wrapper_argv
+from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
 from tacc_agent.instruction import parse
 from tacc_agent.schedule import Node, Partition, check_feasible, sbatch_argv
 from tacc_agent.transport import choose
@@ -149,3 +149,26 @@ def test_validate_refuses_what_submit_refuses_before_connecting(tmp_path):
         assert proc.returncode == 3, proc.stdout + proc.stderr
         assert "sbatch option 'output' cannot be set by a task" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_none_is_one_process_and_mpirun_ranks_read_their_own_variables(tmp_path):
+    none = task_of(tmp_path, {"nodes": 2, "gpus_per_node": 2}, "none", "a.yaml")
+    launch = Launch(none, 0, ["n2", "n3"], ["10.0.0.2", "10.0.0.3"], "7", {})
+    env = framework_env(none, launch)
+    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_WORLD_SIZE"]) == ("1", "0", "1")
+    mpi = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2}, "mpirun", "b.yaml")
+    env = framework_env(mpi, Launch(mpi, 0, ["n2", "n3"], ["10.0.0.2", "10.0.0.3"], "7", {}))
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE"} & set(env)  # OMPI_COMM_WORLD_* instead
+    assert command_for(mpi, "python3 a.py", env)[-1] == "mpirun --tag-output python3 a.py"
+    assert "--signal=B:USR1@60" in sbatch_argv(mpi, Path("/j"), AgentConfig())
+
+
+def test_wrappers_get_the_tasks_cpus_and_slurms_node_rank(tmp_path, monkeypatch):
+    task = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2, "cpus": 3}, "torchrun")
+    assert "--cpus-per-task=3" in wrapper_argv(task, Path("/j"))
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert slurm_node_rank(["n2", "n3"], "n2.cluster.example") == 1  # not the host's name
+    monkeypatch.delenv("SLURM_NODEID")
+    assert slurm_node_rank(["n2", "n3"], "n3") == 1
+    with pytest.raises(AgentError, match="not one of the job's nodes"):
+        slurm_node_rank(["n2", "n3"], "elsewhere")

@@ -211,8 +211,10 @@ def test_seeding_creates_user_index_and_uploads_once(devpi, creds, tmp_path):
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines()[-1] == "changed"
     assert devpi.users["tacc"] == USER_PW
+    # Only its owner uploads, packages and tox results alike.
     assert devpi.indexes["tacc/cluster"] == {
-        "type": "stage", "bases": ["root/pypi"], "volatile": False}  # fmt: skip
+        "type": "stage", "bases": ["root/pypi"], "volatile": False,
+        "acl_upload": ["tacc"], "acl_toxresult_upload": ["tacc"]}  # fmt: skip
     project, _digest, content = devpi.files["tacc/cluster"][TORCH]
     assert project == "torch" and content == wheel.read_bytes()
     assert ("GET", "/tacc/cluster/+simple/pip/") in devpi.log  # the mirror's warm-up

@@ -154,8 +154,11 @@ def read_credentials(path: Path) -> dict[str, str]:
     return data
 
 
-def index_config(bases: list[str]) -> dict:
-    return {"type": "stage", "bases": bases, "volatile": False}
+def index_config(bases: list[str], user: str) -> dict:
+    """The index as it must be: only its owner uploads (packages and tox results: devpi
+    lets anyone post tox results by default, which could fill the cache's disk)."""
+    return {"type": "stage", "bases": bases, "volatile": False,
+            "acl_upload": [user], "acl_toxresult_upload": [user]}  # fmt: skip
 
 
 def seed(
@@ -183,7 +186,7 @@ def seed(
                 server.request("PATCH", f"/{user}", {"password": creds["user"]}),
                 f"PATCH /{user}",
             )
-    wanted = index_config(bases)
+    wanted = index_config(bases, user)
     status, answer = server.request("GET", f"/{user}/{index}")
     projects: set[str] = set()
     if status == 404:
