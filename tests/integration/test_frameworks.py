@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tacc_lab.demo import researcher_env
 from tests.conftest import ROOT, run_cli
@@ -123,14 +124,16 @@ def test_rerun_builds_the_same_locked_versions_from_the_same_files(alice, ddp_jo
 def test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker(alice, tmp_path):
     project = tmp_path / "ddp"
     shutil.copytree(ROOT / "examples/pytorch-ddp", project)
-    task = (project / "tcloud.yaml").read_text()
-    (project / "tcloud.yaml").write_text(
-        task.replace("train.py --epochs 8 ", "train.py --epochs 400 ")
-    )
+    task = yaml.safe_load((project / "tcloud.yaml").read_text())
+    task["run"] = [task["run"][0].replace("--epochs 8 ", "--epochs 400 ")]
+    # The program checkpoints at the signal and exits (the example's STOP_ON_SIGNAL).
+    task["environment"]["env"] = {"STOP_ON_SIGNAL": "1"}
+    (project / "tcloud.yaml").write_text(yaml.safe_dump(task))
     job = submit(alice, project)
     wait_log(alice, job, r"^\[n2:0\] epoch 2/400 loss", 600)
     halted = alice("halt", job, "--grace", "60")
     assert halted.returncode == 0, halted.stderr
+    assert "the program exited within the 60 s grace period" in halted.stdout, halted.stdout
     wait_state(alice, job, ("HALTED",), 60)
     log = alice("logs", job).stdout
     saved = re.findall(r"^\[n2:0\] checkpoint: next epoch (\d+) ", log, re.M)
