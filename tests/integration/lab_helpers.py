@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from tests.conftest import BIN, ROOT, run_cli
@@ -166,3 +167,28 @@ def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
     output = "".join(lines)
     assert marker in output, f"site.yml ended (rc={proc.returncode}) before {marker!r}"
     return output
+
+
+# ---------------------------------------------------------------- tcloud jobs
+def submit(tcloud, project: Path) -> str:
+    """Submit with a researcher's tcloud (a function of argv); the job id."""
+    proc = tcloud("submit", "--json", str(project))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["job_id"]
+
+
+def status(tcloud, job: str) -> dict:
+    proc = tcloud("status", "--json", job)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int = 90) -> dict:
+    """The job's status once it is in one of `states`; fails with its log's tail."""
+    deadline = time.monotonic() + seconds
+    while (info := status(tcloud, job))["state"] not in states:
+        if time.monotonic() > deadline:
+            log = tcloud("logs", job).stdout[-3000:]
+            raise AssertionError(f"job {job} stuck in {info['state']}: {info}\n{log}")
+        time.sleep(0.5)
+    return info

@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ import yaml
 from tacc_lab.demo import researcher_env
 from tests.conftest import ROOT, run_cli
 from tests.integration.conftest import SLURM_LAB
-from tests.integration.lab_helpers import node_sh
+from tests.integration.lab_helpers import node_sh, status, submit, wait_state
 
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(SLURM_LAB)]
 
@@ -37,28 +36,6 @@ def alice(slurm_lab, tmp_path_factory):
         return run_cli("tcloud", *argv, env=env, cwd=cwd, timeout=900)
 
     return tcloud
-
-
-def submit(tcloud, project: Path) -> str:
-    proc = tcloud("submit", "--json", str(project))
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["job_id"]
-
-
-def status(tcloud, job: str) -> dict:
-    proc = tcloud("status", "--json", job)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int) -> dict:
-    deadline = time.monotonic() + seconds
-    while (info := status(tcloud, job))["state"] not in states:
-        if time.monotonic() > deadline:
-            log = tcloud("logs", job).stdout[-4000:]
-            raise AssertionError(f"job {job} stuck in {info['state']}: {info}\n{log}")
-        time.sleep(1)
-    return info
 
 
 def wait_log(tcloud, job: str, pattern: str, seconds: int) -> str:

@@ -24,7 +24,7 @@ import yaml
 from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.conftest import SLURM_LAB
-from tests.integration.lab_helpers import lab_cli, node_sh, site
+from tests.integration.lab_helpers import lab_cli, node_sh, site, status, submit, wait_state
 
 # The slurm lab is shared with test_frameworks.py (tests/integration/conftest.py).
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(SLURM_LAB)]
@@ -81,26 +81,6 @@ def task_dir(root: Path, name: str, run: list[str], nodes: int = 2, resources=No
     limits = {"nodes": nodes, "mem": "100M", "time": "5", **(resources or {})}
     (root / "tcloud.yaml").write_text(json.dumps({"name": name, "resources": limits, "run": run}))
     return root
-
-
-def submit(tcloud, project: Path) -> str:
-    proc = tcloud("submit", "--json", str(project))
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["job_id"]
-
-
-def status(tcloud, job: str) -> dict:
-    proc = tcloud("status", "--json", job)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int = 90) -> dict:
-    deadline = time.monotonic() + seconds
-    while (info := status(tcloud, job))["state"] not in states:
-        assert time.monotonic() < deadline, f"job {job} stuck in {info['state']}: {info}"
-        time.sleep(0.5)
-    return info
 
 
 def test_two_node_job_reports_rank_and_host_and_outputs_download(alice, tmp_path):
