@@ -93,7 +93,7 @@ molecule: venv
 	molecule test --all
 
 test: lint
-	pytest -q -n 2 --dist loadgroup --durations=25 tests
+	pytest -q -n 2 --dist loadfile --durations=25 tests
 	molecule test --all
 
 clean: lab-down

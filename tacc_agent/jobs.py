@@ -13,7 +13,7 @@ from pathlib import Path
 from tacc_agent import envcache, lost_nodes, records, slurm, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.instruction import FILE, code_digest, load
+from tacc_agent.instruction import FILE, code_digest
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
@@ -293,7 +293,9 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     records.add_event(job_dir, "HALTED", reason="halted by its owner")
     # Every step's processes; with mpirun also the batch step, where mpirun runs and
     # passes the signal on to its ranks.
-    full = ["--full"] if load(job_dir).runtime["launcher"] == "mpirun" else []
+    instruction = records.read_json(job_dir / FILE) or {}
+    launcher = instruction.get("task", {}).get("runtime", {}).get("launcher")
+    full = ["--full"] if launcher == "mpirun" else []
     slurm.slurm(["scancel", *full, "--signal=USR1", job_id], config.slurm_timeout_seconds)
     deadline = time.monotonic() + grace
     exited = False

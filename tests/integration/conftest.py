@@ -1,6 +1,6 @@
-"""The slurm lab, shared by the modules that need a provisioned Slurm cluster
-(test_slurm_cluster.py, test_frameworks.py): booted and converged once per session on
-the xdist worker that runs the `slurm` group (make test: --dist loadgroup)."""
+"""The slurm lab: booted and converged once for test_slurm_cluster.py and the cases it
+collects from frameworks_cases.py (one module: one xdist worker with --dist loadfile;
+pytest 9 and pytest-xdist 3.8 do not keep an xdist_group on one worker)."""
 
 from __future__ import annotations
 

@@ -24,8 +24,7 @@ from tests.integration.lab_helpers import (
     site_killed_at,
 )
 
-# One xdist group per lab: all of its tests on one worker (make test: --dist loadgroup).
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("hw")]
+pytestmark = pytest.mark.lab
 
 NAME = "hw"
 SUBNET = "10.77.11.0/24"

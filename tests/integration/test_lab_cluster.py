@@ -18,8 +18,7 @@ from tacc_lab.config import STATE_ROOT
 from tacc_lab.proxy import default_pip_index_hosts
 from tests.integration.lab_helpers import ansible, host_leftovers, lab_cli, lab_status, node_sh
 
-# One xdist group per lab: all of its tests on one worker (make test: --dist loadgroup).
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("itest")]
+pytestmark = pytest.mark.lab
 
 NAME = "itest"
 SUBNET = "10.77.9.0/24"

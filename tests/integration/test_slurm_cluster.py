@@ -24,10 +24,19 @@ import yaml
 from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.conftest import SLURM_LAB
+
+# Issue [9]'s cases (frameworks_cases.py) run on this module's lab, first: collected here.
+from tests.integration.frameworks_cases import (  # noqa: F401
+    ddp_job,
+    test_a_legacy_tuxiv_conf_job_runs_unchanged,
+    test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker,
+    test_mpi_allreduce_on_two_nodes_by_two_ranks,
+    test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes,
+    test_rerun_builds_the_same_locked_versions_from_the_same_files,
+)
 from tests.integration.lab_helpers import lab_cli, node_sh, site, status, submit, wait_state
 
-# The slurm lab is shared with test_frameworks.py (tests/integration/conftest.py).
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(SLURM_LAB)]
+pytestmark = pytest.mark.lab
 
 NAME = SLURM_LAB
 

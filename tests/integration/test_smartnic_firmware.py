@@ -15,8 +15,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 
-# One xdist group per lab: all of its tests on one worker (make test: --dist loadgroup).
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("fw")]
+pytestmark = pytest.mark.lab
 
 NAME = "fw"
 SUBNET = "10.77.12.0/24"

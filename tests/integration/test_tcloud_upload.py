@@ -26,8 +26,7 @@ from tcloud.ssh import run, session
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 
-# One xdist group per lab: all of its tests on one worker (make test: --dist loadgroup).
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("tc")]
+pytestmark = pytest.mark.lab
 
 NAME = "tc"
 SUBNET = "10.77.13.0/24"

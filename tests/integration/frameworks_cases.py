@@ -1,9 +1,13 @@
-"""Issue [9] on the slurm lab (shared with test_slurm_cluster.py): real frameworks through
+"""Issue [9] on the slurm lab: real frameworks through
 the four layers. PyTorch DDP through torchrun on 2 nodes x 2 processes (CPU, gloo) with
 an environment built by uv from the cluster's package cache and locked; halt writes a
 checkpoint and resume goes on from it; cancel leaves no torchrun or worker behind; rerun
 builds the same locked versions; MPI (mpi4py, OpenMPI) through mpirun and through srun
 with 2 ranks per node; a legacy tuxiv.conf runs unchanged.
+
+Collected as part of test_slurm_cluster.py (which imports these tests and fixtures), so
+they run on its lab, on the same xdist worker (--dist loadfile), before its tests that
+power nodes off or add one.
 """
 
 from __future__ import annotations
@@ -16,26 +20,12 @@ import time
 import pytest
 import yaml
 
-from tacc_lab.demo import researcher_env
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, status, submit, wait_state
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(SLURM_LAB)]
-
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 RANK_LABELS = ("[n2:0]", "[n2:1]", "[n3:2]", "[n3:3]")
-
-
-@pytest.fixture(scope="module")
-def alice(slurm_lab, tmp_path_factory):
-    env = researcher_env(SLURM_LAB, "alice")
-    cwd = tmp_path_factory.mktemp("alice-frameworks")
-
-    def tcloud(*argv: str):
-        return run_cli("tcloud", *argv, env=env, cwd=cwd, timeout=900)
-
-    return tcloud
 
 
 def wait_log(tcloud, job: str, pattern: str, seconds: int) -> str:
