@@ -313,7 +313,7 @@ def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
     return [
         "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
         f"--ntasks-per-node={per_node}", f"--cpus-per-task={task.resources['cpus']}",
-        "--export=ALL", *AGENT, "exec", str(job_dir),
+        f"--mpi={task.runtime['mpi']}", "--export=ALL", *AGENT, "exec", str(job_dir),
     ]  # fmt: skip
 
 

@@ -153,6 +153,10 @@ RUNTIME = {
     # legacy Go tcloud did (tuxiv.conf files), the uploaded code itself.
     "workdir": Field("str", default="job", check=one_of("job", "code")),
     "transport": Field("str", default="auto", check=one_of("auto", "rdma", "tcp")),
+    # Slurm's MPI plug-in for the job's srun steps (srun --mpi): `pmix` for MPI programs
+    # started by launcher srun; `none` by default, so steps of non-MPI programs never
+    # depend on PMIx.
+    "mpi": Field("str", default="none", check=one_of("none", "pmix", "pmi2")),
 }
 TASK = {
     "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),

@@ -131,8 +131,8 @@ def test_numpy_example_builds_its_environment_once_for_two_jobs(alice, tmp_path)
     built = [line for log in logs for line in log.splitlines() if ": built in " in line]
     reused = [line for log in logs for line in log.splitlines() if ": reused (built by" in line]
     assert len(built) == 1 and len(reused) == 1, logs
-    envs = json.loads(alice("env", "ls", "--json").stdout)
-    assert [e["requirements"] for e in envs] == ["numpy"]
+    envs = json.loads(alice("env", "ls", "--json").stdout)  # alice's torch one may be there
+    assert [e["requirements"] for e in envs].count("numpy") == 1, envs
     assert alice("download", first, str(tmp_path / "got")).returncode == 0
     model = json.loads((tmp_path / "got/outputs/model.json").read_text())
     assert model["world_size"] == 2

@@ -166,6 +166,7 @@ def test_none_is_one_process_and_mpirun_ranks_read_their_own_variables(tmp_path)
 def test_wrappers_get_the_tasks_cpus_and_slurms_node_rank(tmp_path, monkeypatch):
     task = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2, "cpus": 3}, "torchrun")
     assert "--cpus-per-task=3" in wrapper_argv(task, Path("/j"))
+    assert "--mpi=none" in wrapper_argv(task, Path("/j"))  # no PMIx unless runtime.mpi asks
     monkeypatch.setenv("SLURM_NODEID", "1")
     assert slurm_node_rank(["n2", "n3"], "n2.cluster.example") == 1  # not the host's name
     monkeypatch.delenv("SLURM_NODEID")

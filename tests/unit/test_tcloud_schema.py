@@ -31,7 +31,12 @@ def test_init_template_is_a_valid_task(tmp_path):
     task = load_task(write(tmp_path, render_template("demo")))
     assert task.name == "demo"
     assert task.resources["gpus_per_node"] == 1
-    assert task.runtime == {"launcher": "srun", "transport": "auto", "workdir": "job"}
+    assert task.runtime == {
+        "launcher": "srun",
+        "transport": "auto",
+        "mpi": "none",
+        "workdir": "job",
+    }
 
 
 def test_minimal_task_gets_defaults(tmp_path):
