@@ -72,10 +72,12 @@ def timed_build(tool: str, tag: str) -> float:
         # The lab's pip.conf names the egress proxy, which pip then uses even for n1
         # (pip reads no_proxy only without a configured proxy); the cache is plain HTTP.
         build = build.replace(" install -q ", " install -q --proxy= --trusted-host n1 ")
-    script = (f"rm -rf {base}; mkdir -p {base}; s=$(date +%s.%N); "
-              f"runuser -u alice -- sh -c {shlex.quote(build)} >&2 && "
+    # All as alice (the directory too, so the build can write it); a failed build fails
+    # the bench with its output (sh() exits on a non-zero status).
+    script = (f"rm -rf {base}; mkdir -p {base}; s=$(date +%s.%N); {build} >&2 || exit 1; "
               f"e=$(date +%s.%N); echo \"$s $e\"; rm -rf {base}")  # fmt: skip
-    started, ended = node_sh("n2", f"cd /tmp && {script}").split()[-2:]
+    command = f"cd /tmp && runuser -u alice -- sh -c {shlex.quote(script)}"
+    started, ended = node_sh("n2", command).split()[-2:]
     return float(ended) - float(started)
 
 
