@@ -494,12 +494,12 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         )
+        sink = rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write
         code = 0
         for line in task.run:
             if forwarder.terminated:
                 code = 128 + signal.SIGTERM
                 break
-            sink = rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write
             code = run_line(command(line), job_dir / "code", env, forwarder, sink)
             if code != 0 or forwarder.terminated:
                 break

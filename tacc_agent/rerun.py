@@ -42,9 +42,8 @@ def rerun(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         raise Rejected(f"job {job_id} is (part of) a sweep; submit the sweep again instead")
     document = rerun_document(job_id, job_dir)
     try:
-        names = {
-            path: f"{sha}-{mode:o}" for path, (sha, _size, mode) in document["manifest"].items()
-        }
+        entries = document["manifest"].items()
+        names = {path: store.blob_name(sha, mode) for path, (sha, _size, mode) in entries}
     except (AttributeError, TypeError, ValueError):
         raise Rejected(f"job {job_id}'s instruction has a malformed manifest") from None
     text = canonical(document).decode()

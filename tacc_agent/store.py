@@ -106,6 +106,24 @@ def place(building: Path, jobs: Path, digest: str) -> Path:
             number += 1
 
 
+def blob_name(sha256: str, mode: int) -> str:
+    """A file's name in the store: its content and its mode (0o644 or 0o755)."""
+    return f"{sha256}-{mode:o}"
+
+
+def commit_local(user_dir: Path, instruction) -> dict:
+    """Commit an instruction compiled on this host (tcloud.compiler.Instruction) without
+    an upload: its files are staged from where they are, as SFTP would leave them (tests,
+    tools/gpu_check.py)."""
+    names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
+    ensure_dirs(user_dir)
+    for path, entry in instruction.manifest.items():
+        if not (user_dir / "store" / names[path]).exists():
+            (user_dir / "store" / ".partial" / names[path]).write_bytes(entry.source.read_bytes())
+    files = {"instruction.json": json.dumps(instruction.document)}
+    return commit(user_dir, sorted(set(names.values())), names, instruction.digest, files)
+
+
 def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: str,
            files: dict[str, str]) -> dict:  # fmt: skip
     check_names(blobs + list(manifest.values()))

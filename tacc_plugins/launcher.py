@@ -25,7 +25,6 @@ from tcloud.schema import processes_per_node
 # lines reach the wrapper as "[tacc-rank 3] text"; the wrapper writes "text" to rank 3's log.
 TORCHRUN_RANK_PREFIX = "[tacc-rank ${rank}] "
 TORCHRUN_LINE = re.compile(rb"^\[tacc-rank (\d+)\] ?")
-MPIRUN_LAUNCHERS = ("mpirun",)
 FIRST_NODE_LAUNCHERS = ("none", "mpirun")
 
 

@@ -204,12 +204,14 @@ def unhashed(_path: Path, _stat: os.stat_result) -> str:
     return ""
 
 
-def check_locally(path: Path, task) -> None:
+def check_locally(path: Path, task) -> list[str]:
     """Everything submit refuses before connecting, for validate and submit alike: the
-    task's sbatch options as written and after the compile passes (exit 3)."""
+    task's sbatch options as written and after the compile passes (exit 3). Returns the
+    sbatch line as the cluster will read the task (after the compile passes, which do not
+    depend on the files' contents)."""
     local_sbatch(path, task)
     compiled = parse(json.dumps(compile_task(task, unhashed).document), "instruction")
-    local_sbatch(path, compiled)
+    return local_sbatch(path, compiled)
 
 
 def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
@@ -283,16 +285,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
     task = load_task(path)
     check_sweep_flag(path, task, args.sweep)
-    check_locally(path, task)
+    # As the cluster will read it (after the compile passes); the cluster's scheduling
+    # plug-ins (shards, node ranges, arrays, predicted limits) shape it further.
+    sbatch = check_locally(path, task)
     if not args.dry_run:
         with HashCache() as hasher:
             instruction = compile_task(task, hasher)
         return submit_to_cluster(args, task, instruction)
     instruction = compile_task(task)
-    # As the cluster will read it (after the compile passes); the cluster's scheduling
-    # plug-ins (shards, node ranges, arrays, predicted limits) shape it further.
-    compiled = parse(json.dumps(instruction.document), "instruction")
-    sbatch = local_sbatch(path, compiled)
     size = sum(entry.size for entry in instruction.manifest.values())
     if args.json:
         payload = {

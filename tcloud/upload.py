@@ -12,6 +12,7 @@ from pathlib import Path
 
 import paramiko
 
+from tacc_agent.store import blob_name
 from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
@@ -28,10 +29,6 @@ class UploadResult:
     bytes_sent: int
     seconds: float
     job: dict | None = None  # the agent's submit answer, with submit=True
-
-
-def blob_name(sha256: str, mode: int) -> str:
-    return f"{sha256}-{mode:o}"
 
 
 def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:

@@ -552,11 +552,6 @@ def fake_vs_real(smi: str, gpus: list[dict[str, str]], out_dir: Path) -> list[Li
 
 
 # ---------------------------------------------------------------- 4. torchrun + NCCL
-def blob_name(sha256: str, mode: int) -> str:
-    """tcloud.upload.blob_name: that module needs paramiko (SSH), which need not be here."""
-    return f"{sha256}-{mode:o}"
-
-
 def make_job(tmp: Path, gpus: int) -> Path:
     """A committed job directory for train.py, as tests/unit/agent_jobs.py builds one."""
     import yaml
@@ -578,18 +573,7 @@ def make_job(tmp: Path, gpus: int) -> Path:
     instruction = compile_task(load_task(project / "tcloud.yaml"))
     user_dir = tmp / "workspace" / "user"
     user_dir.mkdir(parents=True, mode=0o700)
-    names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
-    store.ensure_dirs(user_dir)
-    for path, entry in instruction.manifest.items():
-        (user_dir / "store" / ".partial" / names[path]).write_bytes(entry.source.read_bytes())
-    answer = store.commit(
-        user_dir,
-        sorted(set(names.values())),
-        names,
-        instruction.digest,
-        {"instruction.json": json.dumps(instruction.document)},
-    )
-    return Path(answer["workdir"])
+    return Path(store.commit_local(user_dir, instruction)["workdir"])
 
 
 def agent_env(tmp: Path) -> dict[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,6 @@ import yaml
 from tacc_agent import store
 from tcloud.compiler import compile_task
 from tcloud.schema import load_task
-from tcloud.upload import blob_name
 
 
 def make_job(tmp: Path, task: dict, files: dict[str, str] | None = None) -> tuple[Path, Path]:
@@ -26,19 +24,7 @@ def make_job(tmp: Path, task: dict, files: dict[str, str] | None = None) -> tupl
     instruction = compile_task(load_task(project / "tcloud.yaml"))
     user_dir = tmp / "workspace" / "user"
     user_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
-    store.ensure_dirs(user_dir)
-    for path, entry in instruction.manifest.items():
-        if not (user_dir / "store" / names[path]).exists():
-            (user_dir / "store" / ".partial" / names[path]).write_bytes(entry.source.read_bytes())
-    answer = store.commit(
-        user_dir,
-        sorted(set(names.values())),
-        names,
-        instruction.digest,
-        {"instruction.json": json.dumps(instruction.document)},
-    )
-    return user_dir, Path(answer["workdir"])
+    return user_dir, Path(store.commit_local(user_dir, instruction)["workdir"])
 
 
 def agent_env(tmp: Path, **settings) -> dict[str, str]:
