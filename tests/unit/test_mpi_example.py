@@ -178,6 +178,11 @@ MCA_PLAY = """
         src: "{root}/roles/mpi/templates/openmpi-mca-params.conf.j2"
         dest: "{out}/{{{{ inventory_hostname }}}}.conf"
         mode: "0644"
+    - name: Render Slurm's mpi.conf
+      ansible.builtin.template:
+        src: "{root}/roles/mpi/templates/mpi.conf.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}.mpi.conf"
+        mode: "0644"
 """
 
 
@@ -187,7 +192,9 @@ def test_mca_params_file(tmp_path):
         "debian": local,
         "lab": {**local, "mpi_tcp_networks": ["10.77.0.0/24"]},
         "ib": {**local, "mpi_tcp_networks": ["ib0", "eth1"],
-               "mpi_mca_extra_params": {"pml": "ucx", "osc": "ucx"}},
+               "mpi_mca_extra_params": {"pml": "ucx", "osc": "ucx"},
+               "mpi_pmix_env": {"PMIX_MCA_gds": "hash", "PMIX_DEBUG": 1}},
+        "plain": {**local, "mpi_pmix_env": {}},
     }  # fmt: skip
     # The role's defaults as group variables: host variables win over them, as over
     # role defaults.
@@ -220,3 +227,7 @@ def test_mca_params_file(tmp_path):
                              "oob_tcp_if_include = 10.77.0.0/24", *debian[3:]]  # fmt: skip
     assert params("ib") == [*debian[:2], "btl_tcp_if_include = ib0,eth1", "mtl = ^ofi",
                             "oob_tcp_if_include = ib0,eth1", "osc = ucx", "pml = ucx"]  # fmt: skip
+    # mpi.conf: the PMIx data store workaround by default, several variables joined by ';'.
+    assert params("debian.mpi") == ["PMIxEnv=PMIX_MCA_gds=hash"]
+    assert params("ib.mpi") == ["PMIxEnv=PMIX_DEBUG=1;PMIX_MCA_gds=hash"]
+    assert params("plain.mpi") == []
