@@ -14,16 +14,24 @@ def bridge_address(subnet: ipaddress.IPv4Network) -> ipaddress.IPv4Address:
     return subnet.network_address + 1
 
 
+# The separate login node (`tacc-lab up --login-node`, the default from two nodes on):
+# index 0, named like a production login node and addressed just below n1 (.10).
+LOGIN_INDEX = 0
+LOGIN_NAME = "login1"
+
+
 def node_name(index: int) -> str:
+    if index == LOGIN_INDEX:
+        return LOGIN_NAME
     if index < 1:
-        raise ValueError(f"node index starts at 1, got {index}")
+        raise ValueError(f"node index starts at 1 (0 is the login node), got {index}")
     return f"n{index}"
 
 
 def node_address(subnet: ipaddress.IPv4Network, index: int) -> ipaddress.IPv4Address:
-    """Address of node `index` (1-based): .11, .12, ... inside the subnet."""
-    if index < 1:
-        raise ValueError(f"node index starts at 1, got {index}")
+    """Address of node `index`: the login node (0) .10, n1 .11, n2 .12, ... in the subnet."""
+    if index < LOGIN_INDEX:
+        raise ValueError(f"node index starts at 0 (the login node), got {index}")
     offset = FIRST_NODE_OFFSET + index - 1
     if offset >= subnet.num_addresses - 1:
         raise LabError(

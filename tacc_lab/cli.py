@@ -9,11 +9,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from tacc_lab.addressing import node_name
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
-from tacc_lab.lab import down, find_node, resolve_config, status, up
+from tacc_lab.lab import down, find_login_node, find_node, resolve_config, status, up
 from tacc_lab.nodes import NodePaths, cut_power, ssh_base_args
 from tacc_lab.researchers import (
     check_researcher,
@@ -40,7 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="build the image if needed, boot nodes, write inventory")
-    p_up.add_argument("--nodes", type=int, default=3, help="total node count (default: 3)")
+    p_up.add_argument(
+        "--nodes", type=int, default=3, help="numbered nodes n1.. (default: 3): head + compute"
+    )
+    p_up.add_argument(
+        "--login-node",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a separate login node login1, as in production (default: from 2 nodes on, "
+        "or as the lab already is); --no-login-node makes n1 the login node too",
+    )
     p_up.add_argument(
         "--subnet",
         default=os.environ.get("TACC_LAB_SUBNET"),
@@ -103,7 +111,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         inventory = args.inventory or default_inventory(args.name)
         try:
-            result = up(cfg, args.nodes, inventory.resolve())
+            result = up(cfg, args.nodes, inventory.resolve(), login_node=args.login_node)
         except LabError as exc:
             hint = "(what started is left for inspection; `tacc-lab down` removes it)"
             raise LabError(f"{exc}\n{hint}") from exc
@@ -144,7 +152,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "user":
         check_researcher(args.researcher)
-        login = find_node(cfg, node_name(1))  # n1 is the login node (inventory.py)
+        login = find_login_node(cfg)
         config = write_user_config(cfg, args.researcher, login.address)
         print(f"export TCLOUD_CONFIG={shlex.quote(str(config))}")
         print(f"export TCLOUD_CACHE_DIR={shlex.quote(str(user_cache_dir(cfg, args.researcher)))}")

@@ -1,8 +1,10 @@
 """Render the Ansible inventory for a lab (pure, unit-tested).
 
-Groups match `inventory/example/hosts.yml`, so every playbook runs unchanged on the lab.
-Node 1 is the head node (controller, login, accounting, NFS server, package cache); every
-other node is a compute node. A one-node lab puts everything on n1.
+Groups match `inventory/example/hosts.yml`, so every playbook runs unchanged on the lab,
+in the production shape: n1 is the head node (controller, accounting, NFS server,
+package cache), `login1` the separate login node (an NFS client, not a Slurm node),
+every other node a compute node. A lab without a login node (`--no-login-node`) has n1
+as its login node too; a one-node lab puts everything on n1.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab.addressing import LOGIN_INDEX
 from tacc_lab.config import NODE_PACKAGE_CACHE
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
@@ -19,11 +22,13 @@ from tacc_lab.researchers import RESEARCHERS
 
 # Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
 # them to Access_Type/Squash).
-EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "no_root_squash")
+# root_squash like the role's default: root on a client is nobody on /shared.
+EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "root_squash")
 
 HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache")
+LOGIN_GROUPS = ("login", "nfs_clients")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
-ALL_GROUPS = HEAD_GROUPS + COMPUTE_GROUPS
+ALL_GROUPS = tuple(dict.fromkeys(HEAD_GROUPS + LOGIN_GROUPS + COMPUTE_GROUPS))
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,20 @@ class NodeHardware:
     memory_mb: int
 
 
-def groups_for(index: int, node_count: int) -> tuple[str, ...]:
+def groups_for(index: int, node_count: int, *, login_node: bool = False) -> tuple[str, ...]:
+    """Groups of node `index` in a lab of `node_count` numbered nodes (n1..), plus the
+    separate login node (index LOGIN_INDEX) when `login_node`."""
+    if index == LOGIN_INDEX:
+        return LOGIN_GROUPS
     if index == 1:
-        return HEAD_GROUPS + (COMPUTE_GROUPS if node_count == 1 else ())
+        head = tuple(g for g in HEAD_GROUPS if not (login_node and g == "login"))
+        return head + (COMPUTE_GROUPS if node_count == 1 else ())
     return COMPUTE_GROUPS
+
+
+def numbered_count(indexes: list[int]) -> int:
+    """How many of the lab's nodes are numbered (n1..): all but the login node."""
+    return sum(1 for index in indexes if index != LOGIN_INDEX)
 
 
 def cluster_users(researchers: dict[str, str]) -> list[dict]:
@@ -78,13 +93,15 @@ def render_inventory(
     with that key. `package_cache_wheels` (paths on this machine) are uploaded into the
     cluster package cache on the head node.
     """
-    count = len(nodes)
-    head = min(nodes, key=lambda n: n.index).name
+    indexes = [node.index for node in nodes]
+    count = numbered_count(indexes)
+    login_node = LOGIN_INDEX in indexes
+    head = min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index).name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
     hosts: dict[str, dict] = {}
     for node in sorted(nodes, key=lambda n: n.index):
         hosts[node.name] = {"ansible_host": node.address}
-        for group in groups_for(node.index, count):
+        for group in groups_for(node.index, count, login_node=login_node):
             groups[group]["hosts"][node.name] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "

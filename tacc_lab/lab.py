@@ -8,11 +8,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_lab.addressing import node_address, node_name
+from tacc_lab.addressing import LOGIN_INDEX, node_address, node_name
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.image import ensure_image
-from tacc_lab.inventory import InventoryNode, NodeHardware, groups_for, render_inventory
+from tacc_lab.inventory import (
+    InventoryNode,
+    NodeHardware,
+    groups_for,
+    numbered_count,
+    render_inventory,
+)
 from tacc_lab.network import bridge_exists, clear_stale_veth, ensure_bridge, remove_bridge
 from tacc_lab.nodes import (
     Boot,
@@ -58,22 +64,41 @@ def resolve_config(name: str, subnet: str | None, default_subnet: str) -> LabCon
     return LabConfig.create(name, state.subnet)
 
 
-def up(cfg: LabConfig, node_count: int, inventory_path: Path, log=print) -> UpResult:
+def up(
+    cfg: LabConfig,
+    node_count: int,
+    inventory_path: Path,
+    log=print,
+    *,
+    login_node: bool | None = None,
+) -> UpResult:
+    """Boot n1..n`node_count` (and the separate login node `login1` when `login_node`;
+    None: yes from two nodes on, or as the lab already is)."""
     if node_count < 1:
         raise LabError(f"--nodes must be at least 1, got {node_count}")
     check_prerequisites()
     start = time.monotonic()
     with locked(cfg.state_dir):
         state = load_state(cfg.state_file) or LabState(subnet=str(cfg.subnet))
-        if node_count < len(state.nodes):
+        have = numbered_count([node.index for node in state.nodes.values()])
+        if node_count < have:
             raise LabError(
-                f"lab {cfg.name!r} has {len(state.nodes)} nodes; `up` only adds nodes "
+                f"lab {cfg.name!r} has {have} nodes; `up` only adds nodes "
                 f"(asked for {node_count}). Run `tacc-lab down` first to start smaller."
             )
+        has_login = any(node.index == LOGIN_INDEX for node in state.nodes.values())
+        if login_node is False and has_login:
+            raise LabError(
+                f"lab {cfg.name!r} has a login node; `up` only adds nodes. "
+                "Run `tacc-lab down` first to start without one."
+            )
+        if login_node is None:
+            login_node = has_login or (not state.nodes and node_count >= 2)
+        first = LOGIN_INDEX if login_node else 1
         # Validate every new address before touching the host.
         wanted = [
             NodeRecord(name=node_name(i), index=i, address=str(node_address(cfg.subnet, i)))
-            for i in range(1, node_count + 1)
+            for i in range(first, node_count + 1)
         ]
         image, built = _image_for(cfg, state, log)
         ensure_ssh_key(cfg)
@@ -208,7 +233,9 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
     state = load_state(cfg.state_file)
     if state is None:
         return None, [], {}
-    count = len(state.nodes)
+    indexes = [node.index for node in state.nodes.values()]
+    count = numbered_count(indexes)
+    login_node = LOGIN_INDEX in indexes
     rows = []
     for node in state.sorted_nodes():
         running = node_alive(cfg, node) and is_mounted(NodePaths(cfg, node.name).rootfs)
@@ -217,7 +244,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
                 node.name,
                 node.address,
                 "running" if running else "stopped",
-                groups_for(node.index, count),
+                groups_for(node.index, count, login_node=login_node),
             )
         )
     proxy_state = "running" if proxy_alive(cfg, state.proxy_pid) else "stopped"
@@ -230,6 +257,13 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
         "inventory": state.inventory or "-",
     }
     return state, rows, extra
+
+
+def find_login_node(cfg: LabConfig) -> NodeRecord:
+    """The node researchers log in to: login1, or n1 in a lab without a login node."""
+    state = load_state(cfg.state_file)
+    has_login = state is not None and node_name(LOGIN_INDEX) in state.nodes
+    return find_node(cfg, node_name(LOGIN_INDEX if has_login else 1))
 
 
 def find_node(cfg: LabConfig, name: str) -> NodeRecord:

@@ -51,7 +51,8 @@ def runs(tmp_path_factory) -> dict:
         "smartnic_firmware_mlxconfig: {SRIOV_EN: 'True', NUM_OF_VFS: 8}\n"
     )
     lab_cli(NAME, "down")
-    proc = lab_cli(NAME, "up", "--nodes", "3", "--subnet", SUBNET, "--inventory", str(inventory))
+    proc = lab_cli(NAME, "up", "--nodes", "3", "--no-login-node", "--subnet", SUBNET,
+                   "--inventory", str(inventory))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     fake = lab_cli(NAME, "fake-hw", "n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1",
                    "--rdma", "1", "--link-layer", "Ethernet")  # fmt: skip

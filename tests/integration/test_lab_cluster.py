@@ -43,15 +43,18 @@ def _ping_hosts(inventory: Path) -> set[str]:
     return {line.split()[0] for line in proc.stdout.splitlines() if "SUCCESS" in line}
 
 
-def test_three_nodes_answer_ansible_ping(inventory):
-    assert _ping_hosts(inventory) == {"n1", "n2", "n3"}
+def test_three_nodes_and_the_login_node_answer_ansible_ping(inventory):
+    assert _ping_hosts(inventory) == {"login1", "n1", "n2", "n3"}
     groups = yaml.safe_load(inventory.read_text())["all"]["children"]
     assert list(groups["slurm_compute"]["hosts"]) == ["n2", "n3"]
+    assert list(groups["login"]["hosts"]) == ["login1"]  # the production shape
+    assert list(groups["nfs_server"]["hosts"]) == ["n1"]
 
 
 def test_status_reports_running_nodes(inventory):
     status = lab_status(NAME)
     assert [(n["name"], n["address"], n["state"]) for n in status["nodes"]] == [
+        ("login1", "10.77.9.10", "running"),
         ("n1", "10.77.9.11", "running"),
         ("n2", "10.77.9.12", "running"),
         ("n3", "10.77.9.13", "running"),
@@ -72,7 +75,7 @@ def test_up_again_is_a_noop(inventory):
 
 def test_each_node_has_its_own_verified_host_key(inventory):
     known = (STATE_DIR / "ssh/known_hosts").read_text().splitlines()
-    assert len(known) == 3
+    assert len(known) == 4
     assert len({line.split()[2] for line in known}) == 3  # no shared host key
     # With an empty known_hosts, strict checking refuses the node.
     empty = STATE_DIR / "ssh/empty_known_hosts"
@@ -154,10 +157,13 @@ def test_up_with_one_more_node_leaves_others_untouched(inventory):
     assert "started n4" in proc.stdout
     for node, boot_id in boot_ids.items():
         assert node_sh(NAME, node, "cat /proc/sys/kernel/random/boot_id").stdout == boot_id
-    assert _ping_hosts(inventory) == {"n1", "n2", "n3", "n4"}
+    assert _ping_hosts(inventory) == {"login1", "n1", "n2", "n3", "n4"}
     shrink = lab_cli(NAME, "up", "--nodes", "2", "--inventory", str(inventory))
     assert shrink.returncode == 1
     assert "only adds nodes" in shrink.stderr
+    no_login = lab_cli(NAME, "up", "--nodes", "4", "--no-login-node", "--inventory", str(inventory))
+    assert no_login.returncode == 1
+    assert "has a login node" in no_login.stderr
 
 
 def test_down_leaves_nothing_behind(inventory):

@@ -269,7 +269,7 @@ SANDBOXED = ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict"
 
 
 def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
-    for node in ("n1", "n2", "n3"):
+    for node in ("login1", "n1", "n2", "n3"):
         shown = node_sh(NAME, node, "systemctl show tacc-agent -p ActiveState -p ProtectSystem "
                         "-p NoNewPrivileges -p Restart").stdout  # fmt: skip
         assert sorted(shown.split()) == SANDBOXED, node
@@ -667,7 +667,7 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster):
     assert changed["n4"] > 0
     # Existing nodes change only what the new node list changes: /etc/hosts, slurm.conf
     # and the ordered daemon restart.
-    for host in ("n1", "n2", "n3"):
+    for host in ("login1", "n1", "n2", "n3"):
         assert changed[host] <= 3, run.stdout[-3000:]
     deadline = time.monotonic() + 60
     while "n4 idle" not in node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout:
@@ -680,4 +680,4 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster):
     # nothing. (Plain re-runs changing nothing: test_hardware_roles and molecule's
     # idempotence step; one check-mode run here instead of a second full run saves time.)
     _, changed = site(cluster, "--check", "--diff")
-    assert changed == {"n1": 0, "n2": 0, "n3": 0, "n4": 0}
+    assert changed == {"login1": 0, "n1": 0, "n2": 0, "n3": 0, "n4": 0}

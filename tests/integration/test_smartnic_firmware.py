@@ -47,7 +47,8 @@ def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fw")
     inventory = tmp / "hosts.yml"
     lab_cli(NAME, "down")
-    proc = lab_cli(NAME, "up", "--nodes", "3", "--subnet", SUBNET, "--inventory", str(inventory))
+    proc = lab_cli(NAME, "up", "--nodes", "3", "--no-login-node", "--subnet", SUBNET,
+                   "--inventory", str(inventory))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     for node in NODES:
         fake = lab_cli(NAME, "fake-hw", node, "--nics", "1", "--nic-fw", "22.36.1010")

@@ -36,9 +36,10 @@ def test_small_subnet_overflows_with_clear_error():
         node_address(small, 5)
 
 
-def test_index_zero_is_a_programming_error():
+def test_index_zero_is_the_login_node_just_below_n1():
+    assert (node_name(0), str(node_address(NET, 0))) == ("login1", "10.77.0.10")
     with pytest.raises(ValueError):
-        node_address(NET, 0)
+        node_address(NET, -1)
 
 
 def test_overlap_ignores_the_labs_own_bridge():

@@ -19,8 +19,12 @@ KEYS = {
 }
 
 
-def _render(count: int, researchers: dict[str, str] | None = None) -> dict:
+def _render(
+    count: int, researchers: dict[str, str] | None = None, *, login_node: bool = False
+) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
+    if login_node:
+        nodes.append(InventoryNode("login1", "10.77.0.10", 0))
     text = render_inventory(
         nodes,
         ssh_key=Path("/var/lib/tacc-lab/lab/ssh/id_ed25519"),
@@ -44,6 +48,19 @@ def test_head_node_and_compute_nodes_get_their_groups():
     assert list(children["login"]["hosts"]) == ["n1"]
     assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
     assert list(children["gpu_nodes"]["hosts"]) == ["n2", "n3"]
+
+
+def test_the_production_shape_has_a_separate_login_node_that_mounts_shared():
+    data = _render(3, login_node=True)["all"]
+    assert list(data["hosts"]) == ["login1", "n1", "n2", "n3"]
+    children = data["children"]
+    assert list(children["login"]["hosts"]) == ["login1"]
+    assert list(children["nfs_clients"]["hosts"]) == ["login1", "n2", "n3"]
+    assert list(children["slurm_controller"]["hosts"]) == ["n1"]
+    assert list(children["nfs_server"]["hosts"]) == ["n1"]
+    assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
+    assert "login1" not in children["slurm_compute"]["hosts"]
+    assert data["vars"]["nfs_client_mounts"][0]["src"] == "n1:/shared"
 
 
 def test_single_node_lab_is_head_and_compute():
