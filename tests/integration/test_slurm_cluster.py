@@ -34,6 +34,12 @@ from tests.integration.frameworks_cases import (  # noqa: F401
     test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes,
     test_rerun_builds_the_same_locked_versions_from_the_same_files,
 )
+from tests.integration.isolation_cases import (  # noqa: F401
+    test_p1_root_on_an_nfs_client_is_nobody_on_shared,
+    test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there,
+    test_p2_a_researcher_does_not_see_another_researchers_jobs,
+    test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs,
+)
 from tests.integration.lab_helpers import lab_cli, node_sh, site, status, submit, wait_state
 
 pytestmark = pytest.mark.lab

@@ -1,0 +1,117 @@
+"""Issue [10] on the slurm lab, in the production shape (n1 head, login1, n2/n3 compute):
+researchers reach the separate login node, whose /shared is the NFS server's; a compute
+node admits a researcher's SSH only while they have a job there (pam_slurm_adopt), root
+always; one researcher does not see another's jobs (PrivateData); root on an NFS client
+is nobody on /shared (root_squash, checked with a real NFS client, libnfs).
+
+Collected as part of test_slurm_cluster.py (which imports these tests), on its lab.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tacc_lab.config import STATE_ROOT
+from tacc_lab.demo import researcher_env
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import lab_status, node_sh, submit, wait_state
+
+LAB_DIR = STATE_ROOT / SLURM_LAB
+
+
+def address(node: str) -> str:
+    return next(n["address"] for n in lab_status(SLURM_LAB)["nodes"] if n["name"] == node)
+
+
+def ssh_as(user: str, node: str, command: str) -> subprocess.CompletedProcess:
+    """`ssh USER@NODE COMMAND` from this machine with the lab researcher's own key."""
+    key = LAB_DIR / "users" / user / "id_ed25519"
+    argv = ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={LAB_DIR / 'ssh/known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+            f"{user}@{address(node)}", command]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def sleeper(root: Path, node_count: int = 2) -> Path:
+    root.mkdir()
+    task = {"name": "sleeper", "resources": {"nodes": node_count, "mem": "50M", "time": "5"},
+            "run": ["sleep 300"]}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs(alice):
+    """The lab has the production shape, and the login node mounts /shared (it is in
+    nfs_clients, with nosuid,nodev): a workspace never lives on the login node's disk."""
+    groups = {n["name"]: n["groups"] for n in lab_status(SLURM_LAB)["nodes"]}
+    assert "login" in groups["login1"] and "slurm_compute" not in groups["login1"]
+    assert "login" not in groups["n1"]
+    assert "nfs_clients" in groups["login1"]
+    config = Path(researcher_env(SLURM_LAB, "alice")["TCLOUD_CONFIG"]).read_text()
+    assert address("login1") in config
+    unit = node_sh(SLURM_LAB, "login1", "systemctl cat shared.mount").stdout
+    assert "What=n1:/shared" in unit, unit
+    options = next(line for line in unit.splitlines() if line.startswith("Options="))
+    assert {"nosuid", "nodev"} <= set(options.removeprefix("Options=").split(",")), options
+    # What tcloud wrote through login1 is on the server's /shared.
+    assert node_sh(SLURM_LAB, "n1", "test -d /shared/tcloud/alice").returncode == 0
+
+
+@pytest.mark.security
+def test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there(alice, tmp_path):
+    refused = ssh_as("alice", "n2", "hostname")
+    assert refused.returncode != 0, refused.stdout
+    assert ssh_as("alice", "login1", "hostname").stdout.strip() == "login1"
+    assert node_sh(SLURM_LAB, "n2", "hostname").stdout.strip() == "n2"  # root: always
+    job = submit(alice, sleeper(tmp_path / "sleeper"))
+    try:
+        wait_state(alice, job, ("RUNNING",), 120)
+        admitted = ssh_as("alice", "n2", "hostname")
+        assert admitted.returncode == 0, admitted.stderr
+        assert admitted.stdout.strip() == "n2"
+        assert ssh_as("bob", "n2", "hostname").returncode != 0  # alice's job, not bob's
+    finally:
+        alice("cancel", job)
+    deadline = time.monotonic() + 60
+    while ssh_as("alice", "n2", "true").returncode == 0:
+        assert time.monotonic() < deadline, "still admitted after the job ended"
+        time.sleep(2)
+
+
+@pytest.mark.security
+def test_p2_a_researcher_does_not_see_another_researchers_jobs(alice, tmp_path):
+    job = submit(alice, sleeper(tmp_path / "sleeper", node_count=1))
+    try:
+        info = wait_state(alice, job, ("RUNNING",), 120)
+        slurm_id = info["job_id"]
+        mine = ssh_as("alice", "login1", "squeue -h -o %i")
+        assert slurm_id in mine.stdout.split(), mine
+        theirs = ssh_as("bob", "login1", "squeue -h -a -o %i")
+        assert theirs.returncode == 0, theirs.stderr
+        assert slurm_id not in theirs.stdout.split(), theirs.stdout
+        shown = ssh_as("bob", "login1", f"scontrol show job {slurm_id}")
+        assert "UserId=alice" not in shown.stdout, shown.stdout
+    finally:
+        alice("cancel", job)
+
+
+@pytest.mark.security
+def test_p1_root_on_an_nfs_client_is_nobody_on_shared():
+    """A real NFS client (libnfs's nfs-cp, as root, AUTH_SYS uid 0) on a compute node
+    writes into a world-writable directory of the export: the server stores the file as
+    nobody, not root, so no setuid-root file can be planted in /shared."""
+    node_sh(SLURM_LAB, "n1", "install -d -m 1777 /shared/squash-probe")
+    get_client = "apt-get install -y -q libnfs-utils >/dev/null 2>&1; command -v nfs-cp"
+    install = node_sh(SLURM_LAB, "n2", f"command -v nfs-cp || ({get_client})")
+    assert install.returncode == 0, install.stdout + install.stderr
+    url = "nfs://n1/shared/squash-probe/probe?uid=0&gid=0"
+    copy = node_sh(SLURM_LAB, "n2", f"echo x > /root/probe && nfs-cp /root/probe '{url}'")
+    assert copy.returncode == 0, copy.stdout + copy.stderr
+    owner = node_sh(SLURM_LAB, "n1", "stat -c '%u %a' /shared/squash-probe/probe").stdout.split()
+    node_sh(SLURM_LAB, "n1", "rm -rf /shared/squash-probe")
+    assert owner[0] != "0", owner
