@@ -47,10 +47,13 @@ class AgentConfig:
     # las plug-in (off unless `plugins` names it; runs in the daemon where
     # queue_tick_seconds > 0, i.e. the controller): a user's attained GPU-seconds (node-
     # seconds for jobs without GPUs) pick their queue by these thresholds; each queue
-    # below the most attained one gives their pending jobs las_nice_step more priority.
+    # below the most attained one gives their pending jobs las_nice_step more priority, on
+    # top of the job's own nice. Attained service halves every las_half_life_seconds
+    # (0: it never decays).
     queue_tick_seconds: float = 0.0
     las_thresholds: tuple = (3600.0, 36000.0)
     las_nice_step: int = 10000
+    las_half_life_seconds: float = 86400.0
     # SIGUSR1 this many seconds before the time limit (sbatch --signal).
     checkpoint_signal_seconds: int = 60
     # `halt`: how long the program gets to checkpoint before the job is requeued on hold.
@@ -68,15 +71,21 @@ class AgentConfig:
     state_dir: str = "/var/lib/tacc-agent"
     nvidia_smi: str = "nvidia-smi"
     expected_gpus: int = 0  # 0: GPUs are optional (absent is fine)
-    # Where Xid lines are read: the kernel ring buffer, or a log file such as kern.log.
+    # Where Xid lines are read: the kernel ring buffer, or "journal" (journalctl -k, the
+    # kernel transport). A syslog file such as kern.log is not trusted (any account can
+    # write kern-facility lines into it) and is no longer read.
     kernel_log: str = "/dev/kmsg"
     expected_rdma_ports: int = 0
     min_rdma_rate_gbps: float = 0.0
     # [{path, fstype, options: [..]}]: must be mounted like this and answer statfs.
     mounts: tuple = ()
     services: tuple = ("munge", "slurmd")
-    # local path -> minimum free percent
+    # local path -> minimum free percent; "/" and every job_tmp_dirs entry are watched at
+    # 5% unless named here.
     disk_min_free_percent: dict | None = None
+    # Where jobs write scratch files (add Slurm's TmpFS if it is elsewhere): watched by the
+    # disk check, which removes what departed users left there when space runs low.
+    job_tmp_dirs: tuple = ("/tmp", "/var/tmp")  # noqa: S108 (watched, never written)
     real_memory_mb: int = 0  # the node's RealMemory in slurm.conf; 0: do not compare
     # Drain the node in Slurm when a check fails (reason "tacc: <check>: <detail>").
     drain: bool = True
@@ -102,7 +111,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
-    for key in ("mounts", "services", "plugins", "las_thresholds"):
+    for key in ("mounts", "services", "plugins", "las_thresholds", "job_tmp_dirs"):
         if key in data:
             data[key] = tuple(data[key] or ())
     return AgentConfig(**data)

@@ -15,7 +15,7 @@ from tacc_agent.checks.base import Result, read_state, timed, write_state
 from tacc_agent.checks.gpu import check_gpus
 from tacc_agent.checks.mounts import check_mounts
 from tacc_agent.checks.rdma import check_rdma
-from tacc_agent.checks.system import check_disk, check_memory, check_services
+from tacc_agent.checks.system import check_disk, check_memory, check_services, disk_limits
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 
@@ -44,7 +44,9 @@ def run_checks(config: AgentConfig) -> list[Result]:
         timed("mounts", lambda: check_mounts([dict(m) for m in config.mounts],
                                              config.proc_root, config.state_dir, timeout)),
         timed("services", lambda: check_services(list(config.services), timeout)),
-        timed("disk", lambda: check_disk(config.disk_min_free_percent or {"/": 5.0})),
+        timed("disk", lambda: check_disk(disk_limits(config.disk_min_free_percent,
+                                                     config.job_tmp_dirs),
+                                         config.job_tmp_dirs, config.proc_root, timeout)),
         timed("memory", lambda: check_memory(config.proc_root, config.real_memory_mb)),
     ]  # fmt: skip
     write_state(xid_file, xid_state)

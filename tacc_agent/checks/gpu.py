@@ -1,12 +1,20 @@
 """GPUs through nvidia-smi (count against the expected number, its documented exit
-codes), critical Xid events in the kernel log (/dev/kmsg or a log file), and ECC /
-row-remap health with per-GPU figures when the GPUs report them."""
+codes), critical Xid events in the kernel's own messages (/dev/kmsg or the journal's
+kernel transport), and ECC / row-remap health with per-GPU figures when the GPUs report
+them.
+
+An Xid drains the node until it reboots, so only the kernel can raise one (issue [10],
+point 16): a record counts when the kernel wrote it (facility 0 in /dev/kmsg, which
+userspace cannot write with; `_TRANSPORT=kernel` in the journal, which journald sets
+itself), its message starts with the driver's `NVRM: Xid (PCI:<bus>): <code>, ` and the
+bus is a GPU nvidia-smi reported since boot. A syslog file such as kern.log is not read:
+`logger -p kern.err -t kernel` writes the same line into it from any account."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from pathlib import Path
 
 from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 
@@ -21,7 +29,13 @@ EXIT_CODES = {
 # Xids that mean the GPU needs attention (NVIDIA's Xid catalogue): double-bit ECC,
 # row remapping failures, NVLink errors, fallen off the bus, contained/uncontained ECC.
 CRITICAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+# The driver's line, from the start of the kernel's message: bus as the kernel prints it
+# (domain:bus:device, sometimes with .function), the Xid code, then its details.
+XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+                 r"(?:\.[0-7])?)\): (?P<code>\d+), ")  # fmt: skip
+PCI_ADDRESS = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?")
+KERNEL_FACILITY = 0  # syslog facility "kern": /dev/kmsg gives userspace writers LOG_USER
+JOURNAL = "journal"  # kernel_log value: the journal's kernel transport (journalctl -k)
 # One optional query for figures and health; a driver that lacks a field rejects the whole
 # query (exit 2), which then only costs the figures, never the check.
 FIGURE_FIELDS = ("index,temperature.gpu,utilization.gpu,memory.used,memory.total,power.draw,"
@@ -33,22 +47,12 @@ FIGURES = (  # field position -> metric name, scale to base units
 )  # fmt: skip
 
 
-def log_file_lines(kernel_log: str, xid_state: dict) -> list[str]:
-    """Lines a kernel log file (kern.log) gained since the last run."""
-    try:
-        lines = Path(kernel_log).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    since = xid_state.get("line", 0)
-    start = since if since <= len(lines) else 0  # the log was rotated
-    xid_state["line"] = len(lines)
-    return lines[start:]
-
-
 def kmsg_lines(device: str, xid_state: dict) -> list[str]:
-    """Messages the kernel ring buffer (/dev/kmsg, one "prio,seq,usec,flags;text" record
-    per read) gained since the last run, by sequence number. Non-blocking: it stops at
-    the end of the buffer. Needs no syslog daemon (Debian 12 logs to the journal only)."""
+    """Messages the kernel itself wrote to its ring buffer (/dev/kmsg, one
+    "prio,seq,usec,flags;text" record per read) since the last run, by sequence number.
+    Records of another facility came from userspace (root writing to /dev/kmsg) and are
+    skipped. Non-blocking: it stops at the end of the buffer. Needs no syslog daemon
+    (Debian 12 logs to the journal only)."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -67,20 +71,64 @@ def kmsg_lines(device: str, xid_state: dict) -> list[str]:
             for record in chunk.decode(errors="replace").split("\n"):
                 head, sep, text = record.partition(";")
                 fields = head.split(",")
-                if not sep or len(fields) < 3 or not fields[1].isdigit():
+                if not sep or len(fields) < 3 or not all(f.isdigit() for f in fields[:2]):
                     continue  # a continuation line (" KEY=value") or a partial record
                 if int(fields[1]) > last:
-                    found.append(text)
                     xid_state["kmsg_seq"] = int(fields[1])
+                    if int(fields[0]) >> 3 == KERNEL_FACILITY:
+                        found.append(text)
     finally:
         os.close(fd)
     return found
 
 
-def xids(lines: list[str]) -> list[tuple[str, int]]:
-    """Critical Xid events (PCI address, code) in these kernel messages."""
-    found = [(m.group(1), int(m.group(2))) for line in lines if (m := XID.search(line))]
-    return [x for x in found if x[1] in CRITICAL_XIDS]
+def journal_lines(xid_state: dict, timeout: float) -> list[str]:
+    """Kernel messages of this boot the journal gained since the last run (its cursor):
+    `journalctl -k` matches _TRANSPORT=kernel, a field journald sets itself, and each
+    entry is checked for it again. Persistent, so nothing scrolls out between two runs."""
+    argv = ["journalctl", "--dmesg", "--output=json", "--no-pager", "--quiet"]
+    if xid_state.get("journal_cursor"):
+        argv.append(f"--after-cursor={xid_state['journal_cursor']}")
+    out = command(argv, timeout)
+    if out.code != 0:
+        return []
+    found = []
+    for line in out.stdout.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("__CURSOR"), str):
+            xid_state["journal_cursor"] = entry["__CURSOR"]
+        message = entry.get("MESSAGE")
+        if entry.get("_TRANSPORT") == "kernel" and isinstance(message, str):
+            found.append(message)
+    return found
+
+
+def pci_address(text: str) -> str | None:
+    """A PCI address in one spelling for nvidia-smi's "00000000:3B:00.0" and the kernel's
+    "0000:3b:00": domain:bus:device in lower case, without the function."""
+    match = PCI_ADDRESS.fullmatch(text.strip())
+    if not match:
+        return None
+    domain, bus, device = (int(part, 16) for part in match.groups())
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+def smi_buses(stdout: str) -> set[str]:
+    """The GPUs' PCI addresses in `--query-gpu=index,pci.bus_id` output."""
+    found = (pci_address(line.partition(",")[2]) for line in stdout.splitlines())
+    return {bus for bus in found if bus}
+
+
+def xids(lines: list[str], buses: set[str]) -> list[tuple[str, int]]:
+    """Critical Xid events (PCI address as printed, code) in these kernel messages: the
+    driver's line from the start of a message, on one of these GPUs."""
+    found = [(m["bus"], int(m["code"])) for line in lines if (m := XID.match(line))]
+    return [x for x in found if x[1] in CRITICAL_XIDS and pci_address(x[0]) in buses]
 
 
 def number(text: str) -> float | None:
@@ -115,14 +163,23 @@ def figures(nvidia_smi: str, timeout: float) -> tuple[list[str], list[Sample]]:
     return problems, samples
 
 
-def critical_xids(kernel_log: str, xid_state: dict, boot_id: str) -> list[str]:
+def critical_xids(kernel_log: str, xid_state: dict, boot_id: str, buses: set[str],
+                  timeout: float = 5.0) -> list[str]:  # fmt: skip
     """Critical Xids since the last run, plus the ones already seen since boot: they hold
-    until the node reboots (a GPU reset), so the next run cannot resume the node."""
+    until the node reboots (a GPU reset), so the next run cannot resume the node. `buses`:
+    the GPUs nvidia-smi reports now; one it reported earlier in this boot still counts (a
+    GPU that fell off the bus leaves its listing)."""
     if xid_state.get("boot_id") != boot_id:
-        xid_state.update(boot_id=boot_id, events=[])
+        xid_state.update(boot_id=boot_id, events=[], gpu_buses=[])
         xid_state.pop("kmsg_seq", None)  # sequence numbers restart with the kernel
-    reader = kmsg_lines if kernel_log.startswith("/dev/") else log_file_lines
-    events = xids(reader(kernel_log, xid_state))
+        xid_state.pop("journal_cursor", None)
+    known = sorted(set(xid_state.get("gpu_buses", [])) | buses)
+    xid_state["gpu_buses"] = known
+    if kernel_log == JOURNAL:
+        lines = journal_lines(xid_state, timeout)
+    else:
+        lines = kmsg_lines(kernel_log, xid_state)
+    events = xids(lines, set(known))
     seen = xid_state.setdefault("events", [])
     seen += [f"Xid {code} on {bus}" for bus, code in events if f"Xid {code} on {bus}" not in seen]
     return list(seen)
@@ -146,7 +203,7 @@ def check_gpus(nvidia_smi: str, expected: int, kernel_log: str, xid_state: dict,
     problems = []
     if expected and count != expected:
         problems.append(f"{count} GPU(s), expected {expected}")
-    seen = critical_xids(kernel_log, xid_state, boot_id)
+    seen = critical_xids(kernel_log, xid_state, boot_id, smi_buses(out.stdout), timeout)
     problems += seen
     trouble, samples = figures(nvidia_smi, timeout)
     problems += trouble

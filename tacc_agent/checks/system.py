@@ -3,10 +3,15 @@ RealMemory."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 from tacc_agent.checks.base import ABSENT, FAIL, OK, Result, Sample, command
+from tacc_agent.checks.tmpfiles import clean_departed
+
+DEFAULT_MIN_FREE_PERCENT = 5.0
 
 # A restart (a configuration roll-out) passes through "activating" for a moment: that is no
 # reason to drain a node. "failed", "inactive" and a stuck "deactivating" are.
@@ -46,18 +51,47 @@ def check_services(names: list[str], timeout: float) -> Result:
     return Result("services", OK, ", ".join(names) + " active")
 
 
-def check_disk(paths: dict[str, float]) -> Result:
-    """paths: local path -> minimum free percent."""
-    problems, samples = [], []
+def disk_limits(configured: dict | None, tmp_dirs: Collection[str]) -> dict[str, float]:
+    """Watched path -> minimum free percent: "/" and the job tmp dirs at 5%, each unless
+    ops name it (disk_min_free_percent), and every path ops name."""
+    limits = dict.fromkeys(["/", *tmp_dirs], DEFAULT_MIN_FREE_PERCENT)
+    return limits | {str(path): float(minimum) for path, minimum in (configured or {}).items()}
+
+
+def free_percent(path: str) -> float:
+    usage = shutil.disk_usage(path)
+    return 100.0 * usage.free / usage.total if usage.total else 0.0
+
+
+def same_filesystem(device: int, tmp_dirs: Collection[str]) -> list[str]:
+    """The tmp dirs on this filesystem (st_dev)."""
+    return [path for path in tmp_dirs if os.path.isdir(path) and os.stat(path).st_dev == device]
+
+
+def check_disk(paths: dict[str, float], tmp_dirs: Collection[str] = (), proc_root: str = "/proc",
+               timeout: float = 5.0) -> Result:  # fmt: skip
+    """paths: local path -> minimum free percent. A job tmp dir that does not exist is
+    skipped; any other missing path fails. A filesystem below its minimum that holds job
+    tmp dirs first loses what departed users left in them (checks.tmpfiles)."""
+    problems, samples, notes, swept = [], [], [], set()
     for path, minimum in paths.items():
-        usage = shutil.disk_usage(path)
-        free = 100.0 * usage.free / usage.total if usage.total else 0.0
+        if not os.path.exists(path):
+            if path not in tmp_dirs:
+                problems.append(f"{path} does not exist")
+            continue
+        free, device = free_percent(path), os.stat(path).st_dev
+        scratch = same_filesystem(device, tmp_dirs) if free < minimum else []
+        if scratch and device not in swept:
+            swept.add(device)
+            notes.append(clean_departed(scratch, proc_root, timeout))
+            free = free_percent(path)
         samples.append(Sample("disk_free_ratio", {"path": path}, round(free / 100, 4)))
         if free < minimum:
             problems.append(f"{path} {free:.1f}% free < {minimum:g}%")
     if problems:
-        return Result("disk", FAIL, "; ".join(problems), samples=samples)
-    return Result("disk", OK, f"{len(paths)} path(s) above their minimum", samples=samples)
+        return Result("disk", FAIL, "; ".join(problems + notes), samples=samples)
+    detail = f"{len(samples)} path(s) above their minimum"
+    return Result("disk", OK, "; ".join([detail, *notes]), samples=samples)
 
 
 def check_memory(proc_root: str, real_memory_mb: int) -> Result:

@@ -64,8 +64,8 @@ def test_rdma_healthy_degraded_counters_and_absent(tmp_path):
 
 
 def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
-    log = tmp_path / "kern.log"
-    log.write_text("boot\n")
+    log = tmp_path / "kmsg"  # /dev/kmsg's record format (prio,seq,usec,flags;text)
+    log.write_text("6,1,0,-;boot\n")
     two = tool(
         tmp_path / "smi2",
         'case "$1" in --query-gpu=index,pci.bus_id) '
@@ -75,12 +75,14 @@ def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
     assert check_gpus(two, 2, str(log), state, 5).status == OK
     missing = check_gpus(two, 4, str(log), state, 5)
     assert missing.status == FAIL and missing.detail == "2 GPU(s), expected 4"
-    log.write_text("boot\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
+    xid_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+    log.write_text(f"6,1,0,-;boot\n4,2,9,-;{xid_79}\n")
     xid = check_gpus(two, 2, str(log), state, 5, "boot-1")
     assert xid.status == FAIL and xid.detail == "Xid 79 on 0000:3b:00"
     again = check_gpus(two, 2, str(log), state, 5, "boot-1")  # it holds until a reboot
     assert again.status == FAIL and again.detail == "Xid 79 on 0000:3b:00"
-    assert check_gpus(two, 2, str(log), state, 5, "boot-2").status == OK  # old lines not reread
+    log.write_text("6,1,0,-;boot\n")  # a reboot: a new ring buffer
+    assert check_gpus(two, 2, str(log), state, 5, "boot-2").status == OK  # the Xid is gone
     fallen = tool(tmp_path / "smi15", "exit 15\n")
     assert check_gpus(fallen, 2, str(log), state, 5).detail == (
         "nvidia-smi exited 15 (GPU has fallen off the bus)")  # fmt: skip

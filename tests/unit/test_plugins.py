@@ -416,7 +416,8 @@ def test_the_job_log_gets_prediction_versus_actual(tmp_path):
 def test_squeue_lines_become_queued_jobs():
     from tacc_agent.queue_ticks import parse_queue
 
-    jobs = parse_queue("12|alice|RUNNING|0|2|gres/gpu:4|1:02:03\n13_1|bob|PENDING|0|1|N/A|0:00\n")
+    jobs = parse_queue("12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
+                       "13_1|bob|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n")  # fmt: skip
     assert (jobs[0].gpus, jobs[0].elapsed_seconds, jobs[0].nodes) == (8, 3723, 2)
     assert (jobs[1].job_id, jobs[1].gpus, jobs[1].state) == ("13_1", 0, "PENDING")
 
@@ -491,7 +492,8 @@ def test_quota_counts_the_callers_queue(monkeypatch):
 
     def squeue(argv, timeout):
         seen.append(argv)
-        return "7|alice|RUNNING|0|2|gres/gpu:4|1:00\n8|alice|PENDING|0|1|N/A|0:00\n"
+        return ("7|alice|RUNNING|0|2|2|cpu=2,node=2,gres/gpu=8|N/A|gres/gpu:4|N/A|1:00|\n"
+                "8|alice|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n")  # fmt: skip
 
     monkeypatch.setattr(slurm, "slurm", squeue)
     counts = quota.in_queue("alice", AgentConfig())
