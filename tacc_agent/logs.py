@@ -1,41 +1,94 @@
 """`tacc-agent job logs`: every node's lines, each prefixed `[host:rank]` (the batch
 step's own lines `[job]`), interleaved as they arrive; with follow, until the job ends.
-Files on shared storage are polled every 0.1 s, so a printed line shows within ~0.2 s."""
+Files on shared storage are polled every 0.1 s, so a printed line shows within ~0.2 s.
+
+Memory stays the same whatever a log's size: files are read READ_CHUNK_BYTES at a time
+and each line printed as soon as it is complete; a line longer than LONGEST_LINE_BYTES (a
+progress bar redrawn with \r for hours) is printed in pieces of that size, each with the
+prefix."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tacc_agent import records, sweeps
 
 POLL_SECONDS = 0.1
 STATE_CHECK_SECONDS = 1.0
+READ_CHUNK_BYTES = 1 << 20
+LONGEST_LINE_BYTES = 1 << 20
+TAIL_WINDOW_BYTES = 64 * 1024  # --tail N looks this far back for the last N lines
+
+
+def tail_offset(path: Path, count: int) -> int:
+    """Where the last `count` lines of `path` start (within its last TAIL_WINDOW_BYTES);
+    0 for a file that is not there (yet)."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            start = handle.seek(max(0, size - TAIL_WINDOW_BYTES))
+            data = handle.read(size - start)
+    except OSError:
+        return 0
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)  # the last line's own end
+    for _ in range(count):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return start
+    return start + cut + 1 if count else start + len(data)
+
+
+def utf8_start(data: bytes, at: int) -> int:
+    """`at`, moved back (at most 3 bytes) to the first byte of a UTF-8 character, so that
+    a line cut there decodes as it would whole."""
+    for back in range(4):
+        if at - back > 0 and data[at - back] & 0xC0 != 0x80:
+            return at - back
+    return at
 
 
 class Source:
     def __init__(self, path: Path, prefix: str, tail: int | None) -> None:
         self.path, self.prefix, self.offset, self.pending = path, prefix, 0, b""
         if tail is not None:
-            size = path.stat().st_size if path.exists() else 0
-            lines = records.tail_lines(path, tail) if tail else []
-            self.offset = size - len("\n".join(lines).encode()) - (1 if lines else 0)
-            self.offset = max(self.offset, 0)
+            self.offset = tail_offset(path, tail)
 
-    def read(self, final: bool) -> list[str]:
+    def line(self, raw: bytes) -> str:
+        return f"{self.prefix} {raw.decode(errors='replace')}"
+
+    def read(self, final: bool) -> Iterator[str]:
+        """Every line completed since the last read, up to the file's size now (a log
+        that keeps growing waits for the next round, so other files get their turn);
+        with final, the unfinished last line too."""
         try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
+            handle = self.path.open("rb")
         except OSError:
-            return []
-        self.offset += len(data)
-        *complete, self.pending = (self.pending + data).split(b"\n")
+            return
+        with handle:
+            end = os.fstat(handle.fileno()).st_size
+            handle.seek(self.offset)
+            while self.offset < end:
+                data = handle.read(min(READ_CHUNK_BYTES, end - self.offset))
+                if not data:  # truncated meanwhile
+                    break
+                self.offset += len(data)
+                yield from self.complete_lines(data)
         if final and self.pending:
-            complete, self.pending = [*complete, self.pending], b""
-        return [f"{self.prefix} {raw.decode(errors='replace')}" for raw in complete]
+            yield self.line(self.pending)
+            self.pending = b""
+
+    def complete_lines(self, data: bytes) -> Iterator[str]:
+        *complete, self.pending = (self.pending + data).split(b"\n")
+        for raw in complete:
+            yield self.line(raw)
+        while len(self.pending) > LONGEST_LINE_BYTES:
+            cut = utf8_start(self.pending, LONGEST_LINE_BYTES)
+            piece, self.pending = self.pending[:cut], self.pending[cut:]
+            yield self.line(piece)
 
 
 def job_files(job_dir: Path, rank: int | None, label: str = "") -> list[tuple[Path, str]]:

@@ -1,17 +1,20 @@
-"""The Prometheus text exposition (format 0.0.4) of the agent's last check run.
+"""The Prometheus exposition of the agent's last check run, through prometheus_client: a
+collector turns the last run's samples into metric families, and the library's
+ProcessCollector adds the standard process_ figures.
 
 Names follow Prometheus' conventions (base units, `_total` for counters, `_ratio` for
-0..1) and node_exporter's where they overlap; every family has HELP and TYPE. No client
-library: the whole format is a few lines, and the daemon stays small.
+0..1) and node_exporter's where they overlap; every family has HELP and TYPE.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from tacc_agent.checks.base import STATUSES, Result, Sample
 
@@ -42,12 +45,7 @@ FAMILIES = {
     "memory_configured_bytes": ("gauge", "The node's RealMemory in slurm.conf"),
     "children_cpu_seconds_total": ("counter", "CPU time of the probes the agent ran"),
 }
-PROCESS = {
-    "process_resident_memory_bytes": ("gauge", "Resident memory size in bytes"),
-    "process_cpu_seconds_total": ("counter", "User and system CPU time spent in seconds"),
-    "process_start_time_seconds": ("gauge", "Start time of the process since unix epoch"),
-}
-STARTED = time.time()
+FAMILY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
 @dataclass
@@ -61,29 +59,11 @@ class Snapshot:
     drained_by_agent: bool = False
 
 
-def escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def sample_line(name: str, labels: dict[str, str], value: float) -> str:
-    text = ",".join(f'{key}="{escape(str(val))}"' for key, val in labels.items())
-    number = repr(float(value)) if value != int(value) else str(int(value))
-    return f"{name}{{{text}}} {number}" if text else f"{name} {number}"
-
-
-def process_samples() -> list[Sample]:
+def children_samples() -> list[Sample]:
+    """CPU time of the probes the agent ran (ProcessCollector counts the agent's own)."""
     times = os.times()
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        pages = 0
-    return [
-        Sample("process_resident_memory_bytes", {}, pages * os.sysconf("SC_PAGE_SIZE")),
-        Sample("process_cpu_seconds_total", {}, round(times.user + times.system, 3)),
-        Sample("process_start_time_seconds", {}, round(STARTED, 3)),
-        Sample("children_cpu_seconds_total", {},
-               round(times.children_user + times.children_system, 3)),
-    ]  # fmt: skip
+    return [Sample("children_cpu_seconds_total", {},
+                   round(times.children_user + times.children_system, 3))]  # fmt: skip
 
 
 def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
@@ -103,19 +83,41 @@ def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
     return samples
 
 
-def render(samples: Iterable[Sample]) -> str:
-    """Group by family (HELP and TYPE once, before its samples) in a stable order."""
-    families: dict[str, list[Sample]] = {}
+def families(samples: Iterable[Sample]) -> list[Metric]:
+    """Group by family (first appearance order), typed and documented from FAMILIES."""
+    grouped: dict[str, list[Sample]] = {}
     for sample in samples:
-        families.setdefault(sample.name, []).append(sample)
-    lines = []
-    for name, group in families.items():
-        kind, text = PROCESS.get(name) or FAMILIES.get(name) or ("untyped", name)
-        full = name if name in PROCESS else PREFIX + name
-        lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}"]
-        lines += [sample_line(full, s.labels, s.value) for s in group]
-    return "\n".join(lines) + "\n"
+        grouped.setdefault(sample.name, []).append(sample)
+    found = []
+    for name, group in grouped.items():
+        kind, text = FAMILIES.get(name, ("untyped", name))
+        labels = list(group[0].labels)
+        family = FAMILY_TYPES.get(kind, UnknownMetricFamily)(PREFIX + name, text, labels=labels)
+        for sample in group:
+            family.add_metric([str(sample.labels.get(key, "")) for key in labels], sample.value)
+        found.append(family)
+    return found
 
 
-def exposition(snapshot: Snapshot) -> str:
-    return render([*snapshot_samples(snapshot), *process_samples()])
+class SnapshotCollector:
+    """A prometheus_client collector of the last check run, read at each scrape."""
+
+    def __init__(self, last_run: Callable[[], Snapshot]) -> None:
+        self.last_run = last_run
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families([*snapshot_samples(self.last_run()), *children_samples()])
+
+
+def registry(last_run: Callable[[], Snapshot]) -> CollectorRegistry:
+    """The daemon's own registry (not the library's global one): the last run, then the
+    standard process_ figures (resident memory, CPU seconds, start time, open fds)."""
+    found = CollectorRegistry(auto_describe=False)
+    found.register(SnapshotCollector(last_run))
+    ProcessCollector(registry=found)
+    return found
+
+
+def exposition(source: CollectorRegistry) -> bytes:
+    """The text format 0.0.4, as Prometheus scrapes it."""
+    return generate_latest(source)

@@ -1,7 +1,11 @@
 """The job record in the job directory, readable by tcloud through `tacc-agent job`:
 
-status/events/<ns>-<STATE>.json   one file per state change (create-only, so writers
-                                  on different nodes never clobber each other on NFS)
+status/events/<n>.json            one file per state change, numbered in the order they
+                                  were written: a per-job sequence (add_event), so a
+                                  node whose clock is off cannot reorder them; each
+                                  event's `time` is for display only
+status/events/<ns>-<STATE>.json   the same, written before the sequence: read in time
+                                  order, before every numbered event
 status/rank-<r>.json              each rank's host, state, exit code, signal
 status/submit.json                the sbatch argv and the Slurm job id
 logs/job.log                      the batch step's own lines (environment, setup)
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -37,19 +42,46 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def event_order(name: str) -> tuple[int, int, str]:
+    """Sort key of an event file: the ones from before the sequence (<ns>-<STATE>.json)
+    by their time, then the numbered ones by number."""
+    stem = name.removesuffix(".json")
+    return (1, int(stem), "") if stem.isdigit() else (0, 0, name)
+
+
+def next_sequence(events: Path) -> int:
+    return max((int(p.stem) for p in events.glob("*.json") if p.stem.isdigit()), default=0) + 1
+
+
 def add_event(job_dir: Path, state: str, **detail: object) -> None:
+    """Record a state change as the job's next event. The writer links its finished draft
+    to the next free number (a link fails if the name exists, on NFS too): two writers
+    never take one number, and a number taken after another event exists is above it,
+    whatever either node's clock says. A stale directory listing only costs retries."""
     if state not in STATES:
         raise ValueError(f"unknown job state {state!r}")
     events = job_dir / "status" / "events"
     events.mkdir(mode=0o700, parents=True, exist_ok=True)
-    now = time.time_ns()
-    record = {"state": state, "time": now / 1e9, "host": socket.gethostname(), **detail}
-    write_json(events / f"{now:020d}-{state}.json", record)
+    record = {"state": state, "time": time.time(), "host": socket.gethostname(), **detail}
+    draft = events / f".draft.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}"
+    sequence = next_sequence(events)
+    try:
+        while True:
+            draft.write_text(json.dumps(record | {"sequence": sequence}, sort_keys=True))
+            try:
+                os.link(draft, events / f"{sequence:08d}.json")
+                return
+            except FileExistsError:  # another writer took this number: the next one
+                sequence += 1
+    finally:
+        draft.unlink(missing_ok=True)
 
 
 def history(job_dir: Path) -> list[dict]:
+    """The job's events in the order they were written."""
     events = job_dir / "status" / "events"
-    names = sorted(p.name for p in events.glob("*.json")) if events.is_dir() else []
+    names = sorted((p.name for p in events.glob("*.json")), key=event_order) if (
+        events.is_dir()) else []  # fmt: skip
     return [e for e in (read_json(events / n) for n in names) if e]
 
 

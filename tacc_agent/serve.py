@@ -3,8 +3,12 @@ and resuming the node like `tacc-agent check`), writes the node facts file, and 
 the last run's figures at http://<node>:<port>/metrics for Prometheus.
 
 The checks run in the main thread and each is bounded in time; the HTTP server answers
-from the last finished run in its own thread, so a scrape never waits for a check and a
-stuck mount never stops the metrics. SIGTERM / SIGINT end it cleanly.
+from the last finished run, so a scrape never waits for a check and a stuck mount never
+stops the metrics. It is prometheus_client's WSGI app on its threading WSGI server, one
+thread per connection, with limits the library lacks: every request has a deadline after
+which its connection is cut (a client sending a byte every few seconds holds nothing), and
+connections are capped per client address and in all, so a slow or silent client never
+delays another scrape. SIGTERM / SIGINT end it cleanly.
 """
 
 from __future__ import annotations
@@ -12,17 +16,28 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import socketserver
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from tacc_agent import health, metrics, node_facts
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# A request (connect, headers, answer) gets this long; then its connection is cut.
+REQUEST_DEADLINE_SECONDS = 5.0
+# Connections served at once from one client address, and in all; more are closed at once.
+CONNECTIONS_PER_CLIENT = 4
+CONNECTIONS = 32
+REAP_EVERY_SECONDS = 0.2
+
+WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 
 
 def log(message: str) -> None:
@@ -34,6 +49,7 @@ class Daemon:
         self.config = config
         self.node = socket.gethostname()
         self.snapshot = metrics.Snapshot()
+        self.registry = metrics.registry(lambda: self.snapshot)
         self.last_said: tuple[str, str] = ("", "")
 
     def cycle(self) -> None:
@@ -61,61 +77,99 @@ class Daemon:
             self.last_said = said
 
     def exposition(self) -> bytes:
-        return metrics.exposition(self.snapshot).encode()
+        return metrics.exposition(self.registry)
 
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+def plain(start_response: Callable, status: str, text: bytes) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+    return [text]
 
 
-class MetricsServer(socketserver.TCPServer):
-    """HTTP/1.0, GET /metrics only: a few lines of socketserver instead of http.server,
-    whose imports (email, http.client, ssl) would double the daemon's memory."""
+def routes(metrics_app: WsgiApp) -> WsgiApp:
+    """/metrics (GET or HEAD) is the library's app; / says where to look; the rest 404."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if method not in ("GET", "HEAD"):
+            return plain(start_response, "405 Method Not Allowed", b"only GET\n")
+        if path == "/metrics":
+            body = metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            return [] if method == "HEAD" else body
+        if path == "/":
+            return plain(start_response, "200 OK", b"tacc-agent: see /metrics\n")
+        return plain(start_response, "404 Not Found", b"not found: try /metrics\n")
+
+    return app
+
+
+class QuietHandler(WSGIRequestHandler):
+    """One request per connection, no access log (the journal gets state changes only)."""
+
+    def setup(self) -> None:
+        self.timeout = REQUEST_DEADLINE_SECONDS  # each read; the server cuts the whole
+        super().setup()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's thread-per-connection WSGI server with a deadline per request
+    and caps on connections: a reaper thread cuts (shutdown) every connection older than
+    REQUEST_DEADLINE_SECONDS, which ends its handler's blocked read or write."""
 
     allow_reuse_address = True
+    request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], daemon: Daemon) -> None:
-        self.daemon = daemon
-        super().__init__(address, MetricsHandler)
+    def __init__(self, address: tuple[str, int], app: WsgiApp) -> None:
+        super().__init__(address, QuietHandler)
+        self.set_app(app)
+        self.lock = threading.Lock()
+        self.deadlines: dict[socket.socket, tuple[str, float]] = {}
+        self.stopped = threading.Event()
 
+    def verify_request(self, request, client_address) -> bool:
+        """Admit a connection within the caps and start its clock; socketserver closes
+        the others at once."""
+        peer = client_address[0]
+        with self.lock:
+            open_from_peer = sum(1 for p, _ in self.deadlines.values() if p == peer)
+            if len(self.deadlines) >= CONNECTIONS or open_from_peer >= CONNECTIONS_PER_CLIENT:
+                return False
+            self.deadlines[request] = (peer, time.monotonic() + REQUEST_DEADLINE_SECONDS)
+        return True
 
-class MetricsHandler(socketserver.StreamRequestHandler):
-    timeout = 10  # a client that stalls cannot hold the server longer than this
-    server: MetricsServer
+    def shutdown_request(self, request) -> None:
+        with self.lock:
+            self.deadlines.pop(request, None)
+        super().shutdown_request(request)
 
-    def handle(self) -> None:
-        try:
-            request = self.rfile.readline(8192).decode("latin-1").split()
-            for _ in range(100):  # the headers, up to the blank line; none is needed
-                if self.rfile.readline(8192) in (b"\r\n", b"\n", b""):
-                    break
-        except (OSError, UnicodeError):
-            return
-        code, body, kind = self.route(request)
-        head = (f"HTTP/1.0 {code} {REASONS[code]}\r\nServer: tacc-agent\r\n"
-                f"Content-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n").encode()  # fmt: skip
-        with contextlib.suppress(OSError):  # the scraper went away
-            self.wfile.write(head if request[:1] == ["HEAD"] else head + body)
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away or was cut: nothing to report, and no traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            log(f"metrics request from {client_address[0]} failed: {sys.exc_info()[1]!r}")
 
-    def route(self, request: list[str]) -> tuple[int, bytes, str]:
-        if len(request) < 2:
-            return 400, b"bad request\n", "text/plain"
-        if request[0] not in ("GET", "HEAD"):
-            return 405, b"only GET\n", "text/plain"
-        path = request[1].split("?")[0]
-        if path == "/metrics":
-            return 200, self.server.daemon.exposition(), CONTENT_TYPE
-        if path == "/":
-            return 200, b"tacc-agent: see /metrics\n", "text/plain"
-        return 404, b"not found: try /metrics\n", "text/plain"
+    def reap_forever(self) -> None:
+        while not self.stopped.wait(REAP_EVERY_SECONDS):
+            now = time.monotonic()
+            with self.lock:
+                late = [conn for conn, (_, due) in self.deadlines.items() if due <= now]
+            for conn in late:
+                with contextlib.suppress(OSError):  # already closed by its handler
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self.stopped.set()
+        super().server_close()
 
 
 def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
     try:
-        server = MetricsServer((address, port), daemon)
+        server = MetricsServer((address, port), routes(make_wsgi_app(daemon.registry)))
     except OSError as exc:
         raise AgentError(f"cannot serve metrics on {address}:{port}: {exc}", EXIT_CLUSTER) from None
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    threading.Thread(target=server.reap_forever, name="metrics-deadlines", daemon=True).start()
     return server
 
 
@@ -150,6 +204,7 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
         daemon.cycle()
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
     server.shutdown()
+    server.server_close()
     log("stopped")
     sys.stdout.flush()
     return 0

@@ -279,7 +279,7 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
     assert facts["gpu"] == {"count": 4} and facts["rdma"] == {"active_ports": 1}
     metrics = sh("n2", SCRAPE).splitlines()
     assert len([m for m in metrics if m.startswith("tacc_agent_gpu_power_watts{")]) == 4
-    assert "tacc_agent_healthy 1" in metrics and "tacc_agent_rdma_ports_active 1" in metrics
+    assert "tacc_agent_healthy 1.0" in metrics and "tacc_agent_rdma_ports_active 1.0" in metrics
     bare = {c["check"]: c["status"] for c in json.loads(sh("n3", "tacc-agent check --json "
                                                              "--no-slurm"))["checks"]}  # fmt: skip
     assert bare["gpu"] == "absent" and bare["rdma"] == "absent"

@@ -289,7 +289,7 @@ def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
     url = f"http://{node_address(cluster, 'n3')}:9770/metrics"
     with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()
-    assert "tacc_agent_healthy 1" in text.splitlines()
+    assert "tacc_agent_healthy 1.0" in text.splitlines()  # prometheus_client's format
     assert 'tacc_agent_check_status{check="services",status="ok"} 1' in text
     assert 'tacc_agent_check_status{check="gpu",status="absent"} 1' in text
     # one-shot, as HealthCheckProgram or ops would run it: healthy, nothing to do

@@ -88,24 +88,27 @@ def test_one_run_writes_the_facts_file_and_a_valid_exposition(tmp_path):
     # the execution layer's fail-safe switching reads these facts
     assert transport.local_rdma(config) == {"active_ports": 2, "source": "agent facts"}
     families = parse_exposition(daemon.exposition().decode())
-    assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 1"]
-    assert 'tacc_agent_check_status{check="rdma",status="ok"} 1' in families[
+    assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 1.0"]
+    assert 'tacc_agent_check_status{check="rdma",status="ok"} 1.0' in families[
         "tacc_agent_check_status"]  # fmt: skip
-    assert ('tacc_agent_rdma_port_errors_total{device="mlx5_0",port="1",counter="symbol_error"} 3'
+    # prometheus_client's format: labels sorted, values as floats (2.5e+10 or, in the
+    # 0.16 that Debian 12 ships, 2.5e+010)
+    assert ('tacc_agent_rdma_port_errors_total{counter="symbol_error",device="mlx5_0",port="1"} 3.0'
             in families["tacc_agent_rdma_port_errors_total"])  # fmt: skip
-    assert ('tacc_agent_rdma_port_rate_bytes_per_second{device="mlx5_1",port="1"} 25000000000'
-            in families["tacc_agent_rdma_port_rate_bytes_per_second"])  # fmt: skip
-    assert families["tacc_agent_gpus"] == ["tacc_agent_gpus 2"]
-    assert families["tacc_agent_running_tasks"] == ["tacc_agent_running_tasks 1"]
-    assert families["tacc_agent_check_runs_total"] == ["tacc_agent_check_runs_total 1"]
+    rate = 'tacc_agent_rdma_port_rate_bytes_per_second{device="mlx5_1",port="1"} '
+    rates = families["tacc_agent_rdma_port_rate_bytes_per_second"]
+    assert [float(line.removeprefix(rate)) for line in rates if line.startswith(rate)] == [25e9]
+    assert families["tacc_agent_gpus"] == ["tacc_agent_gpus 2.0"]
+    assert families["tacc_agent_running_tasks"] == ["tacc_agent_running_tasks 1.0"]
+    assert families["tacc_agent_check_runs_total"] == ["tacc_agent_check_runs_total 1.0"]
     assert "process_resident_memory_bytes" in families
     # a GPU goes missing: the next run says so, and stale facts are not trusted
     degraded = replace(config, expected_gpus=4)
     daemon.config = degraded
     daemon.cycle()
     families = parse_exposition(daemon.exposition().decode())
-    assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 0"]
-    assert 'tacc_agent_check_status{check="gpu",status="fail"} 1' in families[
+    assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 0.0"]
+    assert 'tacc_agent_check_status{check="gpu",status="fail"} 1.0' in families[
         "tacc_agent_check_status"]  # fmt: skip
     facts = json.loads(Path(config.facts_file).read_text())
     assert facts["checks"]["gpu"] == {"status": "fail", "detail": "2 GPU(s), expected 4"}
@@ -150,7 +153,7 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
                 runs = int(re.search(r"check_runs_total (\d+)", text).group(1))
                 time.sleep(0.2)
             assert runs >= 3  # the daemon keeps running checks, one stuck probe or not
-            assert 'check_status{check="mounts",status="stuck"} 1' in text
+            assert 'check_status{check="mounts",status="stuck"} 1.0' in text
             assert scrape(port, "/nope")[0] == 404
         finally:
             daemon.send_signal(signal.SIGTERM)
