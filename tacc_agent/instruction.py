@@ -1,6 +1,9 @@
 """The compiled task instruction as the cluster receives it (instruction.json in the
-job directory), re-validated here with the same field tables tcloud uses (JSON is
-YAML, so every problem still names its line and field): never trust the laptop."""
+job directory), re-validated here with the same field tables and the same plug-in
+checks tcloud uses (JSON is YAML, so every problem still names its line and field):
+never trust the laptop. `parse` runs on every instruction the agent receives (the
+check, the commit that builds a job directory, the submit, each rank's start), before
+anything is made from it."""
 
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from tacc_agent.errors import Rejected
-from tacc_plugins.registry import available, from_env, is_module
+from tacc_plugins.registry import PluginError, available, from_env, in_layer, is_module, select
 from tcloud.fields import Field, Validator, one_of, pattern
-from tcloud.schema import TaskSpec, spec_from, task_fields
+from tcloud.schema import TaskSpec, child, fill_defaults, node_at, spec_from, task_fields
 
 FORMAT = "tacc-instruction/1"
 FILE = "instruction.json"
@@ -65,8 +68,33 @@ def code_digest(document: dict) -> str:
     return digest_of({"manifest": document.get("manifest", {})})
 
 
+def refused(validator: Validator) -> InvalidInstruction:
+    problems = sorted(validator.problems, key=lambda p: (p.line, p.column))
+    return InvalidInstruction("\n".join(str(p) for p in problems))
+
+
+def check_with_plugins(validator: Validator, task_node: yaml.Node, task: dict) -> None:
+    """The schema checks of the plug-ins on for this task here (ops' words, then the
+    task's own), as tcloud ran them: sweep sizes, GPU shares, node ranges, ..."""
+    try:
+        plugins = select(CONFIGURED, task=task["plugins"] or [], policy_from=CONFIGURED)
+    except PluginError as exc:
+        validator.problem(node_at(task_node, "plugins"), "task.plugins", str(exc))
+        return
+    for plugin in in_layer(plugins, "schema"):
+        plugin.check(task, lambda name, message: validator.problem(
+            node_at(task_node, name), f"task.{name}", message))  # fmt: skip
+
+
 def parse(text: str, source: str) -> TaskSpec:
     """A TaskSpec from instruction text; InvalidInstruction lists every problem."""
+    try:
+        return _parse(text, source)
+    except RecursionError:
+        raise InvalidInstruction(f"{source}: nested too deeply to be an instruction") from None
+
+
+def _parse(text: str, source: str) -> TaskSpec:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -77,12 +105,18 @@ def parse(text: str, source: str) -> TaskSpec:
     if root is None:
         raise InvalidInstruction(f"{source}: empty instruction")
     if validator.problems:
-        problems = sorted(validator.problems, key=lambda p: (p.line, p.column))
-        raise InvalidInstruction("\n".join(str(p) for p in problems))
+        raise refused(validator)
+    table = fields["task"].children
     task = dict(data["task"])
+    # Plug-ins see every section with its defaults filled in, as in tcloud.schema.
+    for section in ("resources", "environment", "runtime"):
+        task[section] = fill_defaults(task[section], table[section].children)
+    check_with_plugins(validator, child(root, "task") or root, task)
+    if validator.problems:
+        raise refused(validator)
     task["code"] = {}
     task["datasets"] = [d for d in task["datasets"] or [] if d.get("cluster")]
-    return spec_from(task, Path("."), {"code": Field("mapping"), **fields["task"].children})
+    return spec_from(task, Path("."), {"code": Field("mapping"), **table})
 
 
 def load(job_dir: Path) -> TaskSpec:

@@ -246,7 +246,7 @@ def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
     """The plug-ins on for this job: the defaults, then ops' selection (agent config
     `plugins`), then the task's own words (which cannot turn off cluster policy)."""
     try:
-        return select(config.plugins, task.plugins, policy_from=config.plugins)
+        return select(config.plugins, task=task.plugins, policy_from=config.plugins)
     except PluginError as exc:
         raise Rejected(str(exc), "plugins") from None
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
-from tacc_agent.instruction import digest_of
+from tacc_agent.instruction import digest_of, parse
 
 BLOB = re.compile(r"[0-9a-f]{64}-[0-7]{3}")
 
@@ -135,6 +135,8 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
         raise Rejected("commit needs instruction.json, as JSON") from None
     if digest_of(document) != digest:
         raise Rejected("instruction.json does not match the instruction digest")
+    # Refused here, before a blob is moved or a directory made: the client is not trusted.
+    parse(files["instruction.json"], "instruction.json")
     store, partial, jobs = store_dirs(user_dir)
     ensure_dirs(user_dir)
     bad = []

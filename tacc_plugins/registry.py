@@ -8,6 +8,11 @@ agent's `plugins:` setting). A module contributes every `Plugin` subclass it def
 A selection is a list of words: `name` or `+name` turns a plug-in on, `-name` off, and a
 dotted module path loads that module and turns its plug-ins on. Anything else is a
 PluginError that names the word and what exists.
+
+Only the operator's words (the agent's `plugins:` setting) and the researcher's own
+environment ($TACC_PLUGINS) may name modules. A task's words (`task=`) come from a file
+anyone may have written, so they name registered plug-ins only: a module path there is
+an unknown plug-in, and nothing is imported for it.
 """
 
 from __future__ import annotations
@@ -91,13 +96,32 @@ def check_words(words: Iterable[str]) -> str | None:
     return None
 
 
-def select(*selections: Iterable[str], policy_from: Iterable[str] = ()) -> list[Plugin]:
+def unknown(word: str, known: dict[str, type[Plugin]]) -> PluginError:
+    return PluginError(
+        f"unknown plug-in {word.lstrip('+-')!r}; available: {', '.join(sorted(known))}", word
+    )
+
+
+def select(
+    *selections: Iterable[str], task: Iterable[str] = (), policy_from: Iterable[str] = ()
+) -> list[Plugin]:
     """The plug-ins that are on, in registry order, after applying each selection in
-    turn to the defaults. Words in `policy_from` may also turn off policy plug-ins
-    (ops' configuration); other selections (a task's own) may not."""
-    words = [w for selection in selections for w in selection]
-    modules = [w.lstrip("+") for w in words if is_module(w) and not w.startswith("-")]
+    turn to the defaults, then the task's own words. Words in `policy_from` may also
+    turn off policy plug-ins (ops' configuration); other selections (a task's own) may
+    not. Only `selections` may name modules; a module path among `task` is refused
+    before anything is imported."""
+    trusted = [w for selection in selections for w in selection]
+    modules = [w.lstrip("+") for w in trusted if is_module(w) and not w.startswith("-")]
     known = available(modules)
+    task_words = list(task)
+    for word in task_words:
+        if is_module(word):
+            raise PluginError(
+                f"{unknown(word, known)}; a task names registered plug-ins only (a module "
+                f"path belongs in ${ENV} or the agent's plugins setting)",
+                word,
+            )
+    words = [*trusted, *task_words]
     on = {name for name, cls in known.items() if cls.default_on}
     ops_words = set(policy_from)
     for word in words:
@@ -107,8 +131,7 @@ def select(*selections: Iterable[str], policy_from: Iterable[str] = ()) -> list[
             continue
         name = word.lstrip("+-")
         if name not in known:
-            known_names = ", ".join(sorted(known))
-            raise PluginError(f"unknown plug-in {name!r}; available: {known_names}", word)
+            raise unknown(word, known)
         if word.startswith("-"):
             if known[name].policy and word not in ops_words:
                 raise PluginError(

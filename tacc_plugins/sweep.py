@@ -55,6 +55,16 @@ def trials_problem(value: object) -> str | None:
     return "the list of trials the compiler wrote"
 
 
+def trials_fit(trials: list[dict], parameters: dict[str, list]) -> bool:
+    """Whether `trials` has the shape of the grid's: one trial per combination, each
+    giving every parameter, and nothing else, a text value."""
+    names = set(parameters)
+    return len(trials) == trial_count(parameters) and all(
+        set(trial) == names and all(isinstance(value, str) for value in trial.values())
+        for trial in trials
+    )
+
+
 def expand(parameters: dict[str, list]) -> list[dict[str, str]]:
     """Every combination, the first parameter varying slowest."""
     names = list(parameters)
@@ -98,6 +108,11 @@ class Sweep(Plugin):
         count = trial_count(sweep["parameters"])
         if count > MAX_TRIALS:
             problem("sweep.parameters", f"{count} trials; at most {MAX_TRIALS} in one sweep")
+        # The compiler writes the trials; the cluster re-checks them, as it trusts no client.
+        trials = sweep.get("trials")
+        if trials is not None and not trials_fit(trials, sweep["parameters"]):
+            problem("sweep.trials", f"the {count} trial(s) of sweep.parameters, as tcloud "
+                    "writes them: each names every parameter once, with a text value")  # fmt: skip
         clash = sorted(set(sweep["parameters"]) & set(task["environment"]["env"]))
         if clash:
             problem("sweep.parameters", f"{', '.join(clash)} also set in environment.env")

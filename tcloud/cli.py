@@ -23,7 +23,7 @@ from tacc_agent.schedule import sbatch_argv
 from tacc_plugins.registry import PluginError, available, from_env, select
 from tacc_plugins.registry import describe as describe_plugins
 from tacc_plugins.sweep import trials_of
-from tcloud import config, files, jobs
+from tcloud import config, files, jobs, local_paths
 from tcloud.agent import call
 from tcloud.compiler import compile_task
 from tcloud.errors import (
@@ -35,7 +35,7 @@ from tcloud.errors import (
     UsageError,
 )
 from tcloud.hashcache import HashCache
-from tcloud.schema import NAME, TASK_FILE, find_task_file, load_task
+from tcloud.schema import NAME, TASK_FILE, find_task_file, load_task, local_path_fields
 from tcloud.ssh import session
 from tcloud.template import render_template
 from tcloud.upload import upload
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_validate = sub.add_parser("validate", help="check a task file")
     p_validate.add_argument("path", nargs="?", type=Path)
     p_validate.add_argument("--json", action="store_true", help="machine-readable output")
+    add_outside_flag(p_validate)
     p_submit = sub.add_parser("submit", help="compile a task and submit it")
     p_submit.add_argument("path", nargs="?", type=Path)
     p_submit.add_argument(
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_submit.add_argument(
         "--sweep", action="store_true", help="run the task file's sweep: one trial per combination"
     )
+    add_outside_flag(p_submit)
     p_plugins = sub.add_parser("plugins", help="the plug-ins and which are on")
     p_plugins.add_argument("path", nargs="?", type=Path, help="for this task file's selection")
     p_plugins.add_argument("--json", action="store_true", help="machine-readable output")
@@ -100,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true", help="machine-readable output")
     add_cluster_commands(sub)
     return parser
+
+
+def add_outside_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        local_paths.ALLOW_FLAG, dest="allow_outside", action="store_true",
+        help="let code.workdir and datasets[].local name paths outside the task's directory "
+        "(places of secrets such as ~/.ssh are refused still)",
+    )  # fmt: skip
 
 
 def add_cluster_commands(sub) -> None:
@@ -160,7 +170,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
-    task = load_task(path)
+    task = load_task(path, allow_outside=args.allow_outside)
     check_locally(path, task)
     if args.json:
         print(json.dumps({"file": str(path), "valid": True, "name": task.name}))
@@ -233,6 +243,7 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
         "bytes_sent": result.bytes_sent,
         "upload_seconds": round(result.seconds, 3),
         "plugins": {**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
+        "outside_paths": outside_paths(task),
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -244,6 +255,7 @@ def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
         )
         for name, what in sorted(summary["plugins"].items()):
             print(f"  plug-in {name}: {what}")
+        print_outside(task)
     return EXIT_OK
 
 
@@ -264,11 +276,9 @@ def check_sweep_flag(path: Path, task, sweep: bool) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    words = from_env()
-    if args.path:
-        words = [*words, *load_task(find_task_file(args.path)).plugins]
+    task_words = load_task(find_task_file(args.path)).plugins if args.path else []
     try:
-        rows = describe_plugins(available(), select(words))
+        rows = describe_plugins(available(), select(from_env(), task=task_words))
     except PluginError as exc:
         raise TcloudError(str(exc)) from None
     if args.json:
@@ -281,9 +291,20 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def outside_paths(task) -> list[str]:
+    """The local paths the task uploads from outside its directory (--allow-outside-paths)."""
+    texts = [text for _, text in local_path_fields(task)]
+    return [str(path) for path in local_paths.outside(task.base_dir, texts)]
+
+
+def print_outside(task) -> None:
+    for path in outside_paths(task):
+        print(f"  uploads from outside the task's directory: {path}")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     path = find_task_file(args.path)
-    task = load_task(path)
+    task = load_task(path, allow_outside=args.allow_outside)
     check_sweep_flag(path, task, args.sweep)
     # As the cluster will read it (after the compile passes); the cluster's scheduling
     # plug-ins (shards, node ranges, arrays, predicted limits) shape it further.
@@ -301,11 +322,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             "bytes": size,
             "sbatch": sbatch,
             "instruction": instruction.document,
+            "outside_paths": outside_paths(task),
         }
         print(json.dumps(payload, indent=2, sort_keys=True))
         return EXIT_OK
     print(f"digest: {instruction.digest}")
     print(f"files: {len(instruction.manifest)} ({size} bytes)")
+    print_outside(task)
     print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(sbatch)}")
     print("--- instruction.json ---")
     print(json.dumps(instruction.document["task"], indent=2, sort_keys=True))

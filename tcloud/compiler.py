@@ -59,7 +59,7 @@ def compile_task(
     """The instruction of `task`: its document after every compile pass of the plug-ins
     that are on (default: as for load_task), with a record of which were on and what
     each pass changed."""
-    plugins = select(from_env(), task.plugins) if plugins is None else plugins
+    plugins = select(from_env(), task=task.plugins) if plugins is None else plugins
     manifest = build_manifest(task, hasher)
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
     shaped = {}

@@ -84,6 +84,20 @@ _KIND_WORDS = {
 _NODE_WORDS = {yaml.SequenceNode: "a list", yaml.MappingNode: "a mapping"}
 
 
+def holds_nul(value: Any) -> bool:
+    """Whether a constructed value has a NUL in any string, key or value, at any depth.
+    Each list or mapping is looked at once: YAML aliases may share or nest them."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and "\0" in item:
+            return True
+        if isinstance(item, dict | list) and id(item) not in seen:
+            seen.add(id(item))
+            pending.extend([*item.keys(), *item.values()] if isinstance(item, dict) else item)
+    return False
+
+
 def is_null(node: yaml.Node) -> bool:
     return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
 
@@ -156,6 +170,9 @@ class Validator:
     def value(self, node: yaml.Node, spec: Field, name: str) -> Any:
         if spec.kind == "any":
             value = _SCALAR.construct_object(node, deep=True)
+            if holds_nul(value):  # no argv word, variable or path can carry one
+                self.problem(node, name, "expected text without NUL characters")
+                return spec.default
             wanted = spec.check(value) if spec.check is not None else None
             if wanted:
                 got = repr(value) if isinstance(node, yaml.ScalarNode) else shown(node)

@@ -120,10 +120,15 @@ def upload(sftp: paramiko.SFTPClient, userdir: str, local: Path, remote: str | N
     return len(plan.files)
 
 
+def is_plain_name(name: object) -> bool:
+    """One path component: text, not empty, not . or .., no slash and no NUL."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\0"} & set(name)
+
+
 def local_target(local: Path, name: str, remote: str) -> Path:
     """local/name for a name the cluster listed: one plain component, and no symlink
     there to write through."""
-    if name in ("", ".", "..") or "/" in name or "\0" in name:
+    if not is_plain_name(name):
         raise TcloudError(f"refusing the file name {name!r} listed in {remote} (not a plain name)")
     target = local / name
     if target.is_symlink():
@@ -167,7 +172,8 @@ def download(sftp: paramiko.SFTPClient, workdir: str, dest: Path) -> int:
     total = 0
     for part in ("outputs", "logs"):
         try:
-            total += download_tree(sftp, posixpath.join(workdir, part), dest / part)
+            target = local_target(dest, part, "the download")  # not through a symlink
+            total += download_tree(sftp, posixpath.join(workdir, part), target)
         except FileNotFoundError:
             continue
     return total
@@ -179,11 +185,34 @@ def download_job(sftp: paramiko.SFTPClient, info: dict, dest: Path) -> int:
     if not info.get("sweep"):
         return download(sftp, info["workdir"], dest)
     total = 0
-    for trial in info["trials"]:
-        index = str(trial["trial"])
-        total += download(sftp, posixpath.join(info["workdir"], "trials", index),
-                          dest / "trials" / index)  # fmt: skip
+    trials = info.get("trials")
+    if not isinstance(trials, list):
+        raise TcloudError("refusing the cluster's answer: a sweep without its list of trials")
+    names = [trial_name(trial) for trial in trials]  # all checked before anything is written
+    for name in names:
+        total += download(sftp, posixpath.join(info["workdir"], "trials", name),
+                          trial_target(dest, name))  # fmt: skip
     return total
+
+
+def trial_name(trial: object) -> str:
+    """A trial's name as the cluster sent it: one plain path component, else refused."""
+    index = trial.get("trial") if isinstance(trial, dict) else None
+    name = str(index) if isinstance(index, int) else index
+    if not is_plain_name(name):
+        raise TcloudError(
+            f"refusing the trial name {name!r} the cluster sent (not a plain name: one path "
+            "component, no NUL, not . or ..)"
+        )
+    return name
+
+
+def trial_target(dest: Path, index: str) -> Path:
+    """dest/trials/<index>, with nothing on the way a symlink and the result under dest."""
+    target = local_target(local_target(dest, "trials", "the download"), index, "the trials")
+    if not target.resolve().is_relative_to(dest.resolve()):
+        raise TcloudError(f"refusing to write {shown(target)}: it is outside {shown(dest)}")
+    return target
 
 
 def ls(sftp: paramiko.SFTPClient, userdir: str, relative: str) -> list[dict]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tcloud import local_paths
 from tcloud.errors import Problem, TaskFileError, UsageError
 from tcloud.schema import TaskSpec, size_bytes
 
@@ -254,7 +255,7 @@ def refused(problems: list[Problem]) -> TaskFileError:
 
 def build_manifest(task: TaskSpec, hasher: Hasher = sha256_file) -> dict[str, Entry]:
     """code/<path> for the code directory, datasets/<name>/<path> for local datasets."""
-    workdir = (task.base_dir / task.code["workdir"]).resolve()
+    workdir = local_paths.resolve(task.base_dir, task.code["workdir"])
     if not workdir.is_dir():
         raise TaskFileError(
             [Problem(str(task.base_dir), 0, 0, "code.workdir", f"{workdir} is not a directory")]
@@ -265,7 +266,7 @@ def build_manifest(task: TaskSpec, hasher: Hasher = sha256_file) -> dict[str, En
     for dataset in task.datasets:
         if dataset.local is None:
             continue
-        source = (task.base_dir / dataset.local).resolve()
+        source = local_paths.resolve(task.base_dir, dataset.local)
         prefix = f"datasets/{dataset.name}/"
         where = f"datasets.{dataset.name}"
         if source.is_file():

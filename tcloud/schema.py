@@ -15,6 +15,7 @@ import yaml
 
 from tacc_plugins.api import Plugin
 from tacc_plugins.registry import ENV, PluginError, check_words, from_env, in_layer, select
+from tcloud import local_paths
 from tcloud.errors import Problem, TaskFileError
 from tcloud.fields import (
     Field,
@@ -304,25 +305,54 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
         names.add(dataset.get("name"))
 
 
-def load_task(path: Path, selection: list[str] | None = None) -> TaskSpec:
+def load_task(
+    path: Path, selection: list[str] | None = None, allow_outside: bool = False
+) -> TaskSpec:
     """Read and validate a task file (tcloud.yaml, or a legacy tuxiv.conf) with the
     schema plug-ins that are on: the defaults, then `selection` (default: $TACC_PLUGINS),
-    then the task's own `plugins:` words."""
+    then the task's own `plugins:` words. Its local paths must be inside its directory
+    unless `allow_outside`, and never a place of secrets (tcloud.local_paths)."""
     try:
-        return _load_task(path, from_env() if selection is None else selection)
+        return _load_task(path, from_env() if selection is None else selection, allow_outside)
     except RecursionError:
         message = "nested too deeply to be a task file"
         raise TaskFileError([Problem(str(path), 0, 0, "", message)]) from None
 
 
-def _load_task(path: Path, selection: list[str]) -> TaskSpec:
+def _load_task(path: Path, selection: list[str], allow_outside: bool) -> TaskSpec:
     root = compose(path)
     if root is None:
         raise TaskFileError([Problem(str(path), 1, 1, "", "empty file; `tcloud init` writes one")])
     if path.name == LEGACY_FILE:
         from tcloud.legacy import load_legacy
 
-        return load_legacy(path, root)
+        task = load_legacy(path, root)
+    else:
+        task = validated(path, root, selection)
+    check_local_paths(path, root, task, allow_outside)
+    return task
+
+
+def local_path_fields(task: TaskSpec) -> list[tuple[str, str]]:
+    """(field, path as written) of every local path the task uploads from."""
+    found = [("code.workdir", str(task.code["workdir"]))]
+    for i, dataset in enumerate(task.datasets):
+        if dataset.local is not None:
+            found.append((f"datasets[{i}].local", dataset.local))
+    return found
+
+
+def check_local_paths(path: Path, root: yaml.Node, task: TaskSpec, allow_outside: bool) -> None:
+    validator = Validator(str(path))
+    for name, text in local_path_fields(task):
+        if why := local_paths.problem(task.base_dir, text, allow_outside):
+            validator.problem(node_at(root, name), name, why)
+    if validator.problems:
+        raise TaskFileError(validator.problems)
+
+
+def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
+    """A tcloud.yaml's TaskSpec: its fields, then the checks of its schema plug-ins."""
     plugins = task_plugins(path, root, selection)
     validator = Validator(str(path))
     table = task_fields(plugins)
@@ -342,13 +372,20 @@ def _load_task(path: Path, selection: list[str]) -> TaskSpec:
 
 
 def node_at(root: yaml.Node, dotted: str) -> yaml.Node:
-    """The node of a dotted field (resources.nodes), or the nearest one that exists."""
+    """The node of a dotted field (resources.nodes, datasets[0].local), or the nearest
+    one that exists."""
     node = root
     for key in dotted.split("."):
-        below = child(node, key.split("[")[0])
+        name, _, index = key.partition("[")
+        below = child(node, name)
         if below is None:
             break
         node = below
+        position = index.rstrip("]")
+        if isinstance(node, yaml.SequenceNode) and position.isdigit():
+            if int(position) >= len(node.value):
+                break
+            node = node.value[int(position)]
     return node
 
 
@@ -360,7 +397,7 @@ def task_plugins(path: Path, root: yaml.Node, selection: list[str]) -> list[Plug
     if validator.problems:
         raise TaskFileError(validator.problems)
     try:
-        return select(selection, words or [])
+        return select(selection, task=words or [])
     except PluginError as exc:
         # The word's own line when it is in the file; else ($TACC_PLUGINS) the file's top.
         items = node.value if isinstance(node, yaml.SequenceNode) else []

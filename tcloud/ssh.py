@@ -2,8 +2,9 @@
 
 Honours ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyJump) and ssh-agent.
 Host keys are checked against ~/.ssh/known_hosts (and the cluster's own known_hosts
-file when configured): a changed key is refused; an unknown one is refused unless the
-user, at a terminal, accepts the fingerprint shown, which is then remembered.
+file when configured), read as ssh(1) reads them (tcloud.known_hosts): a changed or
+`@revoked` key is refused; an unknown one is refused unless the user, at a terminal,
+accepts the fingerprint shown, which is then remembered as one line appended to the file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import paramiko
 
+from tcloud import known_hosts as known_hosts_file
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
@@ -67,13 +69,17 @@ def resolve(
 
 
 class AskOrRefuse(paramiko.MissingHostKeyPolicy):
-    """Unknown host: show the fingerprint; accept only on an explicit "yes" at a terminal."""
+    """Unknown host: show the fingerprint; accept only on an explicit "yes" at a terminal.
+    A revoked key is refused without asking (it is never among the known keys)."""
 
-    def __init__(self, known_hosts: Path) -> None:
+    def __init__(self, known_hosts: Path, known: known_hosts_file.KnownHosts) -> None:
         self.known_hosts = known_hosts
+        self.known = known
 
     def missing_host_key(self, client, hostname, key) -> None:
         shown = f"{hostname} offers a {key.get_name()} host key {fingerprint(key)}"
+        if self.known.is_revoked(key):
+            raise TcloudError(f"REVOKED HOST KEY: {shown}, marked @revoked in known_hosts")
         if not sys.stdin.isatty():
             raise TcloudError(
                 f"unknown host: {shown}. Verify it, then add it to {self.known_hosts} "
@@ -83,17 +89,20 @@ class AskOrRefuse(paramiko.MissingHostKeyPolicy):
         if answer.strip().lower() != "yes":
             raise TcloudError(f"host key for {hostname} not accepted")
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        client.save_host_keys(str(self.known_hosts))
+        known_hosts_file.append(self.known_hosts, hostname, key)
+
+
+def verifying_client(known_hosts: Path) -> paramiko.SSHClient:
+    """A client that knows the keys of ~/.ssh/known_hosts and `known_hosts`."""
+    client = paramiko.SSHClient()
+    paths = dict.fromkeys([USER_KNOWN_HOSTS, known_hosts])  # once, when they are the same
+    known = known_hosts_file.load(paths, client.get_host_keys())
+    client.set_missing_host_key_policy(AskOrRefuse(known_hosts, known))
+    return client
 
 
 def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
-    if USER_KNOWN_HOSTS.is_file():
-        client.load_system_host_keys(str(USER_KNOWN_HOSTS))
-    if known_hosts.is_file():
-        client.load_host_keys(str(known_hosts))
-    client.set_missing_host_key_policy(AskOrRefuse(known_hosts))
+    client = verifying_client(known_hosts)
     try:
         client.connect(
             endpoint.hostname,

@@ -269,7 +269,7 @@ TASK_FILE_CASES = [
      ["outputs[0]: expected a path relative to the directory"]),
     ("dataset-cluster-relative", "name: t\nrun: [x]\ndatasets: [{name: d, cluster: data}]\n",
      ["datasets[0].cluster: expected an absolute path on the cluster, got 'data'"]),
-    ("dataset-local-missing", "name: t\nrun: [x]\ndatasets: [{name: d, local: ../nowhere}]\n",
+    ("dataset-local-missing", "name: t\nrun: [x]\ndatasets: [{name: d, local: ./nowhere}]\n",
      ["datasets.d: local path does not exist"]),
     ("workdir-missing", "name: t\nrun: [x]\ncode: {workdir: ./src}\n",
      ["code.workdir:", "is not a directory"]),
