@@ -113,13 +113,13 @@ def job_command(args: argparse.Namespace, config) -> int:
     if args.verb == "status":
         return emit(jobs.status(user_dir, args.job, config))
     if args.verb == "logs":
-        job_dir = workspace.job_dir(user_dir, args.job)
+        job_dir = jobs.find_job(user_dir, args.job, config)
 
         def ended() -> bool:  # once a second while following: the state only
             if sweeps.is_whole_sweep(args.job, job_dir):
                 state = jobs.sweep_status(args.job, job_dir, config)["state"]
             else:
-                state, _ = jobs.reconcile(job_dir, jobs.slurm_info(args.job, config))
+                state, _ = jobs.reconcile(job_dir, jobs.own_info(args.job, job_dir, config))
             return state in (*records.TERMINAL, "HALTED")
 
         logs.stream(job_dir, args.follow, args.tail, args.rank, ended)

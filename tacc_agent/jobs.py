@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tacc_agent import envcache, lost_nodes, records, slurm, sweeps, workspace
+from tacc_agent import envcache, job_tags, lost_nodes, records, slurm, submitting, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import FILE, code_digest
@@ -21,11 +21,42 @@ SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"
 SLURM_PAUSED = ("SUSPENDED", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED",
                 "SPECIAL_EXIT", "REVOKED")  # fmt: skip
 LOG_LINES = 10
+# squeue's columns for parse_squeue: comment last, as the only one a user writes freely.
+SQUEUE_FORMAT = "--format=%i|%T|%r|%M|%N|%Z|%k"
+SQUEUE_KEYS = ("JobState", "Reason", "RunTime", "NodeList", "WorkDir", "Comment")
 
 
 def slurm_info(job_id: str, config: AgentConfig) -> dict[str, str] | None:
     found = slurm.show("job", job_id, config.slurm_timeout_seconds)
     return found[0] if found else None
+
+
+def own_info(job_id: str, job_dir: Path, config: AgentConfig) -> dict[str, str] | None:
+    """Slurm's record of job_id when it is this job of the caller's (job_tags); None
+    when Slurm forgot the job, or the id now names another user's or another job."""
+    info = slurm_info(job_id, config)
+    return info if info and job_tags.is_theirs(info, sweep_root(job_dir, job_id)) else None
+
+
+def checked_info(job_id: str, job_dir: Path, config: AgentConfig) -> dict[str, str] | None:
+    """As own_info, for acting on the job: an id Slurm gives to another job is refused
+    (a job whose record says it ended is not asked about: nothing is done to it)."""
+    if records.last_state(job_dir) in records.TERMINAL:
+        return None
+    info = slurm_info(job_id, config)
+    if info and not job_tags.is_theirs(info, sweep_root(job_dir, job_id)):
+        raise Rejected(
+            f"job {job_id}: Slurm's job {job_id} is not this job of yours (it is "
+            f"{job_tags.owner(info)}'s, or a later job given the same id after Slurm lost its "
+            "state); nothing was done to it"
+        )
+    return info
+
+
+def find_job(user_dir: Path, job_id: str, config: AgentConfig) -> Path:
+    """The caller's job by Slurm id, once submissions cut off after sbatch are settled."""
+    submitting.resolve(user_dir, config)
+    return workspace.job_dir(user_dir, job_id)
 
 
 def rank_state(rank: dict) -> str:
@@ -83,20 +114,26 @@ def reconcile(
 
 def array_queue(job_id: str, config: AgentConfig) -> dict[str, dict[str, str]]:
     """Slurm's view of every task of array job_id still in the queue, by "12_3"."""
-    out = slurm.slurm(["squeue", "--noheader", "--array", f"--jobs={job_id}",
-                       "--format=%i|%T|%r|%M|%N"], config.slurm_timeout_seconds,
-                      check=False)  # fmt: skip
+    out = slurm.slurm(["squeue", "--me", "--noheader", "--array", f"--jobs={job_id}",
+                       SQUEUE_FORMAT], config.slurm_timeout_seconds, check=False)  # fmt: skip
     return parse_squeue(out)
 
 
 def parse_squeue(out: str) -> dict[str, dict[str, str]]:
+    """squeue's lines (SQUEUE_FORMAT) by job id; the caller asked with --me."""
     queue = {}
     for line in out.splitlines():
-        if line.count("|") < 4:
+        if line.count("|") < len(SQUEUE_KEYS):
             continue
-        job, state, reason, elapsed, where = line.split("|", 4)
-        queue[job] = {"JobState": state, "Reason": reason, "RunTime": elapsed, "NodeList": where}
+        job, *values = line.split("|", len(SQUEUE_KEYS))
+        queue[job] = dict(zip(SQUEUE_KEYS, values, strict=True))
     return queue
+
+
+def queued(queue: dict[str, dict[str, str]], job_id: str, job_dir: Path) -> dict | None:
+    """squeue's line for job_id (the caller's: --me) when it is this job (its tag)."""
+    info = queue.get(job_id)
+    return info if info and job_tags.tagged_for(info, sweep_root(job_dir, job_id)) else None
 
 
 def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
@@ -110,9 +147,9 @@ def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
     trials = []
     for index in sweeps.trial_indexes(job_dir):
         trial_id, trial = f"{job_id}_{index}", sweeps.trial_dir(job_dir, index)
-        info = queue.get(trial_id)
+        info = queued(queue, trial_id, trial)
         if info is None and records.last_state(trial) not in records.TERMINAL:
-            info = slurm_info(trial_id, config)
+            info = own_info(trial_id, trial, config)
         state, reason = reconcile(trial, info, config.slurm_timeout_seconds)
         final = records.current(records.history(trial)) or {}
         trials.append({
@@ -143,10 +180,10 @@ def _plugins(job_dir: Path) -> dict:
 
 
 def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
-    job_dir = workspace.job_dir(user_dir, job_id)
+    job_dir = find_job(user_dir, job_id, config)
     if sweeps.is_whole_sweep(job_id, job_dir):
         return sweep_status(job_id, job_dir, config)
-    info = slurm_info(job_id, config)
+    info = own_info(job_id, job_dir, config)
     state, reason = reconcile(job_dir, info, config.slurm_timeout_seconds)
     instruction = records.read_json(job_dir / FILE) or {}
     history = records.history(job_dir)
@@ -196,13 +233,15 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
 
 
 def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
-    """The caller's jobs (their own index: nobody else's), newest first."""
-    out = slurm.slurm(["squeue", "--me", "--array", "--noheader", "--format=%i|%T|%r|%M|%N"],
+    """The caller's jobs (their own index: nobody else's), newest first; a job whose
+    sbatch has not answered yet is SUBMITTING, with no id."""
+    waiting = submitting.resolve(user_dir, config)
+    out = slurm.slurm(["squeue", "--me", "--array", "--noheader", SQUEUE_FORMAT],
                       config.slurm_timeout_seconds)  # fmt: skip
     queue = parse_squeue(out)
-    rows = []
-    for job_id in reversed(workspace.job_ids(user_dir)[-limit:]):
-        job_dir = workspace.job_dir(user_dir, job_id)
+    rows = [submitting_row(job_dir) for job_dir in waiting]
+    for entry in reversed(workspace.entries(user_dir)[-limit:]):
+        job_id, job_dir = entry.job_id, entry.job_dir
         if sweeps.is_sweep(job_dir):
             sweep = sweep_status(job_id, job_dir, config, queue)
             history = records.history(job_dir)
@@ -215,9 +254,9 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
             })  # fmt: skip
             continue
         last = records.last_state(job_dir)
-        info = queue.get(job_id)
+        info = queued(queue, job_id, job_dir)
         if info is None and last not in records.TERMINAL:
-            info = slurm_info(job_id, config)
+            info = own_info(job_id, job_dir, config)
         state, _ = reconcile(job_dir, info)
         history = records.history(job_dir)
         submitted = history[0]["time"] if history else 0
@@ -231,6 +270,12 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
             }
         )
     return rows
+
+
+def submitting_row(job_dir: Path) -> dict:
+    since = (records.read_json(job_dir / "status" / "submit.json") or {}).get("since", 0)
+    return {"job": "-", "name": _name(job_dir), "state": "SUBMITTING", "nodes": "",
+            "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))}  # fmt: skip
 
 
 def _name(job_dir: Path) -> str:
@@ -255,13 +300,17 @@ def cancel_sweep(job_id: str, job_dir: Path, config: AgentConfig) -> dict:
 
 
 def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict]:
+    """Cancel the caller's jobs; nothing is done when one of the ids is not theirs, or
+    Slurm now gives it to another job (checked_info)."""
+    submitting.resolve(user_dir, config)
     dirs = [(job_id, workspace.job_dir(user_dir, job_id)) for job_id in job_ids]
+    infos = [checked_info(job_id, job_dir, config) for job_id, job_dir in dirs]
     done = []
-    for job_id, job_dir in dirs:
+    for (job_id, job_dir), info in zip(dirs, infos, strict=True):
         if sweeps.is_whole_sweep(job_id, job_dir):
             done.append(cancel_sweep(job_id, job_dir, config))
             continue
-        state, _ = reconcile(job_dir, slurm_info(job_id, config))
+        state, _ = reconcile(job_dir, info)
         if state in records.TERMINAL:
             done.append({"job_id": job_id, "state": state, "cancelled": False})
             continue
@@ -276,8 +325,8 @@ MAX_HALT_GRACE_SECONDS = 3600  # the researcher's SSH call waits this long at mo
 
 def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None) -> dict:
     """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold."""
-    job_dir = not_a_sweep(workspace.job_dir(user_dir, job_id), job_id)
-    state, _ = reconcile(job_dir, slurm_info(job_id, config))
+    job_dir = not_a_sweep(find_job(user_dir, job_id, config), job_id)
+    state, _ = reconcile(job_dir, checked_info(job_id, job_dir, config))
     if state in (*records.TERMINAL, "HALTED"):
         raise Rejected(f"job {job_id} is {state}; only queued or running jobs can be halted")
     grace = config.halt_grace_seconds if grace is None else grace
@@ -307,7 +356,7 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
     try:
         slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
     except AgentError as exc:
-        now, _ = reconcile(job_dir, slurm_info(job_id, config))
+        now, _ = reconcile(job_dir, own_info(job_id, job_dir, config))
         if now in records.TERMINAL:
             message = f"job {job_id} ended ({now}) during its checkpoint grace period"
             raise Rejected(message) from None
@@ -326,8 +375,8 @@ def not_a_sweep(job_dir: Path, job_id: str) -> Path:
 
 
 def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
-    job_dir = not_a_sweep(workspace.job_dir(user_dir, job_id), job_id)
-    state, _ = reconcile(job_dir, slurm_info(job_id, config))
+    job_dir = not_a_sweep(find_job(user_dir, job_id, config), job_id)
+    state, _ = reconcile(job_dir, checked_info(job_id, job_dir, config))
     if state != "HALTED":
         raise Rejected(f"job {job_id} is {state}; only halted jobs can be resumed")
     records.add_event(job_dir, "QUEUED", reason="resumed by its owner")

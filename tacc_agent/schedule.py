@@ -16,21 +16,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_agent import records, slurm, sweeps, workspace
+from tacc_agent import job_tags, records, slurm, submitting, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.instruction import digest_of, load
 from tacc_plugins.api import Plugin, Submission
 from tacc_plugins.elastic import min_nodes
 from tacc_plugins.registry import PluginError, in_layer, select
+from tcloud.sbatch_options import why_refused
 from tcloud.schema import TaskSpec, processes_per_node
 
-# sbatch options a task may not override: the agent owns the job's layout and env.
-RESERVED_OPTIONS = {
-    "chdir", "error", "export", "input", "output", "open-mode", "parsable", "wrap",
-    "signal", "ntasks-per-node", "job-name", "requeue", "no-requeue", "array",
-}  # fmt: skip
-OPTION_NAME = re.compile(r"[a-z][a-z0-9-]*")
 SIZE = re.compile(r"(\d+)([KMGT]?)")
 UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -171,14 +166,13 @@ def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
 
 
 def extra_options(options: dict[str, str]) -> list[str]:
+    """The task's extra sbatch options as words; Rejected for one the agent sets, in any
+    spelling sbatch reads (the instruction's own check already refused it: the client
+    is not trusted, so again here, before sbatch)."""
     words = []
     for name, value in sorted(options.items()):
-        # sbatch accepts unambiguous prefixes (--outp): refuse those too.
-        if not OPTION_NAME.fullmatch(name) or any(r.startswith(name) for r in RESERVED_OPTIONS):
-            raise Rejected(
-                f"sbatch option {name!r} cannot be set by a task (the agent sets it)",
-                f"resources.sbatch.{name}",
-            )
+        if problem := why_refused(name):
+            raise Rejected(f"expected {problem}", f"resources.sbatch.{name}")
         words.append(f"--{name}={value}")
     return words
 
@@ -233,13 +227,15 @@ def checkpoint_signal(
 def sbatch_argv(
     task: TaskSpec, job_dir: Path, config: AgentConfig, options: dict | None = None
 ) -> list[str]:
-    """sbatch's argv: `options` as the scheduling plug-ins left them (default: the
-    task's own), then the task's extra sbatch options, then the batch script."""
+    """sbatch's argv: the task's extra sbatch options, then `options` as the scheduling
+    plug-ins left them (default: the task's own), then the batch script. The extras come
+    first: sbatch takes the last of an option given twice, so even a spelling of an
+    agent's option that the check does not know cannot override it."""
     options = dict(base_options(task, job_dir, config) if options is None else options)
     checkpoint_signal(options, config, task.runtime["launcher"] == "mpirun")
     words = [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
     extra = extra_options(task.resources["sbatch"] or {})
-    return ["sbatch", "--parsable", *words, *extra, str(job_dir / "job.sh")]
+    return ["sbatch", *extra, "--parsable", *words, str(job_dir / "job.sh")]
 
 
 def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
@@ -284,18 +280,38 @@ def check(task: TaskSpec, config: AgentConfig) -> str:
 
 
 def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
-    """sbatch the job in job_dir (built by `store commit`); on refusal remove job_dir."""
+    """sbatch the job in job_dir (built by `store commit`); on refusal remove job_dir.
+    Under the job's submission lock: a second submit of it waits, then is refused."""
     job_dir = job_dir.resolve()
-    if job_dir.parent != (user_dir / "jobs").resolve() or not job_dir.is_dir():
+    if job_dir.parent != (user_dir / "jobs").resolve() or not (job_dir / "status").is_dir():
         raise Rejected(f"{job_dir} is not one of your job directories")
-    if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
-        raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
+    lock = submitting.lock(job_dir, wait=True)
+    try:
+        if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
+            raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
+        return sbatch_job(user_dir, job_dir, config)
+    finally:
+        submitting.unlock(lock)
+
+
+def discard(user_dir: Path, job_dir: Path) -> None:
+    """A refused job: nothing of it is left."""
+    workspace.drop_submitting(user_dir, job_dir)
+    shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
+    """Plan, record, sbatch. The job is recorded and indexed as submitting, with its tag
+    (sbatch --comment), before sbatch runs: if this process dies or sbatch times out
+    before the id is indexed, the next ps/status/cancel finds the job in Slurm by its tag
+    (tacc_agent/submitting.py)."""
     try:
         task = load(job_dir)
         document = records.read_json(job_dir / "instruction.json") or {}
         digest = digest_of(document)
         submission = plan(task, job_dir, config, user_dir, digest)
         partition = submission.partition
+        submission.options["comment"] = job_tags.new_tag(job_dir)
         argv = sbatch_argv(task, job_dir, config, submission.options)
         script = job_dir / "job.sh"
         script.write_text(batch_script(task, job_dir, digest))
@@ -303,25 +319,30 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         if trials:
             sweeps.make_trials(job_dir, trials)
         script.chmod(0o700)
+        submitting.begin(
+            user_dir, job_dir,
+            {"name": task.name, "sbatch": argv, "digest": digest,
+             "options": submission.options, "plugins": submission.notes,
+             "plugin_data": submission.data, "tag": submission.options["comment"],
+             "entrypoint": submission.data.get("entrypoint", "")},
+        )  # fmt: skip
         # First: the job's own events (PROVISIONING, ...) must come after this one.
         records.add_event(job_dir, "QUEUED")
         out = slurm.slurm(argv, config.slurm_timeout_seconds)
     except AgentError as exc:
         if "did not answer" not in str(exc):  # refused: nothing of the job is left
-            shutil.rmtree(job_dir, ignore_errors=True)
-        raise
+            discard(user_dir, job_dir)
+            raise
+        raise AgentError(
+            f"{exc}; if Slurm took the job, `tcloud ps` finds it (and its id) once Slurm "
+            "answers again",
+            exc.exit_code,
+        ) from None
     except Exception:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        discard(user_dir, job_dir)
         raise
     job_id = out.strip().split(";")[0]
-    workspace.register(user_dir, job_id, job_dir)
-    records.write_json(
-        job_dir / "status" / "submit.json",
-        {"job_id": job_id, "name": task.name, "sbatch": argv, "digest": digest,
-         "options": submission.options, "plugins": submission.notes,
-         "plugin_data": submission.data,
-         "entrypoint": submission.data.get("entrypoint", "")},
-    )  # fmt: skip
+    submitting.finish(user_dir, job_dir, job_id)
     return {
         "job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition,
         "plugins": submission.notes,

@@ -1,10 +1,13 @@
 """Cluster side of tcloud's delta upload (layer 2 -> cluster).
 
-`missing`: which blobs ("<sha256>-<mode>") the user's store lacks, and how much of
-each a cut upload already left in store/.partial/. `commit`: hash each uploaded blob,
-move good ones into store/ read-only (0444/0555), drop bad ones, then build the job's
-own directory jobs/<digest12>-<n>/ from hard links to the store: every submission gets
-an immutable tree, and a resubmit never touches a running job's files.
+`missing`: which blobs ("<sha256>-<mode>") the user's store lacks, and for each the
+file of this upload alone, store/.partial/<blob>.<random>, started from a copy of what
+a cut upload already left there. `commit`: hash each uploaded file, link good ones into
+store/ read-only (0444/0555; a blob another upload committed first is kept), drop the
+blob's partial files, then build the job's own directory jobs/<digest12>-<n>/ from hard
+links to the store: every submission gets an immutable tree, and a resubmit never
+touches a running job's files. Two submits of the same new file (the same user, at
+once) each write their own partial file, so both succeed and no blob is ever mixed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +26,8 @@ from tacc_agent.errors import Rejected
 from tacc_agent.instruction import digest_of, parse
 
 BLOB = re.compile(r"[0-9a-f]{64}-[0-7]{3}")
+# One upload's partial file of a blob: store/.partial/<blob>.<32 hex digits>.
+UPLOAD = re.compile(r"([0-9a-f]{64}-[0-7]{3})\.[0-9a-f]{32}")
 
 
 def store_dirs(user_dir: Path) -> tuple[Path, Path, Path]:
@@ -40,17 +46,64 @@ def check_names(names: list[str]) -> None:
         raise Rejected(f"not a blob name: {bad[0]!r}")
 
 
+def new_upload(name: str) -> str:
+    """A partial file name no other upload of the blob uses."""
+    return f"{name}.{secrets.token_hex(16)}"
+
+
+def partial_files(partial: Path, name: str) -> list[Path]:
+    """Every partial file of blob `name`: each upload's own, and the one an older
+    tcloud appended to (store/.partial/<blob>)."""
+    found = [p for p in partial.glob(f"{name}.*") if UPLOAD.fullmatch(p.name)]
+    return [*found, partial / name]
+
+
+def size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def start_upload(partial: Path, name: str) -> tuple[str, int]:
+    """(this upload's partial file, bytes already in it). What a cut upload left is
+    copied, never shared: another upload may still be appending to it."""
+    upload = new_upload(name)
+    sources = sorted(partial_files(partial, name), key=size_or_zero, reverse=True)
+    if not sources or size_or_zero(sources[0]) == 0:
+        return upload, 0
+    try:
+        shutil.copyfile(sources[0], partial / upload)
+    except FileNotFoundError:  # committed (and cleaned up) by another upload meanwhile
+        return upload, 0
+    return upload, size_or_zero(partial / upload)
+
+
+def drop_partials(partial: Path, name: str) -> None:
+    for path in partial_files(partial, name):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def missing(user_dir: Path, blobs: list[str]) -> dict:
     check_names(blobs)
     store, partial, _ = store_dirs(user_dir)
     ensure_dirs(user_dir)
-    lacking, started = [], {}
+    lacking, started, uploads = [], {}, {}
     for name in blobs:
-        if not (store / name).exists():
-            lacking.append(name)
-            with contextlib.suppress(OSError):
-                started[name] = (partial / name).stat().st_size
-    return {"missing": lacking, "partial": started, "userdir": str(user_dir)}
+        if (store / name).exists():
+            continue
+        upload, size = start_upload(partial, name)
+        if (store / name).exists():  # committed by another upload meanwhile
+            with contextlib.suppress(FileNotFoundError):
+                (partial / upload).unlink()
+            continue
+        lacking.append(name)
+        uploads[name] = upload
+        if size:
+            started[name] = size
+    return {"missing": lacking, "partial": started, "uploads": uploads,
+            "userdir": str(user_dir)}  # fmt: skip
 
 
 def sha256(path: Path) -> str:
@@ -92,6 +145,18 @@ def checked_request(request: dict) -> tuple[list[str], dict[str, str], dict[str,
     return blobs, dict(zip(paths, manifest.values(), strict=True)), files
 
 
+def checked_uploads(uploads: object) -> dict[str, str]:
+    """A commit's {blob: the partial file `missing` named for this upload of it}."""
+    wrong = "expected uploads: {blob: <blob>.<32 hex digits>}, as `missing` named them"
+    if not isinstance(uploads, dict):
+        raise Rejected(wrong)
+    for name, upload in uploads.items():
+        match = UPLOAD.fullmatch(upload) if isinstance(upload, str) else None
+        if not match or match.group(1) != name:
+            raise Rejected(wrong)
+    return uploads
+
+
 def place(building: Path, jobs: Path, digest: str) -> Path:
     """Rename a finished tree to the first free jobs/<digest12>-<n> (atomic)."""
     number = 1
@@ -117,15 +182,37 @@ def commit_local(user_dir: Path, instruction) -> dict:
     tools/gpu_check.py)."""
     names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
     ensure_dirs(user_dir)
+    uploads: dict[str, str] = {}
     for path, entry in instruction.manifest.items():
-        if not (user_dir / "store" / names[path]).exists():
-            (user_dir / "store" / ".partial" / names[path]).write_bytes(entry.source.read_bytes())
+        name = names[path]
+        if name not in uploads and not (user_dir / "store" / name).exists():
+            uploads[name] = new_upload(name)
+            (user_dir / "store" / ".partial" / uploads[name]).write_bytes(entry.source.read_bytes())
     files = {"instruction.json": json.dumps(instruction.document)}
-    return commit(user_dir, sorted(set(names.values())), names, instruction.digest, files)
+    return commit(user_dir, sorted(uploads), names, instruction.digest, files, uploads)
+
+
+def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bool:
+    """Link one upload's partial file of blob `name` into the store, read-only; False
+    when its content is not the blob. Either way the blob's partial files go (another
+    upload of it still running finds the blob committed when it commits)."""
+    if upload is None:
+        return True  # not sent by this upload: the store has it, or the job lacks it
+    final, staged = store / name, partial / upload
+    try:
+        good = final.exists() or sha256(staged) == name.split("-")[0]
+        if good and not final.exists():
+            staged.chmod(0o555 if name.endswith("-755") else 0o444)
+            with contextlib.suppress(FileExistsError):  # another upload linked it first
+                os.link(staged, final)
+    except FileNotFoundError:  # dropped by another upload's commit of the same blob
+        return True
+    drop_partials(partial, name)
+    return good
 
 
 def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: str,
-           files: dict[str, str]) -> dict:  # fmt: skip
+           files: dict[str, str], uploads: dict[str, str] | None = None) -> dict:  # fmt: skip
     check_names(blobs + list(manifest.values()))
     if not isinstance(digest, str) or not BLOB.fullmatch(f"{digest}-644"):
         raise Rejected("instruction digest must be 64 hex digits")
@@ -139,20 +226,8 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
     parse(files["instruction.json"], "instruction.json")
     store, partial, jobs = store_dirs(user_dir)
     ensure_dirs(user_dir)
-    bad = []
-    for name in blobs:
-        final, staged = store / name, partial / name
-        if final.exists() or not staged.exists():
-            continue
-        try:
-            if sha256(staged) != name.split("-")[0]:
-                staged.unlink()
-                bad.append(name)
-                continue
-            staged.chmod(0o555 if name.endswith("-755") else 0o444)
-            os.replace(staged, final)
-        except FileNotFoundError:  # a concurrent commit of the same blob moved it first
-            continue
+    uploads = checked_uploads(uploads or {})
+    bad = [name for name in blobs if not commit_blob(store, partial, name, uploads.get(name))]
     lacking = [n for n in set(manifest.values()) if not (store / n).exists()]
     if bad or lacking:
         return {"workdir": None, "bad": sorted(set(bad) | set(lacking))}
@@ -181,5 +256,6 @@ def handle(user_dir: Path, request: dict) -> dict:
         return missing(user_dir, blobs)
     if request.get("op") == "commit":
         blobs, manifest, files = checked_request(request)
-        return commit(user_dir, blobs, manifest, request.get("digest", ""), files)
+        uploads = checked_uploads(request.get("uploads", {}))
+        return commit(user_dir, blobs, manifest, request.get("digest", ""), files, uploads)
     raise Rejected(f"unknown store operation {json.dumps(request.get('op'))}")

@@ -12,9 +12,11 @@ start from double that limit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,13 +49,27 @@ def run_seconds(entries: list[dict]) -> float | None:
     return done[-1] - running[-1]
 
 
+def recent_job_dirs(jobs: Path) -> list[Path]:
+    """The job directories in jobs/, newest first. Other submits of the same user rename
+    and remove entries while this runs (.building-* trees become jobs/<digest12>-<n>):
+    an entry that is gone by the time it is looked at is skipped, never an error."""
+    try:
+        entries = list(os.scandir(jobs))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    dated = []
+    for entry in entries:
+        if entry.name.startswith("."):  # a tree still being built, not a job
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            dated.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
+    return [path for _, path in sorted(dated, reverse=True)]
+
+
 def past_runs(user_dir: Path) -> list[PastRun]:
     """The caller's recent jobs, newest first."""
-    jobs = user_dir / "jobs"
-    dirs = sorted(jobs.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if (
-        jobs.is_dir()) else []  # fmt: skip
     found = []
-    for job_dir in dirs[:RECENT_JOBS]:
+    for job_dir in recent_job_dirs(user_dir / "jobs")[:RECENT_JOBS]:
         submit = records.read_json(job_dir / "status" / "submit.json") or {}
         if not submit.get("entrypoint"):
             continue

@@ -28,6 +28,7 @@ from tcloud.fields import (
     relative_path,
     single_line,
 )
+from tcloud.sbatch_options import why_refused
 
 TASK_FILE = "tcloud.yaml"
 LEGACY_FILE = "tuxiv.conf"
@@ -94,9 +95,9 @@ def pinned_requirement(line: str) -> str | None:
 
 
 def sbatch_option(key: str) -> str | None:
-    if re.fullmatch(r"[a-z][a-z0-9-]*", key):
-        return None
-    return "an sbatch option name such as exclusive or mail-type (lowercase, no leading --)"
+    """An extra sbatch option's name: never one the agent sets from the task's own
+    fields or for itself, in any spelling sbatch reads (tcloud.sbatch_options)."""
+    return why_refused(key)
 
 
 CODE = {

@@ -96,6 +96,9 @@ def upload(
         first["check"] = instruction.document
     answer = remote(client, first, userdir)
     missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
+    # Each upload writes its own partial file (a copy of what a cut one left): two
+    # submits of the same new file at once never append to one file.
+    uploads = {name: answer["uploads"][name] for name in missing}
     sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
     progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))
     sent = 0
@@ -103,12 +106,12 @@ def upload(
         sftp = client.open_sftp()
         try:
             for name in missing:
-                offset = partial.get(name, 0)
+                offset, target = partial.get(name, 0), f"{store}/store/.partial/{uploads[name]}"
                 if offset > sizes[name]:
                     offset = 0
-                    sftp.remove(f"{store}/store/.partial/{name}")
+                    sftp.remove(target)
                 local = instruction.manifest[first_path[name]].source
-                sent += send(sftp, local, f"{store}/store/.partial/{name}", offset, progress)
+                sent += send(sftp, local, target, offset, progress)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             # A dropped connection (or a file that vanished here): what arrived stays in
             # the cluster's .partial store and the next run sends only the rest.
@@ -122,7 +125,8 @@ def upload(
             with contextlib.suppress(Exception):  # the connection may be gone already
                 sftp.close()
     files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
-    request = {"op": "commit", "blobs": missing, "manifest": names, "submit": submit}
+    request = {"op": "commit", "blobs": missing, "manifest": names, "uploads": uploads,
+               "submit": submit}  # fmt: skip
     answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)
     if answer["bad"]:
         raise TcloudError(

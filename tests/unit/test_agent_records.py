@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tacc_agent import records
@@ -143,7 +145,9 @@ def running_job(tmp_path, monkeypatch):
     job_dir = job(user_dir / "jobs", ["QUEUED", "PROVISIONING", "RUNNING"])
     workspace.register(user_dir, "41", job_dir)
     calls: list[list[str]] = []
-    monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: {"JobState": "RUNNING"})
+    # Slurm's job 41 is this one: the caller's, run in its directory (tacc_agent.job_tags).
+    running = {"JobState": "RUNNING", "UserId": f"alice({os.getuid()})", "WorkDir": str(job_dir)}
+    monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: running)
     monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: calls.append(argv))
     return user_dir, job_dir, calls
 

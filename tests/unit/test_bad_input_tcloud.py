@@ -307,7 +307,8 @@ def test_sbatch_option_the_agent_owns_is_refused_with_the_file(tcloud, tmp_path)
         tcloud.refused(
             tcloud(*argv, str(project)),
             3,
-            f"{project}/tcloud.yaml: resources.sbatch.output: sbatch option 'output' cannot be set",
+            f"{project}/tcloud.yaml:3:22: resources.sbatch.output: expected an option the agent "
+            "leaves to the task: sbatch option 'output' cannot be set by a task",
         )
 
 
@@ -323,7 +324,7 @@ def test_metacharacters_in_values_are_kept_verbatim_never_run(tcloud, tmp_path):
             "modules": [f"cuda; touch {canary}"],
             "requirements": [f"numpy; touch {canary}"],
         },
-        "resources": {"sbatch": {"comment": danger}},
+        "resources": {"sbatch": {"mail-user": danger}},
     }
     project = task_dir(tmp_path / "p", yaml.safe_dump(task))
     proc = tcloud("submit", "--dry-run", "--json", str(project))
@@ -331,7 +332,7 @@ def test_metacharacters_in_values_are_kept_verbatim_never_run(tcloud, tmp_path):
     document = json.loads(proc.stdout)
     assert document["instruction"]["task"]["environment"]["env"] == {"DANGER": danger}
     assert document["instruction"]["task"]["run"] == task["run"]
-    assert f"--comment={danger}" in document["sbatch"]  # one argv word, no shell
+    assert f"--mail-user={danger}" in document["sbatch"]  # one argv word, no shell
     assert not canary.exists() and tcloud.sentinel.attempts == 0
 
 
