@@ -160,6 +160,8 @@ CASES = [
     ("slurm", {"slurm_render_os_family": "Windows"},
      ["missing required arguments: slurm_render_dir",
       "slurm_render_os_family must be one of: Debian, RedHat, got: Windows"], "render_local"),
+    ("slurm_pam_adopt", {"slurm_pam_adopt_options": {"action_generic_failure": "pass"}},
+     ["action_generic_failure must be one of: deny, allow, ignore, got: pass"], None),
     ("smartnic_firmware", {"smartnic_firmware_mlxconfig_tool": "mft"},
      ["smartnic_firmware_mlxconfig_tool must be one of: mlxconfig, mstconfig, got: mft"], None),
     ("smartnic_firmware", {"smartnic_firmware_burn": "yes please"},
