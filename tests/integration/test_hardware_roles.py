@@ -114,7 +114,8 @@ def test_nodes_without_hardware_say_what_was_skipped(runs):
 
 def test_ganesha_serves_shared_over_nfs_to_another_node(runs):
     sh("n2", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnfs-utils >/dev/null")
-    sh("n1", "mkdir -p /shared/nfs-proof && echo served-by-n1 > /shared/nfs-proof/hello")
+    # World-writable: root on n2 is nobody on the export (root_squash, the default).
+    sh("n1", "install -d -m 1777 /shared/nfs-proof && echo served-by-n1 > /shared/nfs-proof/hello")
     url = f"nfs://{SERVER}/shared/nfs-proof"
     listing = node_sh(NAME, "n2", f"nfs-ls {url}")
     if listing.returncode != 0:  # what the server had registered, for the CI log
@@ -125,6 +126,7 @@ def test_ganesha_serves_shared_over_nfs_to_another_node(runs):
     sh("n2", f"nfs-cp /etc/hostname '{url}/from-n2?version=4'")
     # Read back on the server's local disk: the write went over NFSv4 to n1.
     assert sh("n1", "cat /shared/nfs-proof/from-n2").strip() == "n2"
+    assert sh("n1", "stat -c %U /shared/nfs-proof/from-n2").strip() == "nobody"
     assert "active" in sh("n1", "systemctl is-active nfs-ganesha")
 
 
@@ -133,6 +135,7 @@ def test_clients_get_enabled_mount_units(runs):
         unit = sh(node, "cat /etc/systemd/system/shared.mount")
         assert "What=n1:/shared" in unit
         assert "Options=vers=4.2,hard,proto=tcp,timeo=600,retrans=2,nconnect=8" in unit
+        assert unit.rstrip().count(",nosuid,nodev") == 1, unit
         assert sh(node, "systemctl is-enabled shared.mount").strip() == "enabled"
 
 
