@@ -51,6 +51,8 @@ class LocalSFTP:
 
         def write(self, data: bytes) -> None:
             self.file.write(data)
+            self.file.flush()
+            time.sleep(0.02)  # a network write takes a while: concurrent uploads overlap
 
         def __enter__(self):
             return self
