@@ -18,12 +18,13 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tacc_agent.config import AgentConfig
 from tacc_lab.inventory import InventoryNode, NodeHardware, render_inventory
 from tests.conftest import BIN, ROOT
 
@@ -346,3 +347,11 @@ def test_molecule_inventories_are_valid(scenario, tmp_path):
     config = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())
     group_vars = config["provisioner"].get("inventory", {}).get("group_vars", {}).get("all")
     validate_all_roles(lab_inventory(tmp_path, group_vars), tmp_path)
+
+
+def test_every_agent_setting_is_in_the_tacc_agent_roles_spec():
+    """tacc_agent_settings takes every key the agent's config knows (none is refused by
+    the role that the agent would read), and nothing else."""
+    spec = yaml.safe_load((ROOT / "roles/tacc_agent/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]["tacc_agent_settings"]["options"]
+    assert set(options) == {f.name for f in fields(AgentConfig)}
