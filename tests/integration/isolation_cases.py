@@ -45,6 +45,7 @@ def sleeper(root: Path, node_count: int = 2) -> Path:
     return root
 
 
+@pytest.mark.security
 def test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs(alice):
     """The lab has the production shape, and the login node mounts /shared (it is in
     nfs_clients, with nosuid,nodev): a workspace never lives on the login node's disk."""
