@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,15 +105,20 @@ def test_p2_a_researcher_does_not_see_another_researchers_jobs(alice, tmp_path):
 @pytest.mark.security
 def test_p1_root_on_an_nfs_client_is_nobody_on_shared():
     """A real NFS client (libnfs's nfs-cp, as root, AUTH_SYS uid 0) on a compute node
-    writes into a world-writable directory of the export: the server stores the file as
-    nobody, not root, so no setuid-root file can be planted in /shared."""
-    node_sh(SLURM_LAB, "n1", "install -d -m 1777 /shared/squash-probe")
+    cannot write into root's directories of the export: root is nobody there, so no
+    setuid-root file can be planted in /shared nor root-owned files replaced."""
     get_client = "apt-get install -y -q libnfs-utils >/dev/null 2>&1; command -v nfs-cp"
     install = node_sh(SLURM_LAB, "n2", f"command -v nfs-cp || ({get_client})")
     assert install.returncode == 0, install.stdout + install.stderr
-    url = "nfs://n1/shared/squash-probe/probe?uid=0&gid=0"
-    copy = node_sh(SLURM_LAB, "n2", f"echo x > /root/probe && nfs-cp /root/probe '{url}'")
-    assert copy.returncode == 0, copy.stdout + copy.stderr
-    owner = node_sh(SLURM_LAB, "n1", "stat -c '%u %a' /shared/squash-probe/probe").stdout.split()
-    node_sh(SLURM_LAB, "n1", "rm -rf /shared/squash-probe")
-    assert owner[0] != "0", owner
+    # Names Ganesha has never seen (it caches directory entries; the lab writes /shared
+    # behind its back, so the probe only goes through NFS).
+    probe = f"/shared/tcloud/squash-probe-{uuid.uuid4().hex[:8]}"
+    listing = node_sh(SLURM_LAB, "n2", "nfs-ls 'nfs://n1/shared/tcloud?version=4'")
+    assert listing.returncode == 0, listing.stderr  # root may read: the export serves it
+    copy = node_sh(SLURM_LAB, "n2", "echo x > /root/probe && "
+                   f"nfs-cp /root/probe 'nfs://n1{probe}?version=4&uid=0&gid=0'")  # fmt: skip
+    on_server = node_sh(SLURM_LAB, "n1", f"stat -c %U {probe}").stdout.strip()
+    node_sh(SLURM_LAB, "n1", f"rm -f {probe}")
+    # /shared/tcloud is root's, 0755: root squashed to nobody may not create in it.
+    assert copy.returncode != 0 and "ACCESS" in copy.stderr, (copy.stderr, on_server)
+    assert on_server == "", on_server
