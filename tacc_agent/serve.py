@@ -7,18 +7,20 @@ from the last finished run, so a scrape never waits for a check and a stuck moun
 stops the metrics. It is prometheus_client's WSGI app on its threading WSGI server, one
 thread per connection, with limits the library lacks: every request has a deadline after
 which its connection is cut (a client sending a byte every few seconds holds nothing), and
-connections are capped per client address and in all, so a slow or silent client never
-delays another scrape. SIGTERM / SIGINT end it cleanly.
+connections are capped per client address and in all (the oldest over a cap is cut), so a
+slow or silent client never delays another scrape. SIGTERM / SIGINT end it cleanly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import signal
 import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler
@@ -32,7 +34,8 @@ from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
 REQUEST_DEADLINE_SECONDS = 5.0
-# Connections served at once from one client address, and in all; more are closed at once.
+# Connections served at once from one client address, and in all; past either, the oldest
+# connection of the client over it is cut.
 CONNECTIONS_PER_CLIENT = 4
 CONNECTIONS = 32
 REAP_EVERY_SECONDS = 0.2
@@ -113,6 +116,17 @@ class QuietHandler(WSGIRequestHandler):
         pass
 
 
+def peer_key(address: str) -> str:
+    """The client a connection counts against: its address, with every loopback address
+    (all of 127/8, ::1) one client, since any local user can pick among them."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return "loopback" if (mapped or ip).is_loopback else str(mapped or ip)
+
+
 class MetricsServer(ThreadingWSGIServer):
     """prometheus_client's thread-per-connection WSGI server with a deadline per request
     and caps on connections: a reaper thread cuts (shutdown) every connection older than
@@ -129,14 +143,25 @@ class MetricsServer(ThreadingWSGIServer):
         self.stopped = threading.Event()
 
     def verify_request(self, request, client_address) -> bool:
-        """Admit a connection within the caps and start its clock; socketserver closes
-        the others at once."""
-        peer = client_address[0]
+        """Admit every connection and start its clock. Over a cap, the oldest connection
+        of the client at its cap (or, over the total, of the client holding the most) is
+        cut to make room: stalled connections, from one address or from many loopback or
+        node addresses, cannot keep a scraper out, since a scrape is never the oldest."""
+        peer = peer_key(client_address[0])
         with self.lock:
-            open_from_peer = sum(1 for p, _ in self.deadlines.values() if p == peer)
-            if len(self.deadlines) >= CONNECTIONS or open_from_peer >= CONNECTIONS_PER_CLIENT:
-                return False
+            held = Counter(p for p, _ in self.deadlines.values())
+            over = peer if held[peer] >= CONNECTIONS_PER_CLIENT else None
+            if over is None and len(self.deadlines) >= CONNECTIONS:
+                over = held.most_common(1)[0][0]
+            evict = None
+            if over is not None:
+                evict = min((c for c, (p, _) in self.deadlines.items() if p == over),
+                            key=lambda c: self.deadlines[c][1])  # fmt: skip
+                self.deadlines.pop(evict)
             self.deadlines[request] = (peer, time.monotonic() + REQUEST_DEADLINE_SECONDS)
+        if evict is not None:
+            with contextlib.suppress(OSError):  # its handler sees the cut and closes it
+                evict.shutdown(socket.SHUT_RDWR)
         return True
 
     def shutdown_request(self, request) -> None:

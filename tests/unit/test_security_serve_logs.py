@@ -84,6 +84,29 @@ def seconds_until_cut(conn: socket.socket, limit: float) -> float:
 
 
 @pytest.mark.security
+@pytest.mark.parametrize("scraper", ["127.0.0.1", "127.0.0.200"])
+def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_out(
+    tmp_path, scraper
+):
+    """A local user holds every slot from 127.0.0.2.., 127.0.0.9 (any of 127/8 is theirs):
+    the scrape, from the same loopback or another address, cuts the oldest and is served."""
+    with metrics_server(tmp_path) as port:
+        held = []
+        for host in range(2, 2 + serve.CONNECTIONS // serve.CONNECTIONS_PER_CLIENT):
+            for _ in range(serve.CONNECTIONS_PER_CLIENT):
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                                source_address=(f"127.0.0.{host}", 0))  # fmt: skip
+                conn.sendall(b"GET /metrics HTTP/1.1\r\n")
+                held.append(conn)
+        time.sleep(0.3)
+        seconds, body = scrape_seconds(port, scraper)
+        for conn in held:
+            conn.close()
+    assert "200 OK" in body.splitlines()[0], body[:200]
+    assert seconds < 1.0, seconds
+
+
+@pytest.mark.security
 def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path):
     with metrics_server(tmp_path) as port:
         slow = stalled_client(port)
