@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import jinja2
 import pytest
 import yaml
 
@@ -477,3 +478,28 @@ def test_p18_a_password_slurmdbd_cannot_read_is_refused_and_never_printed(refuse
     assert "slurm_dbd_db_password contains both whitespace and a double quote" in refused.output
     assert UNREADABLE_PASSWORD not in refused.output
     assert "Traceback" not in refused.output
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(("login", "admitted"), [("deploy", "deploy"), ("root", "root")])
+def test_p2_the_account_ansible_logs_in_as_stays_admitted(login, admitted):
+    """Ansible logging in as ssh's default user (no ansible_user set) must not be locked
+    out by the rules it writes: the account the node saw (`id -un`) is admitted."""
+    template = (ROOT / "roles/slurm_pam_adopt/templates/access.conf.j2").read_text()
+    text = jinja2.Environment(autoescape=False).from_string(template).render(  # noqa: S701
+        ansible_managed="managed", slurm_pam_adopt_login={"stdout": login},
+        slurm_pam_adopt_admit_users=["opsbot"], slurm_pam_adopt_admit_groups=["tacc_admins"],
+    )  # fmt: skip
+    rules = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert rules[0].split(":")[1].split() == ["root", *([admitted] if admitted != "root" else []),
+                                              "opsbot", "(tacc_admins)"]  # fmt: skip
+    assert rules[-1] == "-:ALL:ALL"
+
+
+@pytest.mark.security
+def test_p2_a_login_node_that_is_also_a_compute_node_keeps_admitting_researchers():
+    """pam_slurm_adopt on a login node would refuse every researcher without a job, so
+    nobody could submit one (a one-node lab is login and compute at once)."""
+    site = yaml.safe_load((ROOT / "playbooks/site.yml").read_text())
+    play = next(p for p in site if {"role": "slurm_pam_adopt"} in p.get("roles", []))
+    assert play["hosts"].split(":") == ["slurm_compute", "!login"]
