@@ -20,6 +20,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
@@ -28,6 +29,11 @@ from tacc_agent.instruction import digest_of, parse
 BLOB = re.compile(r"[0-9a-f]{64}-[0-7]{3}")
 # One upload's partial file of a blob: store/.partial/<blob>.<32 hex digits>.
 UPLOAD = re.compile(r"([0-9a-f]{64}-[0-7]{3})\.[0-9a-f]{32}")
+# A partial file nothing wrote to for this long belongs to a cut upload: the next upload
+# of its blob takes it over (renamed, not copied), and the others of that blob go.
+IDLE_SECONDS = 120
+# Partial files of uploads nobody resumed go after this long (they count on the quota).
+ABANDONED_SECONDS = 7 * 24 * 3600
 
 
 def store_dirs(user_dir: Path) -> tuple[Path, Path, Path]:
@@ -65,18 +71,44 @@ def size_or_zero(path: Path) -> int:
         return 0
 
 
-def start_upload(partial: Path, name: str) -> tuple[str, int]:
-    """(this upload's partial file, bytes already in it). What a cut upload left is
-    copied, never shared: another upload may still be appending to it."""
-    upload = new_upload(name)
-    sources = sorted(partial_files(partial, name), key=size_or_zero, reverse=True)
-    if not sources or size_or_zero(sources[0]) == 0:
-        return upload, 0
+def idle_for(path: Path, now: float) -> float:
     try:
-        shutil.copyfile(sources[0], partial / upload)
-    except FileNotFoundError:  # committed (and cleaned up) by another upload meanwhile
-        return upload, 0
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def start_upload(partial: Path, name: str) -> tuple[str, int]:
+    """(this upload's partial file, bytes already in it). What a cut upload left is taken
+    over when idle (renamed: one upload wins it), else copied, never shared: another
+    upload may still be appending to it. Idle partial files of the blob then go, so
+    repeated cut uploads do not pile copies up on the user's quota."""
+    upload, now = new_upload(name), time.time()
+    sources = sorted(partial_files(partial, name), key=size_or_zero, reverse=True)
+    sources = [path for path in sources if size_or_zero(path) > 0]
+    for source in sources:
+        if idle_for(source, now) < IDLE_SECONDS:
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile: start afresh
+                shutil.copyfile(source, partial / upload)
+            break
+        with contextlib.suppress(FileNotFoundError):  # another upload took it over first
+            os.rename(source, partial / upload)
+            break
+    for path in partial_files(partial, name):
+        if path.name != upload and idle_for(path, now) >= IDLE_SECONDS:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
     return upload, size_or_zero(partial / upload)
+
+
+def drop_abandoned(partial: Path) -> None:
+    """Partial files of uploads nobody came back to for ABANDONED_SECONDS."""
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError):
+        for path in partial.iterdir():
+            if idle_for(path, now) >= ABANDONED_SECONDS:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def drop_partials(partial: Path, name: str) -> None:
@@ -89,6 +121,7 @@ def missing(user_dir: Path, blobs: list[str]) -> dict:
     check_names(blobs)
     store, partial, _ = store_dirs(user_dir)
     ensure_dirs(user_dir)
+    drop_abandoned(partial)
     lacking, started, uploads = [], {}, {}
     for name in blobs:
         if (store / name).exists():
@@ -197,7 +230,9 @@ def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bo
     when its content is not the blob. Either way the blob's partial files go (another
     upload of it still running finds the blob committed when it commits)."""
     if upload is None:
-        return True  # not sent by this upload: the store has it, or the job lacks it
+        if (store / name).exists() or not (partial / name).exists():
+            return True  # not sent by this upload: the store has it, or the job lacks it
+        upload = name  # an older tcloud appended to store/.partial/<blob> and named none
     final, staged = store / name, partial / upload
     try:
         good = final.exists() or sha256(staged) == name.split("-")[0]

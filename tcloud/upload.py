@@ -98,6 +98,11 @@ def upload(
     missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
     # Each upload writes its own partial file (a copy of what a cut one left): two
     # submits of the same new file at once never append to one file.
+    if missing and not isinstance(answer.get("uploads"), dict):
+        raise TcloudError(
+            "the cluster's tacc-agent is older than this tcloud (its store gives each upload "
+            "no file of its own): ask the cluster's operators to upgrade the agent"
+        )
     uploads = {name: answer["uploads"][name] for name in missing}
     sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
     progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))

@@ -5,6 +5,7 @@ on PATH; uploads run the real client against the real store, in this process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import yaml
 from tacc_agent import jobs, records, schedule, store, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.instruction import InvalidInstruction, parse
+from tacc_agent.instruction import InvalidInstruction, digest_of, parse
 from tacc_plugins import duration
 from tcloud import upload as upload_module
 from tcloud.compiler import Instruction, compile_task
@@ -210,7 +211,8 @@ def config(tmp_path: Path) -> AgentConfig:
 def submit_in_agent(tmp_path: Path, slurm: FakeSlurm, job_dir: Path, sbatch: str, **kwargs):
     """`tacc-agent job submit` as its own process (it may be killed), sbatch answering as
     `sbatch` says."""
-    env = agent_env(tmp_path, slurm_timeout_seconds=3) | slurm.env(sbatch)
+    # 8 s: the hanging sbatch must still hang while the test looks at ps on a loaded host.
+    env = agent_env(tmp_path, slurm_timeout_seconds=8) | slurm.env(sbatch)
     user_dir = job_dir.parent.parent
     argv = [sys.executable, "-m", "tacc_agent", "--userdir", str(user_dir), "job", "submit",
             str(job_dir)]  # fmt: skip
@@ -407,3 +409,44 @@ def test_p14_cancel_halt_resume_of_another_users_slurm_job_are_refused(tmp_path,
             act()
     assert slurm.calls("scancel") == [] and slurm.jobs()["42"]["state"] == "RUNNING"
     assert records.last_state(job_dir) == "QUEUED"
+
+
+@pytest.mark.security
+def test_p9_an_upload_from_a_tcloud_before_per_upload_files_still_commits(tmp_path):
+    """An older tcloud appends to store/.partial/<blob> and names no upload in its
+    commit: the agent takes that file (mixed versions during an upgrade)."""
+    user = tmp_path / "user"
+    user.mkdir()
+    data = b"print('hi')\n"
+    blob = hashlib.sha256(data).hexdigest() + "-644"
+    assert store.handle(user, {"op": "missing", "blobs": [blob]})["missing"] == [blob]
+    (user / "store" / ".partial" / blob).write_bytes(data)
+    doc = {"format": "tacc-instruction/1", "task": {"name": "t", "run": ["python x.py"]},
+           "manifest": {}}  # fmt: skip
+    answer = store.handle(user, {"op": "commit", "blobs": [blob],
+                                 "manifest": {"code/x.py": blob}, "digest": digest_of(doc),
+                                 "files": {"instruction.json": json.dumps(doc)}})  # fmt: skip
+    assert answer["bad"] == [] and answer["workdir"], answer
+    assert (Path(answer["workdir"]) / "code/x.py").read_bytes() == data
+
+
+@pytest.mark.security
+def test_p9_cut_uploads_do_not_pile_copies_up(tmp_path):
+    """Each cut upload of a blob left a copy of what had arrived; the next upload takes
+    over an idle one (renamed) and the other idle ones go: one partial file remains."""
+    user = tmp_path / "user"
+    user.mkdir()
+    data = b"x" * (4 << 20)
+    blob = hashlib.sha256(data).hexdigest() + "-644"
+    partial = user / "store" / ".partial"
+    for _attempt in range(4):
+        upload = store.handle(user, {"op": "missing", "blobs": [blob]})["uploads"][blob]
+        part = partial / upload
+        with part.open("ab") as out:  # 1 MiB more arrives, then the link drops
+            out.write(data[part.stat().st_size if part.exists() else 0 :][: 1 << 20])
+        for path in partial.iterdir():  # minutes go by before the next attempt
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+    answer = store.handle(user, {"op": "missing", "blobs": [blob]})
+    left = sorted(partial.iterdir())
+    assert [p.name for p in left] == [answer["uploads"][blob]]
+    assert answer["partial"][blob] == 4 << 20  # all four MiB kept, in one file
