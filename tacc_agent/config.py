@@ -114,4 +114,18 @@ def load_config(path: Path | None = None) -> AgentConfig:
     for key in ("mounts", "services", "plugins", "las_thresholds", "job_tmp_dirs"):
         if key in data:
             data[key] = tuple(data[key] or ())
+    check_kernel_log(path, data.get("kernel_log"))
     return AgentConfig(**data)
+
+
+def check_kernel_log(path: Path, kernel_log: object) -> None:
+    """kernel_log was a syslog file once; one now would silently find no Xid at all."""
+    if kernel_log is None or kernel_log == "journal":
+        return
+    if not isinstance(kernel_log, str) or Path(kernel_log).is_file():
+        raise AgentError(
+            f"{path}: kernel_log: expected /dev/kmsg (or another kernel ring buffer device) "
+            f"or 'journal', not {kernel_log!r}: a log file holds lines any user can write, "
+            "so Xid lines are no longer read from one",
+            EXIT_CLUSTER,
+        )

@@ -20,7 +20,7 @@ from tacc_agent import health, queue_ticks, slurm
 from tacc_agent.checks import system
 from tacc_agent.checks.base import FAIL, OK
 from tacc_agent.checks.gpu import check_gpus
-from tacc_agent.config import AgentConfig
+from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError
 from tacc_lab.fakehw import FakeHardware, device_state
 from tacc_plugins import las
@@ -331,3 +331,18 @@ def test_p18_nothing_is_removed_when_slurm_does_not_say_whose_jobs_run_here(tmp_
     assert result.detail == (f"{scratch} 2.0% free < 5%; leftovers kept: squeue did not say "
                              "whose jobs run here")  # fmt: skip
     assert all((scratch / name).exists() for name in files)
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+def test_p16_a_kernel_log_file_in_the_config_is_refused_not_silently_ignored(tmp_path):
+    """kern.log was a valid kernel_log before; read as /dev/kmsg it would match no Xid,
+    and GPUs that fell off the bus would never drain the node: refuse it clearly."""
+    kern_log = tmp_path / "kern.log"
+    kern_log.write_text("kernel: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus\n")
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"kernel_log: {kern_log}\n")
+    with pytest.raises(AgentError, match=r"kernel_log: expected /dev/kmsg .* or 'journal'"):
+        load_config(config)
+    config.write_text("kernel_log: journal\n")
+    assert load_config(config).kernel_log == "journal"
