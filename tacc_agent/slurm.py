@@ -32,12 +32,14 @@ KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")
 def parse_oneliner(line: str) -> dict[str, str]:
     """One `scontrol show ... --oneliner` record (Key=Value words) as a dict. A value may
     hold spaces (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not
-    start a new Key= continues the value before it."""
+    start a new Key= continues the value before it. A key seen before does not start a
+    new one either: scontrol prints each key once, UserId and WorkDir before the free
+    text a user sets (Comment), so `Comment=x UserId=alice(1001)` forges nothing."""
     fields: dict[str, str] = {}
     key = ""
     for word in line.split():
         name, sep, value = word.partition("=")
-        if sep and KEY.fullmatch(name):
+        if sep and KEY.fullmatch(name) and name not in fields:
             key, fields[name] = name, value
         elif key:
             fields[key] += " " + word

@@ -23,6 +23,7 @@ from tacc_agent import jobs, records, schedule, store, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.instruction import InvalidInstruction, digest_of, parse
+from tacc_agent.slurm import parse_oneliner
 from tacc_plugins import duration
 from tcloud import upload as upload_module
 from tcloud.compiler import Instruction, compile_task
@@ -450,3 +451,16 @@ def test_p9_cut_uploads_do_not_pile_copies_up(tmp_path):
     left = sorted(partial.iterdir())
     assert [p.name for p in left] == [answer["uploads"][blob]]
     assert answer["partial"][blob] == 4 << 20  # all four MiB kept, in one file
+
+
+@pytest.mark.security
+def test_p14_a_comment_cannot_forge_the_owner_or_workdir_scontrol_shows():
+    """A user's own free text (Comment, printed after UserId and WorkDir) that holds
+    `UserId=...` or `WorkDir=...` words does not replace the real fields."""
+    line = ("JobId=7 JobName=x UserId=bob(2002) GroupId=bob(2002) JobState=RUNNING "
+            "WorkDir=/shared/tcloud/bob Comment=hi UserId=alice(2001) "
+            "WorkDir=/shared/tcloud/alice/jobs/a-1 StdOut=/dev/null")  # fmt: skip
+    fields = parse_oneliner(line)
+    assert fields["UserId"] == "bob(2002)"
+    assert fields["WorkDir"] == "/shared/tcloud/bob"
+    assert fields["Comment"].startswith("hi UserId=alice(2001)")
