@@ -242,7 +242,9 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     lost = lost_nodes.describe(records.ranks(job_dir), config.slurm_timeout_seconds)
     records.clear_ranks(job_dir)
     detail = {"lost": lost} if restarts and lost else {}
-    records.add_event(job_dir, "PROVISIONING", restart=restarts, **detail)
+    # The Slurm id, in the job's own record: a submit that crashed after sbatch and
+    # whose job ran out of the queue is still found without accounting (submitting.py).
+    records.add_event(job_dir, "PROVISIONING", restart=restarts, slurm_job_id=job_id, **detail)
     say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
     if detail:
         say(f"run {restarts} was requeued: {lost}")

@@ -94,6 +94,13 @@ def accounted_job(job_dir: Path, tag: str, since: float, config: AgentConfig) ->
     return None
 
 
+def started_as(job_dir: Path) -> str | None:
+    """The Slurm id the job's batch step recorded when it started (it ran, and may have
+    left the queue already), for a cluster without accounting."""
+    ids = [str(e["slurm_job_id"]) for e in records.history(job_dir) if e.get("slurm_job_id")]
+    return ids[0] if ids else None
+
+
 def settle(user_dir: Path, job_dir: Path, queue: dict[str, str], config: AgentConfig) -> bool:
     """Give the job its id, or record it as never submitted; False: not yet known."""
     record = records.read_json(record_path(job_dir)) or {}
@@ -101,6 +108,8 @@ def settle(user_dir: Path, job_dir: Path, queue: dict[str, str], config: AgentCo
     job_id = record.get("job_id") or (queue.get(tag) if tag else None)
     if not job_id and tag:
         job_id = accounted_job(job_dir, tag, float(record.get("since", 0)), config)
+    if not job_id:
+        job_id = started_as(job_dir)
     if job_id:
         finish(user_dir, job_dir, str(job_id))
         return True

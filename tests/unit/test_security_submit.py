@@ -464,3 +464,20 @@ def test_p14_a_comment_cannot_forge_the_owner_or_workdir_scontrol_shows():
     assert fields["UserId"] == "bob(2002)"
     assert fields["WorkDir"] == "/shared/tcloud/bob"
     assert fields["Comment"].startswith("hi UserId=alice(2001)")
+
+
+@pytest.mark.security
+@pytest.mark.fault
+def test_p10_a_job_that_ran_and_left_the_queue_is_found_without_accounting(tmp_path, slurm):
+    """The submit crashed after sbatch; the job ran and finished before anyone looked,
+    and the cluster keeps no accounting: its own PROVISIONING record names its id, so
+    ps keeps it instead of calling it never submitted."""
+    user_dir, job_dir = make_job(tmp_path, TASK, {"train.py": "print('hi')\n"})
+    lost = submit_in_agent(tmp_path, slurm, job_dir, "lost")
+    lost.communicate(timeout=60)
+    records.add_event(job_dir, "PROVISIONING", restart=0, slurm_job_id="100")
+    records.add_event(job_dir, "COMPLETED", exit_code=0)
+    record = records.read_json(job_dir / "status" / "submit.json")
+    records.write_json(job_dir / "status" / "submit.json", {**record, "since": 0})  # long ago
+    assert [job for job, _ in rows(user_dir, tmp_path)] == ["100"]
+    assert records.current(records.history(job_dir))["state"] == "COMPLETED"
