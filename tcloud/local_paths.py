@@ -10,6 +10,7 @@ directory that holds one (a home directory with its ~/.ssh).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 ALLOW_FLAG = "--allow-outside-paths"
@@ -18,8 +19,13 @@ SECRET_PATHS = (
     "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker",
     "~/.netrc", "~/.pgpass", "~/.git-credentials", "~/.pypirc", "~/.npmrc",
     "~/.password-store", "~/.local/share/keyrings", "~/.vault-token", "~/.terraform.d",
-    "~/.config/gh", "/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
+    "~/.config/gh", "/etc", "/proc", "/sys", "/dev", "/boot",
+    # Under /run: session keyrings and agents, container and Kubernetes secrets; not
+    # /run/media, where removable drives (datasets) are mounted.
+    "/run/user", "/run/secrets", "/var/run/secrets",
 )  # fmt: skip
+# macOS and Windows file systems ignore case: ~/.SSH is ~/.ssh there.
+CASE_BLIND = sys.platform in ("darwin", "win32")
 
 
 def resolve(base_dir: Path, text: str) -> Path:
@@ -36,12 +42,18 @@ def secret_places() -> list[Path]:
     return list(dict.fromkeys(places))
 
 
+def folded(path: Path) -> Path:
+    return Path(str(path).casefold()) if CASE_BLIND else path
+
+
 def secret_in(path: Path) -> Path | None:
     """The secret place `path` is, is inside, or holds (one that exists), else None."""
+    seen = folded(path)
     for secret in secret_places():
-        if path == secret or secret in path.parents:
+        place = folded(secret)
+        if seen == place or place in seen.parents:
             return secret
-        if path in secret.parents and secret.exists():
+        if seen in place.parents and secret.exists():
             return secret
     return None
 

@@ -21,7 +21,7 @@ from tacc_agent.instruction import InvalidInstruction, digest_of, parse
 from tacc_agent.slurm import parse_oneliner
 from tacc_plugins.registry import PluginError, select
 from tacc_plugins.sweep import MAX_TRIALS
-from tcloud import files
+from tcloud import files, local_paths
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError, TcloudError
 from tcloud.schema import load_task
@@ -186,6 +186,20 @@ def test_p5_secret_places_are_refused_even_with_the_flag(tmp_path, home, local):
     path = write_task(project, base(datasets=[{"name": "d", "local": local}]))
     with pytest.raises(TaskFileError, match=r"datasets\[0\].local: .*a place of secrets"):
         load_task(path, [], allow_outside=True)
+
+
+@pytest.mark.security
+def test_p5_a_case_blind_file_system_does_not_hide_a_secret_place(tmp_path, home, monkeypatch):
+    """On macOS ~/.SSH is ~/.ssh: the check compares without case there."""
+    monkeypatch.setattr(local_paths, "CASE_BLIND", True)
+    path = write_task(tmp_path / "p", base(datasets=[{"name": "d", "local": str(home) + "/.SSH"}]))
+    with pytest.raises(TaskFileError, match=r"a place of secrets"):
+        load_task(path, [], allow_outside=True)
+
+
+def test_p5_a_removable_drive_under_run_media_may_be_a_dataset_with_the_flag(tmp_path):
+    assert local_paths.secret_in(Path("/run/media/alice/usb/data")) is None
+    assert local_paths.secret_in(Path("/run/user/1000/gnupg")) == Path("/run/user")
 
 
 @pytest.mark.bad_input
