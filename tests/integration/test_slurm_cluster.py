@@ -53,8 +53,15 @@ def cluster(slurm_lab) -> Path:
 
 
 def test_compute_nodes_are_idle(cluster):
-    out = node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout.split("\n")
-    assert sorted(line for line in out if line) == ["n2 idle", "n3 idle"]
+    """Idle once the jobs of the cases before (cancelled at their end) have completed."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout.split("\n")
+        nodes = sorted(line for line in out if line)
+        if nodes == ["n2 idle", "n3 idle"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert nodes == ["n2 idle", "n3 idle"]
 
 
 def test_srun_spans_both_compute_nodes(cluster):
@@ -448,10 +455,10 @@ def test_an_upload_cut_mid_way_resumes_and_leaves_no_corrupt_blob(alice, tmp_pat
     digest = hashed.hexdigest()
     partial = Path(f"/var/lib/tacc-lab/{NAME}/shared/tcloud/alice/store/.partial")
     env = researcher_env(NAME, "alice")
-    # A root shell on n1 that is already connected, waiting for the word: the cut lands
-    # the moment the first 4 MiB are there, not an ssh handshake later.
+    # A root shell on the login node that is already connected, waiting for the word: the
+    # cut lands the moment the first 4 MiB are there, not an ssh handshake later.
     killer = subprocess.Popen(
-        [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "n1", "sh", "-c",
+        [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1", "sh", "-c",
          "read go && pkill -KILL -f '^sshd: alice'"],
         stdin=subprocess.PIPE, text=True,
     )  # fmt: skip
