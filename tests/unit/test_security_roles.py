@@ -431,7 +431,7 @@ def test_p2_site_playbook_applies_pam_slurm_adopt_to_compute_nodes():
     adopt = next(
         i for i, p in enumerate(plays) if {"role": "slurm_pam_adopt"} in p.get("roles", [])
     )
-    assert plays[adopt]["hosts"] == "slurm_compute" and adopt > slurm
+    assert plays[adopt]["hosts"] == "slurm_compute:!login" and adopt > slurm
 
 
 # ------------------------------------------------------ 18: StoragePass in slurmdbd.conf
