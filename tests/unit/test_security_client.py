@@ -197,11 +197,6 @@ def test_p5_a_case_blind_file_system_does_not_hide_a_secret_place(tmp_path, home
         load_task(path, [], allow_outside=True)
 
 
-def test_p5_a_removable_drive_under_run_media_may_be_a_dataset_with_the_flag(tmp_path):
-    assert local_paths.secret_in(Path("/run/media/alice/usb/data")) is None
-    assert local_paths.secret_in(Path("/run/user/1000/gnupg")) == Path("/run/user")
-
-
 @pytest.mark.bad_input
 def test_p5_a_task_in_the_home_directory_does_not_upload_it(tmp_path, home):
     """code.workdir `.` in a home directory would upload ~/.ssh with the code."""

@@ -412,7 +412,6 @@ def test_p14_cancel_halt_resume_of_another_users_slurm_job_are_refused(tmp_path,
     assert records.last_state(job_dir) == "QUEUED"
 
 
-@pytest.mark.security
 def test_p9_an_upload_from_a_tcloud_before_per_upload_files_still_commits(tmp_path):
     """An older tcloud appends to store/.partial/<blob> and names no upload in its
     commit: the agent takes that file (mixed versions during an upgrade)."""
