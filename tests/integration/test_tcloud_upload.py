@@ -231,7 +231,8 @@ REFUSED = {
     "huge-file": "model.ckpt: code: 3.0 GiB is over the limit of 2G",
     "bad-name": "name: expected a name of letters, digits, _.-",
     "non-utf8-name": "caf\\xe9.txt: code: file name is not UTF-8",
-    "agent-owned-sbatch-option": "resources.sbatch.output: sbatch option 'output' cannot be set",
+    "agent-owned-sbatch-option": "resources.sbatch.output: expected an option the agent leaves "
+    "to the task: sbatch option 'output' cannot be set by a task (the agent sets --output)",
 }
 
 
