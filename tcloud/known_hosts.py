@@ -76,11 +76,16 @@ def load(paths: Iterable[Path], keys: paramiko.HostKeys | None = None) -> KnownH
     lines = [line for path in paths for line in read_lines(path)]
     revoked = {line.key.asbytes() for line in lines if line.marker == REVOKED}
     known = KnownHosts(paramiko.HostKeys() if keys is None else keys, revoked)
+    seen: set[tuple[str, str]] = set()
     for line in lines:
         if line.marker or known.is_revoked(line.key):
             continue
         for hostname in line.hostnames:
-            known.keys.add(hostname, line.key.get_name(), line.key)
+            # The first line of a host and key type wins, as paramiko's own reader has it
+            # (HostKeys.add would let a later line replace it).
+            if (hostname, line.key.get_name()) not in seen:
+                seen.add((hostname, line.key.get_name()))
+                known.keys.add(hostname, line.key.get_name(), line.key)
     return known
 
 
