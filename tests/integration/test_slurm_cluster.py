@@ -220,6 +220,13 @@ def test_halt_sends_the_checkpoint_signal_and_resume_runs_it_again(alice, tmp_pa
     run = ['trap \'echo "checkpoint at $(date +%s)" >> "$TACC_WORKDIR/outputs/ckpt"; exit 0\' '
            'USR1; echo "started"; while true; do sleep 1; done']  # fmt: skip
     job = submit(alice, task_dir(tmp_path / "t", "ckpt", run, nodes=1))
+    try:
+        halt_checkpoint_resume(alice, job, tmp_path)
+    finally:  # a failure must not leave a held job that later cases count as waiting
+        alice("cancel", job)
+
+
+def halt_checkpoint_resume(alice, job: str, tmp_path: Path) -> None:
     wait_state(alice, job, ("RUNNING",))
     # "started" comes after the trap is set: a USR1 before it would kill the program
     # (bash's default action), which a loaded host's slow start can otherwise allow.
@@ -237,7 +244,10 @@ def test_halt_sends_the_checkpoint_signal_and_resume_runs_it_again(alice, tmp_pa
     assert info["slurm_state"] in ("PENDING", "REQUEUE_HOLD"), info
     assert "checkpoint signal (SIGUSR1)" in log, log
     assert alice("download", job, str(tmp_path / "got")).returncode == 0
-    assert (tmp_path / "got/outputs/ckpt").read_text().startswith("checkpoint at"), log
+    ckpt = tmp_path / "got/outputs/ckpt"
+    workdir = info["workdir"]
+    seen = node_sh(NAME, "n1", f"ls -la {workdir} {workdir}/outputs; cat {workdir}/outputs/*")
+    assert ckpt.exists() and ckpt.read_text().startswith("checkpoint at"), (log, info, seen)
     assert alice("resume", job).returncode == 0
     queued = status(alice, job)
     assert queued["state"] == "QUEUED" and "held" not in queued["reason"].lower(), queued
