@@ -62,6 +62,13 @@ def proc_tree(root: Path) -> str:
     return str(root)
 
 
+def daemon_settings(config: AgentConfig) -> dict:
+    """The agent.yaml keys of fixture_config that a `tacc-agent serve` process needs."""
+    return {key: getattr(config, key) for key in (
+        "rdma_sysfs_root", "nvidia_smi", "expected_gpus", "state_dir", "facts_file",
+        "kernel_log", "drain")}  # fmt: skip
+
+
 def fixture_config(tmp_path: Path) -> AgentConfig:
     hdr = "200 Gb/sec (4X HDR)"
     sysfs = rdma_tree(tmp_path / "sys", {"mlx5_0/1": ("4: ACTIVE", hdr, 3),
@@ -129,10 +136,7 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
     point = tmp_path / "hung"
     point.mkdir()
     config = fixture_config(tmp_path)
-    settings = {key: getattr(config, key) for key in (
-        "rdma_sysfs_root", "nvidia_smi", "expected_gpus", "state_dir", "facts_file",
-        "kernel_log", "drain")}  # fmt: skip
-    settings |= {"services": [], "check_timeout_seconds": 0.3,
+    settings = daemon_settings(config) | {"services": [], "check_timeout_seconds": 0.3,
                  "mounts": [{"path": str(point), "fstype": FSTYPE}]}  # fmt: skip
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     with blocking_fuse(point):

@@ -19,7 +19,7 @@ KEYS = {
 }
 
 
-def _render(
+def render_lab(
     count: int, researchers: dict[str, str] | None = None, *, login_node: bool = False
 ) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
@@ -40,7 +40,7 @@ def _render(
 
 
 def test_head_node_and_compute_nodes_get_their_groups():
-    data = _render(3)["all"]
+    data = render_lab(3)["all"]
     assert list(data["hosts"]) == ["n1", "n2", "n3"]  # sorted by index
     assert data["hosts"]["n2"]["ansible_host"] == "10.77.0.12"
     children = data["children"]
@@ -51,7 +51,7 @@ def test_head_node_and_compute_nodes_get_their_groups():
 
 
 def test_the_production_shape_has_a_separate_login_node_that_mounts_shared():
-    data = _render(3, login_node=True)["all"]
+    data = render_lab(3, login_node=True)["all"]
     assert list(data["hosts"]) == ["login1", "n1", "n2", "n3"]
     children = data["children"]
     assert list(children["login"]["hosts"]) == ["login1"]
@@ -65,12 +65,12 @@ def test_the_production_shape_has_a_separate_login_node_that_mounts_shared():
 
 def test_single_node_lab_is_head_and_compute():
     assert set(groups_for(1, 1)) == set(HEAD_GROUPS) | set(COMPUTE_GROUPS)
-    children = _render(1)["all"]["children"]
+    children = render_lab(1)["all"]["children"]
     assert list(children["slurm_compute"]["hosts"]) == ["n1"]
 
 
 def test_inventory_verifies_host_keys_against_lab_known_hosts():
-    lab_vars = _render(2)["all"]["vars"]
+    lab_vars = render_lab(2)["all"]["vars"]
     args = lab_vars["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in args
     assert "UserKnownHostsFile=/var/lib/tacc-lab/lab/ssh/known_hosts" in args
@@ -85,14 +85,14 @@ def test_groups_match_the_example_inventory(project_root):
 
 
 def test_lab_sets_the_plugins_nspawn_supports():
-    lab_vars = _render(2)["all"]["vars"]
+    lab_vars = render_lab(2)["all"]["vars"]
     assert lab_vars["slurm_proctrack_type"] == "proctrack/linuxproc"
     assert lab_vars["slurm_task_plugin"] == "task/none"
     assert (lab_vars["slurm_node_cpus"], lab_vars["slurm_node_memory_mb"]) == (2, 24000)
 
 
 def test_lab_serves_shared_with_ganesha_and_points_roles_at_fake_hardware():
-    lab_vars = _render(3)["all"]["vars"]
+    lab_vars = render_lab(3)["all"]["vars"]
     assert lab_vars["nfs_server_implementation"] == "ganesha"
     assert lab_vars["nfs_server_exports"][0]["path"] == "/shared"
     assert lab_vars["nfs_server_exports"][0]["clients"] == "10.77.0.0/24"
@@ -103,7 +103,7 @@ def test_lab_serves_shared_with_ganesha_and_points_roles_at_fake_hardware():
 
 
 def test_lab_researchers_become_cluster_users_with_their_keys():
-    lab_vars = _render(2)["all"]["vars"]
+    lab_vars = render_lab(2)["all"]["vars"]
     assert lab_vars["common_cluster_users"] == [
         {
             "name": "alice",
@@ -117,9 +117,9 @@ def test_lab_researchers_become_cluster_users_with_their_keys():
 
 
 def test_no_researchers_means_no_cluster_users():
-    assert _render(1, researchers={})["all"]["vars"]["common_cluster_users"] == []
+    assert render_lab(1, researchers={})["all"]["vars"]["common_cluster_users"] == []
 
 
 def test_unknown_researcher_is_refused():
     with pytest.raises(LabError, match="not lab researchers: mallory"):
-        _render(1, researchers={"mallory": "ssh-ed25519 AAAA"})
+        render_lab(1, researchers={"mallory": "ssh-ed25519 AAAA"})

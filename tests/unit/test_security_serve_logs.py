@@ -25,7 +25,7 @@ import yaml
 
 from tacc_agent import logs, records, serve
 from tacc_agent.serve import Daemon
-from tests.unit.test_agent_serve import fixture_config, parse_exposition
+from tests.unit.test_agent_serve import daemon_settings, fixture_config, parse_exposition
 
 # ------------------------------------------------------------ 7: /metrics under slow clients
 SCRAPER = "127.0.0.2"  # the Prometheus server: another address than the slow clients'
@@ -186,10 +186,8 @@ def test_p7_routes_and_the_exposition_are_unchanged(tmp_path):
 def test_p7_the_serve_process_stays_within_its_30_mib_budget(tmp_path):
     """`tacc-agent serve` as systemd runs it, after a check run and 20 scrapes."""
     config = fixture_config(tmp_path)
-    settings = {key: getattr(config, key) for key in (
-        "rdma_sysfs_root", "nvidia_smi", "expected_gpus", "state_dir", "facts_file",
-        "kernel_log", "drain")}  # fmt: skip
-    (tmp_path / "agent.yaml").write_text(yaml.safe_dump({**settings, "services": []}))
+    settings = daemon_settings(config) | {"services": []}
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     daemon = subprocess.Popen(
         [sys.executable, "-m", "tacc_agent", "serve", "--port", "0", "--interval", "0.5",
          "--config", str(tmp_path / "agent.yaml")],
@@ -249,17 +247,23 @@ def write_big_log(path: Path, size: int) -> tuple[str, int]:
     return expected.hexdigest(), lines
 
 
+def stream_peak(job_dir: Path, write) -> int:
+    """Peak bytes Python allocated while `tcloud logs` (the agent's stream) printed the
+    job's logs through `write`."""
+    tracemalloc.start()
+    try:
+        logs.stream(job_dir, False, None, 0, lambda: True, write=write)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.security
 def test_p8_a_64_mib_log_prints_whole_in_bounded_memory(tmp_path):
     job_dir = job_with_logs(tmp_path, {})
     expected, count = write_big_log(job_dir / "logs" / "rank-0-n2.log", 64 * 2**20)
     sink = Digest()
-    tracemalloc.start()
-    try:
-        logs.stream(job_dir, False, None, 0, lambda: True, write=sink)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = stream_peak(job_dir, sink)
     assert (sink.hash.hexdigest(), sink.lines) == (expected, count)
     assert peak < 8 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 64 MiB log"
 
@@ -280,12 +284,7 @@ def test_p8_a_log_that_is_one_endless_line_is_printed_in_bounded_memory(tmp_path
         assert text.startswith("[n2:0] ") and text.endswith("\n")
         pieces(text[len("[n2:0] ") : -1])
 
-    tracemalloc.start()
-    try:
-        logs.stream(job_dir, False, None, 0, lambda: True, write=write)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = stream_peak(job_dir, write)
     assert peak < 16 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 33 MiB line"
     line = (job_dir / "logs" / "rank-0-n2.log").read_bytes()
     assert pieces.hash.hexdigest() == hashlib.sha256(line).hexdigest()

@@ -4,13 +4,11 @@ lab has the production shape (a separate login node), so such a bug shows there.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-from tacc_lab.inventory import InventoryNode, NodeHardware, render_inventory
 from tests.conftest import ROOT
+from tests.unit.test_lab_inventory import render_lab
 
 
 def group_hosts(children: dict, group: str) -> set[str]:
@@ -27,19 +25,7 @@ def test_p3_every_login_and_compute_host_of_the_example_mounts_shared():
 
 @pytest.mark.security
 def test_p3_the_lab_has_a_separate_login_node_that_mounts_shared():
-    nodes = [InventoryNode("login1", "10.77.0.10", 0)] + [
-        InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in (1, 2, 3)
-    ]
-    text = render_inventory(
-        nodes,
-        ssh_key=Path("/k"),
-        known_hosts=Path("/kh"),
-        proxy_url="http://10.77.0.1:3128",
-        lab_name="lab",
-        hardware=NodeHardware(cpus=2, memory_mb=4000),
-        subnet="10.77.0.0/24",
-    )
-    children = yaml.safe_load(text)["all"]["children"]
+    children = render_lab(3, login_node=True)["all"]["children"]
     assert group_hosts(children, "login") == {"login1"}
     assert "login1" in group_hosts(children, "nfs_clients")
     assert group_hosts(children, "login") & group_hosts(children, "slurm_controller") == set()
