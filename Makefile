@@ -39,11 +39,17 @@ $(STAMP)/apt: Makefile
 	fi
 	@mkdir -p $(STAMP) && touch $@
 
+# The five distributions under packages/ (docs/architecture.md), editable, with the
+# ops side's dev tools.
+DISTS := contract plugins client agent ops
+PYPROJECTS := $(foreach d,$(DISTS),packages/$(d)/pyproject.toml)
+EDITABLE := $(foreach d,contract plugins client agent,-e packages/$(d))
+
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml $(STAMP)/apt
+$(VENV)/.installed: $(PYPROJECTS) $(STAMP)/apt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q $(EDITABLE) -e 'packages/ops[dev]'
 	touch $@
 
 # The bench scripts one after the other on the bench lab (about an hour, docs/bench.md);
@@ -52,14 +58,14 @@ $(VENV)/.installed: pyproject.toml $(STAMP)/apt
 bench: venv $(VENV)/.bench-installed
 	python -u bench/report.py $(BENCH_ARGS)
 
-$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[dev,bench]'
+$(VENV)/.bench-installed: $(PYPROJECTS) $(VENV)/.installed
+	$(BIN)/pip install -q $(EDITABLE) -e 'packages/ops[dev,bench]'
 	touch $@
 
 # Not part of `make test` (CI has no GPU): run it on a GPU machine, e.g. the device tool's.
 # It needs no venv and no network: the machine's Python with PyTorch, and nvidia-smi.
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(PYTHON) tools/gpu_check.py
+	$(PYTHON) tools/gpu_check.py
 
 lab-up: venv
 	tacc-lab up --nodes $(LAB_NODES)

@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
-
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.hashcache import HashCache
-from tcloud.schema import load_task
 from tcloud.ssh import session
+from tcloud.task_file import load_task
 from tcloud.upload import upload
 
 NODE = "10.77.7.11"

@@ -47,8 +47,11 @@ from pathlib import Path
 from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Runs from a checkout without a venv (the GPU machine has no network): the source of
+# each distribution under packages/ goes on the path.
+for _dist in ("contract", "plugins", "client", "agent", "ops"):
+    if str(ROOT / "packages" / _dist) not in sys.path:
+        sys.path.insert(0, str(ROOT / "packages" / _dist))
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 NO_SMI = "no nvidia-smi on this machine: run it on a GPU machine (the device tool)"
@@ -60,7 +63,7 @@ CHECKS = {  # --only key -> report name
 }
 TOOL_TIMEOUT = 30.0  # one nvidia-smi or lspci call
 TRAIN_TIMEOUT = 300.0
-FAKES = ROOT / "tacc_lab" / "fakes"
+FAKES = ROOT / "packages" / "ops" / "tacc_lab" / "fakes"
 FACTS_MODULE = ROOT / "roles" / "nvidia_gpu" / "library" / "nvidia_gpu_facts.py"
 TRAIN = ROOT / "examples" / "pytorch-ddp" / "train.py"
 TRAIN_LINE = "train.py --epochs 2 --samples 65536"
@@ -148,12 +151,12 @@ def labels(pairs: dict[str, str]) -> str:
 
 def agent_gpu_check(smi: str, expected: int) -> list[Line]:
     name = CHECKS["agent"]
-    from tacc_agent.checks.base import OK, timed
-    from tacc_agent.checks.gpu import check_gpus
+    from tacc_agent.health.checks.base import OK, timed
+    from tacc_agent.health.checks.gpu import check_gpus
 
     try:
         from tacc_agent.config import AgentConfig
-        from tacc_agent.health import boot_id
+        from tacc_agent.health.cycle import boot_id
 
         config = AgentConfig(nvidia_smi=smi, expected_gpus=expected)
         timeout, kernel_log = config.check_timeout_seconds, config.kernel_log
@@ -355,7 +358,7 @@ def csv_invocation(label: str, fields: str, fmt: str) -> Invocation:
 def smi_invocations() -> list[Invocation]:
     """Each way the project calls nvidia-smi, plus every field the fake knows with header
     and units, and the summary table the lab shows."""
-    from tacc_agent.checks.gpu import FIGURE_FIELDS
+    from tacc_agent.health.checks.gpu import FIGURE_FIELDS
     from tacc_lab.fakes.nvidia_smi import FIELDS
 
     facts = load_facts_module()
@@ -555,10 +558,9 @@ def fake_vs_real(smi: str, gpus: list[dict[str, str]], out_dir: Path) -> list[Li
 def make_job(tmp: Path, gpus: int) -> Path:
     """A committed job directory for train.py, as tests/unit/agent_jobs.py builds one."""
     import yaml
-
-    from tacc_agent import store
+    from tacc_agent.tasks import store
     from tcloud.compiler import compile_task
-    from tcloud.schema import load_task
+    from tcloud.task_file import load_task
 
     project = tmp / "project"
     project.mkdir()

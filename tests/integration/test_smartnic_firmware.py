@@ -26,7 +26,7 @@ BURN_LOG = "/var/log/tacc-fake-hw/burns.log"
 
 
 def make_image(path, version: str, *, corrupt: bool = False) -> str:
-    mkimage = str(ROOT / "tacc_lab/fakes/mkimage.py")
+    mkimage = str(ROOT / "packages/ops/tacc_lab/fakes/mkimage.py")
     argv = [sys.executable, mkimage, "--psid", PSID, "--version", version, "--out", str(path)]
     argv += ["--corrupt"] if corrupt else []
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tacc_lab.lab import resolve_config
 from tcloud import files
 from tcloud import upload as upload_module
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
-from tcloud.schema import load_task
 from tcloud.ssh import run, session
+from tcloud.task_file import load_task
+
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import yaml
-
-from tacc_agent import store
+from tacc_agent.tasks import store
 from tcloud.compiler import compile_task
-from tcloud.schema import load_task
+from tcloud.task_file import load_task
 
 
 def make_job(tmp: Path, task: dict, files: dict[str, str] | None = None) -> tuple[Path, Path]:

@@ -9,14 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from tacc_agent import slurm
+from tacc_agent.health import cycle as health
+from tacc_agent.health.checks import mounts
+from tacc_agent.health.checks.base import ABSENT, FAIL, OK, STUCK, Result
+from tacc_agent.health.checks.gpu import check_gpus
+from tacc_agent.health.checks.gpu import kmsg_lines as xid_lines
+from tacc_agent.health.checks.rdma import check_rdma
+from tacc_agent.health.checks.system import check_memory, check_services
 
-from tacc_agent import health, slurm
-from tacc_agent.checks import mounts
-from tacc_agent.checks.base import ABSENT, FAIL, OK, STUCK, Result
-from tacc_agent.checks.gpu import check_gpus
-from tacc_agent.checks.gpu import kmsg_lines as xid_lines
-from tacc_agent.checks.rdma import check_rdma
-from tacc_agent.checks.system import check_memory, check_services
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
 
 

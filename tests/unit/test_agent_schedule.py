@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.instruction import InvalidInstruction, parse
-from tacc_agent.schedule import (
+from tacc_agent.slurm import parse_oneliner
+from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule import (
     check_feasible,
     gpu_count,
     parse_nodes,
@@ -18,7 +18,7 @@ from tacc_agent.schedule import (
     sbatch_argv,
     time_seconds,
 )
-from tacc_agent.slurm import parse_oneliner
+from tacc_contract.instruction import InvalidInstruction
 
 NODES = [
     "NodeName=gpu01 Arch=x86_64 CPUTot=64 RealMemory=512000 Gres=gpu:a100:8(S:0-1) "

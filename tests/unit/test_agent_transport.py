@@ -6,7 +6,7 @@ import json
 import time
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.transport import choose, local_rdma, sysfs_ports
+from tacc_agent.tasks.transport import choose, local_rdma, sysfs_ports
 
 
 def fixture_tree(root, states: dict[str, str]):

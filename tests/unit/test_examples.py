@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tcloud.schema import load_task, processes_per_node
+from tacc_contract.schema import processes_per_node
+from tcloud.task_file import load_task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK_FILES = sorted(EXAMPLES.glob("*/*.yaml"))

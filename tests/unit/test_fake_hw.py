@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tacc_agent.health.checks.gpu import check_gpus
 
-from tacc_agent.checks.gpu import check_gpus
 from tests.conftest import ROOT
 
 PCI = "0000:3b:00.0"
@@ -315,7 +315,7 @@ def test_mstflint_burn_refused(lab, psid, extra, yes, message):
 def test_fakes_run_as_standalone_files(lab):
     """Lab nodes get the files copied somewhere, not the package: no relative imports there."""
     lib = lab.tmp / "lib"
-    shutil.copytree(ROOT / "tacc_lab" / "fakes", lib)
+    shutil.copytree(ROOT / "packages" / "ops" / "tacc_lab" / "fakes", lib)
     proc = lab.run_argv([sys.executable, str(lib / "mstflint.py"), "-d", PCI, "q"], cwd=lab.tmp)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, QUERY, "")
     proc = lab.run_argv([sys.executable, str(lib / "lspci.py"), "-Dn", "-d", "15b3:"], cwd=lab.tmp)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tacc_lab.fakehw import FakeHardware, device_state
+
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "tools" / "gpu_check.py"
@@ -176,7 +176,7 @@ def wrapper(bin_dir: Path, tool: str, state: Path) -> None:
     path = bin_dir / tool
     path.write_text(
         f"#!/bin/sh\nTACC_FAKE_HW_STATE={state} exec {sys.executable} "
-        f'{ROOT}/tacc_lab/fakes/{tool.replace("-", "_")}.py "$@"\n'
+        f'{ROOT}/packages/ops/tacc_lab/fakes/{tool.replace("-", "_")}.py "$@"\n'
     )
     path.chmod(0o755)
 
@@ -282,7 +282,7 @@ def test_judging_the_rank_logs():
 
 
 def test_blob_names_are_the_stores_own():
-    # One naming for the store (tacc_agent.store.blob_name): tcloud's upload uses it, and
+    # One naming for the store (tacc_agent.tasks.store.blob_name): tcloud's upload uses it, and
     # gpu_check commits its job through store.commit_local, without paramiko.
     from tcloud.upload import blob_name
 

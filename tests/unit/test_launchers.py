@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
-from tacc_agent.instruction import parse
-from tacc_agent.schedule import Node, Partition, check_feasible, sbatch_argv
-from tacc_agent.transport import choose
-from tacc_plugins.api import Launch
+from tacc_agent.tasks.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
+from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule import Node, Partition, check_feasible, sbatch_argv
+from tacc_agent.tasks.transport import choose
+from tacc_contract.plugins import Launch
+from tacc_contract.schema import processes_per_node
 from tacc_plugins.launcher import command_for, framework_env, wrapper_rank
 from tcloud.compiler import compile_task
-from tcloud.schema import load_task, processes_per_node
+from tcloud.task_file import load_task
+
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent, agent_env, make_job
 

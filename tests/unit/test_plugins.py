@@ -15,18 +15,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tacc_agent import schedule, sweeps, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.instruction import parse
 from tacc_agent.slurm import parse_oneliner
+from tacc_agent.tasks import schedule, sweeps, workspace
+from tacc_agent.tasks.instruction import parse
+from tacc_contract.plugins import Launch, Outcome, Queue, QueuedJob
+from tacc_contract.registry import PluginError, available, select
 from tacc_plugins import duration, elastic, gpu_share, las, sweep
-from tacc_plugins.api import Launch, Outcome, Queue, QueuedJob
-from tacc_plugins.registry import PluginError, available, select
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError
-from tcloud.schema import load_task
+from tcloud.task_file import load_task
 
 NODES = [
     "NodeName=g1 CPUTot=64 RealMemory=512000 Gres=gpu:h100:4,shard:16 "
@@ -116,8 +115,8 @@ PLUGIN_MODULE = '''
 """A technique from outside the project: tags jobs with a cost centre."""
 from typing import ClassVar
 
-from tacc_plugins.api import Plugin
-from tcloud.fields import Field, pattern
+from tacc_contract.plugins import Plugin
+from tacc_contract.fields import Field, pattern
 
 
 class CostCentre(Plugin):
@@ -414,7 +413,7 @@ def test_the_job_log_gets_prediction_versus_actual(tmp_path):
 
 # ------------------------------------------------------------------ LAS
 def test_squeue_lines_become_queued_jobs():
-    from tacc_agent.queue_ticks import parse_queue
+    from tacc_agent.tasks.queue_ticks import parse_queue
 
     jobs = parse_queue("12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
                        "13_1|bob|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n")  # fmt: skip
@@ -486,7 +485,8 @@ def test_quota_text_shows_limits_fair_share_and_usage():
 
 
 def test_quota_counts_the_callers_queue(monkeypatch):
-    from tacc_agent import quota, slurm
+    from tacc_agent import slurm
+    from tacc_agent.tasks import quota
 
     seen = []
 

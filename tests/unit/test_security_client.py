@@ -13,18 +13,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tacc_agent import schedule, slurm, store
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.instruction import InvalidInstruction, digest_of, parse
 from tacc_agent.slurm import parse_oneliner
-from tacc_plugins.registry import PluginError, select
+from tacc_agent.tasks import schedule, store
+from tacc_agent.tasks.instruction import parse
+from tacc_contract.instruction import InvalidInstruction, digest_of
+from tacc_contract.registry import PluginError, select
 from tacc_plugins.sweep import MAX_TRIALS
 from tcloud import files, local_paths
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError, TcloudError
-from tcloud.schema import load_task
+from tcloud.task_file import load_task
+
 from tests.unit.test_bad_input_tcloud import Sentinel, Tcloud, task_dir
 from tests.unit.test_bad_input_transfer import FakeSFTP, everything_under
 from tests.unit.test_plugins import NODES, PARTITIONS
@@ -36,7 +38,7 @@ CANARY_MODULE = '''
 import os
 from pathlib import Path
 
-from tacc_plugins.api import Plugin
+from tacc_contract.plugins import Plugin
 
 Path(os.environ["CANARY_FILE"]).write_text("imported")
 

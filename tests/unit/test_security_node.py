@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
-from tacc_agent import health, queue_ticks, slurm
-from tacc_agent.checks import system
-from tacc_agent.checks.base import FAIL, OK
-from tacc_agent.checks.gpu import check_gpus
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError
+from tacc_agent.health import cycle as health
+from tacc_agent.health.checks import system
+from tacc_agent.health.checks.base import FAIL, OK
+from tacc_agent.health.checks.gpu import check_gpus
+from tacc_agent.tasks import queue_ticks
+from tacc_contract.plugins import Queue, QueuedJob
 from tacc_lab.fakehw import FakeHardware, device_state
 from tacc_plugins import las
-from tacc_plugins.api import Queue, QueuedJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ XID_79 = "NVRM: Xid (PCI:0000:17:00): 79, pid=1, name=python3, GPU has fallen of
 def fake_smi(tmp_path: Path, gpus: int = 2) -> tuple[str, Path]:
     state = tmp_path / "hw.json"
     state.write_text(json.dumps(device_state(FakeHardware(gpus=gpus), "n2")))
-    fake = ROOT / "tacc_lab/fakes/nvidia_smi.py"
+    fake = ROOT / "packages/ops/tacc_lab/fakes/nvidia_smi.py"
     script = f'TACC_FAKE_HW_STATE={shlex.quote(str(state))} exec {sys.executable} {fake} "$@"\n'
     return tool(tmp_path / "bin/nvidia-smi", script), state
 

@@ -18,18 +18,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tacc_agent import jobs, records, schedule, store, workspace
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.instruction import InvalidInstruction, digest_of, parse
 from tacc_agent.slurm import parse_oneliner
+from tacc_agent.tasks import jobs, records, schedule, store, workspace
+from tacc_agent.tasks.instruction import parse
+from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_plugins import duration
 from tcloud import upload as upload_module
 from tcloud.compiler import Instruction, compile_task
 from tcloud.errors import TaskFileError, TcloudError
 from tcloud.legacy import general_to_resources
-from tcloud.schema import load_task
+from tcloud.task_file import load_task
+
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent_env, make_job
 from tests.unit.fake_slurm import FakeSlurm

@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.instruction import parse
-from tacc_agent.schedule import sbatch_argv
+from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule import sbatch_argv
 from tcloud.compiler import compile_task
-from tcloud.schema import load_task
+from tcloud.task_file import load_task
+
 from tests.conftest import run_cli
 
 TASK = """\

@@ -1,6 +1,9 @@
-"""Pack a tacc-stack checkout into a reproducible .tar.gz (sorted, fixed owners and
-times, no caches), so the same source always gives the same bytes and Ansible copies
-it only when the source changed. Prints "changed" or "unchanged".
+"""Pack the node side of a tacc-stack checkout (the distributions tacc-contract,
+tacc-plugins and tacc-agent under packages/; never the client, the lab or its FAKE
+tools) into a reproducible .tar.gz (sorted, fixed owners and times, no caches), so the
+same source always gives the same bytes and Ansible copies it only when the source
+changed. The tarball holds one directory per distribution, each installable with pip.
+Prints "changed" or "unchanged".
 
 usage: make_bundle.py SOURCE_DIR DEST.tar.gz
 """
@@ -11,17 +14,19 @@ import sys
 import tarfile
 from pathlib import Path
 
-PACKAGES = ("tcloud", "tacc_agent", "tacc_plugins", "tacc_lab")
-TOP_FILES = ("pyproject.toml", "README.md")
+# distribution directory under packages/ -> its one top-level Python package
+DISTRIBUTIONS = {"contract": "tacc_contract", "plugins": "tacc_plugins", "agent": "tacc_agent"}
 SKIP_PARTS = {"__pycache__"}
 
 
 def members(source: Path) -> list[Path]:
-    found = [source / name for name in TOP_FILES]
-    for package in PACKAGES:
+    found = []
+    for dist, package in DISTRIBUTIONS.items():
+        root = source / "packages" / dist
+        found.append(root / "pyproject.toml")
         found += [
             p
-            for p in (source / package).rglob("*")
+            for p in (root / package).rglob("*")
             if p.is_file() and not SKIP_PARTS & set(p.parts) and p.suffix != ".pyc"
         ]
     return sorted(found)
@@ -31,7 +36,7 @@ def bundle(source: Path) -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in members(source):
-            info = tarfile.TarInfo(f"tacc-stack/{path.relative_to(source)}")
+            info = tarfile.TarInfo(f"src/{path.relative_to(source / 'packages')}")
             data = path.read_bytes()
             info.size, info.mtime, info.uid, info.gid = len(data), 0, 0, 0
             info.mode = 0o755 if path.stat().st_mode & 0o100 else 0o644

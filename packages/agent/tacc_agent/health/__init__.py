@@ -1,0 +1,1 @@
+"""Node health: checks, the drain/resume cycle, metrics and node facts."""

@@ -1,0 +1,107 @@
+"""Mounts: present in mountinfo with the expected type and options, and alive.
+
+Liveness is a statfs() in a forked child with a deadline: a hung NFS server blocks the
+child, never the agent. A mount whose probe is still blocked is reported "stuck" and not
+probed again until that child has finished (the probe's pid is kept in the state dir).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tacc_agent.health.checks.base import FAIL, OK, STUCK, Result, read_state, write_state
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    source: str
+    options: frozenset[str]
+
+
+def unescape(text: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
+    return text.encode().decode("unicode_escape") if "\\" in text else text
+
+
+def parse_mountinfo(text: str) -> dict[str, Mount]:
+    mounts = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 3:
+            continue
+        options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
+        point = unescape(fields[4])
+        mounts[point] = Mount(point, tail[0], unescape(tail[1]), options)  # last one wins
+    return mounts
+
+
+def probe_alive(path: str, timeout: float) -> bool | int:
+    """True if statfs(path) answered in time, else the pid of the still-blocked child."""
+    pid = os.fork()
+    if pid == 0:  # child: one syscall, then leave without any cleanup
+        try:
+            os.statvfs(path)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.005)
+    return pid
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # ours: reap it if it finished
+        return done == 0
+    except ChildProcessError:
+        return Path(f"/proc/{pid}").exists()
+
+
+def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: float) -> Result:
+    if not expected:
+        return Result("mounts", OK, "no mounts configured")
+    table = parse_mountinfo(Path(proc_root, "self", "mountinfo").read_text())
+    problems, stuck = [], []
+    for want in expected:
+        point = want["path"]
+        mount = table.get(point)
+        if mount is None:
+            problems.append(f"{point} not mounted")
+            continue
+        if want.get("fstype") and mount.fstype != want["fstype"]:
+            problems.append(f"{point} is {mount.fstype}, expected {want['fstype']}")
+        missing = set(want.get("options", [])) - mount.options
+        if missing:
+            problems.append(f"{point} lacks options {','.join(sorted(missing))}")
+        marker = Path(state_dir, f"stuck-{hashlib.sha256(point.encode()).hexdigest()[:12]}.json")
+        previous = read_state(marker)
+        if previous and pid_alive(previous["pid"]):
+            stuck.append(f"{point} stuck (statfs blocked since {previous['since']:.0f})")
+            continue
+        marker.unlink(missing_ok=True)
+        alive = probe_alive(point, timeout)
+        if alive is True:
+            continue
+        if alive is False:
+            problems.append(f"{point}: statfs failed")
+            continue
+        write_state(marker, {"pid": alive, "since": time.time()})
+        stuck.append(f"{point} stuck (statfs did not answer within {timeout:g} s)")
+    if stuck:
+        return Result("mounts", STUCK, "; ".join(stuck + problems))
+    if problems:
+        return Result("mounts", FAIL, "; ".join(problems))
+    return Result("mounts", OK, f"{len(expected)} mount(s) present and alive")

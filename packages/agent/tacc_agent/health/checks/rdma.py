@@ -1,0 +1,87 @@
+"""RDMA ports from <sysfs_root>/class/infiniband/<dev>/ports/<n>/: state, phys_state,
+rate, and error counters, whose growth since the last run is what matters."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, read_state, write_state
+
+ERROR_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
+                  "local_link_integrity_errors", "excessive_buffer_overrun_errors")  # fmt: skip
+RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def ports(sysfs_root: str) -> list[dict]:
+    found = []
+    for port in sorted(Path(sysfs_root, "class", "infiniband").glob("*/ports/*")):
+        rate = RATE.search(read(port / "rate"))
+        counters = {}
+        for name in ERROR_COUNTERS:
+            text = read(port / "counters" / name)
+            if text.isdigit():
+                counters[name] = int(text)
+        found.append({
+            "name": f"{port.parents[1].name}/{port.name}",
+            "state": read(port / "state"),
+            "phys_state": read(port / "phys_state"),
+            "rate_gbps": float(rate.group(1)) if rate else 0.0,
+            "counters": counters,
+        })  # fmt: skip
+    return found
+
+
+def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
+               state_file: str) -> Result:  # fmt: skip
+    found = ports(sysfs_root)
+    if not found:
+        if expected_ports:
+            return Result("rdma", FAIL, f"no RDMA port, expected {expected_ports}")
+        return Result("rdma", ABSENT, "no RDMA device")
+    state = Path(state_file)
+    before = read_state(state)
+    write_state(state, {p["name"]: p["counters"] for p in found})
+    problems = []
+    active = [p for p in found if "ACTIVE" in p["state"]]
+    for port in found:
+        if "ACTIVE" not in port["state"]:
+            problems.append(f"{port['name']} {port['state'] or 'no state'} "
+                            f"({port['phys_state'] or '?'})")  # fmt: skip
+        elif min_rate_gbps and port["rate_gbps"] < min_rate_gbps:
+            problems.append(f"{port['name']} at {port['rate_gbps']:g} Gb/s < {min_rate_gbps:g}")
+        grown = {
+            name: value - before.get(port["name"], {}).get(name, value)
+            for name, value in port["counters"].items()
+        }
+        grown = {name: delta for name, delta in grown.items() if delta > 0}
+        if grown:
+            problems.append(f"{port['name']} errors: " + ", ".join(
+                f"{name} +{delta}" for name, delta in sorted(grown.items())))  # fmt: skip
+    if expected_ports and len(active) < expected_ports:
+        problems.insert(0, f"{len(active)} of {expected_ports} expected ports active")
+    samples = port_samples(found)
+    if problems:
+        return Result("rdma", FAIL, "; ".join(problems), samples=samples)
+    return Result("rdma", OK, f"{len(active)} port(s) active", samples=samples)
+
+
+def port_samples(found: list[dict]) -> list[Sample]:
+    """Per port: active, link rate (bytes/s, like node_exporter), error counters."""
+    samples = [Sample("rdma_ports_active", {}, sum("ACTIVE" in p["state"] for p in found))]
+    for port in found:
+        device, number = port["name"].split("/")
+        labels = {"device": device, "port": number}
+        samples.append(Sample("rdma_port_active", labels, int("ACTIVE" in port["state"])))
+        samples.append(Sample("rdma_port_rate_bytes_per_second", labels,
+                              port["rate_gbps"] * 1e9 / 8))  # fmt: skip
+        samples += [Sample("rdma_port_errors_total", labels | {"counter": name}, value)
+                    for name, value in sorted(port["counters"].items())]  # fmt: skip
+    return samples

@@ -1,0 +1,102 @@
+"""`tacc-agent check`: every health check once, each bounded in time; on a failure the
+node is drained in Slurm with reason "tacc: <check>: <detail>", and only a node drained
+with that tag is resumed when the checks pass again: a node an admin drained is never
+touched. Usable as Slurm's HealthCheckProgram."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict
+from pathlib import Path
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.health.checks.base import Result, read_state, timed, write_state
+from tacc_agent.health.checks.gpu import check_gpus
+from tacc_agent.health.checks.mounts import check_mounts
+from tacc_agent.health.checks.rdma import check_rdma
+from tacc_agent.health.checks.system import check_disk, check_memory, check_services, disk_limits
+
+TAG = "tacc:"
+
+
+def boot_id(proc_root: str) -> str:
+    try:
+        return Path(proc_root, "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_checks(config: AgentConfig) -> list[Result]:
+    state_dir = Path(config.state_dir)
+    xid_file = state_dir / "xid.json"
+    xid_state = read_state(xid_file)
+    timeout = config.check_timeout_seconds
+    booted = boot_id(config.proc_root)
+    results = [
+        timed("gpu", lambda: check_gpus(config.nvidia_smi, config.expected_gpus,
+                                        config.kernel_log, xid_state, timeout, booted)),
+        timed("rdma", lambda: check_rdma(config.rdma_sysfs_root, config.expected_rdma_ports,
+                                         config.min_rdma_rate_gbps,
+                                         str(state_dir / "rdma-counters.json"))),
+        timed("mounts", lambda: check_mounts([dict(m) for m in config.mounts],
+                                             config.proc_root, config.state_dir, timeout)),
+        timed("services", lambda: check_services(list(config.services), timeout)),
+        timed("disk", lambda: check_disk(disk_limits(config.disk_min_free_percent,
+                                                     config.job_tmp_dirs),
+                                         config.job_tmp_dirs, config.proc_root, timeout)),
+        timed("memory", lambda: check_memory(config.proc_root, config.real_memory_mb)),
+    ]  # fmt: skip
+    write_state(xid_file, xid_state)
+    return results
+
+
+def drain_reason(results: list[Result]) -> str:
+    first = next(r for r in results if r.failed)
+    return f"{TAG} {first.check}: {first.detail}"[:200]
+
+
+def apply_to_slurm(results: list[Result], node: str, timeout: float) -> str:
+    """Drain or resume this node; what was done, in words."""
+    try:
+        found = slurm.show("node", node, timeout)
+    except AgentError as exc:
+        return f"slurm: not asked ({exc})"
+    if not found:
+        return f"slurm: {node} is not a Slurm node here"
+    state = found[0].get("State", "")
+    reason = slurm.strip_set_by(found[0].get("Reason", ""))
+    ours = reason.startswith(TAG)
+    drained = "DRAIN" in state
+    failing = any(r.failed for r in results)
+    if failing and drained and not ours:
+        return f"slurm: {node} was drained by an admin ({reason}); left alone"
+    if failing:
+        wanted = drain_reason(results)
+        if drained and reason == wanted:
+            return f"slurm: {node} already drained: {wanted}"
+        slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                     f"Reason={wanted}"], timeout)  # fmt: skip
+        return f"slurm: drained {node}: {wanted}"
+    if drained and ours:
+        slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout)
+        return f"slurm: resumed {node} (was: {reason})"
+    return f"slurm: {node} {state.lower() or 'unknown'}, nothing to do"
+
+
+def check(config: AgentConfig, as_json: bool, use_slurm: bool) -> int:
+    results = run_checks(config)
+    node = socket.gethostname()
+    action = apply_to_slurm(results, node, config.slurm_timeout_seconds) if (
+        use_slurm and config.drain) else "slurm: not asked"  # fmt: skip
+    failed = any(r.failed for r in results)
+    if as_json:
+        print(json.dumps({"node": node, "healthy": not failed, "slurm": action,
+                          "checks": [asdict(r) for r in results]}, indent=1))  # fmt: skip
+    else:
+        for r in results:
+            print(f"{r.check:<9} {r.status:<7} {r.seconds:6.3f}s  {r.detail}")
+        print(action)
+    return 1 if failed else 0

@@ -1,0 +1,53 @@
+"""The node facts file (/run/tacc-agent/facts.json): what `tacc-agent serve` last found,
+for the execution layer (RDMA ports for fail-safe transport switching) and for ops.
+World-readable, written atomically, so a reader never sees half a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tacc_agent.health.checks.base import Result, write_state
+
+# argv of the per-node task wrapper: python -I -m tacc_agent exec JOBDIR (execute.py)
+WRAPPER = b"tacc_agent\0exec\0"
+
+
+def running_tasks(proc_root: str) -> int:
+    """TACC task wrappers running on this node, from /proc/<pid>/cmdline."""
+    count = 0
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "cmdline"), "rb") as cmdline:
+                count += WRAPPER in cmdline.read()
+        except OSError:  # the process ended meanwhile
+            continue
+    return count
+
+
+def sample(results: list[Result], check: str, name: str) -> float:
+    for result in results:
+        if result.check == check:
+            return next((s.value for s in result.samples if s.name == name and not s.labels), 0)
+    return 0
+
+
+def build(node: str, results: list[Result], tasks: int, now: float) -> dict:
+    return {
+        "node": node,
+        "time": round(now, 3),
+        "healthy": not any(r.failed for r in results),
+        "checks": {r.check: {"status": r.status, "detail": r.detail} for r in results},
+        "rdma": {"active_ports": int(sample(results, "rdma", "rdma_ports_active"))},
+        "gpu": {"count": int(sample(results, "gpu", "gpus"))},
+        "running_tasks": tasks,
+    }
+
+
+def write(path: Path, facts: dict) -> None:
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        path.parent.chmod(0o755)  # the agent runs with umask 077
+    write_state(path, facts, mode=0o644)  # the task wrappers run as the job's user

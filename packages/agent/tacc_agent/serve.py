@@ -1,0 +1,236 @@
+"""`tacc-agent serve`: the node daemon. Runs the health checks every interval (draining
+and resuming the node like `tacc-agent check`), writes the node facts file, and serves
+the last run's figures at http://<node>:<port>/metrics for Prometheus.
+
+The checks run in the main thread and each is bounded in time; the HTTP server answers
+from the last finished run, so a scrape never waits for a check and a stuck mount never
+stops the metrics. It is prometheus_client's WSGI app on its threading WSGI server, one
+thread per connection, with limits the library lacks: every request has a deadline after
+which its connection is cut (a client sending a byte every few seconds holds nothing), and
+connections are capped per client address and in all (the oldest over a cap is cut), so a
+slow or silent client never delays another scrape. SIGTERM / SIGINT end it cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.health import cycle as health
+from tacc_agent.health import metrics, node_facts
+
+# A request (connect, headers, answer) gets this long; then its connection is cut.
+REQUEST_DEADLINE_SECONDS = 5.0
+# Connections served at once from one client address, and in all; past either, the oldest
+# connection of the client over it is cut.
+CONNECTIONS_PER_CLIENT = 4
+CONNECTIONS = 32
+REAP_EVERY_SECONDS = 0.2
+
+WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
+
+
+def log(message: str) -> None:
+    print(f"tacc-agent: {message}", flush=True)  # journald adds the time
+
+
+class Daemon:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node = socket.gethostname()
+        self.snapshot = metrics.Snapshot()
+        self.registry = metrics.registry(lambda: self.snapshot)
+        self.last_said: tuple[str, str] = ("", "")
+
+    def cycle(self) -> None:
+        try:
+            self.run_once()
+        except Exception as exc:  # a bad run (a full state disk...) must not end the daemon
+            log(f"check run failed: {type(exc).__name__}: {exc}")
+
+    def run_once(self) -> None:
+        """One check run: results, Slurm, facts file, then the new snapshot (one swap)."""
+        results = health.run_checks(self.config)
+        action = "slurm: not asked"
+        if self.config.drain:
+            action = health.apply_to_slurm(results, self.node, self.config.slurm_timeout_seconds)
+        now = time.time()
+        tasks = node_facts.running_tasks(self.config.proc_root)
+        node_facts.write(Path(self.config.facts_file),
+                         node_facts.build(self.node, results, tasks, now))  # fmt: skip
+        drained = action.startswith(("slurm: drained", "slurm: already drained"))
+        self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained)
+        failing = "; ".join(f"{r.check}: {r.detail}" for r in results if r.failed) or "healthy"
+        said = (failing, action.replace("already ", ""))
+        if said != self.last_said:  # the journal gets changes, not every run
+            log(f"{failing} | {action}")
+            self.last_said = said
+
+    def exposition(self) -> bytes:
+        return metrics.exposition(self.registry)
+
+
+def plain(start_response: Callable, status: str, text: bytes) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+    return [text]
+
+
+def routes(metrics_app: WsgiApp) -> WsgiApp:
+    """/metrics (GET or HEAD) is the library's app; / says where to look; the rest 404."""
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if method not in ("GET", "HEAD"):
+            return plain(start_response, "405 Method Not Allowed", b"only GET\n")
+        if path == "/metrics":
+            body = metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            return [] if method == "HEAD" else body
+        if path == "/":
+            return plain(start_response, "200 OK", b"tacc-agent: see /metrics\n")
+        return plain(start_response, "404 Not Found", b"not found: try /metrics\n")
+
+    return app
+
+
+class QuietHandler(WSGIRequestHandler):
+    """One request per connection, no access log (the journal gets state changes only)."""
+
+    def setup(self) -> None:
+        self.timeout = REQUEST_DEADLINE_SECONDS  # each read; the server cuts the whole
+        super().setup()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def peer_key(address: str) -> str:
+    """The client a connection counts against: its address, with every loopback address
+    (all of 127/8, ::1) one client, since any local user can pick among them."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return "loopback" if (mapped or ip).is_loopback else str(mapped or ip)
+
+
+class MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's thread-per-connection WSGI server with a deadline per request
+    and caps on connections: a reaper thread cuts (shutdown) every connection older than
+    REQUEST_DEADLINE_SECONDS, which ends its handler's blocked read or write."""
+
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], app: WsgiApp) -> None:
+        super().__init__(address, QuietHandler)
+        self.set_app(app)
+        self.lock = threading.Lock()
+        self.deadlines: dict[socket.socket, tuple[str, float]] = {}
+        self.stopped = threading.Event()
+
+    def verify_request(self, request, client_address) -> bool:
+        """Admit every connection and start its clock. Over a cap, the oldest connection
+        of the client at its cap (or, over the total, of the client holding the most) is
+        cut to make room: stalled connections, from one address or from many loopback or
+        node addresses, cannot keep a scraper out, since a scrape is never the oldest."""
+        peer = peer_key(client_address[0])
+        with self.lock:
+            held = Counter(p for p, _ in self.deadlines.values())
+            over = peer if held[peer] >= CONNECTIONS_PER_CLIENT else None
+            if over is None and len(self.deadlines) >= CONNECTIONS:
+                over = held.most_common(1)[0][0]
+            evict = None
+            if over is not None:
+                evict = min((c for c, (p, _) in self.deadlines.items() if p == over),
+                            key=lambda c: self.deadlines[c][1])  # fmt: skip
+                self.deadlines.pop(evict)
+            self.deadlines[request] = (peer, time.monotonic() + REQUEST_DEADLINE_SECONDS)
+        if evict is not None:
+            with contextlib.suppress(OSError):  # its handler sees the cut and closes it
+                evict.shutdown(socket.SHUT_RDWR)
+        return True
+
+    def shutdown_request(self, request) -> None:
+        with self.lock:
+            self.deadlines.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away or was cut: nothing to report, and no traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            log(f"metrics request from {client_address[0]} failed: {sys.exc_info()[1]!r}")
+
+    def reap_forever(self) -> None:
+        while not self.stopped.wait(REAP_EVERY_SECONDS):
+            now = time.monotonic()
+            with self.lock:
+                late = [conn for conn, (_, due) in self.deadlines.items() if due <= now]
+            for conn in late:
+                with contextlib.suppress(OSError):  # already closed by its handler
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self.stopped.set()
+        super().server_close()
+
+
+def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
+    try:
+        server = MetricsServer((address, port), routes(make_wsgi_app(daemon.registry)))
+    except OSError as exc:
+        raise AgentError(f"cannot serve metrics on {address}:{port}: {exc}", EXIT_CLUSTER) from None
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    threading.Thread(target=server.reap_forever, name="metrics-deadlines", daemon=True).start()
+    return server
+
+
+def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
+    """Every queue_tick_seconds: one round of the scheduling plug-ins' `tick` (LAS)."""
+    from tacc_agent.tasks.queue_ticks import tick
+
+    while not stop.wait(config.queue_tick_seconds):
+        try:
+            for change in tick(config):
+                log(change)
+        except Exception as exc:  # Slurm down for a moment: try again next time
+            log(f"queue tick failed: {type(exc).__name__}: {exc}")
+
+
+def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
+    interval = interval if interval is not None else config.check_interval_seconds
+    port = port if port is not None else config.metrics_port
+    if interval <= 0:
+        raise AgentError(f"--interval must be above 0, not {interval:g}", EXIT_CLUSTER)
+    daemon = Daemon(config)
+    server = listen(daemon, config.metrics_address, port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log(f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
+        f"checks every {interval:g} s")  # fmt: skip
+    if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
+        threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
+    while not stop.is_set():
+        started = time.monotonic()
+        daemon.cycle()
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    server.shutdown()
+    server.server_close()
+    log("stopped")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,2 @@
+"""The task backend: instructions, scheduling, execution, jobs, store, records,
+environments and sweeps."""

@@ -1,0 +1,238 @@
+"""Researchers' Python environments, built once per cluster and reused, and locked.
+
+An environment is a venv in the user's directory on shared storage, keyed by the digest
+of what it is built from: the requirement lines (or, for a rerun, the lock), the
+interpreter's version and the platform. It is built with uv (`uv pip compile` resolves
+the requirements to exact versions, the lock; `uv pip sync` installs exactly those)
+from the cluster's package cache (agent setting `package_index`) under a POSIX lock
+(fcntl, which NFS forwards), so concurrent jobs wait instead of building twice. The
+lock is kept in the environment (tacc-lock.txt) and recorded in each job that uses it
+(status/environment.json), so `tcloud rerun` can build the same versions again. A build
+that fails leaves nothing a later job would mistake for ready.
+
+uv instead of pip: one static binary that resolves and installs in one pass, reuses a
+per-user wheel cache by hard links, and writes a lock with `pip compile`; pip has no
+lock of its own (bench/frameworks.py measures both side by side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tacc_agent.errors import EXIT_FAILED, AgentError
+from tacc_agent.tasks import records
+
+MARKER = "tacc-env.json"
+LOCK_FILE = "tacc-lock.txt"
+JOB_RECORD = "environment.json"  # in the job's status/
+INTERPRETER_PROBE = (
+    "import json, platform, sys, sysconfig; print(json.dumps({"
+    "'implementation': sys.implementation.name, 'version': platform.python_version(), "
+    "'platform': sysconfig.get_platform()}))"
+)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    implementation: str
+    version: str
+    platform: str
+
+
+def interpreter(python: str) -> Interpreter:
+    """What the environment's interpreter is: part of the environment's key."""
+    proc = subprocess.run([python, "-I", "-c", INTERPRETER_PROBE], capture_output=True,
+                          text=True, check=False, timeout=60)  # fmt: skip
+    if proc.returncode != 0:
+        raise AgentError(f"cannot run the environments' interpreter {python}: "
+                         f"{proc.stderr.strip()[-300:]}", EXIT_FAILED)  # fmt: skip
+    return Interpreter(**json.loads(proc.stdout))
+
+
+def env_digest(requirements: list[str], lock: list[str], python: Interpreter) -> str:
+    identity = {"requirements": requirements, "lock": lock, "python": asdict(python)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def uv_binary(configured: str) -> str:
+    """The uv the agent builds with: the setting, else the one installed beside the
+    agent's Python (the tacc_agent role puts it there), else uv on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    found = configured or (str(beside) if beside.exists() else shutil.which("uv"))
+    if not found:
+        message = ("uv is not installed on this node (the tacc_agent role installs it beside "
+                   "the agent); cannot build the environment")  # fmt: skip
+        raise AgentError(message, EXIT_FAILED)
+    return found
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float) -> Iterator[None]:
+    with path.open("a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    message = f"{path}: still locked after {timeout:g} s"
+                    raise AgentError(message, EXIT_FAILED) from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+
+
+def ready(env_dir: Path) -> dict | None:
+    return records.read_json(env_dir / MARKER)
+
+
+@dataclass(frozen=True)
+class Builder:
+    """How environments are built on this cluster (from the agent's settings). uv runs
+    with --no-config: no uv.toml of the user's or above the job changes where packages
+    come from behind the record's back."""
+
+    python: str
+    uv: str
+    index: str = ""  # the cluster's package cache; "" = uv's default (PyPI)
+    cache_dir: Path | None = None  # uv's wheel cache (per user, beside the envs)
+
+    def uv_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+        env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", UV_NATIVE_TLS="1")
+        if self.cache_dir:
+            env["UV_CACHE_DIR"] = str(self.cache_dir)
+        return env
+
+    def index_args(self) -> list[str]:
+        return ["--index-url", self.index] if self.index else []
+
+    def steps(self, env_dir: Path, requirements_file: Path, lock: bool) -> list[list[str]]:
+        """uv's commands: a venv, the lock (unless given), exactly the locked versions."""
+        python = str(env_dir / "bin" / "python")
+        lock_file = str(env_dir / LOCK_FILE)
+        resolve = [self.uv, "pip", "compile", "--no-config", "--quiet", "--no-header",
+                   "--no-annotate",
+                   "--python", python, *self.index_args(), "-o", lock_file,
+                   str(requirements_file)]  # fmt: skip
+        return [
+            # --seed: pip in the environment, for setup lines that install the code.
+            [self.uv, "venv", "--no-config", "--quiet", "--seed", "--python", self.python,
+             str(env_dir)],
+            *([] if lock else [resolve]),
+            [self.uv, "pip", "sync", "--no-config", "--quiet", "--python", python,
+             *self.index_args(), lock_file],
+        ]  # fmt: skip
+
+    def version(self) -> str:
+        proc = subprocess.run([self.uv, "--version"], capture_output=True, text=True,
+                              check=False, timeout=60)  # fmt: skip
+        return proc.stdout.strip()
+
+
+def lock_lines(env_dir: Path) -> list[str]:
+    text = (env_dir / LOCK_FILE).read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+
+
+def build(env_dir: Path, requirements: list[str], lock: list[str], builder: Builder,
+          log: Callable[[str], None]) -> None:  # fmt: skip
+    shutil.rmtree(env_dir, ignore_errors=True)
+    requirements_file = env_dir.with_suffix(".requirements.txt")
+    requirements_file.write_text("".join(f"{line}\n" for line in requirements))
+    steps = builder.steps(env_dir, requirements_file, lock=bool(lock))
+    for number, argv in enumerate(steps):
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False,
+                              env=builder.uv_env())  # fmt: skip
+        for line in (proc.stdout + proc.stderr).splitlines():
+            log(f"  {line}")
+        if number == 0 and lock and proc.returncode == 0:  # the venv exists: the lock goes in
+            (env_dir / LOCK_FILE).write_text("".join(f"{line}\n" for line in lock))
+        if proc.returncode != 0:
+            shutil.rmtree(env_dir, ignore_errors=True)
+            raise AgentError(
+                f"building the environment failed: `uv {' '.join(argv[1:3])} ...` exited "
+                f"{proc.returncode}",
+                EXIT_FAILED,
+            )
+
+
+def ensure(
+    user_dir: Path,
+    requirements: list[str],
+    builder: Builder,
+    job_id: str,
+    log: Callable[[str], None],
+    lock_timeout: float,
+    lock: list[str] | None = None,
+) -> dict:
+    """The ready environment's record (path, lock, ...) for these requirements, or for
+    exactly the versions of `lock`, building it if no job has yet."""
+    lock = list(lock or [])
+    python = interpreter(builder.python)
+    digest = env_digest(requirements, lock, python)
+    envs = user_dir / "envs"
+    envs.mkdir(mode=0o700, exist_ok=True)
+    env_dir = envs / digest
+    with locked(envs / f"{digest}.lock", lock_timeout):
+        marker = ready(env_dir)
+        if marker:
+            log(f"environment {digest}: reused (built by job {marker['built_by_job']})")
+            return {**marker, "path": str(env_dir)}
+        what = f"{len(lock)} locked version(s)" if lock else f"{len(requirements)} requirement(s)"
+        log(f"environment {digest}: building ({what}, python {python.version}) ...")
+        start = time.monotonic()
+        build(env_dir, requirements, lock, builder, log)
+        seconds = round(time.monotonic() - start, 2)
+        marker = {
+            "digest": digest,
+            "requirements": requirements,
+            "lock": lock_lines(env_dir),
+            "python": python.version,
+            "implementation": python.implementation,
+            "platform": python.platform,
+            "installer": builder.version(),
+            "index": builder.index or "(uv default)",
+            "built_by_job": job_id,
+            "built_on": socket.gethostname(),
+            "seconds": seconds,
+            "time": time.time(),
+        }
+        records.write_json(env_dir / MARKER, marker)
+        log(f"environment {digest}: built in {seconds} s ({len(marker['lock'])} locked)")
+    return {**marker, "path": str(env_dir)}
+
+
+def record_for_job(job_dir: Path, environment: dict) -> None:
+    """What this job ran with: a rerun builds exactly these versions again."""
+    records.write_json(job_dir / "status" / JOB_RECORD, environment)
+
+
+def job_environment(job_dir: Path) -> dict | None:
+    return records.read_json(job_dir / "status" / JOB_RECORD)
+
+
+def listing(user_dir: Path) -> list[dict]:
+    envs = user_dir / "envs"
+    found = [ready(p) for p in sorted(envs.iterdir()) if p.is_dir()] if envs.is_dir() else []
+    return [{**m, "path": str(envs / m["digest"])} for m in found if m]
+
+
+def activate(env_dir: Path, env: dict[str, str]) -> None:
+    env["VIRTUAL_ENV"] = str(env_dir)
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"

@@ -1,0 +1,513 @@
+"""Layer 4, execution. `tacc-agent batch JOBDIR` is the job's batch step (first node):
+prepares the environment once (envcache), runs the setup lines, then starts
+`tacc-agent exec JOBDIR` on every allocated node with srun and records the outcome.
+`tacc-agent exec` is one node's wrapper: it exchanges facts with the other ranks, picks
+the transport, sets the task's variables and runs each run line, writing every line
+the program prints to logs/rank-<r>-<host>.log and its exit status to status/.
+Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
+group, so cancel leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tacc_contract.plugins import Launch, Outcome
+from tacc_contract.registry import in_layer
+from tacc_contract.schema import TaskSpec, processes_per_node
+from tacc_plugins.launcher import (
+    FIRST_NODE_LAUNCHERS,
+    TORCHRUN_LINE,
+    with_modules,
+    wrapper_rank,
+    wrappers_per_node,
+)
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, transport
+from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.schedule import cluster_plugins
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+KILL_GRACE_SECONDS = 10
+
+
+def say(message: str) -> None:
+    print(f"tacc: {message}", flush=True)
+
+
+def user_dir_of(job_dir: Path) -> Path:
+    return job_dir.parent.parent  # <userdir>/jobs/<dir>
+
+
+def process_tree() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def children(pid: int) -> list[int]:
+    return process_tree().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, whatever session or group it moved to."""
+    tree = process_tree()
+    found, todo = [], [pid]
+    while todo:
+        below = tree.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+class Forwarder:
+    """Signal handlers that pass signals on to the running program's process group.
+
+    With `workers_only` (torchrun), the checkpoint signal goes to the launcher's own
+    children, the workers, instead: torchrun would die of SIGUSR1, and it starts each
+    worker in a session of its own, where a group signal would not reach it.
+    """
+
+    def __init__(self, on_signal=None, workers_only: bool = False) -> None:
+        self.child: subprocess.Popen | None = None
+        self.received: list[int] = []
+        self.on_signal = on_signal
+        self.workers_only = workers_only
+        for number in FORWARDED:
+            signal.signal(number, self.handle)
+
+    def handle(self, number: int, _frame) -> None:
+        self.received.append(number)
+        child = self.child
+        if child is not None and child.returncode is None:
+            self.forward(child.pid, number)
+        if self.on_signal:
+            try:  # bookkeeping only: a signal handler must never raise
+                self.on_signal(number)
+            except Exception as exc:
+                print(f"tacc: recording signal {number} failed: {exc}", file=sys.stderr)
+
+    def forward(self, pid: int, number: int) -> None:
+        if self.workers_only and number == signal.SIGUSR1:
+            # torchrun would die of it: its own children, the workers, get it instead.
+            for worker in children(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, number)
+            return
+        if number in (signal.SIGTERM, signal.SIGINT):
+            # Also processes that left the group (setsid): cancel leaves nothing behind.
+            for below in descendants(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(below, number)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, number)
+
+    @property
+    def terminated(self) -> bool:
+        return any(n in (signal.SIGTERM, signal.SIGINT) for n in self.received)
+
+
+def stop_group(pid: int) -> None:
+    """TERM, a grace period, then KILL, to whatever is left of a program's group."""
+    for number, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(pid, number)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) -> int:
+    """Run one program in its own process group; every output line goes to sink. The
+    line ends when its program exits: what it left running in the background (holding
+    the output pipe open) is stopped then, as Slurm does at the end of a step."""
+    child = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    forwarder.child = child
+    if forwarder.terminated:  # the signal came while it was starting
+        forwarder.forward(child.pid, signal.SIGTERM)
+
+    def pump() -> None:
+        for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]
+            sink(raw)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    code = child.wait()
+    forwarder.child = None
+    reader.join(1.0)
+    if reader.is_alive() or forwarder.terminated:
+        stop_group(child.pid)
+        reader.join(KILL_GRACE_SECONDS)
+    stop_leftovers()
+    return 128 - code if code < 0 else code
+
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def become_subreaper() -> None:
+    """Orphans of the programs this process starts (the workers of a launcher that died,
+    a daemon that left its session) become its children instead of init's, so they can
+    be found and stopped: Slurm's proctrack/linuxproc only follows parent links."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        say(f"cannot become a child subreaper: {os.strerror(ctypes.get_errno())}")
+
+
+def reap() -> None:
+    """Collect adopted children that have exited (never while a Popen waits for its own)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def stop_leftovers() -> None:
+    """What a finished line left running outside its process group (adopted by this
+    subreaper): TERM, the grace period, then KILL, as at the end of a Slurm step."""
+    for number, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 0)):
+        reap()
+        left = descendants(os.getpid())
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            reap()
+            if not descendants(os.getpid()):
+                return
+            time.sleep(0.1)
+    reap()
+
+
+def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
+    """The agent's own environment (srun, the wrapper): the task's variables are only
+    for the program, so they cannot break srun or the agent. TACC_WORKDIR is the job's
+    directory, or its code/ for tasks that ask for the legacy meaning (tuxiv.conf)."""
+    # Not the SSH session tcloud submitted from: with SSH_CLIENT set, Debian's bash
+    # sources bashrc files even when non-interactive (and trips on `set -u`).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    legacy = task is not None and task.runtime.get("workdir") == "code"
+    env.update(
+        TACC_WORKDIR=str(job_dir / "code" if legacy else job_dir),
+        TACC_JOB_DIR=str(job_dir),
+        TACC_USERDIR=str(user_dir_of(job_dir)),
+        TACC_DATASETS=str(job_dir / "datasets"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
+    return {**env, **task.environment["env"]}
+
+
+# The agent itself, isolated (-I) from the job's directory and PYTHON* variables.
+AGENT = [sys.executable, "-I", "-m", "tacc_agent"]
+
+
+# ---------------------------------------------------------------- batch step
+def batch(job_dir: Path, config: AgentConfig) -> int:
+    job_dir = sweeps.batch_dir(job_dir.resolve())  # a sweep's trial works in its own
+    task = load(job_dir)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    become_subreaper()
+    forwarder = Forwarder()
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    # A requeued run: say what stopped the last one before its rank records go.
+    lost = lost_nodes.describe(records.ranks(job_dir), config.slurm_timeout_seconds)
+    records.clear_ranks(job_dir)
+    detail = {"lost": lost} if restarts and lost else {}
+    # The Slurm id, in the job's own record: a submit that crashed after sbatch and
+    # whose job ran out of the queue is still found without accounting (submitting.py).
+    records.add_event(job_dir, "PROVISIONING", restart=restarts, slurm_job_id=job_id, **detail)
+    say(f"job {job_id} on {socket.gethostname()}: provisioning (run {restarts + 1})")
+    if detail:
+        say(f"run {restarts} was requeued: {lost}")
+    env = base_env(job_dir, task)
+    try:
+        if sweeps.is_trial(job_dir):
+            sweeps.own_code_tree(job_dir)
+        link_datasets(task, job_dir)
+        if task.environment["requirements"] or task.environment.get("lock"):
+            environment = envcache.ensure(
+                user_dir_of(job_dir), task.environment["requirements"],
+                environment_builder(config, user_dir_of(job_dir)), job_id, say,
+                config.env_lock_timeout_seconds, task.environment.get("lock"),
+            )  # fmt: skip
+            envcache.record_for_job(job_dir, environment)
+            envcache.activate(Path(environment["path"]), env)
+    except AgentError as exc:
+        say(str(exc))
+        if forwarder.terminated:  # cancelled, halted or out of time while building
+            return 128 + signal.SIGTERM
+        records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
+        return 1
+    for number, line in enumerate(task.setup, 1):
+        say(f"setup {number}/{len(task.setup)}: {line}")
+        argv = ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+        code = run_line(argv, job_dir / "code", program_env(task, env), forwarder,
+                        sys.stdout.buffer.write)  # fmt: skip
+        sys.stdout.flush()
+        if code != 0 or forwarder.terminated:
+            reason = f"setup line {number} exited {code}"
+            say(reason)
+            if not forwarder.terminated:
+                records.add_event(job_dir, "FAILED", exit_code=code, reason=reason)
+            return code
+    argv = wrapper_argv(task, job_dir)
+    if forwarder.terminated:
+        return 128 + signal.SIGTERM
+    started = time.monotonic()
+    code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
+                    sys.stdout.buffer.write)  # fmt: skip
+    sys.stdout.flush()
+    finish(job_dir, code, forwarder.terminated)
+    report_outcome(task, job_dir, code, time.monotonic() - started, config)
+    return code
+
+
+def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder:
+    return envcache.Builder(
+        python=config.python,
+        uv=envcache.uv_binary(config.uv),
+        index=config.package_index,
+        cache_dir=user_dir / ".cache" / "uv",
+    )
+
+
+def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
+    """How the batch step starts the wrappers: srun, one per process (launcher srun) or
+    per node (torchrun); mpirun's one wrapper runs right here, in the batch step, so
+    mpirun sees the whole allocation and starts its own daemons with srun."""
+    if task.runtime["launcher"] == "mpirun":
+        return [*AGENT, "exec", str(job_dir)]
+    # The nodes Slurm gave the job: with a range (nodes: 2-4) anything from min to max.
+    allocated = int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or task.resources["nodes"]
+    nodes = 1 if task.runtime["launcher"] in FIRST_NODE_LAUNCHERS else allocated
+    per_node = wrappers_per_node(task)
+    # Slurm 22.05's srun no longer takes the job's cpus-per-task from the environment:
+    # each wrapper (and what it starts: torchrun's workers) gets the CPUs the task asked.
+    return [
+        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
+        f"--ntasks-per-node={per_node}", f"--cpus-per-task={task.resources['cpus']}",
+        f"--mpi={task.runtime['mpi']}", "--export=ALL", *AGENT, "exec", str(job_dir),
+    ]  # fmt: skip
+
+
+def report_outcome(task: TaskSpec, job_dir: Path, code: int, seconds: float,
+                   config: AgentConfig) -> None:  # fmt: skip
+    """Each execution plug-in's line about the finished run (e.g. predicted vs actual)."""
+    submitted = records.read_json(job_dir / "status" / "submit.json") or {}
+    outcome = Outcome(task, job_dir, code, seconds, submitted)
+    for plugin in in_layer(cluster_plugins(task, config), "execute"):
+        try:
+            line = plugin.finish(outcome)
+        except Exception as exc:  # a plug-in's report never fails the job
+            line = f"plug-in {plugin.name}: could not report: {exc}"
+        if line:
+            say(line)
+
+
+def link_datasets(task: TaskSpec, job_dir: Path) -> None:
+    for dataset in task.datasets:
+        if dataset.cluster:
+            link = job_dir / "datasets" / dataset.name
+            link.parent.mkdir(mode=0o700, exist_ok=True)
+            if not link.is_symlink():
+                # A sweep's trials share one datasets/ and may start together.
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(dataset.cluster)
+
+
+def finish(job_dir: Path, code: int, terminated: bool) -> None:
+    """Record COMPLETED/FAILED, unless someone is stopping the job (cancel, halt, time
+    limit): then the agent that stops it, or Slurm's own state, has the last word."""
+    ranks = records.ranks(job_dir)
+    stopping = records.last_state(job_dir) in ("CANCELLED", "HALTED")
+    if terminated or stopping:
+        return
+    # A rank that failed on its own; the others may have been stopped because of it
+    # (srun --kill-on-bad-exit).
+    failed = [r for r in ranks if r.get("exit_code") and not r.get("terminated")]
+    if not failed and any(r.get("terminated") for r in ranks):
+        return  # stopped from outside (time limit, node failure): Slurm's state decides
+    exit_code = failed[0]["exit_code"] if failed else code
+    if exit_code == 0 and code == 0:
+        records.add_event(job_dir, "COMPLETED", exit_code=0)
+    else:
+        where = ", ".join(f"{r['host']}:{r['rank']}" for r in failed) or "srun"
+        records.add_event(
+            job_dir, "FAILED", exit_code=exit_code or code, reason=f"exit {exit_code} on {where}"
+        )
+
+
+# ---------------------------------------------------------------- one node
+def slurm_node_rank(nodes: list[str], host: str) -> int:
+    """This node's index in the step: Slurm's own (SLURM_NODEID, the order its ranks
+    and PMIx follow, whatever the host calls itself); outside Slurm, the host's place."""
+    if os.environ.get("SLURM_NODEID", "").isdigit():
+        return int(os.environ["SLURM_NODEID"])
+    if host not in nodes:
+        raise AgentError(f"this host ({host}) is not one of the job's nodes: {', '.join(nodes)}")
+    return nodes.index(host)
+
+
+class RankLogs:
+    """torchrun's output, filed by rank: a worker's line ("[tacc-rank 3] text") goes to
+    logs/rank-3-<host>.log without its prefix; torchrun's own lines, and any line naming
+    a rank that is not one of this node's workers, to the wrapper's log as they came."""
+
+    def __init__(self, job_dir: Path, host: str, own, ranks: range = range(0)) -> None:
+        self.job_dir, self.host, self.own, self.ranks = job_dir, host, own, ranks
+        self.files: dict[int, object] = {}
+
+    def write(self, raw: bytes) -> None:
+        match = TORCHRUN_LINE.match(raw)
+        if not match or int(match.group(1)) not in self.ranks:
+            self.own.write(raw)
+            return
+        rank = int(match.group(1))
+        if rank not in self.files:
+            path = self.job_dir / "logs" / f"rank-{rank}-{self.host}.log"
+            self.files[rank] = path.open("ab", buffering=0)
+        self.files[rank].write(raw[match.end() :])  # type: ignore[attr-defined]
+
+    def __enter__(self) -> RankLogs:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for handle in self.files.values():
+            handle.close()  # type: ignore[attr-defined]
+
+
+def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
+    """Every rank's status record, once all `count` ranks have written theirs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in records.ranks(job_dir) if "rdma" in r]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def agree_on_transport(
+    task: TaskSpec, job_dir: Path, rank: int, count: int, config: AgentConfig
+) -> transport.Choice:
+    """Rank 0 decides from every rank's facts and writes status/transport.json; the
+    others use what it wrote, so all ranks agree even if a rank's facts came late."""
+    path = job_dir / "status" / "transport.json"
+    if rank == 0:
+        peers = rendezvous(job_dir, count, config.rendezvous_timeout_seconds)
+        choice = transport.choose(task.runtime["transport"], peers)
+        records.write_json(path, choice.__dict__)
+        return choice
+    deadline = time.monotonic() + config.rendezvous_timeout_seconds + 10
+    while time.monotonic() < deadline:
+        decided = records.read_json(path)
+        if decided:
+            return transport.Choice(**decided)
+        time.sleep(0.1)
+    return transport.choose("tcp", [])
+
+
+def execute(job_dir: Path, config: AgentConfig) -> int:
+    job_dir = job_dir.resolve()
+    task = load(job_dir)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    host = socket.gethostname()
+    mpirun = task.runtime["launcher"] == "mpirun"  # runs in the batch step: the job's nodes
+    step_nodes = None if mpirun else os.environ.get("SLURM_STEP_NODELIST")
+    nodelist = step_nodes or os.environ.get("SLURM_JOB_NODELIST", host)
+    nodes = (
+        slurm.hostnames(nodelist, config.slurm_timeout_seconds)
+        if "SLURM_JOB_ID" in os.environ
+        else [host]
+    )
+    ips = [socket.gethostbyname(node) for node in nodes]
+    node_rank = 0 if mpirun else slurm_node_rank(nodes, host)
+    local_rank = 0 if mpirun else int(os.environ.get("SLURM_LOCALID", "0") or 0)
+    rank = wrapper_rank(task, node_rank, local_rank)
+    wrappers = 1 if mpirun else int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    log_path = job_dir / "logs" / f"rank-{rank}-{host}.log"
+    workers = range(rank, rank + processes_per_node(task.resources))
+    with (
+        log_path.open("ab", buffering=0) as log,
+        RankLogs(job_dir, host, log, workers) as rank_logs,
+    ):
+
+        def note(message: str) -> None:
+            log.write(f"tacc: {message}\n".encode())
+
+        def on_signal(number: int) -> None:
+            name = signal.Signals(number).name
+            if number == signal.SIGUSR1:
+                note("checkpoint signal (SIGUSR1) passed to the program")
+            elif number in (signal.SIGTERM, signal.SIGINT):
+                records.write_rank(job_dir, rank, terminated=True, signal=name)
+
+        become_subreaper()
+        forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
+        rdma = transport.local_rdma(config)
+        records.write_rank(job_dir, rank, host=host, ip=ips[node_rank] if ips else "",
+                           state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
+        launch = Launch(task, rank, nodes, ips, job_id,
+                        program_env(task, base_env(job_dir, task)), job_dir=job_dir,
+                        config=config, node_rank=node_rank, local_rank=local_rank,
+                        wrappers=wrappers)  # fmt: skip
+        for plugin in in_layer(cluster_plugins(task, config), "execute"):
+            plugin.execute(launch)
+        choice = launch.transport
+        if rank == 0 and choice is not None:
+            note(f"transport {choice.name}: {choice.reason}")
+        env = launch.env
+        if os.environ.get("TACC_VENV"):
+            envcache.activate(Path(os.environ["TACC_VENV"]), env)
+        records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
+        if rank == 0:
+            shaped = {k: v for k, v in launch.notes.items() if k != "transport"}
+            records.add_event(job_dir, "RUNNING", nodes=nodes,
+                              transport=choice.name if choice else "none",
+                              **({"plugins": shaped} if shaped else {}))  # fmt: skip
+        command = launch.command or (
+            lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+        )
+        sink = rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write
+        code = 0
+        for line in task.run:
+            if forwarder.terminated:
+                code = 128 + signal.SIGTERM
+                break
+            code = run_line(command(line), job_dir / "code", env, forwarder, sink)
+            if code != 0 or forwarder.terminated:
+                break
+        if code != 0:
+            note(f"exited {code}")
+    records.write_rank(job_dir, rank, state="EXITED", exit_code=code, ended=time.time())
+    return code

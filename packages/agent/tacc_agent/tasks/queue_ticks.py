@@ -1,0 +1,119 @@
+"""The scheduling plug-ins' `tick`: read Slurm's queue, let each plug-in react, act
+through Slurm (`scontrol update JobId=... Nice=...`). Run by the agent daemon every
+`queue_tick_seconds` where that is set (the controller), or once with
+`tacc-agent queue-tick`."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from tacc_contract.plugins import Queue, QueuedJob
+from tacc_contract.registry import PluginError, in_layer, select
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import Rejected
+
+# squeue --Format fields, each printed whole (size 0) and ended by "|". A job's GPUs are
+# spelled in one of four places: tres-alloc (what a running job holds, gres/gpu=N when
+# Slurm accounts gres/gpu; what it asks for while pending), tres-per-job (--gpus),
+# tres-per-node (--gres=gpu:N, --gpus-per-node) and tres-per-task (--gpus-per-task).
+FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tres-alloc",
+          "tres-per-job", "tres-per-node", "tres-per-task", "TimeUsed")  # fmt: skip
+FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
+COUNT = re.compile(r"\d+")
+
+
+def elapsed_seconds(text: str) -> int:
+    """squeue's TimeUsed (%M): [days-][hours:]minutes:seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = [int(p) for p in rest.split(":") if p.isdigit()]
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return int(days or 0) * 86400 + seconds
+
+
+def gres_name(key: str) -> list[str]:
+    """A TRES or gres name without its "gres" part: gres/gpu:a100 -> [gpu, a100]."""
+    parts = key.strip().replace("/", ":").split(":")
+    return parts[1:] if parts[0] == "gres" else parts
+
+
+def allocated_gpus(tres: str) -> int | None:
+    """GPUs in a TRES list ("cpu=8,node=2,gres/gpu=8,gres/gpu:a100=8"): the untyped total,
+    else the typed counts summed; None when it names no GPU."""
+    total, typed = None, None
+    for item in tres.split(","):
+        key, sep, value = item.partition("=")
+        name = gres_name(key)
+        if not sep or name[0] != "gpu" or not COUNT.fullmatch(value.strip()):
+            continue
+        if len(name) == 1:
+            total = (total or 0) + int(value)
+        else:
+            typed = (typed or 0) + int(value)
+    return total if total is not None else typed
+
+
+def requested_gpus(spec: str) -> int:
+    """GPUs in one tres-per-* request ("gres:gpu:2", "gres/gpu:a100:2", "gpu", "N/A")."""
+    count = 0
+    for item in spec.split(","):
+        name = gres_name(item)
+        if name[0] == "gpu":
+            count += int(name[-1]) if len(name) > 1 and COUNT.fullmatch(name[-1]) else 1
+    return count
+
+
+def job_gpus(alloc: str, per_job: str, per_node: str, per_task: str, nodes: int,
+             tasks: int) -> int:  # fmt: skip
+    """The job's GPUs on all its nodes, whichever way they were asked for."""
+    allocated = allocated_gpus(alloc)
+    if allocated is not None:
+        return allocated
+    return max(requested_gpus(per_job), requested_gpus(per_node) * nodes,
+               requested_gpus(per_task) * tasks)  # fmt: skip
+
+
+def parse_queue(text: str) -> list[QueuedJob]:
+    jobs = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) < len(FIELDS) or not parts[4].isdigit():
+            continue
+        job_id, user, state, nice, nodes, tasks, alloc, per_job, per_node, per_task, elapsed = (
+            parts[: len(FIELDS)])  # fmt: skip
+        count = int(nodes)
+        gpus = job_gpus(alloc, per_job, per_node, per_task, count,
+                        int(tasks) if tasks.isdigit() else count)  # fmt: skip
+        jobs.append(QueuedJob(job_id, user, state, int(nice) if nice.lstrip("-").isdigit() else 0,
+                              gpus, elapsed_seconds(elapsed), nodes=count))  # fmt: skip
+    return jobs
+
+
+def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
+    """Pending and running jobs (array tasks one by one), everybody's or `user`'s."""
+    who = [f"--user={user}"] if user else []
+    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING", *who,
+                       f"--Format={FORMAT}"], config.slurm_timeout_seconds)  # fmt: skip
+    return parse_queue(out)
+
+
+def tick(config: AgentConfig) -> list[str]:
+    """One round of every `tick` hook that is on; what each changed."""
+    try:
+        plugins = in_layer(select(config.plugins, policy_from=config.plugins), "schedule")
+    except PluginError as exc:
+        raise Rejected(str(exc), "plugins") from None
+
+    def set_nice(job_id: str, nice: int) -> None:
+        slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"],
+                    config.slurm_timeout_seconds)  # fmt: skip
+
+    queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
+    for plugin in plugins:
+        plugin.tick(queue)
+    return queue.notes

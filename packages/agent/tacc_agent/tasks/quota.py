@@ -1,0 +1,71 @@
+"""`tacc-agent quota`: the caller's limits and usage as Slurm's accounting keeps them
+(associations, QoS, fair share) plus what they hold in the queue right now. The limits
+are set by ops from inventory (the slurm role's slurm_accounts and slurm_qos)."""
+
+from __future__ import annotations
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import workspace
+from tacc_agent.tasks.queue_ticks import read_queue
+
+ASSOC = ("Account", "Fairshare", "QOS", "DefaultQOS", "MaxTRES", "MaxJobs", "MaxWall")
+QOS = ("Name", "Priority", "MaxWall", "MaxTRESPU", "MaxJobsPU", "Preempt", "PreemptMode",
+       "UsageFactor")  # fmt: skip
+SHARE = ("Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
+
+
+def table(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    rows = []
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) >= len(columns):
+            rows.append(dict(zip(columns, values, strict=False)))
+    return rows
+
+
+def in_queue(user: str, config: AgentConfig) -> dict:
+    jobs = read_queue(config, user)
+    running = [job for job in jobs if job.state == "RUNNING"]
+    return {"running_jobs": len(running),
+            "pending_jobs": sum(job.state == "PENDING" for job in jobs),
+            "gpus_in_use": sum(job.gpus for job in running)}  # fmt: skip
+
+
+def quota(config: AgentConfig) -> dict:
+    user = workspace.current_user()
+    timeout = config.slurm_timeout_seconds
+    result: dict = {"user": user, **in_queue(user, config)}
+    try:
+        assoc = slurm.slurm(
+            [
+                "sacctmgr",
+                "--noheader",
+                "--parsable2",
+                "show",
+                "assoc",
+                "where",
+                f"user={user}",
+                "format=" + ",".join(ASSOC),
+            ],
+            timeout,
+        )
+        qos = slurm.slurm(
+            ["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=" + ",".join(QOS)],
+            timeout,
+        )
+        share = slurm.slurm(["sshare", "--noheader", "--parsable2", "--users", user,
+                             "--format=" + ",".join(SHARE)], timeout)  # fmt: skip
+    except AgentError as exc:
+        result.update(accounting=False, message=f"no accounting on this cluster ({exc})")
+        return result
+    associations = table(assoc, ASSOC)
+    names = {q for a in associations for q in a["QOS"].split(",") if q}
+    result.update(
+        accounting=True,
+        associations=associations,
+        qos=[q for q in table(qos, QOS) if q["Name"] in names],
+        fairshare=[s for s in table(share, SHARE) if s["User"].strip() == user],
+    )
+    return result

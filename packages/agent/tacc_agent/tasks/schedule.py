@@ -1,0 +1,352 @@
+"""Layer 3, scheduling: a compiled instruction becomes one `sbatch` submission.
+
+Requests the cluster can never satisfy (an unknown partition, more GPUs, CPUs or memory
+per node than any node of the partition has, more nodes than it has) are refused before
+anything reaches Slurm, with the field and the reason. The sbatch options are then
+shaped by the scheduling plug-ins that are on (tacc_plugins: GPU shares, node ranges,
+GPU types, predicted time limits, ...), and their notes go into status/submit.json.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tacc_contract.instruction import digest_of
+from tacc_contract.plugins import Plugin, Submission
+from tacc_contract.registry import PluginError, in_layer, select
+from tacc_contract.sbatch_options import why_refused
+from tacc_contract.schema import TaskSpec, processes_per_node
+from tacc_plugins.elastic import min_nodes
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.tasks import job_tags, records, submitting, sweeps, workspace
+from tacc_agent.tasks.instruction import load
+
+SIZE = re.compile(r"(\d+)([KMGT]?)")
+UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    memory_mb: int
+    gpus: int
+    partitions: tuple[str, ...]
+    shards: int = 0
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    nodes: tuple[str, ...]
+
+
+def gpu_count(gres: str, name: str = "gpu") -> int:
+    """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
+    shard:16 ...); 0 for (null)."""
+    total = 0
+    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
+        parts = entry.split(":")
+        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
+    return [
+        Node(
+            name=r["NodeName"],
+            cpus=int(r.get("CPUTot", "0") or 0),
+            memory_mb=int(r.get("RealMemory", "0") or 0),
+            gpus=gpu_count(r.get("Gres", "")),
+            partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
+            shards=gpu_count(r.get("Gres", ""), "shard"),
+            features=tuple(
+                f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)"
+            ),
+        )
+        for r in records_
+        if "NodeName" in r
+    ]
+
+
+def parse_partitions(records_: list[dict[str, str]], nodes: list[Node]) -> list[Partition]:
+    return [
+        Partition(
+            name=r["PartitionName"],
+            default=r.get("Default") == "YES",
+            nodes=tuple(n.name for n in nodes if r["PartitionName"] in n.partitions),
+        )
+        for r in records_
+        if "PartitionName" in r
+    ]
+
+
+def memory_mb(text: str) -> float:
+    match = SIZE.fullmatch(text)
+    return int(match.group(1)) * UNITS_MB[match.group(2)] if match else 0
+
+
+def time_seconds(text: str) -> int | None:
+    """Slurm's time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None when unlimited."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 1:
+        hours, minutes, seconds = 0, parts[0], 0
+    elif len(parts) == 2:
+        hours, (minutes, seconds) = 0, parts
+    else:
+        hours, minutes, seconds = parts
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node]) -> str:
+    """The partition the job goes to; Rejected when no state of the cluster could run it."""
+    res = task.resources
+    names = [p.name for p in partitions]
+    if res["partition"]:
+        if res["partition"] not in names:
+            known = ", ".join(names) or "none"
+            raise Rejected(
+                f"unknown partition {res['partition']!r}; this cluster has: {known}",
+                "resources.partition",
+            )
+        partition = next(p for p in partitions if p.name == res["partition"])
+    else:
+        defaults = [p for p in partitions if p.default]
+        if not defaults:
+            raise Rejected(
+                "no default partition on this cluster; set resources.partition to one of: "
+                + ", ".join(names),
+                "resources.partition",
+            )
+        partition = defaults[0]
+    members = [n for n in nodes if n.name in partition.nodes]
+    want_mem = memory_mb(res["mem"])
+    tasks = slurm_tasks_per_node(task)  # each Slurm task gets `cpus` CPUs
+    cpus = ("cpus", res["cpus"] * tasks, "CPUs" if tasks == 1 else
+            f"CPUs ({tasks} processes x {res['cpus']})", lambda n: n.cpus)  # fmt: skip
+    limits = (
+        ("gpus_per_node", res["gpus_per_node"], "GPUs", lambda n: n.gpus),
+        cpus,
+        ("mem", want_mem, "MB of memory", lambda n: n.memory_mb),
+    )
+    for field, wanted, what, have in limits:
+        most = max((have(n) for n in members), default=0)
+        if wanted > most:
+            raise Rejected(
+                f"{wanted:g} {what} per node requested, but the most any node in partition "
+                f"{partition.name!r} has is {most:g}",
+                f"resources.{field}",
+            )
+    fitting = [n for n in members if all(have(n) >= wanted for _, wanted, _, have in limits)]
+    if min_nodes(res) > len(fitting):
+        raise Rejected(
+            f"{res['nodes']} nodes requested, but partition {partition.name!r} has "
+            f"{len(fitting)} node(s) that fit the per-node request",
+            "resources.nodes",
+        )
+    return partition.name
+
+
+def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
+    nodes = parse_nodes(slurm.show("node", timeout=timeout))
+    return parse_partitions(slurm.show("partition", timeout=timeout), nodes), nodes
+
+
+def extra_options(options: dict[str, str]) -> list[str]:
+    """The task's extra sbatch options as words; Rejected for one the agent sets, in any
+    spelling sbatch reads (the instruction's own check already refused it: the client
+    is not trusted, so again here, before sbatch)."""
+    words = []
+    for name, value in sorted(options.items()):
+        if problem := why_refused(name):
+            raise Rejected(f"expected {problem}", f"resources.sbatch.{name}")
+        words.append(f"--{name}={value}")
+    return words
+
+
+def slurm_tasks_per_node(task: TaskSpec) -> int:
+    if task.runtime["launcher"] in ("srun", "mpirun"):
+        return processes_per_node(task.resources)
+    return 1
+
+
+def base_options(task: TaskSpec, job_dir: Path, config: AgentConfig) -> dict[str, str | None]:
+    """The sbatch options of the task as written, before any scheduling plug-in."""
+    res = task.resources
+    options: dict[str, str | None] = {
+        "job-name": task.name,
+        "nodes": str(res["nodes"]),
+        # One Slurm task per process (srun, mpirun's slots); torchrun starts its own.
+        "ntasks-per-node": str(slurm_tasks_per_node(task)),
+        "cpus-per-task": str(res["cpus"]),
+        "mem": res["mem"],
+        "time": res["time"] or config.default_time_limit,
+        "requeue": None,
+        "chdir": str(job_dir),
+        "output": f"{job_dir}/logs/job.log",
+        "open-mode": "append",
+        "export": f"ALL,TACC_WORKDIR={job_dir}",
+    }
+    if res["gpus_per_node"]:
+        options["gres"] = f"gpu:{res['gpus_per_node']}"
+    for key in ("partition", "qos", "account"):
+        if res[key]:
+            options[key] = res[key]
+    if res["priority"] is not None:
+        options["nice"] = str(res["priority"])
+    return options
+
+
+def checkpoint_signal(
+    options: dict[str, str | None], config: AgentConfig, mpirun_task: bool = False
+) -> None:
+    """The checkpoint signal reaches every rank's program before the time limit (set
+    last: a plug-in may have changed the limit)."""
+    limit = time_seconds(options["time"] or config.default_time_limit)
+    warn = config.checkpoint_signal_seconds if limit is None else min(
+        config.checkpoint_signal_seconds, max(limit // 2, 1)
+    )  # fmt: skip
+    # mpirun runs in the batch step (B:), and passes the signal on to its ranks.
+    batch = "B:" if mpirun_task else ""
+    options["signal"] = f"{batch}USR1@{warn}"
+
+
+def sbatch_argv(
+    task: TaskSpec, job_dir: Path, config: AgentConfig, options: dict | None = None
+) -> list[str]:
+    """sbatch's argv: the task's extra sbatch options, then `options` as the scheduling
+    plug-ins left them (default: the task's own), then the batch script. The extras come
+    first: sbatch takes the last of an option given twice, so even a spelling of an
+    agent's option that the check does not know cannot override it."""
+    options = dict(base_options(task, job_dir, config) if options is None else options)
+    checkpoint_signal(options, config, task.runtime["launcher"] == "mpirun")
+    words = [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
+    extra = extra_options(task.resources["sbatch"] or {})
+    return ["sbatch", *extra, "--parsable", *words, str(job_dir / "job.sh")]
+
+
+def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
+    """The plug-ins on for this job: the defaults, then ops' selection (agent config
+    `plugins`), then the task's own words (which cannot turn off cluster policy)."""
+    try:
+        return select(config.plugins, task=task.plugins, policy_from=config.plugins)
+    except PluginError as exc:
+        raise Rejected(str(exc), "plugins") from None
+
+
+def plan(
+    task: TaskSpec, job_dir: Path, config: AgentConfig, user_dir: Path | None = None,
+    digest: str = "",
+) -> Submission:  # fmt: skip
+    """Check the task against the cluster, then let the scheduling plug-ins shape it."""
+    partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
+    partition = check_feasible(task, partitions, nodes)
+    submission = Submission(
+        task=task, options=base_options(task, job_dir, config), partition=partition,
+        partitions=partitions, nodes=nodes, user_dir=user_dir, digest=digest, config=config,
+    )  # fmt: skip
+    for plugin in in_layer(cluster_plugins(task, config), "schedule"):
+        plugin.schedule(submission)
+    return submission
+
+
+def batch_script(task: TaskSpec, job_dir: Path, digest: str) -> str:
+    command = shlex.join([sys.executable, "-I", "-m", "tacc_agent", "batch", str(job_dir)])
+    return (
+        "#!/bin/sh\n"
+        f"# tacc-agent batch step of task {task.name}, instruction {digest}.\n"
+        "# Slurm options: status/submit.json. Each node runs `tacc-agent exec` (layer 4).\n"
+        f"exec {command}\n"
+    )
+
+
+def check(task: TaskSpec, config: AgentConfig) -> str:
+    """The partition the task would go to; Rejected (with the field) when the cluster or
+    a scheduling plug-in refuses it."""
+    return plan(task, Path("/nonexistent"), config).partition
+
+
+def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
+    """sbatch the job in job_dir (built by `store commit`); on refusal remove job_dir.
+    Under the job's submission lock: a second submit of it waits, then is refused."""
+    job_dir = job_dir.resolve()
+    if job_dir.parent != (user_dir / "jobs").resolve() or not (job_dir / "status").is_dir():
+        raise Rejected(f"{job_dir} is not one of your job directories")
+    lock = submitting.lock(job_dir, wait=True)
+    try:
+        if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
+            raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
+        return sbatch_job(user_dir, job_dir, config)
+    finally:
+        submitting.unlock(lock)
+
+
+def discard(user_dir: Path, job_dir: Path) -> None:
+    """A refused job: nothing of it is left."""
+    workspace.drop_submitting(user_dir, job_dir)
+    shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
+    """Plan, record, sbatch. The job is recorded and indexed as submitting, with its tag
+    (sbatch --comment), before sbatch runs: if this process dies or sbatch times out
+    before the id is indexed, the next ps/status/cancel finds the job in Slurm by its tag
+    (tacc_agent/submitting.py)."""
+    try:
+        task = load(job_dir)
+        document = records.read_json(job_dir / "instruction.json") or {}
+        digest = digest_of(document)
+        submission = plan(task, job_dir, config, user_dir, digest)
+        partition = submission.partition
+        submission.options["comment"] = job_tags.new_tag(job_dir)
+        argv = sbatch_argv(task, job_dir, config, submission.options)
+        script = job_dir / "job.sh"
+        script.write_text(batch_script(task, job_dir, digest))
+        trials = submission.data.get("sweep", {}).get("trials", 0)
+        if trials:
+            sweeps.make_trials(job_dir, trials)
+        script.chmod(0o700)
+        submitting.begin(
+            user_dir, job_dir,
+            {"name": task.name, "sbatch": argv, "digest": digest,
+             "options": submission.options, "plugins": submission.notes,
+             "plugin_data": submission.data, "tag": submission.options["comment"],
+             "entrypoint": submission.data.get("entrypoint", "")},
+        )  # fmt: skip
+        # First: the job's own events (PROVISIONING, ...) must come after this one.
+        records.add_event(job_dir, "QUEUED")
+        out = slurm.slurm(argv, config.slurm_timeout_seconds)
+    except AgentError as exc:
+        if "did not answer" not in str(exc):  # refused: nothing of the job is left
+            discard(user_dir, job_dir)
+            raise
+        raise AgentError(
+            f"{exc}; if Slurm took the job, `tcloud ps` finds it (and its id) once Slurm "
+            "answers again",
+            exc.exit_code,
+        ) from None
+    except Exception:
+        discard(user_dir, job_dir)
+        raise
+    job_id = out.strip().split(";")[0]
+    submitting.finish(user_dir, job_dir, job_id)
+    return {
+        "job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition,
+        "plugins": submission.notes,
+    }  # fmt: skip

@@ -1,0 +1,73 @@
+"""Layer 2, the compiler: a TaskSpec becomes a self-contained task instruction, the
+manifest of its files plus the task as the cluster runs it, with a digest that is
+identical for identical inputs on any machine (no timestamps, no local paths).
+
+The cluster side (tacc_agent) re-validates the instruction, turns it into an sbatch
+submission (layer 3) and runs it on every node (layer 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tacc_contract.instruction import FORMAT, digest_of
+from tacc_contract.plugins import Plugin
+from tacc_contract.registry import from_env, in_layer, select
+from tacc_contract.schema import TaskSpec
+
+from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
+
+
+@dataclass(frozen=True)
+class Instruction:
+    manifest: dict[str, Entry]
+    document: dict
+    digest: str
+
+    def manifest_json(self) -> dict:
+        return manifest_json(self.manifest)
+
+
+def manifest_json(manifest: dict[str, Entry]) -> dict:
+    """path -> [sha256, size, mode]: what the digest covers and what the cluster stores."""
+    return {path: [e.sha256, e.size, e.mode] for path, e in manifest.items()}
+
+
+def task_document(task: TaskSpec) -> dict:
+    """The task as the cluster needs it: uploaded datasets are files of the manifest,
+    so only datasets already on the cluster are named."""
+    document = {
+        "name": task.name,
+        # Unset options stay out (the cluster applies the same defaults).
+        "resources": {k: v for k, v in task.resources.items() if v is not None},
+        "environment": task.environment,
+        "datasets": [{"name": d.name, "cluster": d.cluster} for d in task.datasets if d.cluster],
+        "setup": task.setup,
+        "run": task.run,
+        "outputs": task.outputs,
+        "runtime": task.runtime,
+    }
+    if task.plugins:
+        document["plugins"] = task.plugins
+    # Fields plug-ins added (sweep, ...): only the ones the task sets.
+    document.update({k: v for k, v in task.extensions.items() if v not in (None, [], {})})
+    return document
+
+
+def compile_task(
+    task: TaskSpec, hasher: Hasher = sha256_file, plugins: list[Plugin] | None = None
+) -> Instruction:
+    """The instruction of `task`: its document after every compile pass of the plug-ins
+    that are on (default: as for load_task), with a record of which were on and what
+    each pass changed."""
+    plugins = select(from_env(), task=task.plugins) if plugins is None else plugins
+    manifest = build_manifest(task, hasher)
+    document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
+    shaped = {}
+    for plugin in in_layer(plugins, "compile"):
+        change = plugin.compile(document)
+        if change:
+            shaped[plugin.name] = change
+    on = [p.name for p in plugins if {"schema", "compile"} & set(p.layers)]
+    document["plugins"] = {"on": on, "shaped": shaped}
+    return Instruction(manifest, document, digest_of(document))

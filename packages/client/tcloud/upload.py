@@ -1,0 +1,144 @@
+"""Layer 2 -> cluster: send only the blobs the cluster lacks, resumably, then have the
+cluster verify them and build the job's own workdir (`tacc-agent store`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+from tacc_agent.tasks.store import blob_name
+
+from tcloud.agent import Rejected, call
+from tcloud.compiler import Instruction
+from tcloud.errors import TcloudError
+from tcloud.manifest import shown
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    workdir: str
+    userdir: str
+    blobs_sent: int
+    bytes_sent: int
+    seconds: float
+    job: dict | None = None  # the agent's submit answer, with submit=True
+
+
+def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
+    """One round trip to the cluster side of the upload (`tacc-agent store`); a task the
+    cluster refuses is a Rejected error (exit 3, the message names the field)."""
+    return call(client, ["store"], userdir, json.dumps(request).encode(), rejected=Rejected)
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if self.tty and self.total:
+            width = 30
+            filled = int(width * self.done / self.total)
+            bar = "#" * filled + "." * (width - filled)
+            print(
+                f"\rupload [{bar}] {self.done >> 20}/{self.total >> 20} MiB",
+                end="",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        if self.tty and self.total:
+            print(file=sys.stderr)
+
+
+def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, progress) -> int:
+    """Append local[offset:] to remote_path; return bytes sent."""
+    sent = 0
+    try:
+        handle = local.open("rb")
+    except OSError as exc:
+        raise TcloudError(
+            f"{shown(local)}: cannot read: {exc.strerror or exc} (did it change since tcloud "
+            "hashed it? run the command again)"
+        ) from None
+    with handle as source, sftp.open(remote_path, "ab") as target:
+        target.set_pipelined(True)
+        source.seek(offset)
+        for block in iter(lambda: source.read(CHUNK), b""):
+            target.write(block)
+            sent += len(block)
+            progress.add(len(block))
+    return sent
+
+
+def upload(
+    client: paramiko.SSHClient,
+    instruction: Instruction,
+    userdir: str | None = None,
+    submit: bool = False,
+) -> UploadResult:
+    """Send what the cluster lacks and build the job directory; with submit, the same
+    two round trips also refuse an impossible task first and sbatch the job at the end."""
+    start = time.monotonic()
+    names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
+    first_path = {}
+    for path, name in names.items():
+        first_path.setdefault(name, path)
+    first = {"op": "missing", "blobs": sorted(first_path)}
+    if submit:
+        first["check"] = instruction.document
+    answer = remote(client, first, userdir)
+    missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
+    # Each upload writes its own partial file (a copy of what a cut one left): two
+    # submits of the same new file at once never append to one file.
+    if missing and not isinstance(answer.get("uploads"), dict):
+        raise TcloudError(
+            "the cluster's tacc-agent is older than this tcloud (its store gives each upload "
+            "no file of its own): ask the cluster's operators to upgrade the agent"
+        )
+    uploads = {name: answer["uploads"][name] for name in missing}
+    sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
+    progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))
+    sent = 0
+    if missing:
+        sftp = client.open_sftp()
+        try:
+            for name in missing:
+                offset, target = partial.get(name, 0), f"{store}/store/.partial/{uploads[name]}"
+                if offset > sizes[name]:
+                    offset = 0
+                    sftp.remove(target)
+                local = instruction.manifest[first_path[name]].source
+                sent += send(sftp, local, target, offset, progress)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            # A dropped connection (or a file that vanished here): what arrived stays in
+            # the cluster's .partial store and the next run sends only the rest.
+            detail = str(exc) or type(exc).__name__
+            raise TcloudError(
+                f"the upload stopped ({detail}); run the command again: what arrived is "
+                "kept and only the rest is sent"
+            ) from None
+        finally:
+            progress.close()
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                sftp.close()
+    files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
+    request = {"op": "commit", "blobs": missing, "manifest": names, "uploads": uploads,
+               "submit": submit}  # fmt: skip
+    answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)
+    if answer["bad"]:
+        raise TcloudError(
+            f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "
+            "dropped; run the command again to resend them"
+        )
+    seconds = time.monotonic() - start
+    return UploadResult(
+        answer["workdir"], answer["userdir"], len(missing), sent, seconds, answer.get("job")
+    )

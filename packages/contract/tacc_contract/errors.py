@@ -1,0 +1,79 @@
+"""What both sides say when something is wrong: the exit codes of `tcloud` and of the
+agent's verbs, a problem in a task file (file:line:column: field: what is expected),
+and the refusal a plug-in or the agent raises. Never shown as a traceback."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Exit codes of `tcloud` (documented in docs/tcloud.md).
+EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug in tcloud: reported in one line, never as a traceback
+EXIT_USAGE = 2
+EXIT_INVALID_TASK = 3
+EXIT_CLUSTER = 4
+
+# Exit codes of `tacc-agent` verbs (tcloud maps them to its own).
+AGENT_OK = 0
+AGENT_FAILED = 1  # the job or check itself failed
+AGENT_REJECTED = 2  # bad request: invalid instruction, impossible resources, not your job
+AGENT_CLUSTER = 3  # Slurm or the filesystem did not answer as expected
+
+# How a verb reports a failure: one JSON line {"error": "..."} (on stdout).
+ERROR_KEY = "error"
+
+
+def error_line(message: str) -> str:
+    return json.dumps({ERROR_KEY: message})
+
+
+class TaccError(Exception):
+    """An error with a message for the user and the tcloud exit code it maps to."""
+
+    exit_code = EXIT_CLUSTER
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in a task file, at a position."""
+
+    path: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        # A problem with a file as a whole (a local file to upload) has no position.
+        where = f"{self.path}:{self.line}:{self.column}" if self.line else self.path
+        if self.field:
+            return f"{where}: {self.field}: {self.message}"
+        return f"{where}: {self.message}"
+
+
+class TaskFileError(TaccError):
+    """A task file that cannot be used; carries every problem found, in file order."""
+
+    exit_code = EXIT_INVALID_TASK
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line, p.column))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class AgentError(Exception):
+    """What an agent verb answers when it fails: a message and its exit code."""
+
+    def __init__(self, message: str, exit_code: int = AGENT_REJECTED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Rejected(AgentError):
+    """A request the cluster refuses (bad instruction, resources it can never give);
+    what a plug-in raises to refuse a task, naming the field when it can."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message, AGENT_REJECTED)
+        self.field = field

@@ -1,0 +1,124 @@
+"""The compiled task instruction (instruction.json in a job directory): its format, its
+digest, and its validation with the same field tables and plug-in checks the task file
+had (JSON is YAML, so every problem still names its line and field). tcloud builds it;
+the agent re-validates it with `parse` before anything is made from it (never trust
+the laptop), passing the plug-in words its operator configured."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from tacc_contract.errors import Rejected
+from tacc_contract.fields import Field, Validator, one_of, pattern
+from tacc_contract.registry import PluginError, available, from_env, in_layer, is_module, select
+from tacc_contract.schema import TaskSpec, child, fill_defaults, node_at, spec_from, task_fields
+
+FORMAT = "tacc-instruction/1"
+FILE = "instruction.json"
+
+
+def cluster_task_fields(configured: Sequence[str] = ()) -> dict[str, Field]:
+    """What the cluster reads of a task: everything but the laptop-side `code` section,
+    with the fields of every plug-in installed here (the laptop chose which were on).
+    `configured`: the plug-in words of the agent's operator (its `plugins` setting)."""
+    modules = [w.lstrip("+") for w in [*from_env(), *configured] if is_module(w)]
+    table = task_fields(available(modules).values())
+    return {key: spec for key, spec in table.items() if key != "code"}
+
+
+def instruction_fields(configured: Sequence[str] = ()) -> dict[str, Field]:
+    return {
+        "format": Field("str", required=True, check=one_of(FORMAT)),
+        "task": Field("mapping", required=True, children=cluster_task_fields(configured)),
+        "manifest": Field("any", default={}),
+        # Which schema and compile plug-ins were on, and what each changed.
+        "plugins": Field("any", default={}),
+        # The job this one reruns (`tcloud rerun`): same files, the environment locked.
+        "rerun_of": Field("str", check=pattern(r"\d+", "a job id")),
+    }
+
+
+class InvalidInstruction(Rejected):
+    """Every problem of an instruction, one per line."""
+
+
+def canonical(document: dict) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def digest_of(document: dict) -> str:
+    """The instruction's identity: equal inputs give equal digests on any machine."""
+    return hashlib.sha256(canonical(document)).hexdigest()
+
+
+def code_digest(document: dict) -> str:
+    """The identity of a job's files (the manifest alone): equal for a job and its reruns."""
+    return digest_of({"manifest": document.get("manifest", {})})
+
+
+def refused(validator: Validator) -> InvalidInstruction:
+    problems = sorted(validator.problems, key=lambda p: (p.line, p.column))
+    return InvalidInstruction("\n".join(str(p) for p in problems))
+
+
+def check_with_plugins(
+    validator: Validator, task_node: yaml.Node, task: dict, configured: Sequence[str]
+) -> None:
+    """The schema checks of the plug-ins on for this task here (ops' words, then the
+    task's own), as tcloud ran them: sweep sizes, GPU shares, node ranges, ..."""
+    try:
+        plugins = select(configured, task=task["plugins"] or [], policy_from=configured)
+    except PluginError as exc:
+        validator.problem(node_at(task_node, "plugins"), "task.plugins", str(exc))
+        return
+    for plugin in in_layer(plugins, "schema"):
+        plugin.check(task, lambda name, message: validator.problem(
+            node_at(task_node, name), f"task.{name}", message))  # fmt: skip
+
+
+def parse(text: str, source: str, configured: Sequence[str] = ()) -> TaskSpec:
+    """A TaskSpec from instruction text; InvalidInstruction lists every problem.
+    `configured`: the plug-in words of the agent's operator."""
+    try:
+        return _parse(text, source, list(configured))
+    except RecursionError:
+        raise InvalidInstruction(f"{source}: nested too deeply to be an instruction") from None
+
+
+def _parse(text: str, source: str, configured: list[str]) -> TaskSpec:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise InvalidInstruction(f"{source}: not valid JSON: {exc}") from None
+    validator = Validator(source)
+    fields = instruction_fields(configured)
+    data = validator.mapping(root, fields) if root is not None else {}
+    if root is None:
+        raise InvalidInstruction(f"{source}: empty instruction")
+    if validator.problems:
+        raise refused(validator)
+    table = fields["task"].children
+    task = dict(data["task"])
+    # Plug-ins see every section with its defaults filled in, as in tacc_contract.schema.
+    for section in ("resources", "environment", "runtime"):
+        task[section] = fill_defaults(task[section], table[section].children)
+    check_with_plugins(validator, child(root, "task") or root, task, configured)
+    if validator.problems:
+        raise refused(validator)
+    task["code"] = {}
+    task["datasets"] = [d for d in task["datasets"] or [] if d.get("cluster")]
+    return spec_from(task, Path("."), {"code": Field("mapping"), **table})
+
+
+def load(job_dir: Path, configured: Sequence[str] = ()) -> TaskSpec:
+    path = job_dir / FILE
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInstruction(f"{path}: {exc.strerror}") from None
+    return parse(text, str(path), configured)

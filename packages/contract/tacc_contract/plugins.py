@@ -1,0 +1,147 @@
+"""The plug-in interface: one class per technique, with a hook for each layer it shapes.
+
+A plug-in overrides only the hooks of its layers (docs/plugins.md):
+
+- schema    `fields` (new task fields, or a replacement of a built-in one, by dotted
+            path) and `check(task, problem)` for cross-field rules and defaults;
+- compile   `compile(document)`: a pass over the instruction document; returns what
+            it changed (or None);
+- schedule  `schedule(submission)`: the sbatch options, partition, time, priority;
+            `tick(queue)`: react to the queue (run by the controller's agent daemon);
+- execute   `execute(launch)`: the launcher, transport and environment of one rank;
+            `finish(outcome)`: a line for the job log once the run is over.
+
+Every hook that changed something says so with `note(...)`; the notes go into the
+job's record (status/submit.json, `tcloud status --json`), so a job shows which
+plug-ins shaped it and how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tacc_contract.fields import Field
+
+LAYERS = ("schema", "compile", "schedule", "execute")
+Problem = Callable[[str, str], None]  # (dotted field, what is expected)
+
+
+class Plugin:
+    """Base class: every hook does nothing. Subclasses set `name` and `layers`."""
+
+    name: ClassVar[str] = ""
+    layers: ClassVar[tuple[str, ...]] = ()
+    summary: ClassVar[str] = ""
+    # Where its hooks run within a layer: lower first; equal ones in the order they
+    # were found (entry points, then modules named in a selection). The built-ins use
+    # 10..80; a plug-in that sets nothing runs after them.
+    order: ClassVar[int] = 100
+    # On unless a configuration turns it off (TACC_PLUGINS, tcloud config, agent config).
+    default_on: ClassVar[bool] = True
+    # Cluster policy (set by ops in the agent config): a task cannot turn it off.
+    policy: ClassVar[bool] = False
+    # schema: dotted path ("sweep", "resources.nodes") -> Field; replaces a built-in field.
+    fields: ClassVar[dict[str, Field]] = {}
+
+    def check(self, task: dict, problem: Problem) -> None:
+        """schema: validate across fields, fill defaults (task is the validated mapping)."""
+
+    def compile(self, document: dict) -> str | None:
+        """compile: change the instruction document ({"task": ..., "manifest": ...});
+        return what changed, for the instruction's record."""
+        return None
+
+    def schedule(self, submission: Submission) -> None:
+        """schedule: change the sbatch request before it is submitted."""
+
+    def tick(self, queue: Queue) -> None:
+        """schedule: react to the queue (pending and running jobs); act through Slurm."""
+
+    def execute(self, launch: Launch) -> None:
+        """execute: choose the launcher, transport and environment of one rank."""
+
+    def finish(self, outcome: Outcome) -> str | None:
+        """execute: after the run (batch step), a line for the job log, or None."""
+        return None
+
+
+@dataclass
+class Submission:
+    """One job on its way to sbatch. `options` are sbatch long options without the
+    leading dashes (value None: a flag); `partition` the one chosen so far."""
+
+    task: Any  # tacc_contract.schema.TaskSpec
+    options: dict[str, str | None]
+    partition: str
+    partitions: list = field(default_factory=list)  # tacc_agent.tasks.schedule.Partition
+    nodes: list = field(default_factory=list)  # tacc_agent.tasks.schedule.Node
+    user_dir: Path | None = None
+    digest: str = ""
+    config: Any = None  # tacc_agent.config.AgentConfig
+    notes: dict[str, str] = field(default_factory=dict)  # plug-in name -> what it did
+    # What plug-ins keep in status/submit.json for later layers ("plugin_data").
+    data: dict[str, object] = field(default_factory=dict)
+
+    def note(self, plugin: str, text: str) -> None:
+        self.notes[plugin] = text
+
+
+@dataclass
+class QueuedJob:
+    job_id: str
+    user: str
+    state: str  # PENDING / RUNNING
+    nice: int
+    gpus: float  # GPUs the job holds or asks for, all nodes together
+    elapsed_seconds: int
+    nodes: int = 1
+
+
+@dataclass
+class Queue:
+    """The queue as a scheduling plug-in's `tick` sees it; `set_nice(job, n)` acts."""
+
+    jobs: list[QueuedJob]
+    set_nice: Callable[[str, int], None]
+    now: float = 0.0
+    state_dir: Path | None = None  # where a plug-in may keep what it learned
+    config: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Launch:
+    """One rank about to run: plug-ins set `launcher` (how each run line becomes argv),
+    `transport` and `env`."""
+
+    task: Any
+    rank: int  # this wrapper's rank: the process's global rank (torchrun: its node's first)
+    nodes: list[str]
+    ips: list[str]
+    job_id: str
+    env: dict[str, str]
+    job_dir: Path = Path(".")
+    node_rank: int = 0  # index of this node in `nodes`
+    local_rank: int = 0  # index of this wrapper on its node
+    wrappers: int = 1  # how many wrappers the job runs (one per rank; torchrun: per node)
+    config: Any = None  # tacc_agent.config.AgentConfig
+    command: Callable[[str], list[str]] | None = None
+    transport: Any = None  # tacc_agent.tasks.transport.Choice
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def note(self, plugin: str, text: str) -> None:
+        self.notes[plugin] = text
+
+
+@dataclass
+class Outcome:
+    """A finished run as the batch step saw it."""
+
+    task: Any
+    job_dir: Path
+    exit_code: int
+    seconds: float
+    submit: dict  # status/submit.json: options and the notes of the scheduling plug-ins

@@ -1,0 +1,364 @@
+"""Layer 1, the task schema: `tcloud.yaml` read into a validated `TaskSpec`.
+
+Every problem names the file, line, column, field and what is expected; unknown keys
+are errors with a suggestion. docs/tcloud.md documents each field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from tacc_contract.errors import Problem, TaskFileError
+from tacc_contract.fields import (
+    Field,
+    Validator,
+    at_least,
+    between,
+    non_empty,
+    one_of,
+    pattern,
+    relative_path,
+    single_line,
+)
+from tacc_contract.plugins import Plugin
+from tacc_contract.registry import ENV, PluginError, check_words, in_layer, select
+from tacc_contract.sbatch_options import why_refused
+
+TASK_FILE = "tcloud.yaml"
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+# Slurm partition, QoS and account names: one word, nothing a shell or sbatch would split.
+SLURM_NAME = pattern(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}", "a Slurm name (letters, digits, _.+-)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIZE = re.compile(r"(\d+)([KMGT]?)")
+_UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch --time).
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+NICE_MAX = 2147483645  # sbatch --nice bound
+MAX_PROCESSES_PER_NODE = 1024
+
+
+def size_bytes(text: str) -> int:
+    """Bytes in a size like 512M or 4G (no unit: MiB, as Slurm reads --mem)."""
+    match = _SIZE.fullmatch(text)
+    return int(match.group(1)) * _UNITS[match.group(2)] if match else 0
+
+
+def positive_size(value: str) -> str | None:
+    return None if size_bytes(value) > 0 else "a size > 0 like 4G or 512M"
+
+
+def slurm_time(value: str) -> str | None:
+    """None for a Slurm time limit > 0 (or UNLIMITED), else what is expected."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME.fullmatch(value)
+    if not match:
+        return "a Slurm time"
+    days, first, *rest = match.groups()
+    later = [int(part) for part in rest if part is not None]
+    if any(part >= 60 for part in later) or (days is not None and int(first) >= 24):
+        return "a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS) with fields in range"
+    if int(days or 0) + int(first) + sum(later) == 0:
+        # Slurm reads 0 as "no limit": the task must say UNLIMITED if that is meant.
+        return "a Slurm time > 0 (or UNLIMITED)"
+    return None
+
+
+def env_name(key: str) -> str | None:
+    return None if _ENV_NAME.fullmatch(key) else "a shell variable name ([A-Za-z_]\\w*)"
+
+
+_PINNED = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_.,-]+\])?==[A-Za-z0-9.+!_-]+"
+    r"( +--hash=sha256:[0-9a-f]{64})*"
+)
+
+
+# A direct reference as uv writes it in a lock: "name @ https://...whl" (no spaces).
+_DIRECT = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_.,-]+\])? @ (https?|git\+\w+|file)://\S+"
+)
+
+
+def pinned_requirement(line: str) -> str | None:
+    if _PINNED.fullmatch(line.strip()) or _DIRECT.fullmatch(line.strip()):
+        return None
+    return "a pinned requirement line: name==version or name @ URL"
+
+
+def sbatch_option(key: str) -> str | None:
+    """An extra sbatch option's name: never one the agent sets from the task's own
+    fields or for itself, in any spelling sbatch reads (tacc_contract.sbatch_options)."""
+    return why_refused(key)
+
+
+CODE = {
+    "workdir": Field("str", default="."),
+    "include": Field("list[str]", default=["**"], each=relative_path),
+    "exclude": Field("list[str]", default=[], each=relative_path),
+}
+RESOURCES = {
+    "nodes": Field("int", default=1, check=at_least(1)),
+    "gpus_per_node": Field("int", default=0, check=at_least(0)),
+    # Processes per node: torchrun's --nproc-per-node, or the ranks srun/mpirun start on
+    # each node (sbatch --ntasks-per-node). Unset: gpus_per_node, or 1 without GPUs.
+    "processes_per_node": Field(
+        "int",
+        check=between(1, MAX_PROCESSES_PER_NODE),
+        expected=f"processes per node (1 to {MAX_PROCESSES_PER_NODE})",
+    ),
+    "cpus": Field("int", default=1, check=at_least(1), expected="CPUs per task (>= 1)"),
+    "mem": Field("str", default="4G", check=positive_size, expected="a size like 4G or 512M"),
+    # Unset: the cluster's default (tacc-agent default_time_limit, 01:00:00), or a
+    # prediction from earlier runs (the duration plug-in).
+    "time": Field("str", check=slurm_time, expected="a Slurm time"),
+    "partition": Field("str", check=SLURM_NAME),
+    "qos": Field("str", check=SLURM_NAME),
+    "priority": Field("int", check=between(0, NICE_MAX), expected="a nice value >= 0"),
+    "account": Field("str", check=SLURM_NAME),
+    "sbatch": Field(
+        "map[str]", default={}, expected="extra sbatch options, name: value", keys=sbatch_option
+    ),
+}
+ENVIRONMENT = {
+    "requirements": Field(
+        "list[str]", default=[], expected="pip requirement lines", each=single_line
+    ),
+    "modules": Field("list[str]", default=[], each=single_line),
+    "env": Field("map[str]", default={}, keys=env_name),
+    # Exact versions (name==version lines, as in a lock file): the environment is built
+    # from these alone, with no resolution. `tcloud rerun` sets it from the past job's
+    # lock; a task may set it too.
+    "lock": Field(
+        "list[str]",
+        default=[],
+        expected="pinned requirement lines (name==version)",
+        each=pinned_requirement,
+    ),
+}
+DATASET = {
+    "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),
+    "local": Field("str", check=single_line, expected="a local path to upload"),
+    "cluster": Field("str", check=pattern(r"/.*", "an absolute path on the cluster")),
+}
+RUNTIME = {
+    "launcher": Field("str", default="srun", check=one_of("srun", "torchrun", "mpirun", "none")),
+    # What $TACC_WORKDIR names: the job's directory (code/, outputs/, logs/), or, as the
+    # legacy Go tcloud did (tuxiv.conf files), the uploaded code itself.
+    "workdir": Field("str", default="job", check=one_of("job", "code")),
+    "transport": Field("str", default="auto", check=one_of("auto", "rdma", "tcp")),
+    # Slurm's MPI plug-in for the job's srun steps (srun --mpi): `pmix` for MPI programs
+    # started by launcher srun; `none` by default, so steps of non-MPI programs never
+    # depend on PMIx.
+    "mpi": Field("str", default="none", check=one_of("none", "pmix", "pmi2")),
+}
+TASK = {
+    "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),
+    "code": Field("mapping", default={}, children=CODE),
+    "resources": Field("mapping", default={}, children=RESOURCES),
+    "environment": Field("mapping", default={}, children=ENVIRONMENT),
+    "datasets": Field("list[mapping]", default=[], children=DATASET),
+    "setup": Field("list[str]", default=[], expected="a list of shell lines"),
+    "run": Field("list[str]", required=True, check=non_empty, expected="a list of shell lines"),
+    "outputs": Field(
+        "list[str]", default=[], expected="a list of paths or globs", each=relative_path
+    ),
+    "runtime": Field("mapping", default={}, children=RUNTIME),
+    "plugins": Field(
+        "list[str]",
+        default=[],
+        expected="plug-ins for this task: name or +name turns one on, -name off",
+        each=lambda word: check_words([word]),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    local: str | None = None
+    cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A validated task. `base_dir` is where relative local paths start."""
+
+    name: str
+    run: list[str]
+    base_dir: Path
+    code: dict = field(default_factory=dict)
+    resources: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    datasets: list[Dataset] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    runtime: dict = field(default_factory=dict)
+    # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
+    plugins: list[str] = field(default_factory=list)
+    extensions: dict = field(default_factory=dict)
+
+
+def processes_per_node(resources: dict) -> int:
+    """The task's processes per node: its own setting, else one per GPU (a GPU share
+    counts as one), else 1."""
+    if resources.get("processes_per_node"):
+        return int(resources["processes_per_node"])
+    gpus = resources.get("gpus_per_node") or 0
+    return max(int(gpus), 1)
+
+
+def task_fields(plugins: Iterable[Plugin]) -> dict[str, Field]:
+    """The task's field table with the fields of `plugins` added or put in place of a
+    built-in one ("resources.nodes")."""
+    table = dict(TASK)
+    for plugin in plugins:
+        for path, spec in plugin.fields.items():
+            section, _, name = path.rpartition(".")
+            if not section:
+                table[name] = spec
+                continue
+            parent = table[section]
+            table[section] = replace(parent, children={**parent.children, name: spec})
+    return table
+
+
+def fill_defaults(value: dict | None, fields: dict[str, Field]) -> dict:
+    value = value or {}
+    return {key: value.get(key, spec.default) for key, spec in fields.items()}
+
+
+def read_text(path: Path) -> str:
+    """A task file's text; a file that is unreadable or not UTF-8 is a TaskFileError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TaskFileError([Problem(str(path), 0, 0, "", exc.strerror or str(exc))]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        message = f"not UTF-8 text: byte 0x{byte} cannot be decoded; save the file as UTF-8"
+        raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
+
+
+def compose(path: Path) -> yaml.Node | None:
+    text = read_text(path)
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        message = f"not valid YAML: {exc.problem or exc.context}"
+        raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        message = f"not valid YAML: control character {character!r} is not allowed"
+        raise TaskFileError([Problem(str(path), line, column, "", message)]) from None
+
+
+def child(node: yaml.Node, key: str) -> yaml.Node | None:
+    """The value node of `key` in a mapping node, if there is one."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return value_node
+    return None
+
+
+def spec_from(data: dict, base_dir: Path, table: dict[str, Field] = TASK) -> TaskSpec:
+    return TaskSpec(
+        name=data["name"],
+        run=list(data["run"] or []),
+        base_dir=base_dir,
+        code=fill_defaults(data["code"], CODE),
+        resources=fill_defaults(data["resources"], table["resources"].children),
+        environment=fill_defaults(data["environment"], ENVIRONMENT),
+        datasets=[Dataset(d["name"], d["local"], d["cluster"]) for d in data["datasets"] or []],
+        setup=list(data["setup"] or []),
+        outputs=list(data["outputs"] or []),
+        runtime=fill_defaults(data["runtime"], RUNTIME),
+        plugins=list(data.get("plugins") or []),
+        extensions={key: data.get(key) for key in table if key not in TASK},
+    )
+
+
+def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
+    names = set()
+    for i, dataset in enumerate(data["datasets"] or []):
+        where = f"datasets[{i}]"
+        if (dataset.get("local") is None) == (dataset.get("cluster") is None):
+            validator.problem(node, where, "expected exactly one of 'local' or 'cluster'")
+        if dataset.get("name") in names:
+            validator.problem(node, f"{where}.name", f"{dataset['name']!r} is used twice")
+        names.add(dataset.get("name"))
+
+
+def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
+    """A tcloud.yaml's TaskSpec: its fields, then the checks of its schema plug-ins."""
+    plugins = task_plugins(path, root, selection)
+    validator = Validator(str(path))
+    table = task_fields(plugins)
+    data = validator.mapping(root, table)
+    if isinstance(root, yaml.MappingNode):
+        check_datasets(validator, child(root, "datasets") or root, data)
+    if not validator.problems:
+        # Plug-ins see every section with its defaults filled in.
+        for section in ("code", "resources", "environment", "runtime"):
+            data[section] = fill_defaults(data[section], table[section].children)
+        for plugin in in_layer(plugins, "schema"):
+            plugin.check(data, lambda name, message: validator.problem(
+                node_at(root, name), name, message))  # fmt: skip
+    if validator.problems:
+        raise TaskFileError(validator.problems)
+    return spec_from(data, path.resolve().parent, table)
+
+
+def node_at(root: yaml.Node, dotted: str) -> yaml.Node:
+    """The node of a dotted field (resources.nodes, datasets[0].local), or the nearest
+    one that exists."""
+    node = root
+    for key in dotted.split("."):
+        name, _, index = key.partition("[")
+        below = child(node, name)
+        if below is None:
+            break
+        node = below
+        position = index.rstrip("]")
+        if isinstance(node, yaml.SequenceNode) and position.isdigit():
+            if int(position) >= len(node.value):
+                break
+            node = node.value[int(position)]
+    return node
+
+
+def task_plugins(path: Path, root: yaml.Node, selection: list[str]) -> list[Plugin]:
+    """The plug-ins on for this task file: its `plugins:` words come after `selection`."""
+    validator = Validator(str(path))
+    node = child(root, "plugins")
+    words = validator.value(node, TASK["plugins"], "plugins") if node is not None else []
+    if validator.problems:
+        raise TaskFileError(validator.problems)
+    try:
+        return select(selection, task=words or [])
+    except PluginError as exc:
+        # The word's own line when it is in the file; else ($TACC_PLUGINS) the file's top.
+        items = node.value if isinstance(node, yaml.SequenceNode) else []
+        found = [(i, item) for i, item in enumerate(items) if item.value == exc.word]
+        name, where = (f"plugins[{found[0][0]}]", found[0][1]) if found else ("plugins", root)
+        if not found and exc.word in selection:
+            name = f"plugins (${ENV})"
+        mark = where.start_mark
+        raise TaskFileError(
+            [Problem(str(path), mark.line + 1, mark.column + 1, name, str(exc))]
+        ) from None

@@ -1,0 +1,148 @@
+"""Sweeps: a parameter grid in the task file becomes one Slurm job array.
+
+    sweep:
+      parameters: {LR: [0.1, 0.01], BATCH: [32, 64]}   # 4 trials
+      parallel: 2                                      # at most 2 at once (optional)
+
+The compile pass expands the grid into the explicit trial list (so the instruction says
+exactly what each array index runs); the scheduling layer asks for `--array=0-3%2`;
+each trial runs in <workdir>/trials/<index>/ with its parameters as environment
+variables plus TACC_TRIAL and TACC_TRIALS. `tcloud ps/status/logs/cancel JOB` address
+the whole sweep, `JOB_INDEX` (e.g. 12_3) one trial. Small trials pack onto shared GPUs
+when they ask for a fraction of one (gpu_share).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import ClassVar
+
+from tacc_contract.fields import Field, at_least
+from tacc_contract.plugins import Launch, Plugin, Problem, Submission
+
+MAX_TRIALS = 1000  # under Slurm's default MaxArraySize (1001)
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SCALAR = (str, int, float, bool)
+RESERVED_PREFIX = ("TACC_", "SLURM_")
+
+
+def text_of(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def grid_problem(value: object) -> str | None:
+    expected = "a mapping of variable names to non-empty lists of values"
+    if not isinstance(value, dict) or not value:
+        return expected
+    for name, values in value.items():
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            return f"{expected}; {name!r} is not a shell variable name"
+        if name.startswith(RESERVED_PREFIX):
+            return f"{expected}; {name} is reserved (TACC_*, SLURM_*)"
+        if not isinstance(values, list) or not values:
+            return f"{expected}; {name} has no list of values"
+        if not all(isinstance(v, SCALAR) for v in values):
+            return f"{expected}; the values of {name} must be numbers or strings"
+    return None
+
+
+def trials_problem(value: object) -> str | None:
+    if isinstance(value, list) and all(isinstance(t, dict) for t in value):
+        return None
+    return "the list of trials the compiler wrote"
+
+
+def trials_fit(trials: list[dict], parameters: dict[str, list]) -> bool:
+    """Whether `trials` has the shape of the grid's: one trial per combination, each
+    giving every parameter, and nothing else, a text value."""
+    names = set(parameters)
+    return len(trials) == trial_count(parameters) and all(
+        set(trial) == names and all(isinstance(value, str) for value in trial.values())
+        for trial in trials
+    )
+
+
+def expand(parameters: dict[str, list]) -> list[dict[str, str]]:
+    """Every combination, the first parameter varying slowest."""
+    names = list(parameters)
+    combos = itertools.product(*(parameters[n] for n in names))
+    return [{n: text_of(v) for n, v in zip(names, combo, strict=True)} for combo in combos]
+
+
+def trial_count(parameters: dict[str, list]) -> int:
+    count = 1
+    for values in parameters.values():
+        count *= len(values)
+    return count
+
+
+def trials_of(task) -> list[dict[str, str]]:
+    """The trials of a task's sweep ([] when it has none)."""
+    sweep = (task.extensions or {}).get("sweep") or {}
+    if sweep.get("trials"):
+        return list(sweep["trials"])
+    return expand(sweep["parameters"]) if sweep.get("parameters") else []
+
+
+SWEEP = {
+    "parameters": Field("any", required=True, check=grid_problem,
+                        expected="a mapping of variable names to lists of values"),
+    "parallel": Field("int", check=at_least(1), expected="trials at once (>= 1)"),
+    "trials": Field("any", check=trials_problem),
+}  # fmt: skip
+
+
+class Sweep(Plugin):
+    name = "sweep"
+    order = 40
+    layers = ("schema", "compile", "schedule", "execute")
+    summary = "sweep.parameters grid -> one Slurm job array, one trial per combination"
+    fields: ClassVar[dict[str, Field]] = {"sweep": Field("mapping", children=SWEEP)}
+
+    def check(self, task: dict, problem: Problem) -> None:
+        sweep = task.get("sweep")
+        if not sweep or not sweep.get("parameters"):
+            return
+        count = trial_count(sweep["parameters"])
+        if count > MAX_TRIALS:
+            problem("sweep.parameters", f"{count} trials; at most {MAX_TRIALS} in one sweep")
+        # The compiler writes the trials; the cluster re-checks them, as it trusts no client.
+        trials = sweep.get("trials")
+        if trials is not None and not trials_fit(trials, sweep["parameters"]):
+            problem("sweep.trials", f"the {count} trial(s) of sweep.parameters, as tcloud "
+                    "writes them: each names every parameter once, with a text value")  # fmt: skip
+        clash = sorted(set(sweep["parameters"]) & set(task["environment"]["env"]))
+        if clash:
+            problem("sweep.parameters", f"{', '.join(clash)} also set in environment.env")
+
+    def compile(self, document: dict) -> str | None:
+        sweep = document["task"].get("sweep")
+        if not sweep or not sweep.get("parameters"):
+            return None
+        sweep["trials"] = expand(sweep["parameters"])
+        return f"{len(sweep['trials'])} trials"
+
+    def schedule(self, submission: Submission) -> None:
+        trials = trials_of(submission.task)
+        if not trials:
+            return
+        parallel = (submission.task.extensions.get("sweep") or {}).get("parallel")
+        array = f"0-{len(trials) - 1}" + (f"%{parallel}" if parallel else "")
+        workdir = submission.options["chdir"]
+        submission.options["array"] = array
+        # Each trial's batch step writes its own log (%a: the array index).
+        submission.options["output"] = f"{workdir}/trials/%a/logs/job.log"
+        submission.data["sweep"] = {"trials": len(trials)}
+        submission.note(self.name, f"job array {array} ({len(trials)} trials)")
+
+    def execute(self, launch: Launch) -> None:
+        trials = trials_of(launch.task)
+        index = launch.env.get("SLURM_ARRAY_TASK_ID", "")
+        if not trials or not index.isdigit() or int(index) >= len(trials):
+            return
+        launch.env.update(trials[int(index)], TACC_TRIAL=index, TACC_TRIALS=str(len(trials)))
+        launch.note(self.name, f"trial {index}: " + " ".join(
+            f"{k}={v}" for k, v in trials[int(index)].items()))  # fmt: skip
