@@ -789,7 +789,7 @@ def write_plot(results: dict, path: Path) -> Path | None:
     except ImportError:
         print(
             "report: matplotlib is missing, so no plot: `make bench` installs it, or "
-            "`.venv/bin/pip install -e '.[bench]'`",
+            "`.venv/bin/pip install -e 'packages/ops[bench]'`",
             file=sys.stderr,
         )
         return None
