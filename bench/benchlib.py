@@ -39,7 +39,9 @@ def lab_down(env: dict[str, str] | None = None) -> None:
 
 
 def node_sh(node: str, script: str) -> str:
-    return sh([str(BIN / "tacc-lab"), "--name", NAME, "ssh", node, "sh", "-c", script]).stdout
+    # One command line for the node's shell, as with ssh: the script quoted for sh -c.
+    command = shlex.join(["sh", "-c", script])
+    return sh([str(BIN / "tacc-lab"), "--name", NAME, "ssh", node, command]).stdout
 
 
 def playbook(inventory: Path, playbook_path: str, *extra: str) -> tuple[float, dict[str, int]]:

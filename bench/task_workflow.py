@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -92,8 +93,9 @@ def task(root: Path, name: str, run: str, time_limit: str = "5") -> Path:
 def login_sh(script: str, retries: int = 3) -> str:
     """A command on the login node over ssh (retried if sshd drops the connection)."""
     for attempt in range(retries + 1):
-        proc = subprocess.run([str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1", "sh", "-c",
-                               script], capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run([str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1",
+                               shlex.join(["sh", "-c", script])],
+                              capture_output=True, text=True, check=False)  # fmt: skip
         if proc.returncode == 0:
             return proc.stdout
         if attempt == retries:

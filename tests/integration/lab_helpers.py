@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -86,7 +87,8 @@ def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dic
 
 
 def node_sh(name: str, node: str, script: str) -> subprocess.CompletedProcess:
-    return lab_cli(name, "ssh", node, "sh", "-c", script, timeout=120)
+    # One command line for the node's shell, as with ssh: the script quoted for sh -c.
+    return lab_cli(name, "ssh", node, shlex.join(["sh", "-c", script]), timeout=120)
 
 
 def host_leftovers(name: str, state_dir: Path) -> list[str]:

@@ -468,7 +468,7 @@ def test_an_upload_cut_mid_way_resumes_and_leaves_no_corrupt_blob(alice, tmp_pat
     # A root shell on the login node that is already connected, waiting for the word: the
     # cut lands the moment the first 4 MiB are there, not an ssh handshake later.
     killer = subprocess.Popen(
-        [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1", "sh", "-c",
+        [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1",
          "read go && pkill -KILL -f '^sshd: alice'"],
         stdin=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -5,21 +5,64 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
-from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET
+from tacc_lab.addressing import LOGIN_NAME
+from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
 from tacc_lab.lab import down, find_login_node, find_node, resolve_config, status, up
-from tacc_lab.nodes import NodePaths, cut_power, ssh_base_args
+from tacc_lab.nodes import NodePaths, cut_power, ssh_command_argv
 from tacc_lab.researchers import (
     check_researcher,
     researcher_names,
     user_cache_dir,
     write_user_config,
 )
+from tacc_lab.state import NodeRecord, load_state
+
+USAGE_EXIT = 2  # what argparse exits with on a usage error
+NODE_NAME = re.compile(rf"n[1-9][0-9]*|{re.escape(LOGIN_NAME)}")
+INVENTORY_SUFFIXES = (".yml", ".yaml")  # what Ansible's YAML inventory plugin reads
+
+
+class UsageError(LabError):
+    """A command line naming something that cannot be: exits 2, as argparse does."""
+
+
+def node_argument(text: str) -> str:
+    """A NODE argument: a lab node's name (n1, n2, ... or login1)."""
+    if not NODE_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a lab node name; nodes are n1, n2, ... and {LOGIN_NAME}"
+        )
+    return text
+
+
+def inventory_argument(text: str) -> Path:
+    """--inventory: a YAML file to write, not a directory, under a directory (or under
+    directories still to create, never under a file)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty; give the inventory file to write")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give the file to write")
+    if path.suffix not in INVENTORY_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must end in .yml or .yaml (Ansible's YAML inventory plugin reads only "
+            "those), e.g. inventory/lab/hosts.yml"
+        )
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} lies under {str(parent)!r}, which is a file, not a directory"
+                )
+            break
+    return path
 
 
 def default_inventory(name: str) -> Path:
@@ -54,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TACC_LAB_SUBNET"),
         help=f"private IPv4 subnet for the bridge (default: {DEFAULT_SUBNET})",
     )
-    p_up.add_argument("--inventory", type=Path, help="where to write the Ansible inventory")
+    p_up.add_argument(
+        "--inventory",
+        type=inventory_argument,
+        help="where to write the Ansible inventory (a .yml file)",
+    )
     sub.add_parser("down", help="stop every node, remove overlays, bridge, proxy and state")
     p_status = sub.add_parser("status", help="nodes, addresses and state")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -62,10 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
         "poweroff",
         help="cut a node's power: every process dies at once; `up` boots it again",
     )
-    p_off.add_argument("node")
-    p_ssh = sub.add_parser("ssh", help="open a shell or run a command on a node")
-    p_ssh.add_argument("node")
-    p_ssh.add_argument("cmd", nargs=argparse.REMAINDER, help="command and arguments to run")
+    p_off.add_argument("node", type=node_argument)
+    p_ssh = sub.add_parser(
+        "ssh",
+        help="open a shell or run a command on a node",
+        description="As with ssh, the words after NODE are joined with spaces and run by the "
+        "node's shell: `tacc-lab ssh n1 'sinfo -N; squeue'` runs two commands; quote a "
+        "word that holds spaces or shell characters (shlex.join from a program).",
+    )
+    p_ssh.add_argument("node", type=node_argument)
+    p_ssh.add_argument(
+        "cmd", nargs=argparse.REMAINDER, help="command line for the node's shell (none: a shell)"
+    )
     p_user = sub.add_parser(
         "user",
         help="print export lines that point tcloud at the lab's login node as NAME",
@@ -77,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_fake = sub.add_parser(
         "fake-hw", help="give a node FAKE GPUs, NVSwitches, ConnectX NICs and RDMA devices"
     )
-    p_fake.add_argument("node")
+    p_fake.add_argument("node", type=node_argument)
     p_fake.add_argument("--gpus", type=int, default=0, help="GPU count (default: 0)")
     p_fake.add_argument("--gpu-model", default="h100", help="h100, a100 or l40s (default: h100)")
     p_fake.add_argument("--nvswitches", type=int, default=0, help="NVSwitch count (default: 0)")
@@ -97,12 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except UsageError as exc:
+        print(f"tacc-lab: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     except LabError as exc:
         print(f"tacc-lab: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tacc-lab: interrupted; run `tacc-lab down` to clean up", file=sys.stderr)
         return 130
+
+
+def _lab_node(cfg: LabConfig, name: str) -> NodeRecord:
+    """The lab's node `name`; a name the lab does not have is a usage error (exit 2), a
+    lab that is not up is not (exit 1)."""
+    state = load_state(cfg.state_file)
+    if state is not None and name not in state.nodes:
+        known = ", ".join(node.name for node in state.sorted_nodes())
+        raise UsageError(f"no node {name!r} in lab {cfg.name!r}; nodes are: {known}")
+    return find_node(cfg, name)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -130,14 +198,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         return _print_status(cfg, as_json=args.json)
     if args.command == "poweroff":
-        node = find_node(cfg, args.node)
+        node = _lab_node(cfg, args.node)
         if cut_power(cfg, node):
             print(f"{node.name}: power cut (its disk is kept; `tacc-lab up` boots it again)")
         else:
             print(f"{node.name}: already off")
         return 0
     if args.command == "fake-hw":
-        node = find_node(cfg, args.node)
+        node = _lab_node(cfg, args.node)
         hardware = FakeHardware(
             gpus=args.gpus,
             gpu_model=args.gpu_model,
@@ -158,11 +226,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"export TCLOUD_CACHE_DIR={shlex.quote(str(user_cache_dir(cfg, args.researcher)))}")
         return 0
     if args.command == "ssh":
-        node = find_node(cfg, args.node)
-        argv = [*ssh_base_args(cfg), "-t" if sys.stdin.isatty() else "-T", f"root@{node.address}"]
-        if args.cmd:
-            # ssh joins its arguments with spaces for the remote shell: quote each one.
-            argv.append(shlex.join(args.cmd))
+        node = _lab_node(cfg, args.node)
+        argv = ssh_command_argv(cfg, node.address, args.cmd, tty=sys.stdin.isatty())
         os.execvp(argv[0], argv)  # noqa: S606 - replaces this process with ssh
     return 2
 

@@ -241,6 +241,17 @@ def ssh_base_args(cfg: LabConfig) -> list[str]:
     ]
 
 
+def ssh_command_argv(cfg: LabConfig, address: str, words: list[str], *, tty: bool) -> list[str]:
+    """`ssh` as root to `address`, running `words` as ssh does: joined with spaces into
+    one command line for the node's login shell (`'echo a; echo b'` runs two commands; a
+    word holding spaces must come quoted, e.g. by shlex.join). No words: a login shell."""
+    argv = [*ssh_base_args(cfg), "-t" if tty else "-T", f"root@{address}"]
+    if words:
+        # `--`: a command that starts with `-` is the node's, not an option of ssh.
+        argv += ["--", " ".join(words)]
+    return argv
+
+
 def _ssh_ok(cfg: LabConfig, node: NodeRecord) -> bool:
     proc = subprocess.run(
         [*ssh_base_args(cfg), f"root@{node.address}", "true"],
