@@ -65,6 +65,10 @@ class AgentConfig:
     # How long a job waits for another job building the same environment.
     env_lock_timeout_seconds: int = 1800
     # --- health checks (`tacc-agent check`, issue [6]) ---
+    # Checks turned on or off on this node by name, e.g. {gpu: false}: a check turned off
+    # neither runs nor drains, and its figures leave /metrics; one not named keeps its
+    # default (every built-in check is on). The names: tacc_agent/health/checks/__init__.py.
+    checks: dict | None = None
     # Upper bound of each external probe (nvidia-smi, systemctl, statfs of a mount).
     check_timeout_seconds: float = 5.0
     proc_root: str = "/proc"
@@ -115,7 +119,23 @@ def load_config(path: Path | None = None) -> AgentConfig:
         if key in data:
             data[key] = tuple(data[key] or ())
     check_kernel_log(path, data.get("kernel_log"))
+    check_switches(path, data.get("checks"))
     return AgentConfig(**data)
+
+
+def check_switches(path: Path, switches: object) -> None:
+    """`checks`: check name -> true/false. The names are the health registry's, checked
+    where the checks are chosen (tacc_agent.health), which this module does not import."""
+    if switches is None:
+        return
+    if not isinstance(switches, dict) or not all(
+        isinstance(name, str) and isinstance(on, bool) for name, on in switches.items()
+    ):
+        raise AgentError(
+            f"{path}: checks: expected a mapping of check name to true or false "
+            f"(e.g. {{gpu: false}}), not {switches!r}",
+            EXIT_CLUSTER,
+        )
 
 
 def check_kernel_log(path: Path, kernel_log: object) -> None:

@@ -1,6 +1,8 @@
-"""`tacc-agent serve`: the node daemon. Runs the health checks every interval (draining
-and resuming the node like `tacc-agent check`), writes the node facts file, and serves
-the last run's figures at http://<node>:<port>/metrics for Prometheus.
+"""`tacc-agent serve`: the node daemon. Runs the enabled health checks every interval
+(draining and resuming the node like `tacc-agent check`), writes the node facts file, and
+serves the last run's figures at http://<node>:<port>/metrics for Prometheus. On the
+controller (queue_tick_seconds > 0) it also runs the task backend's queue ticks: the
+daemon composes the two halves of the agent, health and tasks.
 
 The checks run in the main thread and each is bounded in time; the HTTP server answers
 from the last finished run, so a scrape never waits for a check and a stuck mount never
@@ -32,6 +34,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import metrics, node_facts
+from tacc_agent.tasks.queue_ticks import tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
 REQUEST_DEADLINE_SECONDS = 5.0
@@ -64,7 +67,8 @@ class Daemon:
 
     def run_once(self) -> None:
         """One check run: results, Slurm, facts file, then the new snapshot (one swap)."""
-        results = health.run_checks(self.config)
+        checks = health.enabled(self.config)
+        results = health.run(checks, self.config)
         action = "slurm: not asked"
         if self.config.drain:
             action = health.apply_to_slurm(results, self.node, self.config.slurm_timeout_seconds)
@@ -73,7 +77,9 @@ class Daemon:
         node_facts.write(Path(self.config.facts_file),
                          node_facts.build(self.node, results, tasks, now))  # fmt: skip
         drained = action.startswith(("slurm: drained", "slurm: already drained"))
-        self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained)
+        declared = tuple(family for check in checks for family in check.families)
+        self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained,
+                                         declared)  # fmt: skip
         failing = "; ".join(f"{r.check}: {r.detail}" for r in results if r.failed) or "healthy"
         said = (failing, action.replace("already ", ""))
         if said != self.last_said:  # the journal gets changes, not every run
@@ -201,8 +207,6 @@ def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
 
 def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
     """Every queue_tick_seconds: one round of the scheduling plug-ins' `tick` (LAS)."""
-    from tacc_agent.tasks.queue_ticks import tick
-
     while not stop.wait(config.queue_tick_seconds):
         try:
             for change in tick(config):
@@ -216,13 +220,14 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
     port = port if port is not None else config.metrics_port
     if interval <= 0:
         raise AgentError(f"--interval must be above 0, not {interval:g}", EXIT_CLUSTER)
+    checks = health.enabled(config)  # an unknown name in `checks` stops it here, not each run
     daemon = Daemon(config)
     server = listen(daemon, config.metrics_address, port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     log(f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
-        f"checks every {interval:g} s")  # fmt: skip
+        f"checks every {interval:g} s: {', '.join(c.name for c in checks) or 'none'}")  # fmt: skip
     if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
         threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
     while not stop.is_set():

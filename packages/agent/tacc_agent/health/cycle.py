@@ -1,7 +1,9 @@
-"""`tacc-agent check`: every health check once, each bounded in time; on a failure the
+"""`tacc-agent check`: every enabled health check once (the registry in health.checks,
+less what the agent config's `checks` turns off), each bounded in time; on a failure the
 node is drained in Slurm with reason "tacc: <check>: <detail>", and only a node drained
 with that tag is resumed when the checks pass again: a node an admin drained is never
-touched. Usable as Slurm's HealthCheckProgram."""
+touched. A check turned off does not run, so it can neither drain nor hold a node.
+Usable as Slurm's HealthCheckProgram."""
 
 from __future__ import annotations
 
@@ -13,11 +15,9 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.health.checks.base import Result, read_state, timed, write_state
-from tacc_agent.health.checks.gpu import check_gpus
-from tacc_agent.health.checks.mounts import check_mounts
-from tacc_agent.health.checks.rdma import check_rdma
-from tacc_agent.health.checks.system import check_disk, check_memory, check_services, disk_limits
+from tacc_agent.health.checks import CHECKS
+from tacc_agent.health.checks.base import Result
+from tacc_agent.health.registry import Check, CheckContext, Registry
 
 TAG = "tacc:"
 
@@ -29,28 +29,23 @@ def boot_id(proc_root: str) -> str:
         return ""
 
 
-def run_checks(config: AgentConfig) -> list[Result]:
-    state_dir = Path(config.state_dir)
-    xid_file = state_dir / "xid.json"
-    xid_state = read_state(xid_file)
-    timeout = config.check_timeout_seconds
-    booted = boot_id(config.proc_root)
-    results = [
-        timed("gpu", lambda: check_gpus(config.nvidia_smi, config.expected_gpus,
-                                        config.kernel_log, xid_state, timeout, booted)),
-        timed("rdma", lambda: check_rdma(config.rdma_sysfs_root, config.expected_rdma_ports,
-                                         config.min_rdma_rate_gbps,
-                                         str(state_dir / "rdma-counters.json"))),
-        timed("mounts", lambda: check_mounts([dict(m) for m in config.mounts],
-                                             config.proc_root, config.state_dir, timeout)),
-        timed("services", lambda: check_services(list(config.services), timeout)),
-        timed("disk", lambda: check_disk(disk_limits(config.disk_min_free_percent,
-                                                     config.job_tmp_dirs),
-                                         config.job_tmp_dirs, config.proc_root, timeout)),
-        timed("memory", lambda: check_memory(config.proc_root, config.real_memory_mb)),
-    ]  # fmt: skip
-    write_state(xid_file, xid_state)
-    return results
+def context(config: AgentConfig) -> CheckContext:
+    return CheckContext(config, Path(config.state_dir), config.check_timeout_seconds,
+                        boot_id(config.proc_root))  # fmt: skip
+
+
+def enabled(config: AgentConfig, registry: Registry = CHECKS) -> list[Check]:
+    """The checks this node runs; an unknown name in its `checks` setting is an error."""
+    return registry.selected(config.checks)
+
+
+def run(checks: list[Check], config: AgentConfig) -> list[Result]:
+    ctx = context(config)
+    return [check(ctx) for check in checks]
+
+
+def run_checks(config: AgentConfig, registry: Registry = CHECKS) -> list[Result]:
+    return run(enabled(config, registry), config)
 
 
 def drain_reason(results: list[Result]) -> str:

@@ -2,49 +2,42 @@
 collector turns the last run's samples into metric families, and the library's
 ProcessCollector adds the standard process_ figures.
 
-Names follow Prometheus' conventions (base units, `_total` for counters, `_ratio` for
-0..1) and node_exporter's where they overlap; every family has HELP and TYPE.
+Every family is declared (name, type, HELP, labels): the agent's own here, each check's
+in its registry.Check; a family of a check that did not run (turned off on this node)
+is absent. Names follow Prometheus' conventions (base units, `_total` for counters,
+`_ratio` for 0..1) and node_exporter's where they overlap.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from tacc_agent.health.checks.base import STATUSES, Result, Sample
+from tacc_agent.health.registry import Family
 
 PREFIX = "tacc_agent_"
-# name (without PREFIX) -> (type, help). Process figures use the standard process_ names.
-FAMILIES = {
-    "healthy": ("gauge", "1 when every check passed (or found its hardware absent) last run"),
-    "check_status": ("gauge", "1 for the status each check had in the last run"),
-    "check_duration_seconds": ("gauge", "How long each check took in the last run"),
-    "check_runs_total": ("counter", "Check runs since the daemon started"),
-    "last_run_timestamp_seconds": ("gauge", "When the last check run ended (Unix time)"),
-    "running_tasks": ("gauge", "TACC task wrappers (tacc-agent exec) running on this node"),
-    "slurm_drained_by_agent": ("gauge", "1 while the agent keeps this node drained in Slurm"),
-    "gpus": ("gauge", "GPUs nvidia-smi reports"),
-    "gpu_critical_xids": ("gauge", "Critical Xid events seen since boot (they hold a drain)"),
-    "gpu_temperature_celsius": ("gauge", "GPU core temperature"),
-    "gpu_utilization_ratio": ("gauge", "GPU utilization over the last sample period"),
-    "gpu_memory_used_bytes": ("gauge", "GPU memory in use"),
-    "gpu_memory_total_bytes": ("gauge", "GPU memory installed"),
-    "gpu_power_watts": ("gauge", "GPU power draw"),
-    "gpu_ecc_uncorrected_errors": ("gauge", "Uncorrected ECC errors since the driver loaded"),
-    "rdma_ports_active": ("gauge", "RDMA ports in state ACTIVE"),
-    "rdma_port_active": ("gauge", "1 when the RDMA port is ACTIVE"),
-    "rdma_port_rate_bytes_per_second": ("gauge", "RDMA port link rate"),
-    "rdma_port_errors_total": ("counter", "RDMA port error counters (sysfs counters/)"),
-    "disk_free_ratio": ("gauge", "Free space of each checked local path"),
-    "memory_total_bytes": ("gauge", "Memory the kernel reports (MemTotal)"),
-    "memory_configured_bytes": ("gauge", "The node's RealMemory in slurm.conf"),
-    "children_cpu_seconds_total": ("counter", "CPU time of the probes the agent ran"),
-}
+# The agent's own families; each check declares its own (registry.Check.families), and
+# only the families of the checks that ran are exposed. Process figures use the standard
+# process_ names (ProcessCollector).
+AGENT_FAMILIES = (
+    Family("healthy", "gauge",
+           "1 when every check passed (or found its hardware absent) last run"),
+    Family("check_status", "gauge", "1 for the status each check had in the last run",
+           ("check", "status")),
+    Family("check_duration_seconds", "gauge", "How long each check took in the last run",
+           ("check",)),
+    Family("check_runs_total", "counter", "Check runs since the daemon started"),
+    Family("last_run_timestamp_seconds", "gauge", "When the last check run ended (Unix time)"),
+    Family("running_tasks", "gauge", "TACC task wrappers (tacc-agent exec) running on this node"),
+    Family("slurm_drained_by_agent", "gauge", "1 while the agent keeps this node drained in Slurm"),
+    Family("children_cpu_seconds_total", "counter", "CPU time of the probes the agent ran"),
+)  # fmt: skip
 FAMILY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
@@ -57,6 +50,11 @@ class Snapshot:
     finished: float = 0.0
     running_tasks: int = 0
     drained_by_agent: bool = False
+    # The metric families the checks that ran declare: what their samples may be.
+    check_families: tuple[Family, ...] = ()
+
+    def declared(self) -> dict[str, Family]:
+        return {family.name: family for family in (*AGENT_FAMILIES, *self.check_families)}
 
 
 def children_samples() -> list[Sample]:
@@ -69,7 +67,7 @@ def children_samples() -> list[Sample]:
 def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
     healthy = not any(r.failed for r in snapshot.results)
     samples = [
-        Sample("healthy", {}, int(healthy and bool(snapshot.results))),
+        Sample("healthy", {}, int(healthy and snapshot.runs > 0)),
         Sample("check_runs_total", {}, snapshot.runs),
         Sample("last_run_timestamp_seconds", {}, round(snapshot.finished, 3)),
         Sample("running_tasks", {}, snapshot.running_tasks),
@@ -83,16 +81,19 @@ def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
     return samples
 
 
-def families(samples: Iterable[Sample]) -> list[Metric]:
-    """Group by family (first appearance order), typed and documented from FAMILIES."""
+def families(samples: Iterable[Sample], declared: Mapping[str, Family]) -> list[Metric]:
+    """Group by family (first appearance order), typed, documented and labelled as
+    declared. A sample of an undeclared family is left out (the check runner already
+    fails a check that emits one, so none gets here)."""
     grouped: dict[str, list[Sample]] = {}
     for sample in samples:
-        grouped.setdefault(sample.name, []).append(sample)
+        if sample.name in declared:
+            grouped.setdefault(sample.name, []).append(sample)
     found = []
     for name, group in grouped.items():
-        kind, text = FAMILIES.get(name, ("untyped", name))
-        labels = list(group[0].labels)
-        family = FAMILY_TYPES.get(kind, UnknownMetricFamily)(PREFIX + name, text, labels=labels)
+        spec = declared[name]
+        labels = list(spec.labels)
+        family = FAMILY_TYPES[spec.kind](PREFIX + name, spec.help, labels=labels)
         for sample in group:
             family.add_metric([str(sample.labels.get(key, "")) for key in labels], sample.value)
         found.append(family)
@@ -106,7 +107,9 @@ class SnapshotCollector:
         self.last_run = last_run
 
     def collect(self) -> Iterator[Metric]:
-        yield from families([*snapshot_samples(self.last_run()), *children_samples()])
+        snapshot = self.last_run()
+        samples = [*snapshot_samples(snapshot), *children_samples()]
+        yield from families(samples, snapshot.declared())
 
 
 def registry(last_run: Callable[[], Snapshot]) -> CollectorRegistry:

@@ -27,23 +27,26 @@ def running_tasks(proc_root: str) -> int:
     return count
 
 
-def sample(results: list[Result], check: str, name: str) -> float:
-    for result in results:
-        if result.check == check:
-            return next((s.value for s in result.samples if s.name == name and not s.labels), 0)
-    return 0
+def sample(result: Result, name: str) -> float:
+    return next((s.value for s in result.samples if s.name == name and not s.labels), 0)
 
 
 def build(node: str, results: list[Result], tasks: int, now: float) -> dict:
-    return {
+    """The facts of this run. `rdma` and `gpu` only when their check ran: a node that turns
+    the rdma check off leaves the execution layer to read sysfs itself (transport.py), not
+    to take "no active port" from a check that never looked."""
+    ran = {result.check: result for result in results}
+    facts = {
         "node": node,
         "time": round(now, 3),
         "healthy": not any(r.failed for r in results),
         "checks": {r.check: {"status": r.status, "detail": r.detail} for r in results},
-        "rdma": {"active_ports": int(sample(results, "rdma", "rdma_ports_active"))},
-        "gpu": {"count": int(sample(results, "gpu", "gpus"))},
-        "running_tasks": tasks,
     }
+    if "rdma" in ran:
+        facts["rdma"] = {"active_ports": int(sample(ran["rdma"], "rdma_ports_active"))}
+    if "gpu" in ran:
+        facts["gpu"] = {"count": int(sample(ran["gpu"], "gpus"))}
+    return facts | {"running_tasks": tasks}
 
 
 def write(path: Path, facts: dict) -> None:

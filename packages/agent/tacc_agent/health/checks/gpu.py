@@ -16,7 +16,17 @@ import json
 import os
 import re
 
-from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, command
+from tacc_agent.health.checks.base import (
+    ABSENT,
+    FAIL,
+    OK,
+    Result,
+    Sample,
+    command,
+    read_state,
+    write_state,
+)
+from tacc_agent.health.registry import Check, CheckContext, Family
 
 # nvidia-smi(1), RETURN VALUE.
 EXIT_CODES = {
@@ -45,6 +55,19 @@ FIGURES = (  # field position -> metric name, scale to base units
     (3, "gpu_memory_used_bytes", 2.0**20), (4, "gpu_memory_total_bytes", 2.0**20),
     (5, "gpu_power_watts", 1.0), (6, "gpu_ecc_uncorrected_errors", 1.0),
 )  # fmt: skip
+FAMILIES = (
+    Family("gpus", "gauge", "GPUs nvidia-smi reports"),
+    Family("gpu_critical_xids", "gauge", "Critical Xid events seen since boot (they hold a drain)"),
+    Family("gpu_temperature_celsius", "gauge", "GPU core temperature", ("gpu",)),
+    Family("gpu_utilization_ratio", "gauge", "GPU utilization over the last sample period",
+           ("gpu",)),
+    Family("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",)),
+    Family("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",)),
+    Family("gpu_power_watts", "gauge", "GPU power draw", ("gpu",)),
+    Family("gpu_ecc_uncorrected_errors", "gauge", "Uncorrected ECC errors since the driver loaded",
+           ("gpu",)),
+)  # fmt: skip
+XID_STATE = "xid.json"  # in the state dir: Xids seen this boot, where the kernel log was read
 
 
 def kmsg_lines(device: str, xid_state: dict) -> list[str]:
@@ -211,3 +234,18 @@ def check_gpus(nvidia_smi: str, expected: int, kernel_log: str, xid_state: dict,
     if problems:
         return Result("gpu", FAIL, "; ".join(problems), samples=samples)
     return Result("gpu", OK, f"{count} GPU(s)", samples=samples)
+
+
+def run(ctx: CheckContext) -> Result:
+    """The registered check: the node's settings, and the Xid state kept across runs (also
+    when the check crashes half-way, so an Xid read from the kernel log is never lost)."""
+    config, state_file = ctx.config, ctx.state_dir / XID_STATE
+    xid_state = read_state(state_file)
+    try:
+        return check_gpus(config.nvidia_smi, config.expected_gpus, config.kernel_log,
+                          xid_state, ctx.timeout, ctx.boot_id)  # fmt: skip
+    finally:
+        write_state(state_file, xid_state)
+
+
+CHECK = Check("gpu", run, FAMILIES)

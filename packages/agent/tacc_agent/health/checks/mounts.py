@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent.health.checks.base import FAIL, OK, STUCK, Result, read_state, write_state
+from tacc_agent.health.registry import Check, CheckContext
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,12 @@ def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: 
     if problems:
         return Result("mounts", FAIL, "; ".join(problems))
     return Result("mounts", OK, f"{len(expected)} mount(s) present and alive")
+
+
+def run(ctx: CheckContext) -> Result:
+    config = ctx.config
+    return check_mounts([dict(m) for m in config.mounts], config.proc_root, str(ctx.state_dir),
+                        ctx.timeout)  # fmt: skip
+
+
+CHECK = Check("mounts", run)  # no figures of its own: its status is tacc_agent_check_status

@@ -7,10 +7,20 @@ import re
 from pathlib import Path
 
 from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, read_state, write_state
+from tacc_agent.health.registry import Check, CheckContext, Family
 
 ERROR_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
                   "local_link_integrity_errors", "excessive_buffer_overrun_errors")  # fmt: skip
 RATE = re.compile(r"([\d.]+)\s*Gb/sec")
+PORT = ("device", "port")
+FAMILIES = (
+    Family("rdma_ports_active", "gauge", "RDMA ports in state ACTIVE"),
+    Family("rdma_port_active", "gauge", "1 when the RDMA port is ACTIVE", PORT),
+    Family("rdma_port_rate_bytes_per_second", "gauge", "RDMA port link rate", PORT),
+    Family("rdma_port_errors_total", "counter", "RDMA port error counters (sysfs counters/)",
+           (*PORT, "counter")),
+)  # fmt: skip
+COUNTERS_STATE = "rdma-counters.json"  # in the state dir: the counters of the last run
 
 
 def read(path: Path) -> str:
@@ -85,3 +95,12 @@ def port_samples(found: list[dict]) -> list[Sample]:
         samples += [Sample("rdma_port_errors_total", labels | {"counter": name}, value)
                     for name, value in sorted(port["counters"].items())]  # fmt: skip
     return samples
+
+
+def run(ctx: CheckContext) -> Result:
+    config = ctx.config
+    return check_rdma(config.rdma_sysfs_root, config.expected_rdma_ports,
+                      config.min_rdma_rate_gbps, str(ctx.state_dir / COUNTERS_STATE))  # fmt: skip
+
+
+CHECK = Check("rdma", run, FAMILIES)

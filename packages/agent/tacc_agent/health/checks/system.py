@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 from tacc_agent.health.checks.tmpfiles import clean_departed
+from tacc_agent.health.registry import Check, CheckContext, Family
 
 DEFAULT_MIN_FREE_PERCENT = 5.0
 
@@ -104,3 +105,27 @@ def check_memory(proc_root: str, real_memory_mb: int) -> Result:
         detail = f"{total_mb} MB, less than the configured RealMemory {real_memory_mb} MB"
         return Result("memory", FAIL, detail, samples=samples)
     return Result("memory", OK, f"{total_mb} MB", samples=samples)
+
+
+def run_services(ctx: CheckContext) -> Result:
+    return check_services(list(ctx.config.services), ctx.timeout)
+
+
+def run_disk(ctx: CheckContext) -> Result:
+    config = ctx.config
+    limits = disk_limits(config.disk_min_free_percent, config.job_tmp_dirs)
+    return check_disk(limits, config.job_tmp_dirs, config.proc_root, ctx.timeout)
+
+
+def run_memory(ctx: CheckContext) -> Result:
+    return check_memory(ctx.config.proc_root, ctx.config.real_memory_mb)
+
+
+SERVICES = Check("services", run_services)
+DISK = Check("disk", run_disk, (
+    Family("disk_free_ratio", "gauge", "Free space of each checked local path", ("path",)),
+))  # fmt: skip
+MEMORY = Check("memory", run_memory, (
+    Family("memory_total_bytes", "gauge", "Memory the kernel reports (MemTotal)"),
+    Family("memory_configured_bytes", "gauge", "The node's RealMemory in slurm.conf"),
+))  # fmt: skip
