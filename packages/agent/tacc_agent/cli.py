@@ -1,7 +1,8 @@
 """`tacc-agent`: the cluster side of TACC, run by tcloud over SSH (JSON in, JSON out),
 by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
-Verbs:
+Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
+  hello                        the protocol this agent speaks and its version
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
   serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
   whoami                       the caller's user and directory
@@ -12,7 +13,8 @@ Verbs:
   job submit WORKDIR           sbatch a committed job directory
   job status|logs|cancel|halt|resume|rerun JOB, job ps
   batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
-Errors: one JSON object {"error": ..., "field": ...} on stdout and a non-zero exit
+Errors: one JSON line {"error": ..., "field": ...} on stdout (the contract's error_line,
+with the field it names) and a non-zero exit
 (2 rejected request, 3 Slurm or storage trouble); never a traceback.
 """
 
@@ -24,8 +26,12 @@ import os
 import sys
 from pathlib import Path
 
+from tacc_contract import protocol
+
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
+
+DISTRIBUTION = "tacc-agent"
 
 # Each verb imports only the modules it uses: `check` (Slurm's HealthCheckProgram) starts
 # fast, and the `serve` daemon stays small.
@@ -43,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--userdir", help="use this directory instead of <workspace>/<user>")
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("hello", help="the protocol this agent speaks (tcloud asks once a session)")
     p_check = sub.add_parser("check", help="run the node health checks once (HealthCheckProgram)")
     p_check.add_argument("--json", action="store_true", help="machine-readable output")
     p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
@@ -98,8 +105,16 @@ def read_request() -> dict:
 
 
 def job_command(args: argparse.Namespace, config) -> int:
-    from tacc_agent.tasks import jobs, logs, records, rerun, schedule, sweeps, workspace
-    from tacc_agent.tasks.instruction import parse
+    from tacc_agent.tasks import (  # lazy verb import
+        jobs,
+        logs,
+        records,
+        rerun,
+        schedule,
+        sweeps,
+        workspace,
+    )
+    from tacc_agent.tasks.instruction import parse  # lazy verb import
 
     if args.verb == "check":
         task = parse(sys.stdin.buffer.read().decode(errors="replace"), "instruction")
@@ -109,9 +124,9 @@ def job_command(args: argparse.Namespace, config) -> int:
     if args.verb == "submit":
         return emit(schedule.submit(user_dir, args.workdir, config))
     if args.verb == "ps":
-        return emit(jobs.ps(user_dir, config))
+        return emit(protocol.JOB_PS.check(jobs.ps(user_dir, config), "job ps", ""))
     if args.verb == "status":
-        return emit(jobs.status(user_dir, args.job, config))
+        return emit(protocol.JOB_STATUS.check(jobs.status(user_dir, args.job, config)))
     if args.verb == "logs":
         job_dir = jobs.find_job(user_dir, args.job, config)
 
@@ -136,37 +151,37 @@ def job_command(args: argparse.Namespace, config) -> int:
 def dispatch(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if config.plugins:  # their task fields are part of what an instruction may hold
-        from tacc_agent.tasks.instruction import configure
+        from tacc_agent.tasks.instruction import configure  # lazy verb import
 
         configure(config.plugins)
     if args.command in ("batch", "exec"):
-        from tacc_agent.tasks import execute
+        from tacc_agent.tasks import execute  # lazy verb import
 
         run = execute.batch if args.command == "batch" else execute.execute
         return run(args.jobdir, config)
     if args.command == "job":
         return job_command(args, config)
     if args.command == "check":
-        from tacc_agent.health import cycle as health
+        from tacc_agent.health import cycle as health  # lazy verb import
 
         return health.check(config, args.json, not args.no_slurm)
     if args.command == "serve":
-        from tacc_agent import serve
+        from tacc_agent import serve  # lazy verb import
 
         return serve.serve(config, args.port, args.interval)
     if args.command == "quota":
-        from tacc_agent.tasks.quota import quota
+        from tacc_agent.tasks.quota import quota  # lazy verb import
 
         return emit(quota(config))
     if args.command == "queue-tick":
-        from tacc_agent.tasks.queue_ticks import tick
+        from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
 
         return emit({"changes": tick(config)})
-    from tacc_agent.tasks import envcache, workspace
+    from tacc_agent.tasks import envcache, workspace  # lazy verb import
 
     user_dir = workspace.userdir(config, args.userdir)
     if args.command == "whoami":
-        return emit({"user": workspace.current_user(), "userdir": str(user_dir)})
+        return emit(protocol.whoami_answer(workspace.current_user(), str(user_dir)))
     if args.command == "env":
         return emit(envcache.listing(user_dir))
     return emit(store_round_trip(user_dir, read_request(), config))
@@ -176,8 +191,8 @@ def store_round_trip(user_dir: Path, request: dict, config) -> dict:
     """`store`, optionally with the scheduling steps that go with it, so a submit is two
     round trips: "check" (the instruction) refuses an impossible task before anything
     is uploaded; "submit" sbatches the job directory the commit just built."""
-    from tacc_agent.tasks import schedule, store
-    from tacc_agent.tasks.instruction import parse
+    from tacc_agent.tasks import schedule, store  # lazy verb import
+    from tacc_agent.tasks.instruction import parse  # lazy verb import
 
     partition = None
     if request.get("check") is not None:
@@ -191,30 +206,36 @@ def store_round_trip(user_dir: Path, request: dict, config) -> dict:
     return answer
 
 
+def agent_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # lazy verb import
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
-        from importlib.metadata import PackageNotFoundError, version  # only here: slow
-
-        try:
-            print(version("tacc-stack"))
-        except PackageNotFoundError:
-            print("unknown")
+        print(agent_version())
         return EXIT_OK
     if args.command is None:
         parser.print_help()
         return EXIT_REJECTED
+    if args.command == "hello":  # before the settings: answers even when they are broken
+        return emit(protocol.hello_answer(agent_version()))
     os.umask(0o077)  # everything the agent writes for a user is private to them
     try:
         return dispatch(args)
     except AgentError as exc:
-        print(json.dumps({"error": str(exc), "field": getattr(exc, "field", "")}))
+        print(protocol.error_answer(str(exc), getattr(exc, "field", "")))
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the contract is JSON on stdout, never a traceback
-        print(json.dumps({"error": f"internal error: {type(exc).__name__}: {exc}", "field": ""}))
+        print(protocol.error_answer(f"internal error: {type(exc).__name__}: {exc}"))
         return EXIT_CLUSTER
 
 

@@ -1,38 +1,37 @@
 """Jobs on the cluster, through the agent on the login node (`tacc-agent job ...`):
 ps, status, logs, cancel, halt (checkpoint signal, then requeue on hold), resume,
-rerun (the same files and locked environment again).
-The agent answers only for the caller's own jobs; Slurm enforces the same."""
+rerun (the same files and locked environment again); and the caller's own facts: whoami,
+quota, cached environments. Every verb is built by tacc_contract.protocol and its answer
+checked against the verb's shape there. The agent answers only for the caller's own
+jobs; Slurm enforces the same."""
 
 from __future__ import annotations
 
-import re
 import sys
 
 import paramiko
+from tacc_contract import protocol
 
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
 
-JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
+JOB_ID = protocol.JOB_ID  # 1234, or 1234_5: trial 5 of sweep 1234
 PS_FIELDS = ("job", "name", "state", "submitted", "nodes")
 
 
 def check_ids(jobs: list[str]) -> list[str]:
-    bad = [job for job in jobs if not JOB_ID.fullmatch(job)]
-    if bad:
-        raise TcloudError(
-            f"not a job id: {', '.join(bad)} (expected numbers such as 1234, or 1234_5 for "
-            "trial 5 of a sweep)"
-        )
+    problem = protocol.job_id_problem(jobs)
+    if problem:
+        raise TcloudError(problem)
     return jobs
 
 
 def ps(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
-    return call(client, ["job", "ps"], userdir)
+    return call(client, protocol.job_ps(), userdir)
 
 
 def status(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, ["job", "status", *check_ids([job])], userdir)
+    return call(client, protocol.job_status(*check_ids([job])), userdir)
 
 
 def logs(
@@ -44,30 +43,41 @@ def logs(
     node: int | None,
 ) -> int:
     """Every node's lines, `[host:rank]` first; with follow, until the job ends."""
-    verb = ["job", "logs", *check_ids([job])]
-    verb += ["--follow"] if follow else []
-    verb += ["--tail", str(tail)] if tail is not None else []
-    verb += ["--rank", str(node)] if node is not None else []
+    verb = protocol.job_logs(*check_ids([job]), follow=follow, tail=tail, rank=node)
     return stream(client, verb, userdir, lambda line: print(line, flush=True))
 
 
 def cancel(client: paramiko.SSHClient, userdir: str | None, jobs: list[str]) -> list[dict]:
-    return call(client, ["job", "cancel", *check_ids(jobs)], userdir)
+    return call(client, protocol.job_cancel(check_ids(jobs)), userdir)
 
 
 def halt(
     client: paramiko.SSHClient, userdir: str | None, job: str, grace: float | None = None
 ) -> dict:
-    extra = [] if grace is None else ["--grace", f"{grace:g}"]
-    return call(client, ["job", "halt", *check_ids([job]), *extra], userdir)
+    return call(client, protocol.job_halt(*check_ids([job]), grace=grace), userdir)
 
 
 def resume(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, ["job", "resume", *check_ids([job])], userdir)
+    return call(client, protocol.job_resume(*check_ids([job])), userdir)
 
 
 def rerun(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, ["job", "rerun", *check_ids([job])], userdir)
+    return call(client, protocol.job_rerun(*check_ids([job])), userdir)
+
+
+def whoami(client: paramiko.SSHClient, userdir: str | None) -> dict:
+    """The caller's user and cluster directory: {"user", "userdir"}."""
+    return call(client, protocol.whoami(), userdir)
+
+
+def quota(client: paramiko.SSHClient, userdir: str | None) -> dict:
+    """The caller's running and pending jobs, limits and fair share."""
+    return call(client, protocol.quota(), userdir)
+
+
+def environments(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
+    """The caller's cached environments on the cluster."""
+    return call(client, protocol.env(), userdir)
 
 
 def rerun_text(answer: dict) -> str:

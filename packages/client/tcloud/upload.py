@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from tacc_agent.tasks.store import blob_name
+from tacc_contract import protocol
+from tacc_contract.protocol import blob_name
+from tqdm import tqdm
 
 from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
@@ -19,6 +21,7 @@ from tcloud.errors import TcloudError
 from tcloud.manifest import shown
 
 CHUNK = 1 << 20
+__all__ = ["CHUNK", "Progress", "UploadResult", "blob_name", "remote", "send", "upload"]
 
 
 @dataclass(frozen=True)
@@ -34,28 +37,36 @@ class UploadResult:
 def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
     """One round trip to the cluster side of the upload (`tacc-agent store`); a task the
     cluster refuses is a Rejected error (exit 3, the message names the field)."""
-    return call(client, ["store"], userdir, json.dumps(request).encode(), rejected=Rejected)
+    stdin = json.dumps(request).encode()
+    return call(client, protocol.store(), userdir, stdin, rejected=Rejected)
+
+
+def round_trip(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
+    """`remote`, its answer checked against the shape of the request's op."""
+    return protocol.store_answer(request, remote(client, request, userdir))
 
 
 class Progress:
+    """The upload's bar on stderr (tqdm: bytes, rate, time left); silent when stderr is
+    not a terminal or there is nothing to send."""
+
     def __init__(self, total: int) -> None:
-        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
+        self.bar = tqdm(
+            total=total,
+            desc="upload",
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            disable=not (total and sys.stderr.isatty()),
+            dynamic_ncols=True,
+        )
 
     def add(self, count: int) -> None:
-        self.done += count
-        if self.tty and self.total:
-            width = 30
-            filled = int(width * self.done / self.total)
-            bar = "#" * filled + "." * (width - filled)
-            print(
-                f"\rupload [{bar}] {self.done >> 20}/{self.total >> 20} MiB",
-                end="",
-                file=sys.stderr,
-            )
+        self.bar.update(count)
 
     def close(self) -> None:
-        if self.tty and self.total:
-            print(file=sys.stderr)
+        self.bar.close()
 
 
 def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, progress) -> int:
@@ -91,10 +102,8 @@ def upload(
     first_path = {}
     for path, name in names.items():
         first_path.setdefault(name, path)
-    first = {"op": "missing", "blobs": sorted(first_path)}
-    if submit:
-        first["check"] = instruction.document
-    answer = remote(client, first, userdir)
+    first = protocol.missing_request(first_path, instruction.document if submit else None)
+    answer = round_trip(client, first, userdir)
     missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
     # Each upload writes its own partial file (a copy of what a cut one left): two
     # submits of the same new file at once never append to one file.
@@ -130,9 +139,8 @@ def upload(
             with contextlib.suppress(Exception):  # the connection may be gone already
                 sftp.close()
     files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
-    request = {"op": "commit", "blobs": missing, "manifest": names, "uploads": uploads,
-               "submit": submit}  # fmt: skip
-    answer = remote(client, {**request, "digest": instruction.digest, "files": files}, userdir)
+    request = protocol.commit_request(missing, names, uploads, instruction.digest, files, submit)
+    answer = round_trip(client, request, userdir)
     if answer["bad"]:
         raise TcloudError(
             f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "

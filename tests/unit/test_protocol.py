@@ -1,0 +1,598 @@
+"""The agent protocol (tacc_contract.protocol): every verb's builder and answer shape,
+the `hello` handshake tcloud makes on the first call of an SSH session (an older or a
+newer agent is a clear exit-4 message, never a parse error or a traceback), and the
+upload's progress bar (tqdm, silent when stderr is not a terminal)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shlex
+import sys
+
+import pytest
+from tacc_agent import cli as agent_cli
+from tacc_contract import protocol
+from tacc_contract.errors import EXIT_CLUSTER, EXIT_USAGE, error_line
+from tacc_contract.protocol import PROTOCOL_VERSION, BadArgument, Hello, ProtocolError
+from tcloud import agent, cli, jobs, ssh, upload
+from tcloud.compiler import Instruction
+from tcloud.errors import TcloudError
+
+# --- builders ---------------------------------------------------------------------------
+
+BUILT = [
+    (protocol.hello(), ["hello"]),
+    (protocol.whoami(), ["whoami"]),
+    (protocol.quota(), ["quota"]),
+    (protocol.store(), ["store"]),
+    (protocol.env(), ["env"]),
+    (protocol.job_check(), ["job", "check"]),
+    (protocol.job_submit("/w/jobs/1"), ["job", "submit", "/w/jobs/1"]),
+    (protocol.job_ps(), ["job", "ps"]),
+    (protocol.job_status("12"), ["job", "status", "12"]),
+    (protocol.job_status("12_3"), ["job", "status", "12_3"]),
+    (protocol.job_logs("12"), ["job", "logs", "12"]),
+    (
+        protocol.job_logs("12", follow=True, tail=5, rank=0),
+        ["job", "logs", "12", "--follow", "--tail", "5", "--rank", "0"],
+    ),
+    (protocol.job_cancel(["1", "2_0"]), ["job", "cancel", "1", "2_0"]),
+    (protocol.job_halt("7"), ["job", "halt", "7"]),
+    (protocol.job_halt("7", 2.5), ["job", "halt", "7", "--grace", "2.5"]),
+    (protocol.job_halt("7", 0), ["job", "halt", "7", "--grace", "0"]),
+    (protocol.job_resume("7"), ["job", "resume", "7"]),
+    (protocol.job_rerun("7"), ["job", "rerun", "7"]),
+]
+
+
+@pytest.mark.parametrize(("built", "words"), BUILT, ids=[" ".join(w) for _, w in BUILT])
+def test_each_builder_gives_the_words_after_tacc_agent(built, words):
+    assert built == words
+
+
+def test_every_verb_of_the_agent_has_a_builder():
+    """The agent's parser knows every verb the protocol builds (and `hello`)."""
+    parser = agent_cli.build_parser()
+    for built, _ in BUILT:
+        words = [w if not w.startswith("/") else "/x" for w in built]
+        assert parser.parse_args(words).command == built[0]
+
+
+def test_command_puts_the_userdir_before_the_verb():
+    assert protocol.command(["job", "ps"]) == ["tacc-agent", "job", "ps"]
+    assert protocol.command(["whoami"], "/u/a") == ["tacc-agent", "--userdir", "/u/a", "whoami"]
+
+
+BAD_ARGUMENTS = [
+    ("injection", lambda: protocol.job_status("12; rm -rf /"), "not a job id: 12; rm -rf /"),
+    ("traversal", lambda: protocol.job_rerun("../../etc"), "not a job id: ../../etc"),
+    ("empty", lambda: protocol.job_resume(""), "not a job id"),
+    ("option", lambda: protocol.job_halt("--help"), "not a job id: --help"),
+    ("trial-of-trial", lambda: protocol.job_logs("1_2_3"), "not a job id: 1_2_3"),
+    ("one-bad-of-two", lambda: protocol.job_cancel(["1", "x"]), "not a job id: x"),
+    ("no-ids", lambda: protocol.job_cancel([]), "expected at least one job id"),
+    ("negative-tail", lambda: protocol.job_logs("1", tail=-1), "--tail: expected a whole"),
+    ("bool-rank", lambda: protocol.job_logs("1", rank=True), "--rank: expected a whole"),
+    ("nan-grace", lambda: protocol.job_halt("1", float("nan")), "--grace: expected seconds"),
+    ("text-grace", lambda: protocol.job_halt("1", "soon"), "--grace: expected seconds"),
+    ("empty-workdir", lambda: protocol.job_submit(""), "expected a job directory"),
+    ("nul-workdir", lambda: protocol.job_submit("/a\0b"), "expected a job directory"),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("build", "message"), [c[1:] for c in BAD_ARGUMENTS], ids=[c[0] for c in BAD_ARGUMENTS]
+)
+def test_a_builder_refuses_what_is_not_an_argument(build, message):
+    with pytest.raises(BadArgument, match=None) as caught:
+        build()
+    assert message in str(caught.value)
+    assert caught.value.exit_code == EXIT_USAGE
+
+
+def test_job_id_problem_names_every_bad_id():
+    assert protocol.job_id_problem(["1", "2_3"]) == ""
+    problem = protocol.job_id_problem(["1", "a", "2;", 3])
+    assert problem.startswith("not a job id: a, 2;, 3 (expected numbers such as 1234")
+
+
+def test_the_store_requests():
+    check = {"task": {"name": "t"}}
+    assert protocol.missing_request(["b", "a"]) == {"op": "missing", "blobs": ["a", "b"]}
+    assert protocol.missing_request(["a"], check)["check"] == check
+    request = protocol.commit_request(["a"], {"code/x": "a"}, {"a": "u1"}, "d" * 64,
+                                      {"instruction.json": "{}"}, submit=True)  # fmt: skip
+    assert request == {
+        "op": "commit", "blobs": ["a"], "manifest": {"code/x": "a"}, "uploads": {"a": "u1"},
+        "submit": True, "digest": "d" * 64, "files": {"instruction.json": "{}"},
+    }  # fmt: skip
+    assert protocol.blob_name("ab" * 32, 0o755) == "ab" * 32 + "-755"
+    assert protocol.BLOB_NAME.fullmatch(protocol.blob_name("ab" * 32, 0o644))
+    assert upload.blob_name is protocol.blob_name  # still importable where tests look
+
+
+# --- shapes -----------------------------------------------------------------------------
+
+SUBMITTED = {"job_id": "12", "name": "t", "workdir": "/u/jobs/x", "partition": "gpu",
+             "plugins": {"sweep": "4 trials"}}  # fmt: skip
+ANSWERS = {
+    ("hello",): {"protocol": 1, "agent_version": "0.2.0"},
+    ("whoami",): {"user": "alice", "userdir": "/shared/alice"},
+    ("quota",): {
+        "user": "alice",
+        "running_jobs": 1,
+        "pending_jobs": 0,
+        "gpus_in_use": 2,
+        "accounting": False,
+        "message": "no accounting",
+    },
+    ("env",): [
+        {
+            "digest": "e1",
+            "requirements": ["numpy"],
+            "path": "/u/envs/e1",
+            "lock": ["numpy==2.0"],
+            "python": "3.11",
+            "built_by_job": "12",
+        }
+    ],
+    ("job", "check"): {"ok": True, "partition": "gpu"},
+    ("job", "submit"): SUBMITTED,
+    ("job", "ps"): [
+        {
+            "job": "12",
+            "name": "t",
+            "state": "RUNNING",
+            "submitted": "2025-01-01 10:00:00",
+            "nodes": "n1",
+        }
+    ],
+    ("job", "status"): {
+        "job_id": "12",
+        "name": "t",
+        "state": "FAILED",
+        "reason": "exit 1",
+        "exit_code": 1,
+        "slurm_state": None,
+        "workdir": "/u/jobs/x",
+        "history": [{"state": "QUEUED", "time": 1.5}, {"state": "RUNNING", "time": 2}],
+        "nodes": [{"rank": 0, "host": "n1", "state": "EXITED", "exit_code": 1, "signal": None}],
+        "plugins": {},
+        "environment": None,
+        "code_digest": "c" * 64,
+        "rerun_of": None,
+        "last_lines": {"n1:0": ["boom"]},
+    },
+    ("job", "cancel"): [
+        {"job_id": "12", "state": "CANCELLED", "cancelled": True},
+        {"job_id": "13", "state": "RUNNING", "cancelled": True, "trials": 2},
+    ],
+    ("job", "halt"): {
+        "job_id": "12",
+        "state": "HALTED",
+        "checkpoint_signal": True,
+        "exited_in_grace": False,
+        "grace_seconds": 30,
+    },
+    ("job", "resume"): {"job_id": "12", "state": "QUEUED"},
+    ("job", "rerun"): {**SUBMITTED, "rerun_of": "11", "code_digest": "c" * 64, "lock": []},
+}
+SWEEP_STATUS = {
+    "job_id": "20", "name": "s", "state": "RUNNING", "reason": "1 COMPLETED, 1 RUNNING",
+    "exit_code": None, "workdir": "/u/jobs/s", "sweep": True, "history": [], "nodes": [],
+    "plugins": {}, "trials": [
+        {"trial": 0, "job_id": "20_0", "state": "COMPLETED", "reason": None, "exit_code": 0,
+         "parameters": {"lr": 0.1}, "nodes": "n1"},
+        {"trial": 1, "job_id": "20_1", "state": "RUNNING", "reason": None, "exit_code": None,
+         "parameters": {"lr": 0.2}, "nodes": ""},
+    ],
+}  # fmt: skip
+
+
+def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
+    assert set(ANSWERS) == set(protocol.ANSWERS)
+
+
+@pytest.mark.parametrize("words", sorted(ANSWERS), ids=" ".join)
+def test_each_shape_takes_what_the_agent_answers(words):
+    verb = [*words, "12"] if words[-1] in ("status", "halt", "resume", "rerun") else list(words)
+    answer = ANSWERS[words]
+    assert protocol.parse_answer(verb, json.loads(json.dumps(answer))) == answer
+
+
+def test_a_sweep_status_fits_and_extra_keys_are_kept():
+    """A newer agent may say more: keys beyond the shape pass through."""
+    answer = {**SWEEP_STATUS, "new_key": [1, 2]}
+    assert protocol.parse_answer(["job", "status", "20"], answer) is answer
+
+
+def required_keys(shape) -> list[str]:
+    item = shape.item if isinstance(shape, protocol.ListOf) else shape
+    return list(item.required)
+
+
+def without(answer, key):
+    if isinstance(answer, list):
+        return [without(answer[0], key), *answer[1:]]
+    return {k: v for k, v in answer.items() if k != key}
+
+
+def retyped(answer, key):
+    if isinstance(answer, list):
+        return [retyped(answer[0], key), *answer[1:]]
+    return {**answer, key: {"not": "this"}}
+
+
+MISSING = [(w, k) for w in sorted(ANSWERS) for k in required_keys(protocol.ANSWERS[w])]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(("words", "key"), MISSING, ids=[f"{' '.join(w)}-{k}" for w, k in MISSING])
+def test_an_answer_missing_a_key_is_a_protocol_error_naming_verb_and_key(words, key):
+    with pytest.raises(ProtocolError) as caught:
+        protocol.parse_answer(list(words), without(ANSWERS[words], key))
+    message = str(caught.value)
+    assert f"`tacc-agent {' '.join(words)}`" in message
+    assert f"the key {key!r} is missing" in message
+    assert caught.value.exit_code == EXIT_CLUSTER
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(("words", "key"), MISSING, ids=[f"{' '.join(w)}-{k}" for w, k in MISSING])
+def test_an_answer_with_a_mistyped_key_is_a_protocol_error_naming_it(words, key):
+    with pytest.raises(ProtocolError) as caught:
+        protocol.parse_answer(list(words), retyped(ANSWERS[words], key))
+    assert f"{key}: expected " in str(caught.value)
+    assert 'got an object {"not": "this"}' in str(caught.value)
+
+
+MISFITS = [
+    ("status-node-host", ["job", "status", "1"],
+     {**ANSWERS[("job", "status")], "nodes": [{"rank": 0, "state": "RUNNING"}]},
+     "nodes[0]: the key 'host' is missing"),
+    ("status-trial-state", ["job", "status", "1"],
+     {**SWEEP_STATUS, "trials": [{"job_id": "1_0", "state": 3}]},
+     "trials[0].state: expected text, got a whole number 3"),
+    ("ps-not-a-list", ["job", "ps"], {"job": "1"}, "the answer: expected a list, got an object"),
+    ("whoami-a-list", ["whoami"], [], "the answer: expected an object, got a list []"),
+    ("hello-bool", ["hello"], {"protocol": True, "agent_version": "1"},
+     "protocol: expected a whole number, got true"),
+    ("cancel-int", ["job", "cancel", "1"],
+     [{"job_id": "1", "state": "X", "cancelled": 1}], "[0].cancelled: expected true or false"),
+    ("halt-grace", ["job", "halt", "1"],
+     {**ANSWERS[("job", "halt")], "grace_seconds": "30"}, "grace_seconds: expected a number"),
+    ("exit-code-float", ["job", "status", "1"],
+     {**ANSWERS[("job", "status")], "exit_code": 1.5},
+     "exit_code: expected a whole number or null, got a number 1.5"),
+]  # fmt: skip
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("verb", "answer", "message"), [c[1:] for c in MISFITS], ids=[c[0] for c in MISFITS]
+)
+def test_nested_and_typed_misfits_are_named(verb, answer, message):
+    with pytest.raises(ProtocolError, match=None) as caught:
+        protocol.parse_answer(verb, answer)
+    assert message in str(caught.value)
+
+
+def test_store_answers_are_shaped_by_their_op():
+    missing = {"missing": ["a"], "partial": {}, "uploads": {"a": "u"}, "userdir": "/u"}
+    committed = {"workdir": "/u/jobs/x", "userdir": "/u", "bad": [], "job": SUBMITTED}
+    assert protocol.store_answer({"op": "missing"}, missing) is missing
+    assert protocol.store_answer({"op": "commit"}, committed) is committed
+    assert protocol.store_answer({"op": "commit"}, {"workdir": None, "bad": ["a"]})
+    with pytest.raises(ProtocolError, match=r"store \(commit\)`.*job: the key 'job_id'"):
+        protocol.store_answer({"op": "commit"}, {**committed, "job": {"name": "t"}})
+    with pytest.raises(ProtocolError, match="the key 'partial' is missing"):
+        protocol.store_answer({"op": "missing"}, {"missing": [], "userdir": "/u"})
+    with pytest.raises(BadArgument, match="unknown op 'other'"):
+        protocol.store_answer({"op": "other"}, {})
+
+
+def test_verbs_without_a_json_shape_pass_through():
+    assert protocol.answer_shape(["job", "logs", "1"]) is None
+    assert protocol.answer_shape(["store"]) is None
+    assert protocol.parse_answer(["store"], {"anything": 1}) == {"anything": 1}
+    assert protocol.verb_name(["job", "status", "1"]) == "job status"
+    assert protocol.verb_name(["whoami"]) == "whoami"
+
+
+def test_error_answers():
+    assert protocol.error_answer("no") == '{"error": "no", "field": ""}'
+    assert protocol.error_answer("no").startswith(error_line("no")[:-1])
+    line = protocol.error_answer("bad gpus", "resources.gpus")
+    assert json.loads(line) == {"error": "bad gpus", "field": "resources.gpus"}
+    assert line.startswith(agent.ERROR_LINE.decode())  # what `logs` looks for in a stream
+    assert protocol.error_message(json.loads(line)) == "bad gpus"
+    assert protocol.error_message({"error": 3}) is None
+    assert protocol.error_message([]) is None
+
+
+# --- the agent's side -------------------------------------------------------------------
+
+
+def agent_says(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = agent_cli.main(argv)
+    return rc, out.getvalue()
+
+
+def test_the_agent_says_hello_with_its_protocol_and_version(tmp_path):
+    broken = tmp_path / "config.yaml"  # hello comes before the settings: it still answers
+    broken.write_text("no_such_setting: 1\n")
+    assert agent_says(["--config", str(broken), "whoami"])[0] != 0
+    rc, out = agent_says(["--config", str(broken), "hello"])
+    assert rc == 0
+    hello = Hello.parse(json.loads(out))
+    assert hello.protocol == PROTOCOL_VERSION
+    assert hello.agent_version == agent_cli.agent_version() != ""
+
+
+def test_the_agent_whoami_is_the_protocols_shape(tmp_path):
+    settings = tmp_path / "config.yaml"
+    settings.write_text(f"workspace: {tmp_path / 'ws'}\n")
+    rc, out = agent_says(["--config", str(settings), "--userdir", str(tmp_path / "u"), "whoami"])
+    assert rc == 0, out
+    assert protocol.WHOAMI.check(json.loads(out))["userdir"] == str(tmp_path / "u")
+
+
+def test_the_agent_error_line_is_the_contracts(tmp_path):
+    settings = tmp_path / "config.yaml"
+    settings.write_text(f"workspace: {tmp_path / 'ws'}\n")
+    rc, out = agent_says(["--config", str(settings), "--userdir", str(tmp_path / "u"),
+                          "job", "status", "99"])  # fmt: skip
+    assert rc != 0
+    assert protocol.ERROR.check(json.loads(out))
+    assert out.startswith(agent.ERROR_LINE.decode())
+
+
+# --- the handshake, against a fake SSH connection ---------------------------------------
+
+OLD_AGENT_USAGE = (
+    "usage: tacc-agent [-h] [--version] [--config CONFIG] [--userdir USERDIR]\n"
+    "tacc-agent: error: argument command: invalid choice: 'hello' (choose from 'check', "
+    "'serve', 'whoami', 'quota', 'store', 'env', 'job', 'batch', 'exec')\n"
+)
+
+
+class Stream:
+    def __init__(self, data: bytes = b"", rc: int = 0) -> None:
+        self.data, self.rc = data, rc
+        self.channel = self
+
+    def read(self) -> bytes:
+        return self.data
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def shutdown_write(self) -> None:
+        pass
+
+    def recv_exit_status(self) -> int:
+        return self.rc
+
+
+class FakeAgent:
+    """An SSH client whose login node runs a scripted tacc-agent: verb -> (rc, stdout,
+    stderr); `hello` answers as told. Records every command line it is asked to run."""
+
+    def __init__(self, hello=(0, {"protocol": PROTOCOL_VERSION, "agent_version": "9"}, ""),
+                 answers: dict | None = None) -> None:  # fmt: skip
+        self.hello = hello
+        self.answers = answers or {}
+        self.commands: list[list[str]] = []
+
+    def exec_command(self, line: str):
+        argv = shlex.split(line)
+        self.commands.append(argv)
+        assert argv[0] == "tacc-agent"
+        words = argv[3:] if argv[1:2] == ["--userdir"] else argv[1:]
+        name = protocol.verb_name(words)
+        if name == "hello":
+            rc, out, err = self.hello
+        elif name in self.answers:
+            rc, out, err = self.answers[name]
+        else:
+            rc, out, err = 0, ANSWERS[tuple(name.split())], ""
+        text = out if isinstance(out, str) else json.dumps(out)
+        return Stream(), Stream(text.encode(), rc), Stream(err.encode(), rc)
+
+    def get_transport(self):
+        raise AssertionError("a stream was opened before the handshake refused the agent")
+
+    def verbs(self) -> list[str]:
+        return [" ".join(c[1:]) for c in self.commands]
+
+
+def test_hello_once_per_ssh_session_then_the_verbs():
+    client = FakeAgent()
+    assert jobs.ps(client, None) == ANSWERS[("job", "ps")]
+    assert jobs.status(client, "/u", "12")["job_id"] == "12"
+    assert jobs.whoami(client, None)["user"] == "alice"
+    assert client.verbs() == ["hello", "job ps", "--userdir /u job status 12", "whoami"]
+    other = FakeAgent()
+    jobs.quota(other, None)
+    assert other.verbs() == ["hello", "quota"]
+    assert agent.handshake(client) == Hello(PROTOCOL_VERSION, "9")
+
+
+def test_the_real_agents_hello_passes_the_handshake():
+    class RealHello(FakeAgent):
+        def exec_command(self, line: str):
+            if shlex.split(line)[1:] == ["hello"]:
+                rc, out = agent_says(["hello"])
+                self.hello = (rc, out, "")
+            return super().exec_command(line)
+
+    client = RealHello()
+    jobs.environments(client, None)
+    assert client.verbs() == ["hello", "env"]
+
+
+def mismatch(client, call=lambda c: jobs.ps(c, None)) -> TcloudError:
+    with pytest.raises(agent.AgentMismatch) as caught:
+        call(client)
+    assert caught.value.exit_code == EXIT_CLUSTER == 4
+    assert client.verbs() == ["hello"]  # nothing else was asked
+    return caught.value
+
+
+UPGRADE_AGENT = (
+    f"the cluster's tacc-agent is older than this tcloud (protocol {PROTOCOL_VERSION}): "
+    "upgrade the agent (re-run the tacc_agent role)"
+)
+
+
+@pytest.mark.bad_input
+def test_an_agent_older_than_hello_is_told_to_upgrade():
+    error = mismatch(FakeAgent(hello=(2, "", OLD_AGENT_USAGE)))
+    assert str(error).startswith(UPGRADE_AGENT)
+    assert "it does not know the verb `hello`" in str(error)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "hello",
+    [(0, "", ""), (0, "hello world", ""), (0, {"user": "x"}, ""), (1, "", "Traceback ...")],
+    ids=["silent", "text", "other-json", "crash"],
+)
+def test_an_agent_that_answers_hello_with_no_protocol_is_older(hello):
+    assert str(mismatch(FakeAgent(hello=hello))).startswith(UPGRADE_AGENT)
+
+
+@pytest.mark.bad_input
+def test_an_agent_with_an_older_protocol_is_told_to_upgrade():
+    error = mismatch(FakeAgent(hello=(0, {"protocol": 0, "agent_version": "0.1.0"}, "")))
+    assert str(error).startswith(UPGRADE_AGENT)
+    assert "it is 0.1.0, speaking protocol 0" in str(error)
+
+
+@pytest.mark.bad_input
+def test_a_newer_agent_asks_to_upgrade_tcloud():
+    newer = {"protocol": PROTOCOL_VERSION + 1, "agent_version": "9.0"}
+    error = mismatch(FakeAgent(hello=(0, newer, "")))
+    assert f"speaks protocol {PROTOCOL_VERSION + 1}, newer than this tcloud's" in str(error)
+    assert "upgrade tcloud" in str(error)
+
+
+@pytest.mark.bad_input
+def test_logs_and_uploads_shake_hands_first():
+    old = (2, "", OLD_AGENT_USAGE)
+    mismatch(FakeAgent(hello=old), lambda c: jobs.logs(c, None, "1", False, None, None))
+    mismatch(FakeAgent(hello=old), lambda c: upload.remote(c, {"op": "missing"}, None))
+
+
+def test_a_failed_handshake_is_asked_again_on_the_next_call():
+    client = FakeAgent(hello=(2, "", OLD_AGENT_USAGE))
+    mismatch(client)
+    client.hello = FakeAgent().hello  # upgraded meanwhile
+    jobs.ps(client, None)
+    assert client.verbs()[1:] == ["hello", "job ps"]
+
+
+@pytest.mark.bad_input
+def test_an_agent_that_knows_hello_but_fails_says_why():
+    client = FakeAgent(hello=(3, {"error": "internal error: OSError: disk"}, ""))
+    with pytest.raises(TcloudError, match=r"^internal error: OSError: disk$") as caught:
+        jobs.ps(client, None)
+    assert not isinstance(caught.value, agent.AgentMismatch)
+
+
+@pytest.mark.bad_input
+def test_no_agent_on_the_login_node():
+    with pytest.raises(TcloudError, match="tacc-agent is not installed on the login node"):
+        jobs.ps(FakeAgent(hello=(127, "", "sh: tacc-agent: not found")), None)
+
+
+@pytest.mark.bad_input
+def test_an_answer_of_the_wrong_shape_is_a_protocol_error_not_a_key_error():
+    client = FakeAgent(answers={"job status": (0, {"job_id": "12", "state": "RUNNING"}, "")})
+    with pytest.raises(ProtocolError, match=r"`tacc-agent job status`.*'name' is missing"):
+        jobs.status(client, None, "12")
+
+
+def test_a_refusal_keeps_its_message_and_exit_code():
+    client = FakeAgent(answers={"job status": (2, {"error": "job 12 is not yours"}, "")})
+    with pytest.raises(TcloudError, match=r"^job 12 is not yours$") as caught:
+        jobs.status(client, None, "12")
+    assert caught.value.exit_code == EXIT_CLUSTER
+
+
+@pytest.mark.bad_input
+def test_tcloud_says_upgrade_the_agent_with_exit_4_and_no_traceback(tmp_path, monkeypatch, capsys):
+    """The whole command line: `tcloud ps` against an agent older than `hello`."""
+    settings = tmp_path / "config.yaml"
+    settings.write_text("current: lab\nclusters:\n  lab: {host: login.example}\n")
+    monkeypatch.setenv("TCLOUD_CONFIG", str(settings))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = FakeAgent(hello=(2, "", OLD_AGENT_USAGE))
+    monkeypatch.setattr(ssh, "connect", lambda *args, **kwargs: old)
+    old.close = lambda: None
+    assert cli.main(["ps"]) == 4
+    err = capsys.readouterr().err
+    assert UPGRADE_AGENT in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.bad_input
+def test_tcloud_says_upgrade_tcloud_for_a_newer_agent(tmp_path, monkeypatch, capsys):
+    settings = tmp_path / "config.yaml"
+    settings.write_text("current: lab\nclusters:\n  lab: {host: login.example}\n")
+    monkeypatch.setenv("TCLOUD_CONFIG", str(settings))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    newer = FakeAgent(hello=(0, {"protocol": PROTOCOL_VERSION + 1, "agent_version": "9"}, ""))
+    newer.close = lambda: None
+    monkeypatch.setattr(ssh, "connect", lambda *args, **kwargs: newer)
+    assert cli.main(["status", "12"]) == 4
+    err = capsys.readouterr().err
+    assert "upgrade tcloud" in err and "Traceback" not in err
+
+
+# --- the upload's progress bar ----------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_is_silent_when_stderr_is_not_a_terminal(monkeypatch):
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    progress = upload.Progress(3 << 20)
+    progress.add(1 << 20)
+    progress.add(2 << 20)
+    progress.close()
+    assert quiet.getvalue() == ""
+
+
+def test_the_progress_bar_shows_bytes_on_a_terminal(monkeypatch):
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    progress = upload.Progress(3 << 20)
+    progress.add(3 << 20)
+    progress.close()
+    shown = screen.getvalue()
+    assert "upload" in shown and "100%" in shown and "3.00M" in shown
+
+
+def test_nothing_to_send_shows_no_bar(monkeypatch):
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    upload.Progress(0).close()
+    assert screen.getvalue() == ""
+
+
+def test_the_upload_checks_the_store_answers(monkeypatch, tmp_path):
+    """A store answer without the keys the upload reads is a ProtocolError."""
+    monkeypatch.setattr(upload, "remote", lambda client, request, userdir: {"missing": []})
+    instruction = Instruction(manifest={}, document={}, digest="d" * 64)
+    with pytest.raises(ProtocolError, match=r"store \(missing\)`.*'partial' is missing"):
+        upload.upload(object(), instruction)
