@@ -6,7 +6,8 @@ import json
 import time
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks.transport import choose, local_rdma, sysfs_ports
+from tacc_agent.tasks.transport import local_rdma, sysfs_ports
+from tacc_plugins.transport import choose
 
 
 def fixture_tree(root, states: dict[str, str]):

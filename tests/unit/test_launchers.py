@@ -16,10 +16,10 @@ from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
 from tacc_agent.tasks.instruction import parse
 from tacc_agent.tasks.schedule import Node, Partition, check_feasible, sbatch_argv
-from tacc_agent.tasks.transport import choose
 from tacc_contract.plugins import Launch
 from tacc_contract.schema import processes_per_node
 from tacc_plugins.launcher import command_for, framework_env, wrapper_rank
+from tacc_plugins.transport import choose
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 

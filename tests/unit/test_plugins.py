@@ -20,7 +20,7 @@ from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.slurm import parse_oneliner
 from tacc_agent.tasks import schedule, sweeps, workspace
 from tacc_agent.tasks.instruction import parse
-from tacc_contract.plugins import Launch, Outcome, Queue, QueuedJob
+from tacc_contract.plugins import Launch, Outcome, PartitionLoad, Queue, QueuedJob
 from tacc_contract.registry import PluginError, available, select
 from tacc_plugins import duration, elastic, gpu_share, las, sweep
 from tcloud.compiler import compile_task
@@ -46,7 +46,9 @@ def cluster(monkeypatch):
     nodes = schedule.parse_nodes([parse_oneliner(line) for line in NODES])
     shape = (schedule.parse_partitions([parse_oneliner(p) for p in PARTITIONS], nodes), nodes)
     monkeypatch.setattr(schedule, "cluster_shape", lambda timeout: shape)
-    monkeypatch.setattr(elastic, "partition_load", lambda submission: LOAD["cpu"])
+    monkeypatch.setattr(
+        schedule, "partition_load", lambda name, timeout: PartitionLoad(*LOAD[name])
+    )
     monkeypatch.delenv("TACC_PLUGINS", raising=False)
 
 
@@ -226,8 +228,8 @@ def test_only_jobs_that_wait_for_nodes_shrink_a_node_range():
         "35|Dependency", "36|BeginTime", "37|QOSMaxGRESPerUser",
     ])  # fmt: skip
     # a halted job (held), one after another's end, one for later: none waits for nodes
-    assert elastic.waiting_jobs(squeue) == 3
-    assert elastic.waiting_jobs("") == 0
+    assert schedule.waiting_jobs(squeue) == 3
+    assert schedule.waiting_jobs("") == 0
 
 
 @pytest.mark.bad_input

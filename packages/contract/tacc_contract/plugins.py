@@ -14,6 +14,12 @@ A plug-in overrides only the hooks of its layers (docs/plugins.md):
 Every hook that changed something says so with `note(...)`; the notes go into the
 job's record (status/submit.json, `tcloud status --json`), so a job shows which
 plug-ins shaped it and how.
+
+Everything a hook needs from the cluster comes to it on its context object, filled in
+by the agent: the nodes and their features, the partition's load and the caller's
+earlier jobs (Submission), the queue (Queue), this node's facts, its features and an
+agreement across the job's ranks (Launch). A plug-in imports this package (and the
+standard library), never the agent: one written outside the project needs nothing else.
 """
 
 from __future__ import annotations
@@ -68,22 +74,75 @@ class Plugin:
         return None
 
 
+@dataclass(frozen=True)
+class Node:
+    """A node as `scontrol show node` describes it: what a scheduling hook may count on."""
+
+    name: str
+    cpus: int
+    memory_mb: int
+    gpus: int
+    partitions: tuple[str, ...]
+    shards: int = 0  # GPU shards (gres/shard), for fractions of a GPU
+    features: tuple[str, ...] = ()  # Slurm node features (GPU types: a100, h100, ...)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PartitionLoad:
+    """A partition's state right now."""
+
+    idle_nodes: int
+    waiting_jobs: int  # pending jobs waiting for nodes (not held, not on a dependency)
+
+
+@dataclass(frozen=True)
+class PastJob:
+    """One of the caller's earlier jobs, as its record in the job directory says."""
+
+    name: str  # the job directory's name
+    submit: dict  # status/submit.json: digest, entrypoint, options, plugin_data, ...
+    events: list[dict]  # its state changes ({"state", "time", "reason", ...}) in order
+
+
+def unknown_load(partition: str) -> PartitionLoad:
+    """Without the agent (a test): nothing idle, nothing waiting."""
+    return PartitionLoad(0, 0)
+
+
+def no_history(count: int) -> list[PastJob]:
+    """Without the agent, or for a caller it does not know (a check): no earlier job."""
+    return []
+
+
 @dataclass
 class Submission:
     """One job on its way to sbatch. `options` are sbatch long options without the
-    leading dashes (value None: a flag); `partition` the one chosen so far."""
+    leading dashes (value None: a flag); `partition` the one chosen so far.
+
+    What the cluster looks like: `partitions`, `nodes` (with their GPUs, shards and
+    features), `partition_load(name)` (asks Slurm, so call it only when needed) and
+    `history(count)`: the caller's `count` most recent earlier jobs, newest first."""
 
     task: Any  # tacc_contract.schema.TaskSpec
     options: dict[str, str | None]
     partition: str
-    partitions: list = field(default_factory=list)  # tacc_agent.tasks.schedule.Partition
-    nodes: list = field(default_factory=list)  # tacc_agent.tasks.schedule.Node
+    partitions: list[Partition] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
     user_dir: Path | None = None
     digest: str = ""
-    config: Any = None  # tacc_agent.config.AgentConfig
+    config: Any = None  # the agent's configuration (tacc_agent.config.AgentConfig)
     notes: dict[str, str] = field(default_factory=dict)  # plug-in name -> what it did
     # What plug-ins keep in status/submit.json for later layers ("plugin_data").
     data: dict[str, object] = field(default_factory=dict)
+    partition_load: Callable[[str], PartitionLoad] = unknown_load
+    history: Callable[[int], list[PastJob]] = no_history
 
     def note(self, plugin: str, text: str) -> None:
         self.notes[plugin] = text
@@ -112,10 +171,33 @@ class Queue:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Transport:
+    """How the ranks talk to each other: a name for the record ("rdma", "tcp"), the
+    reason for the job log, and the variables it sets (NCCL_IB_DISABLE, ...)."""
+
+    name: str
+    reason: str
+    env: dict[str, str]
+
+
+# decide(every rank's facts) -> the answer all ranks use (JSON-able)
+Decide = Callable[[list[dict]], dict]
+# agree(topic, decide) -> the answer, or None when rank 0's never came
+Agree = Callable[[str, Decide], dict | None]
+
+
 @dataclass
 class Launch:
     """One rank about to run: plug-ins set `launcher` (how each run line becomes argv),
-    `transport` and `env`."""
+    `transport` and `env`.
+
+    What the node knows: `facts`, this rank's facts as it wrote them for the others
+    ({"host", "ip", "rdma": {"active_ports", "source"}}); `node_features()`, this node's
+    Slurm features (asks Slurm: call it only when needed); `agree(topic, decide)`, one
+    answer for the whole job: rank 0 waits for every rank's facts, calls `decide` with
+    them and publishes what it returns; every other rank waits for that answer (None
+    when it never came). Without the agent (a test), `agree` decides from `facts` alone."""
 
     task: Any
     rank: int  # this wrapper's rank: the process's global rank (torchrun: its node's first)
@@ -127,10 +209,21 @@ class Launch:
     node_rank: int = 0  # index of this node in `nodes`
     local_rank: int = 0  # index of this wrapper on its node
     wrappers: int = 1  # how many wrappers the job runs (one per rank; torchrun: per node)
-    config: Any = None  # tacc_agent.config.AgentConfig
+    config: Any = None  # the agent's configuration (tacc_agent.config.AgentConfig)
     command: Callable[[str], list[str]] | None = None
-    transport: Any = None  # tacc_agent.tasks.transport.Choice
+    transport: Transport | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+    node_features: Callable[[], list[str]] = list
+    agree: Agree | None = None
+
+    def __post_init__(self) -> None:
+        if self.agree is None:
+            self.agree = self.alone
+
+    def alone(self, topic: str, decide: Decide) -> dict | None:
+        """An agreement of one: this rank's own facts decide."""
+        return decide([self.facts])
 
     def note(self, plugin: str, text: str) -> None:
         self.notes[plugin] = text

@@ -5,25 +5,23 @@ and run lines), and ask Slurm for that plus a safety margin, capped at the clust
 default limit. A tight limit lets Slurm's backfill start the job in gaps a one-hour
 default would not fit. The job log says prediction vs actual when the run ends.
 
-Only runs that COMPLETED count: a failed or cancelled run says nothing about how long
+The earlier runs come from `Submission.history` (the caller's job records, read by the
+agent). Only runs that COMPLETED count: a failed or cancelled run says nothing about how long
 the work takes. A run that hit a predicted limit (TIMEOUT) makes the next prediction
 start from double that limit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from tacc_agent.tasks import records
-from tacc_contract.plugins import Outcome, Plugin, Submission
+from tacc_contract.plugins import Outcome, PastJob, Plugin, Submission
+from tacc_contract.slurm_time import time_seconds
 
-RECENT_JOBS = 300  # job directories read, newest first
+RECENT_JOBS = 300  # earlier jobs read, newest first
 
 
 @dataclass(frozen=True)
@@ -49,31 +47,14 @@ def run_seconds(entries: list[dict]) -> float | None:
     return done[-1] - running[-1]
 
 
-def recent_job_dirs(jobs: Path) -> list[Path]:
-    """The job directories in jobs/, newest first. Other submits of the same user rename
-    and remove entries while this runs (.building-* trees become jobs/<digest12>-<n>):
-    an entry that is gone by the time it is looked at is skipped, never an error."""
-    try:
-        entries = list(os.scandir(jobs))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    dated = []
-    for entry in entries:
-        if entry.name.startswith("."):  # a tree still being built, not a job
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            dated.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
-    return [path for _, path in sorted(dated, reverse=True)]
-
-
-def past_runs(user_dir: Path) -> list[PastRun]:
-    """The caller's recent jobs, newest first."""
+def past_runs(jobs: list[PastJob]) -> list[PastRun]:
+    """The runs of the caller's earlier jobs (newest first) that say how long one takes."""
     found = []
-    for job_dir in recent_job_dirs(user_dir / "jobs")[:RECENT_JOBS]:
-        submit = records.read_json(job_dir / "status" / "submit.json") or {}
+    for job in jobs:
+        submit = job.submit
         if not submit.get("entrypoint"):
             continue
-        entries = records.history(job_dir)
+        entries = job.events
         timed_out = next((e for e in entries if "TIMEOUT" in str(e.get("reason", ""))), None)
         limit = (submit.get("plugin_data") or {}).get("duration", {}).get("limit_seconds")
         found.append(PastRun(submit.get("digest", ""), submit["entrypoint"],
@@ -117,11 +98,10 @@ class DurationPrediction(Plugin):
         task, config = submission.task, submission.config
         entrypoint = entrypoint_of(task)
         submission.data["entrypoint"] = entrypoint
-        if task.resources["time"] or submission.user_dir is None:
+        if task.resources["time"]:
             return
-        from tacc_agent.tasks.schedule import time_seconds
-
-        found = predict(past_runs(submission.user_dir), submission.digest, entrypoint, config)
+        runs = past_runs(submission.history(RECENT_JOBS))
+        found = predict(runs, submission.digest, entrypoint, config)
         cap = time_seconds(config.default_time_limit)
         if found is None:
             return

@@ -1,11 +1,12 @@
 """Elastic size (Elastic-KubeFlow's point): a task may give a node range
 (`nodes: 2-4`). At submit the scheduling hook picks the size from the partition's
-state: the whole range's maximum while there are that many idle nodes and nothing
-waits in the queue (grow when the cluster is idle), the minimum when jobs are pending
-(shrink when the queue waits), else as many as are idle. Slurm gets `--nodes=SIZE-MAX`
-(it allocates the smallest count it can, so the size is the plug-in's choice, and
-Slurm keeps the range in the job record); the execution layer tells the program the
-size it got (TACC_NUM_NODES, WORLD_SIZE, torchrun --nnodes).
+state (`Submission.partition_load`, which the agent reads from Slurm): the whole
+range's maximum while there are that many idle nodes and nothing waits for nodes (grow
+when the cluster is idle), the minimum when jobs wait for nodes (shrink when the queue
+waits), else as many as are idle. Slurm gets `--nodes=SIZE-MAX` (it allocates the
+smallest count it can, so the size is the plug-in's choice, and Slurm keeps the range
+in the job record); the execution layer tells the program the size it got
+(TACC_NUM_NODES, WORLD_SIZE, torchrun --nnodes).
 """
 
 from __future__ import annotations
@@ -40,29 +41,6 @@ def min_nodes(resources: dict) -> int:
     return found[0] if found else 1
 
 
-# Pending for a reason no node could end: a hold (a halted job), a dependency, a start
-# time. Such a job does not wait for nodes, so it must not shrink an elastic job.
-NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
-
-
-def waiting_jobs(squeue_out: str) -> int:
-    """Pending jobs (squeue `%i|%r` lines) that wait for nodes."""
-    reasons = [line.partition("|")[2] for line in squeue_out.splitlines() if "|" in line]
-    return sum(1 for reason in reasons if not reason.startswith(NOT_WAITING_FOR_NODES))
-
-
-def partition_load(submission: Submission) -> tuple[int, int]:
-    """(idle nodes, jobs waiting for nodes) of the submission's partition, from Slurm."""
-    from tacc_agent import slurm
-
-    timeout = submission.config.slurm_timeout_seconds
-    part = f"--partition={submission.partition}"
-    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", "--format=%D"], timeout)
-    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"],
-                          timeout)  # fmt: skip
-    return sum(int(n) for n in idle.split() if n.isdigit()), waiting_jobs(pending)
-
-
 class Elastic(Plugin):
     name = "elastic"
     order = 20
@@ -82,7 +60,8 @@ class Elastic(Plugin):
         if not isinstance(nodes, str):
             return
         low, high = node_range(nodes) or (1, 1)
-        idle, pending = partition_load(submission)
+        load = submission.partition_load(submission.partition)
+        idle, pending = load.idle_nodes, load.waiting_jobs
         size = low if pending else max(low, min(high, idle))
         submission.options["nodes"] = f"{size}-{high}"
         why = f"{pending} job(s) waiting" if pending else f"{idle} idle node(s)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from tacc_contract.errors import Rejected
 from tacc_contract.fields import Field
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
 
@@ -59,8 +60,6 @@ class GpuShare(Plugin):
         share = submission.task.resources.get("gpu_share")
         if not share:
             return
-        from tacc_agent.errors import Rejected
-
         members = [n for n in submission.nodes if submission.partition in n.partitions]
         per_gpu = [n.shards // n.gpus for n in members if n.gpus and n.shards]
         if not per_gpu:

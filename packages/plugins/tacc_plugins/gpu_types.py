@@ -5,9 +5,9 @@ is written to its record."""
 
 from __future__ import annotations
 
-import socket
 from typing import ClassVar
 
+from tacc_contract.errors import Rejected
 from tacc_contract.fields import Field, pattern
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
 
@@ -36,8 +36,6 @@ class GpuTypes(Plugin):
         types = submission.task.resources.get("gpu_types") or []
         if not types:
             return
-        from tacc_agent.errors import Rejected
-
         members = [n for n in submission.nodes if submission.partition in n.partitions]
         offered = sorted({f for n in members for f in n.features})
         usable = [t for t in types if t in offered]
@@ -57,10 +55,7 @@ class GpuTypes(Plugin):
         types = launch.task.resources.get("gpu_types") or []
         if not types:
             return
-        from tacc_agent import slurm
-
-        found = slurm.show("node", socket.gethostname(), timeout=10)
-        features = (found[0].get("AvailableFeatures", "") if found else "").split(",")
+        features = launch.node_features()
         chosen = next((t for t in types if t in features), "unknown")
         launch.env["TACC_GPU_TYPE"] = chosen
         launch.note(self.name, chosen)

@@ -5,8 +5,8 @@ take part too), summed over the user's running jobs at every tick and kept in th
 agent's state directory. A user's queue is the number of `las_thresholds` their service
 has passed. Attained service decays: it halves every `las_half_life_seconds` (one day
 by default; 0 keeps it forever), so last month's big run does not hold a user back
-today. A job's GPUs are counted whichever way they were asked for (tacc_agent.tasks.queue_ticks
-reads them from all of Slurm's spellings).
+today. A job's GPUs are counted whichever way they were asked for (the agent reads them
+from all of Slurm's spellings into `QueuedJob.gpus`).
 
 Pending jobs get their queue through Slurm's nice value: the most attained queue gets no
 adjustment and each queue above it gets `las_nice_step` more priority (a negative nice,
@@ -25,8 +25,8 @@ from __future__ import annotations
 import bisect
 from pathlib import Path
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
-from tacc_agent.tasks import records
+from tacc_contract.errors import AGENT_CLUSTER, AgentError
+from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugins import Plugin, Queue, QueuedJob
 
 STATE_FILE = "las.json"
@@ -35,14 +35,14 @@ NICE_LIMIT = 2147483645  # Slurm's nice range is -NICE_LIMIT..NICE_LIMIT
 
 
 def load_state(path: Path) -> dict:
-    data = records.read_json(path) or {}
+    data = read_json(path) or {}
     return {"attained": dict(data.get("attained", {})), "counted": dict(data.get("counted", {})),
             "decayed_at": data.get("decayed_at"), "niced": dict(data.get("niced", {}))}  # fmt: skip
 
 
 def save_state(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    records.write_json(path, state)  # atomic: a tick killed mid-write leaves the old state
+    write_json(path, state)  # atomic: a tick killed mid-write leaves the old state
 
 
 def account(state: dict, queue: Queue) -> None:
@@ -77,7 +77,7 @@ def half_life_of(config: object) -> float:
     value = getattr(config, "las_half_life_seconds", 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise AgentError(f"agent config: las_half_life_seconds: expected 0 (no decay) or a "
-                         f"number of seconds above 0, got {value!r}", EXIT_CLUSTER)  # fmt: skip
+                         f"number of seconds above 0, got {value!r}", AGENT_CLUSTER)  # fmt: skip
     return float(value)
 
 

@@ -14,23 +14,20 @@ when they ask for a fraction of one (gpu_share).
 
 from __future__ import annotations
 
-import itertools
 import re
 from typing import ClassVar
 
 from tacc_contract.fields import Field, at_least
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
+from tacc_contract.trials import expand, trial_count, trials_of
+
+# trials_of, expand and trial_count live in the contract (tcloud and the agent read a
+# task's trials too); this module uses them, and code importing them from here still can.
 
 MAX_TRIALS = 1000  # under Slurm's default MaxArraySize (1001)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SCALAR = (str, int, float, bool)
 RESERVED_PREFIX = ("TACC_", "SLURM_")
-
-
-def text_of(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def grid_problem(value: object) -> str | None:
@@ -63,28 +60,6 @@ def trials_fit(trials: list[dict], parameters: dict[str, list]) -> bool:
         set(trial) == names and all(isinstance(value, str) for value in trial.values())
         for trial in trials
     )
-
-
-def expand(parameters: dict[str, list]) -> list[dict[str, str]]:
-    """Every combination, the first parameter varying slowest."""
-    names = list(parameters)
-    combos = itertools.product(*(parameters[n] for n in names))
-    return [{n: text_of(v) for n, v in zip(names, combo, strict=True)} for combo in combos]
-
-
-def trial_count(parameters: dict[str, list]) -> int:
-    count = 1
-    for values in parameters.values():
-        count *= len(values)
-    return count
-
-
-def trials_of(task) -> list[dict[str, str]]:
-    """The trials of a task's sweep ([] when it has none)."""
-    sweep = (task.extensions or {}).get("sweep") or {}
-    if sweep.get("trials"):
-        return list(sweep["trials"])
-    return expand(sweep["parameters"]) if sweep.get("parameters") else []
 
 
 SWEEP = {

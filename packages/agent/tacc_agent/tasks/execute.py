@@ -1,9 +1,11 @@
 """Layer 4, execution. `tacc-agent batch JOBDIR` is the job's batch step (first node):
 prepares the environment once (envcache), runs the setup lines, then starts
 `tacc-agent exec JOBDIR` on every allocated node with srun and records the outcome.
-`tacc-agent exec` is one node's wrapper: it exchanges facts with the other ranks, picks
-the transport, sets the task's variables and runs each run line, writing every line
-the program prints to logs/rank-<r>-<host>.log and its exit status to status/.
+`tacc-agent exec` is one node's wrapper: it writes its facts for the other ranks, lets
+the execution plug-ins shape the rank (launcher, transport: the ranks agree through
+their facts, tasks/agreement.py), sets the task's variables and runs each run line,
+writing every line the program prints to logs/rank-<r>-<host>.log and its exit status
+to status/.
 Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
 group, so cancel leaves nothing behind.
 """
@@ -36,6 +38,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, transport
+from tacc_agent.tasks.agreement import Agreement
 from tacc_agent.tasks.instruction import load
 from tacc_agent.tasks.schedule import cluster_plugins
 
@@ -407,34 +410,11 @@ class RankLogs:
             handle.close()  # type: ignore[attr-defined]
 
 
-def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
-    """Every rank's status record, once all `count` ranks have written theirs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [r for r in records.ranks(job_dir) if "rdma" in r]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
-
-
-def agree_on_transport(
-    task: TaskSpec, job_dir: Path, rank: int, count: int, config: AgentConfig
-) -> transport.Choice:
-    """Rank 0 decides from every rank's facts and writes status/transport.json; the
-    others use what it wrote, so all ranks agree even if a rank's facts came late."""
-    path = job_dir / "status" / "transport.json"
-    if rank == 0:
-        peers = rendezvous(job_dir, count, config.rendezvous_timeout_seconds)
-        choice = transport.choose(task.runtime["transport"], peers)
-        records.write_json(path, choice.__dict__)
-        return choice
-    deadline = time.monotonic() + config.rendezvous_timeout_seconds + 10
-    while time.monotonic() < deadline:
-        decided = records.read_json(path)
-        if decided:
-            return transport.Choice(**decided)
-        time.sleep(0.1)
-    return transport.choose("tcp", [])
+def node_features(host: str, config: AgentConfig) -> list[str]:
+    """This node's Slurm features (AvailableFeatures), for `Launch.node_features`."""
+    found = slurm.show("node", host, timeout=config.slurm_timeout_seconds)
+    features = found[0].get("AvailableFeatures", "") if found else ""
+    return [f for f in features.split(",") if f and f != "(null)"]
 
 
 def execute(job_dir: Path, config: AgentConfig) -> int:
@@ -474,13 +454,16 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
 
         become_subreaper()
         forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
-        rdma = transport.local_rdma(config)
-        records.write_rank(job_dir, rank, host=host, ip=ips[node_rank] if ips else "",
-                           state="PROVISIONING", rdma=rdma, pid=os.getpid())  # fmt: skip
+        facts = {"host": host, "ip": ips[node_rank] if ips else "",
+                 "rdma": transport.local_rdma(config)}  # fmt: skip
+        records.write_rank(job_dir, rank, **facts, state="PROVISIONING", pid=os.getpid())
         launch = Launch(task, rank, nodes, ips, job_id,
                         program_env(task, base_env(job_dir, task)), job_dir=job_dir,
                         config=config, node_rank=node_rank, local_rank=local_rank,
-                        wrappers=wrappers)  # fmt: skip
+                        wrappers=wrappers, facts=facts,
+                        node_features=lambda: node_features(host, config),
+                        agree=Agreement(job_dir, rank, wrappers,
+                                        config.rendezvous_timeout_seconds))  # fmt: skip
         for plugin in in_layer(cluster_plugins(task, config), "execute"):
             plugin.execute(launch)
         choice = launch.transport

@@ -11,11 +11,13 @@ import time
 from pathlib import Path
 
 from tacc_contract.instruction import FILE, code_digest
+from tacc_contract.trials import trials_of
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks import envcache, job_tags, lost_nodes, records, submitting, sweeps, workspace
+from tacc_agent.tasks.instruction import load
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
@@ -141,10 +143,6 @@ def queued(queue: dict[str, dict[str, str]], job_id: str, job_dir: Path) -> dict
 def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
                  queue: dict[str, dict[str, str]] | None = None) -> dict:  # fmt: skip
     """A sweep: each trial reconciled like a job, and the sweep's state from theirs."""
-    from tacc_plugins.sweep import trials_of
-
-    from tacc_agent.tasks.instruction import load
-
     queue = array_queue(job_id, config) if queue is None else queue
     parameters = trials_of(load(job_dir))
     trials = []

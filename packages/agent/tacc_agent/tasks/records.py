@@ -8,12 +8,14 @@ status/events/<ns>-<STATE>.json   the same, written before the sequence: read in
                                   order, before every numbered event
 status/rank-<r>.json              each rank's host, state, exit code, signal
 status/submit.json                the sbatch argv and the Slurm job id
+status/agreed/<topic>.json        what rank 0 decided for every rank (the transport)
 logs/job.log                      the batch step's own lines (environment, setup)
 logs/rank-<r>-<host>.log          every line a rank printed
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,25 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+from tacc_contract.jsonfiles import read_json, write_json
+from tacc_contract.plugins import PastJob
+
 STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "HALTED")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-
-
-def write_json(path: Path, data: dict, mode: int | None = None) -> None:
-    """Atomic replace (readers on other nodes never see half a file). `mode` overrides
-    the agent's umask 077 for a file other users must read."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
-    temporary.write_text(json.dumps(data, sort_keys=True))
-    if mode is not None:
-        temporary.chmod(mode)
-    os.replace(temporary, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def event_order(name: str) -> tuple[int, int, str]:
@@ -120,7 +108,8 @@ def clear_ranks(job_dir: Path) -> None:
     """A requeued run starts with no rank records of the previous one."""
     for path in (job_dir / "status").glob("rank-*.json"):
         path.unlink(missing_ok=True)
-    (job_dir / "status" / "transport.json").unlink(missing_ok=True)
+    for path in (job_dir / "status" / "agreed").glob("*.json"):
+        path.unlink(missing_ok=True)
 
 
 def rank_logs(job_dir: Path) -> list[tuple[int, str, Path]]:
@@ -142,3 +131,32 @@ def tail_lines(path: Path, count: int) -> list[str]:
     except OSError:
         return []
     return data.decode(errors="replace").splitlines()[-count:]
+
+
+def recent_job_dirs(jobs: Path) -> list[Path]:
+    """The job directories in jobs/, newest first. Other submits of the same user rename
+    and remove entries while this runs (.building-* trees become jobs/<digest12>-<n>):
+    an entry that is gone by the time it is looked at is skipped, never an error."""
+    try:
+        entries = list(os.scandir(jobs))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    dated = []
+    for entry in entries:
+        if entry.name.startswith("."):  # a tree still being built, not a job
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            dated.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
+    return [path for _, path in sorted(dated, reverse=True)]
+
+
+def past_jobs(user_dir: Path, count: int) -> list[PastJob]:
+    """The jobs among the user's `count` most recent job directories that were submitted
+    (they have status/submit.json), newest first: the history scheduling plug-ins read
+    (`Submission.history`)."""
+    found = []
+    for job_dir in recent_job_dirs(user_dir / "jobs")[:count]:
+        submit = read_json(job_dir / "status" / "submit.json")
+        if submit:
+            found.append(PastJob(job_dir.name, submit, history(job_dir)))
+    return found

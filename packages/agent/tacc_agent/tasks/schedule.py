@@ -5,6 +5,8 @@ per node than any node of the partition has, more nodes than it has) are refused
 anything reaches Slurm, with the field and the reason. The sbatch options are then
 shaped by the scheduling plug-ins that are on (tacc_plugins: GPU shares, node ranges,
 GPU types, predicted time limits, ...), and their notes go into status/submit.json.
+What they see of the cluster comes on the Submission: the nodes and partitions, the
+partition's load and the caller's earlier jobs, read here.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_contract.instruction import digest_of
-from tacc_contract.plugins import Plugin, Submission
+from tacc_contract.plugins import Node, Partition, PartitionLoad, Plugin, Submission
 from tacc_contract.registry import PluginError, in_layer, select
 from tacc_contract.sbatch_options import why_refused
 from tacc_contract.schema import TaskSpec, processes_per_node
+from tacc_contract.slurm_time import time_seconds
 from tacc_plugins.elastic import min_nodes
 
 from tacc_agent import slurm
@@ -31,24 +33,9 @@ from tacc_agent.tasks.instruction import load
 
 SIZE = re.compile(r"(\d+)([KMGT]?)")
 UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    cpus: int
-    memory_mb: int
-    gpus: int
-    partitions: tuple[str, ...]
-    shards: int = 0
-    features: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    default: bool
-    nodes: tuple[str, ...]
+# Pending for a reason no node could end: a hold (a halted job), a dependency, a start
+# time. Such a job does not wait for nodes, so it must not shrink an elastic job.
+NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
 
 
 def gpu_count(gres: str, name: str = "gpu") -> int:
@@ -95,23 +82,6 @@ def parse_partitions(records_: list[dict[str, str]], nodes: list[Node]) -> list[
 def memory_mb(text: str) -> float:
     match = SIZE.fullmatch(text)
     return int(match.group(1)) * UNITS_MB[match.group(2)] if match else 0
-
-
-def time_seconds(text: str) -> int | None:
-    """Slurm's time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None when unlimited."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        hours, minutes, seconds = [*parts, 0, 0][:3]
-    elif len(parts) == 1:
-        hours, minutes, seconds = 0, parts[0], 0
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
-    else:
-        hours, minutes, seconds = parts
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node]) -> str:
@@ -166,6 +136,22 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
 def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
     nodes = parse_nodes(slurm.show("node", timeout=timeout))
     return parse_partitions(slurm.show("partition", timeout=timeout), nodes), nodes
+
+
+def waiting_jobs(squeue_out: str) -> int:
+    """Pending jobs (squeue `%i|%r` lines) that wait for nodes."""
+    reasons = [line.partition("|")[2] for line in squeue_out.splitlines() if "|" in line]
+    return sum(1 for reason in reasons if not reason.startswith(NOT_WAITING_FOR_NODES))
+
+
+def partition_load(partition: str, timeout: float) -> PartitionLoad:
+    """Idle nodes and jobs waiting for nodes in a partition, from Slurm
+    (`Submission.partition_load`)."""
+    part = f"--partition={partition}"
+    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", "--format=%D"], timeout)
+    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"],
+                          timeout)  # fmt: skip
+    return PartitionLoad(sum(int(n) for n in idle.split() if n.isdigit()), waiting_jobs(pending))
 
 
 def extra_options(options: dict[str, str]) -> list[str]:
@@ -260,7 +246,10 @@ def plan(
     submission = Submission(
         task=task, options=base_options(task, job_dir, config), partition=partition,
         partitions=partitions, nodes=nodes, user_dir=user_dir, digest=digest, config=config,
+        partition_load=lambda name: partition_load(name, config.slurm_timeout_seconds),
     )  # fmt: skip
+    if user_dir is not None:
+        submission.history = lambda count: records.past_jobs(user_dir, count)
     for plugin in in_layer(cluster_plugins(task, config), "schedule"):
         plugin.schedule(submission)
     return submission

@@ -1,0 +1,60 @@
+"""One answer for all of a job's ranks (`Launch.agree`): every rank writes its facts
+into its status record (status/rank-<r>.json); rank 0 waits until every rank has, lets
+the plug-in decide from them, and writes the answer to status/agreed/<topic>.json;
+the other ranks wait for that file. So all ranks agree, even if a rank's facts came
+late. A rank that never sees the answer gets None (the plug-in falls back)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from tacc_contract.plugins import Decide
+
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import records
+
+TOPIC = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# Rank 0 may wait the whole rendezvous timeout; the others wait this much longer.
+ANSWER_GRACE_SECONDS = 10
+
+
+def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
+    """Every rank's status record, once all `count` ranks have written their facts (or
+    the timeout passed: those that have)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in records.ranks(job_dir) if "rdma" in r]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+class Agreement:
+    """`agree(topic, decide)` for one rank of a job of `count` ranks."""
+
+    def __init__(self, job_dir: Path, rank: int, count: int, timeout: float,
+                 grace: float = ANSWER_GRACE_SECONDS) -> None:  # fmt: skip
+        self.job_dir, self.rank, self.count = job_dir, rank, count
+        self.timeout, self.grace = timeout, grace
+
+    def path(self, topic: str) -> Path:
+        if not TOPIC.fullmatch(topic):
+            raise AgentError(f"agreement topic {topic!r}: expected a plug-in name (a-z0-9_)")
+        return self.job_dir / "status" / "agreed" / f"{topic}.json"
+
+    def __call__(self, topic: str, decide: Decide) -> dict | None:
+        path = self.path(topic)
+        if self.rank == 0:
+            decided = decide(rendezvous(self.job_dir, self.count, self.timeout))
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            records.write_json(path, decided)
+            return decided
+        deadline = time.monotonic() + self.timeout + self.grace
+        while time.monotonic() < deadline:
+            decided = records.read_json(path)
+            if decided:
+                return decided
+            time.sleep(0.1)
+        return None
