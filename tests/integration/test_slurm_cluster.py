@@ -41,6 +41,12 @@ from tests.integration.isolation_cases import (  # noqa: F401
     test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs,
 )
 from tests.integration.lab_helpers import lab_cli, node_sh, site, status, submit, wait_state
+from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
+    as_researcher,
+    test_sdk_cancels_and_another_researcher_cannot_touch_the_job,
+    test_sdk_submits_a_dict_task_streams_its_logs_waits_and_downloads,
+    test_the_sdk_example_runs_against_the_lab,
+)
 
 pytestmark = pytest.mark.lab
 

@@ -128,7 +128,7 @@ def test_cli_validate_exit_codes_and_no_traceback(tmp_path):
     assert "resources.nodes: expected a node count >= 1, or a range like 2-4, got 0" in proc.stderr
     assert "Traceback" not in proc.stderr
     missing = run_cli("tcloud", "validate", str(tmp_path / "nowhere"))
-    assert missing.returncode == 3 and "Traceback" not in missing.stderr
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr  # usage: no such path
 
 
 def test_cli_init_writes_a_valid_file_once(tmp_path):

@@ -9,39 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
-from contextlib import closing
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from tacc_agent.config import AgentConfig
-from tacc_agent.errors import AgentError
-from tacc_agent.tasks.schedule import sbatch_argv
-from tacc_contract.instruction import parse
-from tacc_contract.registry import PluginError, available, from_env, select
-from tacc_contract.registry import describe as describe_plugins
-from tacc_contract.schema import NAME, TASK_FILE
-from tacc_plugins.sweep import trials_of
-
-from tcloud import config, files, jobs, local_paths
-from tcloud.agent import call
-from tcloud.compiler import compile_task
-from tcloud.errors import (
-    EXIT_INTERNAL,
-    EXIT_INVALID_TASK,
-    EXIT_OK,
-    EXIT_USAGE,
-    TaccError,
-    TcloudError,
-    UsageError,
-)
-from tcloud.hashcache import HashCache
-from tcloud.ssh import session
-from tcloud.task_file import find_task_file, load_task, local_path_fields
-from tcloud.template import render_template
-from tcloud.upload import upload
+from tcloud import jobs, local_paths, sdk
+from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError
+from tcloud.sdk import Cluster
 
 
 def count(text: str) -> int:
@@ -158,40 +133,30 @@ def add_cluster_commands(sub) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    target = args.path / TASK_FILE if args.path.is_dir() or not args.path.suffix else args.path
-    if target.exists() and not args.force:
-        raise TcloudError(f"{target} exists; use --force to overwrite it")
-    default = re.sub(r"[^A-Za-z0-9_.-]", "-", target.resolve().parent.name).strip("-.")
-    name = args.name or default[:64] or "task"
-    if not re.fullmatch(NAME, name):
-        raise UsageError(f"--name {name!r}: expected a name of letters, digits, _.- (<= 64)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_template(name))
+    target = sdk.init(args.path, args.name, args.force)
     print(f"wrote {target}; edit it, then `tcloud validate` and `tcloud submit`")
     return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    path = find_task_file(args.path)
-    task = load_task(path, allow_outside=args.allow_outside)
-    check_locally(path, task)
+    task = sdk.validate(args.path or Path("."), allow_outside=args.allow_outside)
     if args.json:
-        print(json.dumps({"file": str(path), "valid": True, "name": task.name}))
+        print(json.dumps({"file": task.source, "valid": True, "name": task.name}))
     else:
-        print(f"{path}: valid task {task.name!r}")
+        print(f"{task.source}: valid task {task.name!r}")
     return EXIT_OK
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     if args.config_command == "add":
         fields = ("host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir")
-        entry = config.set_cluster(args.name, {f: getattr(args, f) for f in fields})
+        entry = sdk.add_cluster(args.name, **{f: getattr(args, f) for f in fields})
         print(f"cluster {entry.name!r}: {entry.user or '(ssh config)'}@{entry.host}")
     elif args.config_command == "use":
-        config.use(args.name)
+        sdk.use_cluster(args.name)
         print(f"current cluster: {args.name}")
     else:
-        rows = config.listing()
+        rows = sdk.clusters()
         if args.json:
             print(json.dumps(rows, indent=2))
         for row in [] if args.json else rows:
@@ -200,90 +165,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def local_sbatch(path: Path, task) -> list[str]:
-    """The sbatch line as the cluster will build it: sbatch options a task may not set
-    are refused here, before anything is uploaded (exit 3)."""
-    try:
-        return sbatch_argv(task, Path("$TACC_WORKDIR"), AgentConfig())
-    except AgentError as exc:
-        field = getattr(exc, "field", "")
-        error = TcloudError(f"{path}: {field}: {exc}" if field else f"{path}: {exc}")
-        error.exit_code = EXIT_INVALID_TASK
-        raise error from None
-
-
-def unhashed(_path: Path, _stat: os.stat_result) -> str:
-    """A hasher for checks that need the manifest's files but not their contents."""
-    return ""
-
-
-def check_locally(path: Path, task) -> list[str]:
-    """Everything submit refuses before connecting, for validate and submit alike: the
-    task's sbatch options as written and after the compile passes (exit 3). Returns the
-    sbatch line as the cluster will read the task (after the compile passes, which do not
-    depend on the files' contents)."""
-    local_sbatch(path, task)
-    compiled = parse(json.dumps(compile_task(task, unhashed).document), "instruction")
-    return local_sbatch(path, compiled)
-
-
-def submit_to_cluster(args: argparse.Namespace, task, instruction) -> int:
-    cluster = config.cluster(args.cluster)
-    with session(cluster) as client:
-        # An impossible task (unknown partition, more GPUs than any node has) is refused
-        # in the first round trip, before anything is uploaded.
-        result = upload(client, instruction, cluster.userdir, submit=True)
-    if not result.job:
-        raise TcloudError("the cluster's tacc-agent did not submit the job (is it up to date?)")
-    answer = result.job
-    summary = {
-        "job_id": answer["job_id"],
-        "name": task.name,
-        "partition": answer["partition"],
-        "digest": instruction.digest,
-        "workdir": result.workdir,
-        "blobs_sent": result.blobs_sent,
-        "bytes_sent": result.bytes_sent,
-        "upload_seconds": round(result.seconds, 3),
-        "plugins": {**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
-        "outside_paths": outside_paths(task),
-    }
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(
-            f"submitted job {answer['job_id']} ({task.name}) to partition "
-            f"{answer['partition']}; sent {result.blobs_sent} file(s), {result.bytes_sent} "
-            f"bytes; workdir {result.workdir}"
-        )
-        for name, what in sorted(summary["plugins"].items()):
-            print(f"  plug-in {name}: {what}")
-        print_outside(task)
-    return EXIT_OK
-
-
-def check_sweep_flag(path: Path, task, sweep: bool) -> None:
-    """A sweep can start many jobs: it runs only when asked for with --sweep."""
-    trials = len(trials_of(task))
-    if trials and not sweep:
-        error = TcloudError(
-            f"{path}: sweep: this task is a sweep of {trials} trial(s); submit it with "
-            "--sweep to run them (one Slurm job array), or remove the sweep section"
-        )
-        error.exit_code = EXIT_INVALID_TASK
-        raise error
-    if sweep and not trials:
-        error = TcloudError(f"{path}: --sweep given, but the task file has no sweep section")
-        error.exit_code = EXIT_INVALID_TASK
-        raise error
-
-
 def cmd_plugins(args: argparse.Namespace) -> int:
-    task_words = load_task(find_task_file(args.path)).plugins if args.path else []
-    try:
-        rows = describe_plugins(available(), select(from_env(), task=task_words))
-    except PluginError as exc:
-        raise TcloudError(str(exc)) from None
+    rows = sdk.plugins(args.path)
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -294,47 +177,42 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def outside_paths(task) -> list[str]:
-    """The local paths the task uploads from outside its directory (--allow-outside-paths)."""
-    texts = [text for _, text in local_path_fields(task)]
-    return [str(path) for path in local_paths.outside(task.base_dir, texts)]
-
-
-def print_outside(task) -> None:
-    for path in outside_paths(task):
+def print_outside(paths: list[str]) -> None:
+    for path in paths:
         print(f"  uploads from outside the task's directory: {path}")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    path = find_task_file(args.path)
-    task = load_task(path, allow_outside=args.allow_outside)
-    check_sweep_flag(path, task, args.sweep)
-    # As the cluster will read it (after the compile passes); the cluster's scheduling
-    # plug-ins (shards, node ranges, arrays, predicted limits) shape it further.
-    sbatch = check_locally(path, task)
-    if not args.dry_run:
-        with HashCache() as hasher:
-            instruction = compile_task(task, hasher)
-        return submit_to_cluster(args, task, instruction)
-    instruction = compile_task(task)
-    size = sum(entry.size for entry in instruction.manifest.values())
+    task = args.path or Path(".")
+    options = {"sweep": args.sweep, "allow_outside": args.allow_outside}
+    if args.dry_run:
+        return print_dry_run(sdk.dry_run(task, **options), args.json)
+    with Cluster(args.cluster) as cluster:
+        submission = cluster.submit(task, **options).submission
     if args.json:
-        payload = {
-            "digest": instruction.digest,
-            "files": len(instruction.manifest),
-            "bytes": size,
-            "sbatch": sbatch,
-            "instruction": instruction.document,
-            "outside_paths": outside_paths(task),
-        }
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        print(json.dumps(submission.as_dict(), indent=2))
         return EXIT_OK
-    print(f"digest: {instruction.digest}")
-    print(f"files: {len(instruction.manifest)} ({size} bytes)")
-    print_outside(task)
-    print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(sbatch)}")
+    print(
+        f"submitted job {submission.job_id} ({submission.name}) to partition "
+        f"{submission.partition}; sent {submission.blobs_sent} file(s), {submission.bytes_sent} "
+        f"bytes; workdir {submission.workdir}"
+    )
+    for name, what in sorted(submission.plugins.items()):
+        print(f"  plug-in {name}: {what}")
+    print_outside(submission.outside_paths)
+    return EXIT_OK
+
+
+def print_dry_run(plan: sdk.DryRun, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(plan.as_dict(), indent=2, sort_keys=True))
+        return EXIT_OK
+    print(f"digest: {plan.digest}")
+    print(f"files: {plan.files} ({plan.bytes} bytes)")
+    print_outside(plan.outside_paths)
+    print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(plan.sbatch)}")
     print("--- instruction.json ---")
-    print(json.dumps(instruction.document["task"], indent=2, sort_keys=True))
+    print(json.dumps(plan.instruction["task"], indent=2, sort_keys=True))
     return EXIT_OK
 
 
@@ -348,66 +226,85 @@ def print_rows(rows: list[dict], as_json: bool, columns: tuple[str, ...]) -> Non
         print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
 
 
-def check_cluster_args(args: argparse.Namespace) -> None:
-    """What can be refused before connecting: job ids, paths, the upload's files."""
-    for job in [args.job] if hasattr(args, "job") else getattr(args, "jobs", []):
-        jobs.check_ids([job])
-    if args.command == "upload":
-        files.plan_upload(args.local, args.remote)
-    if args.command in ("ls", "cat") and args.path:
-        files.check_path(args.path)
+def print_json_or(value, as_json: bool, text) -> None:
+    print(json.dumps(value, indent=2) if as_json else text(value))
+
+
+def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
+    print_rows(cluster.jobs(), args.json, jobs.PS_FIELDS)
+
+
+def run_status(cluster: Cluster, args: argparse.Namespace) -> None:
+    info = cluster.job(args.job).status()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        jobs.describe(info)
+
+
+def run_logs(cluster: Cluster, args: argparse.Namespace) -> None:
+    for line in cluster.job(args.job).logs(args.follow, args.tail, args.node):
+        print(line, flush=True)
+
+
+def run_cancel(cluster: Cluster, args: argparse.Namespace) -> None:
+    for row in cluster.cancel(*args.jobs):
+        done = "cancelled" if row["cancelled"] else f"already {row['state']}"
+        print(f"job {row['job_id']}: {done}")
+
+
+def run_halt(cluster: Cluster, args: argparse.Namespace) -> None:
+    print(halt_text(cluster.job(args.job).halt(args.grace)))
+
+
+def run_resume(cluster: Cluster, args: argparse.Namespace) -> None:
+    cluster.job(args.job).resume()
+    print(f"job {args.job} released")
+
+
+def run_rerun(cluster: Cluster, args: argparse.Namespace) -> None:
+    print_json_or(cluster.job(args.job).rerun(), args.json, jobs.rerun_text)
+
+
+def run_quota(cluster: Cluster, args: argparse.Namespace) -> None:
+    print_json_or(cluster.quota(), args.json, quota_text)
+
+
+def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
+    rows = [
+        {"env": e["digest"], "requirements": " ".join(e["requirements"]),
+         "python": e.get("python", ""), "locked": len(e.get("lock", [])),
+         "built_by_job": e["built_by_job"], "path": e["path"]}
+        for e in cluster.environments()
+    ]  # fmt: skip
+    columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
+    print_rows(rows, args.json, columns)
+
+
+def run_download(cluster: Cluster, args: argparse.Namespace) -> None:
+    job = cluster.job(args.job)
+    dest = args.dest or Path(job.id)
+    print(f"downloaded {job.download(dest)} file(s) to {dest}/")
+
+
+def run_upload(cluster: Cluster, args: argparse.Namespace) -> None:
+    count = cluster.upload(args.local, args.remote)
+    print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
+
+
+def run_ls(cluster: Cluster, args: argparse.Namespace) -> None:
+    print_rows(cluster.ls(args.path or ""), args.json, ("name", "size", "mode"))
+
+
+def run_cat(cluster: Cluster, args: argparse.Namespace) -> None:
+    sys.stdout.buffer.write(cluster.cat(args.path))
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    """Every command that needs the cluster: one verified SSH connection each."""
-    check_cluster_args(args)
-    cluster = config.cluster(args.cluster)
-    userdir = cluster.userdir
-    with session(cluster) as client:
-        if args.command == "ps":
-            print_rows(jobs.ps(client, userdir), args.json, jobs.PS_FIELDS)
-        elif args.command == "status":
-            info = jobs.status(client, userdir, args.job)
-            if args.json:
-                print(json.dumps(info, indent=2))
-            else:
-                jobs.describe(info)
-        elif args.command == "logs":
-            return jobs.logs(client, userdir, args.job, args.follow, args.tail, args.node)
-        elif args.command == "cancel":
-            for row in jobs.cancel(client, userdir, args.jobs):
-                done = "cancelled" if row["cancelled"] else f"already {row['state']}"
-                print(f"job {row['job_id']}: {done}")
-        elif args.command == "halt":
-            print(halt_text(jobs.halt(client, userdir, args.job, args.grace)))
-        elif args.command == "resume":
-            jobs.resume(client, userdir, args.job)
-            print(f"job {args.job} released")
-        elif args.command == "rerun":
-            answer = jobs.rerun(client, userdir, args.job)
-            print(json.dumps(answer, indent=2) if args.json else jobs.rerun_text(answer))
-        elif args.command == "quota":
-            info = call(client, ["quota"], userdir)
-            print(json.dumps(info, indent=2) if args.json else quota_text(info))
-        elif args.command == "env":
-            rows = [
-                {"env": e["digest"], "requirements": " ".join(e["requirements"]),
-                 "python": e.get("python", ""), "locked": len(e.get("lock", [])),
-                 "built_by_job": e["built_by_job"], "path": e["path"]}
-                for e in call(client, ["env"], userdir)
-            ]  # fmt: skip
-            columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
-            print_rows(rows, args.json, columns)
-        elif args.command == "download":
-            info = jobs.status(client, userdir, args.job)
-            dest = args.dest or Path(args.job)
-            with closing(client.open_sftp()) as sftp:
-                count = files.download_job(sftp, info, dest)
-            print(f"downloaded {count} file(s) to {dest}/")
-        else:
-            home = call(client, ["whoami"], userdir)["userdir"]
-            with closing(client.open_sftp()) as sftp:
-                sftp_command(args, sftp, home)
+    """Every command that needs the cluster: one verified SSH connection each, opened
+    once the command's arguments have been checked."""
+    with Cluster(args.cluster) as cluster:
+        CLUSTER_COMMANDS[args.command](cluster, args)
     return EXIT_OK
 
 
@@ -463,16 +360,6 @@ def quota_text(info: dict) -> str:
     return "\n".join(lines)
 
 
-def sftp_command(args: argparse.Namespace, sftp, userdir: str) -> None:
-    if args.command == "upload":
-        count = files.upload(sftp, userdir, args.local, args.remote)
-        print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
-    elif args.command == "ls":
-        print_rows(files.ls(sftp, userdir, args.path or ""), args.json, ("name", "size", "mode"))
-    else:
-        sys.stdout.buffer.write(files.cat(sftp, userdir, args.path))
-
-
 COMMANDS = {
     "init": cmd_init,
     "validate": cmd_validate,
@@ -480,21 +367,21 @@ COMMANDS = {
     "config": cmd_config,
     "plugins": cmd_plugins,
 }
-CLUSTER_COMMANDS = (
-    "ps",
-    "status",
-    "logs",
-    "cancel",
-    "rerun",
-    "halt",
-    "resume",
-    "upload",
-    "download",
-    "ls",
-    "cat",
-    "env",
-    "quota",
-)
+CLUSTER_COMMANDS = {
+    "ps": run_ps,
+    "status": run_status,
+    "logs": run_logs,
+    "cancel": run_cancel,
+    "rerun": run_rerun,
+    "halt": run_halt,
+    "resume": run_resume,
+    "upload": run_upload,
+    "download": run_download,
+    "ls": run_ls,
+    "cat": run_cat,
+    "env": run_env,
+    "quota": run_quota,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tcloud: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tcloud logs JOB | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:  # a bug: one line, never a traceback
         print(f"tcloud: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL
