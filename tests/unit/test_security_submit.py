@@ -177,7 +177,7 @@ def test_p9_duration_prediction_skips_job_dirs_that_vanish_while_it_scans(tmp_pa
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             try:
-                duration.past_runs(user_dir)
+                records.past_jobs(user_dir, duration.RECENT_JOBS)
             except OSError as exc:
                 errors.append(exc)
                 return
