@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
 from tacc_contract.errors import Problem
 
 Check = Callable[[Any], str | None]  # returns what is expected, or None when fine
