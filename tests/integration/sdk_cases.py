@@ -65,6 +65,7 @@ def test_sdk_cancels_and_another_researcher_cannot_touch_the_job(alice, as_resea
     task = {"name": "sdk-sleeper", "resources": {"nodes": 1, "mem": "50M", "time": "5"},
             "run": ["sleep 300"]}  # fmt: skip
     (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "notes.txt").write_text("a job with files\n")
     with Cluster() as cluster:
         job = cluster.submit(task, base_dir=tmp_path / "code")
         try:
