@@ -20,12 +20,13 @@ AGENT_FAILED = 1  # the job or check itself failed
 AGENT_REJECTED = 2  # bad request: invalid instruction, impossible resources, not your job
 AGENT_CLUSTER = 3  # Slurm or the filesystem did not answer as expected
 
-# How a verb reports a failure: one JSON line {"error": "..."} (on stdout).
+# How a verb reports a failure: one JSON line {"error": "...", "field": "..."} (on
+# stdout); "field" names the task field at fault ("" when none).
 ERROR_KEY = "error"
 
 
-def error_line(message: str) -> str:
-    return json.dumps({ERROR_KEY: message})
+def error_line(message: str, field: str = "") -> str:
+    return json.dumps({ERROR_KEY: message, "field": field})
 
 
 class TaccError(Exception):

@@ -422,9 +422,7 @@ def whoami_answer(user: str, userdir: str) -> dict:
 def error_answer(message: str, field_name: str = "") -> str:
     """The agent's one error line on stdout: the contract's error_line, {"error": ...},
     and the field it names ("" when none; callers read it as always there)."""
-    answer = json.loads(error_line(message))
-    answer["field"] = field_name
-    return json.dumps(answer)
+    return error_line(message, field_name)
 
 
 def error_message(answer: object) -> str | None:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from tacc_contract.instruction import digest_of
+from tacc_contract.protocol import blob_name
 
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks.instruction import parse
@@ -204,11 +205,6 @@ def place(building: Path, jobs: Path, digest: str) -> Path:
             if not candidate.exists():
                 raise
             number += 1
-
-
-def blob_name(sha256: str, mode: int) -> str:
-    """A file's name in the store: its content and its mode (0o644 or 0o755)."""
-    return f"{sha256}-{mode:o}"
 
 
 def commit_local(user_dir: Path, instruction) -> dict:
