@@ -76,10 +76,6 @@ def absolute_imports(source: str) -> set[str]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="tacc_contract/fields.py imports tcloud.errors (contract split, main session)",
-)
 def test_nothing_in_the_bundle_imports_the_client_or_the_lab(bundle):
     problems = [
         f"{member.name} imports {', '.join(sorted(hits))}"

@@ -52,13 +52,9 @@ LAZY_IMPORT_MARKS = {
 # Violations present when this test was written; the helpers named fix them, then the
 # marks go (strict=False: a case that passes early shows as XPASS, not as a failure).
 KNOWN_GRAPH_VIOLATIONS = {
-    "tacc_contract": "tacc_contract/fields.py imports tcloud.errors (contract split, main session)",
     "tcloud": "tcloud/cli.py and tcloud/tasks.py import tacc_agent (client split, main session)",
 }
-KNOWN_FUNCTION_IMPORTS = {
-    "tcloud": "tcloud/__init__.py's PEP 562 import of tcloud.sdk lacks `# lazy SDK import` "
-    "(SDK author, main session)",
-}
+KNOWN_FUNCTION_IMPORTS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
