@@ -16,9 +16,9 @@ from tacc_agent.tasks.schedule import (
     parse_nodes,
     parse_partitions,
     sbatch_argv,
-    time_seconds,
 )
 from tacc_contract.instruction import InvalidInstruction
+from tacc_contract.slurm_time import time_seconds
 
 NODES = [
     "NodeName=gpu01 Arch=x86_64 CPUTot=64 RealMemory=512000 Gres=gpu:a100:8(S:0-1) "

@@ -23,6 +23,7 @@ from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
 from tacc_agent.tasks import jobs, records, schedule, store, workspace
 from tacc_agent.tasks.instruction import parse
+from tacc_contract import sbatch
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_plugins import duration
 from tcloud import upload as upload_module
@@ -325,7 +326,7 @@ def test_p13_an_extra_sbatch_option_the_agent_sets_is_refused_on_both_sides(tmp_
     with pytest.raises(InvalidInstruction, match=f"task.resources.sbatch.{name}: expected"):
         parse(instruction_text({name: "2"}), "instruction.json")
     with pytest.raises(Rejected, match=f"sbatch option {name!r} cannot be set by a task"):
-        schedule.extra_options({name: "2"})
+        sbatch.extra_options({name: "2"})
 
 
 @pytest.mark.security

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
+from tacc_contract.sbatch import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
@@ -33,7 +34,7 @@ class AgentConfig:
     facts_file: str = "/run/tacc-agent/facts.json"
     facts_max_age_seconds: int = 120
     # The time limit of a task that sets none (and has no prediction).
-    default_time_limit: str = "01:00:00"
+    default_time_limit: str = DEFAULT_TIME_LIMIT
     # Plug-ins (tacc_plugins): words applied to the defaults, e.g. ["las", "-duration",
     # "mylab.plugins"]; ops' choice, so it may also turn off policy plug-ins.
     plugins: tuple = ()
@@ -55,7 +56,7 @@ class AgentConfig:
     las_nice_step: int = 10000
     las_half_life_seconds: float = 86400.0
     # SIGUSR1 this many seconds before the time limit (sbatch --signal).
-    checkpoint_signal_seconds: int = 60
+    checkpoint_signal_seconds: int = CHECKPOINT_SIGNAL_SECONDS
     # `halt`: how long the program gets to checkpoint before the job is requeued on hold.
     halt_grace_seconds: int = 10
     # Upper bound of every Slurm command the agent runs.

@@ -20,12 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tacc_agent.config import AgentConfig
-from tacc_agent.errors import AgentError
-from tacc_agent.tasks.schedule import sbatch_argv
-from tacc_contract.errors import Problem, TaskFileError
+from tacc_contract.errors import Problem, Rejected, TaskFileError
 from tacc_contract.instruction import parse
 from tacc_contract.registry import from_env
+from tacc_contract.sbatch import ClusterDefaults, sbatch_argv
 from tacc_contract.schema import TASK_FILE, TaskSpec, validated
 from tacc_plugins.sweep import trials_of
 
@@ -137,8 +135,8 @@ def local_sbatch(task: Task, spec: TaskSpec) -> list[str]:
     """The sbatch line as the cluster will build it: sbatch options a task may not set
     are refused here, before anything is uploaded (exit 3)."""
     try:
-        return sbatch_argv(spec, Path("$TACC_WORKDIR"), AgentConfig())
-    except AgentError as exc:
+        return sbatch_argv(spec, Path("$TACC_WORKDIR"), ClusterDefaults())
+    except Rejected as exc:
         field = getattr(exc, "field", "")
         raise TaskFileError([Problem(task.source, 0, 0, field, str(exc))]) from None
 
