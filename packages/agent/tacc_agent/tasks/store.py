@@ -272,7 +272,8 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
             target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.link(store / name, target)
         (building / "instruction.json").write_text(files["instruction.json"])
-        for sub in ("logs", "outputs", "status"):
+        # code/ too: a task with no files (a dict task of the SDK) still runs in it.
+        for sub in ("code", "logs", "outputs", "status"):
             (building / sub).mkdir(mode=0o700, exist_ok=True)
         workdir = place(building, jobs, digest)
     except BaseException:
