@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from weakref import WeakKeyDictionary
 
 import paramiko
@@ -141,34 +141,48 @@ def call(
     return protocol.parse_answer(verb, answer)
 
 
+def lines(client: paramiko.SSHClient, verb: Sequence[str], userdir: str | None) -> Iterator[str]:
+    """A text verb's lines as they arrive (`tacc-agent job logs`); its error as a
+    TcloudError once it ends. Leaving the loop early closes the channel."""
+    handshake(client)
+    channel = client.get_transport().open_session()
+    try:
+        channel.exec_command(shlex.join(argv_for(list(verb), userdir)))
+        pending = b""
+        for chunk in iter(lambda: channel.recv(65536), b""):
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for index, line in enumerate(complete):
+                if line.startswith(ERROR_LINE):  # the agent's one error line: kept
+                    pending = b"\n".join([*complete[index:], pending])
+                    break
+                yield line.decode(errors="replace")
+        rc = channel.recv_exit_status()
+        if rc != 0:
+            raise stream_failure(channel, pending, rc)
+        if pending:
+            yield pending.decode(errors="replace")
+    finally:
+        channel.close()
+
+
+def stream_failure(channel: paramiko.Channel, pending: bytes, rc: int) -> TcloudError:
+    raw = pending.decode(errors="replace").strip()
+    try:
+        message = protocol.error_message(json.loads(raw.splitlines()[0]))
+    except (ValueError, IndexError):
+        message = None
+    if message is None:
+        message = channel.recv_stderr(65536).decode(errors="replace").strip() or raw
+    error = failure(message, rc, Rejected)
+    error.exit_code = EXIT_CLUSTER
+    return error
+
+
 def stream(
     client: paramiko.SSHClient, verb: Sequence[str], userdir: str | None, write: Callable
 ) -> int:
-    """Run a verb whose output is text (logs): pass it on as it arrives."""
-    handshake(client)
-    channel = client.get_transport().open_session()
-    channel.exec_command(shlex.join(argv_for(list(verb), userdir)))
-    pending = b""
-    for chunk in iter(lambda: channel.recv(65536), b""):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.startswith(ERROR_LINE):
-                pending = line + b"\n" + pending
-                break
-            write(line.decode(errors="replace"))
-    rc = channel.recv_exit_status()
-    if rc != 0:
-        raw = pending.decode(errors="replace").strip()
-        try:
-            message = protocol.error_message(json.loads(raw.splitlines()[0]))
-        except (ValueError, IndexError):
-            message = None
-        if message is None:
-            message = channel.recv_stderr(65536).decode(errors="replace").strip() or raw
-        error = failure(message, rc, Rejected)
-        error.exit_code = EXIT_CLUSTER
-        raise error
-    if pending:
-        write(pending.decode(errors="replace"))
-    return rc
+    """Run a verb whose output is text (logs): pass each line on as it arrives."""
+    for line in lines(client, verb, userdir):
+        write(line)
+    return 0

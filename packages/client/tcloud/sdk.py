@@ -17,10 +17,8 @@ nothing here prints or exits. `validate` and `dry_run` need no cluster.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, closing
@@ -34,7 +32,7 @@ from tacc_contract.registry import describe as describe_plugins
 from tacc_contract.schema import NAME, TASK_FILE
 
 from tcloud import agent, config, files, jobs, tasks
-from tcloud.errors import EXIT_CLUSTER, TcloudError, UsageError
+from tcloud.errors import TcloudError, UsageError
 from tcloud.ssh import session
 from tcloud.tasks import DryRun, Task, TaskLike, dry_run, validate
 from tcloud.template import render_template
@@ -311,7 +309,7 @@ class Job:
         verb = protocol.job_logs(
             self.id, follow=follow, tail=whole_number(tail, "tail"), rank=whole_number(node, "node")
         )
-        return log_lines(self.cluster.client, verb, self.cluster.userdir)
+        return agent.lines(self.cluster.client, verb, self.cluster.userdir)
 
     def cancel(self) -> dict:
         """Stop every process of the job: {"job_id", "cancelled", "state"}."""
@@ -340,44 +338,6 @@ class Job:
         info = self.status()
         with closing(self.cluster.client.open_sftp()) as sftp:
             return files.download_job(sftp, info, target)
-
-
-def log_lines(client: paramiko.SSHClient, verb: list[str], userdir: str | None) -> Iterator[str]:
-    """A text verb's lines as they arrive (`tacc-agent job logs`); its error as a
-    TcloudError once it ends. Leaving the loop early closes the channel."""
-    agent.handshake(client)
-    channel = client.get_transport().open_session()
-    try:
-        channel.exec_command(shlex.join(agent.argv_for(verb, userdir)))
-        pending = b""
-        for chunk in iter(lambda: channel.recv(65536), b""):
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for index, line in enumerate(complete):
-                if line.startswith(agent.ERROR_LINE):  # the agent's one error line: kept
-                    pending = b"\n".join([*complete[index:], pending])
-                    break
-                yield line.decode(errors="replace")
-        rc = channel.recv_exit_status()
-        if rc != 0:
-            raise stream_failure(channel, pending, rc)
-        if pending:
-            yield pending.decode(errors="replace")
-    finally:
-        channel.close()
-
-
-def stream_failure(channel: paramiko.Channel, pending: bytes, rc: int) -> TcloudError:
-    raw = pending.decode(errors="replace").strip()
-    try:
-        message = protocol.error_message(json.loads(raw.splitlines()[0]))
-    except (ValueError, IndexError):
-        message = None
-    if message is None:
-        message = channel.recv_stderr(65536).decode(errors="replace").strip() or raw
-    error = agent.failure(message, rc, agent.Rejected)
-    error.exit_code = EXIT_CLUSTER
-    return error
 
 
 # --- no cluster needed ----------------------------------------------------------------
