@@ -22,11 +22,6 @@ CLIENT_DISTRIBUTIONS = ("contract", "plugins", "client")
 NOT_ON_A_LAPTOP = ("ansible-core", "tacc-agent", "tacc-ops", "prometheus-client", "uv")
 EXAMPLE = ROOT / "examples" / "hello"
 
-CLIENT_IMPORTS_AGENT = pytest.mark.xfail(
-    strict=False,
-    reason="tcloud/cli.py and tcloud/tasks.py import tacc_agent (client split, main session)",
-)
-
 
 def run(argv: list[str | Path], timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -87,14 +82,12 @@ def test_the_agent_and_the_lab_are_not_importable(client_venv, package):
     assert "ModuleNotFoundError" in proc.stderr
 
 
-@CLIENT_IMPORTS_AGENT
 def test_tcloud_validate_works_with_the_client_alone(client_venv):
     proc = run([client_venv / "bin" / "tcloud", "validate", EXAMPLE])
     assert proc.returncode == 0, proc.stderr
     assert "valid task 'hello'" in proc.stdout
 
 
-@CLIENT_IMPORTS_AGENT
 def test_tcloud_dry_run_compiles_the_same_job_with_the_client_alone(client_venv):
     """The digest names the job's exact content: the same as the full install's."""
     alone = run([client_venv / "bin" / "tcloud", "submit", "--dry-run", EXAMPLE])

@@ -85,14 +85,6 @@ POSIX_ATTRIBUTES = {
 GUARD_NAMES = ("platform", "hasattr", "os.name")  # words in an if-test that make it a guard
 GUARD_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "AttributeError", "OSError"}
 
-# Where the client imports the agent (tcloud/cli.py, tcloud/tasks.py -> tacc_agent.config,
-# .errors, .tasks.schedule; the agent uses fcntl). The client split removes those
-# imports; then this passes and the mark goes.
-CLIENT_IMPORTS_AGENT = pytest.mark.xfail(
-    strict=False,
-    reason="tcloud imports tacc_agent (POSIX-only through it); client split, main session",
-)
-
 # Run in a fresh interpreter: first everything once for real (so the standard library
 # and paramiko are loaded as on this machine), then the project's modules again from
 # scratch with the POSIX-only parts gone and another platform's name.
@@ -166,7 +158,6 @@ def probe(platform: str) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@CLIENT_IMPORTS_AGENT
 @pytest.mark.parametrize("platform", ["win32", "darwin"])
 def test_client_imports_and_validates_without_posix_only_modules(platform):
     result = probe(platform)

@@ -13,10 +13,22 @@ import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tcloud import jobs, local_paths, sdk
+from tcloud import local, local_paths, tasks
 from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError
-from tcloud.sdk import Cluster
+
+if TYPE_CHECKING:
+    from tcloud.sdk import Cluster
+
+
+def open_cluster(name: str | None) -> Cluster:
+    """The SDK's cluster side (tcloud.sdk, paramiko, SSH), loaded only by the commands
+    that need a cluster: `tcloud --help`, init, validate, plugins, config and
+    `submit --dry-run` start without it."""
+    from tcloud.sdk import Cluster  # lazy verb import
+
+    return Cluster(name)
 
 
 def count(text: str) -> int:
@@ -133,13 +145,13 @@ def add_cluster_commands(sub) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    target = sdk.init(args.path, args.name, args.force)
+    target = local.init(args.path, args.name, args.force)
     print(f"wrote {target}; edit it, then `tcloud validate` and `tcloud submit`")
     return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    task = sdk.validate(args.path or Path("."), allow_outside=args.allow_outside)
+    task = tasks.validate(args.path or Path("."), allow_outside=args.allow_outside)
     if args.json:
         print(json.dumps({"file": task.source, "valid": True, "name": task.name}))
     else:
@@ -150,13 +162,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     if args.config_command == "add":
         fields = ("host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir")
-        entry = sdk.add_cluster(args.name, **{f: getattr(args, f) for f in fields})
+        entry = local.add_cluster(args.name, **{f: getattr(args, f) for f in fields})
         print(f"cluster {entry.name!r}: {entry.user or '(ssh config)'}@{entry.host}")
     elif args.config_command == "use":
-        sdk.use_cluster(args.name)
+        local.use_cluster(args.name)
         print(f"current cluster: {args.name}")
     else:
-        rows = sdk.clusters()
+        rows = local.clusters()
         if args.json:
             print(json.dumps(rows, indent=2))
         for row in [] if args.json else rows:
@@ -166,7 +178,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    rows = sdk.plugins(args.path)
+    rows = local.plugins(args.path)
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -186,8 +198,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     task = args.path or Path(".")
     options = {"sweep": args.sweep, "allow_outside": args.allow_outside}
     if args.dry_run:
-        return print_dry_run(sdk.dry_run(task, **options), args.json)
-    with Cluster(args.cluster) as cluster:
+        return print_dry_run(tasks.dry_run(task, **options), args.json)
+    with open_cluster(args.cluster) as cluster:
         submission = cluster.submit(task, **options).submission
     if args.json:
         print(json.dumps(submission.as_dict(), indent=2))
@@ -203,7 +215,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def print_dry_run(plan: sdk.DryRun, as_json: bool) -> int:
+def print_dry_run(plan: tasks.DryRun, as_json: bool) -> int:
     if as_json:
         print(json.dumps(plan.as_dict(), indent=2, sort_keys=True))
         return EXIT_OK
@@ -231,10 +243,14 @@ def print_json_or(value, as_json: bool, text) -> None:
 
 
 def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
+    from tcloud import jobs  # lazy verb import
+
     print_rows(cluster.jobs(), args.json, jobs.PS_FIELDS)
 
 
 def run_status(cluster: Cluster, args: argparse.Namespace) -> None:
+    from tcloud import jobs  # lazy verb import
+
     info = cluster.job(args.job).status()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -263,6 +279,8 @@ def run_resume(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def run_rerun(cluster: Cluster, args: argparse.Namespace) -> None:
+    from tcloud import jobs  # lazy verb import
+
     print_json_or(cluster.job(args.job).rerun(), args.json, jobs.rerun_text)
 
 
@@ -303,7 +321,7 @@ def run_cat(cluster: Cluster, args: argparse.Namespace) -> None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: one verified SSH connection each, opened
     once the command's arguments have been checked."""
-    with Cluster(args.cluster) as cluster:
+    with open_cluster(args.cluster) as cluster:
         CLUSTER_COMMANDS[args.command](cluster, args)
     return EXIT_OK
 

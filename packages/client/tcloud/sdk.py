@@ -18,7 +18,6 @@ nothing here prints or exits. `validate` and `dry_run` need no cluster.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, closing
@@ -27,15 +26,12 @@ from pathlib import Path
 
 import paramiko
 from tacc_contract import protocol
-from tacc_contract.registry import PluginError, available, from_env, select
-from tacc_contract.registry import describe as describe_plugins
-from tacc_contract.schema import NAME, TASK_FILE
 
 from tcloud import agent, config, files, jobs, tasks
 from tcloud.errors import TcloudError, UsageError
+from tcloud.local import add_cluster, clusters, init, plugins, use_cluster
 from tcloud.ssh import session
 from tcloud.tasks import DryRun, Task, TaskLike, dry_run, validate
-from tcloud.template import render_template
 from tcloud.upload import upload
 
 __all__ = [
@@ -338,46 +334,3 @@ class Job:
         info = self.status()
         with closing(self.cluster.client.open_sftp()) as sftp:
             return files.download_job(sftp, info, target)
-
-
-# --- no cluster needed ----------------------------------------------------------------
-
-
-def init(path: PathLike = ".", name: str | None = None, force: bool = False) -> Path:
-    """Write a commented tcloud.yaml (into PATH when it is a directory); its path."""
-    path = Path(path)
-    target = path / TASK_FILE if path.is_dir() or not path.suffix else path
-    if target.exists() and not force:
-        raise TcloudError(f"{target} exists; use --force to overwrite it")
-    default = re.sub(r"[^A-Za-z0-9_.-]", "-", target.resolve().parent.name).strip("-.")
-    name = name or default[:64] or "task"
-    if not re.fullmatch(NAME, name):
-        raise UsageError(f"--name {name!r}: expected a name of letters, digits, _.- (<= 64)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_template(name))
-    return target
-
-
-def plugins(task: TaskLike | None = None, *, base_dir: PathLike | None = None) -> list[dict]:
-    """Every plug-in, its layers and whether it is on (for this task's selection too)."""
-    words = tasks.read(task, base_dir=base_dir).spec.plugins if task is not None else []
-    try:
-        return describe_plugins(available(), select(from_env(), task=words))
-    except PluginError as exc:
-        raise TcloudError(str(exc)) from None
-
-
-def add_cluster(name: str, **settings: str | int | None) -> config.Cluster:
-    """Add or update a cluster of tcloud's config (host, user, port, key, proxy_jump,
-    known_hosts, userdir); the first one added becomes the current one."""
-    return config.set_cluster(name, settings)
-
-
-def use_cluster(name: str) -> None:
-    """Make NAME the current cluster."""
-    config.use(name)
-
-
-def clusters() -> list[dict]:
-    """The clusters of tcloud's config, with which one is current."""
-    return config.listing()
