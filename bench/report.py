@@ -54,6 +54,12 @@ class Script:
 # In run order. render_scale needs no lab and is quick, so a broken setup shows early.
 SCRIPTS = (
     Script("render_scale", "render_scale.py", ("--nodes", "4096"), ("--nodes", "4096")),
+    Script(
+        "cli_startup",
+        "cli_startup.py",
+        ("--runs", "20", "--client-alone"),
+        ("--runs", "5", "--client-alone"),
+    ),
     Script("lab_up", "lab_up.py", ("--nodes", "3", "--runs", "3"), ("--nodes", "3", "--runs", "1")),
     Script("converge", "converge.py", (), ()),
     Script(
@@ -666,6 +672,45 @@ def section_plugins(entry: dict | None) -> list[str]:
     return lines
 
 
+def median_min(summary: dict) -> str:
+    return f"{fmt(summary.get('median'), ' s', 3)} ({fmt(summary.get('min'), '', 3)})"
+
+
+def section_cli_startup(entry: dict | None) -> list[str]:
+    lines = ["## Client start-up before and after issue [11] (bench/cli_startup.py)", "",
+             *missing(entry, "cli_startup")]  # fmt: skip
+    result = (entry or {}).get("result") or {}
+    times = result.get("times") or {}
+    labels = [label for label in ("before", "after", "client alone") if label in result.get(
+        "installs", {})]  # fmt: skip
+    rows = []
+    for command, by_label in times.items():
+        before = by_label.get("before") or {}
+        cells = [median_min(by_label[label]) for label in labels]
+        ratios = [
+            f"{by_label[label]['median'] / before['median']:.2f}x"
+            if by_label[label].get("median") and before.get("median") else "-"
+            for label in labels[1:]
+        ]  # fmt: skip
+        rows.append([f"`{command}`", *cells, *ratios])
+    if rows:
+        before_commit = result.get("before_commit", "n/a")
+        header = ["command", *(f"{label}, median (min)" for label in labels),
+                  *(f"{label} / before" for label in labels[1:])]  # fmt: skip
+        lines += [f"Before: commit {before_commit} (one distribution, tcloud imported the "
+                  "agent). After: this tree; client alone: tacc-contract, tacc-plugins and "
+                  "tacc-client in an empty venv.", ""]  # fmt: skip
+        lines += table(header, rows)
+        for label, profile in (result.get("imports") or {}).items():
+            if "total_us" in profile:
+                lines.append(
+                    f"- {label}: `import tcloud.cli` loads {profile['modules']} modules in "
+                    f"{profile['total_us'] / 1000:.0f} ms (`-X importtime`, one sample)"
+                )
+        lines += ["", f"Reproduce: {cmd(entry)}", ""]
+    return lines
+
+
 def section_frameworks(entry: dict | None) -> list[str]:
     lines = ["## Frameworks: the PyTorch task's environment and first step (bench/frameworks.py)",
              "", *missing(entry, "frameworks")]  # fmt: skip
@@ -764,6 +809,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_logs(scripts.get("task_workflow")),
         *section_agent(scripts.get("agent_health")),
         *section_scale(scripts.get("render_scale")),
+        *section_cli_startup(scripts.get("cli_startup")),
         *section_plugins(scripts.get("plugins")),
         *section_frameworks(scripts.get("frameworks")),
         *section_lab(scripts.get("lab_up")),
