@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
+
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster

@@ -558,6 +558,7 @@ def fake_vs_real(smi: str, gpus: list[dict[str, str]], out_dir: Path) -> list[Li
 def make_job(tmp: Path, gpus: int) -> Path:
     """A committed job directory for train.py, as tests/unit/agent_jobs.py builds one."""
     import yaml
+
     from tacc_agent.tasks import store
     from tcloud.compiler import compile_task
     from tcloud.task_file import load_task

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+
 from tacc_lab.demo import researcher_env
 from tcloud import Cluster, JobTimeout, TcloudError, UsageError
-
 from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_lab.lab import resolve_config
 from tcloud import files
 from tcloud import upload as upload_module
@@ -22,7 +23,6 @@ from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.ssh import run, session
 from tcloud.task_file import load_task
-
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from tacc_agent.tasks import store
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tacc_agent import slurm
 from tacc_agent.health import cycle as health
 from tacc_agent.health.checks import mounts
@@ -17,7 +18,6 @@ from tacc_agent.health.checks.gpu import check_gpus
 from tacc_agent.health.checks.gpu import kmsg_lines as xid_lines
 from tacc_agent.health.checks.rdma import check_rdma
 from tacc_agent.health.checks.system import check_memory, check_services
-
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
 
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tacc_agent.tasks import logs, records
 
+from tacc_agent.tasks import logs, records
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
 

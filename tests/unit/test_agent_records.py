@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from tacc_agent.tasks import records
 from tacc_agent.tasks.jobs import reconcile
 

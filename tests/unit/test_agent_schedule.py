@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner

@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.serve import Daemon
 from tacc_agent.tasks import transport
-
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
 from tests.unit.test_agent_checks import rdma_tree, tool
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent.tasks.execute import with_modules
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 from tcloud.upload import blob_name
-
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
 pytestmark = pytest.mark.bad_input

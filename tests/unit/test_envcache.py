@@ -13,12 +13,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks import envcache, records, rerun, workspace
 from tacc_contract.instruction import code_digest
 from tacc_contract.schema import pinned_requirement
-
 from tests.unit.agent_jobs import make_job
 
 

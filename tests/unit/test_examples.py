@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tacc_contract.schema import processes_per_node
 from tcloud.task_file import load_task
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tacc_agent.health.checks.gpu import check_gpus
 
+from tacc_agent.health.checks.gpu import check_gpus
 from tests.conftest import ROOT
 
 PCI = "0000:3b:00.0"

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tacc_lab.fakehw import FakeHardware, device_state
 
+from tacc_lab.fakehw import FakeHardware, device_state
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "tools" / "gpu_check.py"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError
@@ -23,7 +24,6 @@ from tacc_agent.health.checks import CHECKS
 from tacc_agent.health.checks.base import FAIL, OK, Result, Sample
 from tacc_agent.health.registry import Check, CheckContext, Family, Registry
 from tacc_agent.serve import Daemon
-
 from tests.conftest import ROOT
 from tests.unit.test_agent_checks import FakeSlurm
 from tests.unit.test_agent_serve import daemon_settings, fixture_config, parse_exposition

@@ -13,10 +13,10 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from tacc_lab.config import LabConfig
 from tacc_lab.nodes import ssh_command_argv
 from tacc_lab.state import LabState, NodeRecord, save_state
-
 from tests.conftest import run_cli
 
 FAKE_SSH = """#!/bin/sh

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
@@ -22,7 +23,6 @@ from tacc_plugins.launcher import command_for, framework_env, wrapper_rank
 from tacc_plugins.transport import choose
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
-
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent, agent_env, make_job
 

@@ -17,8 +17,8 @@ import types
 
 import pytest
 import yaml
-from tcloud.task_file import load_task
 
+from tcloud.task_file import load_task
 from tests.conftest import BIN, ROOT
 from tests.unit.test_slurm_conf_render import render
 

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
@@ -27,7 +28,6 @@ from tacc_agent.tasks.instruction import parse
 from tacc_contract.instruction import FORMAT
 from tacc_contract.plugins import Launch
 from tacc_plugins import transport
-
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.slurm import parse_oneliner

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 import pytest
+
 from tacc_agent import cli as agent_cli
 from tacc_contract import protocol
 from tacc_contract.errors import EXIT_CLUSTER, EXIT_USAGE, error_line

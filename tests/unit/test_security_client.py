@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
@@ -26,7 +27,6 @@ from tcloud import files, local_paths
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError, TcloudError
 from tcloud.task_file import load_task
-
 from tests.unit.test_bad_input_tcloud import Sentinel, Tcloud, task_dir
 from tests.unit.test_bad_input_transfer import FakeSFTP, everything_under
 from tests.unit.test_plugins import NODES, PARTITIONS

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError

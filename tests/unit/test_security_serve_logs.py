@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent import serve
 from tacc_agent.serve import Daemon
 from tacc_agent.tasks import logs, records
-
 from tests.unit.test_agent_serve import daemon_settings, fixture_config, parse_exposition
 
 # ------------------------------------------------------------ 7: /metrics under slow clients

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
@@ -31,7 +32,6 @@ from tcloud.compiler import Instruction, compile_task
 from tcloud.errors import TaskFileError, TcloudError
 from tcloud.legacy import general_to_resources
 from tcloud.task_file import load_task
-
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent_env, make_job
 from tests.unit.fake_slurm import FakeSlurm

@@ -12,7 +12,6 @@ from tacc_agent.tasks.instruction import parse
 from tacc_agent.tasks.schedule import sbatch_argv
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
-
 from tests.conftest import run_cli
 
 TASK = """\

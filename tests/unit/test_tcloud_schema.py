@@ -6,10 +6,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from tcloud.errors import TaskFileError
 from tcloud.task_file import find_task_file, load_task
 from tcloud.template import render_template
-
 from tests.conftest import run_cli
 
 FILES = Path(__file__).parent / "tcloud_files"

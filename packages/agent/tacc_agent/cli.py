@@ -26,10 +26,9 @@ import os
 import sys
 from pathlib import Path
 
-from tacc_contract import protocol
-
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
+from tacc_contract import protocol
 
 DISTRIBUTION = "tacc-agent"
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
-from tacc_contract.sbatch import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_contract.sbatch import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
 

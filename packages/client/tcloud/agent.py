@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Sequence
 from weakref import WeakKeyDictionary
 
 import paramiko
+
 from tacc_contract import protocol
 from tacc_contract.protocol import AGENT, PROTOCOL_VERSION, Hello, ProtocolError
-
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
 from tcloud.ssh import run
 

@@ -14,7 +14,6 @@ from tacc_contract.instruction import FORMAT, digest_of
 from tacc_contract.plugins import Plugin
 from tacc_contract.registry import from_env, in_layer, select
 from tacc_contract.schema import TaskSpec
-
 from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
 
 

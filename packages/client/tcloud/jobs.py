@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 import paramiko
-from tacc_contract import protocol
 
+from tacc_contract import protocol
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
 

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import yaml
+
 from tacc_contract.fields import Field, Validator, non_empty, pattern, relative_path
 from tacc_contract.schema import (
     CODE,
@@ -30,7 +31,6 @@ from tacc_contract.schema import (
     fill_defaults,
     sbatch_option,
 )
-
 from tcloud.errors import TaskFileError
 
 LEGACY = {

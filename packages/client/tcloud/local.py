@@ -12,7 +12,6 @@ from pathlib import Path
 from tacc_contract.registry import PluginError, available, from_env, select
 from tacc_contract.registry import describe as describe_plugins
 from tacc_contract.schema import NAME, TASK_FILE
-
 from tcloud import config, tasks
 from tcloud.errors import TcloudError, UsageError
 from tcloud.tasks import TaskLike

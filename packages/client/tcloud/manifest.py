@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tacc_contract.schema import TaskSpec, size_bytes
-
 from tcloud import local_paths
 from tcloud.errors import Problem, TaskFileError, UsageError
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import paramiko
-from tacc_contract import protocol
 
+from tacc_contract import protocol
 from tcloud import agent, config, files, jobs, tasks
 from tcloud.errors import TcloudError, UsageError
 from tcloud.local import add_cluster, clusters, init, plugins, use_cluster

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+
 from tacc_contract.errors import Problem, TaskFileError
 from tacc_contract.fields import Validator
 from tacc_contract.registry import from_env
 from tacc_contract.schema import TASK_FILE, TaskSpec, compose, node_at, validated
-
 from tcloud import local_paths
 from tcloud.legacy import load_legacy
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from tacc_contract.errors import Problem, Rejected, TaskFileError
 from tacc_contract.instruction import parse
 from tacc_contract.registry import from_env
 from tacc_contract.sbatch import ClusterDefaults, sbatch_argv
 from tacc_contract.schema import TASK_FILE, TaskSpec, validated
 from tacc_plugins.sweep import trials_of
-
 from tcloud import local_paths
 from tcloud.compiler import Instruction, compile_task
 from tcloud.errors import UsageError

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from tacc_contract import protocol
-from tacc_contract.protocol import blob_name
 from tqdm import tqdm
 
+from tacc_contract import protocol
+from tacc_contract.protocol import blob_name
 from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError

@@ -10,10 +10,9 @@ import re
 import time
 from pathlib import Path
 
-from tacc_contract.plugins import Decide
-
 from tacc_agent.errors import AgentError
 from tacc_agent.tasks import records
+from tacc_contract.plugins import Decide
 
 TOPIC = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # Rank 0 may wait the whole rendezvous timeout; the others wait this much longer.

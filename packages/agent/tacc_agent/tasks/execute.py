@@ -23,6 +23,13 @@ import threading
 import time
 from pathlib import Path
 
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, transport
+from tacc_agent.tasks.agreement import Agreement
+from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.schedule import cluster_plugins
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import in_layer
 from tacc_contract.schema import TaskSpec, processes_per_node
@@ -33,14 +40,6 @@ from tacc_plugins.launcher import (
     wrapper_rank,
     wrappers_per_node,
 )
-
-from tacc_agent import slurm
-from tacc_agent.config import AgentConfig
-from tacc_agent.errors import AgentError
-from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, transport
-from tacc_agent.tasks.agreement import Agreement
-from tacc_agent.tasks.instruction import load
-from tacc_agent.tasks.schedule import cluster_plugins
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 KILL_GRACE_SECONDS = 10

@@ -10,14 +10,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tacc_contract.instruction import FILE, code_digest
-from tacc_contract.trials import trials_of
-
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks import envcache, job_tags, lost_nodes, records, submitting, sweeps, workspace
 from tacc_agent.tasks.instruction import load
+from tacc_contract.instruction import FILE, code_digest
+from tacc_contract.trials import trials_of
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")

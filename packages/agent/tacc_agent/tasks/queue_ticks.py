@@ -9,12 +9,11 @@ import re
 import time
 from pathlib import Path
 
-from tacc_contract.plugins import Queue, QueuedJob
-from tacc_contract.registry import PluginError, in_layer, select
-
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
+from tacc_contract.plugins import Queue, QueuedJob
+from tacc_contract.registry import PluginError, in_layer, select
 
 # squeue --Format fields, each printed whole (size 0) and ended by "|". A job's GPUs are
 # spelled in one of four places: tres-alloc (what a running job holds, gres/gpu=N when

@@ -9,12 +9,11 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from tacc_contract.instruction import FILE, canonical, code_digest, digest_of
-
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks import envcache, records, schedule, store, sweeps, workspace
 from tacc_agent.tasks.instruction import load
+from tacc_contract.instruction import FILE, canonical, code_digest, digest_of
 
 
 def rerun_document(job_id: str, job_dir: Path) -> dict:

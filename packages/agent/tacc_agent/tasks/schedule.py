@@ -17,6 +17,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.tasks import job_tags, records, submitting, sweeps, workspace
+from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import digest_of
 from tacc_contract.plugins import Node, Partition, PartitionLoad, Plugin, Submission
 from tacc_contract.registry import PluginError, in_layer, select
@@ -27,12 +32,6 @@ from tacc_contract.sbatch import (
 )
 from tacc_contract.schema import TaskSpec
 from tacc_plugins.elastic import min_nodes
-
-from tacc_agent import slurm
-from tacc_agent.config import AgentConfig
-from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import job_tags, records, submitting, sweeps, workspace
-from tacc_agent.tasks.instruction import load
 
 SIZE = re.compile(r"(\d+)([KMGT]?)")
 UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}

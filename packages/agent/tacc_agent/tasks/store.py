@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tacc_contract.instruction import digest_of
-from tacc_contract.protocol import blob_name
-
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks.instruction import parse
+from tacc_contract.instruction import digest_of
+from tacc_contract.protocol import blob_name
 
 BLOB = re.compile(r"[0-9a-f]{64}-[0-7]{3}")
 # One upload's partial file of a blob: store/.partial/<blob>.<32 hex digits>.

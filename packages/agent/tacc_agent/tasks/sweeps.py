@@ -20,10 +20,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tacc_contract.instruction import FILE
-
 from tacc_agent.errors import AgentError
 from tacc_agent.tasks import records
+from tacc_contract.instruction import FILE
 
 ACTIVE = ("PROVISIONING", "RUNNING")
 
