@@ -28,6 +28,7 @@ Exit status: 0 nothing failed, 1 something failed, 2 no nvidia-smi here (all ski
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -49,9 +50,18 @@ from typing import ClassVar
 ROOT = Path(__file__).resolve().parents[1]
 # Runs from a checkout without a venv (the GPU machine has no network): the source of
 # each distribution under packages/ goes on the path.
-for _dist in ("contract", "plugins", "client", "agent", "ops"):
-    if str(ROOT / "packages" / _dist) not in sys.path:
-        sys.path.insert(0, str(ROOT / "packages" / _dist))
+DISTRIBUTIONS = ("contract", "plugins", "client", "agent", "ops")
+SOURCE_DIRS = [str(ROOT / "packages" / dist) for dist in DISTRIBUTIONS]
+for _source in SOURCE_DIRS:
+    if _source not in sys.path:
+        sys.path.insert(0, _source)
+if not importlib.metadata.entry_points(group="tacc.plugins"):
+    # No installed metadata (no venv here): the built-in plug-ins by module path, as a
+    # researcher's $TACC_PLUGINS names them; the agent's exec inherits it. LAS is off by
+    # default, and naming a module turns it on, so it stays out.
+    from tacc_plugins import BUILTIN
+
+    os.environ["TACC_PLUGINS"] = ",".join(m for m in BUILTIN if m != "tacc_plugins.las")
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 NO_SMI = "no nvidia-smi on this machine: run it on a GPU machine (the device tool)"
@@ -589,9 +599,11 @@ def agent_env(tmp: Path) -> dict[str, str]:
         "state_dir": str(tmp / "state"),
         "python": sys.executable,
     }
+    if os.environ.get("TACC_PLUGINS"):  # no installed metadata: the built-ins by path
+        config["plugins"] = os.environ["TACC_PLUGINS"].split(",")
     (tmp / "agent.yaml").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "TACC_VENV"}
-    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (*SOURCE_DIRS, env.get("PYTHONPATH", "")) if p)
     return {**env, "TACC_AGENT_CONFIG": str(tmp / "agent.yaml"), "PYTHONPATH": path}
 
 

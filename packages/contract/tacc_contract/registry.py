@@ -73,7 +73,15 @@ def available(modules: Iterable[str] = ()) -> dict[str, type[Plugin]]:
     """name -> class, in the order hooks run within a layer (`Plugin.order`, then as
     found: entry points, built-ins first, then `modules`)."""
     found: dict[str, type[Plugin]] = {}
-    for module_name in [*entry_point_modules(), *modules]:
+    sources = [*entry_point_modules(), *modules]
+    if not sources:
+        # Never run without the launcher and the fail-safe transport by accident.
+        raise PluginError(
+            f"no plug-in is installed: the entry point group {ENTRY_POINT_GROUP!r} is empty "
+            f"(install tacc-plugins; from a source tree without its metadata, name the "
+            f"modules in ${ENV})"
+        )
+    for module_name in sources:
         for cls in plugins_in(module_name):
             found.setdefault(cls.name, cls)
     ranked = sorted(enumerate(found.items()), key=lambda item: (item[1][1].order, item[0]))
