@@ -2,7 +2,9 @@
 into its status record (status/rank-<r>.json); rank 0 waits until every rank has, lets
 the plug-in decide from them, and writes the answer to status/agreed/<topic>.json;
 the other ranks wait for that file. So all ranks agree, even if a rank's facts came
-late. A rank that never sees the answer gets None (the plug-in falls back)."""
+late. A rank that never sees the answer gets None (the plug-in falls back). A topic is
+agreed once per run: a second `agree` on it (the same plug-in twice, or two plug-ins
+choosing one topic) is refused, since ranks other than 0 would read the first answer."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class Agreement:
                  grace: float = ANSWER_GRACE_SECONDS) -> None:  # fmt: skip
         self.job_dir, self.rank, self.count = job_dir, rank, count
         self.timeout, self.grace = timeout, grace
+        self.used: set[str] = set()
 
     def path(self, topic: str) -> Path:
         if not TOPIC.fullmatch(topic):
@@ -45,15 +48,26 @@ class Agreement:
 
     def __call__(self, topic: str, decide: Decide) -> dict | None:
         path = self.path(topic)
+        if topic in self.used:
+            raise AgentError(
+                f"agreement topic {topic!r} is agreed once per run; a second agree() on it "
+                "needs a topic of its own"
+            )
+        self.used.add(topic)
         if self.rank == 0:
             decided = decide(rendezvous(self.job_dir, self.count, self.timeout))
+            if not isinstance(decided, dict):
+                raise AgentError(
+                    f"agreement topic {topic!r}: the decision must be a mapping, "
+                    f"not {type(decided).__name__}"
+                )
             path.parent.mkdir(mode=0o700, exist_ok=True)
             records.write_json(path, decided)
             return decided
         deadline = time.monotonic() + self.timeout + self.grace
         while time.monotonic() < deadline:
             decided = records.read_json(path)
-            if decided:
+            if isinstance(decided, dict) and decided:
                 return decided
             time.sleep(0.1)
         return None
