@@ -370,17 +370,29 @@ def test_validate_and_dry_run_need_no_cluster(tmp_path, monkeypatch):
 
 def test_a_dict_task_is_checked_by_the_schema_and_its_problems_name_the_field(tmp_path):
     with pytest.raises(TaskFileError) as caught:
-        validate({"name": "t", "run": ["x"], "resources": {"nodes": 0, "memory": "4G"}})
+        validate(
+            {"name": "t", "run": ["x"], "resources": {"nodes": 0, "memory": "4G"}},
+            base_dir=tmp_path,
+        )
     nodes, memory = str(caught.value).splitlines()
     assert nodes == "task: resources.nodes: expected a node count >= 1, or a range like 2-4, got 0"
     assert memory.startswith("task: resources.memory: unknown key (did you mean 'mem'?)")
     with pytest.raises(TaskFileError, match="task: run: missing; expected a list of shell"):
-        validate({"name": "t"})
+        validate({"name": "t"}, base_dir=tmp_path)
     with pytest.raises(TaskFileError) as missing:
         validate({**TASK, "datasets": [{"name": "d", "local": "./d"}]}, base_dir=tmp_path)
     assert str(missing.value) == f"{tmp_path}/d: datasets.d: local path does not exist"
     with pytest.raises(TaskFileError, match=r"resources\.sbatch\.output: expected an option"):
         dry_run({**TASK, "resources": {"sbatch": {"output": "/tmp/x"}}}, base_dir=tmp_path)
+
+
+@pytest.mark.bad_input
+def test_a_dict_task_without_base_dir_is_a_usage_error_not_an_upload_of_the_cwd(tmp_path):
+    """Not the current directory by default: from a notebook or a project root that
+    would upload everything under it."""
+    with pytest.raises(UsageError, match="a dict task needs base_dir") as caught:
+        dry_run(TASK)
+    assert caught.value.exit_code == 2
 
 
 def test_a_dict_tasks_local_paths_are_relative_to_base_dir(tmp_path):

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tacc_contract.errors import Problem, Rejected, TaskFileError
 from tacc_contract.instruction import FORMAT, digest_of
 from tacc_contract.plugins import Plugin
 from tacc_contract.registry import from_env, in_layer, select
-from tacc_contract.schema import TaskSpec
+from tacc_contract.schema import TASK_FILE, TaskSpec
 from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
 
 
@@ -64,7 +65,11 @@ def compile_task(
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
     shaped = {}
     for plugin in in_layer(plugins, "compile"):
-        change = plugin.compile(document)
+        try:
+            change = plugin.compile(document)
+        except Rejected as exc:  # a compile pass that refuses the task: a task problem
+            where = str(task.base_dir / TASK_FILE)
+            raise TaskFileError([Problem(where, 0, 0, exc.field, str(exc))]) from None
         if change:
             shaped[plugin.name] = change
     on = [p.name for p in plugins if {"schema", "compile"} & set(p.layers)]

@@ -86,8 +86,14 @@ def read(
     """The task read and validated with the schema (file, line and field in every
     problem); its local paths inside its directory unless `allow_outside`."""
     if isinstance(task, Mapping):
-        base = existing(base_dir, "base_dir") if base_dir is not None else Path.cwd()
-        return from_dict(task, base, allow_outside)
+        if base_dir is None:
+            # Not the current directory by default: from a notebook or a project's root
+            # that would upload everything under it.
+            raise UsageError(
+                "a dict task needs base_dir: the directory its code and local paths are "
+                "relative to (an empty one when it needs no files)"
+            )
+        return from_dict(task, existing(base_dir, "base_dir"), allow_outside)
     if not isinstance(task, str | os.PathLike):
         raise UsageError(
             "a task is a task file, its directory or a dict of its fields, got "

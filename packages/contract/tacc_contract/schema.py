@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tacc_contract.errors import Problem, TaskFileError
+from tacc_contract.errors import Problem, Rejected, TaskFileError
 from tacc_contract.fields import (
     Field,
     Validator,
@@ -317,8 +317,11 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
         for section in ("code", "resources", "environment", "runtime"):
             data[section] = fill_defaults(data[section], table[section].children)
         for plugin in in_layer(plugins, "schema"):
-            plugin.check(data, lambda name, message: validator.problem(
-                node_at(root, name), name, message))  # fmt: skip
+            try:
+                plugin.check(data, lambda name, message: validator.problem(
+                    node_at(root, name), name, message))  # fmt: skip
+            except Rejected as exc:  # a plug-in that refuses instead of naming a problem
+                validator.problem(node_at(root, exc.field), exc.field, str(exc))
     if validator.problems:
         raise TaskFileError(validator.problems)
     return spec_from(data, path.resolve().parent, table)
