@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tacc_agent import rdma_sysfs
 from tacc_agent.config import AgentConfig
-from tacc_agent.health.checks import rdma
 from tacc_agent.tasks import records
 
 
@@ -18,7 +18,7 @@ def sysfs_ports(sysfs_root: str) -> list[dict]:
     """Every RDMA port and whether it is ACTIVE, as the rdma health check reads them."""
     return [
         {"device": device, "port": number, "active": "ACTIVE" in port["state"]}
-        for port in rdma.ports(sysfs_root)
+        for port in rdma_sysfs.ports(sysfs_root)
         for device, number in [port["name"].split("/")]
     ]
 

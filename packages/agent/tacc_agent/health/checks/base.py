@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from tacc_agent.tasks import records
+from tacc_contract import jsonfiles
 
 OK, FAIL, ABSENT, STUCK = "ok", "fail", "absent", "stuck"
 STATUSES = (OK, FAIL, ABSENT, STUCK)
@@ -66,11 +66,11 @@ def command(argv: list[str], timeout: float) -> Output:
 
 def read_state(path: Path) -> dict:
     """A state file (RDMA counters, Xids, a stuck probe), {} when missing or unreadable."""
-    data = records.read_json(path)
+    data = jsonfiles.read_json(path)
     return data if isinstance(data, dict) else {}
 
 
 def write_state(path: Path, data: dict, mode: int | None = None) -> None:
     """Atomically: `check` (HealthCheckProgram) and `serve` share the state dir."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    records.write_json(path, data, mode)
+    jsonfiles.write_json(path, data, mode)

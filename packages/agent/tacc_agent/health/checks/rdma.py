@@ -3,15 +3,12 @@ rate, and error counters, whose growth since the last run is what matters."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, read_state, write_state
 from tacc_agent.health.registry import Check, CheckContext, Family
+from tacc_agent.rdma_sysfs import ports
 
-ERROR_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
-                  "local_link_integrity_errors", "excessive_buffer_overrun_errors")  # fmt: skip
-RATE = re.compile(r"([\d.]+)\s*Gb/sec")
 PORT = ("device", "port")
 FAMILIES = (
     Family("rdma_ports_active", "gauge", "RDMA ports in state ACTIVE"),
@@ -21,32 +18,6 @@ FAMILIES = (
            (*PORT, "counter")),
 )  # fmt: skip
 COUNTERS_STATE = "rdma-counters.json"  # in the state dir: the counters of the last run
-
-
-def read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def ports(sysfs_root: str) -> list[dict]:
-    found = []
-    for port in sorted(Path(sysfs_root, "class", "infiniband").glob("*/ports/*")):
-        rate = RATE.search(read(port / "rate"))
-        counters = {}
-        for name in ERROR_COUNTERS:
-            text = read(port / "counters" / name)
-            if text.isdigit():
-                counters[name] = int(text)
-        found.append({
-            "name": f"{port.parents[1].name}/{port.name}",
-            "state": read(port / "state"),
-            "phys_state": read(port / "phys_state"),
-            "rate_gbps": float(rate.group(1)) if rate else 0.0,
-            "counters": counters,
-        })  # fmt: skip
-    return found
 
 
 def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
