@@ -4,10 +4,11 @@ may drive everything. Every import counts, wherever it is written (module level,
 inside a function, under `if TYPE_CHECKING:`, or `importlib.import_module("...")`
 with a literal name), so a cycle cannot be dodged by moving an import into a function.
 Imports inside functions are refused outright in the contract, the plug-ins, the
-client and the agent, except two deliberate start-up measures, each import marked with
+client and the agent, except three deliberate start-up measures, each import marked with
 a comment: the agent CLI's per-verb imports (`# lazy verb import`, so `tacc-agent check`
-starts fast) and tcloud's PEP 562 `__getattr__` for the SDK names (`# lazy SDK import`,
-so importing tcloud.errors does not load paramiko)."""
+starts fast), tcloud's CLI loading the SSH stack only for cluster commands (`# lazy verb
+import`) and tcloud's PEP 562 `__getattr__` for the SDK names (`# lazy SDK import`, so
+importing tcloud.errors does not load paramiko)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ def newer_agent(hello: Hello) -> AgentMismatch:
     return AgentMismatch(
         f"the cluster's {AGENT} {hello.agent_version} speaks protocol {hello.protocol}, newer "
         f"than this tcloud's (protocol {PROTOCOL_VERSION}): upgrade tcloud "
-        "(pip install --upgrade tacc-client)"
+        "(pip install --upgrade ./packages/contract ./packages/plugins ./packages/client "
+        "from a checkout of the cluster's release)"
     )
 
 
