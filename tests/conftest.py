@@ -80,3 +80,15 @@ def pytest_terminal_summary(terminalreporter) -> None:
         if counts["skipped"]:
             line += f", {counts['skipped']} skipped"
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def process_umask_is_kept():
+    """A test that runs code which sets the process umask (the agent's main sets 077)
+    fails here rather than leaving it to later tests of the same worker: a lab booted
+    under 077 has node roots its services cannot enter."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the test left the process umask {after:o} (was {before:o})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shlex
 import sys
 
@@ -318,9 +319,16 @@ def test_error_answers():
 
 
 def agent_says(argv: list[str]) -> tuple[int, str]:
+    """The agent's main in this process; the umask it sets (077) is put back, so that
+    later tests in this worker (a lab's node directories) do not inherit it."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = agent_cli.main(argv)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = agent_cli.main(argv)
+    finally:
+        os.umask(umask)
     return rc, out.getvalue()
 
 

@@ -42,6 +42,9 @@ def is_mounted(path: Path) -> bool:
 def mount_overlay(paths: NodePaths, image: Path) -> None:
     for directory in (paths.upper, paths.work, paths.rootfs):
         directory.mkdir(parents=True, exist_ok=True)
+        # The merged root takes the upper directory's mode: 0755 whatever the caller's
+        # umask (under 077 the node's services, not root, could not enter `/`).
+        directory.chmod(0o755)
     if not is_mounted(paths.rootfs):
         options = f"lowerdir={image},upperdir={paths.upper},workdir={paths.work}"
         run(["mount", "-t", "overlay", "overlay", "-o", options, str(paths.rootfs)])
