@@ -336,6 +336,7 @@ def test_the_session_is_opened_on_first_use_reused_and_reopened_after_close(fake
         (lambda c, tmp: c.job(1).download(tmp / "file"), "exists and is not a directory"),
         (lambda c, tmp: c.job(1).logs(tail=-1), "tail: expected a whole number >= 0"),
         (lambda c, tmp: c.job(1).halt(grace=86400), "grace: expected 0 to 3600 seconds"),
+        (lambda c, tmp: c.job(1).halt(grace="5"), "grace: expected 0 to 3600 seconds"),
         (lambda c, tmp: c.job(1).wait(poll=0), "poll: expected seconds > 0"),
         (lambda c, tmp: c.ls("../other"), "is outside your cluster directory"),
         (lambda c, tmp: c.cat("/etc/shadow"), "is outside your cluster directory"),

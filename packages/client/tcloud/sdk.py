@@ -314,7 +314,8 @@ class Job:
     def halt(self, grace: float | None = None) -> dict:
         """Checkpoint signal to every rank, `grace` seconds (default: the cluster's), then
         requeue on hold; a queued job is just held."""
-        if grace is not None and not 0 <= grace <= 3600:
+        number = isinstance(grace, int | float) and not isinstance(grace, bool)
+        if grace is not None and not (number and 0 <= grace <= 3600):
             raise UsageError(f"grace: expected 0 to 3600 seconds, got {grace!r}")
         return jobs.halt(self.cluster.client, self.cluster.userdir, self.id, grace)
 
