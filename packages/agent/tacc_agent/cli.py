@@ -29,6 +29,7 @@ from pathlib import Path
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
 from tacc_contract import protocol
+from tacc_contract.errors import error_line
 
 DISTRIBUTION = "tacc-agent"
 
@@ -229,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return dispatch(args)
     except AgentError as exc:
-        print(protocol.error_answer(str(exc), getattr(exc, "field", "")))
+        print(error_line(str(exc), getattr(exc, "field", "")))
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the contract is JSON on stdout, never a traceback
-        print(protocol.error_answer(f"internal error: {type(exc).__name__}: {exc}"))
+        print(error_line(f"internal error: {type(exc).__name__}: {exc}"))
         return EXIT_CLUSTER
 
 

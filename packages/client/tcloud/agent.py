@@ -14,13 +14,14 @@ from weakref import WeakKeyDictionary
 import paramiko
 
 from tacc_contract import protocol
+from tacc_contract.errors import AGENT_REJECTED, ERROR_KEY
 from tacc_contract.protocol import AGENT, PROTOCOL_VERSION, Hello, ProtocolError
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
 from tcloud.ssh import run
 
-AGENT_REJECTED = 2  # tacc_contract.errors.AGENT_REJECTED (and argparse's usage error)
 NOT_FOUND = 127
-ERROR_LINE = b'{"error": '  # how the agent reports a failure (one line)
+# How the agent's one error line starts (tacc_contract.errors.error_line).
+ERROR_LINE = f'{{"{ERROR_KEY}": '.encode()
 UPGRADE_ROLE = "re-run the tacc_agent role"
 
 

@@ -51,7 +51,6 @@ __all__ = [
     "validate",
 ]
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")  # a job that will not change again
 PathLike = str | os.PathLike[str]
 
 
@@ -212,7 +211,7 @@ class Cluster:
 
     def job(self, job_id: str | int) -> Job:
         """A handle on one of your jobs (checked as a job id; the cluster is not asked)."""
-        return Job(self, job_id_of(job_id))
+        return Job(self, job_id)
 
     def jobs(self) -> list[dict]:
         """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes."""
@@ -286,7 +285,7 @@ class Job:
         if not poll > 0:
             raise UsageError(f"poll: expected seconds > 0, got {poll!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (info := self.status())["state"] not in TERMINAL:
+        while (info := self.status())["state"] not in protocol.FINAL_STATES:
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} is still {info['state']} after {timeout:g} s")
             pause = poll if deadline is None else min(poll, deadline - time.monotonic())

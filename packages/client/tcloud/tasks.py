@@ -5,9 +5,9 @@ as the cluster will read it (sbatch options, sweep) and compiled. `validate` and
 
 A dict task's problems name the field as a file's do, with `task` where a file's path
 and line would be (`task: resources.nodes: expected a node count >= 1, got 0`); its
-local paths (code.workdir, datasets[].local) are relative to `base_dir` (default: the
-current directory), which is also the code directory it uploads unless code.workdir
-says otherwise.
+local paths (code.workdir, datasets[].local) are relative to `base_dir`, which it must
+name (the current directory is not assumed) and which is also the code directory it
+uploads unless code.workdir says otherwise.
 """
 
 from __future__ import annotations
@@ -143,8 +143,7 @@ def local_sbatch(task: Task, spec: TaskSpec) -> list[str]:
     try:
         return sbatch_argv(spec, Path("$TACC_WORKDIR"), ClusterDefaults())
     except Rejected as exc:
-        field = getattr(exc, "field", "")
-        raise TaskFileError([Problem(task.source, 0, 0, field, str(exc))]) from None
+        raise TaskFileError([Problem(task.source, 0, 0, exc.field, str(exc))]) from None
 
 
 def unhashed(_path: Path, _stat: os.stat_result) -> str:

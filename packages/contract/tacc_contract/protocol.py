@@ -19,12 +19,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError, error_line
+from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError
 
 PROTOCOL_VERSION = 1
 AGENT = "tacc-agent"
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
+# The states `job status` and `job ps` answer; a job in a final state will not change.
+JOB_STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "HALTED")
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 BLOB_NAME = re.compile(r"[0-9a-f]{64}-[0-7]{3,4}")  # a file's content and mode in the store
 
 
@@ -417,12 +420,6 @@ def hello_answer(agent_version: str) -> dict:
 
 def whoami_answer(user: str, userdir: str) -> dict:
     return WHOAMI.check({"user": user, "userdir": userdir})
-
-
-def error_answer(message: str, field_name: str = "") -> str:
-    """The agent's one error line on stdout: the contract's error_line, {"error": ...},
-    and the field it names ("" when none; callers read it as always there)."""
-    return error_line(message, field_name)
 
 
 def error_message(answer: object) -> str | None:

@@ -25,9 +25,8 @@ from pathlib import Path
 
 from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugins import PastJob
-
-STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "HALTED")
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+from tacc_contract.protocol import FINAL_STATES as TERMINAL
+from tacc_contract.protocol import JOB_STATES as STATES
 
 
 def event_order(name: str) -> tuple[int, int, str]:
