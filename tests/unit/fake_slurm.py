@@ -30,8 +30,10 @@ def update(change):
             state = json.load(handle)
         state["calls"].append([command, *args])
         result = change(state)
-        with open(STATE, "w") as handle:
+        # Replaced whole: a test reading the state without the lock never sees it empty.
+        with open(STATE + ".new", "w") as handle:
             json.dump(state, handle)
+        os.replace(STATE + ".new", STATE)
     return result
 
 
