@@ -480,6 +480,120 @@ def section_side_by_side(upload: dict | None, workflow: dict | None) -> list[str
     return lines
 
 
+# Issue [12]'s starting point: bench/REPORT.md at 5cbb2b8 (same machine, same scripts).
+BEFORE_COMMIT = "5cbb2b8"
+# (ours, baseline, the ratio as that report printed it from unrounded figures)
+BEFORE = {
+    "submit": (3.81, 1.40, 2.71),
+    "k40": (56.0, 29.6, 1.89),
+    "first": (18.0, 8.3, 2.17),
+    "unchanged": (0.85, 0.51, 1.69),
+    "one_changed": (3.81, 2.57, 1.48),
+    "rerun": (47.0, 154.0, 0.31),
+    "demo": (275.0, None, None),
+}
+GOALS = {
+    "submit": 1.2,
+    "k40": 1.1,
+    "first": 1.0,
+    "unchanged": 1.0,
+    "one_changed": 1.0,
+    "rerun": 0.20,
+    "demo": 180.0,
+}
+
+
+def ratio_cell(pair: tuple[float, float | None]) -> str:
+    ours, base = pair
+    return f"{ours / base:.2f}x" if base else "n/a"
+
+
+def pair_cell(pair: tuple[float, float | None], unit: str = " s") -> str:
+    ours, base = pair
+    return f"{ours:.2f}{unit} / {base:.2f}{unit}" if base else f"{ours:.0f}{unit}"
+
+
+def verdict(value: float | None, goal: float) -> str:
+    if value is None:
+        return "not measured"
+    return "meets" if value <= goal else "misses"
+
+
+def measured_pairs(scripts: dict) -> dict[str, tuple[float, float | None]]:
+    """This run's (ours, baseline) per goal row, for the rows it measured."""
+    found: dict[str, tuple[float, float | None]] = {}
+    upload = (scripts.get("tcloud_upload") or {}).get("result") or {}
+    for key in ("first", "unchanged", "one_changed"):
+        if key in upload:
+            found[key] = (upload[key]["tcloud_s"], upload[key]["rsync_s"])
+    workflow = (scripts.get("task_workflow") or {}).get("result") or {}
+    if "submit_to_running" in workflow:
+        s = workflow["submit_to_running"]
+        found["submit"] = (s["tcloud"]["median"], s["sbatch"]["median"])
+    for c in workflow.get("concurrency", []):
+        found[f"k{c['k']}"] = (c["tcloud"]["mean"], c["sbatch"]["mean"])
+    converge = (scripts.get("converge") or {}).get("result") or {}
+    if "fresh" in converge and "rerun" in converge:
+        found["rerun"] = (converge["rerun"]["seconds"], converge["fresh"]["seconds"])
+    demo = (scripts.get("demo") or {}).get("result") or {}
+    if "seconds" in demo:
+        found["demo"] = (demo["seconds"], None)
+    return found
+
+
+GOAL_ROWS = (
+    ("submit", "submit -> RUNNING, median (tcloud / `ssh sbatch`)", "task_workflow"),
+    ("k10", "10 concurrent 10 s tasks, mean completion (tcloud / sbatch)", "task_workflow"),
+    ("k20", "20 concurrent 10 s tasks, mean completion (tcloud / sbatch)", "task_workflow"),
+    ("k40", "40 concurrent 10 s tasks, mean completion (tcloud / sbatch)", "task_workflow"),
+    ("first", "first upload (tcloud / `rsync -a`)", "tcloud_upload"),
+    ("unchanged", "resubmit, nothing changed (tcloud / rsync)", "tcloud_upload"),
+    ("one_changed", "resubmit, one 10 MiB file changed (tcloud / rsync)", "tcloud_upload"),
+    ("rerun", "`site.yml` re-run / fresh converge, 3 nodes", "converge"),
+    ("demo", "`make demo` on a bare machine", "demo"),
+)
+
+
+def section_goals(scripts: dict) -> list[str]:
+    """Issue [12]'s table: each row before (the 5cbb2b8 report) and in this run, the
+    ratio against the baseline measured side by side in the same run, and the goal."""
+    lines = [
+        "## At the cost of plain Slurm (issue [12]): before and after",
+        "",
+        f"Before: bench/REPORT.md at {BEFORE_COMMIT}. After: this run; each ratio is "
+        "tcloud against its baseline measured side by side in the same run.",
+        "",
+    ]
+    now = measured_pairs(scripts)
+    rows = []
+    for key, label, script in GOAL_ROWS:
+        goal = GOALS.get(key, GOALS["k40"])
+        before = BEFORE.get(key)
+        after = now.get(key)
+        unit_goal = f"<= {goal:.0f} s" if key == "demo" else f"<= {goal:.2f}x"
+        after_value = None
+        if after is not None:
+            after_value = after[0] if key == "demo" else after[0] / after[1]
+        entry = scripts.get(script) or {}
+        rows.append(
+            [
+                label,
+                pair_cell(before[:2]) if before else "n/a",
+                f"{before[2]:.2f}x" if before and before[2] else "n/a",
+                pair_cell(after) if after else "n/a",
+                ratio_cell(after) if after else "n/a",
+                unit_goal,
+                verdict(after_value, goal),
+                cmd(entry) if entry else "not run",
+            ]
+        )
+    lines += table(
+        ["measurement", "before", "ratio before", "after", "ratio after", "goal", "", "command"],
+        rows,
+    )
+    return lines
+
+
 def section_concurrency(workflow: dict | None, plot: str | None) -> list[str]:
     lines = ["## Concurrent submissions (bench/task_workflow.py)", ""]
     lines += missing(workflow, "task_workflow")
@@ -803,6 +917,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
     body = [
         *machine_lines(results),
         *section_runs(results),
+        *section_goals(scripts),
         *section_provisioning(scripts.get("converge")),
         *section_side_by_side(scripts.get("tcloud_upload"), scripts.get("task_workflow")),
         *section_concurrency(scripts.get("task_workflow"), plot.name if plot else None),
