@@ -3,12 +3,15 @@ by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
 Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
   hello                        the protocol this agent speaks and its version
+  session                      every verb below that answers JSON, one request line at a time,
+                               in this one process (tacc_agent/session.py): tcloud's way in
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
   serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
   whoami                       the caller's user and directory
   quota                        the caller's limits, fair share and usage
   queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
   store                        delta upload: JSON request on stdin (missing | commit)
+  store receive                blobs streamed on stdin (tacc_agent/tasks/store_receive.py)
   job check                    would the cluster accept this instruction? (stdin)
   job submit WORKDIR           sbatch a committed job directory
   job status|logs|cancel|halt|resume|rerun JOB, job ps
@@ -24,7 +27,10 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tacc_agent.config import load_config
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
@@ -32,13 +38,32 @@ from tacc_contract import protocol
 from tacc_contract.errors import error_line
 
 DISTRIBUTION = "tacc-agent"
+RECEIVE = "receive"  # `store receive`: the streamed form of `store`
 
 # Each verb imports only the modules it uses: `check` (Slurm's HealthCheckProgram) starts
 # fast, and the `serve` daemon stays small.
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class RefusedArguments(Rejected):
+    """Words a session request carries that the parser refuses (argparse's message)."""
+
+
+class RequestParser(argparse.ArgumentParser):
+    """The parser of a session's request lines: a bad line is an error answer, the
+    session goes on (the one-shot command line keeps argparse's usage and exit 2)."""
+
+    def error(self, message: str):
+        raise RefusedArguments(f"{self.prog}: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise RefusedArguments(message.strip() if message else f"{self.prog}: exit {status}")
+
+    def print_help(self, file=None) -> None:
+        raise RefusedArguments(f"{self.prog}: --help is not a request")
+
+
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser):
+    parser = parser_class(
         prog="tacc-agent",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--userdir", help="use this directory instead of <workspace>/<user>")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("hello", help="the protocol this agent speaks (tcloud asks once a session)")
+    sub.add_parser("hello", help="the protocol this agent speaks")
+    sub.add_parser("session", help="every JSON verb of one connection, one line each (tcloud)")
     p_check = sub.add_parser("check", help="run the node health checks once (HealthCheckProgram)")
     p_check.add_argument("--json", action="store_true", help="machine-readable output")
     p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
@@ -61,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("whoami", help="the caller's user and directory")
     sub.add_parser("quota", help="the caller's limits, fair share and usage (Slurm accounting)")
     sub.add_parser("queue-tick", help="one round of the scheduling plug-ins' tick (root)")
-    sub.add_parser("store", help="delta upload (JSON on stdin)")
+    p_store = sub.add_parser("store", help="delta upload (JSON on stdin; `receive`: blobs)")
+    p_store.add_argument("action", nargs="?", choices=[RECEIVE], help="blobs streamed on stdin")
     sub.add_parser("env", help="the caller's cached environments")
     p_job = sub.add_parser("job", help="submit and watch jobs")
     job = p_job.add_subparsers(dest="verb", required=True)
@@ -89,14 +116,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class VerbInput:
+    """What a verb reads besides its words: its stdin, whole (`store`, `job check`), or
+    as a binary stream (`store receive`). One-shot: the process's stdin; in a session:
+    the request line's text and the session's own reader."""
+
+    data: Callable[[], bytes]
+    reader: BinaryIO
+
+
+def process_input() -> VerbInput:
+    return VerbInput(lambda: sys.stdin.buffer.read(), sys.stdin.buffer)
+
+
+def streams_output(args: argparse.Namespace) -> bool:
+    """Verbs whose output is not one JSON answer (text as it comes, a daemon, a job's
+    own output): a session refuses them, they keep their own process."""
+    if args.command == "job":
+        return args.verb == "logs"
+    return args.command in ("check", "serve", "batch", "exec", "session")
+
+
 def emit(data: object) -> int:
     print(json.dumps(data, indent=1, sort_keys=True))
     return EXIT_OK
 
 
-def read_request() -> dict:
+def read_request(source: VerbInput) -> dict:
     try:
-        request = json.loads(sys.stdin.buffer.read().decode())
+        request = json.loads(source.data().decode())
     except ValueError as exc:
         raise Rejected(f"expected one JSON object on stdin: {exc}") from None
     if not isinstance(request, dict):
@@ -104,63 +153,82 @@ def read_request() -> dict:
     return request
 
 
-def job_command(args: argparse.Namespace, config) -> int:
-    from tacc_agent.tasks import (  # lazy verb import
-        jobs,
-        logs,
-        records,
-        rerun,
-        schedule,
-        sweeps,
-        workspace,
-    )
-    from tacc_agent.tasks.instruction import parse  # lazy verb import
-
-    if args.verb == "check":
-        task = parse(sys.stdin.buffer.read().decode(errors="replace"), "instruction")
-        partition = schedule.check(task, config)
-        return emit({"ok": True, "partition": partition})
-    user_dir = workspace.userdir(config, args.userdir)
-    if args.verb == "submit":
-        return emit(schedule.submit(user_dir, args.workdir, config))
-    if args.verb == "ps":
-        return emit(protocol.JOB_PS.check(jobs.ps(user_dir, config), "job ps", ""))
-    if args.verb == "status":
-        return emit(protocol.JOB_STATUS.check(jobs.status(user_dir, args.job, config)))
-    if args.verb == "logs":
-        job_dir = jobs.find_job(user_dir, args.job, config)
-
-        def ended() -> bool:  # once a second while following: the state only
-            if sweeps.is_whole_sweep(args.job, job_dir):
-                state = jobs.sweep_status(args.job, job_dir, config)["state"]
-            else:
-                state, _ = jobs.reconcile(job_dir, jobs.own_info(args.job, job_dir, config))
-            return state in (*records.TERMINAL, "HALTED")
-
-        logs.stream(job_dir, args.follow, args.tail, args.rank, ended)
-        return EXIT_OK
-    if args.verb == "cancel":
-        return emit(jobs.cancel(user_dir, args.jobs, config))
-    if args.verb == "halt":
-        return emit(jobs.halt(user_dir, args.job, config, args.grace))
-    if args.verb == "rerun":
-        return emit(rerun.rerun(user_dir, args.job, config))
-    return emit(jobs.resume(user_dir, args.job, config))
-
-
-def dispatch(args: argparse.Namespace) -> int:
+def configured(args: argparse.Namespace):
+    """The agent's settings, with the plug-ins' task fields an instruction may hold."""
     config = load_config(args.config)
-    if config.plugins:  # their task fields are part of what an instruction may hold
+    if config.plugins:
         from tacc_agent.tasks.instruction import configure  # lazy verb import
 
         configure(config.plugins)
+    return config
+
+
+def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
+    from tacc_agent.tasks import jobs, rerun, schedule, workspace  # lazy verb import
+    from tacc_agent.tasks.instruction import parse  # lazy verb import
+
+    if args.verb == "check":
+        task = parse(source.data().decode(errors="replace"), "instruction")
+        partition = schedule.check(task, config)
+        return {"ok": True, "partition": partition}
+    user_dir = workspace.userdir(config, args.userdir)
+    if args.verb == "submit":
+        return schedule.submit(user_dir, args.workdir, config)
+    if args.verb == "ps":
+        return protocol.JOB_PS.check(jobs.ps(user_dir, config), "job ps", "")
+    if args.verb == "status":
+        return protocol.JOB_STATUS.check(jobs.status(user_dir, args.job, config))
+    if args.verb == "cancel":
+        return jobs.cancel(user_dir, args.jobs, config)
+    if args.verb == "halt":
+        return jobs.halt(user_dir, args.job, config, args.grace)
+    if args.verb == "rerun":
+        return rerun.rerun(user_dir, args.job, config)
+    return jobs.resume(user_dir, args.job, config)
+
+
+def answer(args: argparse.Namespace, source: VerbInput) -> object:
+    """The JSON answer of a verb that answers one (every verb but streams_output): what
+    the one-shot command prints and what a session answers. Raises AgentError."""
+    if args.command == "hello":
+        return protocol.hello_answer(agent_version())
+    config = configured(args)
+    if args.command == "job":
+        return job_answer(args, config, source)
+    if args.command == "quota":
+        from tacc_agent.tasks.quota import quota  # lazy verb import
+
+        return quota(config)
+    if args.command == "queue-tick":
+        from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
+
+        return {"changes": tick(config)}
+    from tacc_agent.tasks import envcache, workspace  # lazy verb import
+
+    user_dir = workspace.userdir(config, args.userdir)
+    if args.command == "whoami":
+        return protocol.whoami_answer(workspace.current_user(), str(user_dir))
+    if args.command == "env":
+        return envcache.listing(user_dir)
+    if args.action == RECEIVE:
+        from tacc_agent.tasks.store_receive import receive  # lazy verb import
+
+        return receive(user_dir, source.reader)
+    return store_round_trip(user_dir, read_request(source), config)
+
+
+def stream_verb(args: argparse.Namespace) -> int:
+    """The verbs that write as they go (streams_output); their own process each."""
+    if args.command == "session":
+        from tacc_agent import session  # lazy verb import
+
+        return session.serve_stdio(protocol.hello_answer(agent_version()), SessionVerbs(args))
+    config = configured(args)
     if args.command in ("batch", "exec"):
         from tacc_agent.tasks import execute  # lazy verb import
 
         run = execute.batch if args.command == "batch" else execute.execute
         return run(args.jobdir, config)
-    if args.command == "job":
-        return job_command(args, config)
     if args.command == "check":
         from tacc_agent.health import cycle as health  # lazy verb import
 
@@ -169,22 +237,24 @@ def dispatch(args: argparse.Namespace) -> int:
         from tacc_agent import serve  # lazy verb import
 
         return serve.serve(config, args.port, args.interval)
-    if args.command == "quota":
-        from tacc_agent.tasks.quota import quota  # lazy verb import
+    return job_logs(args, config)
 
-        return emit(quota(config))
-    if args.command == "queue-tick":
-        from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
 
-        return emit({"changes": tick(config)})
-    from tacc_agent.tasks import envcache, workspace  # lazy verb import
+def job_logs(args: argparse.Namespace, config) -> int:
+    from tacc_agent.tasks import jobs, logs, records, sweeps, workspace  # lazy verb import
 
     user_dir = workspace.userdir(config, args.userdir)
-    if args.command == "whoami":
-        return emit(protocol.whoami_answer(workspace.current_user(), str(user_dir)))
-    if args.command == "env":
-        return emit(envcache.listing(user_dir))
-    return emit(store_round_trip(user_dir, read_request(), config))
+    job_dir = jobs.find_job(user_dir, args.job, config)
+
+    def ended() -> bool:  # once a second while following: the state only
+        if sweeps.is_whole_sweep(args.job, job_dir):
+            state = jobs.sweep_status(args.job, job_dir, config)["state"]
+        else:
+            state, _ = jobs.reconcile(job_dir, jobs.own_info(args.job, job_dir, config))
+        return state in (*records.TERMINAL, "HALTED")
+
+    logs.stream(job_dir, args.follow, args.tail, args.rank, ended)
+    return EXIT_OK
 
 
 def store_round_trip(user_dir: Path, request: dict, config) -> dict:
@@ -204,6 +274,41 @@ def store_round_trip(user_dir: Path, request: dict, config) -> dict:
     if request.get("submit") and answer.get("workdir"):
         answer["job"] = schedule.submit(user_dir, Path(answer["workdir"]), config)
     return answer
+
+
+def failure_line(exc: Exception) -> tuple[int, str]:
+    """A failed verb as the protocol reports it: its exit code and its error line."""
+    if isinstance(exc, AgentError):
+        return exc.exit_code, error_line(str(exc), getattr(exc, "field", ""))
+    # the contract is JSON on stdout, never a traceback
+    return EXIT_CLUSTER, error_line(f"internal error: {type(exc).__name__}: {exc}")
+
+
+class SessionVerbs:
+    """How a session runs one request: its words parsed as the command line's (the
+    session's --config and --userdir unless the request names its own), answered by
+    the same `answer` the one-shot verbs print."""
+
+    def __init__(self, session_args: argparse.Namespace) -> None:
+        self.session_args = session_args
+        self.parser = build_parser(RequestParser)
+
+    def __call__(self, words: list[str], stdin: bytes, reader: BinaryIO) -> tuple[int, object]:
+        """(exit code, answer or error object); never raises but KeyboardInterrupt."""
+        try:
+            args = self.parser.parse_args(words)
+            if args.version or args.command is None or streams_output(args):
+                asked = " ".join(words) or "no verb"
+                raise Rejected(
+                    f"not a session request: {asked} (a verb that answers one JSON value; "
+                    "`job logs` and the node's verbs run as their own tacc-agent command)"
+                )
+            args.config = args.config or self.session_args.config
+            args.userdir = args.userdir or self.session_args.userdir
+            return EXIT_OK, answer(args, VerbInput(lambda: stdin, reader))
+        except Exception as exc:
+            rc, line = failure_line(exc)
+            return rc, json.loads(line)
 
 
 def agent_version() -> str:
@@ -228,15 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         return emit(protocol.hello_answer(agent_version()))
     os.umask(0o077)  # everything the agent writes for a user is private to them
     try:
-        return dispatch(args)
-    except AgentError as exc:
-        print(error_line(str(exc), getattr(exc, "field", "")))
-        return exc.exit_code
+        if streams_output(args):
+            return stream_verb(args)
+        return emit(answer(args, process_input()))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # the contract is JSON on stdout, never a traceback
-        print(error_line(f"internal error: {type(exc).__name__}: {exc}"))
-        return EXIT_CLUSTER
+    except Exception as exc:
+        rc, line = failure_line(exc)
+        print(line)
+        return rc
 
 
 if __name__ == "__main__":

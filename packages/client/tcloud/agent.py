@@ -1,10 +1,16 @@
-"""tcloud's one way into the cluster side: `tacc-agent <verb>` on the login node, run
-over the verified SSH connection (every word quoted), JSON in and JSON out. The verbs
-and the shapes of their answers are the contract's (tacc_contract.protocol); the first
-call of each SSH session asks the agent which protocol it speaks (`handshake`)."""
+"""tcloud's one way into the cluster side: `tacc-agent` on the login node, run over the
+verified SSH connection (every word quoted), JSON in and JSON out. The verbs and the
+shapes of their answers are the contract's (tacc_contract.protocol).
+
+Each SSH connection runs one `tacc-agent session` (opened on its first call): its first
+line is the agent's hello, checked against this tcloud's protocol (`handshake`), then
+every verb is one request line and one answer line on that same process, so a command
+costs one agent start however many verbs it asks. `job logs` streams text and keeps its
+own exec (`lines`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import threading
@@ -16,8 +22,9 @@ import paramiko
 from tacc_contract import protocol
 from tacc_contract.errors import AGENT_REJECTED, ERROR_KEY
 from tacc_contract.protocol import AGENT, PROTOCOL_VERSION, Hello, ProtocolError
+from tcloud import timing
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
-from tcloud.ssh import run
+from tcloud.ssh import start
 
 NOT_FOUND = 127
 # How the agent's one error line starts (tacc_contract.errors.error_line).
@@ -63,26 +70,22 @@ def newer_agent(hello: Hello) -> AgentMismatch:
     )
 
 
-def ask_hello(client: paramiko.SSHClient) -> Hello:
-    """The agent's protocol, or AgentMismatch for an agent that cannot say (older than
-    `hello`: argparse refuses the verb, or answers no JSON)."""
-    rc, out, err = run(client, protocol.command(protocol.hello()))
+def session_answered(out: str, rc: int, err: str) -> TcloudError:
+    """Why a `tacc-agent session` ended before saying hello: an agent older than the
+    verb (argparse refuses it), one that failed, or one that answered no hello."""
     if rc == NOT_FOUND:
-        raise not_installed()
+        return not_installed()
     if rc == AGENT_REJECTED and "invalid choice" in err:
-        raise older_agent("it does not know the verb `hello`")
+        return older_agent(f"it does not know the verb `{' '.join(protocol.session())}`")
     try:
         answer = json.loads(out)
     except ValueError:
         answer = None
     message = protocol.error_message(answer)
-    if rc != 0 and message is not None:  # an agent that knows `hello` but failed
-        raise failure(message, rc, TcloudError)
-    try:
-        return Hello.parse(answer)
-    except ProtocolError:
-        said = (out.strip() or err.strip())[:200]
-        raise older_agent(f"its `hello` answered {said!r} (exit {rc})") from None
+    if rc != 0 and message is not None:  # an agent that knows `session` but failed
+        return failure(message, rc, TcloudError)
+    said = (out.strip() or err.strip())[:200]
+    return older_agent(f"its `session` answered {said!r} (exit {rc})")
 
 
 def check_hello(hello: Hello) -> Hello:
@@ -93,27 +96,154 @@ def check_hello(hello: Hello) -> Hello:
     return hello
 
 
-_spoken: WeakKeyDictionary[paramiko.SSHClient, Hello] = WeakKeyDictionary()
-_spoken_lock = threading.Lock()
+def as_bytes(data: bytes | str) -> bytes:
+    """paramiko's stdout file reads lines as text, a fake's as bytes: the same here."""
+    return data.encode() if isinstance(data, str) else data
+
+
+def first_hello(line: bytes) -> Hello | None:
+    try:
+        return Hello.parse(json.loads(line))
+    except (ValueError, ProtocolError):
+        return None
+
+
+class AgentSession:
+    """One `tacc-agent session` process on one SSH connection: a request line out, an
+    answer line back, one request at a time (a lock: SDK users may share a Cluster
+    between threads). Dead once its channel fails; the next call opens another."""
+
+    def __init__(self, client: paramiko.SSHClient) -> None:
+        with timing.step("session"):
+            self.stdin, self.stdout, self.stderr = start(
+                client, protocol.command(protocol.session())
+            )
+            self.lock = threading.Lock()
+            self.dead = False
+            first = as_bytes(self.stdout.readline())
+            hello = first_hello(first)
+            if hello is None:
+                self.stdin.channel.shutdown_write()  # a session that is one ends at EOF
+                out = first + as_bytes(self.stdout.read())
+                rc = self.stdout.channel.recv_exit_status()
+                err = as_bytes(self.stderr.read()).decode(errors="replace")
+                raise session_answered(out.decode(errors="replace"), rc, err)
+            try:
+                self.hello = check_hello(hello)
+            except AgentMismatch:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        self.dead = True
+        self.stdin.channel.close()
+
+    def ended(self, detail: str) -> TcloudError:
+        """The session's process or connection is gone: say what is known of why."""
+        self.close()
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            if self.stderr.channel.exit_status_ready():
+                rc = self.stderr.channel.recv_exit_status()
+                said = as_bytes(self.stderr.read()).decode(errors="replace").strip()
+                detail = f"{detail}; it exited {rc}" + (f": {said[-400:]}" if said else "")
+        return TcloudError(f"the connection to the cluster's {AGENT} session was lost ({detail})")
+
+    def send(self, data: bytes) -> None:
+        self.stdin.channel.sendall(data)
+
+    def request(
+        self,
+        verb: list[str],
+        userdir: str | None,
+        stdin: bytes = b"",
+        produce: Callable[[Callable[[bytes], None]], None] | None = None,
+    ) -> tuple[int, object]:
+        """(rc, answer) of one verb; with produce, the verb's stream is written between
+        the request line and the answer (`store receive`)."""
+        line = json.dumps(protocol.session_request(verb, userdir, stdin)).encode() + b"\n"
+        with self.lock:
+            if self.dead:
+                raise TcloudError(f"the cluster's {AGENT} session has ended")
+            try:
+                self.send(line)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise self.ended(f"sending the request: {exc}") from None
+            if produce is not None:
+                self.produce(produce)
+            try:
+                reply = as_bytes(self.stdout.readline())
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise self.ended(f"reading the answer: {exc}") from None
+            if not reply:
+                raise self.ended(f"no answer to `{' '.join(verb)}`")
+        try:
+            checked = protocol.SESSION_ANSWER.check(json.loads(reply))
+        except ValueError:
+            self.close()
+            raise TcloudError(
+                f"{AGENT} session answered `{' '.join(verb)}` with no JSON: "
+                f"{reply[:200].decode(errors='replace')!r}"
+            ) from None
+        return checked["rc"], checked["answer"]
+
+    def produce(self, produce: Callable[[Callable[[bytes], None]], None]) -> None:
+        """The caller writes its stream; when the agent stopped reading it (it refused
+        the stream), its answer, read next, says why. Any other failure leaves half a
+        stream on the channel: the session is closed and the error goes on."""
+        try:
+            produce(self.send)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the answer line, or its absence, tells
+        except BaseException:
+            self.close()
+            raise
+
+
+_sessions: WeakKeyDictionary[paramiko.SSHClient, AgentSession] = WeakKeyDictionary()
+_opening: WeakKeyDictionary[paramiko.SSHClient, threading.Lock] = WeakKeyDictionary()
+_sessions_lock = threading.Lock()
+
+
+def session(client: paramiko.SSHClient) -> AgentSession:
+    """This connection's agent session, opened on first use (or again after it ended);
+    AgentMismatch (exit 4) when the agent speaks another protocol (asked again on the
+    next call then)."""
+    with _sessions_lock:
+        known = _sessions.get(client)
+        if known is not None and not known.dead:
+            return known
+        opening = _opening.setdefault(client, threading.Lock())
+    with opening:  # one opening per connection; other connections do not wait
+        with _sessions_lock:
+            known = _sessions.get(client)
+        if known is not None and not known.dead:
+            return known
+        opened = AgentSession(client)
+        with _sessions_lock:
+            _sessions[client] = opened
+        return opened
 
 
 def handshake(client: paramiko.SSHClient) -> Hello:
-    """Once per SSH client: the agent's `hello`, checked against this tcloud's protocol
-    (AgentMismatch, exit 4, when they differ; asked again on the next call then)."""
-    with _spoken_lock:
-        known = _spoken.get(client)
-    if known is not None:
-        return known
-    hello = check_hello(ask_hello(client))
-    with _spoken_lock:
-        _spoken[client] = hello
-    return hello
+    """The agent's hello on this connection (its session's first line), checked against
+    this tcloud's protocol: AgentMismatch, exit 4, when they differ."""
+    return session(client).hello
 
 
 def failure(message: str, rc: int, rejected: type[TcloudError]) -> TcloudError:
     error = rejected(message) if rc == AGENT_REJECTED else TcloudError(message)
     error.exit_code = rejected.exit_code if rc == AGENT_REJECTED else EXIT_CLUSTER
     return error
+
+
+def answered(verb: list[str], rc: int, answer: object, rejected: type[TcloudError]):
+    """A verb's answer checked against its shape; its error as a TcloudError."""
+    if rc == 0:
+        return protocol.parse_answer(verb, answer)
+    message = protocol.error_message(answer)
+    if message is None:
+        message = "unknown error" if isinstance(answer, dict) else json.dumps(answer)
+    raise failure(message, rc, rejected)
 
 
 def call(
@@ -126,21 +256,30 @@ def call(
     """The agent's JSON answer, checked against the verb's shape (ProtocolError when it
     does not fit); its error message as a TcloudError when it says no."""
     verb = list(verb)
-    handshake(client)
-    rc, out, err = run(client, argv_for(verb, userdir), stdin)
-    if rc == NOT_FOUND:
-        raise not_installed()
-    try:
-        answer = json.loads(out)
-    except ValueError:
-        detail = (err.strip() or out.strip())[-800:]
-        raise TcloudError(f"{AGENT} {' '.join(verb)} failed (exit {rc}): {detail}") from None
+    agent = session(client)
+    with timing.step(" ".join(verb)):
+        rc, answer = agent.request(verb, userdir, stdin)
+    return answered(verb, rc, answer, rejected)
+
+
+def call_streaming(
+    client: paramiko.SSHClient,
+    verb: Sequence[str],
+    userdir: str | None,
+    produce: Callable[[Callable[[bytes], None]], None],
+    rejected: type[TcloudError] = TcloudError,
+) -> dict:
+    """A verb that reads a binary stream after its request (`store receive`): produce
+    is called with a write function and writes the whole stream through it; then the
+    agent's answer. When the agent refuses, its session ends (the rest of the stream
+    could not be told from a request): the next call opens another."""
+    verb = list(verb)
+    agent = session(client)
+    with timing.step(" ".join(verb)):
+        rc, answer = agent.request(verb, userdir, produce=produce)
     if rc != 0:
-        message = protocol.error_message(answer)
-        if message is None:
-            message = "unknown error" if isinstance(answer, dict) else out.strip()
-        raise failure(message, rc, rejected)
-    return protocol.parse_answer(verb, answer)
+        agent.close()
+    return answered(verb, rc, answer, rejected)
 
 
 def lines(client: paramiko.SSHClient, verb: Sequence[str], userdir: str | None) -> Iterator[str]:

@@ -25,6 +25,7 @@ import paramiko
 from tcloud import known_hosts as known_hosts_file
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
+from tcloud.timing import step
 
 USER_KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
 # paramiko logs a failed handshake with its traceback from its own thread; with no
@@ -135,21 +136,28 @@ def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
     target = resolve(cluster.host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
     opened: list[paramiko.SSHClient] = []
     try:
-        sock = None
-        if target.proxy_jump:
-            jump_user, _, jump_host = target.proxy_jump.rpartition("@")
-            jump_host, _, jump_port = jump_host.partition(":")
-            jump = resolve(jump_host, jump_user or None, int(jump_port) if jump_port else None)
-            opened.append(connect(jump, known_hosts))
-            transport = opened[-1].get_transport()
-            sock = transport.open_channel(
-                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0)
-            )
-        opened.append(connect(target, known_hosts, sock=sock))
+        with step("connect"):
+            sock = None
+            if target.proxy_jump:
+                jump_user, _, jump_host = target.proxy_jump.rpartition("@")
+                jump_host, _, jump_port = jump_host.partition(":")
+                jump = resolve(jump_host, jump_user or None, int(jump_port) if jump_port else None)
+                opened.append(connect(jump, known_hosts))
+                transport = opened[-1].get_transport()
+                sock = transport.open_channel(
+                    "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0)
+                )
+            opened.append(connect(target, known_hosts, sock=sock))
         yield opened[-1]
     finally:
         for client in reversed(opened):
             client.close()
+
+
+def start(client: paramiko.SSHClient, argv: list[str]) -> tuple:
+    """Start argv on the cluster and leave it running: its stdin, stdout and stderr
+    (paramiko's channel files). Every word is shell-quoted, nothing concatenated raw."""
+    return client.exec_command(shlex.join(argv))
 
 
 def run(client: paramiko.SSHClient, argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:

@@ -1,6 +1,11 @@
 """The agent protocol as data: how tcloud asks (`tacc-agent <verb> ...` over SSH, JSON on
 stdin for `store` and `job check`) and what the agent answers (one JSON value on stdout).
 
+tcloud asks every verb of one SSH connection through one `tacc-agent session`: the agent
+writes its hello answer as the first line, then answers each request line
+(session_request) with one line {"rc": exit code, "answer": what the verb would print}
+(SESSION_ANSWER); `job logs` streams text and keeps its own `tacc-agent` exec.
+
 One builder per verb returns the words after `tacc-agent`, refusing an argument that is
 not one (a job id is 1234, or 1234_5 for trial 5 of sweep 1234). One shape per answer
 checks the JSON that comes back, so a changed answer is a clear ProtocolError naming
@@ -8,7 +13,7 @@ the verb and the key, never a KeyError three calls later. Keys an answer has bey
 shape are kept: a newer agent may say more without breaking an older tcloud.
 
 PROTOCOL_VERSION changes when a verb or an answer changes in a way the other side must
-know about; tcloud asks `hello` once per SSH session and refuses to go on when the two
+know about (2: `session`); tcloud reads the hello of each session and refuses to go on when the two
 sides differ (tcloud.agent.handshake).
 """
 
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 AGENT = "tacc-agent"
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
@@ -87,6 +92,11 @@ def hello() -> list[str]:
     return ["hello"]
 
 
+def session() -> list[str]:
+    """Every verb of one connection through one agent process (session_request)."""
+    return ["session"]
+
+
 def whoami() -> list[str]:
     return ["whoami"]
 
@@ -98,6 +108,11 @@ def quota() -> list[str]:
 def store() -> list[str]:
     """Delta upload; the request (missing_request, commit_request) goes on stdin."""
     return ["store"]
+
+
+def store_receive() -> list[str]:
+    """Blobs streamed on stdin (framed, tacc_agent.tasks.store_receive) into the store."""
+    return ["store", "receive"]
 
 
 def env() -> list[str]:
@@ -188,6 +203,23 @@ def commit_request(
         "digest": digest,
         "files": dict(files),
     }
+
+
+# --- the session's requests (one JSON line each) -----------------------------------------
+
+
+def session_request(verb: Sequence[str], userdir: str | None = None, stdin: bytes = b"") -> dict:
+    """One request line of `tacc-agent session`: the words after `tacc-agent` (as
+    `command` builds them) and the verb's stdin as text (bytes that are not UTF-8 travel
+    as surrogate escapes, so they arrive unchanged), null when there is none."""
+    text = stdin.decode("utf-8", "surrogateescape") if stdin else None
+    return {"verb": command(verb, userdir)[1:], "stdin": text}
+
+
+def session_stdin(request: Mapping) -> bytes:
+    """The bytes a session request carries for its verb's stdin."""
+    text = request.get("stdin")
+    return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else b""
 
 
 # --- shapes: what each verb answers -----------------------------------------------------
@@ -348,6 +380,9 @@ STORE_COMMIT = Shape(
     {"userdir": str, "partition": TEXT_OR_NULL, "job": JOB_SUBMIT},
 )
 ERROR = Shape("error", {ERROR_KEY: str}, {"field": str})
+JSON_VALUE = (dict, list, str, int, float, bool, NULL)
+SESSION_REQUEST = Shape("session", {"verb": ListOf(str)}, {"stdin": TEXT_OR_NULL})
+SESSION_ANSWER = Shape("session", {"rc": int, "answer": JSON_VALUE})
 
 # The answer of each verb that answers one JSON value (`job logs` streams text; `store`
 # answers by its request's op: store_answer).

@@ -1,0 +1,95 @@
+"""`tacc-agent session`: every verb of one tcloud connection in this one process, so a
+command costs one Python start on the login node, not one per verb.
+
+On the exec channel, one JSON object per line (tacc_contract.protocol):
+  agent -> tcloud  the hello answer first (the handshake costs no round trip), then one
+                   {"rc": exit code, "answer": the verb's JSON or its error object} per request;
+  tcloud -> agent  {"verb": [words after `tacc-agent`], "stdin": text or null}; after a
+                   `store receive` request, its framed binary stream on the same stdin.
+EOF on stdin ends the session (exit 0). A line that is not a request answers an error
+(rc 2) and the session goes on; a failed `store receive` ends it after its answer (the
+rest of its stream could not be told from the next request).
+
+What runs a request is the caller's (tacc_agent.cli: the same code the one-shot verbs
+run); this module only keeps the lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import BinaryIO
+
+from tacc_contract import protocol
+from tacc_contract.errors import AGENT_CLUSTER, AGENT_OK, AGENT_REJECTED, error_line
+
+# (words after `tacc-agent`, the request's stdin, the session's reader) -> (rc, answer)
+Handler = Callable[[list[str], bytes, BinaryIO], tuple[int, object]]
+
+
+def error_answer(rc: int, message: str) -> dict:
+    return {"rc": rc, "answer": json.loads(error_line(message))}
+
+
+def read_request(line: bytes) -> tuple[dict | None, str]:
+    """(the request, "") or (None, why the line is not one)."""
+    try:
+        request = json.loads(line)
+    except ValueError as exc:
+        return None, f"session: a request is one JSON object per line: {exc}"
+    try:
+        return protocol.SESSION_REQUEST.check(request), ""
+    except protocol.ProtocolError as exc:
+        return None, f"session: not a request ({exc.problem})"
+
+
+def reads_the_stream(words: list[str]) -> bool:
+    return words[-2:] == protocol.store_receive()
+
+
+def write_line(writer: BinaryIO, answer: dict) -> None:
+    try:
+        line = json.dumps(answer, sort_keys=True)
+    except (TypeError, ValueError) as exc:  # a verb answered what JSON cannot carry
+        line = json.dumps(error_answer(AGENT_CLUSTER, f"internal error: {exc}"))
+    writer.write(line.encode() + b"\n")
+    writer.flush()
+
+
+def serve(hello: dict, handle: Handler, reader: BinaryIO, writer: BinaryIO) -> int:
+    """Answer request lines from reader until it ends. reader is the one buffered reader
+    of stdin: the request lines and a `store receive` stream come out of the same buffer."""
+    write_line(writer, hello)
+    while line := reader.readline():
+        request, problem = read_request(line)
+        if request is None:
+            write_line(writer, error_answer(AGENT_REJECTED, problem))
+            continue
+        words = request["verb"]
+        rc, answer = handle(words, protocol.session_stdin(request), reader)
+        write_line(writer, {"rc": rc, "answer": answer})
+        if rc != AGENT_OK and reads_the_stream(words):
+            return rc
+    return AGENT_OK
+
+
+def private_stdio() -> tuple[BinaryIO, BinaryIO]:
+    """The session's own copies of stdin and stdout. Descriptor 0 then reads /dev/null
+    and 1 writes to stderr: a child process (sbatch) cannot take a request's bytes and a
+    stray print cannot break a line. The copies are not inherited (PEP 446)."""
+    sys.stdout.flush()
+    reader = os.fdopen(os.dup(0), "rb")
+    writer = os.fdopen(os.dup(1), "wb")
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    os.dup2(2, 1)
+    return reader, writer
+
+
+def serve_stdio(hello: dict, handle: Handler) -> int:
+    reader, writer = private_stdio()
+    with reader, writer:
+        return serve(hello, handle, reader, writer)
