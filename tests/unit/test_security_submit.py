@@ -22,12 +22,13 @@ import yaml
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks import jobs, records, schedule, store, workspace
+from tacc_agent.tasks import jobs, records, schedule, store, store_receive, workspace
 from tacc_agent.tasks.instruction import parse
 from tacc_contract import sbatch
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_plugins import duration
 from tcloud import upload as upload_module
+from tcloud import upload_stream
 from tcloud.compiler import Instruction, compile_task
 from tcloud.errors import TaskFileError, TcloudError
 from tcloud.legacy import general_to_resources
@@ -79,8 +80,47 @@ class LocalClient:
         return LocalSFTP()
 
 
+def local_stream(_client, userdir: str, produce) -> dict:
+    """`store receive` in this process: produce writes into a pipe that the agent's
+    receive reads in another thread (a refused or cut stream is drained, as the agent's
+    session ends and the channel closes)."""
+    read_end, write_end = os.pipe()
+    answer: dict = {}
+    with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as writer:
+
+        def agent_side() -> None:
+            try:
+                answer.update(store_receive.receive(Path(userdir), reader))
+            except Rejected as exc:
+                answer["error"] = str(exc)
+                reader.read()
+
+        def write(data: bytes) -> None:
+            writer.write(data)
+            writer.flush()
+            time.sleep(0.02)  # a network write takes a while: concurrent uploads overlap
+
+        thread = threading.Thread(target=agent_side)
+        thread.start()
+        try:
+            produce(write)
+        finally:
+            writer.close()
+            thread.join()
+    if "error" in answer:
+        raise TcloudError(answer["error"])
+    return answer
+
+
+@pytest.fixture(params=["stream", "sftp"])
+def transport(request) -> str:
+    """How the blobs go: one framed stream (`store receive`), or by SFTP one file at a
+    time (an agent whose store does not offer to receive a stream)."""
+    return request.param
+
+
 @pytest.fixture
-def local_store(tmp_path, monkeypatch) -> tuple[Path, Instruction]:
+def local_store(tmp_path, monkeypatch, transport) -> tuple[Path, Instruction]:
     """(the user's directory, an instruction with a new big file): tcloud's upload talks
     to the agent's store in this process, as `tacc-agent store` would answer."""
     user_dir = tmp_path / "workspace" / "user"
@@ -88,9 +128,12 @@ def local_store(tmp_path, monkeypatch) -> tuple[Path, Instruction]:
 
     def remote(_client, request: dict, userdir: str) -> dict:
         answer = store.handle(Path(userdir), json.loads(json.dumps(request)))
+        if transport == "sftp":
+            answer.pop("receive", None)
         return json.loads(json.dumps(answer))
 
     monkeypatch.setattr(upload_module, "remote", remote)
+    monkeypatch.setattr(upload_module, "stream_blobs", local_stream)
     project = tmp_path / "project"
     project.mkdir()
     (project / "tcloud.yaml").write_text(yaml.safe_dump(TASK))
@@ -135,12 +178,12 @@ def test_p9_concurrent_uploads_of_the_same_new_file_all_succeed(local_store):
 
 
 @pytest.mark.security
-def test_p9_concurrent_uploads_resume_a_cut_one_without_mixing(local_store, monkeypatch):
+def test_p9_concurrent_uploads_resume_a_cut_one_without_mixing(local_store, monkeypatch, transport):
     """Point 9: what a cut upload left is resumed by each of 20 concurrent uploads from
     its own copy: each sends only the rest, all succeed."""
     user_dir, instruction = local_store
     data = instruction.manifest["code/data.bin"].source
-    real_send = upload_module.send
+    real_send, real_frames = upload_module.send, upload_stream.blob_frames
 
     def cut_after_first_chunk(sftp, local, remote_path, offset, progress):
         if local == data:
@@ -149,10 +192,22 @@ def test_p9_concurrent_uploads_resume_a_cut_one_without_mixing(local_store, monk
             raise OSError("connection reset (simulated)")
         return real_send(sftp, local, remote_path, offset, progress)
 
-    monkeypatch.setattr(upload_module, "send", cut_after_first_chunk)
+    def stream_cut_after_first_chunk(blob, write, progress):
+        if blob.source == data:
+            write(blob.header())
+            with data.open("rb") as source:
+                write(source.read(upload_module.CHUNK))
+            raise OSError("connection reset (simulated)")
+        return real_frames(blob, write, progress)
+
+    if transport == "sftp":
+        monkeypatch.setattr(upload_module, "send", cut_after_first_chunk)
+    else:
+        monkeypatch.setattr(upload_stream, "blob_frames", stream_cut_after_first_chunk)
     with pytest.raises(TcloudError, match="the upload stopped"):
         upload_module.upload(LocalClient(), instruction, str(user_dir))
     monkeypatch.setattr(upload_module, "send", real_send)
+    monkeypatch.setattr(upload_stream, "blob_frames", real_frames)
     results = upload_at_once(user_dir, instruction)
     assert_all_committed(user_dir, instruction, results)
     # The other files may have come after the cut: they are sent whole.

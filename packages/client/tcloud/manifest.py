@@ -46,11 +46,10 @@ Hasher = Callable[[Path, os.stat_result], str]
 
 
 def sha256_file(path: Path, _: os.stat_result | None = None) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    # file_digest reads into one reused buffer: no new 1 MiB object per read (that cost
+    # more than the hashing itself: 324 MiB/s for a cold 1 GiB task, hashlib alone ~1.5 GiB/s).
+    with path.open("rb", buffering=0) as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def shown(path: os.PathLike | str) -> str:

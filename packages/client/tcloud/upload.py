@@ -1,5 +1,10 @@
 """Layer 2 -> cluster: send only the blobs the cluster lacks, resumably, then have the
-cluster verify them and build the job's own workdir (`tacc-agent store`)."""
+cluster verify them and build the job's own workdir (`tacc-agent store`).
+
+A submit is: `missing` (which also commits, and sbatches, when nothing is missing: one
+round trip for a resubmit), the missing blobs in one framed stream that the cluster
+hashes as they arrive (tcloud.upload_stream; SFTP, one file at a time, for an agent
+that cannot receive one), and `commit`, which then reads no blob again."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ from tqdm import tqdm
 
 from tacc_contract import protocol
 from tacc_contract.protocol import blob_name
+from tcloud import agent
 from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
 from tcloud.manifest import shown
+from tcloud.upload_stream import Blob, frames
 
 CHUNK = 1 << 20
 __all__ = ["CHUNK", "Progress", "UploadResult", "blob_name", "remote", "send", "upload"]
@@ -89,6 +96,64 @@ def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, 
     return sent
 
 
+def stopped(exc: BaseException) -> TcloudError:
+    # A dropped connection (or a file that vanished here): what arrived stays in the
+    # cluster's .partial store and the next run sends only the rest.
+    detail = str(exc) or type(exc).__name__
+    return TcloudError(
+        f"the upload stopped ({detail}); run the command again: what arrived is "
+        "kept and only the rest is sent"
+    )
+
+
+def stream_blobs(client: paramiko.SSHClient, userdir: str | None, produce) -> dict:
+    """One `store receive` call that reads everything produce(write) writes."""
+    verb = protocol.store_receive()
+    return agent.call_streaming(client, verb, userdir, produce, rejected=Rejected)
+
+
+def send_streamed(client, userdir: str | None, blobs: list[Blob], progress) -> int:
+    """Every blob in one stream; the bytes sent. The cluster stored each one whose hash
+    matched on its last byte; the others are in the answer's "bad"."""
+    sent = 0
+
+    def produce(write) -> None:
+        nonlocal sent
+        sent = frames(blobs, write, progress)
+
+    try:
+        answer = stream_blobs(client, userdir, produce)
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise stopped(exc) from None
+    if not isinstance(answer, dict) or not isinstance(answer.get("bad"), list):
+        raise TcloudError(f"store receive answered {str(answer)[:200]!r}")
+    if answer["bad"]:
+        raise TcloudError(
+            f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "
+            "dropped; run the command again to resend them"
+        )
+    return sent
+
+
+def send_sftp(client, store: str, blobs: list[Blob], progress) -> int:
+    """Each blob by SFTP into its partial file (an agent that cannot receive a stream)."""
+    sent = 0
+    sftp = client.open_sftp()
+    try:
+        for blob in blobs:
+            offset, target = blob.offset, f"{store}/store/.partial/{blob.upload}"
+            if offset > blob.size:
+                offset = 0
+                sftp.remove(target)
+            sent += send(sftp, blob.source, target, offset, progress)
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise stopped(exc) from None
+    finally:
+        with contextlib.suppress(Exception):  # the connection may be gone already
+            sftp.close()
+    return sent
+
+
 def upload(
     client: paramiko.SSHClient,
     instruction: Instruction,
@@ -96,51 +161,45 @@ def upload(
     submit: bool = False,
 ) -> UploadResult:
     """Send what the cluster lacks and build the job directory; with submit, the same
-    two round trips also refuse an impossible task first and sbatch the job at the end."""
+    round trips also refuse an impossible task first and sbatch the job at the end."""
     start = time.monotonic()
     names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}
     first_path = {}
     for path, name in names.items():
         first_path.setdefault(name, path)
+    files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
     first = protocol.missing_request(first_path, instruction.document if submit else None)
+    # Done at once when nothing is missing (an agent that cannot ignores it).
+    first["commit"] = protocol.commit_request([], names, {}, instruction.digest, files, submit)
+    first["submit"] = submit
     answer = round_trip(client, first, userdir)
     missing, partial, store = answer["missing"], answer["partial"], answer["userdir"]
-    # Each upload writes its own partial file (a copy of what a cut one left): two
-    # submits of the same new file at once never append to one file.
-    if missing and not isinstance(answer.get("uploads"), dict):
-        raise TcloudError(
-            "the cluster's tacc-agent is older than this tcloud (its store gives each upload "
-            "no file of its own): ask the cluster's operators to upgrade the agent"
-        )
-    uploads = {name: answer["uploads"][name] for name in missing}
-    sizes = {name: instruction.manifest[first_path[name]].size for name in missing}
-    progress = Progress(sum(sizes[n] - min(partial.get(n, 0), sizes[n]) for n in missing))
     sent = 0
-    if missing:
-        sftp = client.open_sftp()
-        try:
-            for name in missing:
-                offset, target = partial.get(name, 0), f"{store}/store/.partial/{uploads[name]}"
-                if offset > sizes[name]:
-                    offset = 0
-                    sftp.remove(target)
-                local = instruction.manifest[first_path[name]].source
-                sent += send(sftp, local, target, offset, progress)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            # A dropped connection (or a file that vanished here): what arrived stays in
-            # the cluster's .partial store and the next run sends only the rest.
-            detail = str(exc) or type(exc).__name__
+    if "workdir" not in answer:
+        # Each upload writes its own partial file (a copy of what a cut one left): two
+        # submits of the same new file at once never append to one file.
+        if missing and not isinstance(answer.get("uploads"), dict):
             raise TcloudError(
-                f"the upload stopped ({detail}); run the command again: what arrived is "
-                "kept and only the rest is sent"
-            ) from None
+                "the cluster's tacc-agent is older than this tcloud (its store gives each "
+                "upload no file of its own): ask the cluster's operators to upgrade the agent"
+            )
+        uploads = {name: answer["uploads"][name] for name in missing}
+        blobs = [missing_blob(instruction, first_path[name], name, uploads[name], partial)
+                 for name in missing]  # fmt: skip
+        progress = Progress(sum(blob.size - min(blob.offset, blob.size) for blob in blobs))
+        try:
+            if blobs and answer.get("receive") is True:
+                sent = send_streamed(client, userdir, blobs, progress)
+            elif blobs:
+                sent = send_sftp(client, store, blobs, progress)
         finally:
             progress.close()
-            with contextlib.suppress(Exception):  # the connection may be gone already
-                sftp.close()
-    files = {"instruction.json": json.dumps(instruction.document, sort_keys=True, indent=1)}
-    request = protocol.commit_request(missing, names, uploads, instruction.digest, files, submit)
-    answer = round_trip(client, request, userdir)
+        request = protocol.commit_request(
+            missing, names, uploads, instruction.digest, files, submit
+        )
+        answer = round_trip(client, request, userdir)
+    else:
+        answer = protocol.STORE_COMMIT.check(answer, "store (missing, then commit)")
     if answer["bad"]:
         raise TcloudError(
             f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "
@@ -150,3 +209,10 @@ def upload(
     return UploadResult(
         answer["workdir"], answer["userdir"], len(missing), sent, seconds, answer.get("job")
     )
+
+
+def missing_blob(
+    instruction: Instruction, path: str, name: str, upload: str, partial: dict
+) -> Blob:
+    entry = instruction.manifest[path]
+    return Blob(name, upload, partial.get(name, 0), entry.size, entry.source)

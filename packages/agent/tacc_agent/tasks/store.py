@@ -8,6 +8,11 @@ blob's partial files, then build the job's own directory jobs/<digest12>-<n>/ fr
 links to the store: every submission gets an immutable tree, and a resubmit never
 touches a running job's files. Two submits of the same new file (the same user, at
 once) each write their own partial file, so both succeed and no blob is ever mixed.
+
+A streamed upload (tacc_agent.tasks.store_receive) hashes each blob as it arrives and
+installs it with `install_blob` on its last byte: its commit then finds the blob in the
+store and reads nothing again. `missing` may carry the commit too ("commit": its
+request): when nothing is missing it is done at once, one round trip for a resubmit.
 """
 
 from __future__ import annotations
@@ -141,12 +146,33 @@ def missing(user_dir: Path, blobs: list[str]) -> dict:
             "userdir": str(user_dir)}  # fmt: skip
 
 
+READ_SIZE = 1 << 18  # one reused buffer: no fresh 1 MiB object (and its page faults) per read
+
+
+def hash_into(digest, handle, limit: int | None = None) -> int:
+    """Feed digest what handle holds (at most limit bytes); the bytes read."""
+    buffer = bytearray(READ_SIZE)
+    view, total = memoryview(buffer), 0
+    while limit is None or total < limit:
+        count = handle.readinto(view if limit is None else view[: min(READ_SIZE, limit - total)])
+        if not count:
+            break
+        digest.update(view[:count])
+        total += count
+    return total
+
+
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    with path.open("rb", buffering=0) as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def blob_sha256(name: str) -> str:
+    return name.split("-")[0]
+
+
+def read_only_mode(name: str) -> int:
+    return 0o555 if name.endswith("-755") else 0o444
 
 
 TOP_DIRS = ("code", "datasets")
@@ -232,15 +258,32 @@ def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bo
         upload = name  # an older tcloud appended to store/.partial/<blob> and named none
     final, staged = store / name, partial / upload
     try:
-        good = final.exists() or sha256(staged) == name.split("-")[0]
-        if good and not final.exists():
-            staged.chmod(0o555 if name.endswith("-755") else 0o444)
-            with contextlib.suppress(FileExistsError):  # another upload linked it first
-                os.link(staged, final)
+        good = final.exists() or sha256(staged) == blob_sha256(name)
     except FileNotFoundError:  # dropped by another upload's commit of the same blob
         return True
+    if not good:
+        drop_partials(partial, name)
+        return False
+    install_blob(store, partial, name, staged)  # gone meanwhile: the commit finds it lacking
+    return True
+
+
+def install_blob(store: Path, partial: Path, name: str, staged: Path) -> bool:
+    """Link staged (whose content is known to be blob `name`) into the store read-only,
+    then drop the blob's partial files (another upload of it still running finds the
+    blob in the store). False when staged is gone and the store lacks the blob (another
+    upload dropped it after a bad copy): the blob is to be sent again."""
+    final = store / name
+    try:
+        if not final.exists():
+            staged.chmod(read_only_mode(name))
+            with contextlib.suppress(FileExistsError):  # another upload linked it first
+                os.link(staged, final)
+    except FileNotFoundError:
+        if not final.exists():
+            return False
     drop_partials(partial, name)
-    return good
+    return True
 
 
 def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: str,
@@ -281,14 +324,32 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
     return {"workdir": str(workdir), "userdir": str(user_dir), "bad": []}
 
 
+def commit_request(user_dir: Path, request: dict) -> dict:
+    blobs, manifest, files = checked_request(request)
+    uploads = checked_uploads(request.get("uploads", {}))
+    return commit(user_dir, blobs, manifest, request.get("digest", ""), files, uploads)
+
+
+def missing_then_commit(user_dir: Path, request: dict) -> dict:
+    """`missing`; with "commit" (a commit request of no blobs) and nothing missing, the
+    commit too: its workdir and bad join the answer (a resubmit of nothing new is one
+    round trip; with "submit", the agent then sbatches the workdir as after a commit)."""
+    blobs = request.get("blobs", [])
+    if not isinstance(blobs, list):
+        raise Rejected("expected blobs: [names]")
+    then = request.get("commit")
+    if then is not None and (not isinstance(then, dict) or then.get("blobs", []) != []):
+        raise Rejected("expected commit: a commit request with no blobs")
+    answer = missing(user_dir, blobs)
+    answer["receive"] = True  # this store takes a streamed upload (store_receive)
+    if then is not None and not answer["missing"]:
+        answer.update(commit_request(user_dir, then))
+    return answer
+
+
 def handle(user_dir: Path, request: dict) -> dict:
     if request.get("op") == "missing":
-        blobs = request.get("blobs", [])
-        if not isinstance(blobs, list):
-            raise Rejected("expected blobs: [names]")
-        return missing(user_dir, blobs)
+        return missing_then_commit(user_dir, request)
     if request.get("op") == "commit":
-        blobs, manifest, files = checked_request(request)
-        uploads = checked_uploads(request.get("uploads", {}))
-        return commit(user_dir, blobs, manifest, request.get("digest", ""), files, uploads)
+        return commit_request(user_dir, request)
     raise Rejected(f"unknown store operation {json.dumps(request.get('op'))}")
