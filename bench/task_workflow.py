@@ -10,15 +10,22 @@ to a baseline run side by side: plain `sbatch` over ssh.
    time (submit start -> job's final state), mean / min / max / stdev, as in the FfDL
    paper's Table 1; the lab's compute nodes are declared with enough CPUs that all fit.
 
+4. with --steps: where the time of one submit goes (bench/submit_steps.py), from the
+   client's TCLOUD_TIMING lines, the job's own marks (status/timing/), slurmctld's and
+   slurmd's logs: median per step of single submits and of K concurrent ones, next to
+   plain sbatch's.
+
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python bench/task_workflow.py [--samples 10] [--concurrency 10 20 40] \
-        [--json PATH]
-Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end.
+        [--steps] [--lab NAME] [--json PATH]
+Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end; with --lab, a lab
+that is up instead (left up, not converged: declare its CPUs as DECLARED does first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import statistics
@@ -30,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import submit_steps
 from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, playbook, summary
 
 from tacc_lab.demo import researcher_env
@@ -49,17 +57,19 @@ class Tcloud:
 
         self.env = {**os.environ, **env}
 
-    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([str(BIN / "tcloud"), *argv], env=self.env, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+    def run(self, *argv: str, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+        proc = subprocess.run([str(BIN / "tcloud"), *argv], env={**self.env, **(env or {})},
+                              capture_output=True, text=True, check=False)  # fmt: skip
         if check and proc.returncode != 0:
             raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
         return proc
 
-    def submit(self, project: Path, retries: int = 3) -> tuple[str, int]:
+    def submit(self, project: Path, retries: int = 3,
+               env: dict[str, str] | None = None) -> tuple[str, int]:  # fmt: skip
         """(job id, retries needed): sshd refuses some of many simultaneous logins."""
         for attempt in range(retries + 1):
-            proc = self.run("submit", "--json", str(project), check=attempt == retries)
+            proc = self.run("submit", "--json", str(project), check=attempt == retries, env=env)
             if proc.returncode == 0:
                 return json.loads(proc.stdout)["job_id"], attempt
             time.sleep(0.5 * (attempt + 1))
@@ -90,16 +100,19 @@ def task(root: Path, name: str, run: str, time_limit: str = "5") -> Path:
     return root
 
 
-def login_sh(script: str, retries: int = 3) -> str:
+LAB = {"name": NAME}  # the lab the bench drives (--lab)
+
+
+def login_sh(script: str, retries: int = 3, node: str = "login1") -> str:
     """A command on the login node over ssh (retried if sshd drops the connection)."""
     for attempt in range(retries + 1):
-        proc = subprocess.run([str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1",
+        proc = subprocess.run([str(BIN / "tacc-lab"), "--name", LAB["name"], "ssh", node,
                                shlex.join(["sh", "-c", script])],
                               capture_output=True, text=True, check=False)  # fmt: skip
         if proc.returncode == 0:
             return proc.stdout
         if attempt == retries:
-            raise RuntimeError(f"login node: {script}: {proc.stderr.strip()}")
+            raise RuntimeError(f"{node}: {script}: {proc.stderr.strip()}")
         time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -209,32 +222,166 @@ def baseline_concurrent(count: int) -> list[float]:
     return [ends[job] - starts[job] for job in jobs]
 
 
+# ---------------------------------------------------------------- --steps
+CONTROLLER = "n1"  # the lab's slurmctld, also its NFS server (/shared read there is current)
+BASELINE_OUT = "/shared/bench-steps"
+READ_MARKS = """
+import json, pathlib, sys
+dirs = json.loads(sys.argv[1])
+print(json.dumps({job: {p.stem: json.loads(p.read_text())
+                        for p in pathlib.Path(d, "status", "timing").glob("*.json")}
+                  for job, d in dirs.items()}))
+"""
+
+
+def timed_submit(tcloud: Tcloud, project: Path, timing_file: Path) -> dict:
+    """One `tcloud submit` with TCLOUD_TIMING: its launch and exit, its steps."""
+    launch = time.time()
+    job, retries = tcloud.submit(project, env={"TCLOUD_TIMING": str(timing_file)})
+    end = time.time()
+    lines = timing_file.read_text().splitlines() if timing_file.exists() else []
+    return {"job": job, "retries": retries, "points": {"launch": launch, "exit": end},
+            "client": [json.loads(line) for line in lines]}  # fmt: skip
+
+
+def timed_sbatch(sleep: int) -> dict:
+    """Plain sbatch over ssh; its batch script prints the time first."""
+    launch = time.time()
+    job = login_sh(f"sbatch --parsable -N1 -c1 --mem=50M -o {BASELINE_OUT}/%j.out "
+                   f"--wrap 'date +%s.%N; sleep {sleep}'").strip()  # fmt: skip
+    return {"job": job, "points": {"launch": launch}}
+
+
+def wait_sbatch(samples: list[dict]) -> None:
+    jobs = {s["job"] for s in samples}
+    while jobs & set(login_sh("squeue -h -o %i").split()):
+        time.sleep(0.2)
+
+
+def slurm_logs() -> dict[str, dict]:
+    ctld = login_sh(submit_steps.CTLD_GREP + "/var/log/slurm/slurmctld.log || true",
+                    node=CONTROLLER)  # fmt: skip
+    nodes = sorted(set(login_sh("sinfo -h -N -o %N", node=CONTROLLER).split()))
+    slurmd = "".join(login_sh(submit_steps.SLURMD_GREP + "/var/log/slurm/slurmd.log || true",
+                              node=node) for node in nodes)  # fmt: skip
+    return submit_steps.slurm_points(ctld, slurmd)
+
+
+def cluster_points(tcloud: Tcloud, samples: list[dict], slurm: dict[str, dict]) -> None:
+    """Each finished tcloud sample's points from its record, its marks and Slurm's logs."""
+    infos = {s["job"]: tcloud.status(s["job"]) for s in samples}
+    dirs = {job: info["workdir"] for job, info in infos.items()}
+    script = shlex.join(["python3", "-c", READ_MARKS, json.dumps(dirs)])
+    marks = json.loads(login_sh(script, node=CONTROLLER))
+    for sample in samples:
+        job, points = sample["job"], sample["points"]
+        for state in ("QUEUED", "RUNNING"):
+            with contextlib.suppress(StopIteration):
+                points[state.lower()] = event_time(infos[job], state)
+        sample["state"] = infos[job]["state"]
+        for who, found in marks.get(job, {}).items():
+            points |= {f"{who}.{name}": value for name, value in found.items()}
+        points |= {k: v for k, v in slurm.get(job, {}).items() if k != "by"}
+        sample["by"] = slurm.get(job, {}).get("by")
+
+
+def baseline_points(samples: list[dict], slurm: dict[str, dict]) -> None:
+    jobs = " ".join(f"{BASELINE_OUT}/{s['job']}.out" for s in samples)
+    out = login_sh(f'for f in {jobs}; do echo "$f $(head -1 $f)"; done', node=CONTROLLER)
+    first = {Path(f).stem: float(t) for f, t in (line.split() for line in out.splitlines())}
+    for sample in samples:
+        sample["points"] |= {k: v for k, v in slurm.get(sample["job"], {}).items() if k != "by"}
+        sample["points"]["first_line"] = first[sample["job"]]
+        sample["by"] = slurm.get(sample["job"], {}).get("by")
+
+
+def steps_run(tcloud: Tcloud, work: Path, count: int, sleep: int,
+              rounds: int = 1) -> tuple[list[dict], list[dict]]:  # fmt: skip
+    """`count` submits at once (tcloud, then plain sbatch), `rounds` times."""
+    project = task(work / f"steps-{count}-{sleep}", f"steps{count}", f"echo first; sleep {sleep}",
+                   time_limit="5")  # fmt: skip
+    ours: list[dict] = []
+    theirs: list[dict] = []
+    for round_ in range(rounds):
+        timing = work / f"timing-{count}-{round_}"
+        timing.mkdir()
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            files = [timing / f"{i}.jsonl" for i in range(count)]
+            batch = list(pool.map(lambda file: timed_submit(tcloud, project, file), files))
+        for sample in batch:
+            tcloud.wait(sample["job"], TERMINAL, 600)
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            base = list(pool.map(lambda _: timed_sbatch(sleep), range(count)))
+        wait_sbatch(base)
+        ours += batch
+        theirs += base
+    slurm = slurm_logs()
+    cluster_points(tcloud, ours, slurm)
+    baseline_points(theirs, slurm)
+    return ours, theirs
+
+
+def steps(tcloud: Tcloud, work: Path, samples: int, concurrency: list[int]) -> dict:
+    """The per-step split: `samples` single submits (each followed by a plain sbatch),
+    then each K of `concurrency` at once; median per step, printed as a table."""
+    login_sh(f"mkdir -p {BASELINE_OUT} && chmod 1777 {BASELINE_OUT}", node=CONTROLLER)
+    runs = {"1": steps_run(tcloud, work, 1, 1, rounds=samples)}
+    for count in concurrency:
+        runs[str(count)] = steps_run(tcloud, work, count, 10)
+    columns: dict[str, dict[str, float]] = {}
+    result = {}
+    for count, (ours, theirs) in runs.items():
+        label = "1 at a time" if count == "1" else f"{count} at once"
+        columns[f"tcloud, {label}"] = submit_steps.medians([submit_steps.split(s) for s in ours])
+        columns[f"sbatch, {label}"] = submit_steps.medians(
+            [submit_steps.baseline_split(s) for s in theirs]
+        )
+        result[count] = {"tcloud": ours, "sbatch": theirs,
+                         "ssh_retries": sum(s["retries"] for s in ours),
+                         "failed": sum(s["state"] != "COMPLETED" for s in ours)}  # fmt: skip
+    print(f"where a submit's time goes, median seconds per step ({samples} single samples):")
+    print(submit_steps.table(columns))
+    for count, found in result.items():
+        print(f"  K={count}: ssh retries {found['ssh_retries']}, failed {found['failed']}")
+    result["table"] = columns
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 20, 40])
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
+    parser.add_argument("--steps", action="store_true",
+                        help="only the per-step split of a submit (1 and K at once)")  # fmt: skip
+    parser.add_argument("--lab", help="use this lab, already up, instead of the bench lab")
     add_json_argument(parser)
     args = parser.parse_args()
+    LAB["name"] = args.lab or NAME
     with (
         Record(args.json, nodes=3, samples=args.samples, task_s=10) as out,
         tempfile.TemporaryDirectory() as tmp,
     ):
         work = Path(tmp)
         inventory = work / "hosts.yml"
-        lab_down()
-        lab_up(3, inventory)
+        if not args.lab:
+            lab_down()
+            lab_up(3, inventory)
         try:
-            playbook(inventory, "playbooks/site.yml", "-e", json.dumps(DECLARED))
-            tcloud = Tcloud(researcher_env(NAME, "alice"))
+            if not args.lab:
+                playbook(inventory, "playbooks/site.yml", "-e", json.dumps(DECLARED))
+            tcloud = Tcloud(researcher_env(LAB["name"], "alice"))
             tcloud.wait(tcloud.submit(task(work / "warm", "warm", "true"))[0], TERMINAL)
+            if args.steps:
+                out["steps"] = steps(tcloud, work, args.samples, args.concurrency)
+                return 0
             out["submit_to_running"] = submit_to_running(tcloud, work, args.samples)
             out["log_latency"] = log_latency(tcloud, work)
             out["concurrency"] = []
             for count in args.concurrency:
                 out["concurrency"] = [*out["concurrency"], concurrent(tcloud, work, count)]
         finally:
-            if not args.keep:
+            if not (args.keep or args.lab):
                 lab_down()
     return 0
 

@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, transport
+from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, timing, transport
 from tacc_agent.tasks.agreement import Agreement
 from tacc_agent.tasks.instruction import load
 from tacc_agent.tasks.schedule import cluster_plugins
@@ -236,7 +237,10 @@ AGENT = [sys.executable, "-I", "-m", "tacc_agent"]
 
 # ---------------------------------------------------------------- batch step
 def batch(job_dir: Path, config: AgentConfig) -> int:
+    entered = time.time()
     job_dir = sweeps.batch_dir(job_dir.resolve())  # a sweep's trial works in its own
+    marks = timing.Marks(job_dir, "batch")
+    marks.mark("batch", entered)
     task = load(job_dir)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     become_subreaper()
@@ -245,6 +249,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     # A requeued run: say what stopped the last one before its rank records go.
     lost = lost_nodes.describe(records.ranks(job_dir), config.slurm_timeout_seconds)
     records.clear_ranks(job_dir)
+    timing.clear(job_dir)
     detail = {"lost": lost} if restarts and lost else {}
     # The Slurm id, in the job's own record: a submit that crashed after sbatch and
     # whose job ran out of the queue is still found without accounting (submitting.py).
@@ -265,6 +270,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
             )  # fmt: skip
             envcache.record_for_job(job_dir, environment)
             envcache.activate(Path(environment["path"]), env)
+        marks.mark("environment")
     except AgentError as exc:
         say(str(exc))
         if forwarder.terminated:  # cancelled, halted or out of time while building
@@ -286,6 +292,8 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     argv = wrapper_argv(task, job_dir)
     if forwarder.terminated:
         return 128 + signal.SIGTERM
+    marks.mark("srun")
+    marks.save()
     started = time.monotonic()
     code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
                     sys.stdout.buffer.write)  # fmt: skip
@@ -416,7 +424,22 @@ def node_features(host: str, config: AgentConfig) -> list[str]:
     return [f for f in features.split(",") if f and f != "(null)"]
 
 
+def first_output_marked(
+    sink: Callable[[bytes], object], marks: timing.Marks
+) -> Callable[[bytes], None]:
+    """sink, and the time of the program's first output line in marks (saved then)."""
+
+    def write(raw: bytes) -> None:
+        if "first_output" not in marks.marks:
+            marks.mark("first_output")
+            marks.save()
+        sink(raw)
+
+    return write
+
+
 def execute(job_dir: Path, config: AgentConfig) -> int:
+    entered = time.time()
     job_dir = job_dir.resolve()
     task = load(job_dir)
     job_id = os.environ.get("SLURM_JOB_ID", "")
@@ -436,6 +459,8 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
     wrappers = 1 if mpirun else int(os.environ.get("SLURM_NTASKS", "1") or 1)
     log_path = job_dir / "logs" / f"rank-{rank}-{host}.log"
     workers = range(rank, rank + processes_per_node(task.resources))
+    marks = timing.Marks(job_dir, f"rank-{rank}")
+    marks.mark("wrapper", entered)
     with (
         log_path.open("ab", buffering=0) as log,
         RankLogs(job_dir, host, log, workers) as rank_logs,
@@ -465,6 +490,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
                                         config.rendezvous_timeout_seconds))  # fmt: skip
         for plugin in in_layer(cluster_plugins(task, config), "execute"):
             plugin.execute(launch)
+        marks.mark("rendezvous")
         choice = launch.transport
         if rank == 0 and choice is not None:
             note(f"transport {choice.name}: {choice.reason}")
@@ -480,7 +506,11 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         )
-        sink = rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write
+        sink = first_output_marked(
+            rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write, marks
+        )
+        marks.mark("program")
+        marks.save()
         code = 0
         for line in task.run:
             if forwarder.terminated:
