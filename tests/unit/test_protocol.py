@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -26,9 +27,11 @@ from tcloud.errors import TcloudError
 
 BUILT = [
     (protocol.hello(), ["hello"]),
+    (protocol.session(), ["session"]),
     (protocol.whoami(), ["whoami"]),
     (protocol.quota(), ["quota"]),
     (protocol.store(), ["store"]),
+    (protocol.store_receive(), ["store", "receive"]),
     (protocol.env(), ["env"]),
     (protocol.job_check(), ["job", "check"]),
     (protocol.job_submit("/w/jobs/1"), ["job", "submit", "/w/jobs/1"]),
@@ -364,32 +367,79 @@ def test_the_agent_error_line_is_the_contracts(tmp_path):
 
 OLD_AGENT_USAGE = (
     "usage: tacc-agent [-h] [--version] [--config CONFIG] [--userdir USERDIR]\n"
-    "tacc-agent: error: argument command: invalid choice: 'hello' (choose from 'check', "
-    "'serve', 'whoami', 'quota', 'store', 'env', 'job', 'batch', 'exec')\n"
+    "tacc-agent: error: argument command: invalid choice: 'session' (choose from 'hello', "
+    "'check', 'serve', 'whoami', 'quota', 'store', 'env', 'job', 'batch', 'exec')\n"
 )
 
 
-class Stream:
-    def __init__(self, data: bytes = b"", rc: int = 0) -> None:
-        self.data, self.rc = data, rc
+class FakeSession:
+    """`tacc-agent session` as paramiko's three channel files: it writes `hello`'s
+    stdout first; if that is a hello, each request line sent is answered from the
+    agent's script, else the process ends there with `hello`'s exit code and stderr."""
+
+    def __init__(self, agent: FakeAgent) -> None:
+        self.agent = agent
         self.channel = self
+        rc, out, err = agent.hello
+        text = out if isinstance(out, str) else json.dumps(out)
+        self.serving = rc == 0 and agent_hello(text)
+        self.out = (text + "\n").encode() if text else b""
+        self.rc, self.err = (0, b"") if self.serving else (rc, err.encode())
+        self.closed = False
 
-    def read(self) -> bytes:
-        return self.data
-
-    def write(self, data: bytes) -> None:
-        self.data += data
+    # stdin (its channel)
+    def sendall(self, data: bytes) -> None:
+        assert self.serving and not self.closed, "a request after the session ended"
+        request = protocol.SESSION_REQUEST.check(json.loads(data))
+        self.agent.commands.append(["tacc-agent", *request["verb"]])
+        words = request["verb"]
+        words = words[2:] if words[:1] == ["--userdir"] else words
+        name = protocol.verb_name(words)
+        rc, out, _err = self.agent.answers.get(name, (0, ANSWERS.get(tuple(name.split())), ""))
+        self.out += json.dumps({"rc": rc, "answer": out}).encode() + b"\n"
 
     def shutdown_write(self) -> None:
-        pass
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    # stdout and stderr
+    def readline(self) -> bytes:
+        line, newline, self.out = self.out.partition(b"\n")
+        return line + newline
+
+    def read(self) -> bytes:
+        out, self.out = self.out, b""
+        return out
 
     def recv_exit_status(self) -> int:
         return self.rc
 
+    def exit_status_ready(self) -> bool:
+        return self.closed
+
+
+def agent_hello(text: str) -> bool:
+    try:
+        Hello.parse(json.loads(text))
+    except (ValueError, ProtocolError):
+        return False
+    return True
+
+
+class Stderr:
+    def __init__(self, session: FakeSession) -> None:
+        self.session, self.channel = session, session
+
+    def read(self) -> bytes:
+        return self.session.err
+
 
 class FakeAgent:
-    """An SSH client whose login node runs a scripted tacc-agent: verb -> (rc, stdout,
-    stderr); `hello` answers as told. Records every command line it is asked to run."""
+    """An SSH client whose login node runs a scripted tacc-agent: `hello` is what its
+    `session` first says (rc, stdout, stderr), answers verb -> (rc, answer, stderr).
+    Records every command line it is asked to run, and each session request."""
 
     def __init__(self, hello=(0, {"protocol": PROTOCOL_VERSION, "agent_version": "9"}, ""),
                  answers: dict | None = None) -> None:  # fmt: skip
@@ -399,18 +449,10 @@ class FakeAgent:
 
     def exec_command(self, line: str):
         argv = shlex.split(line)
+        assert argv == ["tacc-agent", "session"], argv  # every verb goes through the session
         self.commands.append(argv)
-        assert argv[0] == "tacc-agent"
-        words = argv[3:] if argv[1:2] == ["--userdir"] else argv[1:]
-        name = protocol.verb_name(words)
-        if name == "hello":
-            rc, out, err = self.hello
-        elif name in self.answers:
-            rc, out, err = self.answers[name]
-        else:
-            rc, out, err = 0, ANSWERS[tuple(name.split())], ""
-        text = out if isinstance(out, str) else json.dumps(out)
-        return Stream(), Stream(text.encode(), rc), Stream(err.encode(), rc)
+        session = FakeSession(self)
+        return session, session, Stderr(session)
 
     def get_transport(self):
         raise AssertionError("a stream was opened before the handshake refused the agent")
@@ -419,36 +461,40 @@ class FakeAgent:
         return [" ".join(c[1:]) for c in self.commands]
 
 
-def test_hello_once_per_ssh_session_then_the_verbs():
+def test_one_session_per_ssh_client_says_hello_then_serves_the_verbs():
     client = FakeAgent()
     assert jobs.ps(client, None) == ANSWERS[("job", "ps")]
     assert jobs.status(client, "/u", "12")["job_id"] == "12"
     assert jobs.whoami(client, None)["user"] == "alice"
-    assert client.verbs() == ["hello", "job ps", "--userdir /u job status 12", "whoami"]
+    assert client.verbs() == ["session", "job ps", "--userdir /u job status 12", "whoami"]
     other = FakeAgent()
     jobs.quota(other, None)
-    assert other.verbs() == ["hello", "quota"]
+    assert other.verbs() == ["session", "quota"]
     assert agent.handshake(client) == Hello(PROTOCOL_VERSION, "9")
+    assert client.verbs()[-1] == "whoami"  # the hello came with the session: no round trip
 
 
-def test_the_real_agents_hello_passes_the_handshake():
+def test_the_real_agents_session_hello_passes_the_handshake():
     class RealHello(FakeAgent):
         def exec_command(self, line: str):
-            if shlex.split(line)[1:] == ["hello"]:
-                rc, out = agent_says(["hello"])
-                self.hello = (rc, out, "")
+            real = subprocess.run(  # the real session, its stdin at EOF at once
+                [sys.executable, "-m", "tacc_agent", *shlex.split(line)[1:]],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert real.returncode == 0 and real.stdout.count("\n") == 1, real
+            self.hello = (real.returncode, real.stdout.strip(), real.stderr)
             return super().exec_command(line)
 
     client = RealHello()
     jobs.environments(client, None)
-    assert client.verbs() == ["hello", "env"]
+    assert client.verbs() == ["session", "env"]
 
 
 def mismatch(client, call=lambda c: jobs.ps(c, None)) -> TcloudError:
     with pytest.raises(agent.AgentMismatch) as caught:
         call(client)
     assert caught.value.exit_code == EXIT_CLUSTER == 4
-    assert client.verbs() == ["hello"]  # nothing else was asked
+    assert client.verbs() == ["session"]  # nothing else was asked
     return caught.value
 
 
@@ -459,10 +505,10 @@ UPGRADE_AGENT = (
 
 
 @pytest.mark.bad_input
-def test_an_agent_older_than_hello_is_told_to_upgrade():
+def test_an_agent_older_than_session_is_told_to_upgrade():
     error = mismatch(FakeAgent(hello=(2, "", OLD_AGENT_USAGE)))
     assert str(error).startswith(UPGRADE_AGENT)
-    assert "it does not know the verb `hello`" in str(error)
+    assert "it does not know the verb `session`" in str(error)
 
 
 @pytest.mark.bad_input
@@ -477,9 +523,9 @@ def test_an_agent_that_answers_hello_with_no_protocol_is_older(hello):
 
 @pytest.mark.bad_input
 def test_an_agent_with_an_older_protocol_is_told_to_upgrade():
-    error = mismatch(FakeAgent(hello=(0, {"protocol": 0, "agent_version": "0.1.0"}, "")))
+    error = mismatch(FakeAgent(hello=(0, {"protocol": 1, "agent_version": "0.1.0"}, "")))
     assert str(error).startswith(UPGRADE_AGENT)
-    assert "it is 0.1.0, speaking protocol 0" in str(error)
+    assert "it is 0.1.0, speaking protocol 1" in str(error)
 
 
 @pytest.mark.bad_input
@@ -502,11 +548,11 @@ def test_a_failed_handshake_is_asked_again_on_the_next_call():
     mismatch(client)
     client.hello = FakeAgent().hello  # upgraded meanwhile
     jobs.ps(client, None)
-    assert client.verbs()[1:] == ["hello", "job ps"]
+    assert client.verbs()[1:] == ["session", "job ps"]
 
 
 @pytest.mark.bad_input
-def test_an_agent_that_knows_hello_but_fails_says_why():
+def test_an_agent_that_knows_session_but_fails_says_why():
     client = FakeAgent(hello=(3, {"error": "internal error: OSError: disk"}, ""))
     with pytest.raises(TcloudError, match=r"^internal error: OSError: disk$") as caught:
         jobs.ps(client, None)

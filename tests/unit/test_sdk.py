@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -98,6 +99,57 @@ class LocalChannel:
         return self
 
 
+class LocalSession:
+    """`tacc-agent session`: the real agent, running while the connection lasts, as
+    paramiko's three channel files; each request line sent is recorded as a command."""
+
+    def __init__(self, client: FakeSSH, argv: list[str]) -> None:
+        self.client, self.channel = client, self
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=client.env,
+        )  # fmt: skip
+        self.stderr = Stderr(self)
+
+    def sendall(self, data: bytes) -> None:
+        with contextlib.suppress(ValueError):  # a request line, not a stream's bytes
+            request = json.loads(data)
+            if isinstance(request, dict) and "verb" in request:
+                self.client.commands.append(["tacc-agent", *request["verb"]])
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def readline(self) -> bytes:
+        return self.process.stdout.readline()
+
+    def read(self) -> bytes:
+        return self.process.stdout.read()
+
+    def shutdown_write(self) -> None:
+        self.process.stdin.close()
+
+    def close(self) -> None:
+        if not self.process.stdin.closed:
+            self.process.stdin.close()  # EOF: the session ends
+        self.process.wait(timeout=60)
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+    def recv_exit_status(self) -> int:
+        return self.process.wait(timeout=60)
+
+    def exit_status_ready(self) -> bool:
+        return self.process.poll() is not None
+
+
+class Stderr:
+    def __init__(self, session: LocalSession) -> None:
+        self.channel = session
+
+    def read(self) -> bytes:
+        return self.channel.process.stderr.read()
+
+
 class LocalSFTP:
     """The SFTP calls tcloud makes, onto this machine's files."""
 
@@ -150,6 +202,7 @@ class FakeSSH:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env, self.commands, self.closed_channels = env, [], 0
+        self.agent_sessions: list[LocalSession] = []
 
     def local_argv(self, cmdline: str) -> list[str]:
         argv = shlex.split(cmdline)
@@ -158,8 +211,17 @@ class FakeSSH:
         return [sys.executable, "-m", "tacc_agent", *argv[1:]]
 
     def exec_command(self, cmdline: str):
-        command = LocalCommand(self.local_argv(cmdline), self.env)
+        argv = self.local_argv(cmdline)
+        if argv[3:] == ["session"]:
+            self.agent_sessions.append(LocalSession(self, argv))
+            return self.agent_sessions[-1], self.agent_sessions[-1], self.agent_sessions[-1].stderr
+        command = LocalCommand(argv, self.env)
         return command, Output(command, "stdout"), Output(command, "stderr")
+
+    def close(self) -> None:
+        """As paramiko's close: the channels end, and with them the agent's session."""
+        for agent_session in self.agent_sessions:
+            agent_session.close()
 
     def get_transport(self) -> LocalChannel:
         return LocalChannel(self)
@@ -190,7 +252,10 @@ class FakeCluster:
         assert settings.name == "fake"
         client = FakeSSH(self.env)
         self.sessions.append(client)
-        yield client
+        try:
+            yield client
+        finally:
+            client.close()
 
     def verbs(self) -> list[list[str]]:
         """Every agent verb run, without `tacc-agent --userdir DIR`."""
@@ -313,7 +378,7 @@ def test_the_session_is_opened_on_first_use_reused_and_reopened_after_close(fake
     cluster.jobs()
     cluster.jobs()
     assert len(fake.sessions) == 1
-    assert fake.verbs() == [["hello"], ["job", "ps"], ["job", "ps"]]  # hello once a session
+    assert fake.verbs() == [["session"], ["job", "ps"], ["job", "ps"]]  # one agent a session
     cluster.close()
     with pytest.raises(TcloudError, match="no job 7 of yours"):
         job.status()

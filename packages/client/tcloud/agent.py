@@ -136,7 +136,8 @@ class AgentSession:
 
     def close(self) -> None:
         self.dead = True
-        self.stdin.channel.close()
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            self.stdin.channel.close()
 
     def ended(self, detail: str) -> TcloudError:
         """The session's process or connection is gone: say what is known of why."""
