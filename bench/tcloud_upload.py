@@ -8,7 +8,9 @@ Usage (as root, from the repository root, after `make venv`; needs rsync on the 
     .venv/bin/python bench/tcloud_upload.py [--files 1000] [--mib 1024] [--json PATH]
 
 Targets from issue [4]: resubmit unchanged <= 1 s and <= 1 MiB sent; one changed 10 MiB
-file sends about 10 MiB. Uses the bench lab (10.77.7.0/24), one node.
+file sends about 10 MiB. Uses the bench lab (10.77.7.0/24), one node, booted and taken
+down by the script; or a lab that is up, left as it is (its agent as deployed):
+    .venv/bin/python bench/tcloud_upload.py --lab slurm --host 10.77.6.10 --node login1
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
+from benchlib import BIN, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
 
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
@@ -45,6 +48,14 @@ def make_tree(root: Path, files: int, total_mib: int) -> None:
     (root / "tcloud.yaml").write_text("name: bench\nrun: [ls data]\n")
 
 
+def lab_sh(lab: str, node: str, script: str) -> str:
+    """A shell script on a node of the named lab (as root, over the lab's ssh)."""
+    if lab == "bench":
+        return node_sh(node, script)
+    command = shlex.join(["sh", "-c", script])
+    return sh([str(BIN / "tacc-lab"), "--name", lab, "ssh", node, command]).stdout
+
+
 def tcloud_round(cluster: Cluster, project: Path, cache: Path) -> tuple[float, float, int]:
     """(seconds for hashing+compile, seconds for the whole submit, bytes sent)."""
     start = time.monotonic()
@@ -57,11 +68,11 @@ def tcloud_round(cluster: Cluster, project: Path, cache: Path) -> tuple[float, f
     return hashed, time.monotonic() - start, result.bytes_sent
 
 
-def rsync_round(project: Path, key: Path, known_hosts: Path) -> tuple[float, int]:
+def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple[float, int]:
     ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
     start = time.monotonic()
     proc = subprocess.run(
-        ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{NODE}:/root/rsync-bench/"],
+        ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{host}:/root/rsync-bench/"],
         capture_output=True,
         text=True,
         check=True,
@@ -84,13 +95,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--lab", default="bench", help="a lab that is up (not booted, kept)")
+    parser.add_argument("--host", default=NODE, help="the node's address (with --lab)")
+    parser.add_argument("--node", default="n1", help="the node's name in the lab")
     add_json_argument(parser)
     args = parser.parse_args()
     if subprocess.run(["which", "rsync"], capture_output=True).returncode != 0:
         sys.exit("bench: rsync is missing on this machine: apt-get install rsync")
-    cfg = resolve_config("bench", "10.77.7.0/24", "10.77.7.0/24")
+    own_lab = args.lab == "bench"
+    cfg = resolve_config(args.lab, "10.77.7.0/24" if own_lab else None, "10.77.7.0/24")
     cluster = Cluster(
-        "bench", NODE, user="root", key=str(cfg.ssh_key), known_hosts=str(cfg.known_hosts)
+        args.lab, args.host, user="root", key=str(cfg.ssh_key), known_hosts=str(cfg.known_hosts)
     )
     with (
         Record(args.json, files=args.files, mib=args.mib) as out,
@@ -99,19 +114,26 @@ def main() -> int:
         tmp_path = Path(tmp)
         project, cache = tmp_path / "task", tmp_path / "hashes.sqlite"
         make_tree(project, args.files, args.mib)
-        lab_down()
-        lab_up(1, tmp_path / "hosts.yml")
+        if own_lab:
+            lab_down()
+            lab_up(1, tmp_path / "hosts.yml")
         try:
-            playbook(tmp_path / "hosts.yml", "playbooks/agent.yml")  # tacc-agent store
-            node_sh("n1", "apt-get update -qq && apt-get install -y -q rsync >/dev/null")
+            if own_lab:
+                playbook(tmp_path / "hosts.yml", "playbooks/agent.yml")  # tacc-agent store
+            lab_sh(
+                args.lab,
+                args.node,
+                f"rm -rf {USERDIR} /root/rsync-bench; command -v rsync "
+                ">/dev/null || (apt-get update -qq && apt-get install -y -q rsync >/dev/null)",
+            )
             hashed_cold, total, sent = tcloud_round(cluster, project, cache)
-            first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts)
+            first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host)
             out["first"] = row(f"first submit ({args.files} files)", (total, sent), first_rsync)
             hashed_warm, total, sent = tcloud_round(cluster, project, cache)
             out["unchanged"] = row(
                 "resubmit, nothing changed",
                 (total, sent),
-                rsync_round(project, cfg.ssh_key, cfg.known_hosts),
+                rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host),
             )
             verdict = "meets" if total <= 1.0 and sent <= MIB else "MISSES"
             print(
@@ -123,7 +145,7 @@ def main() -> int:
             out["one_changed"] = row(
                 "resubmit, one 10 MiB change",
                 (total, sent),
-                rsync_round(project, cfg.ssh_key, cfg.known_hosts),
+                rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host),
             )
             size = args.mib
             print(
@@ -138,7 +160,8 @@ def main() -> int:
                 "warm_mib_per_s": size / hashed_warm,
             }
         finally:
-            lab_down()
+            if own_lab:
+                lab_down()
     return 0
 
 
