@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from tacc_contract import protocol
@@ -151,6 +152,18 @@ def test_a_lost_session_is_a_clear_error_and_the_next_call_opens_another(client)
         jobs.whoami(client, None)
     assert jobs.whoami(client, None)["user"]
     assert len(client.channels) == 2
+
+
+@pytest.mark.fault
+def test_a_connection_that_cannot_start_the_agent_is_a_clear_error():
+    class Dropped:
+        def exec_command(self, line: str):
+            raise paramiko.SSHException("SSH session not active")
+
+    with pytest.raises(
+        TcloudError, match=r"^cannot start tacc-agent on the login node: SSH session"
+    ):
+        jobs.whoami(Dropped(), None)
 
 
 # --- call_streaming: `store receive` -----------------------------------------------------

@@ -114,13 +114,15 @@ class AgentSession:
     between threads). Dead once its channel fails; the next call opens another."""
 
     def __init__(self, client: paramiko.SSHClient) -> None:
+        self.lock = threading.Lock()
+        self.dead = False
         with timing.step("session"):
-            self.stdin, self.stdout, self.stderr = start(
-                client, protocol.command(protocol.session())
-            )
-            self.lock = threading.Lock()
-            self.dead = False
-            first = as_bytes(self.stdout.readline())
+            try:
+                argv = protocol.command(protocol.session())
+                self.stdin, self.stdout, self.stderr = start(client, argv)
+                first = as_bytes(self.stdout.readline())
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise TcloudError(f"cannot start {AGENT} on the login node: {exc}") from None
             hello = first_hello(first)
             if hello is None:
                 self.stdin.channel.shutdown_write()  # a session that is one ends at EOF
