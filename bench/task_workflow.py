@@ -350,7 +350,7 @@ def steps(tcloud: Tcloud, work: Path, samples: int, concurrency: list[int]) -> d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 20, 40])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[10, 20, 40])
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
     parser.add_argument("--steps", action="store_true",
                         help="only the per-step split of a submit (1 and K at once)")  # fmt: skip

@@ -12,11 +12,14 @@ import stat
 import subprocess
 import sys
 import time
+from itertools import islice
 
 import pytest
 
+from tacc_agent import slurm
 from tacc_agent.tasks import timing
-from tacc_agent.tasks.execute import first_output_marked
+from tacc_agent.tasks.agreement import poll_intervals
+from tacc_agent.tasks.execute import first_output_marked, step_hostnames
 from tests.conftest import ROOT
 
 
@@ -132,3 +135,18 @@ def test_a_sample_without_marks_keeps_the_steps_it_has():
                                   "allocated": 1.5}})  # fmt: skip
     assert one == {"Slurm schedules (submit -> allocated)": 1.0,
                    "TOTAL submit command (launch -> exit)": 1.0}  # fmt: skip
+
+
+def test_a_plain_node_list_needs_no_scontrol_and_a_hostlist_expression_does(monkeypatch):
+    asked: list[str] = []
+    monkeypatch.setattr(slurm, "hostnames", lambda nodelist, _timeout: asked.append(nodelist)
+                        or ["n2", "n3"])  # fmt: skip
+    assert step_hostnames("n2", 5) == ["n2"]
+    assert step_hostnames("n3,n2", 5) == ["n3", "n2"]
+    assert asked == []
+    assert step_hostnames("n[2-3]", 5) == ["n2", "n3"]
+    assert asked == ["n[2-3]"]
+
+
+def test_rendezvous_polls_start_fast_and_back_off_to_a_tenth_of_a_second():
+    assert list(islice(poll_intervals(), 7)) == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1, 0.1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tacc_agent.errors import AgentError
@@ -19,17 +20,31 @@ from tacc_contract.plugins import Decide
 TOPIC = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # Rank 0 may wait the whole rendezvous timeout; the others wait this much longer.
 ANSWER_GRACE_SECONDS = 10
+# Polls of status/ start 10 ms apart (ranks started by one srun arrive within moments of
+# each other) and back off to 100 ms, so a long wait reads the shared directory no more
+# often than before.
+FIRST_POLL_SECONDS = 0.01
+LAST_POLL_SECONDS = 0.1
+
+
+def poll_intervals() -> Iterator[float]:
+    """10, 20, 40, 80 ms, then 100 ms for ever."""
+    interval = FIRST_POLL_SECONDS
+    while True:
+        yield interval
+        interval = min(interval * 2, LAST_POLL_SECONDS)
 
 
 def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
     """Every rank's status record, once all `count` ranks have written their facts (or
     the timeout passed: those that have)."""
     deadline = time.monotonic() + timeout
+    intervals = poll_intervals()
     while True:
         found = [r for r in records.ranks(job_dir) if "rdma" in r]
         if len(found) >= count or time.monotonic() > deadline:
             return found
-        time.sleep(0.1)
+        time.sleep(next(intervals))
 
 
 class Agreement:
@@ -65,9 +80,10 @@ class Agreement:
             records.write_json(path, decided)
             return decided
         deadline = time.monotonic() + self.timeout + self.grace
+        intervals = poll_intervals()
         while time.monotonic() < deadline:
             decided = records.read_json(path)
             if isinstance(decided, dict) and decided:
                 return decided
-            time.sleep(0.1)
+            time.sleep(next(intervals))
         return None

@@ -379,6 +379,15 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
 
 
 # ---------------------------------------------------------------- one node
+def step_hostnames(nodelist: str, timeout: float) -> list[str]:
+    """The step's host names in Slurm's order: a plain list (n2, or n2,n3) as it is, with
+    no scontrol process on a wrapper's start; a hostlist expression (n[2-3]) expanded by
+    `scontrol show hostnames`."""
+    if "[" not in nodelist:
+        return [name for name in nodelist.split(",") if name]
+    return slurm.hostnames(nodelist, timeout)
+
+
 def slurm_node_rank(nodes: list[str], host: str) -> int:
     """This node's index in the step: Slurm's own (SLURM_NODEID, the order its ranks
     and PMIx follow, whatever the host calls itself); outside Slurm, the host's place."""
@@ -448,7 +457,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
     step_nodes = None if mpirun else os.environ.get("SLURM_STEP_NODELIST")
     nodelist = step_nodes or os.environ.get("SLURM_JOB_NODELIST", host)
     nodes = (
-        slurm.hostnames(nodelist, config.slurm_timeout_seconds)
+        step_hostnames(nodelist, config.slurm_timeout_seconds)
         if "SLURM_JOB_ID" in os.environ
         else [host]
     )
