@@ -4,7 +4,10 @@ the lab proxy), the idempotent re-run, --check --diff, and adding a 4th node whi
 runs. Prints seconds, changed= per host and the re-run/converge ratio.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python bench/converge.py [--accounting] [--json PATH]
+    .venv/bin/python bench/converge.py [--accounting] [--strategy NAME] [--json PATH]
+
+--strategy picks Ansible's strategy for every run: linear (ansible.cfg's default),
+free, or mitogen_linear (plugins/strategy: one Python per node for the whole run).
 
 Targets from issue [2]: re-run changed=0 and <= 25% of the converge time. Uses the bench
 lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
@@ -13,6 +16,7 @@ lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +25,7 @@ from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playb
 
 SITE = "playbooks/site.yml"
 RERUN_TARGET = 0.25
+STRATEGIES = ("linear", "free", "mitogen_linear")
 
 
 def changed_text(changed: dict[str, int]) -> str:
@@ -32,13 +37,17 @@ def main() -> int:
     parser.add_argument(
         "--accounting", action="store_true", help="also converge slurmdbd + MariaDB on n1"
     )
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, default="linear", help="Ansible strategy (default linear)"
+    )
     add_json_argument(parser)
     args = parser.parse_args()
+    os.environ["ANSIBLE_STRATEGY"] = args.strategy
     extra = []
     if args.accounting:
         extra = ["-e", "slurm_accounting_enabled=true", "-e", "slurm_dbd_db_password=bench-only"]
     with (
-        Record(args.json, nodes=3, accounting=args.accounting) as out,
+        Record(args.json, nodes=3, accounting=args.accounting, strategy=args.strategy) as out,
         tempfile.TemporaryDirectory() as tmp,
     ):
         inventory = Path(tmp) / "hosts.yml"

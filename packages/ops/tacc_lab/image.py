@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tacc_lab.apt_sources import debian_mirror, source_files
 from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
 from tacc_lab.runner import run
 
 SUITE = "bookworm"
@@ -129,3 +130,22 @@ def _prune_old_images(cfg: LabConfig, keep: Path) -> None:
         if old != keep and not old.name.endswith(".building") and str(old) not in mounts:
             print(f"removing stale node image {old.name}", file=sys.stderr)
             shutil.rmtree(old, ignore_errors=True)
+
+
+def main() -> int:
+    """`python -m tacc_lab.image`: build the node image now (or find it cached). This module
+    needs only the standard library, so `make demo` runs it with the system Python while
+    the venv installs, and `tacc-lab up` then finds the image built."""
+    cfg = LabConfig.create("image", "10.77.0.0/24")  # only cfg.image_cache is read
+    try:
+        path, seconds = ensure_image(cfg)
+    except (LabError, OSError) as exc:
+        print(f"tacc-lab image: {exc}", file=sys.stderr)
+        return 1
+    built = f"built in {seconds:.0f} s" if seconds is not None else "cached"
+    print(f"node image {path.name}: {built}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
