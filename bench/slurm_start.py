@@ -18,29 +18,20 @@ Usage (as root, from the repository root, on a lab that is up):
 from __future__ import annotations
 
 import argparse
-import calendar
 import random
-import re
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime
 
 from benchlib import BIN, Record, add_json_argument, summary
+from submit_steps import CTLD_GREP, slurm_points
 
 CONF = "/etc/slurm/slurm.conf"
 NODES = ("n1", "n2", "n3", "login1")
 SAMPLER_NODE = "n2"
 CONTROLLER = "n1"
-# slurmctld's lines: the submission, and the allocation by the main scheduler ("sched:
-# Allocate JobId=N") or by the backfill scheduler ("Started JobId=N in ...").
-SUBMITTED = re.compile(r"^\[(\S+)\] _slurm_rpc_submit_batch_job: JobId=(\d+) ")
-ALLOCATED = re.compile(
-    r"^\[(\S+)\] (sched): Allocate JobId=(\d+) |"
-    r"^\[(\S+)\] (sched/backfill): _start_job: Started JobId=(\d+) "
-)
 
 
 def node_sh(lab: str, node: str, script: str, stdin: str | None = None) -> str:
@@ -79,34 +70,18 @@ rm -rf "$dir"
 """
 
 
-def log_time(stamp: str) -> float:
-    """slurmctld's iso8601_ms time (the lab's nodes run in UTC) as a clock time."""
-    parsed = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f")
-    return calendar.timegm(parsed.timetuple()) + parsed.microsecond / 1e6
-
-
-def controller_times(lab: str, jobs: list[str]) -> dict[str, dict]:
+def controller_times(lab: str) -> dict[str, dict]:
     """{job: {"submitted": t, "allocated": t, "by": "sched" | "sched/backfill"}} from
     slurmctld's log."""
-    wanted = set(jobs)
-    found: dict[str, dict] = {}
-    out = node_sh(lab, CONTROLLER, "grep -E 'submit_batch_job: JobId=|Allocate JobId=|"
-                  "Started JobId=' /var/log/slurm/slurmctld.log")  # fmt: skip
-    for line in out.splitlines():
-        if (match := SUBMITTED.match(line)) and match.group(2) in wanted:
-            found.setdefault(match.group(2), {})["submitted"] = log_time(match.group(1))
-        elif match := ALLOCATED.match(line):
-            stamp, by, job = [g for g in match.groups() if g is not None]
-            if job in wanted:
-                found.setdefault(job, {}).update(allocated=log_time(stamp), by=by)
-    return found
+    out = node_sh(lab, CONTROLLER, CTLD_GREP + "/var/log/slurm/slurmctld.log || true")
+    return slurm_points(out, "")
 
 
 def block(lab: str, gaps: list[float]) -> list[dict]:
     script = SAMPLER.replace("{node}", SAMPLER_NODE)
     out = node_sh(lab, SAMPLER_NODE, f"GAPS={shlex.quote(' '.join(map(str, gaps)))}; {script}")
     rows = [line.split() for line in out.splitlines() if line.strip()]
-    ctld = controller_times(lab, [r[0] for r in rows])
+    ctld = controller_times(lab)
     samples = []
     for job, t0, first in rows:
         times = ctld.get(job, {})
