@@ -47,6 +47,9 @@ from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on
     test_sdk_submits_a_dict_task_streams_its_logs_waits_and_downloads,
     test_the_sdk_example_runs_against_the_lab,
 )
+from tests.integration.timing_cases import (  # noqa: F401  (issue [12]: a job's start marks)
+    test_a_two_node_job_marks_its_start_in_order_in_its_private_status,
+)
 
 pytestmark = pytest.mark.lab
 
