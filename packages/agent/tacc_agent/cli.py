@@ -116,6 +116,37 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     return parser
 
 
+# The words on every submit's path (tcloud's `session` and `hello`, Slurm's `batch JOBDIR`
+# and srun's `exec JOBDIR`), read without building the parser above (a few ms a start).
+QUICK_VERBS = ("hello", "session")
+QUICK_JOB_DIR_VERBS = ("batch", "exec")
+
+
+def quick_args(argv: list[str]) -> argparse.Namespace | None:
+    """What build_parser().parse_args(argv) returns for the words on a submit's path;
+    None for anything else (an option, a word too few or too many), which the parser
+    reads, with its own usage and errors."""
+    common = {"version": False, "config": None, "userdir": None}
+    if len(argv) == 1 and argv[0] in QUICK_VERBS:
+        return argparse.Namespace(**common, command=argv[0])
+    if len(argv) == 2 and argv[0] in QUICK_JOB_DIR_VERBS and not argv[1].startswith("-"):
+        return argparse.Namespace(**common, command=argv[0], jobdir=Path(argv[1]))
+    return None
+
+
+def parse_command_line(argv: list[str]) -> argparse.Namespace | None:
+    """The command line's arguments; None after printing the help (no verb)."""
+    args = quick_args(argv)
+    if args is not None:
+        return args
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None and not args.version:
+        parser.print_help()
+        return None
+    return args
+
+
 @dataclass(frozen=True)
 class VerbInput:
     """What a verb reads besides its words: its stdin, whole (`store`, `job check`), or
@@ -321,14 +352,12 @@ def agent_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(sys.argv[1:] if argv is None else argv)
+    if args is None:
+        return EXIT_REJECTED
     if args.version:
         print(agent_version())
         return EXIT_OK
-    if args.command is None:
-        parser.print_help()
-        return EXIT_REJECTED
     if args.command == "hello":  # before the settings: answers even when they are broken
         return emit(protocol.hello_answer(agent_version()))
     os.umask(0o077)  # everything the agent writes for a user is private to them

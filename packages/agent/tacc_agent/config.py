@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
-from tacc_contract.sbatch import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
+from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
 

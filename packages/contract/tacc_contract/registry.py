@@ -18,6 +18,7 @@ an unknown plug-in, and nothing is imported for it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -63,10 +64,19 @@ def plugins_in(module_name: str) -> list[type[Plugin]]:
 
 def entry_point_modules() -> list[str]:
     """The modules of the `tacc.plugins` entry points: the built-ins first."""
+    return list(installed_entry_point_modules())
+
+
+@functools.cache
+def installed_entry_point_modules() -> tuple[str, ...]:
+    """entry_point_modules, read once per process: scanning every installed
+    distribution's metadata is most of a plug-in selection's cost, and a job's wrapper
+    selects more than once. A plug-in installed later is seen by the next process (the
+    tacc_agent role restarts the daemon after every install)."""
     points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     builtin = [ep for ep in points if ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION]
     others = [ep for ep in points if ep not in builtin]
-    return list(dict.fromkeys(ep.value.split(":")[0] for ep in [*builtin, *others]))
+    return tuple(dict.fromkeys(ep.value.split(":")[0] for ep in [*builtin, *others]))
 
 
 def available(modules: Iterable[str] = ()) -> dict[str, type[Plugin]]:

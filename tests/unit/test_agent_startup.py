@@ -1,0 +1,126 @@
+"""The agent's start on a submit's path (`session`, `hello`, `batch JOBDIR`, `exec JOBDIR`):
+those words are read without building the whole parser, with the parser's own result;
+importing the CLI loads neither the task schema nor the plug-in registry; and a process
+scans the installed plug-ins' entry points once, however often it selects plug-ins."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tacc_agent import cli
+from tacc_contract import job_defaults, registry, sbatch
+
+QUICK = [
+    ["hello"],
+    ["session"],
+    ["batch", "/shared/tcloud/u/jobs/abc-1"],
+    ["exec", "/shared/tcloud/u/jobs/abc-1"],
+    ["exec", "relative/dir"],
+    ["exec", ""],
+]
+UNUSUAL = [
+    [],
+    ["exec"],
+    ["batch"],
+    ["exec", "-h"],
+    ["exec", "--config", "f"],
+    ["exec", "a", "b"],
+    ["--config", "f", "exec", "/j"],
+    ["--userdir", "/u", "session"],
+    ["session", "extra"],
+    ["hello", "--version"],
+    ["--version"],
+    ["job", "ps"],
+    ["check", "--json"],
+]
+
+
+@pytest.mark.parametrize("argv", QUICK)
+def test_the_quick_words_parse_as_the_parser_parses_them(argv):
+    assert cli.quick_args(argv) == cli.build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("argv", UNUSUAL)
+def test_anything_else_goes_to_the_parser(argv):
+    assert cli.quick_args(argv) is None
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("argv", [["exec"], ["exec", "a", "b"], ["batch", "--bogus", "/j"]])
+def test_bad_words_still_get_the_parsers_usage_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tacc-agent") and "error:" in err
+
+
+@pytest.mark.bad_input
+def test_no_verb_prints_the_help_and_exits_2(capsys):
+    assert cli.main([]) == 2
+    assert capsys.readouterr().out.startswith("usage: tacc-agent")
+
+
+PROBE = """
+import sys
+import tacc_agent.cli
+heavy = ("tacc_contract.schema", "tacc_contract.sbatch", "tacc_contract.registry",
+         "importlib.metadata")
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_importing_the_cli_loads_neither_schema_nor_registry():
+    """A verb that needs neither (check, whoami, hello's first line) does not pay for them;
+    the verbs that do import them themselves."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_settings_defaults_are_the_sbatch_defaults():
+    """tacc_contract.job_defaults holds what tacc_contract.sbatch defaults to."""
+    assert job_defaults.DEFAULT_TIME_LIMIT == sbatch.DEFAULT_TIME_LIMIT
+    assert job_defaults.CHECKPOINT_SIGNAL_SECONDS == sbatch.CHECKPOINT_SIGNAL_SECONDS
+    assert sbatch.ClusterDefaults() == sbatch.ClusterDefaults(
+        job_defaults.DEFAULT_TIME_LIMIT, job_defaults.CHECKPOINT_SIGNAL_SECONDS
+    )
+
+
+@pytest.fixture
+def fresh_entry_points():
+    registry.installed_entry_point_modules.cache_clear()
+    yield
+    registry.installed_entry_point_modules.cache_clear()
+
+
+def test_a_process_scans_the_entry_points_once(monkeypatch, fresh_entry_points):
+    scans = []
+    real = importlib.metadata.entry_points
+
+    def counted(**kwargs):
+        scans.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counted)
+    first = registry.entry_point_modules()
+    first.append("changed.by.a.caller")
+    assert registry.entry_point_modules() == first[:-1]
+    registry.select([])
+    registry.select(["-duration"])
+    assert scans == [{"group": registry.ENTRY_POINT_GROUP}]
+
+
+def test_the_cli_module_runs_as_the_console_script(tmp_path):
+    """`python -m tacc_agent` and the console script reach the same main."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tacc_agent", "exec"],
+        capture_output=True, text=True, check=False, timeout=60, cwd=Path(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2 and "the following arguments are required: jobdir" in done.stderr
