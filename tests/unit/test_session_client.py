@@ -270,3 +270,46 @@ def test_a_failed_step_is_recorded_too(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError), timing.step("failing"):
         raise RuntimeError("boom")
     assert [s["step"] for s in steps(log)] == ["failing"]
+
+
+@pytest.mark.fault
+def test_an_interrupted_call_ends_its_session_so_no_answer_goes_to_the_next_call(
+    client, workspace, monkeypatch
+):
+    """Ctrl-C after the request is out: its answer is never read as the next call's."""
+    jobs.whoami(client, str(workspace / "first"))
+    session = agent.session(client)
+    real_readline = session.stdout.readline
+    calls = {"n": 0}
+
+    def interrupted_once():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real_readline()
+
+    monkeypatch.setattr(session.stdout, "readline", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        jobs.whoami(client, str(workspace / "interrupted"))
+    assert jobs.whoami(client, str(workspace / "next"))["userdir"] == str(workspace / "next")
+    assert len(client.channels) == 2
+
+
+@pytest.mark.fault
+def test_a_local_read_error_mid_stream_is_an_error_not_a_hang(client):
+    def produce(write) -> None:
+        write(b'{"blob": "' + b"a" * 64 + b'-644", "upload": "x", "offset": 0, "size": 10}\n')
+        write(b"12345")
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output error"):
+        agent.call_streaming(client, protocol.store_receive(), None, produce)
+    assert jobs.whoami(client, None)["user"]
+    assert len(client.channels) == 2
+
+
+def test_a_timing_file_that_cannot_be_written_costs_the_command_nothing(
+    client, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(timing.ENVIRONMENT, str(tmp_path / "no" / "such" / "dir" / "t.jsonl"))
+    assert jobs.whoami(client, None)["user"]

@@ -4,6 +4,7 @@ BytesIO, as the agent's session would hand it over)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -11,12 +12,14 @@ import os
 import stat
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks import store
+from tacc_agent.tasks import store, store_receive
 from tacc_agent.tasks.store_receive import HEADER_LIMIT, receive
+from tcloud.upload import missing_blob
 from tcloud.upload_stream import END_FRAME, Blob, frames
 
 SIZE = 3 * (1 << 20) + 4321
@@ -279,3 +282,65 @@ def test_a_stored_blob_stays_read_only_and_a_resend_does_not_touch_it(user_dir, 
     assert stored.stat().st_ino == inode and stat.S_IMODE(stored.stat().st_mode) == 0o444
     assert stored.read_bytes() == source.read_bytes()
     assert partial_files(user_dir) == []
+
+
+@pytest.mark.security
+def test_a_second_writer_on_one_partial_file_is_refused_and_the_store_stays_exact(user_dir, source):
+    """Two streams naming one partial file (a forged header, a stalled older tcloud):
+    the second is refused while the first writes, so no byte the first did not hash
+    can reach the store."""
+    name = blob_of(source)
+    [blob] = blobs_for(user_dir, {name: source})
+    partial = user_dir / "store" / ".partial" / blob.upload
+    partial.write_bytes(source.read_bytes()[:1000])
+    resumed = Blob(blob.name, blob.upload, 1000, blob.size, source)
+    with partial.open("r+b") as other:  # another writer holds the file
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(Rejected, match="another upload is writing"):
+            receive(user_dir, io.BytesIO(stream_of([resumed])))
+    assert not (user_dir / "store" / name).exists()
+    assert receive(user_dir, io.BytesIO(stream_of([resumed])))["received"] == [name]
+    stored = user_dir / "store" / name
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == name.split("-")[0]
+
+
+@pytest.mark.security
+def test_bytes_appended_behind_the_stream_fail_the_blob_instead_of_entering_the_store(
+    user_dir, source, monkeypatch
+):
+    """A writer that ignores the lock and appends while the stream is read: the file's
+    size no longer matches the blob, so it is dropped (the store never gets it)."""
+    name = blob_of(source)
+    [blob] = blobs_for(user_dir, {name: source})
+    partial = user_dir / "store" / ".partial" / blob.upload
+    real_copy = store_receive.copy_exactly
+
+    def copy_then_append(reader, count, digest, out):
+        done = real_copy(reader, count, digest, out)
+        with partial.open("ab") as sneaky:
+            sneaky.write(b"unhashed")
+        return done
+
+    monkeypatch.setattr(store_receive, "copy_exactly", copy_then_append)
+    answer = receive(user_dir, io.BytesIO(stream_of([blob])))
+    assert answer["bad"] == [name]
+    assert not (user_dir / "store" / name).exists()
+
+
+@pytest.mark.fault
+def test_a_partial_file_longer_than_its_blob_is_started_afresh(user_dir, source):
+    """What a broken earlier upload left beyond the blob's size does not block it."""
+    name = blob_of(source)
+    answer = ask_missing(user_dir, [name])
+    partial = user_dir / "store" / ".partial" / answer["uploads"][name]
+    partial.write_bytes(os.urandom(SIZE + 50))
+
+    entry = SimpleNamespace(size=SIZE, source=source)
+    compiled = SimpleNamespace(manifest={"code/data.bin": entry})
+    answer = ask_missing(user_dir, [name])
+    assert answer["partial"][name] == SIZE + 50
+    upload = answer["uploads"][name]
+    blob = missing_blob(compiled, "code/data.bin", name, upload, answer["partial"])
+    assert blob.offset == 0
+    assert receive(user_dir, io.BytesIO(stream_of([blob])))["received"] == [name]
+    assert (user_dir / "store" / name).read_bytes() == source.read_bytes()

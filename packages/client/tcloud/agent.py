@@ -108,6 +108,10 @@ def first_hello(line: bytes) -> Hello | None:
         return None
 
 
+class StreamRefused(Exception):
+    """The agent stopped reading a stream (it refused it): its answer line says why."""
+
+
 class AgentSession:
     """One `tacc-agent session` process on one SSH connection: a request line out, an
     answer line back, one request at a time (a lock: SDK users may share a Cluster
@@ -172,11 +176,16 @@ class AgentSession:
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise self.ended(f"sending the request: {exc}") from None
             if produce is not None:
-                self.produce(produce)
+                self.produce(produce)  # its own failure ends the session and goes on
             try:
                 reply = as_bytes(self.stdout.readline())
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise self.ended(f"reading the answer: {exc}") from None
+            except BaseException:
+                # Ctrl-C or any error once the request is out: its answer would be read
+                # as the next request's, so this session is out of step and ends.
+                self.close()
+                raise
             if not reply:
                 raise self.ended(f"no answer to `{' '.join(verb)}`")
         try:
@@ -193,11 +202,18 @@ class AgentSession:
         """The caller writes its stream; when the agent stopped reading it (it refused
         the stream), its answer, read next, says why. Any other failure leaves half a
         stream on the channel: the session is closed and the error goes on."""
+
+        def send(data: bytes) -> None:
+            try:
+                self.send(data)
+            except (OSError, EOFError, paramiko.SSHException):
+                raise StreamRefused from None  # the agent stopped reading
+
         try:
-            produce(self.send)
-        except (OSError, EOFError, paramiko.SSHException):
+            produce(send)
+        except StreamRefused:
             pass  # the answer line, or its absence, tells
-        except BaseException:
+        except BaseException:  # a local read error, Ctrl-C: half a stream is out
             self.close()
             raise
 

@@ -6,6 +6,7 @@ each agent verb by its words ("job status", "store"), and the upload's own steps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -21,8 +22,10 @@ def record(name: str, start: float, end: float) -> None:
     if not path:
         return
     line = json.dumps({"step": name, "start": start, "end": end}) + "\n"
-    with open(path, "a", encoding="utf-8") as out:  # one write: lines of processes interleave whole
-        out.write(line)
+    # A file that cannot be written loses the bench its numbers, never the command its
+    # result (or its own error).
+    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as out:
+        out.write(line)  # one write: lines of processes interleave whole
 
 
 @contextmanager

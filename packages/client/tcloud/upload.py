@@ -215,4 +215,7 @@ def missing_blob(
     instruction: Instruction, path: str, name: str, upload: str, partial: dict
 ) -> Blob:
     entry = instruction.manifest[path]
-    return Blob(name, upload, partial.get(name, 0), entry.size, entry.source)
+    offset = partial.get(name, 0)
+    if offset > entry.size:  # not a prefix of this blob: the agent starts it afresh
+        offset = 0
+    return Blob(name, upload, offset, entry.size, entry.source)

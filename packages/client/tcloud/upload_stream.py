@@ -54,7 +54,10 @@ def blob_frames(blob: Blob, write: Write, progress) -> int:
     with handle:
         handle.seek(blob.offset)
         while left:
-            block = handle.read(min(CHUNK, left))
+            try:
+                block = handle.read(min(CHUNK, left))
+            except OSError as exc:
+                raise changed(blob.source, f"cannot read: {exc.strerror or exc}") from None
             if not block:
                 raise changed(blob.source, "it is shorter than when it was hashed")
             write(block)

@@ -268,17 +268,35 @@ def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bo
     return True
 
 
-def install_blob(store: Path, partial: Path, name: str, staged: Path) -> bool:
+def link_open_file(fd: int, target: Path) -> None:
+    """A hard link to the open file fd at target: linkat(2) of /proc/self/fd/<fd> with
+    AT_SYMLINK_FOLLOW (os.link uses linkat only when it is given a directory fd)."""
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(f"/proc/self/fd/{fd}", target, src_dir_fd=root, follow_symlinks=True)
+    finally:
+        os.close(root)
+
+
+def install_blob(
+    store: Path, partial: Path, name: str, staged: Path, fd: int | None = None
+) -> bool:
     """Link staged (whose content is known to be blob `name`) into the store read-only,
     then drop the blob's partial files (another upload of it still running finds the
-    blob in the store). False when staged is gone and the store lacks the blob (another
-    upload dropped it after a bad copy): the blob is to be sent again."""
+    blob in the store). With fd (staged, open), the open file itself is made read-only
+    and linked (/proc/self/fd), not whatever the path names by then. False when staged
+    is gone and the store lacks the blob (another upload dropped it after a bad copy):
+    the blob is to be sent again."""
     final = store / name
     try:
         if not final.exists():
-            staged.chmod(read_only_mode(name))
             with contextlib.suppress(FileExistsError):  # another upload linked it first
-                os.link(staged, final)
+                if fd is None:
+                    staged.chmod(read_only_mode(name))
+                    os.link(staged, final)
+                else:
+                    os.fchmod(fd, read_only_mode(name))
+                    link_open_file(fd, final)
     except FileNotFoundError:
         if not final.exists():
             return False

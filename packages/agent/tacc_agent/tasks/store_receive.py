@@ -23,6 +23,7 @@ sends only the rest. The commit that follows finds the blobs in the store: no re
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -131,21 +132,33 @@ def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> 
     except OSError as exc:
         raise Rejected(f"upload stream: {frame.upload}: {exc.strerror}") from None
     with open(fd, "r+b", buffering=0) as handle:
+        # One writer per partial file: a second stream (or a stalled older tcloud's
+        # SFTP) appending to it would add bytes this stream never hashed.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise Rejected(
+                f"upload stream: {frame.blob}: another upload is writing its partial file"
+            ) from None
         there = os.fstat(fd).st_size
-        if there != frame.offset:
+        if there < frame.offset:
             raise Rejected(
                 f"upload stream: {frame.blob}: offset {frame.offset}, but its partial "
                 f"file holds {there} bytes"
             )
+        if there > frame.offset:  # the client starts it again from there (its own file)
+            os.ftruncate(fd, frame.offset)
         if hash_into(digest, handle, frame.offset) != frame.offset:
             raise Rejected(f"upload stream: {frame.blob}: its partial file changed meanwhile")
         if copy_exactly(reader, count, digest, handle) < count:
             raise Rejected("the upload stream was cut off part-way through a blob")
-    if digest.hexdigest() != blob_sha256(frame.blob):
-        with contextlib.suppress(FileNotFoundError):
-            staged.unlink()  # this upload's own file only: others of the blob go on
-        return False
-    return install_blob(store, partial, frame.blob, staged)
+        if os.fstat(fd).st_size != frame.size or digest.hexdigest() != blob_sha256(frame.blob):
+            with contextlib.suppress(FileNotFoundError):
+                staged.unlink()  # this upload's own file only: others of the blob go on
+            return False
+        # Installed from the open file, under the lock: the bytes hashed are the bytes
+        # linked, whatever happens to the path meanwhile.
+        return install_blob(store, partial, frame.blob, staged, fd)
 
 
 def receive(user_dir: Path, reader: BinaryIO) -> dict:
