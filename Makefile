@@ -50,14 +50,11 @@ DISTS := contract plugins client agent ops
 PYPROJECTS := $(foreach d,$(DISTS),packages/$(d)/pyproject.toml)
 EDITABLE := $(foreach d,contract plugins client agent,-e packages/$(d))
 
-# Mitogen: the opt-in strategy plugins/strategy/mitogen_linear.py (make demo uses it).
-MITOGEN := mitogen==0.3.54
-
 venv: $(VENV)/.installed
 $(VENV)/.installed: $(PYPROJECTS) $(STAMP)/apt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip wheel
-	$(BIN)/pip install -q --no-build-isolation $(EDITABLE) -e 'packages/ops[dev]' '$(MITOGEN)'
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(EDITABLE) -e 'packages/ops[dev]'
 	touch $@ $(VENV)/.runtime-installed
 
 # What `make demo` runs needs only the runtime (ansible-core, tcloud, tacc-lab, Mitogen):
@@ -68,7 +65,7 @@ $(VENV)/.installed: $(PYPROJECTS) $(STAMP)/apt
 $(VENV)/.runtime-installed: $(PYPROJECTS) $(STAMP)/apt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q wheel
-	$(BIN)/pip install -q --no-build-isolation $(EDITABLE) -e packages/ops '$(MITOGEN)'
+	$(BIN)/pip install -q --no-build-isolation $(EDITABLE) -e packages/ops
 	touch $@
 
 # The bench scripts one after the other on the bench lab (about an hour, docs/bench.md);
