@@ -9,7 +9,7 @@ Usage (as root, from the repository root, after `make venv`):
 --strategy picks Ansible's strategy for every run: linear (ansible.cfg's default),
 free, or mitogen_linear (plugins/strategy: one Python per node for the whole run).
 
-Targets from issue [2]: re-run changed=0 and <= 25% of the converge time. Uses the bench
+Targets: re-run changed=0 (issue [2]) and <= 20% of the converge time (issue [12]). Uses the bench
 lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
 
 SITE = "playbooks/site.yml"
-RERUN_TARGET = 0.25
+RERUN_TARGET = 0.20  # issue [12] (issue [2] asked 0.25)
 STRATEGIES = ("linear", "free", "mitogen_linear")
 
 
