@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tacc_agent.cli import configured, parse_command_line
+from tacc_agent.tasks import instruction
 from tacc_contract import protocol
 from tacc_contract.errors import AGENT_REJECTED
 from tacc_contract.protocol import PROTOCOL_VERSION, Hello
@@ -118,6 +120,7 @@ BAD_LINES = [
     (b'{"verb": ["check", "--json"]}\n', "not a session request: check --json"),
     (b'{"verb": ["batch", "/x"]}\n', "not a session request: batch /x"),
     (b'{"verb": ["serve"]}\n', "not a session request: serve"),
+    (b"[" * 100_000 + b"\n", "a request is one JSON object per line"),  # nested too deep
 ]
 
 
@@ -265,3 +268,32 @@ def test_a_child_reads_no_request_bytes_and_a_print_goes_to_stderr():
         {"words": [str(n)], "child_read": ""} for n in range(3)
     ]
     assert done.stderr.count(b"a stray print") == 3
+
+
+@pytest.mark.security
+def test_a_refused_stream_spelt_otherwise_still_ends_the_session(session, tmp_path):
+    """`store -- receive` parses as `store receive`: its refused stream's rest is never
+    run as requests either."""
+    request = protocol.session_request(
+        ["store", "--", "receive"], str(tmp_path / "workspace" / "u")
+    )
+    session.send(
+        json.dumps(request).encode() + b"\n" + b"not a header\n" + b'{"verb": ["whoami"]}\n'
+    )
+    answer = protocol.SESSION_ANSWER.check(session.line())
+    assert answer["rc"] == AGENT_REJECTED
+    rc, out, _ = session.end()
+    assert (rc, out) == (AGENT_REJECTED, b"")
+
+
+def test_one_requests_plugin_settings_do_not_leak_into_the_next(env, tmp_path):
+    """A request naming settings with plug-ins, then one without: the second reads
+    instructions with no plug-in fields, as its one-shot form would."""
+    settings = tmp_path / "with.yaml"
+    settings.write_text("plugins: [las]\n")
+    configured(parse_command_line(["--config", str(settings), "whoami"]))
+    assert instruction.CONFIGURED == ["las"]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("{}\n")
+    configured(parse_command_line(["--config", str(plain), "whoami"]))
+    assert instruction.CONFIGURED == []

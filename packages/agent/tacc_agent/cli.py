@@ -187,7 +187,9 @@ def read_request(source: VerbInput) -> dict:
 def configured(args: argparse.Namespace):
     """The agent's settings, with the plug-ins' task fields an instruction may hold."""
     config = load_config(args.config)
-    if config.plugins:
+    # Set for every verb that reads instructions; reset too once loaded: a session's
+    # earlier request may have named other settings (--config) than this one.
+    if config.plugins or "tacc_agent.tasks.instruction" in sys.modules:
         from tacc_agent.tasks.instruction import configure  # lazy verb import
 
         configure(config.plugins)

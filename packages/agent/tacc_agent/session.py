@@ -37,7 +37,7 @@ def read_request(line: bytes) -> tuple[dict | None, str]:
     """(the request, "") or (None, why the line is not one)."""
     try:
         request = json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         return None, f"session: a request is one JSON object per line: {exc}"
     try:
         return protocol.SESSION_REQUEST.check(request), ""
@@ -46,7 +46,10 @@ def read_request(line: bytes) -> tuple[dict | None, str]:
 
 
 def reads_the_stream(words: list[str]) -> bool:
-    return words[-2:] == protocol.store_receive()
+    """Whether a request may have been followed by a stream: any words that could parse
+    as `store receive` (`store -- receive` too). When it failed, the rest of the stream
+    cannot be told from requests, so the session ends."""
+    return all(word in words for word in protocol.store_receive())
 
 
 def write_line(writer: BinaryIO, answer: dict) -> None:

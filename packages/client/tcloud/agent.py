@@ -38,6 +38,12 @@ class Rejected(TcloudError):
     exit_code = EXIT_INVALID_TASK
 
 
+class SessionLost(TcloudError):
+    """The agent's session process or the SSH connection went away mid-call (exit 4)."""
+
+    exit_code = EXIT_CLUSTER
+
+
 class AgentMismatch(TcloudError):
     """The cluster's agent speaks another protocol than this tcloud (exit 4)."""
 
@@ -145,7 +151,7 @@ class AgentSession:
         with contextlib.suppress(OSError, paramiko.SSHException):
             self.stdin.channel.close()
 
-    def ended(self, detail: str) -> TcloudError:
+    def ended(self, detail: str) -> SessionLost:
         """The session's process or connection is gone: say what is known of why."""
         self.close()
         with contextlib.suppress(OSError, paramiko.SSHException):
@@ -153,7 +159,7 @@ class AgentSession:
                 rc = self.stderr.channel.recv_exit_status()
                 said = as_bytes(self.stderr.read()).decode(errors="replace").strip()
                 detail = f"{detail}; it exited {rc}" + (f": {said[-400:]}" if said else "")
-        return TcloudError(f"the connection to the cluster's {AGENT} session was lost ({detail})")
+        return SessionLost(f"the connection to the cluster's {AGENT} session was lost ({detail})")
 
     def send(self, data: bytes) -> None:
         self.stdin.channel.sendall(data)

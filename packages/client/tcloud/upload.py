@@ -123,7 +123,7 @@ def send_streamed(client, userdir: str | None, blobs: list[Blob], progress) -> i
 
     try:
         answer = stream_blobs(client, userdir, produce)
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except (agent.SessionLost, paramiko.SSHException, EOFError, OSError) as exc:
         raise stopped(exc) from None
     if not isinstance(answer, dict) or not isinstance(answer.get("bad"), list):
         raise TcloudError(f"store receive answered {str(answer)[:200]!r}")

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Protocol
 
 from tacc_contract.errors import Rejected
+
+# A task that sets no time; USR1 this long before the limit (defined where the agent's
+# settings read them without loading the schema).
+from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 from tacc_contract.sbatch_options import why_refused
 from tacc_contract.schema import TaskSpec, processes_per_node
 from tacc_contract.slurm_time import time_seconds
-
-DEFAULT_TIME_LIMIT = "01:00:00"  # a task that sets no time
-CHECKPOINT_SIGNAL_SECONDS = 60  # USR1 this long before the limit
 
 
 class SbatchDefaults(Protocol):

@@ -69,7 +69,7 @@ def read_header(reader: BinaryIO) -> Frame | None:
         raise Rejected(f"upload stream: a header longer than {HEADER_LIMIT} bytes, or cut off")
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise Rejected("upload stream: a header that is not JSON") from None
     if header == END:
         return None
