@@ -36,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 from benchlib import BIN, NAME, ROOT
+from submit_steps import table as steps_table
 
 BENCH = ROOT / "bench"
 
@@ -71,8 +72,8 @@ SCRIPTS = (
     Script(
         "task_workflow",
         "task_workflow.py",
-        ("--samples", "10", "--concurrency", "10", "20", "40"),
-        ("--samples", "3", "--concurrency", "2", "4"),
+        ("--samples", "10", "--concurrency", "10", "20", "40", "--steps"),
+        ("--samples", "3", "--concurrency", "2", "4", "--steps"),
     ),
     Script(
         "agent_health",
@@ -594,6 +595,33 @@ def section_goals(scripts: dict) -> list[str]:
     return lines
 
 
+def section_steps(workflow: dict | None) -> list[str]:
+    """Issue [12]'s per-step split (bench/task_workflow.py --steps, bench/submit_steps.py):
+    median seconds of each step of a submit, alone and K at once, next to plain sbatch."""
+    split = ((workflow or {}).get("result") or {}).get("steps") or {}
+    columns = split.get("table")
+    if not columns:
+        return []
+    notes = [
+        f"K={k}: ssh retries {v['ssh_retries']}, tcloud jobs not COMPLETED {v['failed']}"
+        for k, v in split.items()
+        if k != "table" and isinstance(v, dict) and "ssh_retries" in v
+    ]
+    return [
+        "## Where a submit's time goes (bench/task_workflow.py --steps)",
+        "",
+        "Median seconds of each step from the launch of `tcloud submit` (or `ssh login "
+        "sbatch`) to the program's first output line; the client's steps come from "
+        "`TCLOUD_TIMING`, Slurm's from slurmctld/slurmd logs, the job's from its start "
+        "marks (docs/bench.md).",
+        "",
+        steps_table(columns),
+        "",
+        "; ".join(notes) + (". " if notes else "") + f"Command: {cmd(workflow)}.",
+        "",
+    ]
+
+
 def section_concurrency(workflow: dict | None, plot: str | None) -> list[str]:
     lines = ["## Concurrent submissions (bench/task_workflow.py)", ""]
     lines += missing(workflow, "task_workflow")
@@ -920,6 +948,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_goals(scripts),
         *section_provisioning(scripts.get("converge")),
         *section_side_by_side(scripts.get("tcloud_upload"), scripts.get("task_workflow")),
+        *section_steps(scripts.get("task_workflow")),
         *section_concurrency(scripts.get("task_workflow"), plot.name if plot else None),
         *section_logs(scripts.get("task_workflow")),
         *section_agent(scripts.get("agent_health")),

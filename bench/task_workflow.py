@@ -17,7 +17,7 @@ to a baseline run side by side: plain `sbatch` over ssh.
 
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python bench/task_workflow.py [--samples 10] [--concurrency 10 20 40] \
-        [--steps] [--lab NAME] [--json PATH]
+        [--steps | --only-steps] [--lab NAME] [--json PATH]
 Uses the bench lab (10.77.7.0/24, 3 nodes) and removes it at the end; with --lab, a lab
 that is up instead (left up, not converged: declare its CPUs as DECLARED does first).
 """
@@ -353,7 +353,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[10, 20, 40])
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
     parser.add_argument("--steps", action="store_true",
-                        help="only the per-step split of a submit (1 and K at once)")  # fmt: skip
+                        help="also the per-step split of a submit (1 and K at once)")  # fmt: skip
+    parser.add_argument("--only-steps", action="store_true",
+                        help="only the per-step split (no other rows)")  # fmt: skip
     parser.add_argument("--lab", help="use this lab, already up, instead of the bench lab")
     add_json_argument(parser)
     args = parser.parse_args()
@@ -372,14 +374,17 @@ def main() -> int:
                 playbook(inventory, "playbooks/site.yml", "-e", json.dumps(DECLARED))
             tcloud = Tcloud(researcher_env(LAB["name"], "alice"))
             tcloud.wait(tcloud.submit(task(work / "warm", "warm", "true"))[0], TERMINAL)
-            if args.steps:
-                out["steps"] = steps(tcloud, work, args.samples, args.concurrency)
-                return 0
-            out["submit_to_running"] = submit_to_running(tcloud, work, args.samples)
-            out["log_latency"] = log_latency(tcloud, work)
-            out["concurrency"] = []
-            for count in args.concurrency:
-                out["concurrency"] = [*out["concurrency"], concurrent(tcloud, work, count)]
+            if not args.only_steps:
+                out["submit_to_running"] = submit_to_running(tcloud, work, args.samples)
+                out["log_latency"] = log_latency(tcloud, work)
+                out["concurrency"] = []
+                for count in args.concurrency:
+                    out["concurrency"] = [*out["concurrency"], concurrent(tcloud, work, count)]
+            if args.steps or args.only_steps:
+                # The split's K: the largest of --concurrency (40 in the report's run).
+                largest = [max(args.concurrency)] if args.concurrency else []
+                ks = args.concurrency if args.only_steps else largest
+                out["steps"] = steps(tcloud, work, args.samples, ks)
         finally:
             if not (args.keep or args.lab):
                 lab_down()
