@@ -16,13 +16,14 @@ import pytest
 import yaml
 
 from tacc_lab.lab import resolve_config
-from tcloud import files
+from tcloud import files, upload_stream
 from tcloud import upload as upload_module
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.ssh import run, session
 from tcloud.task_file import load_task
+from tcloud.upload_stream import blob_frames
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
 
@@ -110,17 +111,21 @@ def test_workdir_is_hard_links_to_private_read_only_blobs(lab, project):
 def test_cut_upload_leaves_no_blob_and_resumes(lab, project, monkeypatch):
     node_sh(NAME, "n1", f"rm -rf {USERDIR}")
     big = project / "big.bin"
-    real_send = upload_module.send
+    real_frames = upload_module.frames
 
-    def cut_after_first_chunk(sftp, local, remote_path, offset, progress):
-        if local == big:
-            with local.open("rb") as source, sftp.open(remote_path, "ab") as target:
-                source.seek(offset)
-                target.write(source.read(upload_module.CHUNK))
-            raise OSError("connection reset (simulated)")
-        return real_send(sftp, local, remote_path, offset, progress)
+    def cut_after_first_chunk(blobs, write, progress):
+        """The stream as tcloud writes it, cut one chunk into big.bin."""
+        for blob in blobs:
+            if blob.source == big:
+                write(blob.header())
+                with big.open("rb") as source:
+                    source.seek(blob.offset)
+                    write(source.read(upload_stream.CHUNK))
+                raise OSError("connection reset (simulated)")
+            blob_frames(blob, write, progress)
+        raise AssertionError("big.bin was not among the missing blobs")
 
-    monkeypatch.setattr(upload_module, "send", cut_after_first_chunk)
+    monkeypatch.setattr(upload_module, "frames", cut_after_first_chunk)
     with pytest.raises(TcloudError, match=r"the upload stopped \(connection reset \(simulated\)\)"):
         push(lab, project)
     instruction = compile_task(load_task(project / "tcloud.yaml"))
@@ -130,8 +135,10 @@ def test_cut_upload_leaves_no_blob_and_resumes(lab, project, monkeypatch):
     # The upload's own partial file: <blob>.<random> (two uploads never share one).
     partial = int(remote(lab, "find", f"{USERDIR}/store/.partial", "-name", f"{blob}.*",
                          "-printf", "%s"))  # fmt: skip
-    assert partial == upload_module.CHUNK
-    monkeypatch.setattr(upload_module, "send", real_send)
+    # What reached the agent of the one chunk sent before the cut (sshd drops what it
+    # still buffered when the channel closes): kept, and the rest is all the next run sends.
+    assert 0 < partial <= upload_stream.CHUNK
+    monkeypatch.setattr(upload_module, "frames", real_frames)
     stored = set(remote(lab, "ls", f"{USERDIR}/store").split())
     lacking = sum(
         e.size for e in instruction.manifest.values() if f"{e.sha256}-{e.mode:o}" not in stored

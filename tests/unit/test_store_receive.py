@@ -344,3 +344,21 @@ def test_a_partial_file_longer_than_its_blob_is_started_afresh(user_dir, source)
     assert blob.offset == 0
     assert receive(user_dir, io.BytesIO(stream_of([blob])))["received"] == [name]
     assert (user_dir / "store" / name).read_bytes() == source.read_bytes()
+
+
+@pytest.mark.fault
+def test_a_bad_partial_an_older_upload_left_is_dropped_so_the_next_upload_succeeds(
+    user_dir, source
+):
+    """The old-style .partial/<blob> of the right size but other bytes: the stream that
+    resumed from its copy fails once, and the next upload is not fed it again."""
+    name = blob_of(source)
+    store.ensure_dirs(user_dir)
+    (user_dir / "store" / ".partial" / name).write_bytes(os.urandom(SIZE))
+    [blob] = blobs_for(user_dir, {name: source})
+    assert blob.offset == SIZE
+    assert receive(user_dir, io.BytesIO(stream_of([blob])))["bad"] == [name]
+    [again] = blobs_for(user_dir, {name: source})
+    assert again.offset == 0
+    assert receive(user_dir, io.BytesIO(stream_of([again])))["received"] == [name]
+    assert (user_dir / "store" / name).read_bytes() == source.read_bytes()

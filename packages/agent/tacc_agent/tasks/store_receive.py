@@ -40,6 +40,7 @@ from tacc_agent.tasks.store import (
     ensure_dirs,
     hash_into,
     install_blob,
+    partial_files,
     store_dirs,
 )
 
@@ -117,6 +118,22 @@ class Discard:
         return len(data)
 
 
+def drop_unused_partials(partial: Path, name: str) -> None:
+    """Blob `name`'s partial files that no upload is writing (their lock is free)."""
+    for path in partial_files(partial, name):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # in use by another upload of the blob
+        finally:
+            os.close(fd)
+
+
 def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> bool:
     """Read one blob's bytes into its partial file; True when it is now in the store."""
     final, staged = store / frame.blob, partial / frame.upload
@@ -154,7 +171,11 @@ def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> 
             raise Rejected("the upload stream was cut off part-way through a blob")
         if os.fstat(fd).st_size != frame.size or digest.hexdigest() != blob_sha256(frame.blob):
             with contextlib.suppress(FileNotFoundError):
-                staged.unlink()  # this upload's own file only: others of the blob go on
+                staged.unlink()
+            # What fed the bad prefix (a partial file this upload copied) goes too, or the
+            # next upload would copy it again; another upload of the blob still writing
+            # its own file (it holds its lock) goes on.
+            drop_unused_partials(partial, frame.blob)
             return False
         # Installed from the open file, under the lock: the bytes hashed are the bytes
         # linked, whatever happens to the path meanwhile.
