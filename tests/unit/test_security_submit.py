@@ -26,6 +26,7 @@ from tacc_agent.tasks import jobs, records, schedule, store, store_receive, work
 from tacc_agent.tasks.instruction import parse
 from tacc_contract import sbatch
 from tacc_contract.instruction import InvalidInstruction, digest_of
+from tacc_contract.protocol import blob_name
 from tacc_plugins import duration
 from tcloud import upload as upload_module
 from tcloud import upload_stream
@@ -537,3 +538,17 @@ def test_p10_a_job_that_ran_and_left_the_queue_is_found_without_accounting(tmp_p
     records.write_json(job_dir / "status" / "submit.json", {**record, "since": 0})  # long ago
     assert [job for job, _ in rows(user_dir, tmp_path)] == ["100"]
     assert records.current(records.history(job_dir))["state"] == "COMPLETED"
+
+
+@pytest.mark.fault
+def test_a_partial_file_longer_than_its_blob_is_sent_afresh_by_either_transport(local_store):
+    """What a broken earlier upload left beyond the blob's size is neither appended to
+    (SFTP) nor refused as an offset (stream): the blob is sent from its first byte."""
+    user_dir, instruction = local_store
+    data = instruction.manifest["code/data.bin"]
+    name = blob_name(data.sha256, data.mode)
+    store.ensure_dirs(user_dir)
+    (user_dir / "store" / ".partial" / name).write_bytes(os.urandom(BIG + 50))
+    result = upload_module.upload(LocalClient(), instruction, str(user_dir))
+    assert result.bytes_sent >= BIG
+    assert (Path(result.workdir) / "code" / "data.bin").read_bytes() == data.source.read_bytes()

@@ -77,7 +77,8 @@ class Progress:
 
 
 def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, progress) -> int:
-    """Append local[offset:] to remote_path; return bytes sent."""
+    """Append local[offset:] to remote_path (from offset 0: write it afresh, whatever a
+    broken earlier upload left there); return bytes sent."""
     sent = 0
     try:
         handle = local.open("rb")
@@ -86,7 +87,7 @@ def send(sftp: paramiko.SFTPClient, local: Path, remote_path: str, offset: int, 
             f"{shown(local)}: cannot read: {exc.strerror or exc} (did it change since tcloud "
             "hashed it? run the command again)"
         ) from None
-    with handle as source, sftp.open(remote_path, "ab") as target:
+    with handle as source, sftp.open(remote_path, "ab" if offset else "wb") as target:
         target.set_pipelined(True)
         source.seek(offset)
         for block in iter(lambda: source.read(CHUNK), b""):
@@ -140,12 +141,9 @@ def send_sftp(client, store: str, blobs: list[Blob], progress) -> int:
     sent = 0
     sftp = client.open_sftp()
     try:
-        for blob in blobs:
-            offset, target = blob.offset, f"{store}/store/.partial/{blob.upload}"
-            if offset > blob.size:
-                offset = 0
-                sftp.remove(target)
-            sent += send(sftp, blob.source, target, offset, progress)
+        for blob in blobs:  # missing_blob restarted a partial longer than its blob at 0
+            target = f"{store}/store/.partial/{blob.upload}"
+            sent += send(sftp, blob.source, target, blob.offset, progress)
     except (paramiko.SSHException, EOFError, OSError) as exc:
         raise stopped(exc) from None
     finally:
