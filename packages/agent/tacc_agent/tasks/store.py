@@ -146,22 +146,6 @@ def missing(user_dir: Path, blobs: list[str]) -> dict:
             "userdir": str(user_dir)}  # fmt: skip
 
 
-READ_SIZE = 1 << 18  # one reused buffer: no fresh 1 MiB object (and its page faults) per read
-
-
-def hash_into(digest, handle, limit: int | None = None) -> int:
-    """Feed digest what handle holds (at most limit bytes); the bytes read."""
-    buffer = bytearray(READ_SIZE)
-    view, total = memoryview(buffer), 0
-    while limit is None or total < limit:
-        count = handle.readinto(view if limit is None else view[: min(READ_SIZE, limit - total)])
-        if not count:
-            break
-        digest.update(view[:count])
-        total += count
-    return total
-
-
 def sha256(path: Path) -> str:
     with path.open("rb", buffering=0) as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()

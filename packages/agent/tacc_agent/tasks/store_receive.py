@@ -34,17 +34,16 @@ from typing import BinaryIO
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks.store import (
     BLOB,
-    READ_SIZE,
     UPLOAD,
     blob_sha256,
     ensure_dirs,
-    hash_into,
     install_blob,
     partial_files,
     store_dirs,
 )
 
 HEADER_LIMIT = 4096
+READ_SIZE = 1 << 18  # one reused buffer: no fresh bytes object (and its page faults) per read
 MAX_BLOB_SIZE = 1 << 40
 END = {"end": True}
 HEADER_KEYS = {"blob", "upload", "offset", "size"}
@@ -97,8 +96,8 @@ def checked_frame(header: object) -> Frame:
 
 
 def copy_exactly(reader: BinaryIO, count: int, digest, out) -> int:
-    """Hash and write the next count bytes of reader; the bytes that arrived (fewer only
-    when the stream was cut: then all of them are in out)."""
+    """Hash and write the next count bytes of reader (to Discard(): hash only); the bytes
+    that arrived (fewer only when reader ended early: then all of them are in out)."""
     buffer = bytearray(READ_SIZE)
     view, done = memoryview(buffer), 0
     while done < count:
@@ -165,7 +164,7 @@ def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> 
             )
         if there > frame.offset:  # the client starts it again from there (its own file)
             os.ftruncate(fd, frame.offset)
-        if hash_into(digest, handle, frame.offset) != frame.offset:
+        if copy_exactly(handle, frame.offset, digest, Discard()) != frame.offset:
             raise Rejected(f"upload stream: {frame.blob}: its partial file changed meanwhile")
         if copy_exactly(reader, count, digest, handle) < count:
             raise Rejected("the upload stream was cut off part-way through a blob")
