@@ -15,6 +15,7 @@ import json
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 from weakref import WeakKeyDictionary
 
 import paramiko
@@ -118,51 +119,102 @@ class StreamRefused(Exception):
     """The agent stopped reading a stream (it refused it): its answer line says why."""
 
 
-class AgentSession:
-    """One `tacc-agent session` process on one SSH connection: a request line out, an
-    answer line back, one request at a time (a lock: SDK users may share a Cluster
-    between threads). Dead once its channel fails; the next call opens another."""
+class ChannelPipe:
+    """`tacc-agent session` on its own exec channel of a paramiko connection: the byte
+    stream an AgentSession talks over (tcloud.mux.SocketPipe is the other kind)."""
 
     def __init__(self, client: paramiko.SSHClient) -> None:
+        try:
+            argv = protocol.command(protocol.session())
+            self.stdin, self.stdout, self.stderr = start(client, argv)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise TcloudError(f"cannot start {AGENT} on the login node: {exc}") from None
+
+    def readline(self) -> bytes:
+        try:
+            return as_bytes(self.stdout.readline())
+        except paramiko.SSHException as exc:
+            raise OSError(str(exc)) from None
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.stdin.channel.sendall(data)
+        except paramiko.SSHException as exc:
+            raise OSError(str(exc)) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            self.stdin.channel.close()
+
+    def no_hello(self, first: bytes) -> TcloudError:
+        """Why the process said something else than hello, once it has ended."""
+        self.stdin.channel.shutdown_write()  # a session that is one ends at EOF
+        out = first + as_bytes(self.stdout.read())
+        rc = self.stdout.channel.recv_exit_status()
+        err = as_bytes(self.stderr.read()).decode(errors="replace")
+        return session_answered(out.decode(errors="replace"), rc, err)
+
+    def exit_detail(self) -> str:
+        """Its exit status and the end of its stderr, when it has exited."""
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            if self.stderr.channel.exit_status_ready():
+                rc = self.stderr.channel.recv_exit_status()
+                said = as_bytes(self.stderr.read()).decode(errors="replace").strip()
+                return f"; it exited {rc}" + (f": {said[-400:]}" if said else "")
+        return ""
+
+
+class Pipe(Protocol):
+    """A byte stream to one `tacc-agent session` process."""
+
+    def readline(self) -> bytes: ...
+    def send(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def no_hello(self, first: bytes) -> TcloudError: ...
+    def exit_detail(self) -> str: ...
+
+
+class AgentSession:
+    """One `tacc-agent session` process, over a pipe (its own exec channel, or a socket
+    to the connection master, tcloud.mux): a request line out, an answer line back, one
+    request at a time (a lock: SDK users may share a Cluster between threads). Dead once
+    its pipe fails; the next call opens another."""
+
+    def __init__(self, pipe: Pipe) -> None:
         self.lock = threading.Lock()
         self.dead = False
+        self.pipe = pipe
         with timing.step("session"):
             try:
-                argv = protocol.command(protocol.session())
-                self.stdin, self.stdout, self.stderr = start(client, argv)
-                first = as_bytes(self.stdout.readline())
-            except (OSError, EOFError, paramiko.SSHException) as exc:
+                first = pipe.readline()
+            except (OSError, EOFError) as exc:
                 raise TcloudError(f"cannot start {AGENT} on the login node: {exc}") from None
             hello = first_hello(first)
             if hello is None:
-                self.stdin.channel.shutdown_write()  # a session that is one ends at EOF
-                out = first + as_bytes(self.stdout.read())
-                rc = self.stdout.channel.recv_exit_status()
-                err = as_bytes(self.stderr.read()).decode(errors="replace")
-                raise session_answered(out.decode(errors="replace"), rc, err)
+                raise pipe.no_hello(first)
             try:
                 self.hello = check_hello(hello)
             except AgentMismatch:
                 self.close()
                 raise
 
+    @property
+    def stdout(self):
+        """The exec channel's stdout file (a ChannelPipe's), as tests reach it."""
+        return self.pipe.stdout
+
     def close(self) -> None:
         self.dead = True
-        with contextlib.suppress(OSError, paramiko.SSHException):
-            self.stdin.channel.close()
+        self.pipe.close()
 
     def ended(self, detail: str) -> SessionLost:
         """The session's process or connection is gone: say what is known of why."""
         self.close()
-        with contextlib.suppress(OSError, paramiko.SSHException):
-            if self.stderr.channel.exit_status_ready():
-                rc = self.stderr.channel.recv_exit_status()
-                said = as_bytes(self.stderr.read()).decode(errors="replace").strip()
-                detail = f"{detail}; it exited {rc}" + (f": {said[-400:]}" if said else "")
+        detail += self.pipe.exit_detail()
         return SessionLost(f"the connection to the cluster's {AGENT} session was lost ({detail})")
 
     def send(self, data: bytes) -> None:
-        self.stdin.channel.sendall(data)
+        self.pipe.send(data)
 
     def request(
         self,
@@ -184,7 +236,7 @@ class AgentSession:
             if produce is not None:
                 self.produce(produce)  # its own failure ends the session and goes on
             try:
-                reply = as_bytes(self.stdout.readline())
+                reply = self.pipe.readline()
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise self.ended(f"reading the answer: {exc}") from None
             except BaseException:
@@ -229,10 +281,20 @@ _opening: WeakKeyDictionary[paramiko.SSHClient, threading.Lock] = WeakKeyDiction
 _sessions_lock = threading.Lock()
 
 
-def session(client: paramiko.SSHClient) -> AgentSession:
+@runtime_checkable
+class SessionSource(Protocol):
+    """What hands out agent sessions itself (tcloud.link.Link: through the connection
+    master when it can); a plain paramiko client gets one exec channel per session."""
+
+    def agent_session(self) -> AgentSession: ...
+
+
+def session(client: paramiko.SSHClient | SessionSource) -> AgentSession:
     """This connection's agent session, opened on first use (or again after it ended);
     AgentMismatch (exit 4) when the agent speaks another protocol (asked again on the
     next call then)."""
+    if isinstance(client, SessionSource):
+        return client.agent_session()
     with _sessions_lock:
         known = _sessions.get(client)
         if known is not None and not known.dead:
@@ -243,7 +305,7 @@ def session(client: paramiko.SSHClient) -> AgentSession:
             known = _sessions.get(client)
         if known is not None and not known.dead:
             return known
-        opened = AgentSession(client)
+        opened = AgentSession(ChannelPipe(client))
         with _sessions_lock:
             _sessions[client] = opened
         return opened

@@ -140,6 +140,7 @@ def add_cluster_commands(sub) -> None:
     command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
     command("cat", "print a file from your cluster directory").add_argument("path")
     command("quota", "your limits, fair share and usage on the cluster", listing=True)
+    command("disconnect", "stop the shared connection to the cluster (its connection master)")
     p_env = command("env", "cached environments", listing=True)
     p_env.add_argument("action", choices=["ls"])
 
@@ -318,6 +319,17 @@ def run_cat(cluster: Cluster, args: argparse.Namespace) -> None:
     sys.stdout.buffer.write(cluster.cat(args.path))
 
 
+def cmd_disconnect(args: argparse.Namespace) -> int:
+    """Stop the connection master (like `ssh -O exit`); nothing to stop is no error."""
+    from tcloud import config, mux  # lazy verb import
+
+    if mux.stop(config.cluster(args.cluster)):
+        print("stopped the shared connection")
+    else:
+        print("no shared connection was open")
+    return EXIT_OK
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: one verified SSH connection each, opened
     once the command's arguments have been checked."""
@@ -384,6 +396,7 @@ COMMANDS = {
     "submit": cmd_submit,
     "config": cmd_config,
     "plugins": cmd_plugins,
+    "disconnect": cmd_disconnect,
 }
 CLUSTER_COMMANDS = {
     "ps": run_ps,

@@ -3,11 +3,14 @@
     current: lab
     clusters:
       lab: {host: 10.77.0.11, user: alice, port: 22, key: ~/.ssh/id_ed25519,
-            proxy_jump: null, known_hosts: null, userdir: null}
+            proxy_jump: null, known_hosts: null, userdir: null,
+            multiplex: true, multiplex_idle: 300}
 
 `host` may be an alias from ~/.ssh/config; HostName, User, Port, IdentityFile and
 ProxyJump from there fill what the entry leaves out. `userdir` is the user's directory
 on the cluster (default: ~/tcloud on the login node, which should be on shared storage).
+`multiplex` (default true) shares one SSH connection between commands through a
+connection master that exits after `multiplex_idle` seconds unused (tcloud.mux).
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ import yaml
 
 from tcloud.errors import TcloudError
 
-FIELDS = ("host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir")
+FIELDS = (
+    "host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir",
+    "multiplex", "multiplex_idle",
+)  # fmt: skip
+NOT_TEXT = ("port", "multiplex", "multiplex_idle")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class Cluster:
     proxy_jump: str | None = None
     known_hosts: str | None = None
     userdir: str | None = None
+    multiplex: bool | None = None
+    multiplex_idle: int | None = None
 
 
 def config_path() -> Path:
@@ -122,8 +131,13 @@ def cluster(name: str | None = None) -> Cluster:
         raise TcloudError(f"{where}: unknown settings {', '.join(unknown)}")
     values = {k: entry.get(k) for k in FIELDS}
     for key in FIELDS:
-        if key != "port" and values[key] is not None and not isinstance(values[key], str):
+        if key not in NOT_TEXT and values[key] is not None and not isinstance(values[key], str):
             raise TcloudError(f"{where}: {key} must be text, got {values[key]!r}")
+    if values["multiplex"] is not None and not isinstance(values["multiplex"], bool):
+        raise TcloudError(f"{where}: multiplex must be true or false, got {values['multiplex']!r}")
+    idle = values["multiplex_idle"]
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle < 0):
+        raise TcloudError(f"{where}: multiplex_idle must be whole seconds >= 0, got {idle!r}")
     if not values["host"]:
         raise TcloudError(f"{where}: needs a host (`tcloud config add {name} --host HOST`)")
     if values["port"] is not None:

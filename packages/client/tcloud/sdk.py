@@ -24,11 +24,10 @@ from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import paramiko
-
 from tacc_contract import protocol
 from tcloud import agent, config, files, jobs, tasks
 from tcloud.errors import TcloudError, UsageError
+from tcloud.link import Link
 from tcloud.local import add_cluster, clusters, init, plugins, use_cluster
 from tcloud.ssh import session
 from tcloud.tasks import DryRun, Task, TaskLike, dry_run, validate
@@ -113,15 +112,21 @@ def download_dest(dest: PathLike) -> Path:
     return dest
 
 
+def open_direct(settings: config.Cluster):
+    """The direct SSH connection (looked up at each call, so a test may stand in for it)."""
+    return session(settings)
+
+
 class Cluster:
     """One cluster of tcloud's config (`tcloud config add`; None: the current one, or
     $TCLOUD_CLUSTER). The config is read and the SSH session opened on first use."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, multiplex: bool = True) -> None:
         self._name = name
+        self._multiplex = multiplex
         self._settings: config.Cluster | None = None
         self._sessions = ExitStack()
-        self._client: paramiko.SSHClient | None = None
+        self._client: Link | None = None
         self._home: str | None = None
 
     def __repr__(self) -> str:
@@ -153,10 +158,14 @@ class Cluster:
         return self.settings.userdir
 
     @property
-    def client(self) -> paramiko.SSHClient:
-        """The verified SSH connection to the login node, opened once."""
+    def client(self) -> Link:
+        """The way to the login node: agent sessions through the connection master
+        (tcloud.mux; multiplex=False, TCLOUD_MULTIPLEX=0 or the cluster's `multiplex:
+        false` turn it off), the verified SSH connection opened once when needed."""
         if self._client is None:
-            self._client = self._sessions.enter_context(session(self.settings))
+            link = Link(self.settings, open_direct, self._multiplex)
+            self._sessions.callback(link.close)
+            self._client = link
         return self._client
 
     # --- jobs ---------------------------------------------------------------------------

@@ -129,19 +129,44 @@ def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHCli
     return client
 
 
+def known_hosts_path(cluster: Cluster) -> Path:
+    return Path(os.path.expanduser(cluster.known_hosts or USER_KNOWN_HOSTS))
+
+
+def jump_endpoint(proxy_jump: str) -> Endpoint:
+    jump_user, _, jump_host = proxy_jump.rpartition("@")
+    jump_host, _, jump_port = jump_host.partition(":")
+    return resolve(jump_host, jump_user or None, int(jump_port) if jump_port else None)
+
+
+def host_keys_known(cluster: Cluster) -> bool:
+    """Whether known_hosts already holds a key for the login node (and its jump host):
+    a connection made without a terminal (tcloud.mux_master) would have no one to ask."""
+    known_hosts = known_hosts_path(cluster)
+    paths = dict.fromkeys([USER_KNOWN_HOSTS, known_hosts])
+    keys = known_hosts_file.load(paths).keys
+    target = resolve(cluster.host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
+    endpoints = [target] + ([jump_endpoint(target.proxy_jump)] if target.proxy_jump else [])
+    for endpoint in endpoints:
+        name = endpoint.hostname
+        if endpoint.port != 22:
+            name = f"[{name}]:{endpoint.port}"
+        if keys.lookup(name) is None:
+            return False
+    return True
+
+
 @contextmanager
 def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
     """A connected, verified client for the cluster's login node (via its ProxyJump)."""
-    known_hosts = Path(os.path.expanduser(cluster.known_hosts or USER_KNOWN_HOSTS))
+    known_hosts = known_hosts_path(cluster)
     target = resolve(cluster.host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
     opened: list[paramiko.SSHClient] = []
     try:
         with step("connect"):
             sock = None
             if target.proxy_jump:
-                jump_user, _, jump_host = target.proxy_jump.rpartition("@")
-                jump_host, _, jump_port = jump_host.partition(":")
-                jump = resolve(jump_host, jump_user or None, int(jump_port) if jump_port else None)
+                jump = jump_endpoint(target.proxy_jump)
                 opened.append(connect(jump, known_hosts))
                 transport = opened[-1].get_transport()
                 sock = transport.open_channel(

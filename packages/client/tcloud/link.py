@@ -1,0 +1,75 @@
+"""One Cluster's way to the login node: agent sessions through the connection master
+when one can be used (tcloud.mux), a direct verified SSH connection otherwise; and the
+direct connection, opened on first use only, for what the master does not carry (SFTP,
+`job logs` streams)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+
+import paramiko
+
+from tcloud import agent, mux, timing
+from tcloud.agent import AgentSession
+from tcloud.config import Cluster
+from tcloud.ssh import host_keys_known
+
+Opener = Callable[[Cluster], AbstractContextManager[paramiko.SSHClient]]
+
+
+class Link:
+    """What tcloud.agent, tcloud.upload and tcloud.files are handed as `client`: it
+    hands out agent sessions itself (agent.SessionSource) and passes every other use
+    (open_sftp, get_transport, exec_command) to the direct connection."""
+
+    def __init__(self, settings: Cluster, open_direct: Opener, multiplex: bool) -> None:
+        self.settings = settings
+        self.open_direct = open_direct
+        self.multiplex = multiplex and mux.enabled(settings)
+        self.stack = ExitStack()
+        self.lock = threading.Lock()
+        self.opening = threading.Lock()  # one session opened at a time
+        self._direct: paramiko.SSHClient | None = None
+        self._session: AgentSession | None = None
+
+    @property
+    def direct(self) -> paramiko.SSHClient:
+        """The verified SSH connection of this command alone, opened once."""
+        with self.lock:
+            if self._direct is None:
+                self._direct = self.stack.enter_context(self.open_direct(self.settings))
+            return self._direct
+
+    def agent_session(self) -> AgentSession:
+        """The agent session: the master's when there is one (started now if the host's
+        key is known), else one on the direct connection (which may ask at a terminal)."""
+        with self.opening:
+            known = self._session
+            if known is not None and not known.dead:
+                return known
+            if self.multiplex and self._direct is None:
+                with timing.step("mux"):
+                    pipe = mux.open_session(self.settings, lambda: host_keys_known(self.settings))
+                if pipe is not None:
+                    self._session = AgentSession(pipe)
+                    return self._session
+        return agent.session(self.direct)
+
+    def open_sftp(self) -> paramiko.SFTPClient:
+        return self.direct.open_sftp()
+
+    def get_transport(self) -> paramiko.Transport | None:
+        return self.direct.get_transport()
+
+    def exec_command(self, command: str):
+        return self.direct.exec_command(command)
+
+    def close(self) -> None:
+        with self.lock:
+            session, self._session = self._session, None
+            self._direct = None
+        if session is not None:
+            session.close()
+        self.stack.close()

@@ -1,0 +1,306 @@
+"""The connection master (`python -m tcloud.mux_master SPEC`; tcloud.mux starts it).
+
+It holds verified SSH connections to one login node (tcloud.ssh.connect: host keys
+checked as for any command; it never prompts, its stdin is /dev/null) and listens on a
+Unix socket. Each client sends one request line:
+
+    {"op": "session"}  -> the agent's hello line, then the bytes of one `tacc-agent
+                          session` both ways until either side closes (a spare session
+                          is kept started, so the hello is already there)
+    {"op": "exit"}     -> {"ok": true}; the master stops (`tcloud disconnect`)
+
+sshd allows a few sessions per connection (MaxSessions, 10 by default): past
+PER_CONNECTION open channels the master opens another connection. It exits after
+`idle` seconds with no client attached, or when its first connection drops; it
+removes its socket (if that is still its own) on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import socket
+import struct
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import paramiko
+
+from tacc_contract import protocol
+from tcloud import mux, ssh
+from tcloud.config import Cluster
+from tcloud.errors import TcloudError
+
+PER_CONNECTION = 8
+HELLO_TIMEOUT = 20.0
+CHUNK = 1 << 16
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} tcloud mux[{os.getpid()}]: {message}", file=sys.stderr)
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The connecting process's uid (Linux SO_PEERCRED); None where it cannot be told."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    raw = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)[1]
+
+
+class Started:
+    """A `tacc-agent session` whose hello line has been read (or why it has none)."""
+
+    def __init__(self, channel: paramiko.Channel | None, hello: bytes, error: str = "") -> None:
+        self.channel = channel
+        self.hello = hello
+        self.error = error
+
+
+class Connections:
+    """The master's SSH connections to the login node: the first, and more when the
+    open channels of every one reach PER_CONNECTION."""
+
+    def __init__(self, settings: Cluster) -> None:
+        self.settings = settings
+        self.stack = ExitStack()
+        self.lock = threading.Lock()
+        self.open: list[list] = []  # [client, channels open]
+        self.add()
+
+    def add(self) -> list:
+        client = self.stack.enter_context(ssh.session(self.settings))
+        self.open.append([client, 0])
+        return self.open[-1]
+
+    def first_alive(self) -> bool:
+        transport = self.open[0][0].get_transport()
+        return transport is not None and transport.is_active()
+
+    def take(self) -> list:
+        with self.lock:
+            for entry in self.open:
+                transport = entry[0].get_transport()
+                if entry[1] < PER_CONNECTION and transport is not None and transport.is_active():
+                    entry[1] += 1
+                    return entry
+            entry = self.add()
+            entry[1] += 1
+            return entry
+
+    def give_back(self, entry: list) -> None:
+        with self.lock:
+            entry[1] -= 1
+
+    def start_session(self) -> tuple[Started, list]:
+        entry = self.take()
+        try:
+            channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
+            channel.exec_command(shlex.join(protocol.command(protocol.session())))
+            channel.settimeout(HELLO_TIMEOUT)
+            hello = b""
+            while not hello.endswith(b"\n"):
+                chunk = channel.recv(1)
+                if not chunk:
+                    break
+                hello += chunk
+            channel.settimeout(None)
+        except (OSError, EOFError, paramiko.SSHException, TcloudError) as exc:
+            self.give_back(entry)
+            return Started(None, b"", f"cannot start the agent's session: {exc}"), entry
+        if not mux.is_hello(hello):
+            channel.close()
+            self.give_back(entry)
+            return Started(None, b"", f"the agent said {hello[:200]!r}, not a hello"), entry
+        return Started(channel, hello), entry
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+class Master:
+    def __init__(self, settings: Cluster, path: Path, idle: int) -> None:
+        self.settings = settings
+        self.path = path
+        self.idle = idle
+        self.connections = Connections(settings)
+        self.lock = threading.Lock()
+        self.attached = 0
+        self.last_seen = time.monotonic()
+        self.spare: tuple[Started, list] | None = None
+        self.spare_ready = threading.Event()
+        self.listener = self.listen()
+        self.inode = os.stat(path).st_ino
+        self.refill()
+
+    def listen(self) -> socket.socket:
+        """Bound under a temporary name, then renamed into place: a client never finds
+        a socket that does not answer yet. 0600 (umask), in the private directory."""
+        mux.check_private(self.path.parent)
+        temporary = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(temporary))
+        finally:
+            os.umask(old)
+        listener.listen(128)
+        os.rename(temporary, self.path)
+        return listener
+
+    def refill(self) -> None:
+        """Start the next spare session in the background."""
+        self.spare_ready.clear()
+
+        def start() -> None:
+            self.spare = self.connections.start_session()
+            self.spare_ready.set()
+
+        threading.Thread(target=start, daemon=True).start()
+
+    def take_session(self) -> tuple[Started, list]:
+        with self.lock:
+            if self.spare_ready.is_set() and self.spare is not None:
+                taken, self.spare = self.spare, None
+                self.refill()
+                return taken
+        return self.connections.start_session()
+
+    def serve(self) -> None:
+        threading.Thread(target=self.watch, daemon=True).start()
+        while True:
+            conn, _ = self.listener.accept()
+            uid = peer_uid(conn)
+            if uid is not None and uid != os.getuid():
+                log(f"refused a client of uid {uid}")
+                conn.close()
+                continue
+            with self.lock:
+                self.attached += 1
+            threading.Thread(target=self.client, args=(conn,), daemon=True).start()
+
+    def client(self, conn: socket.socket) -> None:
+        try:
+            request = self.request(conn)
+            if request.get("op") == "exit":
+                conn.sendall(b'{"ok": true}\n')
+                self.stop("asked to exit")
+            elif request.get("op") == "session":
+                self.relay_session(conn)
+            else:
+                conn.sendall(json.dumps({"mux_error": "unknown request"}).encode() + b"\n")
+        except (OSError, ValueError) as exc:
+            log(f"client: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+            with self.lock:
+                self.attached -= 1
+                self.last_seen = time.monotonic()
+
+    def request(self, conn: socket.socket) -> dict:
+        line = b""
+        conn.settimeout(mux.REQUEST_TIMEOUT)
+        while not line.endswith(b"\n") and len(line) < 4096:
+            chunk = conn.recv(1)
+            if not chunk:
+                break
+            line += chunk
+        conn.settimeout(None)
+        request = json.loads(line or b"{}")
+        return request if isinstance(request, dict) else {}
+
+    def relay_session(self, conn: socket.socket) -> None:
+        started, entry = self.take_session()
+        if started.channel is None:
+            conn.sendall(json.dumps({"mux_error": started.error}).encode() + b"\n")
+            return
+        channel = started.channel
+        try:
+            conn.sendall(started.hello)
+            upstream = threading.Thread(target=self.to_agent, args=(conn, channel), daemon=True)
+            upstream.start()
+            self.to_client(channel, conn)
+            upstream.join()
+        finally:
+            channel.close()
+            self.connections.give_back(entry)
+
+    @staticmethod
+    def to_agent(conn: socket.socket, channel: paramiko.Channel) -> None:
+        """Client -> agent; the client's EOF is the agent's (its session ends)."""
+        try:
+            while data := conn.recv(CHUNK):
+                channel.sendall(data)
+        except (OSError, paramiko.SSHException):
+            pass
+        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+            channel.shutdown_write()
+
+    @staticmethod
+    def to_client(channel: paramiko.Channel, conn: socket.socket) -> None:
+        """Agent -> client; the agent's EOF or exit closes the client's socket."""
+        try:
+            while data := channel.recv(CHUNK):
+                conn.sendall(data)
+        except (OSError, paramiko.SSHException):
+            pass
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            said = channel.recv_stderr(CHUNK) if channel.recv_stderr_ready() else b""
+            if said:
+                log(f"an agent session said: {said[-400:].decode(errors='replace').strip()}")
+
+    def watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            if not self.connections.first_alive():
+                self.stop("the SSH connection dropped")
+            with self.lock:
+                idle = self.attached == 0 and time.monotonic() - self.last_seen > self.idle
+            if idle:
+                self.stop(f"idle for {self.idle} s")
+            if not self.still_mine():
+                self.stop("its socket was removed or replaced")
+
+    def still_mine(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def stop(self, why: str) -> None:
+        log(f"exiting: {why}")
+        if self.still_mine():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        with contextlib.suppress(Exception):
+            self.connections.close()
+        os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    settings = Cluster(**spec["settings"])
+    path = Path(spec["socket"])
+    try:
+        master = Master(settings, path, int(spec["idle"]))
+    except TcloudError as exc:
+        log(f"cannot start: {exc}")
+        return 4
+    log(f"listening on {path} for {settings.user or ''}@{settings.host}")
+    master.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

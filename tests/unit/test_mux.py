@@ -1,0 +1,178 @@
+"""Connection sharing's client side (tcloud.mux): who may use a master's socket, when
+sharing is on, and the cluster settings that tune it. The master itself runs against
+a real sshd in tests/integration/test_tcloud_mux.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tcloud import config, mux
+from tcloud.config import Cluster
+from tcloud.errors import TcloudError
+from tcloud.link import Link
+
+SETTINGS = Cluster(name="c", host="login.example", user="alice")
+OTHER_UID = 4242
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(mux.ENV_SWITCH, raising=False)
+    return tmp_path
+
+
+def test_the_private_directory_is_made_0700_and_the_socket_name_is_short(home):
+    path = mux.socket_path(SETTINGS)
+    assert path.parent == home / ".cache" / "tcloud" / "m"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert len(path.name) == len("0123456789abcdef.sock")
+    assert mux.socket_path(SETTINGS) == path  # the same connection, the same socket
+    other = Cluster(name="c", host="login.example", user="bob")
+    assert mux.socket_path(other) != path
+
+
+def test_the_runtime_directory_is_used_when_it_is_private(home, monkeypatch):
+    runtime = home / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert mux.socket_path(SETTINGS).parent == runtime / "tcloud"
+    runtime.chmod(0o755)  # not private: not used
+    assert mux.base_directory() == home / ".cache" / "tcloud" / "m"
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
+def test_a_directory_others_can_enter_is_refused(home, mode):
+    directory = mux.socket_path(SETTINGS).parent
+    directory.chmod(mode)
+    with pytest.raises(mux.InsecureDirectory, match="not 0700: refusing"):
+        mux.socket_path(SETTINGS)
+
+
+@pytest.mark.security
+def test_a_symlinked_directory_is_refused(home, tmp_path):
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    (home / ".cache" / "tcloud").mkdir(parents=True)
+    (home / ".cache" / "tcloud" / "m").symlink_to(real)
+    with pytest.raises(mux.InsecureDirectory, match="symlink"):
+        mux.socket_path(SETTINGS)
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+def test_a_directory_of_another_user_is_refused(home):
+    directory = mux.socket_path(SETTINGS).parent
+    os.chown(directory, OTHER_UID, OTHER_UID)
+    with pytest.raises(mux.InsecureDirectory, match=f"owned by uid {OTHER_UID}"):
+        mux.socket_path(SETTINGS)
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+def test_a_socket_of_another_user_is_never_used(home):
+    path = mux.socket_path(SETTINGS)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    try:
+        with pytest.raises(mux.InsecureDirectory, match="not a socket of yours"):
+            mux.open_session(SETTINGS, lambda: False)
+    finally:
+        listener.close()
+
+
+@pytest.mark.security
+def test_a_file_in_place_of_the_socket_is_refused(home):
+    path = mux.socket_path(SETTINGS)
+    path.write_text("not a socket")
+    with pytest.raises(mux.InsecureDirectory, match="not a socket of yours"):
+        mux.open_session(SETTINGS, lambda: False)
+
+
+def test_no_master_and_an_unknown_host_key_means_a_direct_connection(home):
+    asked = []
+    assert mux.open_session(SETTINGS, lambda: asked.append(1) or False) is None
+    assert asked == [1]  # asked whether it may start one; it may not
+    assert not mux.socket_path(SETTINGS).exists()
+
+
+def test_a_stale_socket_is_not_a_master(home):
+    path = mux.socket_path(SETTINGS)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # nobody listens: connecting is refused
+    assert mux.session_pipe(path) is None
+    assert mux.stop(SETTINGS) is False  # `tcloud disconnect`: nothing to stop, removed
+    assert not path.exists()
+
+
+def test_a_master_without_a_session_to_give_means_a_direct_connection(home):
+    path = mux.socket_path(SETTINGS)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    try:
+        client_side = []
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            client_side.append(conn.recv(100))
+            conn.sendall(b'{"mux_error": "cannot start the agent"}\n')
+            conn.close()
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        assert mux.session_pipe(path) is None
+        thread.join()
+        assert client_side == [b'{"op": "session"}\n']
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
+def test_tcloud_multiplex_0_turns_sharing_off(home, monkeypatch, value):
+    assert mux.enabled(SETTINGS)  # on by default
+    monkeypatch.setenv(mux.ENV_SWITCH, value)
+    assert not mux.enabled(SETTINGS)
+    link = Link(SETTINGS, lambda settings: None, multiplex=True)
+    assert link.multiplex is False
+
+
+def test_the_cluster_config_turns_sharing_off_and_sets_the_idle_time(home, tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    monkeypatch.setenv("TCLOUD_CONFIG", str(path))
+    entry = {"host": "h", "multiplex": False, "multiplex_idle": 60}
+    path.write_text(yaml.safe_dump({"current": "c", "clusters": {"c": entry}}))
+    settings = config.cluster()
+    assert settings.multiplex is False and not mux.enabled(settings)
+    assert mux.idle_seconds(settings) == 60
+    assert mux.idle_seconds(SETTINGS) == mux.DEFAULT_IDLE
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("multiplex", "yes", "multiplex must be true or false"),
+        ("multiplex_idle", -1, "multiplex_idle must be whole seconds >= 0"),
+        ("multiplex_idle", "300", "multiplex_idle must be whole seconds >= 0"),
+        ("multiplex_idle", True, "multiplex_idle must be whole seconds >= 0"),
+    ],
+)
+def test_bad_multiplex_settings_are_one_clear_error(tmp_path, monkeypatch, field, value, message):
+    path = tmp_path / "config.yaml"
+    monkeypatch.setenv("TCLOUD_CONFIG", str(path))
+    entry = {"host": "h", field: value}
+    path.write_text(yaml.safe_dump({"current": "c", "clusters": {"c": entry}}))
+    with pytest.raises(TcloudError, match=message):
+        config.cluster()
