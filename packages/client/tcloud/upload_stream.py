@@ -12,9 +12,12 @@ from pathlib import Path
 
 from tcloud.errors import TcloudError
 from tcloud.manifest import shown
+from tcloud.wire import CHANNEL_WRITE
 
-# What one write hands the channel (sendall cuts it into SSH packets).
-CHUNK = 1 << 20
+# What one write hands the channel: one SSH packet's worth (tcloud.wire: a larger write
+# is sliced, and copied, by paramiko's sendall once per packet). Read unbuffered, each
+# read is one system call into a fresh small object (no page faults of a large one).
+CHUNK = CHANNEL_WRITE
 END_FRAME = b'{"end": true}\n'
 
 Write = Callable[[bytes], object]
@@ -46,7 +49,7 @@ def changed(source: Path, detail: str) -> TcloudError:
 def blob_frames(blob: Blob, write: Write, progress) -> int:
     """Write one blob's header and its bytes from blob.offset; the bytes sent."""
     try:
-        handle = blob.source.open("rb")
+        handle = blob.source.open("rb", buffering=0)
     except OSError as exc:
         raise changed(blob.source, f"cannot read: {exc.strerror or exc}") from None
     write(blob.header())

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
@@ -64,10 +65,30 @@ def new_upload(name: str) -> str:
     return f"{name}.{secrets.token_hex(16)}"
 
 
-def partial_files(partial: Path, name: str) -> list[Path]:
-    """Every partial file of blob `name`: each upload's own, and the one an older
-    tcloud appended to (store/.partial/<blob>)."""
-    found = [p for p in partial.glob(f"{name}.*") if UPLOAD.fullmatch(p.name)]
+# Each upload's partial files of each blob, from one listing of store/.partial: a call
+# on many blobs lists the directory once, not once per blob (a glob per blob made
+# `missing` and `commit` of 1,000 new blobs quadratic: a second and more).
+Partials = dict[str, list[Path]]
+
+
+def partials_by_blob(partial: Path) -> Partials:
+    """store/.partial/<blob>.<32 hex digits> files, by blob (one listing)."""
+    found: Partials = defaultdict(list)
+    with contextlib.suppress(FileNotFoundError), os.scandir(partial) as entries:
+        for entry in entries:
+            if match := UPLOAD.fullmatch(entry.name):
+                found[match.group(1)].append(partial / entry.name)
+    return found
+
+
+def partial_files(partial: Path, name: str, listed: Partials | None = None) -> list[Path]:
+    """Every partial file of blob `name`: each upload's own (from `listed` when given:
+    partials_by_blob, taken earlier in this call), and the one an older tcloud appended
+    to (store/.partial/<blob>)."""
+    if listed is None:
+        found = [p for p in partial.glob(f"{name}.*") if UPLOAD.fullmatch(p.name)]
+    else:
+        found = listed.get(name, [])
     return [*found, partial / name]
 
 
@@ -85,13 +106,16 @@ def idle_for(path: Path, now: float) -> float:
         return 0.0
 
 
-def start_upload(partial: Path, name: str) -> tuple[str, int]:
+def start_upload(partial: Path, name: str, listed: Partials | None = None) -> tuple[str, int]:
     """(this upload's partial file, bytes already in it). What a cut upload left is taken
     over when idle (renamed: one upload wins it), else copied, never shared: another
     upload may still be appending to it. Idle partial files of the blob then go, so
-    repeated cut uploads do not pile copies up on the user's quota."""
+    repeated cut uploads do not pile copies up on the user's quota. `listed`: the
+    partial files as this call listed them (partials_by_blob); one another upload
+    starts meanwhile is its own, left alone either way."""
     upload, now = new_upload(name), time.time()
-    sources = sorted(partial_files(partial, name), key=size_or_zero, reverse=True)
+    known = partial_files(partial, name, listed)
+    sources = sorted(known, key=size_or_zero, reverse=True)
     sources = [path for path in sources if size_or_zero(path) > 0]
     for source in sources:
         if idle_for(source, now) < IDLE_SECONDS:
@@ -101,7 +125,7 @@ def start_upload(partial: Path, name: str) -> tuple[str, int]:
         with contextlib.suppress(FileNotFoundError):  # another upload took it over first
             os.rename(source, partial / upload)
             break
-    for path in partial_files(partial, name):
+    for path in known:
         if path.name != upload and idle_for(path, now) >= IDLE_SECONDS:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -118,8 +142,8 @@ def drop_abandoned(partial: Path) -> None:
                     path.unlink()
 
 
-def drop_partials(partial: Path, name: str) -> None:
-    for path in partial_files(partial, name):
+def drop_partials(partial: Path, name: str, listed: Partials | None = None) -> None:
+    for path in partial_files(partial, name, listed):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
@@ -129,11 +153,12 @@ def missing(user_dir: Path, blobs: list[str]) -> dict:
     store, partial, _ = store_dirs(user_dir)
     ensure_dirs(user_dir)
     drop_abandoned(partial)
+    listed = partials_by_blob(partial)
     lacking, started, uploads = [], {}, {}
     for name in blobs:
         if (store / name).exists():
             continue
-        upload, size = start_upload(partial, name)
+        upload, size = start_upload(partial, name, listed)
         if (store / name).exists():  # committed by another upload meanwhile
             with contextlib.suppress(FileNotFoundError):
                 (partial / upload).unlink()
@@ -172,6 +197,12 @@ def safe_relpath(relpath: object, tops: tuple[str, ...] = TOP_DIRS) -> str:
     return "/".join(parts)
 
 
+def folders(relpath: str) -> list[str]:
+    """The directories a normalized relative path lies in: a/b/c -> a, a/b."""
+    parts = relpath.split("/")
+    return ["/".join(parts[:end]) for end in range(1, len(parts))]
+
+
 def checked_request(request: dict) -> tuple[list[str], dict[str, str], dict[str, str]]:
     blobs, manifest, files = (
         request.get("blobs", []),
@@ -181,9 +212,8 @@ def checked_request(request: dict) -> tuple[list[str], dict[str, str], dict[str,
     if not isinstance(blobs, list) or not isinstance(manifest, dict) or not isinstance(files, dict):
         raise Rejected("expected blobs: [names], manifest: {path: name}, files: {name: text}")
     paths = [safe_relpath(p) for p in manifest]
-    if len(set(paths)) != len(paths) or any(
-        other.startswith(p + "/") for p in paths for other in paths
-    ):
+    unique = set(paths)
+    if len(unique) != len(paths) or any(folder in unique for p in paths for folder in folders(p)):
         raise Rejected("manifest paths must be unique and no file may also be a directory")
     if set(files) - {"instruction.json"}:
         raise Rejected("only instruction.json may be sent as a file")
@@ -232,7 +262,9 @@ def commit_local(user_dir: Path, instruction) -> dict:
     return commit(user_dir, sorted(uploads), names, instruction.digest, files, uploads)
 
 
-def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bool:
+def commit_blob(
+    store: Path, partial: Path, name: str, upload: str | None, listed: Partials | None = None
+) -> bool:
     """Link one upload's partial file of blob `name` into the store, read-only; False
     when its content is not the blob. Either way the blob's partial files go (another
     upload of it still running finds the blob committed when it commits)."""
@@ -246,9 +278,10 @@ def commit_blob(store: Path, partial: Path, name: str, upload: str | None) -> bo
     except FileNotFoundError:  # dropped by another upload's commit of the same blob
         return True
     if not good:
-        drop_partials(partial, name)
+        drop_partials(partial, name, listed)
         return False
-    install_blob(store, partial, name, staged)  # gone meanwhile: the commit finds it lacking
+    # Gone meanwhile: the commit finds it lacking.
+    install_blob(store, partial, name, staged, listed=listed)
     return True
 
 
@@ -263,14 +296,20 @@ def link_open_file(fd: int, target: Path) -> None:
 
 
 def install_blob(
-    store: Path, partial: Path, name: str, staged: Path, fd: int | None = None
+    store: Path,
+    partial: Path,
+    name: str,
+    staged: Path,
+    fd: int | None = None,
+    listed: Partials | None = None,
 ) -> bool:
     """Link staged (whose content is known to be blob `name`) into the store read-only,
     then drop the blob's partial files (another upload of it still running finds the
     blob in the store). With fd (staged, open), the open file itself is made read-only
     and linked (/proc/self/fd), not whatever the path names by then. False when staged
     is gone and the store lacks the blob (another upload dropped it after a bad copy):
-    the blob is to be sent again."""
+    the blob is to be sent again. `listed`: the partial files as the caller listed them
+    (partials_by_blob); staged goes whether it is among them or not."""
     final = store / name
     try:
         if not final.exists():
@@ -284,7 +323,9 @@ def install_blob(
     except FileNotFoundError:
         if not final.exists():
             return False
-    drop_partials(partial, name)
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
+    drop_partials(partial, name, listed)
     return True
 
 
@@ -304,16 +345,20 @@ def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: s
     store, partial, jobs = store_dirs(user_dir)
     ensure_dirs(user_dir)
     uploads = checked_uploads(uploads or {})
-    bad = [name for name in blobs if not commit_blob(store, partial, name, uploads.get(name))]
+    listed = partials_by_blob(partial) if blobs else {}
+    bad = [n for n in blobs if not commit_blob(store, partial, n, uploads.get(n), listed)]
     lacking = [n for n in set(manifest.values()) if not (store / n).exists()]
     if bad or lacking:
         return {"workdir": None, "bad": sorted(set(bad) | set(lacking))}
     # Built aside and renamed into place: a failure leaves no half-built job directory.
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=jobs))
     try:
+        made: set[Path] = set()
         for relpath, name in sorted(manifest.items()):
             target = building / relpath
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if target.parent not in made:  # each directory once, not once per file
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                made.add(target.parent)
             os.link(store / name, target)
         (building / "instruction.json").write_text(files["instruction.json"])
         # code/ too: a task with no files (a dict task of the SDK) still runs in it.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -35,15 +36,21 @@ from tacc_agent.errors import Rejected
 from tacc_agent.tasks.store import (
     BLOB,
     UPLOAD,
+    Partials,
     blob_sha256,
     ensure_dirs,
     install_blob,
     partial_files,
+    partials_by_blob,
     store_dirs,
 )
 
 HEADER_LIMIT = 4096
 READ_SIZE = 1 << 18  # one reused buffer: no fresh bytes object (and its page faults) per read
+# The pipe from sshd, widened while a stream is read (Linux; an unprivileged process may
+# go up to /proc/sys/fs/pipe-max-size, 1 MiB by default): sshd hands over more per
+# wake-up of this process, about half as many switches between the two per GiB.
+PIPE_SIZE = 1 << 20
 MAX_BLOB_SIZE = 1 << 40
 END = {"end": True}
 HEADER_KEYS = {"blob", "upload", "offset", "size"}
@@ -133,8 +140,11 @@ def drop_unused_partials(partial: Path, name: str) -> None:
             os.close(fd)
 
 
-def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> bool:
-    """Read one blob's bytes into its partial file; True when it is now in the store."""
+def receive_blob(
+    store: Path, partial: Path, frame: Frame, reader: BinaryIO, listed: Partials | None = None
+) -> bool:
+    """Read one blob's bytes into its partial file; True when it is now in the store.
+    `listed`: the partial files as the stream found them (store.partials_by_blob)."""
     final, staged = store / frame.blob, partial / frame.upload
     digest, count = hashlib.sha256(), frame.size - frame.offset
     if final.exists():  # another upload stored it meanwhile: the bytes are not needed
@@ -178,7 +188,13 @@ def receive_blob(store: Path, partial: Path, frame: Frame, reader: BinaryIO) -> 
             return False
         # Installed from the open file, under the lock: the bytes hashed are the bytes
         # linked, whatever happens to the path meanwhile.
-        return install_blob(store, partial, frame.blob, staged, fd)
+        return install_blob(store, partial, frame.blob, staged, fd, listed)
+
+
+def widen_pipe(reader: BinaryIO) -> None:
+    """PIPE_SIZE for the pipe reader reads, when it is one and the kernel lets it."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        fcntl.fcntl(reader.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
 
 
 def receive(user_dir: Path, reader: BinaryIO) -> dict:
@@ -186,6 +202,8 @@ def receive(user_dir: Path, reader: BinaryIO) -> dict:
     {"received": blobs now in the store, "bad": blobs to send again, "bytes": n}."""
     store, partial, _ = store_dirs(user_dir)
     ensure_dirs(user_dir)
+    widen_pipe(reader)
+    listed = partials_by_blob(partial)  # once: not a listing of .partial per blob
     received: list[str] = []
     bad: list[str] = []
     seen: set[str] = set()
@@ -194,6 +212,7 @@ def receive(user_dir: Path, reader: BinaryIO) -> dict:
         if frame.blob in seen:
             raise Rejected(f"upload stream: {frame.blob} sent twice")
         seen.add(frame.blob)
-        (received if receive_blob(store, partial, frame, reader) else bad).append(frame.blob)
+        stored = receive_blob(store, partial, frame, reader, listed)
+        (received if stored else bad).append(frame.blob)
         total += frame.size - frame.offset
     return {"received": received, "bad": bad, "bytes": total}

@@ -1,0 +1,178 @@
+"""What makes the upload fast, held in place (issue [12]): the store lists its partial
+files once per request (not once per blob), a commit checks its paths and makes its
+directories without a pass over every pair, the client writes the stream one SSH
+packet at a time, and the SSH transport offers its AEAD ciphers first, nothing added."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+
+from tacc_agent.errors import Rejected
+from tacc_agent.tasks import store, store_receive
+from tcloud import wire
+from tcloud.compiler import compile_task
+from tcloud.task_file import load_task
+from tcloud.upload_stream import Blob, frames
+
+
+class NoBar:
+    def add(self, count: int) -> None:
+        pass
+
+
+def blob_of(data: bytes, mode: int = 0o644) -> str:
+    return f"{hashlib.sha256(data).hexdigest()}-{mode:o}"
+
+
+@pytest.fixture
+def user_dir(tmp_path) -> Path:
+    path = tmp_path / "user"
+    path.mkdir(mode=0o700)
+    return path
+
+
+@pytest.fixture
+def no_glob(monkeypatch):
+    """Fail on a glob of the partial directory (one per blob made `missing` quadratic)."""
+
+    def refuse(self, pattern):
+        raise AssertionError(f"a glob per blob: {self}/{pattern}")
+
+    monkeypatch.setattr(Path, "glob", refuse)
+
+
+def test_partials_by_blob_lists_each_uploads_file_under_its_blob(tmp_path):
+    one, two = blob_of(b"one"), blob_of(b"two")
+    names = [f"{one}.{'a' * 32}", f"{one}.{'b' * 32}", f"{two}.{'c' * 32}", one, "junk"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    listed = store.partials_by_blob(tmp_path)
+    assert sorted(p.name for p in listed[one]) == sorted(names[:2])
+    assert [p.name for p in listed[two]] == [names[2]]
+    assert set(listed) == {one, two}  # the older tcloud's <blob> file: partial_files adds it
+    assert store.partial_files(tmp_path, one, listed)[-1] == tmp_path / one
+    assert store.partials_by_blob(tmp_path / "absent") == {}
+
+
+def test_missing_of_many_blobs_lists_the_partial_directory_once(user_dir, no_glob):
+    names = [blob_of(str(i).encode()) for i in range(50)]
+    answer = store.missing(user_dir, names)
+    assert answer["missing"] == names and answer["partial"] == {}
+
+
+def test_missing_still_offers_what_a_cut_upload_left(user_dir, no_glob):
+    name = blob_of(b"0123456789")
+    first = store.missing(user_dir, [name])["uploads"][name]
+    (user_dir / "store" / ".partial" / first).write_bytes(b"01234")
+    again = store.missing(user_dir, [name])
+    assert again["partial"] == {name: 5}
+    assert (user_dir / "store" / ".partial" / again["uploads"][name]).read_bytes() == b"01234"
+
+
+def test_a_stream_then_its_commit_store_every_blob_and_leave_no_partial_file(
+    user_dir, tmp_path, no_glob
+):
+    sources = {}
+    for i in range(20):
+        path = tmp_path / f"f{i}.bin"
+        path.write_bytes(os.urandom(1000 + i))
+        sources[blob_of(path.read_bytes())] = path
+    answer = store.missing(user_dir, sorted(sources))
+    # An older cut upload's partial file of one blob, there before the stream.
+    victim = sorted(sources)[0]
+    stale = user_dir / "store" / ".partial" / f"{victim}.{'0' * 32}"
+    stale.write_bytes(b"stale")
+    blobs = [
+        Blob(name, answer["uploads"][name], 0, sources[name].stat().st_size, sources[name])
+        for name in answer["missing"]
+    ]
+    parts: list[bytes] = []
+    frames(blobs, parts.append, NoBar())
+    got = store_receive.receive(user_dir, io.BufferedReader(io.BytesIO(b"".join(parts))))
+    assert sorted(got["received"]) == sorted(sources) and got["bad"] == []
+    assert list((user_dir / "store" / ".partial").iterdir()) == []
+
+
+def test_a_commit_of_nested_files_links_each_one_into_its_directory(tmp_path, no_glob):
+    project = tmp_path / "project"
+    expected = {}
+    for i in range(30):
+        relpath = f"d{i % 3}/sub{i % 2}/f{i}.txt" if i % 5 else f"top{i}.txt"
+        (project / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (project / relpath).write_text(f"file {i}\n")
+        expected[f"code/{relpath}"] = f"file {i}\n"
+    (project / "tcloud.yaml").write_text(yaml.safe_dump({"name": "nested", "run": ["true"]}))
+    expected["code/tcloud.yaml"] = (project / "tcloud.yaml").read_text()
+    instruction = compile_task(load_task(project / "tcloud.yaml"))
+    user_dir = tmp_path / "user"
+    user_dir.mkdir(mode=0o700)
+    job = Path(store.commit_local(user_dir, instruction)["workdir"])
+    found = {
+        path.relative_to(job).as_posix(): path.read_text()
+        for path in (job / "code").rglob("*")
+        if path.is_file()
+    }
+    assert found == expected
+    assert list((user_dir / "store" / ".partial").iterdir()) == []
+    assert store.folders("code/d1/sub/x") == ["code", "code/d1", "code/d1/sub"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "paths",
+    [["code/a", "code/a/b"], ["code/a/b/c", "code/a/b"], ["code/x/y", "code/x/y/z/w"]],
+)
+def test_a_file_that_is_also_a_directory_is_refused(paths):
+    request = {"manifest": {path: blob_of(path.encode()) for path in paths}}
+    with pytest.raises(Rejected, match="no file may also be a directory"):
+        store.checked_request(request)
+
+
+def test_paths_that_only_share_a_prefix_are_accepted():
+    paths = ["code/a", "code/ab/c", "code/a.txt", "code/a-b/c"]
+    request = {"manifest": {path: blob_of(path.encode()) for path in paths}}
+    _, manifest, _ = store.checked_request(request)
+    assert sorted(manifest) == sorted(paths)
+
+
+def test_the_stream_writes_one_ssh_packet_at_a_time(tmp_path):
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(5 * wire.CHANNEL_WRITE + 7))
+    blob = Blob(blob_of(path.read_bytes()), "u", 3, path.stat().st_size, path)
+    parts: list[bytes] = []
+    sent = frames([blob], parts.append, NoBar())
+    data = [part for part in parts[1:-1]]
+    assert sent == path.stat().st_size - 3
+    assert all(isinstance(part, bytes) and len(part) <= wire.CHANNEL_WRITE for part in data)
+    assert b"".join(data) == path.read_bytes()[3:]
+
+
+def test_preferred_ciphers_moves_the_aead_ones_first_and_adds_nothing():
+    offered = ("aes128-ctr", "aes256-ctr", "aes256-gcm@openssh.com", "aes128-gcm@openssh.com")
+    ordered = wire.preferred_ciphers(offered)
+    assert ordered[:2] == wire.AEAD_CIPHERS
+    assert sorted(ordered) == sorted(offered)
+    assert wire.preferred_ciphers(("aes128-ctr", "aes256-ctr")) == ("aes128-ctr", "aes256-ctr")
+
+
+@pytest.mark.security
+def test_a_tuned_transport_offers_no_cipher_paramiko_would_not(monkeypatch):
+    left, right = socket.socketpair()
+    with left, right:
+        default = paramiko.Transport(left)
+        tuned = wire.transport(right)
+        assert set(tuned.preferred_ciphers) == set(default.preferred_ciphers)
+        assert tuned.preferred_ciphers[0] == "aes128-gcm@openssh.com"
+    left, right = socket.socketpair()
+    with left, right:
+        disabled = {"ciphers": list(wire.AEAD_CIPHERS)}
+        tuned = wire.transport(left, disabled_algorithms=disabled)
+        assert not set(wire.AEAD_CIPHERS) & set(tuned.preferred_ciphers)
