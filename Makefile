@@ -10,6 +10,10 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 LAB_NODES ?= 3
+# The lab make demo / lab-up / lab-down work on (several side by side: LAB_NAME=demo) and
+# the inventory `tacc-lab up` writes for it (ansible.cfg names the default lab's).
+LAB_NAME ?= $(or $(TACC_LAB_NAME),lab)
+LAB_INVENTORY := inventory/$(LAB_NAME)/hosts.yml
 
 # Host packages: the lab (nspawn, debootstrap, proxy), ssh, a venv-capable Python, and
 # rsync (the baseline bench/tcloud_upload.py measures tcloud against).
@@ -17,7 +21,8 @@ LAB_NODES ?= 3
 # 118 MiB; 32 and 13 MiB without, measured in a bookworm minbase chroot: 103 s vs 27 s),
 # and every wheel the venv needs is binary. debootstrap still checks the archive's
 # signatures: gpgv and debian-archive-keyring come with apt itself.
-APT_PACKAGES := systemd-container debootstrap tinyproxy iproute2 openssh-client \
+# mmdebstrap builds the demo's prebaked node image (packages/ops/tacc_lab/prebake.py).
+APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 openssh-client \
 	python3-venv python3-pip ca-certificates rsync
 STAMP := .cache/stamps
 
@@ -84,29 +89,35 @@ gpu-check:
 	$(PYTHON) tools/gpu_check.py
 
 lab-up: venv
-	tacc-lab up --nodes $(LAB_NODES)
-	tacc-lab status
+	tacc-lab --name $(LAB_NAME) up --nodes $(LAB_NODES)
+	tacc-lab --name $(LAB_NAME) status
 
 lab-down: venv
-	tacc-lab down
+	tacc-lab --name $(LAB_NAME) down
 
-# The same steps as lab-up on the runtime venv; the playbook runs over Mitogen (one
-# Python per node for the whole run instead of one per task: bench/converge.py).
-# The node image (debootstrap: network and dpkg bound) builds while the venv installs
-# (pip: network and CPU bound): python -m tacc_lab.image needs only the system Python.
+# The same steps as lab-up on the runtime venv, on the prebaked node image (the packages
+# the roles install are in it: prebake.py; the roles still check and configure them), and
+# the playbook over Mitogen (one Python per node for the whole run instead of one per
+# task: bench/converge.py). The image builds while the venv installs: python -m
+# tacc_lab.image needs only the system Python. The hello task needs no wheels from this
+# machine's pip find-links directories (a bare machine has none; here a 183 MB torch wheel
+# took 74 s to copy into the package cache): the demo uploads none, `make lab-up` does.
+# Where the time goes: docs/demo-timing.md.
+demo: export TACC_LAB_IMAGE_FLAVOR = prebaked
 demo: $(STAMP)/apt
 	@PYTHONPATH=packages/ops $(PYTHON) -m tacc_lab.image & image=$$!; \
 	$(MAKE) --no-print-directory $(VENV)/.runtime-installed || { wait $$image; exit 1; }; \
 	wait $$image
-	tacc-lab up --nodes $(LAB_NODES)
-	tacc-lab status
+	tacc-lab --name $(LAB_NAME) up --nodes $(LAB_NODES)
+	tacc-lab --name $(LAB_NAME) status
 	@echo "== provision the lab as a Slurm cluster (re-runs change nothing) =="
-	ANSIBLE_STRATEGY=mitogen_linear ansible-playbook playbooks/site.yml
+	ANSIBLE_STRATEGY=mitogen_linear ansible-playbook -i $(LAB_INVENTORY) \
+		-e '{"package_cache_wheels": []}' playbooks/site.yml
 	@echo "== the cluster at work =="
-	tacc-lab ssh n1 sinfo
-	tacc-lab ssh n1 srun -N2 hostname
+	tacc-lab --name $(LAB_NAME) ssh n1 sinfo
+	tacc-lab --name $(LAB_NAME) ssh n1 srun -N2 hostname
 	@echo "== a researcher (alice) submits examples/hello with tcloud and follows its logs =="
-	python -m tacc_lab.demo examples/hello
+	TACC_LAB_NAME=$(LAB_NAME) python -m tacc_lab.demo examples/hello
 	@echo "demo done: the lab stays up (make lab-down removes it)"
 
 lint: venv

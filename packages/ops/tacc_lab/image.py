@@ -3,6 +3,10 @@
 The image is keyed by a digest of everything that goes into it (package list, recipe
 version, the host's apt sources and locally added CA certificates), so a change in any
 of them builds a new image and an unchanged host reuses the cached one.
+
+Two flavors: `bare` (the default: what every lab, test and bench boots, so converges
+prove the roles' installs from nothing) and `prebaked` (opt-in for `make demo` through
+TACC_LAB_IMAGE_FLAVOR: the bare image plus the packages the roles install, prebake.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import sys
 import time
@@ -18,6 +23,7 @@ from pathlib import Path
 from tacc_lab.apt_sources import debian_mirror, source_files
 from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
+from tacc_lab.prebake import ROLE_PACKAGES, finish, mmdebstrap_argv
 from tacc_lab.runner import run
 
 SUITE = "bookworm"
@@ -36,27 +42,48 @@ PACKAGES = (
 )
 LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
 COMPLETE_MARK = ".tacc-lab-image-complete"
+FLAVOR_ENV = "TACC_LAB_IMAGE_FLAVOR"
+BARE = "bare"
+PREBAKED = "prebaked"
+FLAVORS = (BARE, PREBAKED)
+PREBAKE_RECIPE_VERSION = "1"
+
+
+def image_flavor(environ: dict[str, str] | None = None) -> str:
+    """The flavor TACC_LAB_IMAGE_FLAVOR asks for; bare when unset."""
+    value = (os.environ if environ is None else environ).get(FLAVOR_ENV) or BARE
+    if value not in FLAVORS:
+        raise LabError(f"{FLAVOR_ENV}={value!r} is not one of: {', '.join(FLAVORS)}")
+    return value
 
 
 def _ca_files() -> list[Path]:
     return sorted(LOCAL_CA_DIR.glob("*.crt")) if LOCAL_CA_DIR.is_dir() else []
 
 
-def image_digest() -> str:
+def image_digest(flavor: str = BARE) -> str:
     digest = hashlib.sha256(f"{SUITE}|{RECIPE_VERSION}|{','.join(PACKAGES)}".encode())
+    if flavor == PREBAKED:
+        digest.update(f"|{PREBAKED}|{PREBAKE_RECIPE_VERSION}|{','.join(ROLE_PACKAGES)}".encode())
     for file in source_files() + _ca_files():
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def image_path(cfg: LabConfig) -> Path:
-    return cfg.image_cache / f"{SUITE}-{image_digest()}"
+def _name_prefix(flavor: str) -> str:
+    return f"{SUITE}-" if flavor == BARE else f"{SUITE}-{flavor}-"
 
 
-def ensure_image(cfg: LabConfig, log=print) -> tuple[Path, float | None]:
+def image_path(cfg: LabConfig, flavor: str = BARE) -> Path:
+    return cfg.image_cache / f"{_name_prefix(flavor)}{image_digest(flavor)}"
+
+
+def ensure_image(cfg: LabConfig, log=print, flavor: str | None = None) -> tuple[Path, float | None]:
     """Return (image dir, build seconds or None when it came from the cache). Labs that
-    come up side by side (parallel test workers) wait for one build instead of racing."""
-    target = image_path(cfg)
+    come up side by side (parallel test workers) wait for one build instead of racing.
+    `flavor` None: the one TACC_LAB_IMAGE_FLAVOR names (bare when unset)."""
+    flavor = flavor or image_flavor()
+    target = image_path(cfg, flavor)
     if (target / COMPLETE_MARK).exists():
         return target, None
     cfg.image_cache.mkdir(parents=True, exist_ok=True)
@@ -64,33 +91,37 @@ def ensure_image(cfg: LabConfig, log=print) -> tuple[Path, float | None]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / COMPLETE_MARK).exists():  # another lab built it meanwhile
             return target, None
-        return target, _build(cfg, target, log)
+        return target, _build(cfg, target, flavor, log)
 
 
-def _build(cfg: LabConfig, target: Path, log) -> float:
+def _build(cfg: LabConfig, target: Path, flavor: str, log) -> float:
     staging = target.with_name(target.name + ".building")
     if staging.exists():
         shutil.rmtree(staging)
     log(f"building node image {target.name} (once; cached in {cfg.image_cache}) ...")
     start = time.monotonic()
-    run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(PACKAGES)}",
-            SUITE,
-            str(staging),
-            debian_mirror(),
-        ]
-    )
-    _bake(staging)
+    if flavor == PREBAKED:
+        run(mmdebstrap_argv(SUITE, PACKAGES, staging))
+        finish(staging)
+    else:
+        run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(staging),
+                debian_mirror(),
+            ]
+        )
+    _bake(staging, keep_package_lists=flavor == PREBAKED)
     (staging / COMPLETE_MARK).write_text(f"{time.time()}\n")
     staging.rename(target)
-    _prune_old_images(cfg, keep=target)
+    _prune_old_images(cfg, keep=target, flavor=flavor)
     return time.monotonic() - start
 
 
-def _bake(root: Path) -> None:
+def _bake(root: Path, *, keep_package_lists: bool = False) -> None:
     """Configure the image for any node: the host's sources and CAs, no shared secrets."""
     apt_dir = root / "etc/apt"
     (apt_dir / "sources.list").write_text("")
@@ -114,6 +145,10 @@ def _bake(root: Path) -> None:
     (root / "etc/machine-id").write_text("")
     run(["chroot", str(root), "systemctl", "enable", "systemd-networkd.service"])
     run(["chroot", str(root), "apt-get", "clean"])
+    if keep_package_lists:
+        # The prebaked image's lists are as fresh as its packages: the roles' apt tasks
+        # (cache_valid_time) use them for an hour, then refresh them.
+        return
     shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
     lists = root / "var/lib/apt/lists"
     (lists / "partial").mkdir(parents=True, exist_ok=True)
@@ -123,11 +158,13 @@ def _bake(root: Path) -> None:
         os.utime(path, (0, 0))
 
 
-def _prune_old_images(cfg: LabConfig, keep: Path) -> None:
-    """Remove superseded images that no running node uses as its overlay lower layer."""
+def _prune_old_images(cfg: LabConfig, keep: Path, flavor: str = BARE) -> None:
+    """Remove superseded images of `flavor` that no running node uses as its overlay
+    lower layer (the other flavor's image is kept: demo and tests use one each)."""
     mounts = Path("/proc/self/mounts").read_text()
-    for old in cfg.image_cache.glob(f"{SUITE}-*"):
-        if old != keep and not old.name.endswith(".building") and str(old) not in mounts:
+    same_flavor = re.compile(rf"{re.escape(_name_prefix(flavor))}[0-9a-f]{{16}}")
+    for old in cfg.image_cache.iterdir():
+        if old != keep and same_flavor.fullmatch(old.name) and str(old) not in mounts:
             print(f"removing stale node image {old.name}", file=sys.stderr)
             shutil.rmtree(old, ignore_errors=True)
 
@@ -138,7 +175,7 @@ def main() -> int:
     the venv installs, and `tacc-lab up` then finds the image built."""
     cfg = LabConfig.create("image", "10.77.0.0/24")  # only cfg.image_cache is read
     try:
-        path, seconds = ensure_image(cfg)
+        path, seconds = ensure_image(cfg, flavor=image_flavor())
     except (LabError, OSError) as exc:
         print(f"tacc-lab image: {exc}", file=sys.stderr)
         return 1

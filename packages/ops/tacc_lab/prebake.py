@@ -1,0 +1,99 @@
+"""The pre-baked node image `make demo` boots (opt-in: TACC_LAB_IMAGE_FLAVOR=prebaked).
+
+It holds the Debian packages `playbooks/site.yml` installs on the lab's nodes, so the
+demo's converge finds them present instead of downloading and unpacking them on four
+nodes at once. The roles still install and verify them (a package missing from this
+list is installed by its role, as on a bare node), and they still configure, enable and
+start every daemon: the daemons only some node groups run are disabled in the image, as
+they are absent on a bare node. The test suite's labs and bench/converge.py boot the
+bare image (image.py), which keeps proving the installs from nothing.
+
+It is built with mmdebstrap (apt resolves and downloads in parallel, one dpkg run,
+no fsync per file): debootstrap alone took 129 s for the bare image here.
+This module needs only the standard library (make demo runs it with the system Python).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tacc_lab.apt_sources import source_files
+
+# What the roles install on lab nodes (roles/*/vars/Debian.yml for the lab's groups and
+# settings: ganesha, no chrony); tests/unit/test_image_prebake.py keeps the two in step.
+ROLE_PACKAGES = (
+    "tzdata",  # common
+    "munge",  # munge
+    "nfs-ganesha",  # nfs_server (ganesha)
+    "nfs-ganesha-vfs",
+    "netbase",
+    "nfs-common",  # nfs_client
+    "rdma-core",  # rdma
+    "ibverbs-utils",
+    "infiniband-diags",
+    "perftest",
+    "ibverbs-providers",
+    "pciutils",  # nvidia_gpu, smartnic_firmware
+    "python3-debian",
+    "mstflint",
+    "slurmctld",  # slurm
+    "slurmd",
+    "slurm-client",
+    "slurmdbd",
+    "mariadb-server",
+    "libpam-slurm-adopt",  # slurm_pam_adopt
+    "openmpi-bin",  # mpi
+    "python3-mpi4py",
+    "libpmix2",
+    "python3-venv",  # package_cache, tacc_agent
+    "python3-packaging",
+    "util-linux",
+    "python3-yaml",
+    "python3-setuptools",
+    "python3-wheel",
+    "python3-prometheus-client",
+)
+
+# Daemons that package installation enables but only some nodes run (their roles enable
+# and start them there), and munge, whose key the image must not carry: each is disabled
+# in the image, as it would be absent (or keyless) on a bare node.
+GROUP_DAEMONS = ("munge", "slurmctld", "slurmd", "slurmdbd", "mariadb", "nfs-ganesha")
+SHARED_SECRETS = ("etc/munge/munge.key",)
+# mmdebstrap writes its --aptopt/--dpkgopt settings into the image; the nodes do not keep them.
+BUILD_ONLY_FILES = ("etc/apt/apt.conf.d/99mmdebstrap", "etc/dpkg/dpkg.cfg.d/99mmdebstrap")
+
+
+def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) -> list[str]:
+    """mmdebstrap's command line: the minbase system plus `base_packages` as debootstrap
+    would install them (no Recommends), then the roles' packages as Ansible's apt module
+    installs them (with Recommends), all from this host's apt sources."""
+    install_roles = 'chroot "$1" apt-get install -y -q -o APT::Install-Recommends=true ' + " ".join(
+        ROLE_PACKAGES
+    )
+    disable = 'chroot "$1" systemctl disable --quiet ' + " ".join(GROUP_DAEMONS)
+    return [
+        "mmdebstrap",
+        "--mode=root",
+        "--variant=minbase",
+        "--quiet",
+        f"--include={','.join(base_packages)}",
+        "--dpkgopt=force-unsafe-io",
+        "--skip=cleanup/apt/lists",
+        f"--customize-hook={install_roles}",
+        f"--customize-hook={disable}",
+        suite,
+        str(target),
+        *[str(file) for file in source_files()],
+    ]
+
+
+def finish(root: Path) -> None:
+    """Remove what the image must not ship: shared secrets and build-only settings, and
+    the copies of the host's apt sources mmdebstrap pasted in (image.py's bake installs
+    them under their own names; both would list every repository twice)."""
+    for relative in SHARED_SECRETS + BUILD_ONLY_FILES:
+        (root / relative).unlink(missing_ok=True)
+    sources_dir = root / "etc/apt/sources.list.d"
+    if sources_dir.is_dir():
+        for pasted in sources_dir.iterdir():
+            pasted.unlink()
