@@ -8,7 +8,13 @@ Usage (as root, from the repository root, after `make venv`; needs rsync on the 
     .venv/bin/python bench/tcloud_upload.py [--files 1000] [--mib 1024] [--json PATH]
 
 Targets from issue [4]: resubmit unchanged <= 1 s and <= 1 MiB sent; one changed 10 MiB
-file sends about 10 MiB. Uses the bench lab (10.77.7.0/24), one node, booted and taken
+file sends about 10 MiB.
+
+tcloud's rounds go through the connection master as the CLI's do (tcloud.mux: started
+by an untimed call first, so every timed round finds it warm); the resubmit rows also
+time tcloud connecting directly (TCLOUD_MULTIPLEX=0's path). rsync runs both plain
+(a new ssh each time) and over a warm ssh ControlMaster, so that both sides may share
+their connection. Uses the bench lab (10.77.7.0/24), one node, booted and taken
 down by the script; or a lab that is up, left as it is (its agent as deployed):
     .venv/bin/python bench/tcloud_upload.py --lab slurm --host 10.77.6.10 --node login1
 """
@@ -23,14 +29,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 from benchlib import BIN, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
 
 from tacc_lab.lab import resolve_config
+from tcloud import jobs, mux
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.hashcache import HashCache
+from tcloud.link import Link
 from tcloud.ssh import session
 from tcloud.task_file import load_task
 from tcloud.upload import upload
@@ -56,20 +65,49 @@ def lab_sh(lab: str, node: str, script: str) -> str:
     return sh([str(BIN / "tacc-lab"), "--name", lab, "ssh", node, command]).stdout
 
 
-def tcloud_round(cluster: Cluster, project: Path, cache: Path) -> tuple[float, float, int]:
-    """(seconds for hashing+compile, seconds for the whole submit, bytes sent)."""
+def tcloud_round(
+    cluster: Cluster, project: Path, cache: Path, shared: bool = True
+) -> tuple[float, float, int]:
+    """(seconds for hashing+compile, seconds for the whole submit, bytes sent); shared:
+    through the connection master, as the CLI (else one direct connection)."""
     start = time.monotonic()
     task = load_task(project / "tcloud.yaml")
     with HashCache(cache) as hasher:
         instruction = compile_task(task, hasher)
     hashed = time.monotonic() - start
-    with session(cluster) as client:
-        result = upload(client, instruction, USERDIR)
+    with closing(Link(cluster, session, multiplex=shared)) as link:
+        result = upload(link, instruction, USERDIR)
     return hashed, time.monotonic() - start, result.bytes_sent
 
 
-def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple[float, int]:
-    ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+def start_master(cluster: Cluster) -> None:
+    """An untimed call that starts the connection master (the CLI's first command)."""
+    with closing(Link(cluster, session, multiplex=True)) as link:
+        jobs.whoami(link, USERDIR)
+    if mux.session_pipe(mux.socket_path(cluster)) is None:
+        sys.exit("bench: the connection master did not start (see its log by the socket)")
+
+
+class Rsync:
+    """rsync -a over ssh, plain (a new ssh each round) or over a warm ControlMaster."""
+
+    def __init__(self, key: Path, known_hosts: Path, host: str, control: Path | None) -> None:
+        self.host = host
+        self.ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+        if control is not None:
+            self.ssh += f" -o ControlMaster=auto -o ControlPath={control} -o ControlPersist=120"
+            subprocess.run([*shlex.split(self.ssh), f"root@{host}", "true"], check=True)
+
+    def round(self, project: Path) -> tuple[float, int]:
+        return rsync_round(project, self.ssh, self.host)
+
+    def close(self) -> None:
+        if "ControlPath" in self.ssh:
+            exit_master = [*shlex.split(self.ssh), "-O", "exit", f"root@{self.host}"]
+            subprocess.run(exit_master, capture_output=True, check=False)
+
+
+def rsync_round(project: Path, ssh: str, host: str) -> tuple[float, int]:
     start = time.monotonic()
     proc = subprocess.run(
         ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{host}:/root/rsync-bench/"],
@@ -81,14 +119,30 @@ def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple
     return time.monotonic() - start, sent
 
 
-def row(label: str, tcloud: tuple[float, int], rsync: tuple[float, int]) -> dict:
-    (t_s, t_b), (r_s, r_b) = tcloud, rsync
+def row(
+    label: str,
+    tcloud: tuple[float, int],
+    rsync: tuple[float, int],
+    rsync_cm: tuple[float, int],
+    direct: tuple[float, int] | None = None,
+) -> dict:
+    """tcloud (through the master) against rsync -a, plain and over a ControlMaster."""
+    (t_s, t_b), (r_s, r_b), (c_s, c_b) = tcloud, rsync, rsync_cm
     print(
         f"{label:<28} tcloud {t_s:7.2f} s {t_b / MIB:9.2f} MiB | rsync -a {r_s:7.2f} s "
         f"{r_b / MIB:9.2f} MiB | time ratio {t_s / r_s:5.2f}x"
     )
-    return {"tcloud_s": t_s, "tcloud_bytes": t_b, "rsync_s": r_s, "rsync_bytes": r_b,
-            "ratio": t_s / r_s}  # fmt: skip
+    print(
+        f"{'':<28} rsync -a over an ssh ControlMaster {c_s:7.2f} s {c_b / MIB:9.2f} MiB "
+        f"| time ratio {t_s / c_s:5.2f}x"
+        + (f" | tcloud direct {direct[0]:7.2f} s" if direct else "")
+    )
+    result = {"tcloud_s": t_s, "tcloud_bytes": t_b, "rsync_s": r_s, "rsync_bytes": r_b,
+              "ratio": t_s / r_s, "rsync_controlmaster_s": c_s,
+              "ratio_controlmaster": t_s / c_s}  # fmt: skip
+    if direct:
+        result["tcloud_direct_s"] = direct[0]
+    return result
 
 
 def main() -> int:
@@ -110,6 +164,7 @@ def main() -> int:
     with (
         Record(args.json, files=args.files, mib=args.mib) as out,
         tempfile.TemporaryDirectory() as tmp,
+        ExitStack() as stack,
     ):
         tmp_path = Path(tmp)
         project, cache = tmp_path / "task", tmp_path / "hashes.sqlite"
@@ -126,14 +181,27 @@ def main() -> int:
                 f"rm -rf {USERDIR} /root/rsync-bench; command -v rsync "
                 ">/dev/null || (apt-get update -qq && apt-get install -y -q rsync >/dev/null)",
             )
+            control = tmp_path / "cm"
+            rsync = Rsync(cfg.ssh_key, cfg.known_hosts, args.host, None)
+            rsync_cm = Rsync(cfg.ssh_key, cfg.known_hosts, args.host, control)
+            stack.callback(rsync_cm.close)
+            start_master(cluster)
+            stack.callback(mux.stop, cluster)
             hashed_cold, total, sent = tcloud_round(cluster, project, cache)
-            first_rsync = rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host)
-            out["first"] = row(f"first submit ({args.files} files)", (total, sent), first_rsync)
+            first_rsync = rsync.round(project)
+            lab_sh(args.lab, args.node, "rm -rf /root/rsync-bench")
+            first_cm = rsync_cm.round(project)
+            out["first"] = row(
+                f"first submit ({args.files} files)", (total, sent), first_rsync, first_cm
+            )
             hashed_warm, total, sent = tcloud_round(cluster, project, cache)
+            unchanged_direct = tcloud_round(cluster, project, cache, shared=False)[1:]
             out["unchanged"] = row(
                 "resubmit, nothing changed",
                 (total, sent),
-                rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host),
+                rsync.round(project),
+                rsync_cm.round(project),
+                unchanged_direct,
             )
             verdict = "meets" if total <= 1.0 and sent <= MIB else "MISSES"
             print(
@@ -142,10 +210,16 @@ def main() -> int:
             out["unchanged_meets"] = total <= 1.0 and sent <= MIB
             (project / "data/part0007.bin").write_bytes(os.urandom(10 * MIB))
             _, total, sent = tcloud_round(cluster, project, cache)
+            changed_rsync = rsync.round(project)
+            (project / "data/part0008.bin").write_bytes(os.urandom(10 * MIB))
+            changed_direct = tcloud_round(cluster, project, cache, shared=False)[1:]
+            changed_cm = rsync_cm.round(project)
             out["one_changed"] = row(
                 "resubmit, one 10 MiB change",
                 (total, sent),
-                rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host),
+                changed_rsync,
+                changed_cm,
+                changed_direct,
             )
             size = args.mib
             print(

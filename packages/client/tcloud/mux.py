@@ -24,7 +24,6 @@ sharing off: every command connects directly, as before.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +40,11 @@ from tacc_contract import protocol
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no connection sharing, every command connects directly
+    fcntl = None
+
 DEFAULT_IDLE = 300
 ENV_SWITCH = "TCLOUD_MULTIPLEX"
 # How long a starting command waits for the master's socket (its connect has 20 s).
@@ -52,8 +56,16 @@ class InsecureDirectory(TcloudError):
     """The socket's directory (or the socket) could be someone else's: refused."""
 
 
+def supported() -> bool:
+    """Unix sockets, file locks and uids: POSIX systems (not Windows)."""
+    return fcntl is not None and hasattr(socket, "AF_UNIX") and hasattr(os, "getuid")
+
+
 def enabled(settings: Cluster) -> bool:
-    """Sharing is on unless TCLOUD_MULTIPLEX=0 or the cluster's `multiplex: false`."""
+    """Sharing is on unless TCLOUD_MULTIPLEX=0 or the cluster's `multiplex: false`
+    (and where it is supported)."""
+    if not supported():
+        return False
     switch = os.environ.get(ENV_SWITCH, "").strip().lower()
     if switch in ("0", "false", "no", "off"):
         return False
@@ -66,7 +78,8 @@ def idle_seconds(settings: Cluster) -> int:
 
 def base_directory() -> Path:
     """$XDG_RUNTIME_DIR/tcloud when the runtime directory is ours, else
-    ~/.cache/tcloud/m: short, so the socket's path stays under sun_path's ~104 bytes."""
+    ~/.cache/tcloud/m: short, so the socket's path stays under sun_path's ~104 bytes.
+    POSIX-only (uids), as is everything below that touches the socket."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         with contextlib.suppress(OSError):
@@ -77,7 +90,8 @@ def base_directory() -> Path:
 
 
 def check_private(path: Path) -> Path:
-    """`path` is a directory of this user's, 0700, not a symlink; InsecureDirectory if not."""
+    """`path` is a directory of this user's, 0700, not a symlink; InsecureDirectory if not.
+    POSIX-only (uids)."""
     try:
         info = os.lstat(path)
     except OSError as exc:
@@ -160,7 +174,7 @@ class SocketPipe:
 
 def connect_socket(path: Path) -> socket.socket | None:
     """A connection to the master at `path` (which must be this user's), or None when no
-    master listens there."""
+    master listens there. POSIX-only (uids)."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -271,6 +285,8 @@ def open_session(settings: Cluster, may_start: Callable[[], bool]) -> SocketPipe
 
 def stop(settings: Cluster) -> bool:
     """Stop this connection's master (`tcloud disconnect`); False when none ran."""
+    if not supported():
+        return False
     path = socket_path(settings)
     answer = ask(path, {"op": "exit"})
     if answer is None:

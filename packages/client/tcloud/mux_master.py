@@ -173,6 +173,7 @@ class Master:
         return self.connections.start_session()
 
     def serve(self) -> None:
+        """Accept clients of this uid only, each on its own thread. POSIX-only (uids)."""
         threading.Thread(target=self.watch, daemon=True).start()
         while True:
             conn, _ = self.listener.accept()
