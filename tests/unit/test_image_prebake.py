@@ -55,6 +55,16 @@ def test_the_image_holds_every_package_the_roles_install_on_lab_nodes() -> None:
     assert not missing, f"add to prebake.ROLE_PACKAGES: {sorted(missing)}"
 
 
+def test_service_accounts_are_the_common_roles_fixed_ids() -> None:
+    """The packages' files are owned by these IDs; the role would otherwise renumber the
+    accounts and leave munge unable to read its own directories."""
+    defaults = yaml.safe_load((ROLES / "common" / "defaults" / "main.yml").read_text())
+    wanted = {
+        (a["name"], a["uid"], a["gid"], a["comment"]) for a in defaults["common_service_accounts"]
+    }
+    assert {(n, uid, uid, comment) for n, uid, comment in prebake.SERVICE_ACCOUNTS} == wanted
+
+
 def test_every_disabled_daemon_is_started_by_a_role() -> None:
     started = set()
     for tasks in ROLES.glob("*/tasks/*.yml"):

@@ -15,6 +15,7 @@ This module needs only the standard library (make demo runs it with the system P
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from tacc_lab.apt_sources import source_files
@@ -54,6 +55,14 @@ ROLE_PACKAGES = (
     "python3-prometheus-client",
 )
 
+# The common role's service accounts (roles/common/defaults: common_service_accounts),
+# created before the packages that would otherwise pick other IDs (the role cannot move
+# their files afterwards): (name, uid = gid, comment).
+SERVICE_ACCOUNTS = (
+    ("munge", 64031, "MUNGE authentication"),
+    ("slurm", 64030, "Slurm workload manager"),
+)
+
 # Daemons that package installation enables but only some nodes run (their roles enable
 # and start them there), and munge, whose key the image must not carry: each is disabled
 # in the image, as it would be absent (or keyless) on a bare node.
@@ -67,6 +76,12 @@ def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) ->
     """mmdebstrap's command line: the minbase system plus `base_packages` as debootstrap
     would install them (no Recommends), then the roles' packages as Ansible's apt module
     installs them (with Recommends), all from this host's apt sources."""
+    accounts = " && ".join(
+        f'chroot "$1" groupadd --system --gid {uid} {name} && '
+        f'chroot "$1" useradd --system --uid {uid} --gid {name} --home-dir /nonexistent '
+        f"--no-create-home --shell /usr/sbin/nologin --comment {shlex.quote(comment)} {name}"
+        for name, uid, comment in SERVICE_ACCOUNTS
+    )
     install_roles = 'chroot "$1" apt-get install -y -q -o APT::Install-Recommends=true ' + " ".join(
         ROLE_PACKAGES
     )
@@ -79,6 +94,7 @@ def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) ->
         f"--include={','.join(base_packages)}",
         "--dpkgopt=force-unsafe-io",
         "--skip=cleanup/apt/lists",
+        f"--customize-hook={accounts}",
         f"--customize-hook={install_roles}",
         f"--customize-hook={disable}",
         suite,
