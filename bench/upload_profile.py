@@ -16,7 +16,11 @@ import argparse
 import cProfile
 import json
 import os
+import re
+import resource
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import paramiko
-from tcloud_upload import USERDIR, lab_sh, make_tree, rsync_round
+from benchlib import BIN, sh
 
 from tacc_lab.lab import resolve_config
 from tcloud.compiler import compile_task
@@ -36,6 +40,49 @@ from tcloud.upload import upload
 from tcloud.wire import transport as tuned_transport
 
 MIB = 1 << 20
+USERDIR = "/root/tcloud-bench"
+
+
+def make_tree(root: Path, files: int, total_mib: int) -> None:
+    size = total_mib * MIB // files
+    (root / "data").mkdir(parents=True)
+    for i in range(files):
+        (root / "data" / f"part{i:04d}.bin").write_bytes(os.urandom(size))
+    (root / "tcloud.yaml").write_text("name: bench\nrun: [ls data]\n")
+
+
+def lab_sh(lab: str, node: str, script: str) -> str:
+    """A shell script on a node of the lab (as root, over the lab's ssh)."""
+    command = shlex.join(["sh", "-c", script])
+    return sh([str(BIN / "tacc-lab"), "--name", lab, "ssh", node, command]).stdout
+
+
+def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple[float, int]:
+    """(seconds, bytes sent) of `rsync -a` over a new ssh connection, as a user would."""
+    ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{host}:/root/rsync-bench/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    sent = int(re.search(r"Total bytes sent: ([\d,]+)", proc.stdout).group(1).replace(",", ""))
+    return time.monotonic() - start, sent
+
+
+def node_cpu(sshd_pid: int | None) -> float:
+    """CPU seconds of every ssh connection the node's sshd listener has reaped (its
+    children's user + system time, sessions and what they ran included); 0 without it."""
+    if sshd_pid is None:
+        return 0.0
+    fields = Path(f"/proc/{sshd_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def steps_of(path: Path) -> dict[str, float]:
@@ -85,6 +132,12 @@ def main() -> int:
     parser.add_argument("--only", choices=["first", "resubmit"], help="just these rows")
     parser.add_argument("--profile", metavar="DIR", help="cProfile of each tcloud round")
     parser.add_argument(
+        "--sshd-pid",
+        type=int,
+        help="the node's sshd listener as this host sees it: also print CPU seconds, "
+        "here and on the node, of each round (the node's once its connections ended)",
+    )
+    parser.add_argument(
         "--ciphers",
         choices=["paramiko", "wire"],
         default="wire",
@@ -109,8 +162,20 @@ def main() -> int:
 
         def both(label: str, index: int) -> None:
             prof = profile_dir / f"{label}-{index}.prof" if profile_dir else None
+            here, there = own_cpu(resource.RUSAGE_SELF), node_cpu(args.sshd_pid)
             seconds, sent, split = tcloud_round(cluster, project, cache, timing, prof)
+            time.sleep(0.3)  # the connection's processes are reaped
+            cpu_tcloud = (own_cpu(resource.RUSAGE_SELF) - here, node_cpu(args.sshd_pid) - there)
+            here, there = own_cpu(resource.RUSAGE_CHILDREN), node_cpu(args.sshd_pid)
             rsync_s, rsync_b = rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host)
+            time.sleep(0.3)
+            cpu_rsync = (own_cpu(resource.RUSAGE_CHILDREN) - here, node_cpu(args.sshd_pid) - there)
+            if args.sshd_pid:
+                print(
+                    f"{label:<10} CPU s (client, node): tcloud {cpu_tcloud[0]:.2f} "
+                    f"{cpu_tcloud[1]:.2f} | rsync {cpu_rsync[0]:.2f} {cpu_rsync[1]:.2f}",
+                    flush=True,
+                )
             results[label].append((seconds, rsync_s))
             print(
                 f"{label:<10} tcloud {seconds:6.2f} s {sent / MIB:8.1f} MiB | rsync "

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -47,10 +46,6 @@ from tacc_agent.tasks.store import (
 
 HEADER_LIMIT = 4096
 READ_SIZE = 1 << 18  # one reused buffer: no fresh bytes object (and its page faults) per read
-# The pipe from sshd, widened while a stream is read (Linux; an unprivileged process may
-# go up to /proc/sys/fs/pipe-max-size, 1 MiB by default): sshd hands over more per
-# wake-up of this process, about half as many switches between the two per GiB.
-PIPE_SIZE = 1 << 20
 MAX_BLOB_SIZE = 1 << 40
 END = {"end": True}
 HEADER_KEYS = {"blob", "upload", "offset", "size"}
@@ -191,18 +186,11 @@ def receive_blob(
         return install_blob(store, partial, frame.blob, staged, fd, listed)
 
 
-def widen_pipe(reader: BinaryIO) -> None:
-    """PIPE_SIZE for the pipe reader reads, when it is one and the kernel lets it."""
-    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        fcntl.fcntl(reader.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-
-
 def receive(user_dir: Path, reader: BinaryIO) -> dict:
     """Consume one upload stream through its end frame (and no further); the answer:
     {"received": blobs now in the store, "bad": blobs to send again, "bytes": n}."""
     store, partial, _ = store_dirs(user_dir)
     ensure_dirs(user_dir)
-    widen_pipe(reader)
     listed = partials_by_blob(partial)  # once: not a listing of .partial per blob
     received: list[str] = []
     bad: list[str] = []
