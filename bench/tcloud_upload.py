@@ -39,14 +39,15 @@ from tcloud import jobs, mux
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.hashcache import HashCache
-from tcloud.link import Link
-from tcloud.ssh import session
+from tcloud.link import Direct, Link
+from tcloud.ssh import host_keys_known, session
 from tcloud.task_file import load_task
 from tcloud.upload import upload
 
 NODE = "10.77.7.11"
 USERDIR = "/root/tcloud-bench"
 MIB = 1 << 20
+DIRECT = Direct(session, host_keys_known)
 
 
 def make_tree(root: Path, files: int, total_mib: int) -> None:
@@ -75,14 +76,14 @@ def tcloud_round(
     with HashCache(cache) as hasher:
         instruction = compile_task(task, hasher)
     hashed = time.monotonic() - start
-    with closing(Link(cluster, session, multiplex=shared)) as link:
+    with closing(Link(cluster, DIRECT, multiplex=shared)) as link:
         result = upload(link, instruction, USERDIR)
     return hashed, time.monotonic() - start, result.bytes_sent
 
 
 def start_master(cluster: Cluster) -> None:
     """An untimed call that starts the connection master (the CLI's first command)."""
-    with closing(Link(cluster, session, multiplex=True)) as link:
+    with closing(Link(cluster, DIRECT, multiplex=True)) as link:
         jobs.whoami(link, USERDIR)
     if mux.session_pipe(mux.socket_path(cluster)) is None:
         sys.exit("bench: the connection master did not start (see its log by the socket)")

@@ -4,9 +4,15 @@ a real sshd in tests/integration/test_tcloud_mux.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,17 +22,22 @@ from tcloud import config, mux
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.link import Link
+from tests.unit.agent_jobs import agent_env
 
 SETTINGS = Cluster(name="c", host="login.example", user="alice")
 OTHER_UID = 4242
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HOME", str(tmp_path))
+def home(monkeypatch) -> Iterator[Path]:
+    """A short HOME: the sockets bound in it stay under sun_path's 108 bytes (a pytest
+    tmp_path under xdist does not)."""
+    path = Path(tempfile.mkdtemp(prefix="mux", dir="/tmp"))
+    monkeypatch.setenv("HOME", str(path))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv(mux.ENV_SWITCH, raising=False)
-    return tmp_path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_private_directory_is_made_0700_and_the_socket_name_is_short(home):
@@ -176,3 +187,81 @@ def test_bad_multiplex_settings_are_one_clear_error(tmp_path, monkeypatch, field
     path.write_text(yaml.safe_dump({"current": "c", "clusters": {"c": entry}}))
     with pytest.raises(TcloudError, match=message):
         config.cluster()
+
+
+class StandInMaster:
+    """A master's socket protocol, served here: each session is a local `tacc-agent
+    session` (the real agent, on this machine), its hello first, then relayed."""
+
+    def __init__(self, path: Path, env: dict[str, str]) -> None:
+        self.env = env
+        self.sessions = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(8)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.session, args=(conn,), daemon=True).start()
+
+    def session(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        assert json.loads(reader.readline()) == {"op": "session"}
+        self.sessions += 1
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "tacc_agent", "session"], env=self.env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+
+        def upstream() -> None:
+            while data := reader.read1(65536):
+                agent.stdin.write(data)
+                agent.stdin.flush()
+            agent.stdin.close()
+
+        threading.Thread(target=upstream, daemon=True).start()
+        while data := agent.stdout.read1(65536):
+            conn.sendall(data)
+        agent.wait()
+        conn.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+PROBE = """
+import sys
+from tcloud import cli
+code = cli.main(sys.argv[1:])
+print("paramiko loaded:", sorted(m for m in sys.modules if m.split(".")[0] == "paramiko") != [])
+sys.exit(code)
+"""
+
+
+@pytest.mark.xfail(
+    reason="tcloud.upload_stream imports tcloud.wire, which imports paramiko (helper C's "
+    "files): CHANNEL_WRITE must move to a module without paramiko",
+    strict=False,
+)
+def test_a_command_the_master_serves_never_loads_paramiko(home, tmp_path, monkeypatch):
+    config_path = tmp_path / "config.yaml"
+    entry = {"host": "cluster.invalid", "user": "alice", "userdir": str(tmp_path / "u")}
+    config_path.write_text(yaml.safe_dump({"current": "c", "clusters": {"c": entry}}))
+    monkeypatch.setenv("TCLOUD_CONFIG", str(config_path))
+    master = StandInMaster(mux.socket_path(config.cluster()), agent_env(tmp_path))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, "env", "ls", "--json"], capture_output=True,
+            text=True, timeout=120, env={**os.environ},
+        )  # fmt: skip
+    finally:
+        master.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.split("paramiko loaded:")[0]) == []
+    assert master.sessions == 1  # served by the master: no direct connection was tried
+    assert proc.stdout.strip().endswith("paramiko loaded: False"), proc.stdout

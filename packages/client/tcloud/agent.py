@@ -15,17 +15,18 @@ import json
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from weakref import WeakKeyDictionary
-
-import paramiko
 
 from tacc_contract import protocol
 from tacc_contract.errors import AGENT_REJECTED, ERROR_KEY
 from tacc_contract.protocol import AGENT, PROTOCOL_VERSION, Hello, ProtocolError
 from tcloud import timing
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
-from tcloud.ssh import start
+from tcloud.transport_errors import transport_errors
+
+if TYPE_CHECKING:
+    import paramiko
 
 NOT_FOUND = 127
 # How the agent's one error line starts (tacc_contract.errors.error_line).
@@ -126,24 +127,24 @@ class ChannelPipe:
     def __init__(self, client: paramiko.SSHClient) -> None:
         try:
             argv = protocol.command(protocol.session())
-            self.stdin, self.stdout, self.stderr = start(client, argv)
-        except (OSError, EOFError, paramiko.SSHException) as exc:
+            self.stdin, self.stdout, self.stderr = client.exec_command(shlex.join(argv))
+        except transport_errors() as exc:
             raise TcloudError(f"cannot start {AGENT} on the login node: {exc}") from None
 
     def readline(self) -> bytes:
         try:
             return as_bytes(self.stdout.readline())
-        except paramiko.SSHException as exc:
+        except transport_errors()[2:] as exc:
             raise OSError(str(exc)) from None
 
     def send(self, data: bytes) -> None:
         try:
             self.stdin.channel.sendall(data)
-        except paramiko.SSHException as exc:
+        except transport_errors()[2:] as exc:
             raise OSError(str(exc)) from None
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, paramiko.SSHException):
+        with contextlib.suppress(*transport_errors()):
             self.stdin.channel.close()
 
     def no_hello(self, first: bytes) -> TcloudError:
@@ -156,7 +157,7 @@ class ChannelPipe:
 
     def exit_detail(self) -> str:
         """Its exit status and the end of its stderr, when it has exited."""
-        with contextlib.suppress(OSError, paramiko.SSHException):
+        with contextlib.suppress(*transport_errors()):
             if self.stderr.channel.exit_status_ready():
                 rc = self.stderr.channel.recv_exit_status()
                 said = as_bytes(self.stderr.read()).decode(errors="replace").strip()
@@ -231,13 +232,13 @@ class AgentSession:
                 raise TcloudError(f"the cluster's {AGENT} session has ended")
             try:
                 self.send(line)
-            except (OSError, EOFError, paramiko.SSHException) as exc:
+            except transport_errors() as exc:
                 raise self.ended(f"sending the request: {exc}") from None
             if produce is not None:
                 self.produce(produce)  # its own failure ends the session and goes on
             try:
                 reply = self.pipe.readline()
-            except (OSError, EOFError, paramiko.SSHException) as exc:
+            except transport_errors() as exc:
                 raise self.ended(f"reading the answer: {exc}") from None
             except BaseException:
                 # Ctrl-C or any error once the request is out: its answer would be read
@@ -264,7 +265,7 @@ class AgentSession:
         def send(data: bytes) -> None:
             try:
                 self.send(data)
-            except (OSError, EOFError, paramiko.SSHException):
+            except transport_errors():
                 raise StreamRefused from None  # the agent stopped reading
 
         try:

@@ -19,16 +19,50 @@ from tcloud import local, local_paths, tasks
 from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError
 
 if TYPE_CHECKING:
-    from tcloud.sdk import Cluster
+    from contextlib import AbstractContextManager
+
+    from tcloud.config import Cluster as Settings
+    from tcloud.core import Cluster
+    from tcloud.link import Direct
+
+# What the SFTP channel carries; every other command goes through the agent's session,
+# which the connection master carries (tcloud.mux): those never load paramiko when a
+# master is up, nor the SDK's SFTP side.
+FILE_COMMANDS = ("upload", "download", "ls", "cat")
 
 
-def open_cluster(name: str | None) -> Cluster:
-    """The SDK's cluster side (tcloud.sdk, paramiko, SSH), loaded only by the commands
-    that need a cluster: `tcloud --help`, init, validate, plugins, config and
-    `submit --dry-run` start without it."""
-    from tcloud.sdk import Cluster  # lazy verb import
+def open_cluster(name: str | None, files: bool = False) -> Cluster:
+    """The SDK's cluster side, loaded only by the commands that need a cluster: `tcloud
+    --help`, init, validate, plugins, config and `submit --dry-run` start without it.
+    files: the whole SDK (tcloud.sdk, paramiko); else tcloud.core, which opens the SSH
+    stack only when a call needs a direct connection."""
+    if files:
+        from tcloud.sdk import Cluster as FilesCluster  # lazy verb import
 
-    return Cluster(name)
+        return FilesCluster(name)
+    from tcloud.core import Cluster as AgentCluster  # lazy verb import
+
+    return AgentCluster(name, direct=direct_ssh())
+
+
+def direct_ssh() -> Direct:
+    """The SDK's direct connection and host-key check (tcloud.sdk, tcloud.ssh, paramiko),
+    loaded on their first call: a command that the master serves never loads them."""
+    from tcloud.link import Direct  # lazy verb import
+
+    return Direct(open_direct, host_keys_known)
+
+
+def open_direct(settings: Settings) -> AbstractContextManager:
+    from tcloud import sdk  # lazy verb import
+
+    return sdk.open_direct(settings)
+
+
+def host_keys_known(settings: Settings) -> bool:
+    from tcloud import sdk  # lazy verb import
+
+    return sdk.host_keys_known(settings)
 
 
 def count(text: str) -> int:
@@ -333,7 +367,7 @@ def cmd_disconnect(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: one verified SSH connection each, opened
     once the command's arguments have been checked."""
-    with open_cluster(args.cluster) as cluster:
+    with open_cluster(args.cluster, files=args.command in FILE_COMMANDS) as cluster:
         CLUSTER_COMMANDS[args.command](cluster, args)
     return EXIT_OK
 

@@ -8,12 +8,14 @@ jobs; Slurm enforces the same."""
 from __future__ import annotations
 
 import sys
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from tacc_contract import protocol
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
+
+if TYPE_CHECKING:
+    import paramiko
 
 JOB_ID = protocol.JOB_ID  # 1234, or 1234_5: trial 5 of sweep 1234
 PS_FIELDS = ("job", "name", "state", "submitted", "nodes")

@@ -8,15 +8,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
-
-import paramiko
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tcloud import agent, mux, timing
 from tcloud.agent import AgentSession
 from tcloud.config import Cluster
-from tcloud.ssh import host_keys_known
 
-Opener = Callable[[Cluster], AbstractContextManager[paramiko.SSHClient]]
+if TYPE_CHECKING:
+    import paramiko
+
+
+@dataclass(frozen=True)
+class Direct:
+    """How to reach the login node directly: tcloud.ssh's session and host_keys_known
+    (or a test's stand-ins), handed in so that a command that goes through the master
+    never loads paramiko."""
+
+    open: Callable[[Cluster], AbstractContextManager]  # yields a paramiko.SSHClient
+    keys_known: Callable[[Cluster], bool]  # may a master (which never asks) connect?
 
 
 class Link:
@@ -24,9 +34,9 @@ class Link:
     hands out agent sessions itself (agent.SessionSource) and passes every other use
     (open_sftp, get_transport, exec_command) to the direct connection."""
 
-    def __init__(self, settings: Cluster, open_direct: Opener, multiplex: bool) -> None:
+    def __init__(self, settings: Cluster, direct: Direct, multiplex: bool) -> None:
         self.settings = settings
-        self.open_direct = open_direct
+        self.how = direct
         self.multiplex = multiplex and mux.enabled(settings)
         self.stack = ExitStack()
         self.lock = threading.Lock()
@@ -39,7 +49,7 @@ class Link:
         """The verified SSH connection of this command alone, opened once."""
         with self.lock:
             if self._direct is None:
-                self._direct = self.stack.enter_context(self.open_direct(self.settings))
+                self._direct = self.stack.enter_context(self.how.open(self.settings))
             return self._direct
 
     def agent_session(self) -> AgentSession:
@@ -51,11 +61,17 @@ class Link:
                 return known
             if self.multiplex and self._direct is None:
                 with timing.step("mux"):
-                    pipe = mux.open_session(self.settings, lambda: host_keys_known(self.settings))
+                    pipe = mux.open_session(
+                        self.settings, lambda: self.how.keys_known(self.settings)
+                    )
                 if pipe is not None:
                     self._session = AgentSession(pipe)
                     return self._session
         return agent.session(self.direct)
+
+    def may_start_master(self) -> bool:
+        """A master never asks about a host key: only started once the keys are known."""
+        return self.how.keys_known(self.settings)
 
     def open_sftp(self) -> paramiko.SFTPClient:
         return self.direct.open_sftp()

@@ -32,7 +32,7 @@ from pathlib import Path
 import paramiko
 
 from tacc_contract import protocol
-from tcloud import mux, ssh
+from tcloud import mux, ssh, wire
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
@@ -237,7 +237,7 @@ class Master:
     def to_agent(conn: socket.socket, channel: paramiko.Channel) -> None:
         """Client -> agent; the client's EOF is the agent's (its session ends)."""
         try:
-            while data := conn.recv(CHUNK):
+            while data := conn.recv(wire.CHANNEL_WRITE):  # one SSH packet a write
                 channel.sendall(data)
         except (OSError, paramiko.SSHException):
             pass

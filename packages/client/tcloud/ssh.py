@@ -23,6 +23,7 @@ from pathlib import Path
 import paramiko
 
 from tcloud import known_hosts as known_hosts_file
+from tcloud import wire
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.timing import step
@@ -111,6 +112,7 @@ def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHCli
             username=endpoint.user,
             key_filename=endpoint.keys or None,
             sock=sock,
+            transport_factory=wire.transport,  # AEAD ciphers first (tcloud.wire)
             timeout=20,
             banner_timeout=20,
             auth_timeout=20,

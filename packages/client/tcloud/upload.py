@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import paramiko
 from tqdm import tqdm
 
 from tacc_contract import protocol
@@ -25,7 +25,11 @@ from tcloud.agent import Rejected, call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
 from tcloud.manifest import shown
+from tcloud.transport_errors import transport_errors
 from tcloud.upload_stream import Blob, frames
+
+if TYPE_CHECKING:
+    import paramiko
 
 CHUNK = 1 << 20
 __all__ = ["CHUNK", "Progress", "UploadResult", "blob_name", "remote", "send", "upload"]
@@ -124,7 +128,7 @@ def send_streamed(client, userdir: str | None, blobs: list[Blob], progress) -> i
 
     try:
         answer = stream_blobs(client, userdir, produce)
-    except (agent.SessionLost, paramiko.SSHException, EOFError, OSError) as exc:
+    except (agent.SessionLost, *transport_errors()) as exc:
         raise stopped(exc) from None
     if not isinstance(answer, dict) or not isinstance(answer.get("bad"), list):
         raise TcloudError(f"store receive answered {str(answer)[:200]!r}")
@@ -144,7 +148,7 @@ def send_sftp(client, store: str, blobs: list[Blob], progress) -> int:
         for blob in blobs:  # missing_blob restarted a partial longer than its blob at 0
             target = f"{store}/store/.partial/{blob.upload}"
             sent += send(sftp, blob.source, target, blob.offset, progress)
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except transport_errors() as exc:
         raise stopped(exc) from None
     finally:
         with contextlib.suppress(Exception):  # the connection may be gone already

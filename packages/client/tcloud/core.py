@@ -1,0 +1,266 @@
+"""The SDK's Cluster and Job (tcloud.sdk) without file transfers: everything that goes
+through the agent's session, which the connection master carries (tcloud.mux), so a
+command on this path never loads paramiko. The direct SSH connection (tcloud.ssh) is
+handed in (link.Direct) and opened only when a call needs it (`job logs`, an agent that
+cannot receive a stream). tcloud.sdk adds SFTP (upload, ls, cat, download) and the
+default SSH stack; the CLI uses this module for its other commands."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+
+from tacc_contract import protocol
+from tcloud import agent, config, jobs, tasks
+from tcloud.errors import TcloudError, UsageError
+from tcloud.link import Direct, Link
+from tcloud.tasks import TaskLike
+from tcloud.upload import upload
+
+PathLike = str | os.PathLike[str]
+
+
+class JobTimeout(TcloudError):
+    """`Job.wait` ran out of time before the job ended (exit 4)."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What `Cluster.submit` did: the job, where it runs and what was sent."""
+
+    job_id: str
+    name: str
+    partition: str
+    digest: str
+    workdir: str
+    blobs_sent: int
+    bytes_sent: int
+    upload_seconds: float
+    plugins: dict  # plug-in name -> what it did to the job
+    outside_paths: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def job_id_of(job_id: object) -> str:
+    """A job id as typed (1234, or 1234_5 for trial 5 of sweep 1234); UsageError if not."""
+    text = str(job_id) if isinstance(job_id, int) and not isinstance(job_id, bool) else job_id
+    if not isinstance(text, str):
+        raise UsageError(f"not a job id: {job_id!r} (expected numbers such as 1234)")
+    if problem := protocol.job_id_problem([text]):
+        raise UsageError(problem)
+    return text
+
+
+def whole_number(value: int | None, what: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise UsageError(f"{what}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+class Cluster:
+    """One cluster of tcloud's config (`tcloud config add`; None: the current one, or
+    $TCLOUD_CLUSTER). The config is read and the SSH session opened on first use."""
+
+    job_class: type[Job]  # this module's Job (set below); tcloud.sdk's adds download
+
+    def __init__(self, name: str | None = None, *, direct: Direct, multiplex: bool = True) -> None:
+        self._name = name
+        self._direct = direct
+        self._multiplex = multiplex
+        self._settings: config.Cluster | None = None
+        self._sessions = ExitStack()
+        self._client: Link | None = None
+        self._home: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Cluster({self._name!r})"
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the SSH session (the next call opens a new one)."""
+        self._client, self._home = None, None
+        self._sessions.close()
+
+    @property
+    def settings(self) -> config.Cluster:
+        if self._settings is None:
+            self._settings = config.cluster(self._name)
+        return self._settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def userdir(self) -> str | None:
+        return self.settings.userdir
+
+    @property
+    def client(self) -> Link:
+        """The way to the login node: agent sessions through the connection master
+        (tcloud.mux; multiplex=False, TCLOUD_MULTIPLEX=0 or the cluster's `multiplex:
+        false` turn it off), the verified SSH connection opened once when needed."""
+        if self._client is None:
+            link = Link(self.settings, self._direct, self._multiplex)
+            self._sessions.callback(link.close)
+            self._client = link
+        return self._client
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        task: TaskLike,
+        *,
+        sweep: bool = False,
+        base_dir: PathLike | None = None,
+        allow_outside: bool = False,
+    ) -> Job:
+        """Validate and compile the task here, have the cluster refuse it if it can never
+        run, upload what it lacks and sbatch the job. A task with a sweep section needs
+        sweep=True (one Slurm job array)."""
+        checked, _ = tasks.prepare(
+            task, sweep=sweep, base_dir=base_dir, allow_outside=allow_outside
+        )
+        settings = self.settings  # no cluster configured: said before hashing the files
+        instruction = tasks.compiled(checked)
+        result = upload(self.client, instruction, settings.userdir, submit=True)
+        if not result.job:
+            raise TcloudError("the cluster's tacc-agent did not submit the job (is it up to date?)")
+        answer = result.job
+        submission = Submission(
+            job_id=str(answer["job_id"]),
+            name=checked.name,
+            partition=answer["partition"],
+            digest=instruction.digest,
+            workdir=result.workdir,
+            blobs_sent=result.blobs_sent,
+            bytes_sent=result.bytes_sent,
+            upload_seconds=round(result.seconds, 3),
+            plugins={**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
+            outside_paths=tasks.outside_paths(checked.spec),
+        )
+        return self.job_class(self, submission.job_id, submission)
+
+    def sweep(
+        self,
+        task: TaskLike,
+        parameters: Mapping[str, list] | None = None,
+        *,
+        parallel: int | None = None,
+        base_dir: PathLike | None = None,
+        allow_outside: bool = False,
+    ) -> Job:
+        """Submit a sweep: one trial per combination of `parameters` (default: the task's
+        own sweep section), each trial seeing its values as environment variables."""
+        task, base_dir = tasks.with_sweep(task, parameters, parallel, base_dir)
+        return self.submit(task, sweep=True, base_dir=base_dir, allow_outside=allow_outside)
+
+    def job(self, job_id: str | int) -> Job:
+        """A handle on one of your jobs (checked as a job id; the cluster is not asked)."""
+        return self.job_class(self, job_id)
+
+    def jobs(self) -> list[dict]:
+        """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes."""
+        return jobs.ps(self.client, self.userdir)
+
+    def cancel(self, *job_ids: str | int) -> list[dict]:
+        """Cancel jobs: one {"job_id", "cancelled", "state"} each."""
+        if not job_ids:
+            raise UsageError("cancel: expected at least one job id")
+        ids = [job_id_of(job_id) for job_id in job_ids]  # all checked before connecting
+        return jobs.cancel(self.client, self.userdir, ids)
+
+    def quota(self) -> dict:
+        """Your running and pending jobs, GPUs in use, and with accounting your limits."""
+        return jobs.quota(self.client, self.userdir)
+
+    def environments(self) -> list[dict]:
+        """Your cached environments on the cluster."""
+        return jobs.environments(self.client, self.userdir)
+
+    def home(self) -> str:
+        """Your directory on the cluster (asked once per session)."""
+        if self._home is None:
+            self._home = jobs.whoami(self.client, self.userdir)["userdir"]
+        return self._home
+
+
+class Job:
+    """One of your jobs (a sweep, or one trial of it as 1234_5) on a Cluster."""
+
+    def __init__(self, cluster: Cluster, job_id: str, submission: Submission | None = None) -> None:
+        self.cluster = cluster
+        self.id = job_id_of(job_id)
+        self.submission = submission  # set when this handle came from submit
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> dict:
+        """The job's state, history, nodes, exit code, reason (`tcloud status --json`)."""
+        return jobs.status(self.cluster.client, self.cluster.userdir, self.id)
+
+    def wait(self, timeout: float | None = None, poll: float = 2.0) -> dict:
+        """Its status once it has ended (COMPLETED, FAILED or CANCELLED); JobTimeout
+        after `timeout` seconds. A halted job is waited for until it is resumed."""
+        if timeout is not None and timeout < 0:
+            raise UsageError(f"timeout: expected seconds >= 0, got {timeout!r}")
+        if not poll > 0:
+            raise UsageError(f"poll: expected seconds > 0, got {poll!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (info := self.status())["state"] not in protocol.FINAL_STATES:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {self.id} is still {info['state']} after {timeout:g} s")
+            pause = poll if deadline is None else min(poll, deadline - time.monotonic())
+            time.sleep(max(pause, 0))
+        return info
+
+    def trials(self) -> list[Job]:
+        """A sweep's trials, each a Job of its own (1234_0, 1234_1, ...)."""
+        trials = self.status().get("trials", [])
+        return [self.cluster.job_class(self.cluster, trial["job_id"]) for trial in trials]
+
+    def logs(
+        self, follow: bool = False, tail: int | None = None, node: int | None = None
+    ) -> Iterator[str]:
+        """Every node's lines, `[host:rank]` first, as they come: with follow, until the
+        job ends; tail, the last N lines only; node, one rank's lines only."""
+        verb = protocol.job_logs(
+            self.id, follow=follow, tail=whole_number(tail, "tail"), rank=whole_number(node, "node")
+        )
+        return agent.lines(self.cluster.client, verb, self.cluster.userdir)
+
+    def cancel(self) -> dict:
+        """Stop every process of the job: {"job_id", "cancelled", "state"}."""
+        return self.cluster.cancel(self.id)[0]
+
+    def halt(self, grace: float | None = None) -> dict:
+        """Checkpoint signal to every rank, `grace` seconds (default: the cluster's), then
+        requeue on hold; a queued job is just held."""
+        number = isinstance(grace, int | float) and not isinstance(grace, bool)
+        if grace is not None and not (number and 0 <= grace <= 3600):
+            raise UsageError(f"grace: expected 0 to 3600 seconds, got {grace!r}")
+        return jobs.halt(self.cluster.client, self.cluster.userdir, self.id, grace)
+
+    def resume(self) -> dict:
+        """Let a halted job run again."""
+        return jobs.resume(self.cluster.client, self.cluster.userdir, self.id)
+
+    def rerun(self) -> dict:
+        """Submit it again with the same files and locked versions: the new job's answer
+        (job_id, name, rerun_of, code_digest, lock, workdir); `cluster.job(answer["job_id"])`."""
+        return jobs.rerun(self.cluster.client, self.cluster.userdir, self.id)
+
+
+Cluster.job_class = Job
