@@ -25,9 +25,7 @@ from tacc_lab.apt_sources import source_files
 ROLE_PACKAGES = (
     "tzdata",  # common
     "munge",  # munge
-    "nfs-ganesha",  # nfs_server (ganesha)
-    "nfs-ganesha-vfs",
-    "netbase",
+    "netbase",  # nfs_server, nfs_client
     "nfs-common",  # nfs_client
     "rdma-core",  # rdma
     "ibverbs-utils",
@@ -54,6 +52,12 @@ ROLE_PACKAGES = (
     "python3-wheel",
     "python3-prometheus-client",
 )
+# Left to their role on the one node that runs it: NFS-Ganesha. Installed there, its
+# package starts it long before the role's restart; started and restarted by the role
+# within the same second (as a prebaked image would have it), the old daemon still held
+# its ports when the new one bound them (nspawn nodes' systemd cannot kill through their
+# read-only cgroups), and the server never came up. 4 s of converge on one node.
+LEFT_TO_ROLES = ("nfs-ganesha", "nfs-ganesha-vfs")
 
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
 # created before the packages that would otherwise pick other IDs (the role cannot move
@@ -66,7 +70,7 @@ SERVICE_ACCOUNTS = (
 # Daemons that package installation enables but only some nodes run (their roles enable
 # and start them there), and munge, whose key the image must not carry: each is disabled
 # in the image, as it would be absent (or keyless) on a bare node.
-GROUP_DAEMONS = ("munge", "slurmctld", "slurmd", "slurmdbd", "mariadb", "nfs-ganesha")
+GROUP_DAEMONS = ("munge", "slurmctld", "slurmd", "slurmdbd", "mariadb")
 SHARED_SECRETS = ("etc/munge/munge.key",)
 # mmdebstrap writes its --aptopt/--dpkgopt settings into the image; the nodes do not keep them.
 BUILD_ONLY_FILES = ("etc/apt/apt.conf.d/99mmdebstrap", "etc/dpkg/dpkg.cfg.d/99mmdebstrap")
