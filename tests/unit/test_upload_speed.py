@@ -17,8 +17,10 @@ import yaml
 
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks import store, store_receive
-from tcloud import wire
+from tcloud import manifest, wire
 from tcloud.compiler import compile_task
+from tcloud.errors import TaskFileError
+from tcloud.hashcache import HashCache
 from tcloud.task_file import load_task
 from tcloud.upload_stream import Blob, frames
 
@@ -176,3 +178,57 @@ def test_a_tuned_transport_offers_no_cipher_paramiko_would_not(monkeypatch):
         disabled = {"ciphers": list(wire.AEAD_CIPHERS)}
         tuned = wire.transport(left, disabled_algorithms=disabled)
         assert not set(wire.AEAD_CIPHERS) & set(tuned.preferred_ciphers)
+
+
+def project_of(tmp_path: Path, count: int) -> Path:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    for i in range(count):
+        (project / "data" / f"f{i:03d}.bin").write_bytes(os.urandom(3000 + i))
+    (project / "tcloud.yaml").write_text(yaml.safe_dump({"name": "many", "run": ["true"]}))
+    return project
+
+
+def test_files_hashed_in_parallel_give_the_digests_of_one_at_a_time(tmp_path, monkeypatch):
+    project = project_of(tmp_path, 40)
+    task = load_task(project / "tcloud.yaml")
+    parallel = manifest.build_manifest(task)
+    monkeypatch.setattr(manifest, "HASH_THREADS", 1)
+    assert manifest.build_manifest(task) == parallel
+    for relpath, entry in parallel.items():
+        data = (project / relpath.removeprefix("code/")).read_bytes()
+        assert entry.sha256 == hashlib.sha256(data).hexdigest(), relpath
+
+
+def test_the_hash_cache_answers_what_it_knows_without_the_pool(tmp_path):
+    project = project_of(tmp_path, 30)
+    task = load_task(project / "tcloud.yaml")
+    with HashCache(tmp_path / "cache.sqlite") as cache:
+        first = manifest.build_manifest(task, cache)
+        assert (cache.misses, cache.hits) == (31, 0)
+    with HashCache(tmp_path / "cache.sqlite") as cache:
+        assert manifest.build_manifest(task, cache) == first
+        assert (cache.misses, cache.hits) == (0, 31)
+
+
+@pytest.mark.bad_input
+def test_a_file_that_cannot_be_read_is_refused_in_its_place_among_the_problems(tmp_path):
+    """The pool's read errors join the walk's problems where one-at-a-time hashing would
+    have put them (here: before the symlink that follows it, after the one before)."""
+    project = project_of(tmp_path, 3)
+    (project / "data" / "a-link").symlink_to("/etc/hostname")
+    (project / "data" / "z-link").symlink_to("/etc/hostname")
+
+    def hasher(path: Path, info: os.stat_result) -> str:
+        if path.name == "f001.bin":
+            raise PermissionError(13, "Permission denied")
+        return manifest.sha256_file(path)
+
+    task = load_task(project / "tcloud.yaml")
+    with pytest.raises(TaskFileError) as caught:
+        manifest.build_manifest(task, hasher)
+    messages = [
+        (problem.path.rsplit("/", 1)[-1], problem.message[:20]) for problem in caught.value.problems
+    ]
+    assert [name for name, _ in messages] == ["a-link", "f001.bin", "z-link"]
+    assert messages[1][1] == "cannot read: Permiss"

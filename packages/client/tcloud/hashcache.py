@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 from tcloud.errors import TcloudError
@@ -29,7 +30,8 @@ def cache_key(path: Path) -> str | bytes:
 
 
 def open_db(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path)
+    # Shared by the threads that hash (manifest.build_manifest), one at a time (a lock).
+    db = sqlite3.connect(path, check_same_thread=False)
     try:
         db.execute(
             "CREATE TABLE IF NOT EXISTS hashes (path TEXT PRIMARY KEY, size INTEGER,"
@@ -43,7 +45,8 @@ def open_db(path: Path) -> sqlite3.Connection:
 
 
 class HashCache:
-    """A `manifest.Hasher` that remembers. Use as a context manager (commits on exit)."""
+    """A `manifest.Hasher` that remembers. Use as a context manager (commits on exit).
+    Thread-safe: the database is used under a lock, the files are hashed outside it."""
 
     def __init__(self, path: Path | None = None) -> None:
         path = path or cache_dir() / "hashes.sqlite"
@@ -63,22 +66,31 @@ class HashCache:
             ) from None
         self.hits = 0
         self.misses = 0
+        self.lock = threading.Lock()
+
+    def known(self, path: Path, info: os.stat_result) -> str | None:
+        """The remembered digest of this very file (path, size, mtime, inode), or None."""
+        key = cache_key(path)
+        with self.lock:
+            row = self.db.execute(
+                "SELECT sha256 FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?",
+                (key, info.st_size, info.st_mtime_ns, info.st_ino),
+            ).fetchone()
+            if row:
+                self.hits += 1
+        return row[0] if row else None
 
     def __call__(self, path: Path, info: os.stat_result) -> str:
-        key = cache_key(path)
-        row = self.db.execute(
-            "SELECT sha256 FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?",
-            (key, info.st_size, info.st_mtime_ns, info.st_ino),
-        ).fetchone()
-        if row:
-            self.hits += 1
-            return row[0]
-        self.misses += 1
+        digest = self.known(path, info)
+        if digest is not None:
+            return digest
         digest = sha256_file(path)
-        self.db.execute(
-            "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?)",
-            (key, info.st_size, info.st_mtime_ns, info.st_ino, digest),
-        )
+        with self.lock:
+            self.misses += 1
+            self.db.execute(
+                "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?)",
+                (cache_key(path), info.st_size, info.st_mtime_ns, info.st_ino, digest),
+            )
         return digest
 
     def __enter__(self) -> HashCache:
