@@ -31,13 +31,13 @@ import paramiko
 from benchlib import BIN, sh
 
 from tacc_lab.lab import resolve_config
+from tcloud import wire
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.hashcache import HashCache
 from tcloud.ssh import session
 from tcloud.task_file import load_task
 from tcloud.upload import upload
-from tcloud.wire import transport as tuned_transport
 
 MIB = 1 << 20
 USERDIR = "/root/tcloud-bench"
@@ -144,8 +144,8 @@ def main() -> int:
         help="paramiko's default cipher order, or tcloud.wire's (AEAD first)",
     )
     args = parser.parse_args()
-    if args.ciphers == "wire":  # what tcloud.ssh does once it passes transport_factory
-        paramiko.client.Transport = tuned_transport
+    if args.ciphers == "paramiko":  # tcloud.ssh connects with wire.transport
+        wire.transport = paramiko.Transport
     cfg = resolve_config(args.lab, None, "10.77.7.0/24")
     cluster = Cluster(
         args.lab, args.host, user="root", key=str(cfg.ssh_key), known_hosts=str(cfg.known_hosts)
