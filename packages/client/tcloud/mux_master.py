@@ -5,8 +5,8 @@ checked as for any command; it never prompts, its stdin is /dev/null) and listen
 Unix socket. Each client sends one request line:
 
     {"op": "session"}  -> the agent's hello line, then the bytes of one `tacc-agent
-                          session` both ways until either side closes (a spare session
-                          is kept started, so the hello is already there)
+                          session` both ways until either side closes (spare sessions
+                          are kept started, so the hello is already there)
     {"op": "exit"}     -> {"ok": true}; the master stops (`tcloud disconnect`)
 
 sshd allows a few sessions per connection (MaxSessions, 10 by default): past
@@ -37,6 +37,9 @@ from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
 PER_CONNECTION = 8
+# Sessions kept started ahead of need: as many as clients were attached at once (a burst
+# of commands finds them ready), at most this many idle agent processes on the node.
+MAX_SPARES = 4
 HELLO_TIMEOUT = 20.0
 CHUNK = 1 << 16
 
@@ -133,8 +136,9 @@ class Master:
         self.lock = threading.Lock()
         self.attached = 0
         self.last_seen = time.monotonic()
-        self.spare: tuple[Started, list] | None = None
-        self.spare_ready = threading.Event()
+        self.spares: list[tuple[Started, list]] = []
+        self.starting = 0
+        self.peak = 1  # the most clients attached at once so far
         self.listener = self.listen()
         self.inode = os.stat(path).st_ino
         self.refill()
@@ -155,22 +159,33 @@ class Master:
         return listener
 
     def refill(self) -> None:
-        """Start the next spare session in the background."""
-        self.spare_ready.clear()
+        """Start spare sessions in the background, up to the peak of clients at once."""
+        with self.lock:
+            wanted = max(min(MAX_SPARES, self.peak) - len(self.spares) - self.starting, 0)
+            self.starting += wanted
+        for _ in range(wanted):
+            threading.Thread(target=self.start_spare, daemon=True).start()
 
-        def start() -> None:
-            self.spare = self.connections.start_session()
-            self.spare_ready.set()
-
-        threading.Thread(target=start, daemon=True).start()
+    def start_spare(self) -> None:
+        started = self.connections.start_session()
+        with self.lock:
+            self.starting -= 1
+            if started[0].channel is not None:  # a failure is said to the client that asks
+                self.spares.append(started)
 
     def take_session(self) -> tuple[Started, list]:
-        with self.lock:
-            if self.spare_ready.is_set() and self.spare is not None:
-                taken, self.spare = self.spare, None
-                self.refill()
+        """A spare session whose agent still runs, or one started now."""
+        while True:
+            with self.lock:
+                taken = self.spares.pop(0) if self.spares else None
+            self.refill()
+            if taken is None:
+                return self.connections.start_session()
+            channel = taken[0].channel
+            if not (channel.closed or channel.exit_status_ready() or channel.eof_received):
                 return taken
-        return self.connections.start_session()
+            channel.close()  # its agent ended while it waited: the next one
+            self.connections.give_back(taken[1])
 
     def serve(self) -> None:
         """Accept clients of this uid only, each on its own thread. POSIX-only (uids)."""
@@ -184,6 +199,7 @@ class Master:
                 continue
             with self.lock:
                 self.attached += 1
+                self.peak = max(self.peak, self.attached)
             threading.Thread(target=self.client, args=(conn,), daemon=True).start()
 
     def client(self, conn: socket.socket) -> None:
