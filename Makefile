@@ -37,17 +37,27 @@ help:
 	@echo "make bench     run every bench script on a lab: bench/REPORT.md, results.json, PNG"
 	@echo "make gpu-check on a machine with NVIDIA GPUs: the GPU paths against the real driver"
 
+# $(call apt_install,PACKAGES): install those of PACKAGES the host lacks, then touch the target.
+define apt_install
+@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (the lab boots containers)" >&2; exit 1; fi
+@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+	| grep -q 'install ok installed' || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+	echo "installing host packages: $$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $$missing; \
+fi
+@mkdir -p $(STAMP) && touch $@
+endef
+
 deps: $(STAMP)/apt
 $(STAMP)/apt: Makefile
-	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (the lab boots containers)" >&2; exit 1; fi
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
-		| grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing host packages: $$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
-	@mkdir -p $(STAMP) && touch $@
+	$(call apt_install,$(APT_PACKAGES))
+
+# The demo's image builder alone, first: the image then builds while the other host
+# packages and the venv install (make demo).
+$(STAMP)/image-builder: Makefile
+	$(call apt_install,mmdebstrap)
 
 # The five distributions under packages/ (docs/architecture.md), editable, with the
 # ops side's dev tools.
@@ -98,13 +108,13 @@ lab-down: venv
 # The same steps as lab-up on the runtime venv, on the prebaked node image (the packages
 # the roles install are in it: prebake.py; the roles still check and configure them), and
 # the playbook over Mitogen (one Python per node for the whole run instead of one per
-# task: bench/converge.py). The image builds while the venv installs: python -m
-# tacc_lab.image needs only the system Python. The hello task needs no wheels from this
+# task: bench/converge.py). The image builds while the other host packages and the venv
+# install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The hello task needs no wheels from this
 # machine's pip find-links directories (a bare machine has none; here a 183 MB torch wheel
 # took 74 s to copy into the package cache): the demo uploads none, `make lab-up` does.
 # Where the time goes: docs/demo-timing.md.
 demo: export TACC_LAB_IMAGE_FLAVOR = prebaked
-demo: $(STAMP)/apt
+demo: $(STAMP)/image-builder
 	@PYTHONPATH=packages/ops $(PYTHON) -m tacc_lab.image & image=$$!; \
 	$(MAKE) --no-print-directory $(VENV)/.runtime-installed || { wait $$image; exit 1; }; \
 	wait $$image

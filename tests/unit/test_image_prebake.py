@@ -75,7 +75,6 @@ def test_every_disabled_daemon_is_started_by_a_role() -> None:
                 args = task.get(module) if isinstance(task, dict) else None
                 if args and args.get("enabled") is True:
                     started.add(str(args["name"]))
-    started.add("mariadb")  # slurm_mariadb_service
     assert set(prebake.GROUP_DAEMONS) <= started
 
 

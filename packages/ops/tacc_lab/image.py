@@ -46,7 +46,7 @@ FLAVOR_ENV = "TACC_LAB_IMAGE_FLAVOR"
 BARE = "bare"
 PREBAKED = "prebaked"
 FLAVORS = (BARE, PREBAKED)
-PREBAKE_RECIPE_VERSION = "3"
+PREBAKE_RECIPE_VERSION = "4"
 
 
 def image_flavor(environ: dict[str, str] | None = None) -> str:

@@ -38,8 +38,6 @@ ROLE_PACKAGES = (
     "slurmctld",  # slurm
     "slurmd",
     "slurm-client",
-    "slurmdbd",
-    "mariadb-server",
     "libpam-slurm-adopt",  # slurm_pam_adopt
     "openmpi-bin",  # mpi
     "python3-mpi4py",
@@ -52,12 +50,14 @@ ROLE_PACKAGES = (
     "python3-wheel",
     "python3-prometheus-client",
 )
-# Left to their role on the one node that runs it: NFS-Ganesha. Installed there, its
-# package starts it long before the role's restart; started and restarted by the role
-# within the same second (as a prebaked image would have it), the old daemon still held
-# its ports when the new one bound them (nspawn nodes' systemd cannot kill through their
-# read-only cgroups), and the server never came up. 4 s of converge on one node.
-LEFT_TO_ROLES = ("nfs-ganesha", "nfs-ganesha-vfs")
+# Left to their roles: Slurm accounting (the lab runs without it: slurm_accounting_enabled
+# is false, so no node installs it), and NFS-Ganesha, on the one node that runs it.
+# Installed there, its package starts it long before the role's restart; started and
+# restarted by the role within the same second (as a prebaked image would have it), the
+# old daemon still held its ports when the new one bound them (nspawn nodes' systemd
+# cannot kill through their read-only cgroups), and the server never came up. 4 s of
+# converge on one node.
+LEFT_TO_ROLES = ("slurmdbd", "mariadb-server", "nfs-ganesha", "nfs-ganesha-vfs")
 
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
 # created before the packages that would otherwise pick other IDs (the role cannot move
@@ -70,7 +70,7 @@ SERVICE_ACCOUNTS = (
 # Daemons that package installation enables but only some nodes run (their roles enable
 # and start them there), and munge, whose key the image must not carry: each is disabled
 # in the image, as it would be absent (or keyless) on a bare node.
-GROUP_DAEMONS = ("munge", "slurmctld", "slurmd", "slurmdbd", "mariadb")
+GROUP_DAEMONS = ("munge", "slurmctld", "slurmd")
 SHARED_SECRETS = ("etc/munge/munge.key",)
 # mmdebstrap writes its --aptopt/--dpkgopt settings into the image; the nodes do not keep them.
 BUILD_ONLY_FILES = ("etc/apt/apt.conf.d/99mmdebstrap", "etc/dpkg/dpkg.cfg.d/99mmdebstrap")
