@@ -4,13 +4,15 @@ the lab proxy), the idempotent re-run, --check --diff, and adding a 4th node whi
 runs. Prints seconds, changed= per host and the re-run/converge ratio.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python bench/converge.py [--accounting] [--strategy NAME] [--json PATH]
+    .venv/bin/python bench/converge.py [--accounting] [--strategy NAME] [--name LAB]
+        [--subnet CIDR] [--json PATH]
 
 --strategy picks Ansible's strategy for every run: linear (ansible.cfg's default),
 free, or mitogen_linear (plugins/strategy: one Python per node for the whole run).
 
 Targets: re-run changed=0 (issue [2]) and <= 20% of the converge time (issue [12]). Uses the bench
-lab (10.77.7.0/24), so a running `make lab-up` lab is not disturbed.
+lab (10.77.7.0/24) unless --name/--subnet name another, so a running `make lab-up` lab (or
+another bench's lab) is not disturbed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import benchlib
 from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
 
 SITE = "playbooks/site.yml"
@@ -40,8 +43,14 @@ def main() -> int:
     parser.add_argument(
         "--strategy", choices=STRATEGIES, default="linear", help="Ansible strategy (default linear)"
     )
+    parser.add_argument("--name", default=benchlib.NAME, help=f"lab name (default {benchlib.NAME})")
+    parser.add_argument(
+        "--subnet", default=benchlib.SUBNET, help=f"lab subnet (default {benchlib.SUBNET})"
+    )
     add_json_argument(parser)
     args = parser.parse_args()
+    # benchlib's lab helpers read these at call time.
+    benchlib.NAME, benchlib.SUBNET = args.name, args.subnet
     os.environ["ANSIBLE_STRATEGY"] = args.strategy
     extra = []
     if args.accounting:

@@ -1,0 +1,80 @@
+"""Seconds per task and per role of one ansible-playbook run, slowest first (what
+ansible.posix's profile_tasks/profile_roles print; that collection is not installed).
+
+    ANSIBLE_CALLBACK_PLUGINS=bench/callback_plugins ANSIBLE_CALLBACKS_ENABLED=task_profile \\
+        ansible-playbook -i INVENTORY playbooks/site.yml
+
+TASK_PROFILE_TOP (default 40) limits the task list; TASK_PROFILE_JSON=PATH also writes
+every task's seconds as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = """
+    name: task_profile
+    type: aggregate
+    short_description: seconds per task and per role, slowest first
+    description: Prints the wall-clock seconds of every task and role at the end of a run.
+"""
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "task_profile"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._current: tuple[str, str] | None = None
+        self._started = 0.0
+        self._tasks: dict[tuple[str, str], float] = defaultdict(float)
+        self._run_started = time.monotonic()
+
+    def _close(self) -> None:
+        if self._current is not None:
+            self._tasks[self._current] += time.monotonic() - self._started
+            self._current = None
+
+    def _open(self, task) -> None:
+        self._close()
+        role = task._role.get_name() if task._role else "-"
+        self._current = (role, task.get_name())
+        self._started = time.monotonic()
+
+    def v2_playbook_on_task_start(self, task, is_conditional) -> None:
+        self._open(task)
+
+    def v2_playbook_on_handler_task_start(self, task) -> None:
+        self._open(task)
+
+    def v2_playbook_on_play_start(self, play) -> None:
+        self._close()
+
+    def v2_playbook_on_stats(self, stats) -> None:
+        self._close()
+        total = time.monotonic() - self._run_started
+        roles: dict[str, float] = defaultdict(float)
+        for (role, _), seconds in self._tasks.items():
+            roles[role] += seconds
+        top = int(os.environ.get("TASK_PROFILE_TOP", "40"))
+        in_tasks = sum(roles.values())
+        self._display.display(f"\nTASK PROFILE (run {total:.1f} s, in tasks {in_tasks:.1f} s)")
+        ranked = sorted(self._tasks.items(), key=lambda kv: -kv[1])
+        for (role, name), seconds in ranked[:top]:
+            self._display.display(f"{seconds:7.2f} s  {role}: {name}")
+        self._display.display("ROLE PROFILE")
+        for role, seconds in sorted(roles.items(), key=lambda kv: -kv[1]):
+            self._display.display(f"{seconds:7.2f} s  {role}")
+        path = os.environ.get("TASK_PROFILE_JSON")
+        if path:
+            rows = [{"role": r, "task": n, "seconds": round(s, 3)} for (r, n), s in ranked]
+            with open(path, "w", encoding="utf-8") as out:
+                json.dump({"total": round(total, 3), "tasks": rows}, out, indent=1)
