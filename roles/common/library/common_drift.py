@@ -10,8 +10,9 @@ description:
   - Reads the node once and returns, for each kind of setting the common role manages,
     the ones that differ from what is asked, comparing what the module that sets it
     compares (template/copy, file, group, user; for the hostname, /etc/hostname as the
-    file strategy does, and also the running kernel's name). The role runs those modules only on what differs, so a node that is
-    already right costs one module run instead of one per file, account and key.
+    file strategy does, and also the running kernel's name). The role runs those
+    modules only on what differs, so a node that is already right costs one module run
+    instead of one per file, account and key.
   - Changes nothing; runs the same in check mode.
 options:
   hostname:
