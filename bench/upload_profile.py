@@ -31,7 +31,7 @@ import paramiko
 from benchlib import BIN, sh
 
 from tacc_lab.lab import resolve_config
-from tcloud import wire
+from tcloud import manifest, upload_stream, wire
 from tcloud.compiler import compile_task
 from tcloud.config import Cluster
 from tcloud.hashcache import HashCache
@@ -143,7 +143,17 @@ def main() -> int:
         default="wire",
         help="paramiko's default cipher order, or tcloud.wire's (AEAD first)",
     )
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="the client as before issue [12]'s upload work: 1 MiB stream writes, paramiko's "
+        "cipher order, one file hashed at a time (the agent's side is whatever is deployed)",
+    )
     args = parser.parse_args()
+    if args.before:
+        upload_stream.CHUNK = 1 << 20
+        manifest.HASH_THREADS = 1
+        args.ciphers = "paramiko"
     if args.ciphers == "paramiko":  # tcloud.ssh connects with wire.transport
         wire.transport = paramiko.Transport
     cfg = resolve_config(args.lab, None, "10.77.7.0/24")
@@ -164,11 +174,11 @@ def main() -> int:
             prof = profile_dir / f"{label}-{index}.prof" if profile_dir else None
             here, there = own_cpu(resource.RUSAGE_SELF), node_cpu(args.sshd_pid)
             seconds, sent, split = tcloud_round(cluster, project, cache, timing, prof)
-            time.sleep(0.3)  # the connection's processes are reaped
+            time.sleep(1.0)  # the connection's processes are reaped
             cpu_tcloud = (own_cpu(resource.RUSAGE_SELF) - here, node_cpu(args.sshd_pid) - there)
             here, there = own_cpu(resource.RUSAGE_CHILDREN), node_cpu(args.sshd_pid)
             rsync_s, rsync_b = rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host)
-            time.sleep(0.3)
+            time.sleep(1.0)
             cpu_rsync = (own_cpu(resource.RUSAGE_CHILDREN) - here, node_cpu(args.sshd_pid) - there)
             if args.sshd_pid:
                 print(
