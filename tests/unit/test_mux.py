@@ -265,3 +265,11 @@ def test_a_command_the_master_serves_never_loads_paramiko(home, tmp_path, monkey
     assert json.loads(proc.stdout.split("paramiko loaded:")[0]) == []
     assert master.sessions == 1  # served by the master: no direct connection was tried
     assert proc.stdout.strip().endswith("paramiko loaded: False"), proc.stdout
+
+
+def test_a_home_where_no_master_can_live_means_a_direct_connection(home, monkeypatch):
+    def no_room(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mux, "start_master", no_room)
+    assert mux.open_session(SETTINGS, lambda: True) is None

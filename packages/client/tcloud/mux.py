@@ -267,19 +267,24 @@ def start_master(settings: Cluster, path: Path) -> None:
 
 def open_session(settings: Cluster, may_start: Callable[[], bool]) -> SocketPipe | None:
     """An agent session through this connection's master, starting the master when none
-    runs and may_start() (the host's key is known); None: connect directly."""
+    runs and may_start() (the host's key is known); None: connect directly (also when
+    this machine cannot hold a master: a read-only home, no room for a process). A
+    socket or directory that is not safely this user's is an error (InsecureDirectory)."""
     path = socket_path(settings)
-    pipe = session_pipe(path)
-    if pipe is not None or not may_start():
-        return pipe
-    with open(path.with_suffix(".lock"), "a") as lock:
-        os.fchmod(lock.fileno(), 0o600)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        pipe = session_pipe(path)  # another command started it while this one waited
-        if pipe is None:
-            remove_stale(path)
-            start_master(settings, path)
-            pipe = session_pipe(path)
+    try:
+        pipe = session_pipe(path)
+        if pipe is not None or not may_start():
+            return pipe
+        with open(path.with_suffix(".lock"), "a") as lock:
+            os.fchmod(lock.fileno(), 0o600)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            pipe = session_pipe(path)  # another command started it while this one waited
+            if pipe is None:
+                remove_stale(path)
+                start_master(settings, path)
+                pipe = session_pipe(path)
+    except OSError:
+        return None
     return pipe
 
 
