@@ -5,7 +5,9 @@ ansible.posix's profile_tasks/profile_roles print; that collection is not instal
         ansible-playbook -i INVENTORY playbooks/site.yml
 
 TASK_PROFILE_TOP (default 40) limits the task list; TASK_PROFILE_JSON=PATH also writes
-every task's seconds as JSON.
+every task's seconds as JSON. It also counts, per host, the results of tasks that run on
+the node (not the controller-only actions below, one per loop item): a measure of a
+re-run's cost that the machine's load does not change.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ import time
 from collections import defaultdict
 
 from ansible.plugins.callback import CallbackBase
+
+# Actions that never reach the node.
+CONTROLLER_ONLY = {
+    "assert", "debug", "fail", "include_vars", "meta", "set_fact",
+    "validate_argument_spec", "include_tasks", "import_tasks", "include_role", "import_role",
+}  # fmt: skip
 
 DOCUMENTATION = """
     name: task_profile
@@ -37,6 +45,26 @@ class CallbackModule(CallbackBase):
         self._started = 0.0
         self._tasks: dict[tuple[str, str], float] = defaultdict(float)
         self._run_started = time.monotonic()
+        self._node_results: dict[str, int] = defaultdict(int)
+
+    def _count(self, result) -> None:
+        task = result._task
+        action = (task.action or "").rsplit(".", 1)[-1]
+        delegated = task.delegate_to in ("localhost", "127.0.0.1")
+        if action not in CONTROLLER_ONLY and not delegated and not result._result.get("results"):
+            self._node_results[result._host.get_name()] += 1
+
+    def v2_runner_on_ok(self, result) -> None:
+        self._count(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False) -> None:
+        self._count(result)
+
+    def v2_runner_item_on_ok(self, result) -> None:
+        self._count(result)
+
+    def v2_runner_item_on_failed(self, result) -> None:
+        self._count(result)
 
     def _close(self) -> None:
         if self._current is not None:
@@ -73,8 +101,11 @@ class CallbackModule(CallbackBase):
         self._display.display("ROLE PROFILE")
         for role, seconds in sorted(roles.items(), key=lambda kv: -kv[1]):
             self._display.display(f"{seconds:7.2f} s  {role}")
+        counts = " ".join(f"{h}={n}" for h, n in sorted(self._node_results.items()))
+        self._display.display(f"NODE RESULTS (module runs on the node): {counts}")
         path = os.environ.get("TASK_PROFILE_JSON")
         if path:
             rows = [{"role": r, "task": n, "seconds": round(s, 3)} for (r, n), s in ranked]
+            report = {"total": round(total, 3), "node_results": self._node_results, "tasks": rows}
             with open(path, "w", encoding="utf-8") as out:
-                json.dump({"total": round(total, 3), "tasks": rows}, out, indent=1)
+                json.dump(report, out, indent=1)
