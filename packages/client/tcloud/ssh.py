@@ -1,4 +1,5 @@
-"""One verified SSH connection per command (paramiko).
+"""A verified SSH connection (paramiko): a command's own, or the connection master's
+(tcloud.mux_master), which commands share.
 
 Honours ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyJump) and ssh-agent.
 Host keys are checked against ~/.ssh/known_hosts (and the cluster's own known_hosts
