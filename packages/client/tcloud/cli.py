@@ -366,7 +366,8 @@ def cmd_disconnect(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     """Every command that needs the cluster: the shared connection (tcloud.mux) or one
-    verified SSH connection of its own, opened    once the command's arguments have been checked."""
+    verified SSH connection of its own, opened once the command's arguments have been
+    checked."""
     with open_cluster(args.cluster, files=args.command in FILE_COMMANDS) as cluster:
         CLUSTER_COMMANDS[args.command](cluster, args)
     return EXIT_OK
