@@ -9,6 +9,8 @@ import hashlib
 import io
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
@@ -21,6 +23,7 @@ from tcloud import manifest, wire
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError
 from tcloud.hashcache import HashCache
+from tcloud.packet import CHANNEL_WRITE
 from tcloud.task_file import load_task
 from tcloud.upload_stream import Blob, frames
 
@@ -147,13 +150,13 @@ def test_paths_that_only_share_a_prefix_are_accepted():
 
 def test_the_stream_writes_one_ssh_packet_at_a_time(tmp_path):
     path = tmp_path / "big.bin"
-    path.write_bytes(os.urandom(5 * wire.CHANNEL_WRITE + 7))
+    path.write_bytes(os.urandom(5 * CHANNEL_WRITE + 7))
     blob = Blob(blob_of(path.read_bytes()), "u", 3, path.stat().st_size, path)
     parts: list[bytes] = []
     sent = frames([blob], parts.append, NoBar())
     data = [part for part in parts[1:-1]]
     assert sent == path.stat().st_size - 3
-    assert all(isinstance(part, bytes) and len(part) <= wire.CHANNEL_WRITE for part in data)
+    assert all(isinstance(part, bytes) and len(part) <= CHANNEL_WRITE for part in data)
     assert b"".join(data) == path.read_bytes()[3:]
 
 
@@ -232,3 +235,15 @@ def test_a_file_that_cannot_be_read_is_refused_in_its_place_among_the_problems(t
     ]
     assert [name for name, _ in messages] == ["a-link", "f001.bin", "z-link"]
     assert messages[1][1] == "cannot read: Permiss"
+
+
+def test_the_stream_and_the_manifest_load_no_ssh_stack():
+    """A command the connection master serves writes the stream without paramiko."""
+    probe = (
+        "import sys, tcloud.upload_stream, tcloud.manifest, tcloud.hashcache\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'paramiko'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"

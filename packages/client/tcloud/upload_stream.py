@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tcloud.errors import TcloudError
 from tcloud.manifest import shown
-from tcloud.wire import CHANNEL_WRITE
+from tcloud.packet import CHANNEL_WRITE
 
-# What one write hands the channel: one SSH packet's worth (tcloud.wire: a larger write
+# What one write hands the channel: one SSH packet's worth (tcloud.packet: a larger write
 # is sliced, and copied, by paramiko's sendall once per packet). Read unbuffered, each
 # read is one system call into a fresh small object (no page faults of a large one).
 CHUNK = CHANNEL_WRITE

@@ -1,6 +1,6 @@
 """How tcloud's SSH connection is set up for bulk data (the streamed upload): the same
-ciphers paramiko offers by default, the AEAD ones first, and the size of one write to a
-channel.
+ciphers paramiko offers by default, the AEAD ones first (and, from tcloud.packet, the
+size of one write to a channel).
 
 Ciphers. paramiko's default order starts with aes128-ctr, which needs a MAC: with
 hmac-sha2-256 every 32 KiB packet pays an HMAC (hmac.new per packet, about 2 s per GiB
@@ -9,11 +9,6 @@ aes256-gcm@openssh.com are AEAD: one AES-GCM call encrypts and authenticates a p
 no MAC. `preferred_ciphers` only moves them to the front of the list the transport
 already offers (disabled_algorithms and all): nothing is added, nothing weaker is
 offered than before, and a server without them negotiates as it did.
-
-Writes. paramiko sends at most the peer's maximum packet size less 64 bytes per channel
-packet (Channel._wait_for_send_window); OpenSSH's session channels take 32 KiB packets.
-Channel.sendall then slices what is left (`s = s[sent:]`): a 1 MiB bytes object costs
-about 16 MiB of copies. One write of CHANNEL_WRITE bytes is one packet and no slicing.
 
 Windows. The window and packet size a client sets (default_window_size,
 default_max_packet_size) govern what the client receives; an upload is limited by what
@@ -27,10 +22,12 @@ from collections.abc import Sequence
 
 import paramiko
 
+from tcloud.packet import CHANNEL_WRITE
+
+__all__ = ["AEAD_CIPHERS", "CHANNEL_WRITE", "preferred_ciphers", "transport", "tune"]
+
 # AEAD ciphers, fastest first (AES-128 does fewer rounds than AES-256; both are strong).
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-# What one channel packet carries to an OpenSSH server (its 32 KiB less paramiko's 64).
-CHANNEL_WRITE = 32768 - 64
 
 
 def preferred_ciphers(offered: Sequence[str]) -> tuple[str, ...]:
