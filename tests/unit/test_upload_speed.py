@@ -187,7 +187,7 @@ def project_of(tmp_path: Path, count: int) -> Path:
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     for i in range(count):
-        (project / "data" / f"f{i:03d}.bin").write_bytes(os.urandom(3000 + i))
+        (project / "data" / f"f{i:03d}.bin").write_bytes(os.urandom(manifest.POOL_MIN_SIZE + i))
     (project / "tcloud.yaml").write_text(yaml.safe_dump({"name": "many", "run": ["true"]}))
     return project
 
