@@ -51,12 +51,12 @@ ROLE_PACKAGES = (
     "python3-prometheus-client",
 )
 # Left to their roles: Slurm accounting (the lab runs without it: slurm_accounting_enabled
-# is false, so no node installs it), and NFS-Ganesha, on the one node that runs it.
-# Installed there, its package starts it long before the role's restart; started and
-# restarted by the role within the same second (as a prebaked image would have it), the
-# old daemon still held its ports when the new one bound them (nspawn nodes' systemd
-# cannot kill through their read-only cgroups), and the server never came up. 4 s of
-# converge on one node.
+# is false, so no node installs it), and NFS-Ganesha, on the one node that runs it (4 s of
+# converge there). Installed there, its package starts it before the role's restart, as
+# on a bare node. Prebaked, the role started and restarted it within a second and, in
+# one run, the new daemon found the old one's ports held (nspawn nodes' systemd cannot
+# kill through their read-only cgroups) twice, and the server never came up. The same
+# race, once, also costs bare-image converges a minute (roles/nfs_server's rescue).
 LEFT_TO_ROLES = ("slurmdbd", "mariadb-server", "nfs-ganesha", "nfs-ganesha-vfs")
 
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
