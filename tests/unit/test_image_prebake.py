@@ -145,3 +145,9 @@ def test_the_image_ships_no_munge_key_build_settings_or_pasted_sources(tmp_path:
     prebake.finish(tmp_path)
     for relative in prebake.SHARED_SECRETS + prebake.BUILD_ONLY_FILES + pasted:
         assert not (tmp_path / relative).exists()
+
+
+@pytest.mark.security
+def test_hook_lines_quote_every_word() -> None:
+    line = prebake.in_root(["useradd", "--comment", "it's $(x)", "u"])
+    assert line == "chroot \"$1\" useradd --comment 'it'\"'\"'s $(x)' u"

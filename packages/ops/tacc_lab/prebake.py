@@ -67,6 +67,9 @@ SERVICE_ACCOUNTS = (
     ("slurm", 64030, "Slurm workload manager"),
 )
 
+# As the role's ansible.builtin.user makes them.
+ACCOUNT_OPTIONS = ("--home-dir", "/nonexistent", "--no-create-home", "--shell", "/usr/sbin/nologin")
+
 # Daemons that package installation enables but only some nodes run (their roles enable
 # and start them there), and munge, whose key the image must not carry: each is disabled
 # in the image, as it would be absent (or keyless) on a bare node.
@@ -76,20 +79,38 @@ SHARED_SECRETS = ("etc/munge/munge.key",)
 BUILD_ONLY_FILES = ("etc/apt/apt.conf.d/99mmdebstrap", "etc/dpkg/dpkg.cfg.d/99mmdebstrap")
 
 
+def in_root(argv: list[str]) -> str:
+    """A mmdebstrap hook's shell line running `argv` (each word quoted) in the image."""
+    return 'chroot "$1" ' + shlex.join(argv)
+
+
 def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) -> list[str]:
     """mmdebstrap's command line: the minbase system plus `base_packages` as debootstrap
     would install them (no Recommends), then the roles' packages as Ansible's apt module
     installs them (with Recommends), all from this host's apt sources."""
     accounts = " && ".join(
-        f'chroot "$1" groupadd --system --gid {uid} {name} && '
-        f'chroot "$1" useradd --system --uid {uid} --gid {name} --home-dir /nonexistent '
-        f"--no-create-home --shell /usr/sbin/nologin --comment {shlex.quote(comment)} {name}"
+        in_root(["groupadd", "--system", "--gid", str(uid), name])
+        + " && "
+        + in_root(
+            [
+                "useradd",
+                "--system",
+                "--uid",
+                str(uid),
+                "--gid",
+                name,
+                *ACCOUNT_OPTIONS,
+                "--comment",
+                comment,
+                name,
+            ]
+        )
         for name, uid, comment in SERVICE_ACCOUNTS
     )
-    install_roles = 'chroot "$1" apt-get install -y -q -o APT::Install-Recommends=true ' + " ".join(
-        ROLE_PACKAGES
+    install_roles = in_root(
+        ["apt-get", "install", "-y", "-q", "-o", "APT::Install-Recommends=true", *ROLE_PACKAGES]
     )
-    disable = 'chroot "$1" systemctl disable --quiet ' + " ".join(GROUP_DAEMONS)
+    disable = in_root(["systemctl", "disable", "--quiet", *GROUP_DAEMONS])
     return [
         "mmdebstrap",
         "--mode=root",
