@@ -5,6 +5,7 @@ packet at a time, and the SSH transport offers its AEAD ciphers first, nothing a
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -247,3 +248,24 @@ def test_the_stream_and_the_manifest_load_no_ssh_stack():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.fault
+def test_a_job_number_whose_directory_is_being_removed_is_skipped(tmp_path, monkeypatch):
+    """rename(2) refuses a number whose old job is still being removed (ENOTEMPTY); by
+    the time place() looked, it was gone, and the commit failed. The next number is used."""
+    jobs = tmp_path / "jobs"
+    building = jobs / ".building-x"
+    building.mkdir(parents=True)
+    real_rename, calls = os.rename, []
+
+    def rename(source, target):
+        calls.append(Path(target).name)
+        if len(calls) == 1:  # -1 was being removed: non-empty then, gone now
+            raise OSError(errno.ENOTEMPTY, "Directory not empty")
+        real_rename(source, target)
+
+    monkeypatch.setattr(store.os, "rename", rename)
+    placed = store.place(building, jobs, "ab" * 32)
+    assert calls == ["abababababab-1", "abababababab-2"]
+    assert placed == jobs / "abababababab-2" and placed.is_dir()

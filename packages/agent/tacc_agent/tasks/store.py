@@ -18,6 +18,7 @@ request): when nothing is missing it is done at once, one round trip for a resub
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -240,8 +241,10 @@ def place(building: Path, jobs: Path, digest: str) -> Path:
         try:
             os.rename(building, candidate)  # fails if candidate exists (non-empty)
             return candidate
-        except OSError:
-            if not candidate.exists():
+        except OSError as exc:
+            # Taken (by another submit; or a job being removed, gone by now: asking
+            # whether it exists afterwards raised a rename that only lost that race).
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             number += 1
 
