@@ -243,11 +243,6 @@ sys.exit(code)
 """
 
 
-@pytest.mark.xfail(
-    reason="tcloud.upload_stream imports tcloud.wire, which imports paramiko (helper C's "
-    "files): CHANNEL_WRITE must move to a module without paramiko",
-    strict=False,
-)
 def test_a_command_the_master_serves_never_loads_paramiko(home, tmp_path, monkeypatch):
     config_path = tmp_path / "config.yaml"
     entry = {"host": "cluster.invalid", "user": "alice", "userdir": str(tmp_path / "u")}
