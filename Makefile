@@ -109,9 +109,10 @@ lab-down: venv
 # the roles install are in it: prebake.py; the roles still check and configure them), and
 # the playbook over Mitogen (one Python per node for the whole run instead of one per
 # task: bench/converge.py). The image builds while the other host packages and the venv
-# install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The hello task needs no wheels from this
-# machine's pip find-links directories (a bare machine has none; here a 183 MB torch wheel
-# took 74 s to copy into the package cache): the demo uploads none, `make lab-up` does.
+# install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The hello
+# task needs no wheels from this machine's pip find-links directories (a bare machine has
+# none; here a 183 MB torch wheel took 74 s to copy into the package cache): the demo
+# uploads none, `make lab-up` does.
 # Where the time goes: docs/demo-timing.md.
 demo: export TACC_LAB_IMAGE_FLAVOR = prebaked
 demo: $(STAMP)/image-builder
