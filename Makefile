@@ -98,11 +98,13 @@ $(VENV)/.bench-installed: $(PYPROJECTS) $(VENV)/.installed
 gpu-check:
 	$(PYTHON) tools/gpu_check.py
 
-lab-up: venv
+# tacc-lab is in the runtime venv (`make venv` installs it too): `make lab-down` after
+# `make demo` installs no dev tools.
+lab-up: $(VENV)/.runtime-installed
 	tacc-lab --name $(LAB_NAME) up --nodes $(LAB_NODES)
 	tacc-lab --name $(LAB_NAME) status
 
-lab-down: venv
+lab-down: $(VENV)/.runtime-installed
 	tacc-lab --name $(LAB_NAME) down
 
 # The same steps as lab-up on the runtime venv, on the prebaked node image (the packages
