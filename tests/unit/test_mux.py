@@ -268,3 +268,18 @@ def test_a_home_where_no_master_can_live_means_a_direct_connection(home, monkeyp
 
     monkeypatch.setattr(mux, "start_master", no_room)
     assert mux.open_session(SETTINGS, lambda: True) is None
+
+
+@pytest.mark.security
+def test_a_json_py_where_the_command_runs_is_never_imported_by_the_master(
+    home, tmp_path, monkeypatch
+):
+    marker = tmp_path / "imported"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TCLOUD_TIMING", str(tmp_path / "timing.jsonl"))
+    settings = Cluster(name="c", host="127.0.0.1", port=1, user="alice")
+    mux.start_master(settings, mux.socket_path(settings))  # nothing listens on port 1
+    assert not marker.exists()
+    assert "TCLOUD_TIMING" not in mux.master_environment()
+    assert not (tmp_path / "timing.jsonl").exists()

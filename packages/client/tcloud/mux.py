@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tacc_contract import protocol
+from tcloud import timing
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 
@@ -241,6 +242,18 @@ def remove_stale(path: Path) -> None:
         os.unlink(path)
 
 
+def master_command(spec: dict) -> list[str]:
+    """`python -P -m tcloud.mux_master`: -P keeps the starting command's directory off
+    sys.path (a json.py there is never imported by the master)."""
+    return [sys.executable, "-P", "-m", "tcloud.mux_master", json.dumps(spec)]
+
+
+def master_environment() -> dict[str, str]:
+    """The master's environment: this command's, less what belongs to this command only
+    (TCLOUD_TIMING: the master's later steps are no part of this command's timing)."""
+    return {name: value for name, value in os.environ.items() if name != timing.ENVIRONMENT}
+
+
 def start_master(settings: Cluster, path: Path) -> None:
     """Start the master for `settings`, detached; return once its socket answers, or
     once it gave up (its log, next to the socket, says why)."""
@@ -249,12 +262,14 @@ def start_master(settings: Cluster, path: Path) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tcloud.mux_master", json.dumps(spec)],
+            master_command(spec),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=fd,
             start_new_session=True,
             close_fds=True,
+            cwd="/",
+            env=master_environment(),
         )
     finally:
         os.close(fd)
