@@ -127,6 +127,53 @@ def test_a_stale_socket_is_not_a_master(home):
     assert not path.exists()
 
 
+def serve_once(listener: socket.socket, behaviour: str) -> list[bytes]:
+    """One client of a master that answers an error, hangs up, or never answers."""
+    said: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        said.append(conn.recv(100))
+        if behaviour == "error":
+            conn.sendall(b'{"mux_error": "cannot start the agent"}\n')
+        elif behaviour == "silent":
+            conn.recv(100)  # until the client gives up and closes
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    return said
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("behaviour", ["error", "hangs up", "silent"])
+def test_a_live_master_that_gives_no_session_keeps_its_socket(home, monkeypatch, behaviour):
+    path = mux.socket_path(SETTINGS)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    monkeypatch.setattr(mux, "REQUEST_TIMEOUT", 0.5)
+    started = []
+    monkeypatch.setattr(mux, "start_master", lambda *args: started.append(args))
+    try:
+        said = serve_once(listener, behaviour)
+        assert mux.open_session(SETTINGS, lambda: True) is None  # connect directly
+        assert said == [b'{"op": "session"}\n']
+        assert path.exists()  # the master's socket, and the sessions it carries, live on
+        assert started == []  # no second master
+    finally:
+        listener.close()
+
+
+@pytest.mark.fault
+def test_a_read_only_home_means_a_direct_connection(home, monkeypatch):
+    def read_only() -> Path:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(mux, "private_directory", read_only)
+    assert mux.open_session(SETTINGS, lambda: True) is None
+    assert mux.stop(SETTINGS) is False
+
+
 def test_a_master_without_a_session_to_give_means_a_direct_connection(home):
     path = mux.socket_path(SETTINGS)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -143,7 +190,8 @@ def test_a_master_without_a_session_to_give_means_a_direct_connection(home):
 
         thread = threading.Thread(target=answer)
         thread.start()
-        assert mux.session_pipe(path) is None
+        with pytest.raises(mux.MasterUnusable, match="cannot start the agent"):
+            mux.session_pipe(path)
         thread.join()
         assert client_side == [b'{"op": "session"}\n']
     finally:

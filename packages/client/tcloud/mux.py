@@ -57,6 +57,11 @@ class InsecureDirectory(TcloudError):
     """The socket's directory (or the socket) could be someone else's: refused."""
 
 
+class MasterUnusable(Exception):
+    """A master listens but gave no session (an error line, no answer in time, hung up):
+    this command connects directly and leaves the master and its socket alone."""
+
+
 def supported() -> bool:
     """Unix sockets, file locks and uids: POSIX systems (not Windows)."""
     return fcntl is not None and hasattr(socket, "AF_UNIX") and hasattr(os, "getuid")
@@ -175,7 +180,9 @@ class SocketPipe:
 
 def connect_socket(path: Path) -> socket.socket | None:
     """A connection to the master at `path` (which must be this user's), or None when no
-    master listens there. POSIX-only (uids)."""
+    master listens there (no socket, or connecting is refused: only then may the socket
+    be removed and a master started); MasterUnusable for any other failure.
+    POSIX-only (uids)."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -186,14 +193,18 @@ def connect_socket(path: Path) -> socket.socket | None:
     sock.settimeout(REQUEST_TIMEOUT)
     try:
         sock.connect(str(path))
-    except OSError:
+    except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except OSError as exc:
+        sock.close()
+        raise MasterUnusable(f"cannot reach the connection master: {exc}") from None
     return sock
 
 
 def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:
-    """Send one request line; the socket and the master's first answer line."""
+    """Send one request line; the socket and the master's first answer line. None: no
+    master listens; MasterUnusable: one listens but hung up or did not answer in time."""
     sock = connect_socket(path)
     if sock is None:
         return None
@@ -205,12 +216,12 @@ def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:
             if not chunk:
                 break
             first += chunk
-    except OSError:
+    except OSError as exc:
         sock.close()
-        return None
+        raise MasterUnusable(f"the connection master did not answer: {exc}") from None
     if not first:
         sock.close()
-        return None
+        raise MasterUnusable("the connection master hung up")
     sock.settimeout(None)
     return sock, first
 
@@ -224,15 +235,15 @@ def is_hello(line: bytes) -> bool:
 
 
 def session_pipe(path: Path) -> SocketPipe | None:
-    """An agent session from the master at `path`; None when there is none (or it has
-    no session to give: the caller connects directly and says why)."""
+    """An agent session from the master at `path`; None when no master listens there;
+    MasterUnusable when it has no session to give (the caller connects directly)."""
     answer = ask(path, {"op": "session"})
     if answer is None:
         return None
     sock, first = answer
     if not is_hello(first):
         sock.close()
-        return None
+        raise MasterUnusable(f"the connection master answered {first[:200]!r}")
     return SocketPipe(sock, first)
 
 
@@ -284,9 +295,11 @@ def open_session(settings: Cluster, may_start: Callable[[], bool]) -> SocketPipe
     """An agent session through this connection's master, starting the master when none
     runs and may_start() (the host's key is known); None: connect directly (also when
     this machine cannot hold a master: a read-only home, no room for a process). A
-    socket or directory that is not safely this user's is an error (InsecureDirectory)."""
-    path = socket_path(settings)
+    socket or directory that is not safely this user's is an error (InsecureDirectory).
+    Only a socket nobody listens on is removed: a master that answered an error, or not
+    in time, keeps its socket and the sessions it carries."""
     try:
+        path = socket_path(settings)
         pipe = session_pipe(path)
         if pipe is not None or not may_start():
             return pipe
@@ -298,7 +311,7 @@ def open_session(settings: Cluster, may_start: Callable[[], bool]) -> SocketPipe
                 remove_stale(path)
                 start_master(settings, path)
                 pipe = session_pipe(path)
-    except OSError:
+    except (OSError, MasterUnusable):
         return None
     return pipe
 
@@ -307,8 +320,11 @@ def stop(settings: Cluster) -> bool:
     """Stop this connection's master (`tcloud disconnect`); False when none ran."""
     if not supported():
         return False
-    path = socket_path(settings)
-    answer = ask(path, {"op": "exit"})
+    try:
+        path = socket_path(settings)
+        answer = ask(path, {"op": "exit"})
+    except (OSError, MasterUnusable):
+        return False
     if answer is None:
         remove_stale(path)
         return False

@@ -214,6 +214,10 @@ class Master:
                 conn.sendall(json.dumps({"mux_error": "unknown request"}).encode() + b"\n")
         except (OSError, ValueError) as exc:
             log(f"client: {exc}")
+        except Exception as exc:  # said to the client: the master lives on
+            log(f"client: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"mux_error": str(exc)[:400]}).encode() + b"\n")
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
