@@ -41,3 +41,88 @@ def test_a_failure_to_give_a_session_is_said_to_the_client(monkeypatch):
     answer = json.loads(ours.makefile("rb").readline())
     assert "timed out" in answer["mux_error"]
     assert master.attached == 0
+
+
+class SilentChannel:
+    """An agent session whose hello never comes."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def exec_command(self, command: str) -> None:
+        pass
+
+    def settimeout(self, seconds: float | None) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        raise TimeoutError("timed out")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class StandInTransport:
+    def __init__(self) -> None:
+        self.channels: list[SilentChannel] = []
+
+    def is_active(self) -> bool:
+        return True
+
+    def open_session(self, timeout: float) -> SilentChannel:
+        self.channels.append(SilentChannel())
+        return self.channels[-1]
+
+
+class StandInClient:
+    def __init__(self) -> None:
+        self.transport = StandInTransport()
+
+    def get_transport(self) -> StandInTransport:
+        return self.transport
+
+
+def stand_in_connections() -> mux_master.Connections:
+    connections = object.__new__(mux_master.Connections)
+    connections.lock = threading.Lock()
+    connections.open = [[StandInClient(), 0]]
+    return connections
+
+
+@pytest.mark.fault
+def test_an_agent_whose_hello_never_comes_is_closed_and_not_counted():
+    connections = stand_in_connections()
+    started, entry = connections.start_session()
+    assert started.channel is None and entry is None and "timed out" in started.error
+    assert connections.open[0][0].transport.channels[0].closed  # its agent and sshd session end
+    assert connections.open[0][1] == 0  # not counted against MaxSessions
+
+
+@pytest.mark.fault
+def test_a_second_connection_that_fails_is_said_and_not_counted(monkeypatch):
+    connections = stand_in_connections()
+    connections.open[0][1] = mux_master.PER_CONNECTION  # the first one is full
+
+    def cannot_connect() -> list:
+        raise TcloudError("cannot connect: Connection refused")
+
+    monkeypatch.setattr(connections, "add", cannot_connect)
+    started, entry = connections.start_session()
+    assert started.channel is None and entry is None
+    assert "Connection refused" in started.error
+    assert connections.open[0][1] == mux_master.PER_CONNECTION
+
+
+@pytest.mark.fault
+def test_a_spare_that_fails_to_start_is_no_longer_counted_as_starting(monkeypatch):
+    master = bare_master()
+    master.starting = 1
+
+    class Broken:
+        def start_session(self) -> None:
+            raise RuntimeError("unexpected")
+
+    master.connections = Broken()
+    with pytest.raises(RuntimeError):
+        master.start_spare()
+    assert master.starting == 0  # the spares are refilled again

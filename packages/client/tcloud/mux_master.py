@@ -101,9 +101,13 @@ class Connections:
         with self.lock:
             entry[1] -= 1
 
-    def start_session(self) -> tuple[Started, list]:
-        entry = self.take()
+    def start_session(self) -> tuple[Started, list | None]:
+        """A started agent session and the connection it counts against; on failure its
+        channel is closed (the agent and sshd's session end) and the count given back."""
+        entry: list | None = None
+        channel: paramiko.Channel | None = None
         try:
+            entry = self.take()
             channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
             channel.exec_command(shlex.join(protocol.command(protocol.session())))
             channel.settimeout(HELLO_TIMEOUT)
@@ -115,13 +119,19 @@ class Connections:
                 hello += chunk
             channel.settimeout(None)
         except (OSError, EOFError, paramiko.SSHException, TcloudError) as exc:
-            self.give_back(entry)
-            return Started(None, b"", f"cannot start the agent's session: {exc}"), entry
+            self.abandon(channel, entry)
+            return Started(None, b"", f"cannot start the agent's session: {exc}"), None
         if not mux.is_hello(hello):
-            channel.close()
-            self.give_back(entry)
-            return Started(None, b"", f"the agent said {hello[:200]!r}, not a hello"), entry
+            self.abandon(channel, entry)
+            return Started(None, b"", f"the agent said {hello[:200]!r}, not a hello"), None
         return Started(channel, hello), entry
+
+    def abandon(self, channel: paramiko.Channel | None, entry: list | None) -> None:
+        if channel is not None:
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                channel.close()
+        if entry is not None:
+            self.give_back(entry)
 
     def close(self) -> None:
         self.stack.close()
@@ -167,11 +177,14 @@ class Master:
             threading.Thread(target=self.start_spare, daemon=True).start()
 
     def start_spare(self) -> None:
-        started = self.connections.start_session()
-        with self.lock:
-            self.starting -= 1
-            if started[0].channel is not None:  # a failure is said to the client that asks
-                self.spares.append(started)
+        started = None
+        try:
+            started = self.connections.start_session()
+        finally:
+            with self.lock:
+                self.starting -= 1
+                if started is not None and started[0].channel is not None:
+                    self.spares.append(started)  # a failure is said to the client that asks
 
     def take_session(self) -> tuple[Started, list]:
         """A spare session whose agent still runs, or one started now."""
