@@ -331,3 +331,16 @@ def test_a_json_py_where_the_command_runs_is_never_imported_by_the_master(
     assert not marker.exists()
     assert "TCLOUD_TIMING" not in mux.master_environment()
     assert not (tmp_path / "timing.jsonl").exists()
+
+
+@pytest.mark.fault
+def test_a_home_too_deep_for_a_unix_socket_means_a_direct_connection(home, monkeypatch):
+    deep = home / ("d" * 80)
+    deep.mkdir()
+    monkeypatch.setenv("HOME", str(deep))
+    started = []
+    monkeypatch.setattr(mux, "start_master", lambda *args: started.append(args))
+    with pytest.raises(mux.SocketPathTooLong, match="too long for a Unix socket"):
+        mux.socket_path(SETTINGS)
+    assert mux.open_session(SETTINGS, lambda: True) is None
+    assert started == []  # no master that would log in and die

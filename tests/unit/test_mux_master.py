@@ -126,3 +126,20 @@ def test_a_spare_that_fails_to_start_is_no_longer_counted_as_starting(monkeypatc
     with pytest.raises(RuntimeError):
         master.start_spare()
     assert master.starting == 0  # the spares are refilled again
+
+
+@pytest.mark.fault
+def test_a_socket_path_that_cannot_be_bound_stops_the_master_before_it_logs_in(
+    monkeypatch, tmp_path
+):
+    directory = tmp_path / "m"
+    directory.mkdir(mode=0o700)
+    logins = []
+    monkeypatch.setattr(mux_master, "Connections", lambda settings: logins.append(settings))
+    spec = {
+        "settings": {"name": "c", "host": "login.example"},
+        "socket": str(directory / ("k" * 120 + ".sock")),
+        "idle": 300,
+    }
+    assert mux_master.main([json.dumps(spec)]) == 4  # said in its log, no traceback
+    assert logins == []

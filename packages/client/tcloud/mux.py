@@ -24,6 +24,7 @@ sharing off: every command connects directly, as before.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -144,8 +145,31 @@ def connection_key(settings: Cluster) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def sun_path_room() -> int:
+    """The most bytes a Unix socket's path may have (sun_path less its NUL): 103 on
+    macOS and the BSDs, 107 on Linux."""
+    return 107 if sys.platform.startswith("linux") else 103
+
+
+def temporary_name(path: Path, pid: int) -> Path:
+    """Where the master binds before it renames the socket into place (tcloud.mux_master)."""
+    return path.with_name(f"{path.stem}.{pid}.tmp")
+
+
+class SocketPathTooLong(OSError):
+    """The socket's path does not fit sun_path: no sharing, this command connects directly."""
+
+
 def socket_path(settings: Cluster) -> Path:
-    return private_directory() / f"{connection_key(settings)}.sock"
+    """This connection's socket; SocketPathTooLong when it (or the master's temporary
+    name, the longer) would not fit sun_path (a deep home and no XDG_RUNTIME_DIR)."""
+    path = private_directory() / f"{connection_key(settings)}.sock"
+    longest = temporary_name(path, 2**31 - 1)
+    if len(os.fsencode(longest)) > sun_path_room():
+        raise SocketPathTooLong(
+            errno.ENAMETOOLONG, f"{longest}: too long for a Unix socket: no connection sharing"
+        )
+    return path
 
 
 class SocketPipe:

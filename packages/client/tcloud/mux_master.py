@@ -142,30 +142,39 @@ class Master:
         self.settings = settings
         self.path = path
         self.idle = idle
-        self.connections = Connections(settings)
+        self.temporary = mux.temporary_name(path, os.getpid())
+        self.listener = self.bind()  # first: a path that cannot be bound costs no login
+        try:
+            self.connections = Connections(settings)
+        except BaseException:
+            self.listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.temporary)
+            raise
         self.lock = threading.Lock()
         self.attached = 0
         self.last_seen = time.monotonic()
         self.spares: list[tuple[Started, list]] = []
         self.starting = 0
         self.peak = 1  # the most clients attached at once so far
-        self.listener = self.listen()
+        os.rename(self.temporary, self.path)  # a client never finds a socket that does not answer
         self.inode = os.stat(path).st_ino
         self.refill()
 
-    def listen(self) -> socket.socket:
-        """Bound under a temporary name, then renamed into place: a client never finds
-        a socket that does not answer yet. 0600 (umask), in the private directory."""
+    def bind(self) -> socket.socket:
+        """Bound and listening under a temporary name, renamed into place once the SSH
+        connection is up. 0600 (umask), in the private directory."""
         mux.check_private(self.path.parent)
-        temporary = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
-            listener.bind(str(temporary))
+            listener.bind(str(self.temporary))
+            listener.listen(128)
+        except OSError:
+            listener.close()
+            raise
         finally:
             os.umask(old)
-        listener.listen(128)
-        os.rename(temporary, self.path)
         return listener
 
     def refill(self) -> None:
@@ -328,7 +337,7 @@ def main(argv: list[str]) -> int:
     path = Path(spec["socket"])
     try:
         master = Master(settings, path, int(spec["idle"]))
-    except TcloudError as exc:
+    except (TcloudError, OSError) as exc:
         log(f"cannot start: {exc}")
         return 4
     log(f"listening on {path} for {settings.user or ''}@{settings.host}")
