@@ -344,3 +344,15 @@ def test_a_home_too_deep_for_a_unix_socket_means_a_direct_connection(home, monke
         mux.socket_path(SETTINGS)
     assert mux.open_session(SETTINGS, lambda: True) is None
     assert started == []  # no master that would log in and die
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("edited", ["config", "known_hosts", "cluster_known_hosts"])
+def test_an_edited_ssh_config_or_known_hosts_means_a_new_connection(home, edited):
+    cluster_file = str(home / "cluster_known_hosts")
+    settings = Cluster(name="c", host="login.example", known_hosts=cluster_file)
+    (home / ".ssh").mkdir()
+    before = mux.connection_key(settings)
+    target = home / edited if edited == "cluster_known_hosts" else home / ".ssh" / edited
+    target.write_text("@revoked * ssh-ed25519 AAAA\n")
+    assert mux.connection_key(settings) != before  # a running master is not used for it

@@ -131,8 +131,22 @@ def private_directory() -> Path:
     return check_private(path)
 
 
+def contents_digest(path: Path) -> str:
+    """sha256 of a file's contents; "" when it cannot be read (absent)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def connection_key(settings: Cluster) -> str:
-    """16 hex digits naming one connection: what makes two connections different."""
+    """16 hex digits naming one connection: what makes two connections different. Also
+    what they are resolved with (~/.ssh/config, both known_hosts files: their paths and
+    contents) and the protocol: an edit there, or a new tcloud, means a new master for the
+    next command (tcloud.ssh reads the same files; no import of it here, paramiko waits)."""
+    ssh_dir = Path.home() / ".ssh"
+    user_known_hosts = ssh_dir / "known_hosts"
+    known_hosts = Path(os.path.expanduser(settings.known_hosts or user_known_hosts))
     what = {
         "host": settings.host,
         "port": settings.port,
@@ -141,6 +155,11 @@ def connection_key(settings: Cluster) -> str:
         "proxy_jump": settings.proxy_jump,
         "known_hosts": settings.known_hosts,
         "agent": protocol.command(protocol.session()),
+        "protocol": protocol.PROTOCOL_VERSION,
+        "ssh_config": contents_digest(ssh_dir / "config"),
+        "known_hosts_files": {
+            str(path): contents_digest(path) for path in (user_known_hosts, known_hosts)
+        },
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
