@@ -143,3 +143,30 @@ def test_a_socket_path_that_cannot_be_bound_stops_the_master_before_it_logs_in(
     }
     assert mux_master.main([json.dumps(spec)]) == 4  # said in its log, no traceback
     assert logins == []
+
+
+class MuteTransport(StandInTransport):
+    """A connection whose server no longer answers (a laptop that slept)."""
+
+    def global_request(self, kind: str, wait: bool) -> None:
+        threading.Event().wait()
+
+
+@pytest.mark.fault
+def test_a_connection_quiet_for_a_while_must_answer_before_it_carries_a_session(monkeypatch):
+    master = bare_master()
+    master.connections = stand_in_connections()
+    master.connections.open[0][0].transport = MuteTransport()
+    assert not master.connections.answers(deadline=0.2)
+    master.last_seen = time.monotonic() - mux_master.PROBE_AFTER - 1
+    monkeypatch.setattr(mux_master, "PROBE_TIMEOUT", 0.2)
+    stopped = []
+
+    def stop(why: str) -> None:
+        stopped.append(why)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(master, "stop", stop)
+    with pytest.raises(SystemExit):
+        master.take_session()
+    assert stopped == ["the SSH connection does not answer"]

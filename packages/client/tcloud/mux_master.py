@@ -41,6 +41,11 @@ PER_CONNECTION = 8
 # of commands finds them ready), at most this many idle agent processes on the node.
 MAX_SPARES = 4
 HELLO_TIMEOUT = 20.0
+# SSH keepalives on every connection; and a connection idle longer than PROBE_AFTER (a
+# laptop that slept) must answer one within PROBE_TIMEOUT before it carries a session.
+KEEPALIVE = 30
+PROBE_AFTER = 10.0
+PROBE_TIMEOUT = 5.0
 CHUNK = 1 << 16
 
 
@@ -79,8 +84,25 @@ class Connections:
 
     def add(self) -> list:
         client = self.stack.enter_context(ssh.session(self.settings))
+        client.get_transport().set_keepalive(KEEPALIVE)
         self.open.append([client, 0])
         return self.open[-1]
+
+    def answers(self, deadline: float | None = None) -> bool:
+        """Whether the first connection's server answers a keepalive within `deadline`
+        (any reply counts: OpenSSH refuses the request, which is an answer)."""
+        transport = self.open[0][0].get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        replied = threading.Event()
+
+        def probe() -> None:
+            with contextlib.suppress(Exception):
+                transport.global_request("keepalive@openssh.com", wait=True)
+                replied.set()
+
+        threading.Thread(target=probe, daemon=True).start()
+        return replied.wait(deadline or PROBE_TIMEOUT) and transport.is_active()
 
     def first_alive(self) -> bool:
         transport = self.open[0][0].get_transport()
@@ -195,8 +217,14 @@ class Master:
                 if started is not None and started[0].channel is not None:
                     self.spares.append(started)  # a failure is said to the client that asks
 
-    def take_session(self) -> tuple[Started, list]:
-        """A spare session whose agent still runs, or one started now."""
+    def take_session(self) -> tuple[Started, list | None]:
+        """A spare session whose agent still runs, or one started now; after a quiet
+        while, only once the connection answers (else the master exits and the command
+        connects directly)."""
+        with self.lock:
+            quiet = self.attached <= 1 and time.monotonic() - self.last_seen > PROBE_AFTER
+        if quiet and not self.connections.answers():
+            self.stop("the SSH connection does not answer")
         while True:
             with self.lock:
                 taken = self.spares.pop(0) if self.spares else None
