@@ -170,3 +170,21 @@ def test_a_connection_quiet_for_a_while_must_answer_before_it_carries_a_session(
     with pytest.raises(SystemExit):
         master.take_session()
     assert stopped == ["the SSH connection does not answer"]
+
+
+@pytest.mark.fault
+def test_once_idle_the_master_admits_no_client():
+    master = bare_master()
+    master.attached = 0
+    master.idle = 300
+    assert not master.close_if_idle()
+    _ours, theirs = socket.socketpair()
+    assert master.admit(theirs) and master.attached == 1
+    assert not master.close_if_idle()  # a client attached: not idle, whatever the clock
+    master.attached = 0
+    master.last_seen = time.monotonic() - 301
+    assert master.close_if_idle()
+    late, late_theirs = socket.socketpair()
+    assert not master.admit(late_theirs)  # hung up before any hello
+    assert master.attached == 0
+    assert late.recv(10) == b""

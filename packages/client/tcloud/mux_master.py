@@ -179,6 +179,7 @@ class Master:
         self.spares: list[tuple[Started, list]] = []
         self.starting = 0
         self.peak = 1  # the most clients attached at once so far
+        self.closing = False  # set once idle: no client is admitted any more
         os.rename(self.temporary, self.path)  # a client never finds a socket that does not answer
         self.inode = os.stat(path).st_ino
         self.refill()
@@ -241,16 +242,30 @@ class Master:
         """Accept clients of this uid only, each on its own thread. POSIX-only (uids)."""
         threading.Thread(target=self.watch, daemon=True).start()
         while True:
-            conn, _ = self.listener.accept()
-            uid = peer_uid(conn)
-            if uid is not None and uid != os.getuid():
-                log(f"refused a client of uid {uid}")
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                if self.closing:
+                    return
+                raise
+            if self.admit(conn):
+                threading.Thread(target=self.client, args=(conn,), daemon=True).start()
+
+    def admit(self, conn: socket.socket) -> bool:
+        """Counted as attached, unless of another uid or the master is closing (then
+        hung up before any hello: the command connects directly)."""
+        uid = peer_uid(conn)
+        if uid is not None and uid != os.getuid():
+            log(f"refused a client of uid {uid}")
+            conn.close()
+            return False
+        with self.lock:
+            if self.closing:
                 conn.close()
-                continue
-            with self.lock:
-                self.attached += 1
-                self.peak = max(self.peak, self.attached)
-            threading.Thread(target=self.client, args=(conn,), daemon=True).start()
+                return False
+            self.attached += 1
+            self.peak = max(self.peak, self.attached)
+        return True
 
     def client(self, conn: socket.socket) -> None:
         try:
@@ -334,12 +349,17 @@ class Master:
             time.sleep(1.0)
             if not self.connections.first_alive():
                 self.stop("the SSH connection dropped")
-            with self.lock:
-                idle = self.attached == 0 and time.monotonic() - self.last_seen > self.idle
-            if idle:
+            if self.close_if_idle():
                 self.stop(f"idle for {self.idle} s")
             if not self.still_mine():
                 self.stop("its socket was removed or replaced")
+
+    def close_if_idle(self) -> bool:
+        """Decided under the lock that admit() takes: once idle, no client is admitted."""
+        with self.lock:
+            if self.attached == 0 and time.monotonic() - self.last_seen > self.idle:
+                self.closing = True
+            return self.closing
 
     def still_mine(self) -> bool:
         try:
