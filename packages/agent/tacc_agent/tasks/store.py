@@ -244,7 +244,7 @@ def place(building: Path, jobs: Path, digest: str) -> Path:
         except OSError as exc:
             # Taken (by another submit; or a job being removed, gone by now: asking
             # whether it exists afterwards raised a rename that only lost that race).
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 raise
             number += 1
 
