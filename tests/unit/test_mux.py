@@ -356,3 +356,31 @@ def test_an_edited_ssh_config_or_known_hosts_means_a_new_connection(home, edited
     target = home / edited if edited == "cluster_known_hosts" else home / ".ssh" / edited
     target.write_text("@revoked * ssh-ed25519 AAAA\n")
     assert mux.connection_key(settings) != before  # a running master is not used for it
+
+
+OTHER_UID_LISTENER = """
+import os, socket, sys, time
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])  # as root: the socket file is root's, as the client's is
+os.setuid(int(sys.argv[2]))
+listener.listen(1)  # the peer credentials a client sees: this uid's
+print("listening", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="a listener of another uid needs root")
+def test_a_master_of_another_uid_is_never_used(home):
+    path = mux.socket_path(SETTINGS)
+    listener = subprocess.Popen(
+        [sys.executable, "-c", OTHER_UID_LISTENER, str(path), str(OTHER_UID)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert listener.stdout.readline() == "listening\n"
+        with pytest.raises(mux.InsecureDirectory, match=f"process of uid {OTHER_UID}"):
+            mux.open_session(SETTINGS, lambda: False)
+    finally:
+        listener.kill()
+        listener.wait()

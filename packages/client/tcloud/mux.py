@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -242,7 +243,23 @@ def connect_socket(path: Path) -> socket.socket | None:
     except OSError as exc:
         sock.close()
         raise MasterUnusable(f"cannot reach the connection master: {exc}") from None
+    uid = peer_uid(sock)
+    if uid is not None and uid != os.getuid():  # the path was swapped after the lstat
+        sock.close()
+        raise InsecureDirectory(
+            f"{path}: answered by a process of uid {uid}, not yours: refusing to use it"
+        )
     return sock
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end (Linux SO_PEERCRED); None where it cannot
+    be told (macOS: there the private directory's checks stand alone)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    raw = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)[1]
 
 
 def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:

@@ -22,7 +22,6 @@ import json
 import os
 import shlex
 import socket
-import struct
 import sys
 import threading
 import time
@@ -51,15 +50,6 @@ CHUNK = 1 << 16
 
 def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} tcloud mux[{os.getpid()}]: {message}", file=sys.stderr)
-
-
-def peer_uid(conn: socket.socket) -> int | None:
-    """The connecting process's uid (Linux SO_PEERCRED); None where it cannot be told."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
-        return None
-    raw = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    return struct.unpack("3i", raw)[1]
 
 
 class Started:
@@ -254,7 +244,7 @@ class Master:
     def admit(self, conn: socket.socket) -> bool:
         """Counted as attached, unless of another uid or the master is closing (then
         hung up before any hello: the command connects directly)."""
-        uid = peer_uid(conn)
+        uid = mux.peer_uid(conn)
         if uid is not None and uid != os.getuid():
             log(f"refused a client of uid {uid}")
             conn.close()
