@@ -384,3 +384,20 @@ def test_a_master_of_another_uid_is_never_used(home):
     finally:
         listener.kill()
         listener.wait()
+
+
+@pytest.mark.security
+def test_the_masters_settings_are_never_on_its_command_line(home, monkeypatch):
+    seen = {}
+    real_popen = subprocess.Popen
+
+    def recording_popen(argv, **kwargs):
+        seen["argv"] = argv
+        return real_popen(argv, **kwargs)
+
+    monkeypatch.setattr(mux.subprocess, "Popen", recording_popen)
+    settings = Cluster(name="c", host="127.0.0.1", port=1, user="alice", key="/k/secret_id")
+    path = mux.socket_path(settings)
+    mux.start_master(settings, path)  # nothing listens on port 1: it logs why and exits
+    assert not any("secret_id" in word or "127.0.0.1" in word for word in seen["argv"])
+    assert "cannot start" in path.with_suffix(".log").read_text()  # it read its settings

@@ -141,7 +141,7 @@ def test_a_socket_path_that_cannot_be_bound_stops_the_master_before_it_logs_in(
         "socket": str(directory / ("k" * 120 + ".sock")),
         "idle": 300,
     }
-    assert mux_master.main([json.dumps(spec)]) == 4  # said in its log, no traceback
+    assert mux_master.main(json.dumps(spec)) == 4  # said in its log, no traceback
     assert logins == []
 
 

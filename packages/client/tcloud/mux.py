@@ -313,10 +313,11 @@ def remove_stale(path: Path) -> None:
         os.unlink(path)
 
 
-def master_command(spec: dict) -> list[str]:
+def master_command() -> list[str]:
     """`python -P -m tcloud.mux_master`: -P keeps the starting command's directory off
-    sys.path (a json.py there is never imported by the master)."""
-    return [sys.executable, "-P", "-m", "tcloud.mux_master", json.dumps(spec)]
+    sys.path (a json.py there is never imported by the master). Its settings come on
+    stdin, never in argv (which `ps` shows every local user)."""
+    return [sys.executable, "-P", "-m", "tcloud.mux_master"]
 
 
 def master_environment() -> dict[str, str]:
@@ -333,8 +334,8 @@ def start_master(settings: Cluster, path: Path) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         process = subprocess.Popen(
-            master_command(spec),
-            stdin=subprocess.DEVNULL,
+            master_command(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=fd,
             start_new_session=True,
@@ -344,6 +345,8 @@ def start_master(settings: Cluster, path: Path) -> None:
         )
     finally:
         os.close(fd)
+    with contextlib.suppress(BrokenPipeError), process.stdin:  # died at once: see its log
+        process.stdin.write(json.dumps(spec).encode() + b"\n")
     deadline = time.monotonic() + START_WAIT
     while time.monotonic() < deadline and process.poll() is None:
         if os.path.exists(path):

@@ -1,4 +1,5 @@
-"""The connection master (`python -m tcloud.mux_master SPEC`; tcloud.mux starts it).
+"""The connection master (`python -P -m tcloud.mux_master`, its settings on stdin;
+tcloud.mux starts it).
 
 It holds verified SSH connections to one login node (tcloud.ssh.connect: host keys
 checked as for any command; it never prompts, its stdin is /dev/null) and listens on a
@@ -369,8 +370,18 @@ class Master:
         os._exit(0)
 
 
-def main(argv: list[str]) -> int:
-    spec = json.loads(argv[0])
+def read_spec() -> str:
+    """The settings, one JSON line on stdin (not argv: `ps` shows argv to everyone);
+    stdin is /dev/null afterwards, as for any daemon."""
+    line = sys.stdin.readline()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return line
+
+
+def main(spec_line: str) -> int:
+    spec = json.loads(spec_line)
     settings = Cluster(**spec["settings"])
     path = Path(spec["socket"])
     try:
@@ -384,4 +395,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(read_spec()))
