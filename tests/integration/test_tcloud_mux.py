@@ -78,14 +78,17 @@ class User:
         return sorted(self.directory.glob("*.sock")) if self.directory.is_dir() else []
 
     def masters(self) -> list[int]:
-        """The pids of this user's masters (their argv names the socket directory)."""
+        """The pids of this user's masters (tcloud.mux_master with this HOME: its argv
+        holds no settings, they came on its stdin)."""
         found = []
+        home = f"HOME={self.home}".encode()
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
             try:
                 words = cmdline.read_bytes().decode(errors="replace")
+                environ = (cmdline.parent / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue  # it ended meanwhile
-            if "tcloud.mux_master" in words and str(self.directory) in words:
+            if "tcloud.mux_master" in words and home in environ:
                 found.append(int(cmdline.parent.name))
         return found
 
@@ -132,10 +135,16 @@ def test_forty_commands_at_once_start_one_master(lab):
     try:
         before = logins()
         running = [user.start() for _ in range(40)]
+        seen: set[int] = set()  # every master that ran meanwhile: one, never replaced
+        deadline = time.monotonic() + 300
+        while any(process.poll() is None for process in running):
+            assert time.monotonic() < deadline, "40 commands still running after 300 s"
+            seen.update(user.masters())
+            time.sleep(0.05)
         for process in running:
-            out, err = process.communicate(timeout=300)
+            out, err = process.communicate(timeout=10)
             ok(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-        assert len(user.masters()) == 1
+        assert user.masters() == sorted(seen) and len(seen) == 1
         # The master's connections: one, and another each PER_CONNECTION sessions open at
         # once (the 40 and its spares); and this count's own login.
         at_once = 40 + mux_master.MAX_SPARES
