@@ -210,9 +210,30 @@ def test_the_hash_cache_answers_what_it_knows_without_the_pool(tmp_path):
     with HashCache(tmp_path / "cache.sqlite") as cache:
         first = manifest.build_manifest(task, cache)
         assert (cache.misses, cache.hits) == (31, 0)
-    with HashCache(tmp_path / "cache.sqlite") as cache:
+    hashed_by_call = []
+
+    class Recording(HashCache):
+        def __call__(self, path: Path, info: os.stat_result) -> str:
+            hashed_by_call.append(path.name)
+            return super().__call__(path, info)
+
+    with Recording(tmp_path / "cache.sqlite") as cache:
         assert manifest.build_manifest(task, cache) == first
         assert (cache.misses, cache.hits) == (0, 31)
+    assert hashed_by_call == ["tcloud.yaml"]  # the 30 large ones: known(), never the pool
+
+
+@pytest.mark.fault
+def test_a_file_that_changes_while_it_is_hashed_is_not_remembered(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"old contents")
+    walked = os.stat(path)  # the walk's stat; then the file changes before it is read
+    path.write_bytes(b"new contents, longer")
+    with HashCache(tmp_path / "cache.sqlite") as cache:
+        assert cache(path, walked) == hashlib.sha256(b"new contents, longer").hexdigest()
+        assert cache.changed == 1
+    with HashCache(tmp_path / "cache.sqlite") as cache:
+        assert cache.known(path, walked) is None  # never the new contents under the old stat
 
 
 @pytest.mark.bad_input

@@ -5,13 +5,13 @@ cache: one that cannot be read (corrupt, not a database) is started afresh."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sqlite3
 import threading
 from pathlib import Path
 
 from tcloud.errors import TcloudError
-from tcloud.manifest import sha256_file
 
 
 def cache_dir() -> Path:
@@ -44,6 +44,19 @@ def open_db(path: Path) -> sqlite3.Connection:
     return db
 
 
+def identity(info: os.stat_result) -> tuple[int, int, int]:
+    """What says a file is the one that was hashed: size, mtime, inode."""
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+def digest_and_stat(path: Path) -> tuple[str, os.stat_result]:
+    """sha256 of the file and its fstat once read: a file changed (or replaced) since
+    the walk's stat shows in the second."""
+    with path.open("rb", buffering=0) as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        return digest, os.fstat(handle.fileno())
+
+
 class HashCache:
     """A `manifest.Hasher` that remembers. Use as a context manager (commits on exit).
     Thread-safe: the database is used under a lock, the files are hashed outside it."""
@@ -66,6 +79,7 @@ class HashCache:
             ) from None
         self.hits = 0
         self.misses = 0
+        self.changed = 0  # read while it changed: hashed, not remembered
         self.lock = threading.Lock()
 
     def known(self, path: Path, info: os.stat_result) -> str | None:
@@ -84,9 +98,12 @@ class HashCache:
         digest = self.known(path, info)
         if digest is not None:
             return digest
-        digest = sha256_file(path)
+        digest, after = digest_and_stat(path)
         with self.lock:
             self.misses += 1
+            if identity(after) != identity(info):  # changed between its stat and its read
+                self.changed += 1
+                return digest  # not remembered: the next run reads it again
             self.db.execute(
                 "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?)",
                 (cache_key(path), info.st_size, info.st_mtime_ns, info.st_ino, digest),
