@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 
+import paramiko
 import pytest
 
 from tcloud import mux_master
@@ -188,3 +189,35 @@ def test_once_idle_the_master_admits_no_client():
     assert not master.admit(late_theirs)  # hung up before any hello
     assert master.attached == 0
     assert late.recv(10) == b""
+
+
+class RefusingTransport(StandInTransport):
+    """sshd at MaxSessions: a new channel is administratively prohibited."""
+
+    def open_session(self, timeout: float) -> SilentChannel:
+        raise paramiko.ChannelException(1, "Administratively prohibited")
+
+
+@pytest.mark.fault
+def test_a_session_sshd_refuses_is_said_to_the_client_and_not_counted():
+    master = bare_master()
+    master.connections = stand_in_connections()
+    master.connections.open[0][0].transport = RefusingTransport()
+    ours, theirs = socket.socketpair()
+    ours.sendall(b'{"op": "session"}\n')
+    master.client(theirs)
+    answer = json.loads(ours.makefile("rb").readline())
+    assert "Administratively prohibited" in answer["mux_error"]
+    assert master.connections.open[0][1] == 0
+    assert master.attached == 0
+
+
+@pytest.mark.security
+def test_a_client_of_another_uid_is_refused_before_any_answer(monkeypatch):
+    master = bare_master()
+    master.attached = 0
+    monkeypatch.setattr(mux_master.mux, "peer_uid", lambda conn: 4242)
+    ours, theirs = socket.socketpair()
+    assert not master.admit(theirs)
+    assert master.attached == 0
+    assert ours.recv(10) == b""  # hung up, nothing said
