@@ -221,3 +221,20 @@ def test_a_client_of_another_uid_is_refused_before_any_answer(monkeypatch):
     assert not master.admit(theirs)
     assert master.attached == 0
     assert ours.recv(10) == b""  # hung up, nothing said
+
+
+def test_a_spare_older_than_a_minute_is_replaced(monkeypatch):
+    master = bare_master()
+    master.connections = stand_in_connections()
+    master.connections.open[0][1] = 2
+    old, fresh = SilentChannel(), SilentChannel()
+    entry = master.connections.open[0]
+    master.spares = [(mux_master.Started(old, b"hello\n"), entry)]
+    master.spares.append((mux_master.Started(fresh, b"hello\n"), entry))
+    master.spares[0][0].born -= mux_master.SPARE_MAX_AGE + 1
+    refilled = []
+    monkeypatch.setattr(master, "refill", lambda: refilled.append(1))
+    master.renew_old_spares()
+    assert old.closed and not fresh.closed
+    assert [spare[0].channel for spare in master.spares] == [fresh]
+    assert master.connections.open[0][1] == 1 and refilled == [1]
