@@ -9,16 +9,17 @@ gets its own agent process; all of them share the master's SSH transport.
 
 Who may use a socket: only its user. The directory is created 0700 and checked on every
 use (owned by this uid, mode 0700, not a symlink), as is the socket (owned by this uid);
-the master also checks each caller's uid (SO_PEERCRED, on Linux). Anything else is a
-clear error, never a silent use.
+the master checks each caller's uid and the caller the master's (SO_PEERCRED, on
+Linux). Anything else is a clear error, never a silent use. Only a socket nobody listens
+on is replaced; a master that answers an error, or not in time, is left alone.
 
-The master is started (detached, its own session, stdin and stdout /dev/null) by the
-first command that finds none, under a lock next to the socket, so that 40 commands at
-once start one. It is only started for a host whose key is already known: it never
-prompts; the first command ever connects directly, at its terminal. It exits after
-`multiplex_idle` seconds (default 300) with no command attached; `tcloud disconnect`
-stops it. TCLOUD_MULTIPLEX=0 (or `multiplex: false` in the cluster's config) turns
-sharing off: every command connects directly, as before.
+The master is started (detached, its own session, in /, `python -P`, its settings on a
+stdin pipe, stdout /dev/null) by the first command that finds none, under a lock next
+to the socket, so that 40 commands at once start one. It is only started for a host
+whose key is already known: it never prompts; the first command ever connects directly,
+at its terminal. It exits after `multiplex_idle` seconds (default 300) with no command
+attached; `tcloud disconnect` stops it. TCLOUD_MULTIPLEX=0 (or `multiplex: false` in
+the cluster's config) turns sharing off: every command connects directly, as before.
 """
 
 from __future__ import annotations
