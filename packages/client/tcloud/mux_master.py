@@ -259,7 +259,7 @@ class Master:
 
     def admit(self, conn: socket.socket) -> bool:
         """Counted as attached, unless of another uid or the master is closing (then
-        hung up before any hello: the command connects directly)."""
+        hung up before any hello: the command connects directly). POSIX-only (uids)."""
         uid = mux.peer_uid(conn)
         if uid is not None and uid != os.getuid():
             log(f"refused a client of uid {uid}")
