@@ -114,7 +114,8 @@ lab-down: $(VENV)/.runtime-installed
 # install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The hello
 # task needs no wheels from this machine's pip find-links directories (a bare machine has
 # none; here a 183 MB torch wheel took 74 s to copy into the package cache): the demo
-# uploads none, `make lab-up` does.
+# uploads none, `make lab-up` does, and skips the package cache's PyPI warm-up (its task needs
+# no environment).
 # Where the time goes: docs/demo-timing.md.
 demo: export TACC_LAB_IMAGE_FLAVOR = prebaked
 demo: $(STAMP)/image-builder
@@ -125,7 +126,7 @@ demo: $(STAMP)/image-builder
 	tacc-lab --name $(LAB_NAME) status
 	@echo "== provision the lab as a Slurm cluster (re-runs change nothing) =="
 	ANSIBLE_STRATEGY=mitogen_linear ansible-playbook -i $(LAB_INVENTORY) \
-		-e '{"package_cache_wheels": []}' playbooks/site.yml
+		-e '{"package_cache_wheels": [], "package_cache_warm": false}' playbooks/site.yml
 	@echo "== the cluster at work =="
 	tacc-lab --name $(LAB_NAME) ssh n1 sinfo
 	tacc-lab --name $(LAB_NAME) ssh n1 srun -N2 hostname
