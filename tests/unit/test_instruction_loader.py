@@ -44,5 +44,6 @@ def test_json_goes_to_the_fast_composer_and_gives_the_same_tree():
 
 @pytest.mark.bad_input
 def test_text_that_is_not_json_is_composed_by_python_and_its_error_names_the_line():
-    with pytest.raises(instruction.InvalidInstruction, match=r"(?s)not valid JSON: .*line 2, column 9"):
+    where = r"(?s)not valid JSON: .*line 2, column 9"
+    with pytest.raises(instruction.InvalidInstruction, match=where):
         instruction.parse('{"a": 1,\n  "b": [}', "instruction.json")
