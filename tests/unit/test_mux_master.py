@@ -223,7 +223,7 @@ def test_a_client_of_another_uid_is_refused_before_any_answer(monkeypatch):
     assert ours.recv(10) == b""  # hung up, nothing said
 
 
-def test_a_spare_older_than_a_minute_is_replaced(monkeypatch):
+def test_a_spare_older_than_a_minute_is_ended_and_not_restarted_while_idle(monkeypatch):
     master = bare_master()
     master.connections = stand_in_connections()
     master.connections.open[0][1] = 2
@@ -234,7 +234,7 @@ def test_a_spare_older_than_a_minute_is_replaced(monkeypatch):
     master.spares[0][0].born -= mux_master.SPARE_MAX_AGE + 1
     refilled = []
     monkeypatch.setattr(master, "refill", lambda: refilled.append(1))
-    master.renew_old_spares()
+    master.end_old_spares()
     assert old.closed and not fresh.closed
     assert [spare[0].channel for spare in master.spares] == [fresh]
-    assert master.connections.open[0][1] == 1 and refilled == [1]
+    assert master.connections.open[0][1] == 1 and refilled == []

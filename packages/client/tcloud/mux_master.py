@@ -41,8 +41,9 @@ PER_CONNECTION = 8
 # of commands finds them ready), at most this many idle agent processes on the node.
 MAX_SPARES = 4
 HELLO_TIMEOUT = 20.0
-# A spare older than this is replaced (in the background): an agent upgraded on the node
-# meanwhile gives its new hello to the next command, not a minute-old one's.
+# A spare older than this is ended: an agent upgraded on the node meanwhile gives its new
+# hello to the next command, not a minute-old one's. It is not replaced until a command
+# comes (refill after each hand-out): an idle master keeps no agents busy on the login node.
 SPARE_MAX_AGE = 60.0
 # SSH keepalives on every connection; and a connection idle longer than PROBE_AFTER (a
 # laptop that slept) must answer one within PROBE_TIMEOUT before it carries a session.
@@ -213,16 +214,15 @@ class Master:
                 if started is not None and started[0].channel is not None:
                     self.spares.append(started)  # a failure is said to the client that asks
 
-    def renew_old_spares(self) -> None:
-        """Spares older than SPARE_MAX_AGE ended, new ones started in their place."""
+    def end_old_spares(self) -> None:
+        """Spares older than SPARE_MAX_AGE ended; the next command starts its own (and the
+        refill after it starts spares again), so an idle master costs the node nothing."""
         now = time.monotonic()
         with self.lock:
             old = [spare for spare in self.spares if now - spare[0].born > SPARE_MAX_AGE]
             self.spares = [spare for spare in self.spares if spare not in old]
         for started, entry in old:
             self.connections.abandon(started.channel, entry)
-        if old:
-            self.refill()
 
     def take_session(self) -> tuple[Started, list | None]:
         """A spare session whose agent still runs, or one started now; after a quiet
@@ -357,7 +357,7 @@ class Master:
                 self.stop("the SSH connection dropped")
             if self.close_if_idle():
                 self.stop(f"idle for {self.idle} s")
-            self.renew_old_spares()
+            self.end_old_spares()
             if not self.still_mine():
                 self.stop("its socket was removed or replaced")
 
