@@ -436,6 +436,19 @@ def section_side_by_side(upload: dict | None, workflow: dict | None) -> list[str
                     cmd(upload),
                 ]
             )
+            if "rsync_controlmaster_s" in r:
+                direct = r.get("tcloud_direct_s")
+                rows.append(
+                    [
+                        label + " (both sides' connection shared)",
+                        f"{r['tcloud_s']:.2f} s through tcloud's connection master"
+                        + (f"; {direct:.2f} s direct" if direct is not None else ""),
+                        "`rsync -a` over an ssh ControlMaster",
+                        f"{r['rsync_controlmaster_s']:.2f} s",
+                        f"{r['ratio_controlmaster']:.2f}x",
+                        cmd(upload),
+                    ]
+                )
     wf = (workflow or {}).get("result") or {}
     if "submit_to_running" in wf:
         s = wf["submit_to_running"]
