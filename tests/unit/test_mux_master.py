@@ -4,9 +4,11 @@ SSH side is stood in for; tests/integration/test_tcloud_mux.py runs it for real.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -25,6 +27,7 @@ def bare_master() -> mux_master.Master:
     master.starting = 0
     master.peak = 1
     master.closing = False
+    master.why = ""
     return master
 
 
@@ -238,3 +241,52 @@ def test_a_spare_older_than_a_minute_is_ended_and_not_restarted_while_idle(monke
     assert old.closed and not fresh.closed
     assert [spare[0].channel for spare in master.spares] == [fresh]
     assert master.connections.open[0][1] == 1 and refilled == []
+
+
+def closable_master(monkeypatch, tmp_path, first_alive: bool) -> tuple[mux_master.Master, list]:
+    """A bare master with a socket file of its own, whose first connection is (not) alive;
+    stop() recorded instead of exiting."""
+    master = bare_master()
+    master.idle = 300
+    master.path = str(tmp_path / "m.sock")
+    Path(master.path).write_text("")
+    master.inode = os.stat(master.path).st_ino
+    master.connections = stand_in_connections()
+    monkeypatch.setattr(master.connections, "first_alive", lambda: first_alive)
+    stopped: list[str] = []
+    monkeypatch.setattr(master, "stop", stopped.append)
+    return master, stopped
+
+
+@pytest.mark.fault
+def test_a_dropped_connection_lets_attached_commands_finish_then_the_master_exits(
+    monkeypatch, tmp_path
+):
+    # Lab, clean-clone run: a cut connection, then the next submit was served on a second
+    # connection the master opened, and the master exited under it ("connection dropped").
+    master, stopped = closable_master(monkeypatch, tmp_path, first_alive=False)
+    master.tick()
+    assert master.closing and not os.path.exists(master.path)  # new commands go direct
+    assert stopped == []  # the one attached goes on
+    master.attached = 0
+    master.tick()
+    assert stopped == ["the SSH connection dropped"]
+
+
+@pytest.mark.fault
+def test_no_session_is_given_on_a_dropped_connection_and_none_is_opened_in_its_place(
+    monkeypatch, tmp_path
+):
+    master, _ = closable_master(monkeypatch, tmp_path, first_alive=False)
+    monkeypatch.setattr(master.connections, "add", lambda: pytest.fail("a new connection"))
+    started, entry = master.take_session()
+    assert started.channel is None and entry is None and "dropped" in started.error
+    assert master.closing
+
+
+def test_an_idle_master_with_nobody_attached_exits(monkeypatch, tmp_path):
+    master, stopped = closable_master(monkeypatch, tmp_path, first_alive=True)
+    master.attached = 0
+    master.last_seen -= master.idle + 1
+    master.tick()
+    assert stopped == [f"idle for {master.idle} s"]

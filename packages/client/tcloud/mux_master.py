@@ -176,6 +176,7 @@ class Master:
         self.starting = 0
         self.peak = 1  # the most clients attached at once so far
         self.closing = False  # set once idle: no client is admitted any more
+        self.why = ""  # why it closed
         os.rename(self.temporary, self.path)  # a client never finds a socket that does not answer
         self.inode = os.stat(path).st_ino
         self.refill()
@@ -232,6 +233,11 @@ class Master:
             quiet = self.attached <= 1 and time.monotonic() - self.last_seen > PROBE_AFTER
         if quiet and not self.connections.answers():
             self.stop("the SSH connection does not answer")
+        if not self.connections.first_alive():
+            # Its sessions died with it (a cut, a restarted sshd): no new connection is
+            # opened in its place by this master; the command connects directly.
+            self.refuse_new("the SSH connection dropped")
+            return Started(None, b"", "the connection master's SSH connection dropped"), None
         while True:
             with self.lock:
                 taken = self.spares.pop(0) if self.spares else None
@@ -353,13 +359,36 @@ class Master:
     def watch(self) -> None:
         while True:
             time.sleep(1.0)
-            if not self.connections.first_alive():
-                self.stop("the SSH connection dropped")
-            if self.close_if_idle():
-                self.stop(f"idle for {self.idle} s")
-            self.end_old_spares()
-            if not self.still_mine():
-                self.stop("its socket was removed or replaced")
+            self.tick()
+
+    def tick(self) -> None:
+        """Once a second: a dropped connection or a lost socket closes the master to new
+        commands (they connect directly) and it exits once the commands it carries, on
+        other connections, are done; so does an idle one."""
+        if not self.connections.first_alive():
+            self.refuse_new("the SSH connection dropped")
+        elif not self.still_mine():
+            self.refuse_new("its socket was removed or replaced")
+        if self.close_if_idle():
+            self.why = self.why or f"idle for {self.idle} s"
+        self.end_old_spares()
+        with self.lock:
+            done = self.closing and self.attached == 0
+        if done:
+            self.stop(self.why)
+
+    def refuse_new(self, why: str) -> None:
+        """No command is admitted any more; the socket goes (the next command starts a
+        new master), the commands attached finish on their own connections."""
+        with self.lock:
+            if self.closing:
+                return
+            self.closing = True
+            self.why = why
+        log(f"closing: {why}")
+        if self.still_mine():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
     def close_if_idle(self) -> bool:
         """Decided under the lock that admit() takes: once idle, no client is admitted."""
