@@ -18,7 +18,6 @@ import json
 import os
 import re
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import paramiko
-from benchlib import BIN, sh
+from tcloud_upload import lab_sh, make_tree
 
 from tacc_lab.lab import resolve_config
 from tcloud import manifest, upload_stream, wire
@@ -41,20 +40,6 @@ from tcloud.upload import upload
 
 MIB = 1 << 20
 USERDIR = "/root/tcloud-bench"
-
-
-def make_tree(root: Path, files: int, total_mib: int) -> None:
-    size = total_mib * MIB // files
-    (root / "data").mkdir(parents=True)
-    for i in range(files):
-        (root / "data" / f"part{i:04d}.bin").write_bytes(os.urandom(size))
-    (root / "tcloud.yaml").write_text("name: bench\nrun: [ls data]\n")
-
-
-def lab_sh(lab: str, node: str, script: str) -> str:
-    """A shell script on a node of the lab (as root, over the lab's ssh)."""
-    command = shlex.join(["sh", "-c", script])
-    return sh([str(BIN / "tacc-lab"), "--name", lab, "ssh", node, command]).stdout
 
 
 def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple[float, int]:

@@ -263,6 +263,18 @@ def peer_uid(conn: socket.socket) -> int | None:
     return struct.unpack("3i", raw)[1]
 
 
+def read_line(recv: Callable[[int], bytes], limit: int = 1 << 16) -> bytes:
+    """One line, byte by byte (what follows it stays unread for the relay), up to `limit`
+    bytes; shorter, without its newline, at EOF."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < limit:
+        chunk = recv(1)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
 def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:
     """Send one request line; the socket and the master's first answer line. None: no
     master listens; MasterUnusable: one listens but hung up or did not answer in time."""
@@ -271,12 +283,7 @@ def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:
         return None
     try:
         sock.sendall(json.dumps(request).encode() + b"\n")
-        first = b""
-        while not first.endswith(b"\n"):
-            chunk = sock.recv(1)
-            if not chunk:
-                break
-            first += chunk
+        first = read_line(sock.recv)
     except OSError as exc:
         sock.close()
         raise MasterUnusable(f"the connection master did not answer: {exc}") from None

@@ -129,12 +129,7 @@ class Connections:
             channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
             channel.exec_command(shlex.join(protocol.command(protocol.session())))
             channel.settimeout(HELLO_TIMEOUT)
-            hello = b""
-            while not hello.endswith(b"\n"):
-                chunk = channel.recv(1)
-                if not chunk:
-                    break
-                hello += chunk
+            hello = mux.read_line(channel.recv)
             channel.settimeout(None)
         except (OSError, EOFError, paramiko.SSHException, TcloudError) as exc:
             self.abandon(channel, entry)
@@ -303,13 +298,8 @@ class Master:
                 self.last_seen = time.monotonic()
 
     def request(self, conn: socket.socket) -> dict:
-        line = b""
         conn.settimeout(mux.REQUEST_TIMEOUT)
-        while not line.endswith(b"\n") and len(line) < 4096:
-            chunk = conn.recv(1)
-            if not chunk:
-                break
-            line += chunk
+        line = mux.read_line(conn.recv, limit=4096)
         conn.settimeout(None)
         request = json.loads(line or b"{}")
         return request if isinstance(request, dict) else {}
