@@ -16,10 +16,8 @@ import argparse
 import cProfile
 import json
 import os
-import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import paramiko
-from tcloud_upload import lab_sh, make_tree
+from tcloud_upload import Rsync, lab_sh, make_tree
 
 from tacc_lab.lab import resolve_config
 from tcloud import manifest, upload_stream, wire
@@ -40,20 +38,6 @@ from tcloud.upload import upload
 
 MIB = 1 << 20
 USERDIR = "/root/tcloud-bench"
-
-
-def rsync_round(project: Path, key: Path, known_hosts: Path, host: str) -> tuple[float, int]:
-    """(seconds, bytes sent) of `rsync -a` over a new ssh connection, as a user would."""
-    ssh = f"ssh -i {key} -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
-    start = time.monotonic()
-    proc = subprocess.run(
-        ["rsync", "-a", "--stats", "-e", ssh, f"{project}/", f"root@{host}:/root/rsync-bench/"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    sent = int(re.search(r"Total bytes sent: ([\d,]+)", proc.stdout).group(1).replace(",", ""))
-    return time.monotonic() - start, sent
 
 
 def node_cpu(sshd_pid: int | None) -> float:
@@ -154,6 +138,7 @@ def main() -> int:
         project, cache, timing = tmp_path / "task", tmp_path / "hashes.sqlite", tmp_path / "t"
         make_tree(project, args.files, args.mib)
         victim = project / "data" / "part0007.bin"
+        rsync = Rsync(cfg.ssh_key, cfg.known_hosts, args.host, control=None)  # a new ssh a round
 
         def both(label: str, index: int) -> None:
             prof = profile_dir / f"{label}-{index}.prof" if profile_dir else None
@@ -162,7 +147,7 @@ def main() -> int:
             time.sleep(1.0)  # the connection's processes are reaped
             cpu_tcloud = (own_cpu(resource.RUSAGE_SELF) - here, node_cpu(args.sshd_pid) - there)
             here, there = own_cpu(resource.RUSAGE_CHILDREN), node_cpu(args.sshd_pid)
-            rsync_s, rsync_b = rsync_round(project, cfg.ssh_key, cfg.known_hosts, args.host)
+            rsync_s, rsync_b = rsync.round(project)
             time.sleep(1.0)
             cpu_rsync = (own_cpu(resource.RUSAGE_CHILDREN) - here, node_cpu(args.sshd_pid) - there)
             if args.sshd_pid:
