@@ -144,6 +144,21 @@ ANSWERS = {
             "built_by_job": "12",
         }
     ],
+    ("image", "resolve"): {
+        "reference": "n1:5000/tacc/base:bookworm",
+        "pinned": "n1:5000/tacc/base:bookworm@sha256:" + "a" * 64,
+        "digest": "sha256:" + "a" * 64,
+    },
+    ("image", "ls"): [
+        {
+            "digest": "sha256:" + "a" * 64,
+            "reference": "n1:5000/tacc/base:bookworm@sha256:" + "a" * 64,
+            "path": "/u/images/" + "a" * 64,
+            "pulled_by_job": "12",
+            "seconds": 1.5,
+            "bytes": 1000,
+        }
+    ],
     ("job", "check"): {"ok": True, "partition": "gpu"},
     ("job", "submit"): SUBMITTED,
     ("job", "ps"): [
@@ -203,7 +218,8 @@ def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
 
 @pytest.mark.parametrize("words", sorted(ANSWERS), ids=" ".join)
 def test_each_shape_takes_what_the_agent_answers(words):
-    verb = [*words, "12"] if words[-1] in ("status", "halt", "resume", "rerun") else list(words)
+    extra = {"status": "12", "halt": "12", "resume": "12", "rerun": "12", "resolve": "h:1/a"}
+    verb = [*words, extra[words[-1]]] if words[-1] in extra else list(words)
     answer = ANSWERS[words]
     assert protocol.parse_answer(verb, json.loads(json.dumps(answer))) == answer
 

@@ -8,6 +8,7 @@ submission (layer 3) and runs it on every node (layer 4).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tacc_contract.errors import Problem, Rejected, TaskFileError
@@ -47,6 +48,8 @@ def task_document(task: TaskSpec) -> dict:
         "outputs": task.outputs,
         "runtime": task.runtime,
     }
+    if task.image:  # only when set: the digests of tasks without one stay as they were
+        document["image"] = task.image
     if task.plugins:
         document["plugins"] = task.plugins
     # Fields plug-ins added (sweep, ...): only the ones the task sets.
@@ -54,15 +57,26 @@ def task_document(task: TaskSpec) -> dict:
     return document
 
 
+# The cluster's answer to "which digest does this image reference name now?"
+ImageResolver = Callable[[str], str]
+
+
 def compile_task(
-    task: TaskSpec, hasher: Hasher = sha256_file, plugins: list[Plugin] | None = None
+    task: TaskSpec,
+    hasher: Hasher = sha256_file,
+    plugins: list[Plugin] | None = None,
+    resolve_image: ImageResolver | None = None,
 ) -> Instruction:
     """The instruction of `task`: its document after every compile pass of the plug-ins
     that are on (default: as for load_task), with a record of which were on and what
-    each pass changed."""
+    each pass changed. `resolve_image` pins the task's image reference to the digest it
+    names now (the cluster answers), so the digest covers the image's exact bits;
+    without it (dry run, local checks) the reference stays as the task wrote it."""
     plugins = select(from_env(), task=task.plugins) if plugins is None else plugins
     manifest = build_manifest(task, hasher)
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
+    if task.image and resolve_image is not None:
+        document["task"]["image"] = resolve_image(task.image)
     shaped = {}
     for plugin in in_layer(plugins, "compile"):
         try:

@@ -15,8 +15,17 @@ import yaml
 
 from tacc_contract.errors import Rejected
 from tacc_contract.fields import Field, Validator, one_of, pattern
+from tacc_contract.images import unpinned
 from tacc_contract.registry import PluginError, available, from_env, in_layer, is_module, select
-from tacc_contract.schema import TaskSpec, child, fill_defaults, node_at, spec_from, task_fields
+from tacc_contract.schema import (
+    TaskSpec,
+    check_image,
+    child,
+    fill_defaults,
+    node_at,
+    spec_from,
+    task_fields,
+)
 
 # libyaml's composer when PyYAML has it: a 1,000-file instruction composes in 0.017 s, not
 # 0.16-0.23 s (lab node), and the agent parses it at commit, at sbatch and at job start.
@@ -87,11 +96,15 @@ def check_with_plugins(
             node_at(task_node, name), f"task.{name}", message))  # fmt: skip
 
 
-def parse(text: str, source: str, configured: Sequence[str] = ()) -> TaskSpec:
+def parse(
+    text: str, source: str, configured: Sequence[str] = (), *, pinned: bool = False
+) -> TaskSpec:
     """A TaskSpec from instruction text; InvalidInstruction lists every problem.
-    `configured`: the plug-in words of the agent's operator."""
+    `configured`: the plug-in words of the agent's operator. `pinned`: the cluster's
+    reading, where an image must be pinned to its digest (tcloud resolved it at submit);
+    tcloud's own check of a task before it resolves leaves it False."""
     try:
-        return _parse(text, source, list(configured))
+        return _parse(text, source, list(configured), pinned)
     except RecursionError:
         raise InvalidInstruction(f"{source}: nested too deeply to be an instruction") from None
 
@@ -107,7 +120,14 @@ def compose(text: str) -> yaml.Node | None:
     return yaml.compose(text, Loader=FAST_LOADER)
 
 
-def _parse(text: str, source: str, configured: list[str]) -> TaskSpec:
+def check_pinned(validator: Validator, task_node: yaml.Node, task: dict) -> None:
+    if task.get("image"):
+        problem = unpinned(task["image"])
+        if problem:
+            validator.problem(node_at(task_node, "image"), "task.image", f"expected {problem}")
+
+
+def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskSpec:
     try:
         root = compose(text)
     except yaml.YAMLError as exc:
@@ -124,7 +144,11 @@ def _parse(text: str, source: str, configured: list[str]) -> TaskSpec:
     # Plug-ins see every section with its defaults filled in, as in tacc_contract.schema.
     for section in ("resources", "environment", "runtime"):
         task[section] = fill_defaults(task[section], table[section].children)
-    check_with_plugins(validator, child(root, "task") or root, task, configured)
+    task_node = child(root, "task") or root
+    check_image(validator, task_node, task, prefix="task.")
+    if pinned:
+        check_pinned(validator, task_node, task)
+    check_with_plugins(validator, task_node, task, configured)
     if validator.problems:
         raise refused(validator)
     task["code"] = {}
@@ -132,10 +156,10 @@ def _parse(text: str, source: str, configured: list[str]) -> TaskSpec:
     return spec_from(task, Path("."), {"code": Field("mapping"), **table})
 
 
-def load(job_dir: Path, configured: Sequence[str] = ()) -> TaskSpec:
+def load(job_dir: Path, configured: Sequence[str] = (), *, pinned: bool = False) -> TaskSpec:
     path = job_dir / FILE
     try:
         text = path.read_text()
     except OSError as exc:
         raise InvalidInstruction(f"{path}: {exc.strerror}") from None
-    return parse(text, str(path), configured)
+    return parse(text, str(path), configured, pinned=pinned)

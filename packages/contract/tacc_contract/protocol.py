@@ -119,6 +119,18 @@ def env() -> list[str]:
     return ["env"]
 
 
+def image_resolve(reference: str) -> list[str]:
+    """The digest a registry reference names now (tacc_contract.images)."""
+    if not isinstance(reference, str) or not reference or reference.startswith("-"):
+        raise BadArgument(f"image resolve: expected an image reference, got {reference!r}")
+    return ["image", "resolve", reference]
+
+
+def image_ls() -> list[str]:
+    """The caller's images cached on the cluster."""
+    return ["image", "ls"]
+
+
 def job_check() -> list[str]:
     """Would the cluster accept this instruction? (the instruction on stdin)"""
     return ["job", "check"]
@@ -328,6 +340,14 @@ ENVIRONMENT = Shape(
      "installer": str, "index": str},
 )  # fmt: skip
 ENV = ListOf(ENVIRONMENT)
+IMAGE_RESOLVED = Shape("image resolve", {"reference": str, "pinned": str, "digest": str})
+IMAGE = Shape(
+    "image ls",
+    {"digest": str, "reference": str, "path": str},
+    {"pulled_by_job": (str, int, NULL), "seconds": NUMBER, "bytes": int, "time": NUMBER,
+     "runtime": str},
+)  # fmt: skip
+IMAGES = ListOf(IMAGE)
 JOB_CHECK = Shape("job check", {"ok": bool, "partition": str})
 JOB_SUBMIT = Shape(
     "job submit",
@@ -391,6 +411,8 @@ ANSWERS: dict[tuple[str, ...], Shape | ListOf] = {
     ("whoami",): WHOAMI,
     ("quota",): QUOTA,
     ("env",): ENV,
+    ("image", "resolve"): IMAGE_RESOLVED,
+    ("image", "ls"): IMAGES,
     ("job", "check"): JOB_CHECK,
     ("job", "submit"): JOB_SUBMIT,
     ("job", "ps"): JOB_PS,
@@ -405,7 +427,7 @@ STORE_ANSWERS = {"missing": STORE_MISSING, "commit": STORE_COMMIT}
 
 def verb_name(verb: Sequence[str]) -> str:
     """`job status` for ["job", "status", "12"]: the words that name the verb."""
-    words = tuple(verb[:2]) if verb[:1] == ["job"] else tuple(verb[:1])
+    words = tuple(verb[:2]) if verb[:1] in (["job"], ["image"]) else tuple(verb[:1])
     return " ".join(words)
 
 

@@ -25,6 +25,8 @@ from tacc_contract.fields import (
     relative_path,
     single_line,
 )
+from tacc_contract.images import EXPECTED as IMAGE_EXPECTED
+from tacc_contract.images import image_reference
 from tacc_contract.plugins import Plugin
 from tacc_contract.registry import ENV, PluginError, check_words, in_layer, select
 from tacc_contract.sbatch_options import why_refused
@@ -164,6 +166,10 @@ TASK = {
     "resources": Field("mapping", default={}, children=RESOURCES),
     "environment": Field("mapping", default={}, children=ENVIRONMENT),
     "datasets": Field("list[mapping]", default=[], children=DATASET),
+    # A container image the setup and run lines run in (docs/containers.md): a registry
+    # reference, resolved to its digest at submit. It holds the task's software, so it
+    # does not go with environment.requirements, lock or modules (check_image).
+    "image": Field("str", check=image_reference, expected=IMAGE_EXPECTED),
     "setup": Field("list[str]", default=[], expected="a list of shell lines"),
     "run": Field("list[str]", required=True, check=non_empty, expected="a list of shell lines"),
     "outputs": Field(
@@ -200,6 +206,8 @@ class TaskSpec:
     setup: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     runtime: dict = field(default_factory=dict)
+    # The container image (tacc_contract.images), None: the node's own system.
+    image: str | None = None
     # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
     plugins: list[str] = field(default_factory=list)
     extensions: dict = field(default_factory=dict)
@@ -288,6 +296,7 @@ def spec_from(data: dict, base_dir: Path, table: dict[str, Field] = TASK) -> Tas
         setup=list(data["setup"] or []),
         outputs=list(data["outputs"] or []),
         runtime=fill_defaults(data["runtime"], RUNTIME),
+        image=data.get("image"),
         plugins=list(data.get("plugins") or []),
         extensions={key: data.get(key) for key in table if key not in TASK},
     )
@@ -304,6 +313,26 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
         names.add(dataset.get("name"))
 
 
+# The environment fields an image replaces: its own software is the environment.
+IMAGE_EXCLUDES = ("requirements", "lock", "modules")
+
+
+def check_image(validator: Validator, root: yaml.Node, data: dict, prefix: str = "") -> None:
+    """An image holds the task's software: environment.requirements, lock and modules
+    (a venv or Lmod modules of the node) do not go with it; build them into the image."""
+    if not data.get("image"):
+        return
+    environment = data.get("environment") or {}
+    for key in IMAGE_EXCLUDES:
+        if environment.get(key):
+            name = f"environment.{key}"
+            validator.problem(
+                node_at(root, name), f"{prefix}{name}",
+                "not with 'image': the image holds the task's software (install these "
+                "in the image, or remove 'image' to build a venv on the node)",
+            )  # fmt: skip
+
+
 def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
     """A tcloud.yaml's TaskSpec: its fields, then the checks of its schema plug-ins."""
     plugins = task_plugins(path, root, selection)
@@ -312,6 +341,7 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
     data = validator.mapping(root, table)
     if isinstance(root, yaml.MappingNode):
         check_datasets(validator, child(root, "datasets") or root, data)
+        check_image(validator, root, data)
     if not validator.problems:
         # Plug-ins see every section with its defaults filled in.
         for section in ("code", "resources", "environment", "runtime"):
