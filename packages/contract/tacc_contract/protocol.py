@@ -373,7 +373,8 @@ JOB_STATUS = Shape(
     {"job_id": str, "name": str, "state": str, "workdir": str},
     {"reason": TEXT_OR_NULL, "exit_code": WHOLE_OR_NULL, "slurm_state": TEXT_OR_NULL,
      "sweep": bool, "trials": ListOf(TRIAL), "history": ListOf(EVENT), "nodes": ListOf(NODE),
-     "plugins": dict, "environment": (dict, NULL), "code_digest": TEXT_OR_NULL,
+     "plugins": dict, "environment": (dict, NULL), "image": (dict, NULL),
+     "code_digest": TEXT_OR_NULL,
      "rerun_of": TEXT_OR_NULL, "last_lines": dict},
 )  # fmt: skip
 CANCELLED = Shape("job cancel", {"job_id": str, "state": str, "cancelled": bool}, {"trials": int})
