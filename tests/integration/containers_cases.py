@@ -1,0 +1,173 @@
+"""Issue [13] on the slurm lab: tasks in container images from the cluster registry.
+
+The lab builds its base image itself (`tacc-lab up --container-image`: Debian bookworm
+minbase with python3, mpi4py and OpenMPI, no sshd) and the image_registry role seeds it
+into the registry on n1 as n1:5000/tacc/base:bookworm. Every rank runs its lines in it
+with Charliecloud's ch-run, as the researcher.
+
+Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
+its lab and its researchers alice and bob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import node_sh, submit, wait_state
+
+IMAGE = "n1:5000/tacc/base:bookworm"
+FINAL = ("COMPLETED", "FAILED", "CANCELLED")
+PINNED = re.compile(r"^n1:5000/tacc/base:bookworm@sha256:[0-9a-f]{64}$")
+# What a line prints about where it runs: the image has no sshd and carries the lab's
+# marker file; the lab's nodes have sshd and no marker.
+WHERE = (
+    'echo "where host=$(hostname) uid=$(id -u) '
+    "sshd=$(test -e /usr/sbin/sshd && echo yes || echo no) "
+    "marker=$(cat /etc/tacc-image 2>/dev/null || echo none) "
+    'os=$(. /etc/os-release && echo $ID-$VERSION_ID)"'
+)
+
+
+def image_task(root: Path, name: str, run: list[str], nodes: int = 2, **extra) -> Path:
+    root.mkdir()
+    task = {
+        "name": name,
+        "image": IMAGE,
+        "resources": {"nodes": nodes, "mem": "200M", "time": "5"},
+        "run": run,
+        **extra,
+    }
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def no_process(node: str, pattern: str) -> bool:
+    table = node_sh(SLURM_LAB, node, "ps -eo args").stdout.splitlines()
+    return not [line for line in table if pattern in line]
+
+
+def uid_of(user: str) -> str:
+    return node_sh(SLURM_LAB, "n2", f"id -u {user}").stdout.strip()
+
+
+def finished(tcloud, job: str, seconds: int = 300) -> tuple[dict, str]:
+    info = wait_state(tcloud, job, FINAL, seconds)
+    return info, tcloud("logs", job).stdout
+
+
+def test_c1_a_two_node_task_runs_inside_the_registry_image_on_both_nodes(alice, tmp_path):
+    job = submit(alice, image_task(tmp_path / "t", "in-image", [WHERE]))
+    info, log = finished(alice, job)
+    assert info["state"] == "COMPLETED", (info, log[-4000:])
+    lines = re.findall(r"^\[(n\d):\d+\] where (.*)$", log, re.M)
+    assert sorted(host for host, _ in lines) == ["n2", "n3"], log
+    uid = uid_of("alice")
+    for _, line in lines:
+        # Inside the image (no sshd, its marker), as alice: no root inside.
+        assert "sshd=no" in line and "marker=tacc-lab-base" in line, log
+        assert f"uid={uid}" in line and uid != "0", log
+    # The node itself has sshd and no marker: the line did not run on the node's system.
+    assert (
+        node_sh(SLURM_LAB, "n2", "test -e /usr/sbin/sshd && test ! -e /etc/tacc-image").returncode
+        == 0
+    )
+    # The instruction pinned the image to its digest; status says which bits ran.
+    pinned = info["image"]["reference"]
+    assert PINNED.match(pinned), info
+    assert info["image"]["digest"] == pinned.rsplit("@", 1)[1], info
+
+
+def test_c2_a_second_job_of_the_same_image_pulls_nothing(alice, tmp_path):
+    first = submit(alice, image_task(tmp_path / "a", "pull-a", ["true"], nodes=1))
+    info, log = finished(alice, first)
+    assert info["state"] == "COMPLETED", (info, log[-3000:])
+    second = submit(alice, image_task(tmp_path / "b", "pull-b", ["true"], nodes=1))
+    info, log = finished(alice, second)
+    assert info["state"] == "COMPLETED", (info, log[-3000:])
+    assert re.search(r"image .*: reused", log), log
+    assert not re.search(r"image .*: pulling", log), log
+    listed = json.loads(alice("images", "--json").stdout)
+    digests = [entry["digest"] for entry in listed]
+    assert digests.count(info["image"]["digest"]) == 1, listed
+
+
+def test_c3_the_mpi_example_runs_in_the_image_on_two_nodes_by_two_ranks(alice, tmp_path):
+    project = tmp_path / "mpi"
+    shutil.copytree(ROOT / "examples/mpi-allreduce", project)
+    task = (project / "container.yaml").read_text()
+    # The test's own proof that the ranks ran in the image: the first run line fails on
+    # a node's own system (which has sshd).
+    task = task.replace("run:\n", "run:\n  - test ! -e /usr/sbin/sshd\n", 1)
+    (project / "container.yaml").write_text(task)
+    job = submit(alice, project / "container.yaml")
+    info, log = finished(alice, job)
+    assert info["state"] == "COMPLETED", (info, log[-4000:])
+    assert log.count("allreduce sum 10 (expected 10) OK") == 4, log
+    fetched = alice("download", job, str(tmp_path / "got"))
+    assert fetched.returncode == 0, fetched.stderr
+    result = json.loads((tmp_path / "got/outputs/allreduce.json").read_text())
+    assert result["size"] == 4 and result["per_node"] == {"n2": 2, "n3": 2}, result
+
+
+def test_c4_cancel_leaves_no_ch_run_and_no_program_on_any_node(alice, tmp_path):
+    job = submit(alice, image_task(tmp_path / "t", "in-image-sleeper", ["sleep 989"]))
+    wait_state(alice, job, ("RUNNING",), 180)
+    deadline = time.monotonic() + 60
+    while no_process("n2", "sleep 989") or no_process("n3", "sleep 989"):
+        assert time.monotonic() < deadline, "the program never started in both containers"
+        time.sleep(0.5)
+    assert alice("cancel", job).returncode == 0
+    wait_state(alice, job, ("CANCELLED",), 60)
+    deadline = time.monotonic() + 30
+    patterns = ("sleep 989", "ch-run")
+    while not all(no_process(n, p) for n in ("n2", "n3") for p in patterns):
+        assert time.monotonic() < deadline, "a container process survived cancel"
+        time.sleep(1)
+
+
+@pytest.mark.bad_input
+def test_c5_an_image_that_does_not_exist_is_refused_at_submit_before_any_upload(alice, tmp_path):
+    project = image_task(tmp_path / "t", "no-such-image", ["true"], nodes=1)
+    text = (project / "tcloud.yaml").read_text().replace(IMAGE, "n1:5000/tacc/no-such:1")
+    (project / "tcloud.yaml").write_text(text)
+    unique = f"only in this task {time.time_ns()}\n".encode()
+    (project / "data.txt").write_bytes(unique)
+    proc = alice("submit", str(project))
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert "n1:5000/tacc/no-such:1" in proc.stderr and "image" in proc.stderr, proc.stderr
+    assert "unknown" in proc.stderr.lower(), proc.stderr  # the registry's own answer
+    # Nothing was uploaded: the file's blob is not in alice's store.
+    blob = hashlib.sha256(unique).hexdigest()
+    found = node_sh(SLURM_LAB, "n1", f"ls /shared/tcloud/alice/store | grep -c {blob} || true")
+    assert found.stdout.strip() == "0", found.stdout
+
+
+@pytest.mark.security
+def test_c6_in_the_container_a_researcher_is_themselves_and_sees_no_other_workspace(
+    alice, bob, tmp_path
+):
+    line = (
+        'echo "probe uid=$(id -u) listing=$(ls /shared/tcloud | tr "\\n" ,)'
+        " bob=$(test -e /shared/tcloud/bob && echo visible || echo hidden)"
+        ' image=$(touch /etc/tacc-probe 2>/dev/null && echo writable || echo read-only)"'
+    )
+    job = submit(alice, image_task(tmp_path / "t", "in-image-probe", [line], nodes=1))
+    info, log = finished(alice, job)
+    assert info["state"] == "COMPLETED", (info, log[-3000:])
+    match = re.search(r"probe uid=(\d+) listing=(\S*) bob=(\w+) image=(\S+)", log)
+    assert match, log
+    assert match.group(1) == uid_of("alice"), log  # no root inside, and not anybody else
+    assert "bob" not in match.group(2).split(","), log  # another workspace is not there
+    assert match.group(3) == "hidden", log
+    # The image is read-only inside: a job cannot change the cached image under the next.
+    assert match.group(4) == "read-only", log
