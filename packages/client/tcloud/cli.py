@@ -177,6 +177,7 @@ def add_cluster_commands(sub) -> None:
     command("disconnect", "stop the shared connection to the cluster (its connection master)")
     p_env = command("env", "cached environments", listing=True)
     p_env.add_argument("action", choices=["ls"])
+    command("images", "your container images cached on the cluster", listing=True)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -187,10 +188,13 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     task = tasks.validate(args.path or Path("."), allow_outside=args.allow_outside)
+    image = {"image": task.spec.image} if task.spec.image else {}
     if args.json:
-        print(json.dumps({"file": task.source, "valid": True, "name": task.name}))
-    else:
-        print(f"{task.source}: valid task {task.name!r}")
+        print(json.dumps({"file": task.source, "valid": True, "name": task.name, **image}))
+        return EXIT_OK
+    print(f"{task.source}: valid task {task.name!r}")
+    if image:
+        print(f"  image {task.spec.image} ({tasks.IMAGE_AT_SUBMIT})")
     return EXIT_OK
 
 
@@ -256,6 +260,8 @@ def print_dry_run(plan: tasks.DryRun, as_json: bool) -> int:
         return EXIT_OK
     print(f"digest: {plan.digest}")
     print(f"files: {plan.files} ({plan.bytes} bytes)")
+    if image := plan.instruction["task"].get("image"):
+        print(f"image: {image} ({tasks.IMAGE_AT_SUBMIT}, which changes the digest)")
     print_outside(plan.outside_paths)
     print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(plan.sbatch)}")
     print("--- instruction.json ---")
@@ -332,6 +338,16 @@ def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
     ]  # fmt: skip
     columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
     print_rows(rows, args.json, columns)
+
+
+def run_images(cluster: Cluster, args: argparse.Namespace) -> None:
+    from tcloud import images  # lazy verb import
+
+    cached = cluster.images()
+    if args.json:
+        print(json.dumps(cached, indent=2))
+        return
+    print_rows(images.rows(cached), False, images.COLUMNS)
 
 
 def run_download(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -446,6 +462,7 @@ CLUSTER_COMMANDS = {
     "ls": run_ls,
     "cat": run_cat,
     "env": run_env,
+    "images": run_images,
     "quota": run_quota,
 }
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from tacc_contract import protocol
-from tcloud import agent, config, jobs, tasks
+from tcloud import agent, config, images, jobs, tasks
 from tcloud.errors import TcloudError, UsageError
 from tcloud.link import Direct, Link
 from tcloud.tasks import TaskLike
@@ -126,14 +126,17 @@ class Cluster:
         base_dir: PathLike | None = None,
         allow_outside: bool = False,
     ) -> Job:
-        """Validate and compile the task here, have the cluster refuse it if it can never
+        """Validate and compile the task here (its image, if it names one, pinned to the
+        digest the cluster resolves it to: a reference the cluster cannot resolve is a
+        TaskFileError, before any upload), have the cluster refuse it if it can never
         run, upload what it lacks and sbatch the job. A task with a sweep section needs
         sweep=True (one Slurm job array)."""
         checked, _ = tasks.prepare(
             task, sweep=sweep, base_dir=base_dir, allow_outside=allow_outside
         )
         settings = self.settings  # no cluster configured: said before hashing the files
-        instruction = tasks.compiled(checked)
+        resolve_image = images.resolver(self.client, settings.userdir, checked)
+        instruction = tasks.compiled(checked, resolve_image)
         result = upload(self.client, instruction, settings.userdir, submit=True)
         if not result.job:
             raise TcloudError("the cluster's tacc-agent did not submit the job (is it up to date?)")
@@ -188,6 +191,11 @@ class Cluster:
     def environments(self) -> list[dict]:
         """Your cached environments on the cluster."""
         return jobs.environments(self.client, self.userdir)
+
+    def images(self) -> list[dict]:
+        """Your container images cached on the cluster (`tcloud images`): digest,
+        reference, path, and when known pulled_by_job, seconds, bytes, time, runtime."""
+        return images.cached(self.client, self.userdir)
 
     def home(self) -> str:
         """Your directory on the cluster (asked once per session)."""

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tacc_contract import protocol
+from tacc_contract.images import parse_reference
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
 
@@ -103,8 +104,25 @@ def describe_environment(environment: dict, out) -> None:
         print(f"  {line}", file=out)
 
 
-def describe(info: dict, out=sys.stdout) -> None:
-    """`tcloud status` for people: state, per-node states and, when it failed, why."""
+def image_text(image: dict) -> str:
+    """A job's image as `tcloud status` shows it: the pinned reference it ran in (tag
+    and digest), and where the cluster keeps its unpacked copy."""
+    reference = str(image.get("reference", ""))
+    ref = parse_reference(reference)
+    digest = image.get("digest")
+    if ref is not None and not ref.pinned and isinstance(digest, str):
+        try:
+            reference = str(ref.with_digest(digest))
+        except ValueError:  # not a sha256 digest: shown as the agent said
+            reference = f"{reference} ({digest})"
+    cached = f" (cached in {image['path']})" if image.get("path") else ""
+    return f"image: {reference or digest or '?'}{cached}"
+
+
+def describe(info: dict, out=None) -> None:
+    """`tcloud status` for people: state, per-node states and, when it failed, why (to
+    `out`, default: sys.stdout as it is at the call, so a redirection applies)."""
+    out = sys.stdout if out is None else out
     code = "" if info.get("exit_code") is None else f" (exit code {info['exit_code']})"
     print(f"job {info['job_id']} {info['name']}: {info['state']}{code}", file=out)
     if info.get("reason"):
@@ -113,6 +131,8 @@ def describe(info: dict, out=sys.stdout) -> None:
     if info.get("code_digest"):
         again = f" (a rerun of job {info['rerun_of']})" if info.get("rerun_of") else ""
         print(f"code: {info['code_digest'][:12]}{again}", file=out)
+    if info.get("image"):
+        print(image_text(info["image"]), file=out)
     if info.get("environment"):
         describe_environment(info["environment"], out)
     for entry in info.get("history", []):

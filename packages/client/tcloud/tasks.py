@@ -28,7 +28,7 @@ from tacc_contract.sbatch import ClusterDefaults, sbatch_argv
 from tacc_contract.schema import TASK_FILE, TaskSpec, validated
 from tacc_plugins.sweep import trials_of
 from tcloud import local_paths
-from tcloud.compiler import Instruction, compile_task
+from tcloud.compiler import ImageResolver, Instruction, compile_task
 from tcloud.errors import UsageError
 from tcloud.hashcache import HashCache
 from tcloud.manifest import shown
@@ -43,6 +43,9 @@ from tcloud.task_file import (
 # A task as the SDK takes it: a task file or its directory, or tcloud.yaml's fields.
 TaskLike = str | os.PathLike[str] | Mapping[str, Any]
 DICT_SOURCE = "task"  # where a dict task's problems say they are
+# What validate and a dry run say of a task's image: they do not connect, so the
+# reference stays as written (and the digest differs from the one submit sends).
+IMAGE_AT_SUBMIT = "as written; resolved to a digest at submit"
 
 
 @dataclass(frozen=True)
@@ -200,10 +203,11 @@ def prepare(
     return checked, sbatch_line(checked)
 
 
-def compiled(task: Task) -> Instruction:
-    """The instruction to upload, its files hashed through the local hash cache."""
+def compiled(task: Task, resolve_image: ImageResolver | None = None) -> Instruction:
+    """The instruction to upload, its files hashed through the local hash cache; its
+    image (when it names one) pinned by `resolve_image` (the cluster's answer)."""
     with HashCache() as hasher:
-        return compile_task(task.spec, hasher)
+        return compile_task(task.spec, hasher, resolve_image=resolve_image)
 
 
 def dry_run(

@@ -1,0 +1,126 @@
+"""A task's container image on tcloud's side (tacc_contract.images): at submit its
+reference is resolved to the digest it names now by the cluster's agent (`tacc-agent
+image resolve`, before anything is uploaded), so the instruction and its digest pin the
+exact image; a reference the cluster cannot resolve is a problem of the task file, on
+its `image:` line, with the registry's answer. And the caller's images cached on the
+cluster (`tacc-agent image ls`, `tcloud images`)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tacc_contract import protocol
+from tacc_contract.errors import Problem, TaskFileError
+from tacc_contract.images import parse_reference
+from tacc_contract.protocol import AGENT
+from tacc_contract.schema import compose, node_at
+from tcloud import agent, timing
+from tcloud.compiler import ImageResolver
+from tcloud.errors import TcloudError
+from tcloud.tasks import DICT_SOURCE, Task
+
+if TYPE_CHECKING:
+    import paramiko
+
+FIELD = "image"
+# What `tcloud images` shows of each cached image, in this order.
+COLUMNS = ("digest", "reference", "runtime", "pulled_by_job", "size", "path")
+
+
+def position(task: Task) -> tuple[int, int]:
+    """Line and column of the task file's `image:` value; (0, 0) for a dict task (its
+    problems name the field only) or a file that cannot be read again."""
+    if task.source == DICT_SOURCE:
+        return 0, 0
+    try:
+        root = compose(Path(task.source))
+    except TaskFileError:
+        return 0, 0
+    if root is None:
+        return 0, 0
+    mark = node_at(root, FIELD).start_mark
+    return mark.line + 1, mark.column + 1
+
+
+def unresolved(task: Task, reference: str, answer: str) -> TaskFileError:
+    """The cluster could not resolve the reference: a problem of the task (exit 3) on its
+    `image:` line, with the registry's answer as the agent gave it."""
+    line, column = position(task)
+    message = f"the cluster cannot resolve {reference}: {answer}"
+    return TaskFileError([Problem(task.source, line, column, FIELD, message)])
+
+
+def pinned_answer(reference: str, answer: dict) -> str:
+    """The pinned reference the agent answered, checked: a reference of the same
+    repository, pinned to the digest it says (the cluster checks it again)."""
+    asked = parse_reference(reference)
+    pinned = parse_reference(answer["pinned"])
+    if (
+        asked is None
+        or pinned is None
+        or pinned.digest != answer["digest"]
+        or pinned.repository != asked.repository
+    ):
+        raise TcloudError(
+            f"the cluster's {AGENT} answered {answer['pinned']!r} (digest "
+            f"{answer['digest']!r}) for the image {reference!r}: not that image pinned to "
+            "a digest (is it up to date?)"
+        )
+    return answer["pinned"]
+
+
+def resolve(client: paramiko.SSHClient, userdir: str | None, task: Task, reference: str) -> str:
+    """`reference` pinned to the digest it names now (`host/path:tag@sha256:...`), as
+    the cluster's agent resolves it. Any refusal by the agent (no such image, registry
+    unreachable, ...) is a TaskFileError naming the `image:` line; a lost connection or an
+    agent without the verb stays a cluster error (exit 4)."""
+    verb = protocol.image_resolve(reference)
+    session = agent.session(client)
+    with timing.step(" ".join(verb)):
+        rc, answer = session.request(verb, userdir)
+    message = protocol.error_message(answer)
+    if rc != 0 and message is not None:
+        if "invalid choice" in message:  # an agent from before images (argparse's words)
+            raise agent.older_agent("it does not know the verb `image resolve`")
+        raise unresolved(task, reference, message)
+    return pinned_answer(reference, agent.answered(verb, rc, answer, TcloudError))
+
+
+def resolver(client: paramiko.SSHClient, userdir: str | None, task: Task) -> ImageResolver:
+    """compile_task's resolve_image for this task: called only when it names an image."""
+    return partial(resolve, client, userdir, task)
+
+
+def cached(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
+    """The caller's images cached on the cluster: {"digest", "reference", "path", ...}."""
+    return agent.call(client, protocol.image_ls(), userdir)
+
+
+UNITS = ("B", "K", "M", "G", "T")
+
+
+def size(count: int | None) -> str:
+    """Bytes for people: 512B, 12.0K, 340.5M, 1.2G."""
+    if count is None:
+        return ""
+    value, power = float(count), 0
+    while value >= 1024 and power < len(UNITS) - 1:
+        value, power = value / 1024, power + 1
+    return f"{count}B" if power == 0 else f"{value:.1f}{UNITS[power]}"
+
+
+def rows(images: list[dict]) -> list[dict]:
+    """`tcloud images`' table rows (COLUMNS), one per cached image."""
+    return [
+        {
+            "digest": image["digest"],
+            "reference": image["reference"],
+            "runtime": image.get("runtime", ""),
+            "pulled_by_job": "" if image.get("pulled_by_job") is None else image["pulled_by_job"],
+            "size": size(image.get("bytes")),
+            "path": image["path"],
+        }
+        for image in images
+    ]
