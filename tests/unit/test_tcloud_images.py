@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tacc_contract.instruction import parse
-from tcloud import cli, core, dry_run, jobs, tasks
+from tcloud import cli, core, dry_run, images, jobs, tasks
 from tcloud.agent import AgentMismatch
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TaskFileError, TcloudError
 from tcloud.link import Direct
@@ -297,8 +297,9 @@ def test_images_lists_the_cached_images_as_a_table_and_as_json(fake):
     assert code == 0
     header, first, second = out.splitlines()
     assert header.split() == ["DIGEST", "REFERENCE", "RUNTIME", "PULLED_BY_JOB", "SIZE", "PATH"]
-    assert first.split() == [DIGEST, PINNED, "charliecloud", "12", "312.0M", IMAGES[0]["path"]]
-    assert second.split() == [IMAGES[1]["digest"], IMAGES[1]["reference"], IMAGES[1]["path"]]
+    # The digest once, in its column; the reference as the task named it (tag kept).
+    assert first.split() == [DIGEST, REFERENCE, "charliecloud", "12", "312.0M", IMAGES[0]["path"]]
+    assert second.split() == [IMAGES[1]["digest"], "n1:5000/tacc/tiny", IMAGES[1]["path"]]
     code, out, _ = cli_run("images", "--json")
     assert json.loads(out) == IMAGES
     assert fake.session.verbs.count(["image", "ls"]) == 3
@@ -337,3 +338,12 @@ def test_status_shows_the_jobs_pinned_image(fake, image, line):
     out = io.StringIO()
     jobs.describe({**STATUS, "image": None}, out)
     assert "image" not in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [(None, ""), (0, "0B"), (1023, "1023B"), (1024, "1.0K"), (int(1.5 * 1024**3), "1.5G"),
+     (3 * 1024**5, "3072.0T")],
+)  # fmt: skip
+def test_sizes_are_shown_for_people(count, shown):
+    assert images.size(count) == shown

@@ -7,6 +7,7 @@ cluster (`tacc-agent image ls`, `tcloud images`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -111,12 +112,21 @@ def size(count: int | None) -> str:
     return f"{count}B" if power == 0 else f"{value:.1f}{UNITS[power]}"
 
 
+def without_digest(reference: str, digest: str) -> str:
+    """A pinned reference as the table shows it next to its digest: `host/path:tag`
+    (the digest once, in its own column); any other reference as it is."""
+    ref = parse_reference(reference)
+    if ref is None or ref.digest != digest:
+        return reference
+    return str(replace(ref, digest=None))
+
+
 def rows(images: list[dict]) -> list[dict]:
     """`tcloud images`' table rows (COLUMNS), one per cached image."""
     return [
         {
             "digest": image["digest"],
-            "reference": image["reference"],
+            "reference": without_digest(image["reference"], image["digest"]),
             "runtime": image.get("runtime", ""),
             "pulled_by_job": "" if image.get("pulled_by_job") is None else image["pulled_by_job"],
             "size": size(image.get("bytes")),
