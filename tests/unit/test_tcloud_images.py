@@ -347,3 +347,14 @@ def test_status_shows_the_jobs_pinned_image(fake, image, line):
 )  # fmt: skip
 def test_sizes_are_shown_for_people(count, shown):
     assert images.size(count) == shown
+
+
+def test_the_registrys_answer_is_shown_on_one_line_without_terminal_escapes(fake, tmp_path):
+    said = "reading manifest latest:\n  manifest unknown\x1b[2J\n"
+    fake.answer(("image", "resolve"), 2, {"error": said, "field": "image"})
+    with fake.cluster() as cluster, pytest.raises(TaskFileError) as refused:
+        cluster.submit(project(tmp_path / "p"))
+    assert refused.value.problems[0].message == (
+        f"the cluster cannot resolve {REFERENCE}: reading manifest latest:; "
+        "manifest unknown\\x1b[2J"
+    )

@@ -45,11 +45,18 @@ def position(task: Task) -> tuple[int, int]:
     return mark.line + 1, mark.column + 1
 
 
+def one_line(text: str) -> str:
+    """The registry's answer as one line of plain text: its lines joined by "; ", what
+    a terminal would act on (escapes, control characters) shown escaped."""
+    lines = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in lines)
+
+
 def unresolved(task: Task, reference: str, answer: str) -> TaskFileError:
     """The cluster could not resolve the reference: a problem of the task (exit 3) on its
-    `image:` line, with the registry's answer as the agent gave it."""
+    `image:` line, with the registry's answer as the agent gave it (on one line)."""
     line, column = position(task)
-    message = f"the cluster cannot resolve {reference}: {answer}"
+    message = f"the cluster cannot resolve {reference}: {one_line(answer)}"
     return TaskFileError([Problem(task.source, line, column, FIELD, message)])
 
 
