@@ -12,6 +12,8 @@ Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
   queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
   store                        delta upload: JSON request on stdin (missing | commit)
   store receive                blobs streamed on stdin (tacc_agent/tasks/store_receive.py)
+  image resolve REF            the digest a registry reference names now (at submit)
+  image ls                     the caller's cached container images
   job check                    would the cluster accept this instruction? (stdin)
   job submit WORKDIR           sbatch a committed job directory
   job status|logs|cancel|halt|resume|rerun JOB, job ps
@@ -90,6 +92,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_store = sub.add_parser("store", help="delta upload (JSON on stdin; `receive`: blobs)")
     p_store.add_argument("action", nargs="?", choices=[RECEIVE], help="blobs streamed on stdin")
     sub.add_parser("env", help="the caller's cached environments")
+    p_image = sub.add_parser("image", help="container images: resolve, list the cache")
+    image = p_image.add_subparsers(dest="image_verb", required=True)
+    image.add_parser("resolve", help="the digest a registry reference names now").add_argument(
+        "reference"
+    )
+    image.add_parser("ls", help="your cached images")
     p_job = sub.add_parser("job", help="submit and watch jobs")
     job = p_job.add_subparsers(dest="verb", required=True)
     job.add_parser("check", help="validate an instruction (stdin) against the cluster")
@@ -236,6 +244,10 @@ def answer(args: argparse.Namespace, source: VerbInput) -> object:
         from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
 
         return {"changes": tick(config)}
+    if args.command == "image" and args.image_verb == "resolve":
+        from tacc_agent.tasks.registry_client import resolve  # lazy verb import
+
+        return resolve(args.reference, config.image_resolve_timeout_seconds)
     from tacc_agent.tasks import envcache, workspace  # lazy verb import
 
     user_dir = workspace.userdir(config, args.userdir)
@@ -243,6 +255,10 @@ def answer(args: argparse.Namespace, source: VerbInput) -> object:
         return protocol.whoami_answer(workspace.current_user(), str(user_dir))
     if args.command == "env":
         return envcache.listing(user_dir)
+    if args.command == "image":
+        from tacc_agent.tasks.imagecache import listing  # lazy verb import
+
+        return protocol.IMAGES.check(listing(user_dir), "image ls", "")
     if args.action == RECEIVE:
         from tacc_agent.tasks.store_receive import receive  # lazy verb import
 

@@ -65,6 +65,21 @@ class AgentConfig:
     rendezvous_timeout_seconds: int = 120
     # How long a job waits for another job building the same environment.
     env_lock_timeout_seconds: int = 1800
+    # --- container images (task field `image`, docs/containers.md) ---
+    # The node's container runtime: charliecloud (ch-run; tested), apptainer or enroot
+    # (same interface, untested here). tasks/containers.py.
+    container_runtime: str = "charliecloud"
+    # Host directories every container gets at the same path (the workspace root below
+    # them is masked: a user sees only their own directory there).
+    container_binds: tuple = ("/shared",)
+    # Slurm's SlurmdSpoolDir: the PMIx server's sockets (srun --mpi=pmix) live there.
+    slurm_spool_dir: str = "/var/spool/slurmd"
+    # `image resolve` (at submit): upper bound of the registry's answer.
+    image_resolve_timeout_seconds: float = 30.0
+    # A pull (skopeo copy, umoci unpack), each step; and how long a job waits for another
+    # job pulling the same image.
+    image_pull_timeout_seconds: float = 1800.0
+    image_lock_timeout_seconds: int = 3600
     # --- health checks (`tacc-agent check`, issue [6]) ---
     # Checks turned on or off on this node by name, e.g. {gpu: false}: a check turned off
     # neither runs nor drains, and its figures leave /metrics; one not named keeps its
@@ -116,12 +131,39 @@ def load_config(path: Path | None = None) -> AgentConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
-    for key in ("mounts", "services", "plugins", "las_thresholds", "job_tmp_dirs"):
+    for key in (
+        "mounts",
+        "services",
+        "plugins",
+        "las_thresholds",
+        "job_tmp_dirs",
+        "container_binds",
+    ):
         if key in data:
             data[key] = tuple(data[key] or ())
     check_kernel_log(path, data.get("kernel_log"))
     check_switches(path, data.get("checks"))
+    check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
     return AgentConfig(**data)
+
+
+CONTAINER_RUNTIMES = ("charliecloud", "apptainer", "enroot")
+
+
+def check_containers(path: Path, runtime: object, binds: tuple) -> None:
+    if runtime is not None and runtime not in CONTAINER_RUNTIMES:
+        raise AgentError(
+            f"{path}: container_runtime: expected one of {', '.join(CONTAINER_RUNTIMES)}, "
+            f"not {runtime!r}",
+            EXIT_CLUSTER,
+        )
+    for bind in binds:
+        if not isinstance(bind, str) or not bind.startswith("/") or ":" in bind or ".." in bind:
+            raise AgentError(
+                f"{path}: container_binds: expected absolute host directories (no ':' or "
+                f"'..'), not {bind!r}",
+                EXIT_CLUSTER,
+            )
 
 
 def check_switches(path: Path, switches: object) -> None:

@@ -8,12 +8,17 @@ writing every line the program prints to logs/rank-<r>-<host>.log and its exit s
 to status/.
 Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
 group, so cancel leaves nothing behind.
+A task with a container image: the batch step makes sure the image is in the user's
+cache (imagecache, pulled once per digest) instead of building a venv, and every setup
+and run line runs inside it with the node's container runtime (containers.py); ch-run
+execs the line's program, so the signals, logs and exit codes above are the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import getpass
 import os
 import signal
 import socket
@@ -27,10 +32,20 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import envcache, lost_nodes, records, sweeps, timing, transport
+from tacc_agent.tasks import (
+    containers,
+    envcache,
+    imagecache,
+    lost_nodes,
+    records,
+    sweeps,
+    timing,
+    transport,
+)
 from tacc_agent.tasks.agreement import Agreement
 from tacc_agent.tasks.instruction import load
 from tacc_agent.tasks.schedule import cluster_plugins
+from tacc_contract.images import parse_reference
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import in_layer
 from tacc_contract.schema import TaskSpec, processes_per_node
@@ -270,6 +285,9 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
             )  # fmt: skip
             envcache.record_for_job(job_dir, environment)
             envcache.activate(Path(environment["path"]), env)
+        container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
+        if container:
+            runtime_user(env)
         marks.mark("environment")
     except AgentError as exc:
         say(str(exc))
@@ -280,6 +298,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     for number, line in enumerate(task.setup, 1):
         say(f"setup {number}/{len(task.setup)}: {line}")
         argv = ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
+        argv = container.wrap(argv) if container else argv
         code = run_line(argv, job_dir / "code", program_env(task, env), forwarder,
                         sys.stdout.buffer.write)  # fmt: skip
         sys.stdout.flush()
@@ -301,6 +320,56 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     finish(job_dir, code, forwarder.terminated)
     report_outcome(task, job_dir, code, time.monotonic() - started, config)
     return code
+
+
+def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare: bool = False,
+                  job_id: str = "") -> containers.Container | None:  # fmt: skip
+    """The job's container (None for a task without an image). `prepare` (the batch
+    step): pull the image if this user's cache lacks it, record it in the job, and make
+    the mount points the binds need; the wrappers then find everything in place."""
+    if not task.image:
+        return None
+    ref = parse_reference(task.image)
+    if ref is None:  # the instruction was parsed with pinned=True: never happens
+        raise AgentError(f"task.image: not an image reference: {task.image!r}")
+    user_dir = user_dir_of(job_dir)
+    lock_timeout = config.image_lock_timeout_seconds
+    if prepare:
+        puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds)
+        image = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller)
+        imagecache.record_for_job(job_dir, {**image, "runtime": config.container_runtime})
+    marker = imagecache.marker_of(user_dir, ref)
+    datasets = [d.cluster for d in task.datasets if d.cluster]
+    job = containers.job_binds(user_dir, config.workspace, datasets, config.container_binds,
+                               config.slurm_spool_dir)  # fmt: skip
+    if prepare:
+        containers.prepare_mask(job, user_dir / imagecache.IMAGES / containers.MASK)
+        imagecache.make_mount_points(user_dir, ref, job.mount_points, lock_timeout)
+    return containers.Container(
+        runtime=containers.runtime_named(config.container_runtime),
+        rootfs=imagecache.rootfs_of(user_dir, ref),
+        binds=job.binds,
+        env=containers.container_env(marker.get("env") or {}, task.environment["env"]),
+        cwd=job_dir / "code",
+    )
+
+
+def in_container(command: Callable[[str], list[str]], container: containers.Container | None,
+                 launcher: str) -> Callable[[str], list[str]]:  # fmt: skip
+    """A run line's command inside the container: the whole command (srun's rank, the
+    torchrun of a node, `none`), or, for mpirun, which stays on the host and starts its
+    ranks itself, each rank's line."""
+    if container is None:
+        return command
+    if launcher == "mpirun":
+        return lambda line: command(container.wrap_line(line))
+    return lambda line: container.wrap(command(line))
+
+
+def runtime_user(env: dict[str, str]) -> None:
+    """ch-run wants $USER (Slurm sets it; a wrapper started by hand may not have it)."""
+    if not env.get("USER"):
+        env["USER"] = getpass.getuser()
 
 
 def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder:
@@ -515,6 +584,10 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         )
+        container = job_container(task, job_dir, config)
+        if container:
+            runtime_user(env)
+            command = in_container(command, container, task.runtime["launcher"])
         sink = first_output_marked(
             rank_logs.write if task.runtime["launcher"] == "torchrun" else log.write, marks
         )

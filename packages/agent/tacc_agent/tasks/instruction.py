@@ -1,6 +1,8 @@
 """The agent's side of the instruction (tacc_contract.instruction): every instruction it
 receives is parsed with the plug-in words its operator configured (`plugins` in the
-agent config, set once by the CLI at start), before anything is made from it."""
+agent config, set once by the CLI at start), before anything is made from it, and with
+its container image pinned to a digest (tcloud resolves it at submit: the task's digest
+then covers the image's bits, and a rerun runs the same ones)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ def configure(words: tuple | list) -> None:
 
 
 def parse(text: str, source: str) -> TaskSpec:
-    return contract.parse(text, source, CONFIGURED)
+    return contract.parse(text, source, CONFIGURED, pinned=True)
 
 
 def load(job_dir: Path) -> TaskSpec:
-    return contract.load(job_dir, CONFIGURED)
+    return contract.load(job_dir, CONFIGURED, pinned=True)

@@ -13,7 +13,16 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import envcache, job_tags, lost_nodes, records, submitting, sweeps, workspace
+from tacc_agent.tasks import (
+    envcache,
+    imagecache,
+    job_tags,
+    lost_nodes,
+    records,
+    submitting,
+    sweeps,
+    workspace,
+)
 from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import FILE, code_digest
 from tacc_contract.trials import trials_of
@@ -220,6 +229,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         "nodes": nodes,
         "plugins": _plugins(sweep_root(job_dir, job_id)) | _plugins(job_dir),
         "environment": envcache.job_environment(job_dir),
+        "image": imagecache.job_image(job_dir),
         "code_digest": code_digest(instruction),
         "rerun_of": instruction.get("rerun_of"),
     }

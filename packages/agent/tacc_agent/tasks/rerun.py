@@ -2,7 +2,9 @@
 from the past job's instruction and the same content-addressed files (hard links into
 the store: the same code digest, nothing uploaded), with the environment pinned to the
 versions the past job ran with (its status/environment.json lock), then submitted like
-any job. The instruction records `rerun_of`."""
+any job. The instruction records `rerun_of`. A task with a container image needs nothing
+more: its instruction holds the image pinned to the digest it was resolved to at submit,
+so the rerun runs the same bits (pulled again by that digest if the cache lost them)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,213 @@
+"""Running a task's lines inside its container image: the binds a job gets and the
+command line of the node's container runtime (agent setting `container_runtime`).
+
+Every runtime has the one interface `command(rootfs, argv, cwd, binds, env) -> argv`:
+the argv that runs `argv` in the directory image `rootfs`, in `cwd`, with `binds`
+(host source -> container target) mounted and `env` (the image's own variables: PATH,
+...) set over the environment the process inherits (the wrapper's: TACC_*, SLURM_*,
+transport variables, OMPI_MCA_*, the task's environment.env). Secrets never go on the
+command line: only the image's own variables (public, from its config) are passed
+there; everything else is inherited.
+
+- Charliecloud (`ch-run`, Debian's charliecloud-runtime 0.31): TESTED in the lab, as the
+  user (an unprivileged user namespace: no root inside that is root outside). ch-run
+  execs the program (no process of its own stays), so signals to the process group
+  reach the program as without a container; no PID namespace, so the processes are
+  visible and stoppable on the node. Host /tmp, /dev, /proc, /sys and /etc/passwd are
+  ch-run's own binds; $HOME is not mounted.
+- Apptainer (`apptainer exec`) and Enroot (`enroot start`): the same interface, for
+  production clusters; NOT TESTED here (neither is in Debian 12): argv builders from
+  their documentation only.
+
+Binds: the user's own directory (workspace/<user>: the job's files, TACC_WORKDIR) and
+each dataset's cluster path, at the same paths as on the host, so every path the job
+knows keeps its meaning; ops' extra binds (`container_binds`, default /shared) with the
+workspace root masked by an empty private directory, so other users' directories are
+not visible even where Unix permissions would allow it; Slurm's spool directory (the
+PMIx server's sockets of `srun --mpi=pmix`). GPUs: the node's /dev comes in and Slurm's
+cgroup limits it to the job's devices; CUDA_VISIBLE_DEVICES is inherited.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from tacc_agent.errors import EXIT_CLUSTER, AgentError
+
+MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    target: str
+
+
+def under(path: str, root: str) -> bool:
+    """Whether path is root or below it (lexically: both are absolute, normalised)."""
+    return (
+        PurePosixPath(path) == PurePosixPath(root)
+        or PurePosixPath(root) in PurePosixPath(path).parents
+    )
+
+
+class Runtime(Protocol):
+    name: str
+
+    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
+                env: dict[str, str]) -> list[str]: ...  # fmt: skip
+
+
+class Charliecloud:
+    """`ch-run` (Charliecloud 0.31): tested in the lab. Bind targets must exist in the
+    image (a directory image is mounted read-only); the batch step makes the missing
+    ones (job_binds' mount_points) before the first line runs."""
+
+    name = "charliecloud"
+
+    def __init__(self, binary: str = "ch-run") -> None:
+        self.binary = binary
+
+    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
+                env: dict[str, str]) -> list[str]:  # fmt: skip
+        return [
+            self.binary,
+            "--env-no-expand",  # the image's values as they are, no $ expansion
+            *(f"--set-env={key}={value}" for key, value in sorted(env.items())),
+            *(f"--bind={b.source}:{b.target}" for b in binds),
+            f"--cd={cwd}",
+            str(rootfs),
+            "--",
+            *argv,
+        ]
+
+
+class Apptainer:
+    """`apptainer exec` on a sandbox (directory) image. NOT TESTED here (Apptainer is not
+    in Debian 12): built from Apptainer's documentation. --no-home: the user's home stays
+    out, as with ch-run; --containall is not used so /tmp and the environment pass as
+    with ch-run."""
+
+    name = "apptainer"
+
+    def __init__(self, binary: str = "apptainer") -> None:
+        self.binary = binary
+
+    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
+                env: dict[str, str]) -> list[str]:  # fmt: skip
+        return [
+            self.binary, "exec", "--no-home",
+            *(f"--env={key}={value}" for key, value in sorted(env.items())),
+            *(f"--bind={b.source}:{b.target}" for b in binds),
+            f"--pwd={cwd}", str(rootfs), *argv,
+        ]  # fmt: skip
+
+
+class Enroot:
+    """`enroot start` (what Pyxis runs under `srun --container-image`). NOT TESTED here
+    (Enroot is not in Debian 12): built from Enroot's documentation. Enroot starts a
+    container by name from its data path (`enroot create` of the image first, which the
+    role's documentation describes) or a directory; it has no working-directory option,
+    so the line changes into `cwd` itself."""
+
+    name = "enroot"
+
+    def __init__(self, binary: str = "enroot") -> None:
+        self.binary = binary
+
+    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
+                env: dict[str, str]) -> list[str]:  # fmt: skip
+        enter = f'cd {shlex.quote(str(cwd))} && exec "$@"'
+        return [
+            self.binary, "start",
+            *(f"--env={key}={value}" for key, value in sorted(env.items())),
+            *(f"--mount={b.source}:{b.target}" for b in binds),
+            str(rootfs), "sh", "-c", enter, "sh", *argv,
+        ]  # fmt: skip
+
+
+RUNTIMES: dict[str, type] = {"charliecloud": Charliecloud, "apptainer": Apptainer,
+                             "enroot": Enroot}  # fmt: skip
+
+
+def runtime_named(name: str) -> Runtime:
+    if name not in RUNTIMES:
+        raise AgentError(f"container_runtime: expected one of {', '.join(RUNTIMES)}, not "
+                         f"{name!r}", EXIT_CLUSTER)  # fmt: skip
+    return RUNTIMES[name]()
+
+
+@dataclass(frozen=True)
+class JobBinds:
+    """What a job's container sees of the host, and what must exist for it."""
+
+    binds: list[Bind]
+    # Targets to make as empty directories in the image (not below another bind).
+    mount_points: list[str] = field(default_factory=list)
+    # Directories to make in the mask (the user's own place in the masked workspace).
+    mask_dirs: list[Path] = field(default_factory=list)
+
+
+def job_binds(user_dir: Path, workspace: str, datasets: Sequence[str], extra: Sequence[str],
+              spool_dir: str) -> JobBinds:  # fmt: skip
+    """The job's binds, in mount order: ops' extra binds that exist on this node, the
+    mask over the workspace root when an extra bind shows it, the user's directory,
+    the datasets' cluster paths, Slurm's spool directory."""
+    user = str(user_dir)
+    root = str(PurePosixPath(workspace))
+    mask = user_dir / "images" / MASK
+    binds = [Bind(path, path) for path in extra if Path(path).is_dir()]
+    masked = any(under(root, b.target) for b in binds)
+    if masked:
+        binds.append(Bind(str(mask), root))
+    own = [user, *(d for d in datasets if not under(d, user))]
+    binds += [Bind(path, path) for path in own]
+    if spool_dir and Path(spool_dir).is_dir():
+        binds.append(Bind(spool_dir, spool_dir))
+    points, mask_dirs = [], []
+    for index, bind in enumerate(binds):
+        covering = [b for b in binds[:index] if under(bind.target, b.target)]
+        if not covering:
+            points.append(bind.target)
+        elif covering[-1].source == str(mask) and bind.target != root:
+            relative = PurePosixPath(bind.target).relative_to(root)
+            mask_dirs.append(mask / relative)
+    return JobBinds(binds, points, mask_dirs)
+
+
+def prepare_mask(job: JobBinds, mask: Path) -> None:
+    """The mask: a private, otherwise empty directory holding only the user's own
+    place(s) in the workspace root (each a mount point, never written)."""
+    mask.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for directory in job.mask_dirs:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def container_env(image_env: dict[str, str], task_env: dict[str, str]) -> dict[str, str]:
+    """The image's own variables (PATH of the image, not the node's), except those the
+    task sets itself (environment.env wins, as it would on the node)."""
+    return {k: v for k, v in image_env.items() if k not in task_env}
+
+
+@dataclass(frozen=True)
+class Container:
+    """One job's container: wrap(argv) is argv run inside it."""
+
+    runtime: Runtime
+    rootfs: Path
+    binds: list[Bind]
+    env: dict[str, str]
+    cwd: Path
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        return self.runtime.command(self.rootfs, argv, self.cwd, self.binds, self.env)
+
+    def wrap_line(self, line: str) -> str:
+        """A shell line that runs `line` (bash) inside the container: for launchers that
+        stay on the host and start each rank themselves (mpirun: its daemons come from
+        srun on the node, each rank runs in the image)."""
+        return shlex.join(self.wrap(["bash", "-euo", "pipefail", "-c", line]))

@@ -1,0 +1,108 @@
+"""The cluster's side of an image reference: what digest a registry reference names now
+(`tacc-agent image resolve REF`, asked by tcloud at submit) and the copy of an image's
+bits by that digest into an OCI layout (the image cache's pull, tasks/imagecache.py).
+
+Both go through skopeo. The registries' HTTP/TLS settings come from
+/etc/containers/registries.conf.d/ (the container_runtime role writes the cluster
+registry's entry there), never from the task: nothing a user writes turns TLS off.
+
+The digest is the sha256 of the manifest's raw bytes as the registry serves them
+(`skopeo inspect --raw`, one request): for a single manifest and for an index alike it
+is the digest the registry addresses the image by, so `name@sha256:...` fetches exactly
+these bytes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_contract.images import EXPECTED, ImageRef, parse_reference
+
+FIELD = "image"
+# skopeo (logrus) ends a failure with: time="..." level=fatal msg="...".
+_LOGRUS_MESSAGE = re.compile(r'level=(?:fatal|error) msg="((?:[^"\\]|\\.)*)"')
+# skopeo's wrapping, which only repeats the reference the message already names.
+_WRAPPING = re.compile(r'^Error parsing image name "[^"]*": ')
+MAX_ANSWER = 400
+
+
+def parsed(reference: str) -> ImageRef:
+    """The reference, or Rejected naming it and what is expected."""
+    ref = parse_reference(reference)
+    if ref is None:
+        raise Rejected(f"{reference!r} is not an image reference: expected {EXPECTED}", FIELD)
+    return ref
+
+
+def skopeo_binary(configured: str = "skopeo") -> str:
+    found = shutil.which(configured)
+    if not found:
+        raise AgentError(
+            f"{configured} is not installed on this node (the container_runtime role "
+            "installs it); cannot reach the image registry",
+            EXIT_CLUSTER,
+        )
+    return found
+
+
+def registry_answer(stderr: str) -> str:
+    """skopeo's own error, one line: its logrus message when it wrote one, else its
+    last non-empty line, trimmed."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    last = lines[-1]
+    match = _LOGRUS_MESSAGE.search(last)
+    text = match.group(1).replace('\\"', '"').replace("\\\\", "\\") if match else last
+    text = _WRAPPING.sub("", text)
+    return text if len(text) <= MAX_ANSWER else text[: MAX_ANSWER - 3] + "..."
+
+
+def source_of(ref: ImageRef) -> str:
+    """What skopeo fetches: by digest when pinned (skopeo refuses tag and digest
+    together), else the tag (or `latest`, as registries default)."""
+    return f"docker://{ref.by_digest() if ref.pinned else ref}"
+
+
+def run_skopeo(argv: list[str], ref: ImageRef, what: str, timeout: float) -> bytes:
+    try:
+        proc = subprocess.run(argv, capture_output=True, check=False, timeout=timeout,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AgentError(
+            f"{ref}: the registry did not answer {what} within {timeout:g} s", EXIT_CLUSTER
+        ) from None
+    if proc.returncode != 0:
+        answer = registry_answer(proc.stderr.decode(errors="replace"))
+        raise Rejected(f"{ref}: the registry answered: {answer}", FIELD)
+    return proc.stdout
+
+
+def resolve(reference: str, timeout: float, skopeo: str = "skopeo") -> dict:
+    """IMAGE_RESOLVED: the reference, its pinned form and the digest it names now."""
+    ref = parsed(reference)
+    argv = [skopeo_binary(skopeo), "inspect", "--raw", source_of(ref)]
+    manifest = run_skopeo(argv, ref, "the manifest request", timeout)
+    if not manifest:
+        raise Rejected(f"{ref}: the registry answered an empty manifest", FIELD)
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    if ref.pinned and digest != ref.digest:
+        raise Rejected(
+            f"{ref}: the registry served a manifest whose digest is {digest}, not the one "
+            "the reference pins",
+            FIELD,
+        )
+    return {"reference": reference, "pinned": str(ref.with_digest(digest)), "digest": digest}
+
+
+def copy_to_layout(ref: ImageRef, layout: Path, tag: str, timeout: float,
+                   skopeo: str = "skopeo") -> None:  # fmt: skip
+    """The pinned image's bits into the OCI layout `layout` as `tag`; the digest in the
+    source makes skopeo check every byte it copies against it."""
+    argv = [skopeo_binary(skopeo), "copy", "--quiet", source_of(ref), f"oci:{layout}:{tag}"]
+    run_skopeo(argv, ref, "the image copy", timeout)
