@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"private IPv4 subnet for the bridge (default: {DEFAULT_SUBNET})",
     )
     p_up.add_argument(
+        "--container-image",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build the lab's container image (tacc/base:bookworm; once per machine) and "
+        "seed it into an image registry on n1, with the container runtime on compute and "
+        "login nodes (default: as the lab already is; none for a new lab)",
+    )
+    p_up.add_argument(
         "--inventory",
         type=inventory_argument,
         help="where to write the Ansible inventory (a .yml file)",
@@ -179,12 +187,23 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         inventory = args.inventory or default_inventory(args.name)
         try:
-            result = up(cfg, args.nodes, inventory.resolve(), login_node=args.login_node)
+            result = up(
+                cfg,
+                args.nodes,
+                inventory.resolve(),
+                login_node=args.login_node,
+                container_image=args.container_image,
+            )
         except LabError as exc:
             hint = "(what started is left for inspection; `tacc-lab down` removes it)"
             raise LabError(f"{exc}\n{hint}") from exc
         if result.image_build_seconds is not None:
             print(f"image built in {result.image_build_seconds:.1f} s")
+        if result.container_image_build_seconds is not None:
+            print(f"container image built in {result.container_image_build_seconds:.1f} s")
+        if result.container_image is not None:
+            image = result.container_image
+            print(f"container image: {image.archive} (seeded as {image.name} on n1)")
         if result.started:
             print(f"started {', '.join(result.started)} in {result.seconds:.1f} s")
         else:

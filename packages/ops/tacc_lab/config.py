@@ -16,6 +16,9 @@ PROXY_PORT = 3128
 STATE_ROOT = Path(os.environ.get("TACC_LAB_STATE_ROOT", "/var/lib/tacc-lab"))
 # The node image is cached outside the repository and shared by every lab on the machine.
 IMAGE_CACHE = Path(os.environ.get("TACC_LAB_IMAGE_CACHE", "/var/cache/tacc-lab/images"))
+# The lab's container base image (an OCI archive, `tacc-lab up --container-image`), cached
+# beside the node images and shared by every lab on the machine (tacc_lab/oci_image.py).
+OCI_CACHE = Path(os.environ.get("TACC_LAB_OCI_CACHE", "/var/cache/tacc-lab/oci"))
 # The package cache's data (devpi-server's directory, roles/package_cache), per lab name and
 # kept across labs, outside the repository: the multi-GB downloads (torch) happen once
 # per machine, not once per lab. Per name because two labs run at once (pytest-xdist)
@@ -68,6 +71,12 @@ class LabConfig:
         """Host directory bind-mounted at NODE_PACKAGE_CACHE in the head node; `down`
         leaves it (it is not under the state directory)."""
         return self.package_cache_root / self.name
+
+    @property
+    def container_image_file(self) -> Path:
+        """Which container image the lab seeds (`up --container-image`), kept so a later
+        `up` without the option keeps it; absent: the lab runs no containers."""
+        return self.state_dir / "container-image.json"
 
     @property
     def ssh_dir(self) -> Path:

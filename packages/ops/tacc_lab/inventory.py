@@ -3,7 +3,8 @@
 Groups match `inventory/example/hosts.yml`, so every playbook runs unchanged on the lab,
 in the production shape: n1 is the head node (controller, accounting, NFS server,
 package cache), `login1` the separate login node (an NFS client, not a Slurm node),
-every other node a compute node. A lab without a login node (`--no-login-node`) has n1
+every other node a compute node. With a container image (`--container-image`) n1 is
+also the cluster's image registry. A lab without a login node (`--no-login-node`) has n1
 as its login node too; a one-node lab puts everything on n1.
 """
 
@@ -28,7 +29,19 @@ EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "root_squash")
 HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache")
 LOGIN_GROUPS = ("login", "nfs_clients")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
-ALL_GROUPS = tuple(dict.fromkeys(HEAD_GROUPS + LOGIN_GROUPS + COMPUTE_GROUPS))
+# The head node also runs the cluster's image registry in a lab with a container image
+# (`tacc-lab up --container-image`); other labs skip the registry and the runtime.
+REGISTRY_GROUP = "image_registry"
+ALL_GROUPS = tuple(dict.fromkeys((*HEAD_GROUPS, REGISTRY_GROUP, *LOGIN_GROUPS, *COMPUTE_GROUPS)))
+REGISTRY_PORT = 5000
+
+
+@dataclass(frozen=True)
+class ContainerImage:
+    """The lab's container image: an OCI archive on this machine, seeded as `name`."""
+
+    archive: Path
+    name: str
 
 
 @dataclass(frozen=True)
@@ -46,15 +59,37 @@ class NodeHardware:
     memory_mb: int
 
 
-def groups_for(index: int, node_count: int, *, login_node: bool = False) -> tuple[str, ...]:
+def groups_for(
+    index: int, node_count: int, *, login_node: bool = False, image_registry: bool = False
+) -> tuple[str, ...]:
     """Groups of node `index` in a lab of `node_count` numbered nodes (n1..), plus the
-    separate login node (index LOGIN_INDEX) when `login_node`."""
+    separate login node (index LOGIN_INDEX) when `login_node`; the head node runs the
+    image registry when `image_registry`."""
     if index == LOGIN_INDEX:
         return LOGIN_GROUPS
     if index == 1:
         head = tuple(g for g in HEAD_GROUPS if not (login_node and g == "login"))
+        head += (REGISTRY_GROUP,) if image_registry else ()
         return head + (COMPUTE_GROUPS if node_count == 1 else ())
     return COMPUTE_GROUPS
+
+
+def container_vars(head: str, image: ContainerImage | None) -> dict:
+    """Inventory variables of the container roles: without an image the lab skips the
+    runtime (and has no registry), so labs that run no container stay as fast as before."""
+    if image is None:
+        return {"container_runtime_enabled": False}
+    return {
+        # The lab's registry on the head node speaks plain HTTP on the lab's bridge:
+        # tasks pin images by digest at submit, so integrity does not rest on TLS.
+        "tacc_image_registry": f"{head}:{REGISTRY_PORT}",
+        "tacc_image_registry_insecure": True,
+        "image_registry_port": REGISTRY_PORT,
+        "image_registry_mode": "seeded",
+        "image_registry_seed": [{"archive": str(image.archive), "name": image.name}],
+        "container_runtime_enabled": True,
+        "container_runtime_name": "charliecloud",
+    }
 
 
 def numbered_count(indexes: list[int]) -> int:
@@ -86,12 +121,14 @@ def render_inventory(
     subnet: str,
     researchers: dict[str, str] | None = None,
     package_cache_wheels: list[str] | None = None,
+    container_image: ContainerImage | None = None,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
 
     `researchers` (name -> SSH public key) become `common_cluster_users` that log in
     with that key. `package_cache_wheels` (paths on this machine) are uploaded into the
-    cluster package cache on the head node.
+    cluster package cache on the head node. `container_image` makes the head node the
+    lab's image registry, seeded with it, and installs the container runtime.
     """
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
@@ -101,7 +138,8 @@ def render_inventory(
     hosts: dict[str, dict] = {}
     for node in sorted(nodes, key=lambda n: n.index):
         hosts[node.name] = {"ansible_host": node.address}
-        for group in groups_for(node.index, count, login_node=login_node):
+        registry = container_image is not None
+        for group in groups_for(node.index, count, login_node=login_node, image_registry=registry):
             groups[group]["hosts"][node.name] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
@@ -166,6 +204,8 @@ def render_inventory(
                 # machine's pip find-links directories are uploaded into it.
                 "package_cache_dir": NODE_PACKAGE_CACHE,
                 "package_cache_wheels": list(package_cache_wheels or []),
+                # Containers (docs/containers.md): roles/image_registry, roles/container_runtime.
+                **container_vars(head, container_image),
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

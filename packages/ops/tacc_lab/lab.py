@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -13,6 +14,7 @@ from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import (
+    ContainerImage,
     InventoryNode,
     NodeHardware,
     groups_for,
@@ -34,6 +36,7 @@ from tacc_lab.nodes import (
     wait_for_ssh,
     write_known_hosts,
 )
+from tacc_lab.oci_image import ensure_oci_image
 from tacc_lab.prereqs import check_prerequisites
 from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
@@ -48,6 +51,8 @@ class UpResult:
     started: list[str]
     image_build_seconds: float | None
     seconds: float
+    container_image: ContainerImage | None = None
+    container_image_build_seconds: float | None = None
 
 
 def resolve_config(name: str, subnet: str | None, default_subnet: str) -> LabConfig:
@@ -71,12 +76,15 @@ def up(
     log=print,
     *,
     login_node: bool | None = None,
+    container_image: bool | None = None,
 ) -> UpResult:
     """Boot n1..n`node_count` (and the separate login node `login1` when `login_node`;
-    None: yes from two nodes on, or as the lab already is)."""
+    None: yes from two nodes on, or as the lab already is). With `container_image` the
+    lab's container image is built (once per machine) and the inventory seeds it into an
+    image registry on n1 (None: as the lab already is; False: no containers)."""
     if node_count < 1:
         raise LabError(f"--nodes must be at least 1, got {node_count}")
-    check_prerequisites()
+    check_prerequisites(container_image=bool(container_image))
     start = time.monotonic()
     with locked(cfg.state_dir):
         state = load_state(cfg.state_file) or LabState(subnet=str(cfg.subnet))
@@ -101,6 +109,7 @@ def up(
             for i in range(first, node_count + 1)
         ]
         image, built = _image_for(cfg, state, log)
+        seeded, seeded_built = _container_image_for(cfg, container_image, log)
         ensure_ssh_key(cfg)
         cfg.shared_dir.mkdir(parents=True, exist_ok=True)
         cfg.package_cache_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +150,43 @@ def up(
             log(f"booting {', '.join(n.name for n in to_start)} ...")
         wait_for_ssh(cfg, boots, to_start, boot_again=boot)
         write_inventory(cfg, state, inventory_path)
-    return UpResult([n.name for n in to_start], built, time.monotonic() - start)
+    return UpResult(
+        [n.name for n in to_start], built, time.monotonic() - start, seeded, seeded_built
+    )
+
+
+def _container_image_for(
+    cfg: LabConfig, wanted: bool | None, log
+) -> tuple[ContainerImage | None, float | None]:
+    """The container image the lab seeds (built first if this machine lacks it), kept in
+    the lab's state so a later `up` without the option keeps it."""
+    if wanted is None:
+        kept = lab_container_image(cfg)
+        if kept is None or kept.archive.is_file():
+            return kept, None
+        wanted = True  # the cache was cleared since: build it again
+    if not wanted:
+        cfg.container_image_file.unlink(missing_ok=True)
+        return None, None
+    built = ensure_oci_image(log=log)
+    image = ContainerImage(built.archive, built.seed_name)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    cfg.container_image_file.write_text(
+        json.dumps({"archive": str(image.archive), "name": image.name}) + "\n"
+    )
+    return image, built.build_seconds
+
+
+def lab_container_image(cfg: LabConfig) -> ContainerImage | None:
+    """The container image the lab seeds, if it was brought up with one."""
+    try:
+        saved = json.loads(cfg.container_image_file.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        where = cfg.container_image_file
+        raise LabError(f"{where}: unreadable ({exc}); run `tacc-lab down`") from exc
+    return ContainerImage(Path(saved["archive"]), saved["name"])
 
 
 def _image_for(cfg: LabConfig, state: LabState, log) -> tuple[Path, float | None]:
@@ -163,6 +208,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         subnet=str(cfg.subnet),
         researchers=ensure_researcher_keys(cfg),
         package_cache_wheels=host_find_links_wheels(),
+        container_image=lab_container_image(cfg),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
@@ -236,6 +282,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
     indexes = [node.index for node in state.nodes.values()]
     count = numbered_count(indexes)
     login_node = LOGIN_INDEX in indexes
+    container_image = lab_container_image(cfg)
     rows = []
     for node in state.sorted_nodes():
         running = node_alive(cfg, node) and is_mounted(NodePaths(cfg, node.name).rootfs)
@@ -244,7 +291,12 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
                 node.name,
                 node.address,
                 "running" if running else "stopped",
-                groups_for(node.index, count, login_node=login_node),
+                groups_for(
+                    node.index,
+                    count,
+                    login_node=login_node,
+                    image_registry=container_image is not None,
+                ),
             )
         )
     proxy_state = "running" if proxy_alive(cfg, state.proxy_pid) else "stopped"
@@ -254,6 +306,9 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
         "shared": f"{cfg.shared_dir} -> /shared",
         "pkgcache": f"{cfg.package_cache_dir} -> n1:{NODE_PACKAGE_CACHE} (kept by down)",
         "image": state.image or "-",
+        "container": (
+            f"{container_image.name} <- {container_image.archive}" if container_image else "-"
+        ),
         "inventory": state.inventory or "-",
     }
     return state, rows, extra

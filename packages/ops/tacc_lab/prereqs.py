@@ -17,20 +17,32 @@ REQUIRED_COMMANDS = {
     "ssh-keygen": "openssh-client",
     "mount": "mount",
 }
+# `tacc-lab up --container-image` builds the lab's container image on this host
+# (tacc_lab/oci_image.py) with these.
+CONTAINER_IMAGE_COMMANDS = {
+    "mmdebstrap": "mmdebstrap",
+    "mmtarfilter": "mmdebstrap",
+    "umoci": "umoci",
+    "skopeo": "skopeo",
+}
 
 
-def missing_commands(which=shutil.which) -> dict[str, str]:
-    return {cmd: pkg for cmd, pkg in REQUIRED_COMMANDS.items() if which(cmd) is None}
+def missing_commands(which=shutil.which, commands: dict[str, str] | None = None) -> dict[str, str]:
+    wanted = REQUIRED_COMMANDS if commands is None else commands
+    return {cmd: pkg for cmd, pkg in wanted.items() if which(cmd) is None}
 
 
-def check_prerequisites(*, euid: int | None = None, which=shutil.which) -> None:
+def check_prerequisites(
+    *, euid: int | None = None, which=shutil.which, container_image: bool = False
+) -> None:
     uid = os.geteuid() if euid is None else euid
     if uid != 0:
         raise LabError(
             "tacc-lab must run as root (it mounts overlays, creates a bridge and boots "
             "systemd-nspawn containers); try: sudo tacc-lab ..."
         )
-    missing = missing_commands(which)
+    wanted = REQUIRED_COMMANDS | (CONTAINER_IMAGE_COMMANDS if container_image else {})
+    missing = missing_commands(which, wanted)
     if missing:
         cmds = ", ".join(sorted(missing))
         pkgs = " ".join(sorted(set(missing.values())))

@@ -1,0 +1,90 @@
+"""The lab's inventory with and without its container image: n1 runs the registry and
+seeds the image only with `--container-image`; other labs skip the runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tacc_lab.inventory import (
+    REGISTRY_GROUP,
+    ContainerImage,
+    InventoryNode,
+    NodeHardware,
+    groups_for,
+    render_inventory,
+)
+
+ARCHIVE = Path("/var/cache/tacc-lab/oci/base-bookworm-0123456789abcdef.oci.tar")
+
+
+def render(image: ContainerImage | None, *, login_node: bool = True) -> dict:
+    nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in (1, 2, 3)]
+    if login_node:
+        nodes.append(InventoryNode("login1", "10.77.0.10", 0))
+    text = render_inventory(
+        nodes,
+        ssh_key=Path("/k"),
+        known_hosts=Path("/kh"),
+        proxy_url="http://10.77.0.1:3128",
+        lab_name="lab",
+        hardware=NodeHardware(cpus=2, memory_mb=4000),
+        subnet="10.77.0.0/24",
+        researchers={},
+        container_image=image,
+    )
+    return yaml.safe_load(text)["all"]
+
+
+def test_with_a_container_image_n1_is_the_registry_and_seeds_it() -> None:
+    data = render(ContainerImage(ARCHIVE, "tacc/base:bookworm"))
+    assert list(data["children"][REGISTRY_GROUP]["hosts"]) == ["n1"]
+    lab_vars = data["vars"]
+    assert lab_vars["tacc_image_registry"] == "n1:5000"
+    assert lab_vars["tacc_image_registry_insecure"] is True
+    assert lab_vars["image_registry_port"] == 5000
+    assert lab_vars["image_registry_seed"] == [
+        {"archive": str(ARCHIVE), "name": "tacc/base:bookworm"}
+    ]
+    assert lab_vars["container_runtime_enabled"] is True
+    assert lab_vars["container_runtime_name"] == "charliecloud"
+
+
+def test_without_one_there_is_no_registry_and_no_runtime() -> None:
+    data = render(None)
+    assert REGISTRY_GROUP not in data["children"]
+    lab_vars = data["vars"]
+    assert lab_vars["container_runtime_enabled"] is False
+    assert "image_registry_seed" not in lab_vars and "tacc_image_registry" not in lab_vars
+
+
+def test_a_one_node_lab_runs_registry_and_containers_on_n1() -> None:
+    groups = groups_for(1, 1, image_registry=True)
+    assert {REGISTRY_GROUP, "slurm_compute", "login"} <= set(groups)
+    assert REGISTRY_GROUP not in groups_for(1, 3)
+    assert REGISTRY_GROUP not in groups_for(2, 3, image_registry=True)
+    assert REGISTRY_GROUP not in groups_for(0, 3, login_node=True, image_registry=True)
+
+
+def test_the_example_inventory_has_the_registry_group_and_names_it(project_root: Path) -> None:
+    example = yaml.safe_load((project_root / "inventory/example/hosts.yml").read_text())
+    assert list(example["all"]["children"][REGISTRY_GROUP]["hosts"]) == ["ctl1"]
+    cluster = yaml.safe_load(
+        (project_root / "inventory/example/group_vars/all/cluster.yml").read_text()
+    )
+    assert cluster["tacc_image_registry"] == f"ctl1:{cluster['image_registry_port']}"
+    assert cluster["tacc_image_registry_insecure"] is False
+
+
+def test_site_runs_the_registry_before_the_runtime_and_both_before_the_agent(
+    project_root: Path,
+) -> None:
+    plays = yaml.safe_load((project_root / "playbooks/site.yml").read_text())
+    roles = [role["role"] for play in plays for role in play["roles"]]
+    hosts = {play["roles"][0]["role"]: play["hosts"] for play in plays}
+    assert (
+        roles.index("image_registry") < roles.index("container_runtime") < roles.index("tacc_agent")
+    )
+    assert hosts["image_registry"] == "image_registry"
+    assert hosts["container_runtime"] == "slurm_compute:login"
