@@ -111,6 +111,9 @@ def test_without_an_extra_bind_over_it_nothing_is_masked(tmp_path):
 def test_the_tasks_own_variables_win_over_the_images():
     image = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     assert containers.container_env(image, {"LANG": "de_DE.UTF-8"}) == {"PATH": "/usr/bin:/bin"}
+    # an image whose config sets no PATH gets the usual one, not the node's
+    assert containers.container_env({}, {}) == {"PATH": containers.DEFAULT_PATH}
+    assert containers.container_env({}, {"PATH": "/opt/x/bin"}) == {}
 
 
 def test_mpirun_stays_on_the_host_and_each_rank_runs_in_the_image():

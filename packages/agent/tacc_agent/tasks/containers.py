@@ -39,6 +39,8 @@ from typing import Protocol
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
 MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
+# The PATH of an image whose config sets none (the OCI/Docker default): never the node's.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,8 @@ def prepare_mask(job: JobBinds, mask: Path) -> None:
 def container_env(image_env: dict[str, str], task_env: dict[str, str]) -> dict[str, str]:
     """The image's own variables (PATH of the image, not the node's), except those the
     task sets itself (environment.env wins, as it would on the node)."""
-    return {k: v for k, v in image_env.items() if k not in task_env}
+    image = {"PATH": DEFAULT_PATH, **image_env}
+    return {k: v for k, v in image.items() if k not in task_env}
 
 
 @dataclass(frozen=True)
