@@ -72,8 +72,9 @@ class AgentConfig:
     # Host directories every container gets at the same path (the workspace root below
     # them is masked: a user sees only their own directory there).
     container_binds: tuple = ("/shared",)
-    # Slurm's SlurmdSpoolDir: the PMIx server's sockets (srun --mpi=pmix) live there.
-    slurm_spool_dir: str = "/var/spool/slurmd"
+    # Slurm's SlurmdSpoolDir (Debian's; the slurm role's slurm_spool_dir): the PMIx
+    # server's sockets (srun --mpi=pmix) live there.
+    slurm_spool_dir: str = "/var/lib/slurm/slurmd"
     # `image resolve` (at submit): upper bound of the registry's answer.
     image_resolve_timeout_seconds: float = 30.0
     # A pull (skopeo copy, umoci unpack), each step; and how long a job waits for another
