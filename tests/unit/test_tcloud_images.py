@@ -32,8 +32,7 @@ DIGEST = "sha256:" + "ab" * 32
 PINNED = f"{REFERENCE}@{DIGEST}"
 RESOLVED = {"reference": REFERENCE, "pinned": PINNED, "digest": DIGEST}
 NO_SUCH_IMAGE = (
-    "n1:5000/tacc/nope:latest: reading manifest latest in n1:5000/tacc/nope: "
-    "manifest unknown: manifest unknown"
+    "the registry answered: reading manifest latest in n1:5000/tacc/nope: manifest unknown"
 )
 TASK_TEXT = f"name: t\nrun: [cat /etc/os-release]\n# the image to run in\nimage: {REFERENCE}\n"
 IMAGE_LINE = 4  # where TASK_TEXT's `image:` value starts
@@ -350,7 +349,7 @@ def test_sizes_are_shown_for_people(count, shown):
 
 
 def test_the_registrys_answer_is_shown_on_one_line_without_terminal_escapes(fake, tmp_path):
-    said = "reading manifest latest:\n  manifest unknown\x1b[2J\n"
+    said = f"{REFERENCE}: reading manifest latest:\n  manifest unknown\x1b[2J\n"  # named once
     fake.answer(("image", "resolve"), 2, {"error": said, "field": "image"})
     with fake.cluster() as cluster, pytest.raises(TaskFileError) as refused:
         cluster.submit(project(tmp_path / "p"))

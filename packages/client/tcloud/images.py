@@ -56,6 +56,7 @@ def unresolved(task: Task, reference: str, answer: str) -> TaskFileError:
     """The cluster could not resolve the reference: a problem of the task (exit 3) on its
     `image:` line, with the registry's answer as the agent gave it (on one line)."""
     line, column = position(task)
+    answer = answer.removeprefix(f"{reference}: ")  # the agent's own prefix: named once
     message = f"the cluster cannot resolve {reference}: {one_line(answer)}"
     return TaskFileError([Problem(task.source, line, column, FIELD, message)])
 
