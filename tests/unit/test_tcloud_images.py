@@ -133,6 +133,7 @@ def test_submit_resolves_the_image_once_and_the_pinned_form_lands_in_the_instruc
     [instruction] = fake.uploaded
     assert instruction.document["task"]["image"] == PINNED
     assert job.submission.digest == instruction.digest
+    assert job.submission.image == PINNED and job.submission.as_dict()["image"] == PINNED
     # The pinned form changes the digest (it covers the image's bits) ...
     assert instruction.digest != dry_run(task).digest
     # ... and is what the cluster's reading (pinned=True) accepts.
@@ -156,9 +157,10 @@ def test_another_digest_for_the_same_reference_is_another_instruction_digest(fak
 def test_a_task_without_an_image_never_asks_the_agent_to_resolve(fake, tmp_path):
     task = project(tmp_path / "p", "name: t\nrun: [echo hi]\n")
     with fake.cluster() as cluster:
-        cluster.submit(task)
+        job = cluster.submit(task)
     assert fake.session.verbs == []
     assert "image" not in fake.uploaded[0].document["task"]
+    assert job.submission.image is None
 
 
 def test_a_sweep_resolves_its_image_once_for_all_its_trials(fake, tmp_path):
@@ -357,3 +359,11 @@ def test_the_registrys_answer_is_shown_on_one_line_without_terminal_escapes(fake
         f"the cluster cannot resolve {REFERENCE}: reading manifest latest:; "
         "manifest unknown\\x1b[2J"
     )
+
+
+def test_the_cli_says_which_digest_it_pinned(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(project(tmp_path / "p"))
+    code, out, _ = cli_run("submit")
+    assert code == 0 and f"  image {PINNED}" in out.splitlines()
+    code, out, _ = cli_run("submit", "--json")
+    assert json.loads(out)["image"] == PINNED

@@ -248,6 +248,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         f"{submission.partition}; sent {submission.blobs_sent} file(s), {submission.bytes_sent} "
         f"bytes; workdir {submission.workdir}"
     )
+    if submission.image:
+        print(f"  image {submission.image}")
     for name, what in sorted(submission.plugins.items()):
         print(f"  plug-in {name}: {what}")
     print_outside(submission.outside_paths)

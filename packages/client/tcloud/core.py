@@ -41,6 +41,7 @@ class Submission:
     upload_seconds: float
     plugins: dict  # plug-in name -> what it did to the job
     outside_paths: list[str]
+    image: str | None = None  # the task's image as submitted: pinned to its digest
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -152,6 +153,7 @@ class Cluster:
             upload_seconds=round(result.seconds, 3),
             plugins={**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
             outside_paths=tasks.outside_paths(checked.spec),
+            image=instruction.document["task"].get("image"),
         )
         return self.job_class(self, submission.job_id, submission)
 
