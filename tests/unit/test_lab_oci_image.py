@@ -29,6 +29,12 @@ def test_the_image_has_the_files_ch_run_binds_onto() -> None:
         assert f'touch "$1{target}"' in hook
 
 
+def test_the_image_carries_a_marker_the_node_does_not_have() -> None:
+    """Node and image are both Debian 12: /etc/tacc-image tells them apart."""
+    hook = next(a for a in oci_image.mmdebstrap_argv([]) if a.startswith("--customize-hook="))
+    assert 'echo tacc/base:bookworm > "$1/etc/tacc-image"' in hook
+
+
 def test_device_nodes_are_filtered_out_of_the_layer() -> None:
     """A rootless `umoci unpack` cannot create device nodes; /dev itself stays."""
     assert oci_image.FILTER_ARGV == ["mmtarfilter", "--path-exclude=/dev/*"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import shlex
 import subprocess
 import tempfile
 import time
@@ -52,8 +53,11 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where the lab's registry serves it (roles/image_registry pushes it under this name).
 SEED_NAME = f"tacc/base:{SUITE}"
 TAG = SUITE
+# The node is Debian 12 too, so its /etc/os-release cannot tell a container from the node:
+# this file, only in the image, can (tests print it from inside the container).
+MARKER_FILE = "/etc/tacc-image"
 # Bumped when the build changes in a way the inputs above do not show.
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ def archive_path(cache: Path = OCI_CACHE, key: str | None = None) -> Path:
 def mmdebstrap_argv(sources: list[Path]) -> list[str]:
     """mmdebstrap writing the root filesystem as a tar on its standard output."""
     touch = " && ".join(f'touch "$1{target}"' for target in BIND_TARGETS)
+    marker = f'echo {shlex.quote(SEED_NAME)} > "$1{MARKER_FILE}"'
+
     return [
         "mmdebstrap",
         "--mode=root",
@@ -98,7 +104,7 @@ def mmdebstrap_argv(sources: list[Path]) -> list[str]:
         f"--include={','.join(PACKAGES)}",
         "--dpkgopt=force-unsafe-io",
         *[f"--dpkgopt={option}" for option in DPKG_OPTIONS],
-        f"--customize-hook={touch}",
+        f"--customize-hook={touch} && {marker}",
         SUITE,
         "-",
         *[str(source) for source in sources],
