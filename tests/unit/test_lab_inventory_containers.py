@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab import lab
+from tacc_lab.config import LabConfig
 from tacc_lab.inventory import (
     REGISTRY_GROUP,
     ContainerImage,
@@ -15,6 +17,7 @@ from tacc_lab.inventory import (
     groups_for,
     render_inventory,
 )
+from tacc_lab.oci_image import OciImage
 
 ARCHIVE = Path("/var/cache/tacc-lab/oci/base-bookworm-0123456789abcdef.oci.tar")
 
@@ -88,3 +91,41 @@ def test_site_runs_the_registry_before_the_runtime_and_both_before_the_agent(
     )
     assert hosts["image_registry"] == "image_registry"
     assert hosts["container_runtime"] == "slurm_compute:login"
+
+
+def lab_with_fake_build(tmp_path: Path, monkeypatch) -> tuple[LabConfig, list[int]]:
+    """A lab config under tmp_path whose image build only counts its calls."""
+    builds: list[int] = []
+    archive = tmp_path / "base.oci.tar"
+
+    def fake_build(log=print) -> OciImage:
+        builds.append(1)
+        archive.write_bytes(b"oci")
+        return OciImage(archive, "tacc/base:bookworm", 12.5)
+
+    monkeypatch.setattr(lab, "ensure_oci_image", fake_build)
+    return LabConfig.create("ctr", "10.77.31.0/24", state_root=tmp_path / "state"), builds
+
+
+def test_the_option_is_kept_by_a_later_up_and_dropped_by_no(tmp_path: Path, monkeypatch) -> None:
+    cfg, builds = lab_with_fake_build(tmp_path, monkeypatch)
+    assert lab._container_image_for(cfg, None, print) == (None, None)  # a new lab: none
+    image, seconds = lab._container_image_for(cfg, True, print)
+    assert (image, seconds) == (
+        ContainerImage(tmp_path / "base.oci.tar", "tacc/base:bookworm"),
+        12.5,
+    )
+    assert lab.lab_container_image(cfg) == image
+    assert lab._container_image_for(cfg, None, print) == (image, None)  # kept, not rebuilt
+    assert builds == [1]
+    assert lab._container_image_for(cfg, False, print) == (None, None)
+    assert lab.lab_container_image(cfg) is None
+
+
+def test_a_kept_option_rebuilds_an_archive_the_cache_lost(tmp_path: Path, monkeypatch) -> None:
+    cfg, builds = lab_with_fake_build(tmp_path, monkeypatch)
+    image, _ = lab._container_image_for(cfg, True, print)
+    assert image is not None
+    image.archive.unlink()
+    again, seconds = lab._container_image_for(cfg, None, print)
+    assert again == image and seconds == 12.5 and builds == [1, 1]
