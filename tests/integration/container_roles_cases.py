@@ -1,0 +1,93 @@
+"""Issue [13], operations side, on the slurm lab (`tacc-lab up --container-image`): the
+image_registry role seeded the lab's archive into n1's registry with its own digest,
+pushing it again changes nothing, and the container_runtime role's tools work as a
+researcher on a node: a rootless pull, unpack and `ch-run` of the image.
+
+Collected by test_slurm_cluster.py (which imports these tests), on its lab.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import node_sh
+
+LAB = SLURM_LAB  # a module setting, so the cases can run on another lab by hand
+SEED_DIR = "/var/lib/tacc-image-seed"
+
+
+def lab_vars(inventory: Path) -> dict:
+    return yaml.safe_load(inventory.read_text())["all"]["vars"]
+
+
+def seeded(inventory: Path) -> tuple[Path, str]:
+    """The archive the inventory seeds and the name it is served as."""
+    (entry,) = lab_vars(inventory)["image_registry_seed"]
+    return Path(entry["archive"]), entry["name"]
+
+
+def archive_digest(archive: Path) -> str:
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--raw", f"oci-archive:{archive}"],
+        capture_output=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def sh(node: str, script: str) -> str:
+    proc = node_sh(LAB, node, script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.lab
+def test_the_registry_serves_the_seeded_archive_by_its_digest(cluster):
+    archive, name = seeded(cluster)
+    registry = lab_vars(cluster)["tacc_image_registry"]
+    served = sh("n2", f"skopeo inspect --format '{{{{.Digest}}}}' docker://{registry}/{name}")
+    assert served.strip() == archive_digest(archive)
+    # The nodes reach it over plain HTTP because the inventory says so, and only it.
+    conf = sh("n2", "cat /etc/containers/registries.conf.d/50-tacc.conf")
+    assert f'location = "{registry}"\ninsecure = true' in conf
+    assert conf.count("insecure = true") == 1
+
+
+@pytest.mark.lab
+def test_pushing_the_seed_again_changes_nothing(cluster):
+    archive, name = seeded(cluster)
+    port = lab_vars(cluster)["image_registry_port"]
+    seed = [f"{SEED_DIR}/image_seed.py", "--registry", f"localhost:{port}"]
+    out = sh("n1", shlex.join(["python3", *seed, "--", f"{SEED_DIR}/{archive.name}", name]))
+    assert out.splitlines() == [f"present {name} {archive_digest(archive)}", "ok"]
+
+
+@pytest.mark.lab
+def test_a_researcher_pulls_unpacks_and_runs_the_image_rootless(cluster):
+    """skopeo by digest, umoci unpack --rootless, ch-run: the files and the process are
+    the researcher's, and the marker shows it is the image, not the node."""
+    archive, name = seeded(cluster)
+    registry = lab_vars(cluster)["tacc_image_registry"]
+    ref = f"{registry}/{name.split(':')[0]}@{archive_digest(archive)}"
+    script = f"""set -e
+work=$(mktemp -d); cd "$work"
+skopeo copy --quiet {shlex.quote("docker://" + ref)} "oci:$work/oci:img"
+umoci unpack --rootless --image "$work/oci:img" "$work/bundle" >/dev/null
+echo "owner=$(stat -c %U "$work/bundle/rootfs/etc/os-release")"
+echo "marker=$(ch-run "$work/bundle/rootfs" -- cat /etc/tacc-image)"
+echo "uid=$(ch-run "$work/bundle/rootfs" -- id -u) me=$(id -u)"
+echo "node_marker=$(cat /etc/tacc-image 2>/dev/null || echo none)"
+rm -rf "$work"
+"""
+    out = sh("login1", shlex.join(["runuser", "-u", "alice", "--", "sh", "-c", script]))
+    facts = dict(line.split("=", 1) for line in out.split() if "=" in line)
+    assert facts["owner"] == "alice"
+    assert facts["marker"] == name
+    assert facts["uid"] == facts["me"] != "0"
+    assert facts["node_marker"] == "none"
