@@ -114,6 +114,11 @@ def test_the_tasks_own_variables_win_over_the_images():
     # an image whose config sets no PATH gets the usual one, not the node's
     assert containers.container_env({}, {}) == {"PATH": containers.DEFAULT_PATH}
     assert containers.container_env({}, {"PATH": "/opt/x/bin"}) == {}
+    # the runtime's defaults, unless the task sets them
+    cma = "OMPI_MCA_btl_vader_single_copy_mechanism"
+    defaults = containers.Charliecloud.defaults
+    assert containers.container_env({}, {}, defaults)[cma] == "none"
+    assert cma not in containers.container_env({}, {cma: "cma"}, defaults)
 
 
 def test_mpirun_stays_on_the_host_and_each_rank_runs_in_the_image():
@@ -226,7 +231,8 @@ def test_the_batch_step_runs_setup_and_run_lines_in_the_image(tmp_path):
     setup, run = ch_runs(tmp_path)
     assert setup["rootfs"] == run["rootfs"] == image["path"]
     assert setup["cwd"] == run["cwd"] == str(job_dir / "code")
-    assert run["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert run["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                          "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}  # fmt: skip
     mask = user_dir / "images" / containers.MASK
     assert run["binds"] == [[str(tmp_path), str(tmp_path)],
                             [str(mask), str(tmp_path / "workspace")],

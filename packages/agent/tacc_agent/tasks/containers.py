@@ -34,7 +34,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
@@ -59,6 +59,9 @@ def under(path: str, root: str) -> bool:
 
 class Runtime(Protocol):
     name: str
+    # Variables the runtime's way of running needs set in the container, unless the task
+    # sets them itself.
+    defaults: dict[str, str]
 
     def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
                 env: dict[str, str]) -> list[str]: ...  # fmt: skip
@@ -70,6 +73,10 @@ class Charliecloud:
     ones (job_binds' mount_points) before the first line runs."""
 
     name = "charliecloud"
+    # Each ch-run is a user namespace of its own, so OpenMPI's shared-memory transport
+    # cannot use CMA between two ranks of a node (it warns, then falls back): say so up
+    # front instead of a warning per rank (Charliecloud's documentation does the same).
+    defaults: ClassVar[dict[str, str]] = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 
     def __init__(self, binary: str = "ch-run") -> None:
         self.binary = binary
@@ -95,6 +102,7 @@ class Apptainer:
     with ch-run."""
 
     name = "apptainer"
+    defaults: ClassVar[dict[str, str]] = {}
 
     def __init__(self, binary: str = "apptainer") -> None:
         self.binary = binary
@@ -117,6 +125,8 @@ class Enroot:
     so the line changes into `cwd` itself."""
 
     name = "enroot"
+    # a user namespace each, as with ch-run
+    defaults: ClassVar[dict[str, str]] = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 
     def __init__(self, binary: str = "enroot") -> None:
         self.binary = binary
@@ -189,10 +199,12 @@ def prepare_mask(job: JobBinds, mask: Path) -> None:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def container_env(image_env: dict[str, str], task_env: dict[str, str]) -> dict[str, str]:
-    """The image's own variables (PATH of the image, not the node's), except those the
-    task sets itself (environment.env wins, as it would on the node)."""
-    image = {"PATH": DEFAULT_PATH, **image_env}
+def container_env(image_env: dict[str, str], task_env: dict[str, str],
+                  runtime_defaults: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """The image's own variables (PATH of the image, not the node's) and the runtime's
+    defaults, except those the task sets itself (environment.env wins, as it would on
+    the node)."""
+    image = {"PATH": DEFAULT_PATH, **(runtime_defaults or {}), **image_env}
     return {k: v for k, v in image.items() if k not in task_env}
 
 

@@ -345,11 +345,13 @@ def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare
     if prepare:
         containers.prepare_mask(job, user_dir / imagecache.IMAGES / containers.MASK)
         imagecache.make_mount_points(user_dir, ref, job.mount_points, lock_timeout)
+    runtime = containers.runtime_named(config.container_runtime)
+    image_env = marker.get("env") or {}
     return containers.Container(
-        runtime=containers.runtime_named(config.container_runtime),
+        runtime=runtime,
         rootfs=imagecache.rootfs_of(user_dir, ref),
         binds=job.binds,
-        env=containers.container_env(marker.get("env") or {}, task.environment["env"]),
+        env=containers.container_env(image_env, task.environment["env"], runtime.defaults),
         cwd=job_dir / "code",
     )
 
