@@ -242,12 +242,12 @@ def test_a_job_waits_for_the_one_pulling_the_same_image(tmp_path):
 def test_image_ls_answers_the_images_shape_without_the_runtimes_extras(tmp_path):
     user_dir = tmp_path / "alice"
     user_dir.mkdir()
-    imagecache.ensure(user_dir, PINNED, "15", lambda _line: None, 5, StubPuller())
+    imagecache.ensure(user_dir, PINNED, "15", lambda _line: None, 5, StubPuller(), "charliecloud")
     (user_dir / "images" / "not-an-image").mkdir()
     listed = protocol.IMAGES.check(imagecache.listing(user_dir), "image ls", "")
     assert [i["digest"] for i in listed] == [DIGEST]
     assert listed[0]["reference"] == PINNED and "env" not in listed[0]
-    assert listed[0]["path"].endswith("/rootfs")
+    assert listed[0]["path"].endswith("/rootfs") and listed[0]["runtime"] == "charliecloud"
     env = agent_env(tmp_path)
     proc = agent("--userdir", str(user_dir), "image", "ls", env=env)
     assert proc.returncode == 0 and json.loads(proc.stdout) == listed

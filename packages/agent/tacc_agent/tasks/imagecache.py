@@ -141,7 +141,8 @@ def clear_stale_pulls(images: Path, hex_digest: str) -> None:
         remove_tree(left)
 
 
-def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log) -> dict:
+def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log,
+         runtime: str = "") -> dict:  # fmt: skip
     """Pull into a private temporary directory and rename it into place, marker inside."""
     work = target.parent / f"{PULL_PREFIX}{target.name}-{os.getpid()}"
     remove_tree(work)
@@ -165,6 +166,7 @@ def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log) -> 
             "bytes": tree_bytes(bundle / ROOTFS),
             "time": time.time(),
             "env": image_env(bundle),
+            **({"runtime": runtime} if runtime else {}),
         }
         records.write_json(bundle / MARKER, marker)
         bundle.chmod(0o700)
@@ -175,9 +177,10 @@ def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log) -> 
 
 
 def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: float,
-           puller: Puller | None = None) -> dict:  # fmt: skip
+           puller: Puller | None = None, runtime: str = "") -> dict:  # fmt: skip
     """The ready image's record (digest, reference, path of its rootfs, ...), pulling it
-    if no job has yet. `pinned`: the instruction's task.image (name@sha256:...)."""
+    if no job has yet. `pinned`: the instruction's task.image (name@sha256:...);
+    `runtime`: the runtime the directory image is unpacked for (recorded)."""
     ref = parsed(pinned)
     hex_digest = digest_hex(ref)
     images = images_dir(user_dir)
@@ -194,7 +197,7 @@ def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: flo
         if target.exists():  # a directory without its marker was never finished
             remove_tree(target)
         log(f"image {ref.repository} {short}: pulling {ref} ...")
-        marker = pull(ref, target, puller or SkopeoUmoci(), job_id, log)
+        marker = pull(ref, target, puller or SkopeoUmoci(), job_id, log, runtime)
         mib = marker["bytes"] / 2**20
         log(f"image {ref.repository} {short}: pulled and unpacked in {marker['seconds']} s "
             f"({mib:.0f} MiB)")  # fmt: skip
