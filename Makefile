@@ -21,9 +21,10 @@ LAB_INVENTORY := inventory/$(LAB_NAME)/hosts.yml
 # 118 MiB; 32 and 13 MiB without, measured in a bookworm minbase chroot: 103 s vs 27 s),
 # and every wheel the venv needs is binary. debootstrap still checks the archive's
 # signatures: gpgv and debian-archive-keyring come with apt itself.
-# mmdebstrap builds the demo's prebaked node image (packages/ops/tacc_lab/prebake.py).
+# mmdebstrap builds the demo's prebaked node image (packages/ops/tacc_lab/prebake.py);
+# with umoci and skopeo also the lab's container image (`tacc-lab up --container-image`).
 APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 openssh-client \
-	python3-venv python3-pip ca-certificates rsync
+	python3-venv python3-pip ca-certificates rsync umoci skopeo
 STAMP := .cache/stamps
 
 .PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean gpu-check

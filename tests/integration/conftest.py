@@ -23,8 +23,10 @@ def slurm_lab(tmp_path_factory) -> Path:
     reuse = os.environ.get("TACC_TEST_REUSE_LAB") == "1" and lab_status(SLURM_LAB)["up"]
     if not reuse:
         lab_cli(SLURM_LAB, "down")
+    # --container-image: the lab's base image seeded into a registry on n1 and the
+    # container runtime on compute and login nodes (issue [13], docs/containers.md).
     proc = lab_cli(SLURM_LAB, "up", "--nodes", "3", "--subnet", SLURM_SUBNET,
-                   "--inventory", str(inventory))  # fmt: skip
+                   "--container-image", "--inventory", str(inventory))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     if not reuse:
         site(inventory)

@@ -73,7 +73,7 @@ def test_c1_a_two_node_task_runs_inside_the_registry_image_on_both_nodes(alice, 
     uid = uid_of("alice")
     for _, line in lines:
         # Inside the image (no sshd, its marker), as alice: no root inside.
-        assert "sshd=no" in line and "marker=tacc-lab-base" in line, log
+        assert "sshd=no" in line and "marker=tacc/base:bookworm" in line, log
         assert f"uid={uid}" in line and uid != "0", log
     # The node itself has sshd and no marker: the line did not run on the node's system.
     assert (

@@ -25,8 +25,22 @@ from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.conftest import SLURM_LAB
 
-# Issue [9]'s cases (frameworks_cases.py) run on this module's lab, first: collected here.
-from tests.integration.frameworks_cases import (  # noqa: F401
+# Other issues' cases run on this module's lab, before its own tests (which power nodes
+# off and add one): collected here.
+from tests.integration.container_roles_cases import (  # noqa: F401  (issue [13], ops side)
+    test_a_researcher_pulls_unpacks_and_runs_the_image_rootless,
+    test_pushing_the_seed_again_changes_nothing,
+    test_the_registry_serves_the_seeded_archive_by_its_digest,
+)
+from tests.integration.containers_cases import (  # noqa: F401  (issue [13]: tasks in images)
+    test_c1_a_two_node_task_runs_inside_the_registry_image_on_both_nodes,
+    test_c2_a_second_job_of_the_same_image_pulls_nothing,
+    test_c3_the_mpi_example_runs_in_the_image_on_two_nodes_by_two_ranks,
+    test_c4_cancel_leaves_no_ch_run_and_no_program_on_any_node,
+    test_c5_an_image_that_does_not_exist_is_refused_at_submit_before_any_upload,
+    test_c6_in_the_container_a_researcher_is_themselves_and_sees_no_other_workspace,
+)
+from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]: frameworks)
     ddp_job,
     test_a_legacy_tuxiv_conf_job_runs_unchanged,
     test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker,
