@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tacc_agent.config import load_config
-from tacc_agent.errors import AgentError
+from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks import containers, execute, imagecache, records, store
 from tacc_agent.tasks.containers import Bind
 from tcloud.compiler import compile_task
@@ -98,6 +98,19 @@ def test_the_workspace_root_is_masked_where_an_extra_bind_shows_it(tmp_path):
     containers.prepare_mask(job, mask)
     assert sorted(p.name for p in mask.iterdir()) == ["alice", "bob"]
     assert (mask.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("path", ["/", "/data/a:b", "/data/a,b", "/data/..", "/data/a\nb"])
+def test_a_dataset_path_the_bind_syntax_cannot_carry_is_refused(tmp_path, path):
+    with pytest.raises(Rejected, match=r"datasets: the cluster path .* cannot be bound") as caught:
+        containers.job_binds(tmp_path, str(tmp_path), [path], [], "")
+    assert caught.value.field == "datasets"
+
+
+def test_a_dataset_path_is_bound_normalised(tmp_path):
+    job = containers.job_binds(tmp_path / "u", str(tmp_path), ["/data/x/../y/"], [], "")
+    assert Bind("/data/y", "/data/y") in job.binds
 
 
 def test_without_an_extra_bind_over_it_nothing_is_masked(tmp_path):

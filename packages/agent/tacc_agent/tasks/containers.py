@@ -30,13 +30,14 @@ cgroup limits it to the job's devices; CUDA_VISIBLE_DEVICES is inherited.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import ClassVar, Protocol
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 
 MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
 # The PATH of an image whose config sets none (the OCI/Docker default): never the node's.
@@ -164,11 +165,28 @@ class JobBinds:
     mask_dirs: list[Path] = field(default_factory=list)
 
 
+# Characters the runtimes' bind syntax gives a meaning (SRC:DST, Apptainer's a,b lists).
+BIND_SEPARATORS = (":", ",")
+
+
+def bindable(path: str) -> str:
+    """A dataset's cluster path as a bind: normalised, not the root, no separator."""
+    normal = os.path.normpath(path)
+    if normal == "/" or any(c in normal for c in BIND_SEPARATORS) or not normal.isprintable():
+        raise Rejected(
+            f"datasets: the cluster path {path!r} cannot be bound into the container "
+            "(expected a directory below /, without ':' or ',')",
+            "datasets",
+        )
+    return normal
+
+
 def job_binds(user_dir: Path, workspace: str, datasets: Sequence[str], extra: Sequence[str],
               spool_dir: str) -> JobBinds:  # fmt: skip
     """The job's binds, in mount order: ops' extra binds that exist on this node, the
     mask over the workspace root when an extra bind shows it, the user's directory,
     the datasets' cluster paths, Slurm's spool directory."""
+    datasets = [bindable(path) for path in datasets]
     user = str(user_dir)
     root = str(PurePosixPath(workspace))
     mask = user_dir / "images" / MASK
