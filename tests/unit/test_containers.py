@@ -296,6 +296,9 @@ def test_the_wrapper_runs_a_rank_in_the_image_with_the_tasks_variables(tmp_path)
 def test_a_wrapper_without_the_pulled_image_says_so(tmp_path):
     _, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["echo never"]})
     proc = agent("exec", str(job_dir), env=image_agent_env(tmp_path))
-    assert proc.returncode != 0
-    assert "the image is not in the cache on this node" in proc.stdout
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    log = next((job_dir / "logs").glob("rank-0-*.log")).read_text()
+    assert "the image is not in the cache on this node" in log
+    rank = records.ranks(job_dir)[0]
+    assert rank["state"] == "EXITED" and rank["exit_code"] == 1
     assert ch_runs(tmp_path) == []

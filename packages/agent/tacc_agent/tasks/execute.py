@@ -578,6 +578,12 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         env = launch.env
         if os.environ.get("TACC_VENV"):
             envcache.activate(Path(os.environ["TACC_VENV"]), env)
+        try:
+            container = job_container(task, job_dir, config)
+        except AgentError as exc:  # the batch step pulled the image: it is gone, or broken
+            note(str(exc))
+            records.write_rank(job_dir, rank, state="EXITED", exit_code=1, ended=time.time())
+            return 1
         records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
         if rank == 0:
             shaped = {k: v for k, v in launch.notes.items() if k != "transport"}
@@ -587,7 +593,6 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         )
-        container = job_container(task, job_dir, config)
         if container:
             runtime_user(env)
             command = in_container(command, container, task.runtime["launcher"])
