@@ -141,15 +141,19 @@ def test_c5_an_image_that_does_not_exist_is_refused_at_submit_before_any_upload(
     (project / "tcloud.yaml").write_text(text)
     unique = f"only in this task {time.time_ns()}\n".encode()
     (project / "data.txt").write_bytes(unique)
+    jobs = "ls /shared/tcloud/alice/jobs | wc -l"
+    jobs_before = node_sh(SLURM_LAB, "n1", jobs).stdout
     proc = alice("submit", str(project))
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     assert "n1:5000/tacc/no-such:1" in proc.stderr and "image" in proc.stderr, proc.stderr
     assert "unknown" in proc.stderr.lower(), proc.stderr  # the registry's own answer
-    # Nothing was uploaded: the file's blob is not in alice's store.
+    # Nothing was uploaded or made: the file's blob is nowhere in alice's store (nor in
+    # its partial uploads), and she has no new job directory.
     blob = hashlib.sha256(unique).hexdigest()
-    found = node_sh(SLURM_LAB, "n1", f"ls /shared/tcloud/alice/store | grep -c {blob} || true")
-    assert found.stdout.strip() == "0", found.stdout
+    found = node_sh(SLURM_LAB, "n1", f"find /shared/tcloud/alice/store -name '{blob}*'")
+    assert found.returncode == 0 and found.stdout.strip() == "", found.stdout
+    assert node_sh(SLURM_LAB, "n1", jobs).stdout == jobs_before
 
 
 @pytest.mark.security
