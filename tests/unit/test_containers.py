@@ -5,6 +5,7 @@ bind targets as ch-run does and then runs the line on the host."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import yaml
 
 from tacc_agent.config import load_config
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import containers, execute, imagecache, records, store
+from tacc_agent.tasks import containers, execute, imagecache, records, schedule, store
 from tacc_agent.tasks.containers import Bind
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
@@ -106,6 +107,18 @@ def test_a_dataset_path_the_bind_syntax_cannot_carry_is_refused(tmp_path, path):
     with pytest.raises(Rejected, match=r"datasets: the cluster path .* cannot be bound") as caught:
         containers.job_binds(tmp_path, str(tmp_path), [path], [], "")
     assert caught.value.field == "datasets"
+
+
+@pytest.mark.bad_input
+def test_an_unbindable_dataset_of_an_image_task_is_refused_at_submit(tmp_path):
+    task = execute.load(make_image_job(tmp_path, {
+        "name": "t", "run": ["true"], "datasets": [{"name": "d", "cluster": "/data/a:b"}],
+    })[1])  # fmt: skip
+    with pytest.raises(Rejected, match="'/data/a:b' cannot be bound") as caught:
+        schedule.check_container(task)
+    assert caught.value.field == "datasets"
+    plain = dataclasses.replace(task, image=None)
+    schedule.check_container(plain)  # without an image the path is only linked
 
 
 def test_a_dataset_path_is_bound_normalised(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import job_tags, records, submitting, sweeps, workspace
+from tacc_agent.tasks import containers, job_tags, records, submitting, sweeps, workspace
 from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import digest_of
 from tacc_contract.plugins import Node, Partition, PartitionLoad, Plugin, Submission
@@ -165,11 +165,21 @@ def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
         raise Rejected(str(exc), "plugins") from None
 
 
+def check_container(task: TaskSpec) -> None:
+    """A task in an image: every dataset's cluster path must be bindable into it (refused
+    at submit, not when the job starts)."""
+    if task.image:
+        for dataset in task.datasets:
+            if dataset.cluster:
+                containers.bindable(dataset.cluster)
+
+
 def plan(
     task: TaskSpec, job_dir: Path, config: AgentConfig, user_dir: Path | None = None,
     digest: str = "",
 ) -> Submission:  # fmt: skip
     """Check the task against the cluster, then let the scheduling plug-ins shape it."""
+    check_container(task)
     partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
     partition = check_feasible(task, partitions, nodes)
     submission = Submission(
