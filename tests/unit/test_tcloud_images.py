@@ -248,14 +248,37 @@ def test_an_agent_without_the_verb_is_a_version_mismatch_not_a_task_problem(fake
         {**RESOLVED, "pinned": f"n1:5000/tacc/other:bookworm@{DIGEST}"},  # another image
         {**RESOLVED, "pinned": REFERENCE},  # not pinned
         {**RESOLVED, "digest": "sha256:" + "00" * 32},  # disagrees with itself
+        {**RESOLVED, "pinned": f"n1:5000/tacc/base:trixie@{DIGEST}"},  # another tag
+        {**RESOLVED, "pinned": f"n1:5000/tacc/base@{DIGEST}"},  # the tag dropped
     ],
-    ids=["other-repository", "unpinned", "other-digest"],
+    ids=["other-repository", "unpinned", "other-digest", "other-tag", "no-tag"],
 )
 def test_an_answer_that_is_not_the_image_pinned_is_refused(fake, tmp_path, answer):
     fake.answer(("image", "resolve"), 0, answer)
     with fake.cluster() as cluster, pytest.raises(TcloudError, match="not that image pinned"):
         cluster.submit(project(tmp_path / "p"))
     assert fake.uploaded == []
+
+
+@pytest.mark.security
+def test_an_answer_that_replaces_the_digest_the_user_pinned_is_refused(fake, tmp_path):
+    """The user pinned the bits: an agent (or registry) answering another digest for the
+    same name must not change what runs."""
+    other = "sha256:" + "cd" * 32
+    fake.answer(
+        ("image", "resolve"), 0,
+        {"reference": PINNED, "pinned": f"{REFERENCE}@{other}", "digest": other},
+    )  # fmt: skip
+    with fake.cluster() as cluster, pytest.raises(TcloudError, match="not that image pinned"):
+        cluster.submit(project(tmp_path / "p", TASK_TEXT.replace(REFERENCE, PINNED)))
+    assert fake.uploaded == []
+
+
+def test_an_answer_keeping_the_digest_the_user_pinned_is_taken(fake, tmp_path):
+    fake.answer(("image", "resolve"), 0, {**RESOLVED, "reference": PINNED})
+    with fake.cluster() as cluster:
+        cluster.submit(project(tmp_path / "p", TASK_TEXT.replace(REFERENCE, PINNED)))
+    assert fake.uploaded
 
 
 # --- no cluster: validate and dry run show the reference as written -------------------------

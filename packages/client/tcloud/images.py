@@ -63,7 +63,8 @@ def unresolved(task: Task, reference: str, answer: str) -> TaskFileError:
 
 def pinned_answer(reference: str, answer: dict) -> str:
     """The pinned reference the agent answered, checked: a reference of the same
-    repository, pinned to the digest it says (the cluster checks it again)."""
+    repository and tag, pinned to the digest it says, which is the user's own digest when
+    they pinned one (the cluster checks it again)."""
     asked = parse_reference(reference)
     pinned = parse_reference(answer["pinned"])
     if (
@@ -71,6 +72,8 @@ def pinned_answer(reference: str, answer: dict) -> str:
         or pinned is None
         or pinned.digest != answer["digest"]
         or pinned.repository != asked.repository
+        or pinned.tag != asked.tag
+        or (asked.digest is not None and pinned.digest != asked.digest)
     ):
         raise TcloudError(
             f"the cluster's {AGENT} answered {answer['pinned']!r} (digest "
