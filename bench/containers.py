@@ -94,9 +94,10 @@ def marks(info: dict) -> dict[str, dict[str, float]]:
 
 
 def pull_by_hand(digest: str) -> float:
-    """skopeo copy + umoci unpack --rootless as the user on a compute node, into /tmp."""
+    """skopeo copy + umoci unpack --rootless as the user on a compute node, into the
+    user's workspace: the filesystem the cache is on (a node's /tmp is a tmpfs)."""
     reference = IMAGE.rsplit(":", 1)[0] + "@" + digest
-    work = "/tmp/bench-pull"
+    work = f"/shared/tcloud/{USER}/.bench-pull"
     script = (
         f"rm -rf {work} && mkdir -p {work} && start=$(date +%s.%N) && "
         f"skopeo copy --quiet docker://{reference} oci:{work}/oci:img && "
