@@ -59,13 +59,53 @@ def test_the_registry_serves_the_seeded_archive_by_its_digest(cluster):
     assert conf.count("insecure = true") == 1
 
 
+def seeded_copy(name: str) -> str:
+    """Where the role copies the archive seeded as `name` on the registry host."""
+    return f"{SEED_DIR}/{hashlib.sha256(name.encode()).hexdigest()}.oci.tar"
+
+
 @pytest.mark.lab
 def test_pushing_the_seed_again_changes_nothing(cluster):
     archive, name = seeded(cluster)
-    port = lab_vars(cluster)["image_registry_port"]
-    seed = [f"{SEED_DIR}/image_seed.py", "--registry", f"localhost:{port}"]
-    out = sh("n1", shlex.join(["python3", *seed, "--", f"{SEED_DIR}/{archive.name}", name]))
+    settings = lab_vars(cluster)
+    seed = [
+        f"{SEED_DIR}/image_seed.py", "--registry", settings["tacc_image_registry"],
+        "--seed-registry", "127.0.0.1:5001", "--seed-command", "/usr/bin/docker-registry",
+        "--seed-config", "/etc/docker/registry/seed.yml", "--seed-user", "docker-registry",
+    ]  # fmt: skip
+    out = sh("n1", shlex.join(["python3", *seed, "--", seeded_copy(name), name]))
     assert out.splitlines() == [f"present {name} {archive_digest(archive)}", "ok"]
+
+
+@pytest.mark.lab
+@pytest.mark.security
+def test_a_researcher_cannot_push_into_the_cluster_registry(cluster):
+    """The registry is read-only to the cluster network: alice replacing the seeded tag
+    (everyone's next submit would pin her digest and run her code as them) or filling the
+    registry's disk with a new repository is refused, and the served digest is unchanged.
+    Nothing writable listens on n1 between seeds."""
+    archive, name = seeded(cluster)
+    registry = lab_vars(cluster)["tacc_image_registry"]
+    target = f"docker://{registry}/{name}"
+    digest = archive_digest(archive)
+    # Another manifest for the same image (converted to Docker v2s2): a new digest.
+    script = f"""
+skopeo copy --quiet --format v2s2 {shlex.quote(target)} {shlex.quote(target)} 2>&1
+echo "replace=$?"
+skopeo copy --quiet {shlex.quote(target)} {shlex.quote(f"docker://{registry}/alice/fill:x")} 2>&1
+echo "new=$?"
+"""
+    out = sh("n2", shlex.join(["runuser", "-u", "alice", "--", "sh", "-c", script]))
+    assert "replace=1" in out.splitlines(), out
+    assert "new=1" in out.splitlines(), out
+    assert out.count("StatusCode: 405") == 2, out
+    served = sh("n2", f"skopeo inspect --format '{{{{.Digest}}}}' {shlex.quote(target)}")
+    assert served.strip() == digest
+    # Only the read-only instance listens, on the cluster address: nothing on the
+    # loopback, nothing on the seeding port.
+    address = yaml.safe_load(cluster.read_text())["all"]["hosts"]["n1"]["ansible_host"]
+    ports = [line.split()[3] for line in sh("n1", "ss -Hltn").splitlines()]
+    assert [port for port in ports if port.endswith((":5000", ":5001"))] == [f"{address}:5000"]
 
 
 @pytest.mark.lab

@@ -1,5 +1,6 @@
 """roles/image_registry and roles/container_runtime without a lab: the seeding script
-pushes an archive only while the registry lacks its digest (and never in check mode), the
+pushes an archive only while the registry lacks its digest (and never in check mode),
+through a writable loopback instance it starts only for the push and stops after, the
 registries file is valid TOML naming the cluster registry, insecure only when asked."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -67,24 +69,65 @@ def registry() -> Iterator[str]:
     server.shutdown()
 
 
+# A stand-in for `docker-registry serve CONFIG`: answers /v2/ on the config's http.addr
+# until it is terminated, logging "serve CONFIG" and "stopped" to the calls.
+FAKE_REGISTRY = f"""#!{sys.executable}
+import json, os, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class V2(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+    def log_message(self, *a): pass
+calls = os.path.join(os.environ["FAKE_DIR"], "calls")
+with open(calls, "a") as f: f.write(" ".join(sys.argv[1:]) + "\\n")
+host, port = json.load(open(sys.argv[2]))["addr"].rsplit(":", 1)
+server = HTTPServer((host, int(port)), V2)
+def stop(*_):
+    with open(calls, "a") as f: f.write("stopped\\n")
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+server.serve_forever()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture
 def fake(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    skopeo = bin_dir / "skopeo"
-    skopeo.write_text(FAKE_SKOPEO)
-    skopeo.chmod(skopeo.stat().st_mode | stat.S_IXUSR)
+    for name, text in (("skopeo", FAKE_SKOPEO), ("docker-registry", FAKE_REGISTRY)):
+        tool = bin_dir / name
+        tool.write_text(text)
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "base.oci.tar").write_bytes(MANIFEST)
+    (tmp_path / "seed.yml").write_text(json.dumps({"addr": f"127.0.0.1:{free_port()}"}))
     return tmp_path
+
+
+def seed_address(fake: Path) -> str:
+    return json.loads((fake / "seed.yml").read_text())["addr"]
 
 
 def seed(fake: Path, registry: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake)}
     return subprocess.run(
-        [sys.executable, str(SEED), "--registry", registry, "--wait", "5", *extra, "--",
+        [sys.executable, str(SEED), "--registry", registry, "--wait", "5",
+         "--seed-registry", seed_address(fake), "--seed-command", str(fake / "bin/docker-registry"),
+         "--seed-config", str(fake / "seed.yml"), *extra, "--",
          str(fake / "base.oci.tar"), "tacc/base:bookworm"],
         capture_output=True, text=True, env=env, check=False, timeout=60,
     )  # fmt: skip
+
+
+def listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) == 0
 
 
 def calls(fake: Path) -> list[str]:
@@ -92,18 +135,43 @@ def calls(fake: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_an_absent_image_is_pushed_once_then_left_alone(fake: Path, registry: str) -> None:
+@pytest.mark.security
+def test_an_absent_image_is_pushed_once_through_the_loopback_instance_then_left_alone(
+    fake: Path, registry: str
+) -> None:
+    """The serving registry is read-only: the push goes to the writable instance on the
+    loopback, started for it and stopped after (no writable listener stays up)."""
     first = seed(fake, registry)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [f"pushed tacc/base:bookworm {DIGEST}", "changed"]
+    seeding = seed_address(fake)
     pushes = [c for c in calls(fake) if c.startswith("copy")]
     assert pushes == [
         "copy --quiet --preserve-digests --dest-tls-verify=false "
-        f"oci-archive:{fake}/base.oci.tar docker://{registry}/tacc/base:bookworm"
+        f"oci-archive:{fake}/base.oci.tar docker://{seeding}/tacc/base:bookworm"
     ]
+    assert [c for c in calls(fake) if c.startswith(("serve", "stopped"))] == [
+        f"serve {fake}/seed.yml",
+        "stopped",
+    ]
+    assert not listening(seeding)
     again = seed(fake, registry)
     assert again.stdout.splitlines() == [f"present tacc/base:bookworm {DIGEST}", "ok"]
     assert len([c for c in calls(fake) if c.startswith("copy")]) == 1
+    assert len([c for c in calls(fake) if c.startswith("serve")]) == 1  # not started again
+
+
+@pytest.mark.bad_input
+def test_a_seeding_instance_off_the_loopback_is_refused(fake: Path, registry: str) -> None:
+    env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake)}
+    proc = subprocess.run(
+        [sys.executable, str(SEED), "--registry", registry, "--seed-registry", "10.0.0.1:5001",
+         "--", str(fake / "base.oci.tar"), "tacc/base:bookworm"],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--seed-registry must be on the loopback" in proc.stderr
+    assert not calls(fake)
 
 
 def test_check_mode_says_what_it_would_push_and_pushes_nothing(fake: Path, registry: str) -> None:
@@ -111,7 +179,7 @@ def test_check_mode_says_what_it_would_push_and_pushes_nothing(fake: Path, regis
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "changed"
     assert "would push tacc/base:bookworm" in proc.stdout
-    assert not [c for c in calls(fake) if c.startswith("copy")]
+    assert not [c for c in calls(fake) if c.startswith(("copy", "serve"))]
     assert not (fake / "served").exists()
 
 
