@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tacc_lab import lab
 from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
 from tacc_lab.inventory import (
     REGISTRY_GROUP,
     ContainerImage,
@@ -104,6 +106,7 @@ def lab_with_fake_build(tmp_path: Path, monkeypatch) -> tuple[LabConfig, list[in
         return OciImage(archive, "tacc/base:bookworm", 12.5)
 
     monkeypatch.setattr(lab, "ensure_oci_image", fake_build)
+    monkeypatch.setattr(lab, "archive_path", lambda: archive)  # the current build's name
     return LabConfig.create("ctr", "10.77.31.0/24", state_root=tmp_path / "state"), builds
 
 
@@ -129,3 +132,45 @@ def test_a_kept_option_rebuilds_an_archive_the_cache_lost(tmp_path: Path, monkey
     image.archive.unlink()
     again, seconds = lab._container_image_for(cfg, None, print)
     assert again == image and seconds == 12.5 and builds == [1, 1]
+
+
+def test_a_kept_archive_of_an_earlier_build_is_built_again(tmp_path: Path, monkeypatch) -> None:
+    """After the build changed (a new key, e.g. BUILD_FORMAT), a lab that kept the old
+    archive must not go on seeding it."""
+    cfg, builds = lab_with_fake_build(tmp_path, monkeypatch)
+    earlier = tmp_path / "base-bookworm-0123456789abcdef.oci.tar"
+    earlier.write_bytes(b"old oci")
+    lab._save_container_image(cfg, ContainerImage(earlier, "tacc/base:bookworm"))
+    image, seconds = lab._container_image_for(cfg, None, print)
+    assert image == ContainerImage(tmp_path / "base.oci.tar", "tacc/base:bookworm")
+    assert seconds == 12.5 and builds == [1]
+    assert lab.lab_container_image(cfg) == image
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "text", ["{}", "[]", '{"archive": 5, "name": "tacc/base:bookworm"}', '{"archive": "/a"}']
+)
+def test_a_malformed_container_image_file_is_a_lab_error(tmp_path: Path, text: str) -> None:
+    cfg = LabConfig.create("ctr", "10.77.31.0/24", state_root=tmp_path / "state")
+    cfg.state_dir.mkdir(parents=True)
+    cfg.container_image_file.write_text(text)
+    with pytest.raises(LabError, match=r"expected \{\"archive\": PATH.*run `tacc-lab down`"):
+        lab.lab_container_image(cfg)
+
+
+def test_the_container_image_file_is_written_whole(tmp_path: Path, monkeypatch) -> None:
+    """Written next to its name and renamed: a crash never leaves half a file to parse."""
+    cfg, _ = lab_with_fake_build(tmp_path, monkeypatch)
+    renames: list[tuple[str, str]] = []
+    real_replace = lab.os.replace
+
+    def replace(src, dst) -> None:
+        renames.append((Path(src).name, Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(lab.os, "replace", replace)
+    lab._container_image_for(cfg, True, print)
+    name = cfg.container_image_file.name
+    assert renames == [(f".{name}.partial", name)]
+    assert sorted(p.name for p in cfg.state_dir.iterdir()) == [name]

@@ -3,6 +3,7 @@ what names its cache entry, and that a cached archive is reused without building
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,55 @@ def test_up_with_the_option_checks_the_build_tools_first() -> None:
         check_prerequisites(euid=0, which=which, container_image=True)
     check_prerequisites(euid=0, which=which)  # a lab without the option needs neither
     assert {"mmdebstrap", "mmtarfilter", "umoci", "skopeo"} == set(CONTAINER_IMAGE_COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MARKER_FILE", "/etc/other-marker"),
+        ("SEED_NAME", "tacc/base:other"),
+        ("FILTER_ARGV", ["mmtarfilter", "--path-exclude=/dev/*", "--path-exclude=/tmp/*"]),
+        ("IMAGE_PATH", "/usr/bin:/bin"),
+    ],
+)
+def test_the_cache_key_covers_the_marker_seed_name_filter_and_config(
+    monkeypatch, name: str, value: object
+) -> None:
+    """Each decides what the archive holds: changing one must not reuse the old archive."""
+    before = oci_image.build_key()
+    monkeypatch.setattr(oci_image, name, value)
+    assert oci_image.build_key() != before
+
+
+def test_the_cache_key_covers_the_umoci_config_words(monkeypatch) -> None:
+    before = oci_image.build_key()
+    real = oci_image.umoci_argvs
+
+    def other_cmd(layout: Path, layer: Path) -> list[list[str]]:
+        return [
+            [word.replace("/bin/bash", "/bin/sh") for word in argv] for argv in real(layout, layer)
+        ]
+
+    monkeypatch.setattr(oci_image, "umoci_argvs", other_cmd)
+    assert oci_image.build_key() != before
+
+
+def test_leftovers_go_but_a_fresh_build_and_the_previous_archive_stay(tmp_path: Path) -> None:
+    """Killed builds' scratch directories (a day old) go; the archive before the current
+    one stays (a lab may be copying it into its registry), older ones go."""
+    now = 1_000_000_000.0
+    day = oci_image.SCRATCH_MAX_AGE
+    killed, running = tmp_path / ".build-killed", tmp_path / ".build-running"
+    for scratch, age in ((killed, day + 60), (running, 600)):
+        (scratch / "layout").mkdir(parents=True)
+        os.utime(scratch, (now - age, now - age))
+    current = oci_image.archive_path(tmp_path)
+    previous = tmp_path / "base-bookworm-1111111111111111.oci.tar"
+    oldest = tmp_path / "base-bookworm-2222222222222222.oci.tar"
+    for archive, age in ((current, 0), (previous, 3600), (oldest, 7200)):
+        archive.write_bytes(b"oci")
+        os.utime(archive, (now - age, now - age))
+    oci_image._remove_leftovers(tmp_path, current, now=now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".build-running", current.name, previous.name]
+    )

@@ -36,7 +36,7 @@ from tacc_lab.nodes import (
     wait_for_ssh,
     write_known_hosts,
 )
-from tacc_lab.oci_image import ensure_oci_image
+from tacc_lab.oci_image import archive_path, ensure_oci_image
 from tacc_lab.prereqs import check_prerequisites
 from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
@@ -159,33 +159,49 @@ def _container_image_for(
     cfg: LabConfig, wanted: bool | None, log
 ) -> tuple[ContainerImage | None, float | None]:
     """The container image the lab seeds (built first if this machine lacks it), kept in
-    the lab's state so a later `up` without the option keeps it."""
+    the lab's state so a later `up` without the option keeps it. A kept archive that is
+    not the current build's (the build changed since) or is gone is built again."""
     if wanted is None:
         kept = lab_container_image(cfg)
-        if kept is None or kept.archive.is_file():
+        if kept is None or (kept.archive == archive_path() and kept.archive.is_file()):
             return kept, None
-        wanted = True  # the cache was cleared since: build it again
+        wanted = True  # the cache was cleared or the build changed since: build it again
     if not wanted:
         cfg.container_image_file.unlink(missing_ok=True)
         return None, None
     built = ensure_oci_image(log=log)
     image = ContainerImage(built.archive, built.seed_name)
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    cfg.container_image_file.write_text(
-        json.dumps({"archive": str(image.archive), "name": image.name}) + "\n"
-    )
+    _save_container_image(cfg, image)
     return image, built.build_seconds
+
+
+def _save_container_image(cfg: LabConfig, image: ContainerImage) -> None:
+    """Written next to its name and renamed into place: never half a file."""
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    target = cfg.container_image_file
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(json.dumps({"archive": str(image.archive), "name": image.name}) + "\n")
+    os.replace(partial, target)
 
 
 def lab_container_image(cfg: LabConfig) -> ContainerImage | None:
     """The container image the lab seeds, if it was brought up with one."""
+    where = cfg.container_image_file
     try:
-        saved = json.loads(cfg.container_image_file.read_text())
+        saved = json.loads(where.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        where = cfg.container_image_file
         raise LabError(f"{where}: unreadable ({exc}); run `tacc-lab down`") from exc
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("archive"), str)
+        or not isinstance(saved.get("name"), str)
+    ):
+        raise LabError(
+            f'{where}: expected {{"archive": PATH, "name": NAME}}, found '
+            f"{json.dumps(saved)[:80]}; run `tacc-lab down`"
+        )
     return ContainerImage(Path(saved["archive"]), saved["name"])
 
 

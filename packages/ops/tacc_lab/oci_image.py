@@ -9,9 +9,13 @@ image as an OCI archive. The image_registry role pushes that archive into the la
 registry as tacc/base:bookworm (roles/image_registry, `image_registry_seed`).
 
 The archive is cached under OCI_CACHE, named by a digest of everything that decides its
-contents (suite, package list, build settings), so it is built once per machine and
-package list and shared by every lab; a build is written next to its final name and
-renamed into place, so an interrupted one leaves nothing that looks finished.
+contents (suite, package list, the build's commands and settings), so it is built once
+per machine and package list and shared by every lab; a build is written next to its
+final name and renamed into place, so an interrupted one leaves nothing that looks
+finished (its scratch directory is removed by the next build, under the build lock, once
+a day old). After a build the archive before it is kept (a lab may still be copying it
+into its registry); older ones are removed. A lab whose kept archive is not the current
+build's builds again (lab.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -82,6 +87,11 @@ def build_key(
         "dpkg_options": list(dpkg_options),
         "bind_targets": list(BIND_TARGETS),
         "path": IMAGE_PATH,
+        "marker": [MARKER_FILE, SEED_NAME],
+        "filter": FILTER_ARGV,
+        # The commands' words (paths are placeholders: where a build runs is not content).
+        "umoci": umoci_argvs(Path("LAYOUT"), Path("LAYER")),
+        "archive": skopeo_archive_argv(Path("LAYOUT"), Path("ARCHIVE")),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -133,6 +143,23 @@ def skopeo_archive_argv(layout: Path, archive: Path) -> list[str]:
     return ["skopeo", "copy", "--quiet", f"oci:{layout}:{TAG}", f"oci-archive:{archive}:{TAG}"]
 
 
+# A build's scratch directory older than this is a killed build's (a build takes minutes).
+SCRATCH_MAX_AGE = 24 * 3600
+
+
+def _remove_leftovers(cache: Path, archive: Path, now: float | None = None) -> None:
+    """Under the build lock: killed builds' scratch directories (a day old), and archives
+    of earlier builds but the newest of them (a lab may be copying that one)."""
+    now = time.time() if now is None else now
+    for scratch in cache.glob(".build-*"):
+        if scratch.is_dir() and now - scratch.stat().st_mtime > SCRATCH_MAX_AGE:
+            shutil.rmtree(scratch, ignore_errors=True)
+    earlier = [stale for stale in cache.glob(f"base-{SUITE}-*.oci.tar") if stale != archive]
+    earlier.sort(key=lambda stale: stale.stat().st_mtime, reverse=True)
+    for stale in earlier[1:]:
+        stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def _build_lock(cache: Path) -> Iterator[None]:
     """One build at a time per machine (two labs coming up at once share one build)."""
@@ -174,6 +201,7 @@ def ensure_oci_image(cache: Path = OCI_CACHE, log=print) -> OciImage:
     with _build_lock(cache):
         if archive.is_file():  # built by a lab that held the lock before us
             return OciImage(archive, SEED_NAME, None)
+        _remove_leftovers(cache, archive)
         log(f"building the lab's container image {SEED_NAME} (once per machine) ...")
         start = time.monotonic()
         with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as scratch:
@@ -188,7 +216,5 @@ def ensure_oci_image(cache: Path = OCI_CACHE, log=print) -> OciImage:
             run(skopeo_archive_argv(layout, partial))
             partial.chmod(0o644)
             partial.rename(archive)
-        for stale in cache.glob(f"base-{SUITE}-*.oci.tar"):
-            if stale != archive:
-                stale.unlink(missing_ok=True)
+        _remove_leftovers(cache, archive)
         return OciImage(archive, SEED_NAME, time.monotonic() - start)
