@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -42,6 +43,7 @@ inspect)
               else echo "manifest unknown: manifest unknown" >&2; exit 1; fi;;
   esac;;
 copy)
+  if [ -n "$FAKE_HANG" ]; then sleep 60; fi
   for a in "$@"; do
     case "$a" in oci-archive:*) cp "${a#oci-archive:}" "$FAKE_DIR/served";; esac
   done;;
@@ -159,6 +161,38 @@ def test_an_absent_image_is_pushed_once_through_the_loopback_instance_then_left_
     assert again.stdout.splitlines() == [f"present tacc/base:bookworm {DIGEST}", "ok"]
     assert len([c for c in calls(fake) if c.startswith("copy")]) == 1
     assert len([c for c in calls(fake) if c.startswith("serve")]) == 1  # not started again
+
+
+@pytest.mark.security
+@pytest.mark.fault
+def test_a_killed_seeding_leaves_no_writable_listener(fake: Path, registry: str) -> None:
+    """SIGKILL while it pushes (an Ansible timeout, an operator's ^C): the loopback
+    instance stops with it instead of staying up writable."""
+    env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake),
+           "FAKE_HANG": "1"}  # fmt: skip
+    seeding = seed_address(fake)
+    proc = subprocess.Popen(
+        [sys.executable, str(SEED), "--registry", registry, "--wait", "5",
+         "--seed-registry", seeding, "--seed-command", str(fake / "bin/docker-registry"),
+         "--seed-config", str(fake / "seed.yml"), "--",
+         str(fake / "base.oci.tar"), "tacc/base:bookworm"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not [c for c in calls(fake) if c.startswith("copy")]:
+            assert time.monotonic() < deadline, "the push never started"
+            time.sleep(0.1)
+        assert listening(seeding)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while listening(seeding):
+            assert time.monotonic() < deadline, "the seeding instance outlived the script"
+            time.sleep(0.1)
+        assert calls(fake)[-1] == "stopped"
+    finally:
+        proc.kill()
 
 
 @pytest.mark.bad_input

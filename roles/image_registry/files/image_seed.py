@@ -20,7 +20,11 @@ Runs on the registry host. Standard library only.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import hashlib
+import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -90,6 +94,19 @@ def push(archive: str, target: str) -> None:
         raise SeedError(f"skopeo copy {archive} {target}: {proc.stderr.decode().strip()}")
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(parent: int) -> None:
+    """In the seeding instance's process, before exec (after its user switch, which
+    would clear it): SIGTERM when this script dies, even by SIGKILL, so no writable
+    listener outlives a killed seeding."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
 @contextmanager
 def seeding_instance(args: argparse.Namespace) -> Iterator[None]:
     """The writable loopback instance, running for the duration (started here when
@@ -104,6 +121,7 @@ def seeding_instance(args: argparse.Namespace) -> Iterator[None]:
         proc = subprocess.Popen(
             [args.seed_command, "serve", args.seed_config],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/", **as_user,
+            preexec_fn=functools.partial(stop_with_parent, os.getpid()),  # single-threaded
         )  # fmt: skip
         try:
             try:
