@@ -88,6 +88,7 @@ SCRIPTS = (
         ("--runs", "3", "--samples", "3"),
         ("--runs", "1", "--samples", "1"),
     ),
+    Script("containers", "containers.py", ("--rounds", "5"), ("--rounds", "1")),
 )
 BY_NAME = {script.name: script for script in SCRIPTS}
 KEEP_LINES = 80  # of each script's output, kept in results.json
@@ -890,6 +891,32 @@ def section_frameworks(entry: dict | None) -> list[str]:
     return lines
 
 
+def section_containers(entry: dict | None) -> list[str]:
+    lines = ["## Containers: a task in an image against the same without one "
+             "(bench/containers.py)", "", *missing(entry, "containers")]  # fmt: skip
+    r = (entry or {}).get("result") or {}
+    if not r:
+        return lines
+    pull, start = r.get("first_pull") or {}, r.get("cached_start") or {}
+    mib = (pull.get("bytes") or 0) / 2**20
+    rows = [
+        [f"first pull + unpack of the lab image ({mib:.0f} MiB unpacked; batch step / "
+         "skopeo + umoci by hand, same filesystem)", fmt(dig(pull, ("tcloud", "median")), " s"),
+         fmt(dig(pull, ("by_hand", "median")), " s"), fmt(pull.get("ratio"), "x")],
+        ["per rank: program start -> first output line (image cached / no image)",
+         fmt(dig(start, ("rank_image", "median")), " s", 3),
+         fmt(dig(start, ("rank_none", "median")), " s", 3), fmt(start.get("rank_ratio"), "x")],
+        ["submit -> rank 0's first output line, 2 nodes (image cached / no image)",
+         fmt(dig(start, ("submit_image", "median")), " s"),
+         fmt(dig(start, ("submit_none", "median")), " s"), fmt(start.get("submit_ratio"), "x")],
+    ]  # fmt: skip
+    lines += table(["measurement", "ours", "baseline", "ratio"], rows)
+    load = " ".join(f"{x:.1f}" for x in r.get("load_at_start") or [])
+    lines += [f"Medians of {r.get('rounds')} interleaved rounds; load at start {load}.",
+              f"Reproduce: {cmd(entry)}", ""]  # fmt: skip
+    return lines
+
+
 def section_runs(results: dict) -> list[str]:
     rows = []
     for name, entry in results["scripts"].items():
@@ -969,6 +996,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_cli_startup(scripts.get("cli_startup")),
         *section_plugins(scripts.get("plugins")),
         *section_frameworks(scripts.get("frameworks")),
+        *section_containers(scripts.get("containers")),
         *section_lab(scripts.get("lab_up")),
     ]
     report = out_dir / "REPORT.md"
