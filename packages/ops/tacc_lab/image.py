@@ -11,7 +11,6 @@ TACC_LAB_IMAGE_FLAVOR: the bare image plus the packages the roles install, preba
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -25,6 +24,7 @@ from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.prebake import ROLE_PACKAGES, finish, mmdebstrap_argv
 from tacc_lab.runner import run
+from tacc_lab.state import locked
 
 SUITE = "bookworm"
 RECIPE_VERSION = "2"
@@ -86,9 +86,7 @@ def ensure_image(cfg: LabConfig, log=print, flavor: str | None = None) -> tuple[
     target = image_path(cfg, flavor)
     if (target / COMPLETE_MARK).exists():
         return target, None
-    cfg.image_cache.mkdir(parents=True, exist_ok=True)
-    with open(cfg.image_cache / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(cfg.image_cache, ".build.lock"):
         if (target / COMPLETE_MARK).exists():  # another lab built it meanwhile
             return target, None
         return target, _build(cfg, target, flavor, log)

@@ -20,7 +20,6 @@ build's builds again (lab.py).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shlex
@@ -28,8 +27,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +35,7 @@ from tacc_lab.config import OCI_CACHE
 from tacc_lab.errors import LabError
 from tacc_lab.prereqs import CONTAINER_IMAGE_COMMANDS, missing_commands
 from tacc_lab.runner import run
+from tacc_lab.state import locked
 
 SUITE = "bookworm"
 # What tasks in the lab's image need: Python, NumPy, MPI for Python and Open MPI (whose
@@ -143,6 +141,7 @@ def skopeo_archive_argv(layout: Path, archive: Path) -> list[str]:
     return ["skopeo", "copy", "--quiet", f"oci:{layout}:{TAG}", f"oci-archive:{archive}:{TAG}"]
 
 
+BUILD_LOCK = ".build.lock"
 # A build's scratch directory older than this is a killed build's (a build takes minutes).
 SCRATCH_MAX_AGE = 24 * 3600
 
@@ -158,18 +157,6 @@ def _remove_leftovers(cache: Path, archive: Path, now: float | None = None) -> N
     earlier.sort(key=lambda stale: stale.stat().st_mtime, reverse=True)
     for stale in earlier[1:]:
         stale.unlink(missing_ok=True)
-
-
-@contextmanager
-def _build_lock(cache: Path) -> Iterator[None]:
-    """One build at a time per machine (two labs coming up at once share one build)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _write_layer(sources: list[Path], layer: Path) -> None:
@@ -198,7 +185,8 @@ def ensure_oci_image(cache: Path = OCI_CACHE, log=print) -> OciImage:
             f"--container-image needs {', '.join(sorted(missing))}; install them with: "
             f"apt-get install {' '.join(sorted(set(missing.values())))}"
         )
-    with _build_lock(cache):
+    # One build at a time per machine (two labs coming up at once share one build).
+    with locked(cache, BUILD_LOCK):
         if archive.is_file():  # built by a lab that held the lock before us
             return OciImage(archive, SEED_NAME, None)
         _remove_leftovers(cache, archive)

@@ -47,9 +47,11 @@ def save_state(path: Path, state: LabState) -> None:
 
 
 @contextmanager
-def locked(state_dir: Path) -> Iterator[None]:
-    """Serialize lab changes: two `tacc-lab up` at once would race on the same nodes."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / ".lock", "w") as handle:
+def locked(directory: Path, name: str = ".lock") -> Iterator[None]:
+    """An exclusive flock on `directory`/`name`, waited for: lab changes (two `tacc-lab
+    up` at once would race on the same nodes) and the machine's image builds (labs that
+    come up side by side wait for one build) are serialized this way."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / name, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
