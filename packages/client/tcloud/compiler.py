@@ -73,10 +73,12 @@ def compile_task(
     names now (the cluster answers), so the digest covers the image's exact bits;
     without it (dry run, local checks) the reference stays as the task wrote it."""
     plugins = select(from_env(), task=task.plugins) if plugins is None else plugins
+    # Asked before the files are hashed: a reference the cluster refuses costs no hashing.
+    pinned = resolve_image(task.image) if task.image and resolve_image is not None else None
     manifest = build_manifest(task, hasher)
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
-    if task.image and resolve_image is not None:
-        document["task"]["image"] = resolve_image(task.image)
+    if pinned is not None:
+        document["task"]["image"] = pinned
     shaped = {}
     for plugin in in_layer(plugins, "compile"):
         try:
