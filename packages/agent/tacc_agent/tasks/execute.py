@@ -336,10 +336,11 @@ def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare
     lock_timeout = config.image_lock_timeout_seconds
     if prepare:
         puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds)
-        image = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller,
-                                  config.container_runtime)  # fmt: skip
-        imagecache.record_for_job(job_dir, {**image, "runtime": config.container_runtime})
-    marker = imagecache.marker_of(user_dir, ref)
+        marker = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller,
+                                   config.container_runtime)  # fmt: skip
+        imagecache.record_for_job(job_dir, {**marker, "runtime": config.container_runtime})
+    else:  # a wrapper: the batch step pulled it
+        marker = imagecache.marker_of(user_dir, ref)
     datasets = [d.cluster for d in task.datasets if d.cluster]
     job = containers.job_binds(user_dir, config.workspace, datasets, config.container_binds,
                                config.slurm_spool_dir)  # fmt: skip
