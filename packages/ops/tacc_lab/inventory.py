@@ -136,9 +136,9 @@ def render_inventory(
     head = min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index).name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
     hosts: dict[str, dict] = {}
+    registry = container_image is not None
     for node in sorted(nodes, key=lambda n: n.index):
         hosts[node.name] = {"ansible_host": node.address}
-        registry = container_image is not None
         for group in groups_for(node.index, count, login_node=login_node, image_registry=registry):
             groups[group]["hosts"][node.name] = None
     ssh_args = (
