@@ -25,14 +25,20 @@ knows keeps its meaning; ops' extra binds (`container_binds`, default /shared) w
 workspace root masked by an empty private directory, so other users' directories are
 not visible even where Unix permissions would allow it; Slurm's spool directory (the
 PMIx server's sockets of `srun --mpi=pmix`). GPUs: the node's /dev comes in and Slurm's
-cgroup limits it to the job's devices; CUDA_VISIBLE_DEVICES is inherited.
+cgroup limits it to the job's devices; CUDA_VISIBLE_DEVICES is inherited. The driver's
+user-space files (libcuda, nvidia-smi, ...: they must match the node's kernel module, so
+they cannot come from the image) come from the directory the nvidia_gpu role assembles
+(agent setting `container_gpu_driver_dir`), bound at /usr/local/nvidia (read-only in
+effect: root's files; ch-run 0.31 has no read-only bind option), the
+place nvidia-docker 1.0 used and CUDA base images still put on PATH and LD_LIBRARY_PATH;
+only for a job given GPUs, on a node that has the directory. NOT TESTED on a real GPU.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import ClassVar, Protocol
@@ -40,6 +46,14 @@ from typing import ClassVar, Protocol
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 
 MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
+# Where the node's NVIDIA driver directory appears in the container, and what of it goes
+# at the end of the image's search paths (nvidia-docker 1.0's layout).
+GPU_DRIVER_TARGET = "/usr/local/nvidia"
+GPU_SEARCH_PATHS = {"PATH": f"{GPU_DRIVER_TARGET}/bin",
+                    "LD_LIBRARY_PATH": f"{GPU_DRIVER_TARGET}/lib64"}  # fmt: skip
+# Slurm's variables naming the GPUs of a job or step; "NoDevFiles": a Gres without devices.
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+NO_GPUS = ("", "NoDevFiles")
 # The PATH of an image whose config sets none (the OCI/Docker default): never the node's.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -163,6 +177,8 @@ class JobBinds:
     mount_points: list[str] = field(default_factory=list)
     # Directories to make in the mask (the user's own place in the masked workspace).
     mask_dirs: list[Path] = field(default_factory=list)
+    # Directories to add at the end of the container's search paths {variable: dir}.
+    search_paths: dict[str, str] = field(default_factory=dict)
 
 
 # Characters the runtimes' bind syntax gives a meaning (SRC:DST, Apptainer's a,b lists).
@@ -181,12 +197,39 @@ def bindable(path: str) -> str:
     return normal
 
 
+def given_gpus(environ: Mapping[str, str]) -> bool:
+    """Whether Slurm gave this job (or step) GPUs: one of its GPU variables names some."""
+    return any(environ.get(name, "") not in NO_GPUS for name in GPU_VARIABLES)
+
+
+def gpu_driver_source(directory: str | None) -> str | None:
+    """The agent setting `container_gpu_driver_dir` as a bind source (None: unset)."""
+    if not directory:
+        return None
+    normal = os.path.normpath(directory)
+    if (not normal.startswith("/") or normal == "/" or not normal.isprintable()
+            or any(c in normal for c in BIND_SEPARATORS)):  # fmt: skip
+        raise AgentError(
+            f"container_gpu_driver_dir: expected an absolute directory below / without ':' "
+            f"or ',', not {directory!r}",
+            EXIT_CLUSTER,
+        )
+    return normal
+
+
 def job_binds(user_dir: Path, workspace: str, datasets: Sequence[str], extra: Sequence[str],
-              spool_dir: str) -> JobBinds:  # fmt: skip
+              spool_dir: str, *, gpu_driver_dir: str | None = None,
+              environ: Mapping[str, str] | None = None) -> JobBinds:  # fmt: skip
     """The job's binds, in mount order: ops' extra binds that exist on this node, the
     mask over the workspace root when an extra bind shows it, the user's directory,
-    the datasets' cluster paths, Slurm's spool directory."""
+    the datasets' cluster paths, Slurm's spool directory, and for a job given GPUs
+    (`environ`'s Slurm variables, default the process's) the node's NVIDIA driver
+    directory `gpu_driver_dir` at /usr/local/nvidia where it exists (its
+    mount point is made in the image wherever the setting is on, so a node without the
+    directory does not leave the image without it for the nodes that have one)."""
     datasets = [bindable(path) for path in datasets]
+    driver = gpu_driver_source(gpu_driver_dir)
+    gpus = driver is not None and given_gpus(os.environ if environ is None else environ)
     user = str(user_dir)
     root = str(PurePosixPath(workspace))
     mask = user_dir / "images" / MASK
@@ -206,7 +249,14 @@ def job_binds(user_dir: Path, workspace: str, datasets: Sequence[str], extra: Se
         elif covering[-1].source == str(mask) and bind.target != root:
             relative = PurePosixPath(bind.target).relative_to(root)
             mask_dirs.append(mask / relative)
-    return JobBinds(binds, points, mask_dirs)
+    search_paths: dict[str, str] = {}
+    if gpus:
+        if not any(under(GPU_DRIVER_TARGET, b.target) for b in binds):
+            points.append(GPU_DRIVER_TARGET)
+        if driver is not None and Path(driver).is_dir():
+            binds.append(Bind(driver, GPU_DRIVER_TARGET))
+            search_paths = dict(GPU_SEARCH_PATHS)
+    return JobBinds(binds, points, mask_dirs, search_paths)
 
 
 def prepare_mask(job: JobBinds, mask: Path) -> None:
@@ -218,11 +268,17 @@ def prepare_mask(job: JobBinds, mask: Path) -> None:
 
 
 def container_env(image_env: dict[str, str], task_env: dict[str, str],
-                  runtime_defaults: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+                  runtime_defaults: dict[str, str] | None = None,
+                  search_paths: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     """The image's own variables (PATH of the image, not the node's) and the runtime's
-    defaults, except those the task sets itself (environment.env wins, as it would on
-    the node)."""
+    defaults, with each of `search_paths` ({variable: directory}: the job's binds'
+    JobBinds.search_paths) at the end of its variable unless already there, except those
+    the task sets itself (environment.env wins, as it would on the node)."""
     image = {"PATH": DEFAULT_PATH, **(runtime_defaults or {}), **image_env}
+    for variable, directory in (search_paths or {}).items():
+        value = image.get(variable, "")
+        if directory not in value.split(":"):
+            image[variable] = f"{value}:{directory}" if value else directory
     return {k: v for k, v in image.items() if k not in task_env}
 
 
