@@ -47,7 +47,10 @@ class Problem:
 
     def __str__(self) -> str:
         # A problem with a file as a whole (a local file to upload) has no position.
-        where = f"{self.path}:{self.line}:{self.column}" if self.line else self.path
+        # A problem in a build file has a line only (file:line).
+        where = self.path
+        if self.line:
+            where += f":{self.line}:{self.column}" if self.column else f":{self.line}"
         if self.field:
             return f"{where}: {self.field}: {self.message}"
         return f"{where}: {self.message}"
