@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from tacc_contract.fields import Field, Validator, one_of, pattern
 from tacc_contract.images import unpinned
 from tacc_contract.registry import PluginError, available, from_env, in_layer, is_module, select
 from tacc_contract.schema import (
+    CLUSTER,
     TaskSpec,
     check_image,
+    check_image_value,
     child,
     fill_defaults,
     node_at,
@@ -39,11 +42,12 @@ FILE = "instruction.json"
 
 def cluster_task_fields(configured: Sequence[str] = ()) -> dict[str, Field]:
     """What the cluster reads of a task: everything but the laptop-side `code` section,
-    with the fields of every plug-in installed here (the laptop chose which were on).
+    with the fields of every plug-in installed here (the laptop chose which were on) and
+    those only tcloud writes (`image_build`).
     `configured`: the plug-in words of the agent's operator (its `plugins` setting)."""
     modules = [w.lstrip("+") for w in [*from_env(), *configured] if is_module(w)]
     table = task_fields(available(modules).values())
-    return {key: spec for key, spec in table.items() if key != "code"}
+    return {**{key: spec for key, spec in table.items() if key != "code"}, **CLUSTER}
 
 
 def instruction_fields(configured: Sequence[str] = ()) -> dict[str, Field]:
@@ -125,6 +129,30 @@ def check_pinned(validator: Validator, task_node: yaml.Node, task: dict) -> None
         problem = unpinned(task["image"])
         if problem:
             validator.problem(node_at(task_node, "image"), "task.image", f"expected {problem}")
+    if task.get("image_build") and task["image_build"].get("base"):
+        problem = unpinned(task["image_build"]["base"])
+        if problem:
+            where = node_at(task_node, "image_build.base")
+            validator.problem(where, "task.image_build.base", f"expected {problem}")
+
+
+def check_image_build(validator: Validator, task_node: yaml.Node, task: dict) -> None:
+    """At most one of task.image and task.image_build; the build's context is the
+    directory of its file."""
+    build = task.get("image_build")
+    if not build:
+        return
+    if task.get("image"):
+        validator.problem(
+            node_at(task_node, "image_build"), "task.image_build",
+            "not with task.image: a task runs in one image, pulled or built",
+        )  # fmt: skip
+    if build.get("file") and posixpath.dirname(build["file"]) != (build.get("context") or ""):
+        validator.problem(
+            node_at(task_node, "image_build.context"), "task.image_build.context",
+            f"expected the build file's directory {posixpath.dirname(build['file'])!r}, "
+            f"got {build.get('context') or ''!r}",
+        )  # fmt: skip
 
 
 def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskSpec:
@@ -145,6 +173,8 @@ def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskS
     for section in ("resources", "environment", "runtime"):
         task[section] = fill_defaults(task[section], table[section].children)
     task_node = child(root, "task") or root
+    check_image_value(validator, task_node, task, prefix="task.", builds=False)
+    check_image_build(validator, task_node, task)
     check_image(validator, task_node, task, prefix="task.")
     if pinned:
         check_pinned(validator, task_node, task)

@@ -23,6 +23,7 @@ from tacc_contract.fields import (
     one_of,
     pattern,
     relative_path,
+    shown,
     single_line,
 )
 from tacc_contract.images import EXPECTED as IMAGE_EXPECTED
@@ -167,9 +168,11 @@ TASK = {
     "environment": Field("mapping", default={}, children=ENVIRONMENT),
     "datasets": Field("list[mapping]", default=[], children=DATASET),
     # A container image the setup and run lines run in (docs/containers.md): a registry
-    # reference, resolved to its digest at submit. It holds the task's software, so it
-    # does not go with environment.requirements, lock or modules (check_image).
-    "image": Field("str", check=image_reference, expected=IMAGE_EXPECTED),
+    # reference, resolved to its digest at submit, or {build: PATH}, a build file in the
+    # task directory, built on the cluster (check_image_value reads both). It holds the
+    # task's software, so it does not go with environment.requirements, lock or modules
+    # (check_image).
+    "image": Field("any"),
     "setup": Field("list[str]", default=[], expected="a list of shell lines"),
     "run": Field("list[str]", required=True, check=non_empty, expected="a list of shell lines"),
     "outputs": Field(
@@ -208,6 +211,9 @@ class TaskSpec:
     runtime: dict = field(default_factory=dict)
     # The container image (tacc_contract.images), None: the node's own system.
     image: str | None = None
+    # An image built from a build file (tacc_contract.buildfile), None: none. From
+    # tcloud.yaml: {"build": PATH}; from an instruction: {"file", "context", "base", "key"}.
+    image_build: dict | None = None
     # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
     plugins: list[str] = field(default_factory=list)
     extensions: dict = field(default_factory=dict)
@@ -296,9 +302,10 @@ def spec_from(data: dict, base_dir: Path, table: dict[str, Field] = TASK) -> Tas
         setup=list(data["setup"] or []),
         outputs=list(data["outputs"] or []),
         runtime=fill_defaults(data["runtime"], RUNTIME),
-        image=data.get("image"),
+        image=image if isinstance(image := data.get("image"), str) else None,
+        image_build=data.get("image_build") or (image if isinstance(image, dict) else None),
         plugins=list(data.get("plugins") or []),
-        extensions={key: data.get(key) for key in table if key not in TASK},
+        extensions={key: data.get(key) for key in table if key not in TASK and key not in CLUSTER},
     )
 
 
@@ -315,12 +322,68 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
 
 # The environment fields an image replaces: its own software is the environment.
 IMAGE_EXCLUDES = ("requirements", "lock", "modules")
+BUILD_PATH_EXPECTED = (
+    "a path relative to the task directory, without '..' (and not absolute): a build file, "
+    "or a directory holding Containerfile or Dockerfile"
+)
+
+
+def build_path(value: str) -> str | None:
+    if not value.strip() or "\n" in value or relative_path(value):
+        return BUILD_PATH_EXPECTED
+    return None
+
+
+IMAGE_BUILD = {"build": Field("str", required=True, check=build_path, expected=BUILD_PATH_EXPECTED)}
+# The task's fields only an instruction has: what tcloud compiled (a built image's file,
+# context, pinned base and key; tacc_contract.buildfile).
+IMAGE_BUILD_KEY = r"sha256:[0-9a-f]{64}"
+CLUSTER = {
+    "image_build": Field(
+        "mapping",
+        children={
+            "file": Field("str", required=True, check=build_path, expected=BUILD_PATH_EXPECTED),
+            "context": Field("str", default="", check=relative_path),
+            "base": Field("str", required=True, check=image_reference, expected=IMAGE_EXPECTED),
+            "key": Field("str", required=True, check=pattern(IMAGE_BUILD_KEY, "sha256:<64 hex>")),
+        },
+    ),
+}
+
+
+def check_image_value(
+    validator: Validator, root: yaml.Node, data: dict, prefix: str = "", builds: bool = True
+) -> None:
+    """`image`: a registry reference, or (`builds`, a task file's) {build: PATH}. Leaves
+    data["image"] the checked value: the reference, the mapping, or None after a problem."""
+    node, name = child(root, "image"), f"{prefix}image"
+    if node is None or data.get("image") is None:
+        return
+    data["image"] = None
+    if isinstance(node, yaml.MappingNode):
+        keys = {key.value for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
+        if not builds or "build" not in keys:
+            where = " without 'build' (a build file is image: {build: PATH})" if builds else ""
+            validator.problem(node, name, f"expected {IMAGE_EXPECTED}, got a mapping{where}")
+            return
+        before = len(validator.problems)
+        value = validator.mapping(node, IMAGE_BUILD, prefix=f"{name}.")
+        data["image"] = value if len(validator.problems) == before else None
+        return
+    if not isinstance(node, yaml.ScalarNode):
+        validator.problem(node, name, f"expected {IMAGE_EXPECTED}, got {shown(node)}")
+        return
+    text = node.value
+    if image_reference(text):
+        validator.problem(node, name, f"expected {IMAGE_EXPECTED}, got {text!r}")
+        return
+    data["image"] = text
 
 
 def check_image(validator: Validator, root: yaml.Node, data: dict, prefix: str = "") -> None:
     """An image holds the task's software: environment.requirements, lock and modules
     (a venv or Lmod modules of the node) do not go with it; build them into the image."""
-    if not data.get("image"):
+    if not data.get("image") and not data.get("image_build"):
         return
     environment = data.get("environment") or {}
     for key in IMAGE_EXCLUDES:
@@ -341,6 +404,7 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
     data = validator.mapping(root, table)
     if isinstance(root, yaml.MappingNode):
         check_datasets(validator, child(root, "datasets") or root, data)
+        check_image_value(validator, root, data)
         check_image(validator, root, data)
     if not validator.problems:
         # Plug-ins see every section with its defaults filled in.
