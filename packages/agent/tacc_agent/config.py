@@ -81,6 +81,13 @@ class AgentConfig:
     # job pulling the same image.
     image_pull_timeout_seconds: float = 1800.0
     image_lock_timeout_seconds: int = 3600
+    # A build from the task's Containerfile (`image: {build: ...}`, tasks/imagebuild.py):
+    # upper bound of each RUN step.
+    image_build_timeout_seconds: float = 3600.0
+    # The node's NVIDIA driver files for containers (the nvidia_gpu role assembles it;
+    # nvidia_gpu_container_driver_dir): bound at /usr/local/nvidia for a job given GPUs
+    # where it exists; "" = never.
+    container_gpu_driver_dir: str = "/usr/local/lib/tacc-nvidia"
     # --- health checks (`tacc-agent check`, issue [6]) ---
     # Checks turned on or off on this node by name, e.g. {gpu: false}: a check turned off
     # neither runs nor drains, and its figures leave /metrics; one not named keeps its

@@ -40,7 +40,7 @@ JOB_RECORD = "image.json"  # in the job's status/
 PULL_PREFIX = ".pull-"
 LAYOUT_TAG = "img"
 # What the marker keeps besides IMAGE's keys, for the runtimes.
-MARKER_EXTRAS = ("env", "pulled_on")
+MARKER_EXTRAS = ("env", "pulled_on", "built_on")
 
 Log = Callable[[str], None]
 # (pinned reference, empty private work directory, log) -> the unpacked bundle's path
@@ -64,6 +64,12 @@ def image_dir(user_dir: Path, ref: ImageRef) -> Path:
 
 def rootfs_of(user_dir: Path, ref: ImageRef) -> Path:
     return image_dir(user_dir, ref) / ROOTFS
+
+
+def rootfs_at(user_dir: Path, hex_digest: str) -> Path:
+    """The rootfs of the cache entry `hex_digest` (a pulled image's digest, or a built
+    image's key: imagebuild keeps its results in the same place)."""
+    return images_dir(user_dir) / hex_digest / ROOTFS
 
 
 def ready(directory: Path) -> dict | None:
@@ -210,9 +216,15 @@ def make_mount_points(user_dir: Path, ref: ImageRef, targets: Iterable[str],
     image cannot get them at run time: ch-run refuses to bind onto a missing path).
     Under the image's lock; adding empty directories does not change what a running job
     sees in the image."""
-    rootfs = rootfs_of(user_dir, ref)
+    make_mount_points_at(user_dir, digest_hex(ref), str(ref), targets, lock_timeout)
+
+
+def make_mount_points_at(user_dir: Path, hex_digest: str, ref: str, targets: Iterable[str],
+                         lock_timeout: float) -> None:  # fmt: skip
+    """make_mount_points for the cache entry `hex_digest` (`ref` names it in errors)."""
+    rootfs = rootfs_at(user_dir, hex_digest)
     images = images_dir(user_dir)
-    with locked(images / f"{digest_hex(ref)}.lock", lock_timeout):
+    with locked(images / f"{hex_digest}.lock", lock_timeout):
         for target in targets:
             inside = rootfs / target.lstrip("/")
             if inside.is_symlink():
@@ -260,9 +272,15 @@ def job_image(job_dir: Path) -> dict | None:
 
 def marker_of(user_dir: Path, ref: ImageRef) -> dict:
     """The ready image's marker, for the wrappers; the batch step pulled it before srun."""
-    marker = ready(image_dir(user_dir, ref))
+    return marker_at(user_dir, digest_hex(ref), str(ref))
+
+
+def marker_at(user_dir: Path, hex_digest: str, ref: str) -> dict:
+    """marker_of for the cache entry `hex_digest` (a digest, or a build's key)."""
+    directory = images_dir(user_dir) / hex_digest
+    marker = ready(directory)
     if not marker:
         raise AgentError(f"{ref}: the image is not in the cache on this node "
-                         f"({image_dir(user_dir, ref)}); the batch step pulls it first",
+                         f"({directory}); the batch step pulls or builds it first",
                          EXIT_FAILED)  # fmt: skip
     return marker
