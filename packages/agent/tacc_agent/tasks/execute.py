@@ -9,9 +9,10 @@ to status/.
 Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
 group, so cancel leaves nothing behind.
 A task with a container image: the batch step makes sure the image is in the user's
-cache (imagecache, pulled once per digest) instead of building a venv, and every setup
-and run line runs inside it with the node's container runtime (containers.py); ch-run
-execs the line's program, so the signals, logs and exit codes above are the same.
+cache (imagecache, pulled once per digest; imagebuild, built once per content from the
+task's Containerfile) instead of building a venv, and every setup and run line runs
+inside it with the node's container runtime (containers.py); ch-run execs the line's
+program, so the signals, logs and exit codes above are the same.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tacc_agent.errors import AgentError
 from tacc_agent.tasks import (
     containers,
     envcache,
+    imagebuild,
     imagecache,
     lost_nodes,
     records,
@@ -325,35 +327,50 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
 def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare: bool = False,
                   job_id: str = "") -> containers.Container | None:  # fmt: skip
     """The job's container (None for a task without an image). `prepare` (the batch
-    step): pull the image if this user's cache lacks it, record it in the job, and make
-    the mount points the binds need; the wrappers then find everything in place."""
-    if not task.image:
+    step): pull the image, or build it from the task's build file, if this user's cache
+    lacks it, record it in the job, and make the mount points the binds need; the
+    wrappers then find everything in place."""
+    if not task.image_build and not task.image:
         return None
-    ref = parse_reference(task.image)
-    if ref is None:  # the instruction was parsed with pinned=True: never happens
-        raise AgentError(f"task.image: not an image reference: {task.image!r}")
     user_dir = user_dir_of(job_dir)
     lock_timeout = config.image_lock_timeout_seconds
+    if task.image_build:
+        hex_key, name = imagebuild.key_hex(task.image_build), imagebuild.label(task.image_build)
+    else:
+        ref = parse_reference(task.image) if isinstance(task.image, str) else None
+        if ref is None:  # the instruction was parsed with pinned=True: never happens
+            raise AgentError(f"task.image: not an image reference: {task.image!r}")
+        hex_key, name = imagecache.digest_hex(ref), str(ref)
     if prepare:
         puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds)
-        marker = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller,
-                                   config.container_runtime)  # fmt: skip
+        if task.image_build:
+            settings = imagebuild.BuildSettings(
+                lock_timeout, config.image_build_timeout_seconds, config.package_index,
+                config.container_runtime,
+            )  # fmt: skip
+            marker = imagebuild.ensure_build(user_dir, job_dir, task.image_build, job_id, say,
+                                             settings, puller=puller)  # fmt: skip
+        else:
+            marker = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller,
+                                       config.container_runtime)  # fmt: skip
         imagecache.record_for_job(job_dir, {**marker, "runtime": config.container_runtime})
-    else:  # a wrapper: the batch step pulled it
-        marker = imagecache.marker_of(user_dir, ref)
+    else:  # a wrapper: the batch step pulled or built it
+        marker = imagecache.marker_at(user_dir, hex_key, name)
     datasets = [d.cluster for d in task.datasets if d.cluster]
     job = containers.job_binds(user_dir, config.workspace, datasets, config.container_binds,
-                               config.slurm_spool_dir)  # fmt: skip
+                               config.slurm_spool_dir,
+                               gpu_driver_dir=config.container_gpu_driver_dir)  # fmt: skip
     if prepare:
         containers.prepare_mask(job, user_dir / imagecache.IMAGES / containers.MASK)
-        imagecache.make_mount_points(user_dir, ref, job.mount_points, lock_timeout)
+        imagecache.make_mount_points_at(user_dir, hex_key, name, job.mount_points, lock_timeout)
     runtime = containers.runtime_named(config.container_runtime)
-    image_env = marker.get("env") or {}
+    env = containers.container_env(marker.get("env") or {}, task.environment["env"],
+                                   runtime.defaults, job.search_paths)  # fmt: skip
     return containers.Container(
         runtime=runtime,
-        rootfs=imagecache.rootfs_of(user_dir, ref),
+        rootfs=imagecache.rootfs_at(user_dir, hex_key),
         binds=job.binds,
-        env=containers.container_env(image_env, task.environment["env"], runtime.defaults),
+        env=env,
         cwd=job_dir / "code",
     )
 
