@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tcloud import local, local_paths, tasks
+from tcloud import imagebuild, local, local_paths, tasks
 from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError
 
 if TYPE_CHECKING:
@@ -189,13 +189,26 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     task = tasks.validate(args.path or Path("."), allow_outside=args.allow_outside)
     image = {"image": task.spec.image} if task.spec.image else {}
+    if task.spec.image_build:
+        build = imagebuild.locate(task.spec, task.source)
+        image = {"image_build": {"file": build.file, "base": build.build.base}}
     if args.json:
         print(json.dumps({"file": task.source, "valid": True, "name": task.name, **image}))
         return EXIT_OK
     print(f"{task.source}: valid task {task.name!r}")
-    if image:
+    if task.spec.image:
         print(f"  image {task.spec.image} ({tasks.IMAGE_AT_SUBMIT})")
+    if "image_build" in image:
+        print(f"  {build_text(image['image_build'])}")
     return EXIT_OK
+
+
+def build_text(build: dict) -> str:
+    """What validate and a dry run say of an image built from a build file."""
+    return (
+        f"image build {build['file']} FROM {build['base']} ({imagebuild.BUILT_ON_CLUSTER}; "
+        f"the base {tasks.IMAGE_AT_SUBMIT})"
+    )
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -250,6 +263,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     )
     if submission.image:
         print(f"  image {submission.image}")
+    if submission.image_build:
+        print(f"  image: {imagebuild.summary(submission.image_build)}")
     for name, what in sorted(submission.plugins.items()):
         print(f"  plug-in {name}: {what}")
     print_outside(submission.outside_paths)
@@ -264,6 +279,8 @@ def print_dry_run(plan: tasks.DryRun, as_json: bool) -> int:
     print(f"files: {plan.files} ({plan.bytes} bytes)")
     if image := plan.instruction["task"].get("image"):
         print(f"image: {image} ({tasks.IMAGE_AT_SUBMIT}, which changes the digest)")
+    if build := plan.instruction["task"].get("image_build"):
+        print(f"{build_text(build)}; the key is computed at submit")
     print_outside(plan.outside_paths)
     print(f"sbatch (before the cluster's scheduling plug-ins): {shlex.join(plan.sbatch)}")
     print("--- instruction.json ---")

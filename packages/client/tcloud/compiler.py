@@ -16,6 +16,7 @@ from tacc_contract.instruction import FORMAT, digest_of
 from tacc_contract.plugins import Plugin
 from tacc_contract.registry import from_env, in_layer, select
 from tacc_contract.schema import TASK_FILE, TaskSpec
+from tcloud import imagebuild
 from tcloud.manifest import Entry, Hasher, build_manifest, sha256_file
 
 
@@ -66,19 +67,35 @@ def compile_task(
     hasher: Hasher = sha256_file,
     plugins: list[Plugin] | None = None,
     resolve_image: ImageResolver | None = None,
+    source: str | None = None,
 ) -> Instruction:
     """The instruction of `task`: its document after every compile pass of the plug-ins
     that are on (default: as for load_task), with a record of which were on and what
     each pass changed. `resolve_image` pins the task's image reference to the digest it
     names now (the cluster answers), so the digest covers the image's exact bits;
-    without it (dry run, local checks) the reference stays as the task wrote it."""
+    without it (dry run, local checks) the reference stays as the task wrote it.
+    An image built from a build file (tcloud.imagebuild): the file is checked first, its
+    base pinned the same way, and its key (from the files' digests) written into the
+    document before the digest is taken. `source`: where the task's problems point (its
+    file; default base_dir/tcloud.yaml)."""
     plugins = select(from_env(), task=task.plugins) if plugins is None else plugins
+    source = source or str(task.base_dir / TASK_FILE)
+    build = imagebuild.locate(task, source) if task.image_build else None
     # Asked before the files are hashed: a reference the cluster refuses costs no hashing.
     pinned = resolve_image(task.image) if task.image and resolve_image is not None else None
+    base_pinned = None
+    if build is not None and resolve_image is not None:
+        try:
+            base_pinned = resolve_image(build.build.base)
+        except TaskFileError as exc:
+            raise imagebuild.unresolved_base(build, exc) from None
     manifest = build_manifest(task, hasher)
     document = {"format": FORMAT, "task": task_document(task), "manifest": manifest_json(manifest)}
     if pinned is not None:
         document["task"]["image"] = pinned
+    if build is not None:
+        entry = imagebuild.instruction_entry(task, build, manifest, base_pinned)
+        document["task"]["image_build"] = entry
     shaped = {}
     for plugin in in_layer(plugins, "compile"):
         try:

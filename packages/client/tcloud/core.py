@@ -42,6 +42,8 @@ class Submission:
     plugins: dict  # plug-in name -> what it did to the job
     outside_paths: list[str]
     image: str | None = None  # the task's image as submitted: pinned to its digest
+    # An image built from the task's build file: {file, context, base (pinned), key}.
+    image_build: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -154,6 +156,7 @@ class Cluster:
             plugins={**instruction.document["plugins"]["shaped"], **answer.get("plugins", {})},
             outside_paths=tasks.outside_paths(checked.spec),
             image=instruction.document["task"].get("image"),
+            image_build=instruction.document["task"].get("image_build"),
         )
         return self.job_class(self, submission.job_id, submission)
 

@@ -132,14 +132,32 @@ def without_digest(reference: str, digest: str) -> str:
     return str(replace(ref, digest=None))
 
 
+def reference_text(image: dict) -> str:
+    """What the REFERENCE column says: the reference as the task named it, or for an
+    image built from a build file `build FILE FROM BASE` (the base's tag, its digest
+    being in the build's key)."""
+    build = image.get("build")
+    if not build:
+        return without_digest(image["reference"], image["digest"])
+    base = parse_reference(build["base"])
+    shown = str(replace(base, digest=None)) if base is not None and base.tag else build["base"]
+    return f"build {build['file']} FROM {shown}"
+
+
+def by_job(image: dict) -> str:
+    """The job that pulled or built the cached copy ('' when unknown)."""
+    job = image.get("built_by_job") if image.get("build") else image.get("pulled_by_job")
+    return "" if job is None else str(job)
+
+
 def rows(images: list[dict]) -> list[dict]:
-    """`tcloud images`' table rows (COLUMNS), one per cached image."""
+    """`tcloud images`' table rows (COLUMNS), one per cached image (pulled or built)."""
     return [
         {
             "digest": image["digest"],
-            "reference": without_digest(image["reference"], image["digest"]),
+            "reference": reference_text(image),
             "runtime": image.get("runtime", ""),
-            "pulled_by_job": "" if image.get("pulled_by_job") is None else image["pulled_by_job"],
+            "pulled_by_job": by_job(image),
             "size": size(image.get("bytes")),
             "path": image["path"],
         }

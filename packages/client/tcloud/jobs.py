@@ -106,7 +106,16 @@ def describe_environment(environment: dict, out) -> None:
 
 def image_text(image: dict) -> str:
     """A job's image as `tcloud status` shows it: the pinned reference it ran in (tag
-    and digest), and where the cluster keeps its unpacked copy."""
+    and digest) or the build file it was built from, and where the cluster keeps its
+    unpacked copy."""
+    cached = f" (cached in {image['path']})" if image.get("path") else ""
+    build = image.get("build")
+    if isinstance(build, dict):
+        key = str(image.get("digest", "")).removeprefix("sha256:")[:12]
+        return (
+            f"image: built from {build.get('file', '?')} (key {key or '?'}) FROM "
+            f"{build.get('base', '?')}{cached}"
+        )
     reference = str(image.get("reference", ""))
     ref = parse_reference(reference)
     digest = image.get("digest")
@@ -115,7 +124,6 @@ def image_text(image: dict) -> str:
             reference = str(ref.with_digest(digest))
         except ValueError:  # not a sha256 digest: shown as the agent said
             reference = f"{reference} ({digest})"
-    cached = f" (cached in {image['path']})" if image.get("path") else ""
     return f"image: {reference or digest or '?'}{cached}"
 
 

@@ -159,7 +159,8 @@ def sbatch_line(task: Task) -> list[str]:
     and after the compile passes (exit 3). The sbatch line as the cluster will read the
     task (after the compile passes, which do not depend on the files' contents)."""
     local_sbatch(task, task.spec)
-    compiled = parse(json.dumps(compile_task(task.spec, unhashed).document), "instruction")
+    document = compile_task(task.spec, unhashed, source=task.source).document
+    compiled = parse(json.dumps(document), "instruction")
     return local_sbatch(task, compiled)
 
 
@@ -207,7 +208,7 @@ def compiled(task: Task, resolve_image: ImageResolver | None = None) -> Instruct
     """The instruction to upload, its files hashed through the local hash cache; its
     image (when it names one) pinned by `resolve_image` (the cluster's answer)."""
     with HashCache() as hasher:
-        return compile_task(task.spec, hasher, resolve_image=resolve_image)
+        return compile_task(task.spec, hasher, resolve_image=resolve_image, source=task.source)
 
 
 def dry_run(
@@ -219,7 +220,7 @@ def dry_run(
 ) -> DryRun:
     """The digest, files, sbatch line and instruction a submit would send; no cluster."""
     checked, sbatch = prepare(task, sweep=sweep, base_dir=base_dir, allow_outside=allow_outside)
-    instruction = compile_task(checked.spec)
+    instruction = compile_task(checked.spec, source=checked.source)
     return DryRun(
         digest=instruction.digest,
         files=len(instruction.manifest),

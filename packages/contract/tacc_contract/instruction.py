@@ -129,11 +129,18 @@ def check_pinned(validator: Validator, task_node: yaml.Node, task: dict) -> None
         problem = unpinned(task["image"])
         if problem:
             validator.problem(node_at(task_node, "image"), "task.image", f"expected {problem}")
-    if task.get("image_build") and task["image_build"].get("base"):
-        problem = unpinned(task["image_build"]["base"])
+    build = task.get("image_build")
+    if build and build.get("base"):
+        problem = unpinned(build["base"])
         if problem:
             where = node_at(task_node, "image_build.base")
             validator.problem(where, "task.image_build.base", f"expected {problem}")
+    if build and not build.get("key"):
+        where = node_at(task_node, "image_build")
+        message = (
+            "missing; expected the build's key (sha256:<64 hex>), which tcloud computes at submit"
+        )
+        validator.problem(where, "task.image_build.key", message)
 
 
 def check_image_build(validator: Validator, task_node: yaml.Node, task: dict) -> None:

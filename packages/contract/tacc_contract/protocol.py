@@ -345,7 +345,9 @@ IMAGE = Shape(
     "image ls",
     {"digest": str, "reference": str, "path": str},
     {"pulled_by_job": (str, int, NULL), "seconds": NUMBER, "bytes": int, "time": NUMBER,
-     "runtime": str},
+     "runtime": str,
+     # An image built from a task's build file: {"file", "base"}, and the job that built it.
+     "build": Shape("image ls", {"file": str, "base": str}), "built_by_job": (str, int, NULL)},
 )  # fmt: skip
 IMAGES = ListOf(IMAGE)
 JOB_CHECK = Shape("job check", {"ok": bool, "partition": str})
