@@ -8,10 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import containers
+from tacc_agent.tasks import containers, imagecache
 from tacc_agent.tasks.containers import Bind
+from tacc_contract.images import parse_reference
+from tests.unit.agent_jobs import agent
+from tests.unit.test_agent_images import PINNED, StubPuller
+from tests.unit.test_containers import ch_runs, image_agent_env, make_image_job
 
 TARGET = containers.GPU_DRIVER_TARGET
 GPU_JOB = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}
@@ -172,3 +177,41 @@ def test_the_charliecloud_line_carries_the_bind_and_the_variables(tmp_path):
     assert f"--bind={driver}:{TARGET}" in argv
     assert f"--set-env=LD_LIBRARY_PATH={TARGET}/lib64" in argv
     assert f"--set-env=PATH=/usr/bin:{TARGET}/bin" in argv
+
+
+# --- the batch step and the wrapper, with a fake ch-run (tests/unit/test_containers.py) ---------
+def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
+    user_dir, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["echo $LD_LIBRARY_PATH"]})
+    imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
+    driver = driver_dir(tmp_path / "node")
+    env = image_agent_env(tmp_path)
+    config = Path(env["TACC_AGENT_CONFIG"])
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0",
+                                             "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    image = imagecache.rootfs_of(user_dir, parse_reference(PINNED))
+    assert (image / "usr/local/nvidia").is_dir()  # the batch step made the mount point
+    (run,) = ch_runs(tmp_path)  # fake ch-run checked the bind's target in the image
+    assert run["binds"][-1] == [str(driver), TARGET]
+    assert run["env"]["LD_LIBRARY_PATH"] == f"{TARGET}/lib64"
+    assert run["env"]["PATH"] == f"/usr/local/bin:/usr/bin:/bin:{TARGET}/bin"
+    log = next((job_dir / "logs").glob("rank-0-*.log")).read_text()
+    assert f"{TARGET}/lib64" in log
+
+
+def test_a_job_without_gpus_on_a_gpu_node_gets_no_driver(tmp_path):
+    user_dir, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["true"]})
+    imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
+    driver = driver_dir(tmp_path / "node")
+    env = image_agent_env(tmp_path)
+    config = Path(env["TACC_AGENT_CONFIG"])
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    env = {k: v for k, v in env.items() if k not in containers.GPU_VARIABLES}
+    proc = agent("batch", str(job_dir), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = ch_runs(tmp_path)
+    assert all(target != TARGET for _, target in run["binds"])
+    assert "LD_LIBRARY_PATH" not in run["env"]
