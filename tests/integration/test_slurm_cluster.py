@@ -48,6 +48,13 @@ from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]: fram
     test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes,
     test_rerun_builds_the_same_locked_versions_from_the_same_files,
 )
+from tests.integration.image_build_cases import (  # noqa: F401  (issue [13]: local builds)
+    test_b1_a_two_node_task_runs_in_an_image_built_from_its_containerfile,
+    test_b2_two_jobs_of_one_new_build_build_it_once,
+    test_b3_a_failing_run_step_fails_the_job_with_its_line_and_leaves_no_half_image,
+    test_b4_a_user_line_is_refused_at_submit_with_its_place_and_nothing_is_made,
+    test_b5_cancel_during_a_build_leaves_no_build_process_and_no_half_image,
+)
 from tests.integration.isolation_cases import (  # noqa: F401
     test_p1_root_on_an_nfs_client_is_nobody_on_shared,
     test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there,
