@@ -7,7 +7,11 @@
    before each;
 2. the cached start: a 2-node task whose ranks print one line, with the image (already
    cached) and without one, rounds interleaved: per rank, program start -> first output
-   line (what ch-run adds), and submit -> first output line of rank 0.
+   line (what ch-run adds), and submit -> first output line of rank 0;
+3. the first build of `image: {build: ...}` (a copy of the cached base, WORKDIR, COPY,
+   one RUN) by the batch step, against the same steps typed by hand on a compute node
+   (`cp -a` of the base, `mkdir`, `cp -a`, `ch-run -w --uid=0 --gid=0`), a new key each
+   round, rounds interleaved.
 
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python -u bench/containers.py [--rounds 5] [--lab NAME] [--json PATH]
@@ -125,6 +129,57 @@ def first_pull(tcloud: Tcloud, work: Path, rounds: int) -> dict:
     return row
 
 
+BUILD_RUN = 'python3 -c "import numpy" && echo ok > built.txt'
+BUILD_FILE = f"""FROM {IMAGE}
+WORKDIR /opt/app
+COPY data/ /opt/app/data/
+RUN {BUILD_RUN}
+"""
+
+
+def build_task(root: Path, name: str) -> Path:
+    (root / "env/data").mkdir(parents=True)
+    (root / "env/Containerfile").write_text(BUILD_FILE)
+    (root / "env/data/a.txt").write_text(f"{name} {time.time_ns()}\n")  # a new key
+    document = {"name": name, "image": {"build": "env/Containerfile"}, "run": ["true"],
+                "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"}}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(document))
+    return root
+
+
+def build_by_hand(base_digest: str, data: Path) -> float:
+    """The build's steps by hand as the user on a compute node, on the cache's filesystem."""
+    base = f"/shared/tcloud/{USER}/images/{base_digest.split(':', 1)[1]}/rootfs"
+    work = f"/shared/tcloud/{USER}/.bench-build"
+    run = shlex.quote(BUILD_RUN)
+    text = shlex.quote(data.read_text())
+    script = (
+        f"rm -rf {work} && mkdir -p {work}/ctx/data && printf %s {text} > {work}/ctx/data/a.txt"
+        f" && start=$(date +%s.%N) && cp -a --reflink=auto {base} {work}/rootfs && "
+        f"mkdir -p {work}/rootfs/opt/app && cp -a {work}/ctx/data/. {work}/rootfs/opt/app/data/"
+        f" && ch-run -w --uid=0 --gid=0 --private-tmp --cd=/opt/app {work}/rootfs -- "
+        f"/bin/sh -c {run} && end=$(date +%s.%N) && rm -rf {work} && echo $start $end"
+    )
+    start, end = node_sh("n2", f"runuser -u {USER} -- sh -c {shlex.quote(script)}").split()
+    return float(end) - float(start)
+
+
+def first_build(tcloud: Tcloud, work: Path, rounds: int) -> dict:
+    ours, by_hand = [], []
+    for number in range(rounds):
+        project = build_task(work / f"build{number}", f"build{number}")
+        info = tcloud.wait(tcloud.submit(project)[0])
+        ours.append(float(info["image"]["seconds"]))
+        base = info["image"]["build"]["base"].rsplit("@", 1)[1]
+        by_hand.append(build_by_hand(base, project / "env/data/a.txt"))
+    row = {"tcloud": summary(ours), "by_hand": summary(by_hand)}
+    row["ratio"] = row["tcloud"]["median"] / row["by_hand"]["median"]
+    print(f"first build (copy of the base + WORKDIR, COPY, RUN): tcloud "
+          f"{row['tcloud']['median']:.2f} s, by hand {row['by_hand']['median']:.2f} s = "
+          f"{row['ratio']:.2f}x", flush=True)  # fmt: skip
+    return row
+
+
 def start_round(tcloud: Tcloud, work: Path, name: str, image: bool) -> tuple[list[float], float]:
     """Per rank program -> first output, and submit -> rank 0's first output."""
     job, launch = tcloud.submit(task(work / name, name, 2, image=image))
@@ -181,6 +236,7 @@ def main() -> int:
             tcloud = Tcloud(researcher_env(LAB["name"], USER))
             out["first_pull"] = first_pull(tcloud, work, min(args.rounds, 3))
             out["cached_start"] = cached_start(tcloud, work, args.rounds)
+            out["first_build"] = first_build(tcloud, work, min(args.rounds, 3))
             out["load_at_end"] = os.getloadavg()
         finally:
             if not args.lab:

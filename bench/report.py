@@ -898,6 +898,7 @@ def section_containers(entry: dict | None) -> list[str]:
     if not r:
         return lines
     pull, start = r.get("first_pull") or {}, r.get("cached_start") or {}
+    build = r.get("first_build") or {}
     mib = (pull.get("bytes") or 0) / 2**20
     rows = [
         [f"first pull + unpack of the lab image ({mib:.0f} MiB unpacked; batch step / "
@@ -909,6 +910,10 @@ def section_containers(entry: dict | None) -> list[str]:
         ["submit -> rank 0's first output line, 2 nodes (image cached / no image)",
          fmt(dig(start, ("submit_image", "median")), " s"),
          fmt(dig(start, ("submit_none", "median")), " s"), fmt(start.get("submit_ratio"), "x")],
+        ["first build of image: {build: ...}: copy of the cached base, WORKDIR, COPY, one RUN "
+         "(batch step / the same steps by hand, same filesystem)",
+         fmt(dig(build, ("tcloud", "median")), " s"), fmt(dig(build, ("by_hand", "median")), " s"),
+         fmt(build.get("ratio"), "x")],
     ]  # fmt: skip
     lines += table(["measurement", "ours", "baseline", "ratio"], rows)
     load = " ".join(f"{x:.1f}" for x in r.get("load_at_start") or [])
