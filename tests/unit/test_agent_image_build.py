@@ -106,7 +106,8 @@ def make_job(tmp_path: Path, containerfile: str, files: dict[str, str] | None = 
     (job_dir / "instruction.json").write_text(json.dumps({"manifest": manifest}))
     build = buildfile.parse(containerfile, posixpath_join(context, name))
     prefix = f"{context}/" if context else ""
-    digests = {p[len(prefix) :]: sha(t) for p, t in everything.items() if p.startswith(prefix)}
+    digests = {p[len(prefix) :]: (sha(t), bool((modes or {}).get(p, 0o644) & 0o111))
+               for p, t in everything.items() if p.startswith(prefix)}  # fmt: skip
     key = buildfile.build_key(build, BASE, digests)
     image_build = {"file": posixpath_join(context, name), "context": context, "base": BASE,
                    "key": key}  # fmt: skip

@@ -218,7 +218,8 @@ def test_a_copy_source_matching_nothing_names_its_line() -> None:
 
 
 def test_build_key_covers_content_not_layout() -> None:
-    files = {"Containerfile": "0" * 64, "req.txt": "1" * 64, "other": "2" * 64}
+    files = {"Containerfile": ("0" * 64, False), "req.txt": ("1" * 64, False),
+             "other": ("2" * 64, False)}  # fmt: skip
     text = f"FROM {BASE}\nCOPY req.txt /r\nRUN pip install -r /r\n"
     key = build_key(parse(text, SRC), PINNED, files)
     assert key.startswith("sha256:") and len(key) == 71
@@ -226,8 +227,8 @@ def test_build_key_covers_content_not_layout() -> None:
     relaid = f"# c\n\nFROM {BASE}\nLABEL x=y\nCOPY  req.txt   /r\n\nRUN pip install -r /r\n"
     assert build_key(parse(relaid, "Dockerfile"), PINNED, files) == key
     # A file the build does not read: same key; one it reads, a step, the base: another.
-    assert build_key(parse(text, SRC), PINNED, {**files, "other": "3" * 64}) == key
-    assert build_key(parse(text, SRC), PINNED, {**files, "req.txt": "4" * 64}) != key
+    assert build_key(parse(text, SRC), PINNED, {**files, "other": ("3" * 64, False)}) == key
+    assert build_key(parse(text, SRC), PINNED, {**files, "req.txt": ("4" * 64, False)}) != key
     assert build_key(parse(text + "RUN true\n", SRC), PINNED, files) != key
     assert build_key(parse(text, SRC), BASE + "@sha256:" + "b" * 64, files) != key
     # The tag is for people: the key follows the digest only.

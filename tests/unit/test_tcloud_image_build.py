@@ -59,9 +59,11 @@ def sha256(text: str) -> str:
 
 
 def expected_key(build_text: str = BUILD_TEXT, files: dict[str, str] | None = None) -> str:
-    """The key as the agent recomputes it: from the build file and the context's files."""
+    """The key as the agent recomputes it: from the build file and the context's files
+    (sha256 by path; none of them executable)."""
     files = files or {"requirements.txt": sha256(REQUIREMENTS)}
-    return build_key(parse(build_text, "Containerfile"), PINNED, files)
+    keyed = {path: (digest, False) for path, digest in files.items()}
+    return build_key(parse(build_text, "Containerfile"), PINNED, keyed)
 
 
 def test_submit_resolves_the_base_once_and_writes_the_build_into_the_instruction(fake, tmp_path):

@@ -96,7 +96,7 @@ def locate(task: TaskSpec, source: str) -> LocalBuild:
         found = find_build_file(name for name in os.listdir(real) if (real / name).is_file())
         if found is None:
             raise refused(source, f"{text}: the directory holds no Containerfile or Dockerfile")
-        file_path = real / found
+        file_path = inside(real / found, base, f"{text}/{found}", source)
     elif real.is_file():
         file_path = real
     else:
@@ -105,6 +105,21 @@ def locate(task: TaskSpec, source: str) -> LocalBuild:
     relative = uploaded_path(task, file_path, shown, source)
     build = read_build_file(file_path, shown)
     return LocalBuild(relative, posixpath.dirname(relative), build)
+
+
+def inside(path: Path, base: Path, shown: str, source: str) -> Path:
+    """`path` resolved (a symlinked build file followed), refused unless it is a file
+    inside the task directory: nothing outside it is read."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise refused(source, f"{shown}: no such file in the task directory") from None
+    if not local_paths.is_inside(real, base) or not real.is_file():
+        raise refused(
+            source, f"{shown} resolves outside the task directory {base} (or to no file): "
+            "the build file must be a file inside it",
+        )  # fmt: skip
+    return real
 
 
 def uploaded_path(task: TaskSpec, file_path: Path, shown: str, source: str) -> str:
@@ -156,17 +171,18 @@ def read_build_file(path: Path, shown: str) -> BuildFile:
         raise TaskFileError(exc.problems) from None
 
 
-def context_files(local: LocalBuild, manifest: dict[str, Entry]) -> dict[str, str]:
-    """The uploaded files of the build's context: path relative to it -> sha256."""
+def context_files(local: LocalBuild, manifest: dict[str, Entry]) -> dict[str, tuple[str, bool]]:
+    """The uploaded files of the build's context: path relative to it -> (sha256,
+    executable), what the key covers of each (the cluster copies it 0755 or 0644)."""
     prefix = CODE_PREFIX + (f"{local.context}/" if local.context else "")
     return {
-        path[len(prefix) :]: entry.sha256
+        path[len(prefix) :]: (entry.sha256, bool(entry.mode & 0o111))
         for path, entry in manifest.items()
         if path.startswith(prefix)
     }
 
 
-def check_copies(local: LocalBuild, files: dict[str, str], context_dir: Path) -> None:
+def check_copies(local: LocalBuild, files: dict[str, tuple[str, bool]], context_dir: Path) -> None:
     """Every COPY source matches an uploaded file of the context; one that matches only
     files the upload leaves out says so."""
     try:

@@ -17,14 +17,20 @@ image into `Step`s:
 Variables (`$X`, `${X}`, `${X:-word}`, `${X:+word}`) are substituted like Docker's from the
 ARG and ENV values before them, in ENV, WORKDIR, COPY and ARG defaults (and pre-FROM ARGs
 in FROM). A variable the file does not define (the base image's `$PATH`, say) is kept as
-written: the client cannot know the base image's environment, and the base is pinned by
-digest, so the key stays exact. The builder parses again with `base_env=` (the base
-image's environment) to get the values it runs with; there an undefined variable is empty,
-as in Docker.
+written: the client cannot know the base image's environment. The builder parses again
+with `base_env=` (the base image's environment) to get the values it runs with; there an
+undefined variable is empty, as in Docker.
 
-`build_key` is the content address of the result: the base by digest, the steps (not
-lines, comments or ignored instructions) and the digests of exactly the files the COPY
+`build_key` is the content address of the result: the base by digest, the escape
+character, the raw text of each instruction that changes the image (continuations
+joined; not lines, comments or ignored instructions: with the base pinned, that text
+determines every substitution, where the kept-as-written steps would not tell `$X` from
+an escaped or quoted one) and the digest and executable bit of exactly the files the COPY
 steps read. tcloud computes it at submit, the agent again from the job's own files.
+
+Lines are split at newlines only (a carriage return before one is dropped); a NUL or
+another control character (but tab) in an instruction that changes the image, text that
+is not valid UTF-8, or a file that ends inside a continuation is refused with its line.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ from tacc_contract.images import parse_reference
 
 BUILD_FILES = ("Containerfile", "Dockerfile")
 MAX_BYTES = 256 * 1024
-KEY_FORMAT = 1
+# 2: the raw instruction text instead of the kept-as-written steps; files as [sha256, executable].
+KEY_FORMAT = 2
 KEY = re.compile(r"sha256:[0-9a-f]{64}")
 
 IGNORED = frozenset(
@@ -61,6 +68,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLAG = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=\S*)?(?:\s|$)")
 _ESCAPE_DIRECTIVE = re.compile(r"\s*#\s*escape\s*=\s*([\\`])\s*$", re.IGNORECASE)
 _DIRECTIVE = re.compile(r"\s*#\s*[A-Za-z]+\s*=.*$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,10 @@ class BuildFile:
     base: str  # the FROM reference as written (pre-FROM ARGs substituted)
     base_line: int
     steps: tuple[Step, ...]
+    # What the key covers besides the base: (kind, raw text) of each instruction that
+    # changes the image (pre-FROM ARGs too), continuations joined; and the escape character.
+    instructions: tuple[tuple[str, str], ...] = ()
+    escape: str = "\\"
 
 
 class BuildFileError(Exception):
@@ -272,14 +284,52 @@ def _escape_character(lines: list[str]) -> str:
     return "\\"
 
 
-def _instructions(text: str) -> list[dict]:
+def _lines(text: str) -> list[str]:
+    """The file's lines, split at newlines only (str.splitlines would also split at form
+    feeds, \\x1c-\\x1e, U+2028 ...), a carriage return before one dropped (Docker's rule)."""
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _instructions(lines: list[str]) -> list[dict]:
     """dockerfile-parse's instructions, comments left out. A blank line inside a
     continuation does not end it (Docker's rule): blank lines are read as comments."""
-    lines = [("#\n" if not line.strip() else line) for line in text.splitlines(keepends=True)]
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"  # else a last bare word ("USER") is not read as an instruction
-    parser = DockerfileParser(fileobj=io.StringIO("".join(lines)), env_replace=False)
+    text = "".join(("#" if not line.strip() else line) + "\n" for line in lines)
+    parser = DockerfileParser(fileobj=io.StringIO(text), env_replace=False)
     return [entry for entry in parser.structure if entry["instruction"] != "COMMENT"]
+
+
+def _dangling_continuation(lines: list[str], escape: str) -> int:
+    """The line (1-based) of a continuation the file ends in, else 0: dockerfile-parse
+    drops such a last instruction silently."""
+    continuation = re.compile(re.escape(escape) + r"[ \t]*$")
+    for number in range(len(lines), 0, -1):
+        line = lines[number - 1].strip()
+        if not line or line.startswith("#"):
+            continue
+        return number if continuation.search(line) else 0
+    return 0
+
+
+def _bad_text(value: object) -> str:
+    """Why a step's value cannot be used (a control character, not UTF-8), else ""."""
+    if isinstance(value, tuple):
+        return next((why for why in map(_bad_text, value) if why), "")
+    if not isinstance(value, str):
+        return ""
+    control = _CONTROL.search(value)
+    if control:
+        return (
+            f"holds the control character {control.group()!r}: "
+            "expected text without NUL or control characters (but tab)"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds text that is not valid UTF-8 (a lone surrogate)"
+    return ""
 
 
 def parse(text: str, source: str, base_env: Mapping[str, str] | None = None) -> BuildFile:
@@ -288,21 +338,33 @@ def parse(text: str, source: str, base_env: Mapping[str, str] | None = None) -> 
     `base_env`: the base image's environment, given by the builder only: then every
     variable is substituted (undefined ones are empty); without it, variables the file
     does not define stay as written (what the key covers)."""
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_BYTES:
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise BuildFileError(
             [Problem(source, 0, 0, "", f"over {MAX_BYTES // 1024} KiB: not a build file")]
         )
-    escape = _escape_character(text.splitlines())
-    instructions = _instructions(text)
+    lines = _lines(text)
+    escape = _escape_character(lines)
+    instructions = _instructions(lines)
     if not instructions:
         raise BuildFileError(
             [Problem(source, 0, 0, "", "empty build file: expected FROM <image reference>")]
         )
     state = _State(source, escape, base_env, [], {}, {})
+    dangling = _dangling_continuation(lines, escape)
+    if dangling:
+        state.problem(
+            dangling,
+            "",
+            f"the file ends inside a continuation (the line ends with {escape!r}): "
+            "finish the instruction or remove the trailing escape",
+        )
     base, base_line = "", 0
     steps: list[Step] = []
+    counted: list[tuple[str, str]] = []
     for entry in instructions:
         kind, value, line = entry["instruction"], entry["value"].strip(), entry["startline"] + 1
+        if kind != "FROM" and kind not in IGNORED:
+            counted.append((kind, _key_text(kind, value, escape)))
         if kind == "FROM":
             if base_line:
                 state.problem(
@@ -335,12 +397,48 @@ def parse(text: str, source: str, base_env: Mapping[str, str] | None = None) -> 
         if handler is None:
             state.problem(line, kind, f"unknown instruction {kind}")
             continue
-        steps.extend(handler(state, value, line))
+        steps.extend(_checked(state, handler, kind, entry["value"], line))
     if not base_line:
         state.problem(0, "", "no FROM: expected FROM <image reference>")
     if state.problems:
         raise BuildFileError(state.problems)
-    return BuildFile(source, base, base_line, tuple(steps))
+    return BuildFile(source, base, base_line, tuple(steps), tuple(counted), escape)
+
+
+def _key_text(kind: str, value: str, escape: str) -> str:
+    """The raw text the key covers: as written, but where the instruction splits its text
+    into words (ARG, COPY but its JSON form, ENV key=value ...) the words joined by one
+    space -- the same words, quotes and escapes kept, so the same meaning -- so spacing
+    does not change it."""
+    first = value.split(None, 1)
+    splits = kind == "ARG" or (kind == "COPY" and not value.startswith("["))
+    if not (splits or (kind == "ENV" and first and "=" in first[0])):
+        return value
+    try:
+        return " ".join(_raw_words(_Lexer(value, {}, escape, strict=False)))
+    except _Unsupported:
+        return value  # refused by its handler anyway
+
+
+def _checked(state: _State, handler, kind: str, value: str, line: int) -> list[Step]:
+    """The handler's steps; a control character, text that is not UTF-8 (in the raw
+    text, or from a JSON escape) or nesting too deep for Python is a problem of the line."""
+    why = _bad_text(value)  # before strip(), which takes \v, \f, \x1c-\x1f too
+    if why:
+        state.problem(line, kind, why)
+        return []
+    value = value.strip()
+    try:
+        steps = handler(state, value, line)
+    except RecursionError:
+        state.problem(line, kind, "nested too deeply")
+        return []
+    for step in steps:
+        why = _bad_text(step.args)
+        if why:
+            state.problem(line, kind, why)
+            return []
+    return steps
 
 
 def _base(state: _State, value: str, line: int) -> str:
@@ -357,6 +455,9 @@ def _base(state: _State, value: str, line: int) -> str:
         return ""
     try:
         reference = _Lexer(words[0], state.global_args, state.escape, strict=True).whole()
+    except RecursionError:
+        state.problem(line, "FROM", "nested too deeply")
+        return ""
     except _Unsupported as exc:
         state.problem(line, "FROM", str(exc))
         return ""
@@ -470,7 +571,7 @@ def _json_list(value: str) -> list[str] | None:
         return None
     try:
         parsed = json.loads(value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         return None
     if isinstance(parsed, list) and parsed and all(isinstance(item, str) for item in parsed):
         return parsed
@@ -628,9 +729,11 @@ def copied_files(build: BuildFile, context_files: Iterable[str]) -> list[str]:
     return sorted(copied)
 
 
-def build_key(build: BuildFile, base_pinned: str, files: Mapping[str, str]) -> str:
-    """`sha256:<64 hex>` over the base by digest, the steps and the sha256 (hex) of each
-    file the COPY steps read (`files`: every context file's digest, by relative path)."""
+def build_key(build: BuildFile, base_pinned: str, files: Mapping[str, tuple[str, bool]]) -> str:
+    """`sha256:<64 hex>` over the base by digest, the escape character, the raw text of
+    the instructions that change the image, and the sha256 (hex) and executable bit of
+    each file the COPY steps read (`files`: every context file, by relative path ->
+    (sha256 hex, executable)). The builder applies the mode: 0755 executable, else 0644."""
     reference = parse_reference(base_pinned)
     if reference is None or not reference.pinned:
         raise ValueError(f"{base_pinned!r}: expected the base pinned to a digest")
@@ -638,11 +741,12 @@ def build_key(build: BuildFile, base_pinned: str, files: Mapping[str, str]) -> s
     canonical = {
         "format": KEY_FORMAT,
         "base": reference.by_digest(),
-        "steps": [[step.kind, step.args] for step in build.steps],
-        "files": {path: files[path] for path in copied},
+        "escape": build.escape,
+        "instructions": [list(pair) for pair in build.instructions],
+        "files": {path: [files[path][0], bool(files[path][1])] for path in copied},
     }
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def without_lines(build: BuildFile) -> BuildFile:

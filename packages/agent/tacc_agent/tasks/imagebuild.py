@@ -30,6 +30,7 @@ Every step's output goes to the job's log prefixed `build: `. Only Charliecloud 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import hashlib
 import os
@@ -48,9 +49,8 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from tacc_agent.errors import EXIT_FAILED, AgentError
-from tacc_agent.tasks import imagecache, records
+from tacc_agent.tasks import imagecache, proctree, records
 from tacc_agent.tasks.containers import DEFAULT_PATH
-from tacc_agent.tasks.envcache import locked
 from tacc_contract import buildfile
 from tacc_contract.buildfile import BuildFile, BuildFileError, Step
 from tacc_contract.instruction import FILE as INSTRUCTION
@@ -104,6 +104,7 @@ class ChRun:
                  sink: Sink) -> int:  # fmt: skip
         environ = dict(os.environ)
         environ.setdefault("USER", getpass.getuser())  # ch-run wants $USER
+        before = set(proctree.descendants(os.getpid()))
         try:
             child = subprocess.Popen(
                 self.argv(rootfs, argv, cwd, env_file), stdout=subprocess.PIPE,
@@ -124,9 +125,12 @@ class ChRun:
             code = child.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             stop_session(child)
-            reader.join(5)
             raise StepTimeout from None
-        reader.join(5)
+        finally:  # what the step left running ends with it, as a RUN's container does
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            proctree.kill_new_descendants(before)
+            reader.join(5)
         return 128 - code if code < 0 else code
 
 
@@ -142,8 +146,11 @@ def stop_session(child: subprocess.Popen) -> None:
 
 @dataclass
 class BuildState:
-    """What the steps so far set: the variables (Docker's rule: ENV wins over an ARG of
-    the same name, whatever their order), the working directory, the shell."""
+    """What the steps so far set: the variables, the working directory, the shell.
+    Docker's rule for the variables: an ENV (the base image's or the file's) wins over
+    an ARG of the same name, whatever their order. The agent's variables (the cluster's
+    package index and proxies, which no image can know) come over the base image's and
+    the ARGs; the file's own ENV comes over everything."""
 
     base_env: dict[str, str]
     agent_env: dict[str, str]
@@ -153,9 +160,8 @@ class BuildState:
     env: dict[str, str] = field(default_factory=dict)
 
     def run_env(self) -> dict[str, str]:
-        found = {"PATH": DEFAULT_PATH, "HOME": "/root", **self.base_env, **self.agent_env,
-                 **self.args, **self.env}  # fmt: skip
-        return found
+        return {"PATH": DEFAULT_PATH, "HOME": "/root", **self.args, **self.base_env,
+                **self.agent_env, **self.env}  # fmt: skip
 
     def image_env(self) -> dict[str, str]:
         """The result's own variables (what container_env uses): ARGs and the agent's
@@ -192,13 +198,28 @@ def write_env_file(path: Path, env: Mapping[str, str], where: str) -> None:
     around a value and nothing else, so any value without a newline passes as is)."""
     lines = []
     for key, value in sorted(env.items()):
-        if "\n" in key or "\n" in value or "=" in key or "\0" in value:
-            raise AgentError(f"{where}: the variable {key!r} holds a newline; a RUN step "
-                             "cannot get it", EXIT_FAILED)  # fmt: skip
+        problem = env_file_problem(key, value)
+        if problem:
+            raise AgentError(f"{where}: the variable {key!r} {problem}; a RUN step cannot "
+                             "get it", EXIT_FAILED)  # fmt: skip
         lines.append(f"{key}='{value}'\n")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.writelines(lines)
+
+
+def env_file_problem(key: str, value: str) -> str:
+    """Why KEY='VALUE' cannot carry this variable ("" when it can)."""
+    for text, what in ((key, "name"), (value, "value")):
+        if "\n" in text:
+            return "holds a newline" if what == "value" else "has a newline in its name"
+        if "\0" in text:
+            return f"has a NUL byte in its {what}"
+    if not key:
+        return "has an empty name"
+    if "=" in key:
+        return "has '=' in its name"
+    return ""
 
 
 # ---------------------------------------------------------------- paths in the image
@@ -275,8 +296,12 @@ def place_file(source: Path, rootfs: Path, dest: str, mode: int, where: str) -> 
     with writable(parent):
         if target.is_symlink() or target.exists():
             target.unlink()
-        shutil.copyfile(source, target, follow_symlinks=True)
-        target.chmod(mode)
+        # A new file, never through a link: nothing else runs in the image between steps
+        # (a RUN's leftovers are stopped with it), and O_EXCL|O_NOFOLLOW holds even then.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as written, source.open("rb") as read:
+            shutil.copyfileobj(read, written, 1 << 20)
+            os.fchmod(written.fileno(), mode)
 
 
 # ---------------------------------------------------------------- the job's files
@@ -341,8 +366,9 @@ def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
     """The key tcloud computed at submit, again from the job's own files."""
     try:
         copied = buildfile.copied_files(build, context.modes)
-        digests = {path: context.digest(path, build.source) for path in copied}
-        key = buildfile.build_key(build, str(image_build.get("base", "")), digests)
+        files = {path: (context.digest(path, build.source), bool(context.modes[path] & 0o111))
+                 for path in copied}  # fmt: skip
+        key = buildfile.build_key(build, str(image_build.get("base", "")), files)
     except (BuildFileError, ValueError) as exc:
         raise AgentError(str(exc), EXIT_FAILED) from None
     if key != image_build.get("key"):
@@ -443,29 +469,63 @@ def describe(step: Step) -> str:
     return f"{step.kind} {' '.join(str(a) for a in step.args)}"
 
 
+def shown_path(filename: object, rootfs: Path, context: Context) -> str:
+    """An OSError's file as the build file's author knows it: a path in the image, or
+    one in the build context; never the node's work directory."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return ""
+    path = os.fsdecode(filename)
+    for root, shown in ((str(rootfs), "{}"), (str(context.root), "{} in the build context")):
+        if path == root or path.startswith(root + "/"):
+            return shown.format("/" + path[len(root) :].lstrip("/"))
+    return ""
+
+
+def step_failure(exc: OSError | ValueError, where: str, kind: str, rootfs: Path,
+                 context: Context) -> AgentError:  # fmt: skip
+    """A step's OS or value error (a name too long, a directory a RUN made unreadable,
+    a NUL byte in a path or argument) as the job's positioned reason."""
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        path = shown_path(exc.filename, rootfs, context)
+        return AgentError(f"{where}: {kind}: {reason}{': ' + path if path else ''}",
+                          EXIT_FAILED)  # fmt: skip
+    reason = "a NUL byte in a path or argument" if "null" in str(exc) else str(exc)
+    return AgentError(f"{where}: {kind}: {reason}", EXIT_FAILED)
+
+
 def apply_steps(build: BuildFile, context: Context, rootfs: Path, env_file: Path,
                 state: BuildState, runner: Runner, timeout: float, log: Log) -> None:  # fmt: skip
     total = len(build.steps)
     for number, step in enumerate(build.steps, 1):
-        log(f"build: step {number}/{total} ({build.source}:{step.line}): {describe(step)}")
-        if step.kind == "ARG":
-            name, default = step.args
-            if default is not None:
-                state.args[name] = default
-        elif step.kind == "ENV":
-            state.env.update(dict(step.args))
-        elif step.kind == "WORKDIR":
-            state.cwd = posixpath.normpath(posixpath.join(state.cwd, step.args[0]))
-            make_dirs(rootfs, state.cwd, f"{build.source}:{step.line}")
-        elif step.kind == "SHELL":
-            state.shell = tuple(step.args)
-        elif step.kind == "COPY":
-            copy_step(step, build, context, rootfs, state, log)
-        elif step.kind == "RUN":
-            run_step(step, build, rootfs, env_file, state, runner, timeout, log)
-        else:  # the contract only yields the kinds above
-            raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built",
-                             EXIT_FAILED)  # fmt: skip
+        where = f"{build.source}:{step.line}"
+        log(f"build: step {number}/{total} ({where}): {describe(step)}")
+        try:
+            apply_step(step, build, context, rootfs, env_file, state, runner, timeout, log)
+        except (OSError, ValueError) as exc:
+            raise step_failure(exc, where, step.kind, rootfs, context) from None
+
+
+def apply_step(step: Step, build: BuildFile, context: Context, rootfs: Path, env_file: Path,
+               state: BuildState, runner: Runner, timeout: float, log: Log) -> None:  # fmt: skip
+    if step.kind == "ARG":
+        name, default = step.args
+        if default is not None:
+            state.args[name] = default
+    elif step.kind == "ENV":
+        state.env.update(dict(step.args))
+    elif step.kind == "WORKDIR":
+        state.cwd = posixpath.normpath(posixpath.join(state.cwd, step.args[0]))
+        make_dirs(rootfs, state.cwd, f"{build.source}:{step.line}")
+    elif step.kind == "SHELL":
+        state.shell = tuple(step.args)
+    elif step.kind == "COPY":
+        copy_step(step, build, context, rootfs, state, log)
+    elif step.kind == "RUN":
+        run_step(step, build, rootfs, env_file, state, runner, timeout, log)
+    else:  # the contract only yields the kinds above
+        raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built",
+                         EXIT_FAILED)  # fmt: skip
 
 
 def copy_rootfs(source: Path, target: Path) -> None:
@@ -535,9 +595,99 @@ def build(job_dir: Path, image_build: Mapping, target: Path, base: dict, runner:
 
 
 def clear_stale_builds(images: Path, hex_key: str) -> None:
-    """What an interrupted build of this key left (its lock is held: none is running)."""
-    for left in images.glob(f"{BUILD_PREFIX}{hex_key}-*"):
-        imagecache.remove_tree(left)
+    """What interrupted builds left: this key's (its lock is held by this process: none
+    is running), and any other key's whose lock can be taken at once (no build of that
+    key is running anywhere). Never the lock of a key held here: a second POSIX lock of
+    the same process on that file would succeed, and closing it would release the one
+    held."""
+    for left in images.glob(f"{BUILD_PREFIX}*-*"):
+        key = left.name[len(BUILD_PREFIX) :].rsplit("-", 1)[0]
+        if key == hex_key:
+            imagecache.remove_tree(left)
+        elif buildfile.KEY.fullmatch(f"sha256:{key}"):
+            with contextlib.suppress(OSError), taken_at_once(images / f"{key}.lock") as free:
+                if free:
+                    imagecache.remove_tree(left)
+
+
+@contextlib.contextmanager
+def taken_at_once(lock: Path) -> Iterator[bool]:
+    """The key's lock if nobody holds it (True), without waiting."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def holder_of(holder: Path) -> str:
+    """Who builds the key now (the holder file of its lock), in words."""
+    found = records.read_json(holder) or {}
+    if not found.get("job"):
+        return "another job of yours"
+    since = time.strftime("%H:%M:%S", time.localtime(float(found.get("since") or 0)))
+    return f"job {found['job']} on {found.get('host', '?')} (building since {since})"
+
+
+def build_wait(steps: BuildFile, settings: BuildSettings, puller: object) -> float:
+    """How long a job waits for another one's build of the same key: as long as that
+    build may take (waiting for the base's lock, the base's pull with skopeo and umoci,
+    the copy, each RUN to its timeout); Slurm's time limit bounds the waiting job."""
+    runs = sum(1 for step in steps.steps if step.kind == "RUN")
+    pull = float(getattr(puller or imagecache.SkopeoUmoci(), "timeout", settings.lock_timeout))
+    return 2 * settings.lock_timeout + 2 * pull + runs * settings.step_timeout
+
+
+@contextlib.contextmanager
+def build_lock(images: Path, hex_key: str, job_id: str, what: str, log: Log,
+               wait: Callable[[], float]) -> Iterator[None]:  # fmt: skip
+    """The key's lock (the same file imagecache's mount points take), with a holder file
+    naming the job that builds, so the jobs that wait say whom they wait for; `wait()`:
+    how long at most (asked only if someone holds it)."""
+    holder = images / f"{hex_key}.holder"
+    with (images / f"{hex_key}.lock").open("a") as handle:
+        deadline, seconds = None, 0.0
+        while True:
+            try:
+                fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if deadline is None:
+                    seconds = wait()
+                    deadline = time.monotonic() + seconds
+                    log(f"{what}: waiting for {holder_of(holder)} (at most {seconds:g} s)")
+                elif time.monotonic() > deadline:
+                    raise AgentError(f"{what}: still being built by {holder_of(holder)} after "
+                                     f"{seconds:g} s; submit again later",
+                                     EXIT_FAILED) from None  # fmt: skip
+                time.sleep(0.5)
+        try:
+            records.write_json(holder, {"job": job_id, "host": socket.gethostname(),
+                                        "pid": os.getpid(), "since": time.time()})  # fmt: skip
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                holder.unlink()
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def build_errors(what: str) -> Iterator[None]:
+    """What no step names (the cache directory, the copy of the base, the marker): an
+    OS error as the job's reason, never a traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise AgentError(f"{what}: {reason}", EXIT_FAILED) from None
 
 
 def ensure_build(user_dir: Path, job_dir: Path, image_build: Mapping, job_id: str, log: Log,
@@ -549,24 +699,30 @@ def ensure_build(user_dir: Path, job_dir: Path, image_build: Mapping, job_id: st
         raise AgentError(NEEDS_CHARLIECLOUD, EXIT_FAILED)
     hex_key = key_hex(image_build)
     short, name = hex_key[:12], image_build.get("file", "")
-    images = imagecache.images_dir(user_dir)
-    images.mkdir(mode=0o700, exist_ok=True)
-    target = images / hex_key
-    with locked(images / f"{hex_key}.lock", settings.lock_timeout):
-        marker = imagecache.ready(target)
-        if marker:
-            log(f"image build {name} {short}: reused (built by job {marker.get('built_by_job')})")
-            return {**marker, "path": str(target / imagecache.ROOTFS)}
-        check_key(read_build_file(job_dir, image_build), image_build,
-                  job_context(job_dir, image_build))  # fmt: skip
-        clear_stale_builds(images, hex_key)
-        if target.exists():  # a directory without its marker was never finished
-            imagecache.remove_tree(target)
-        base = imagecache.ensure(user_dir, str(image_build["base"]), job_id, log,
-                                 settings.lock_timeout, puller, settings.runtime)  # fmt: skip
-        log(f"image build {name} {short}: building FROM {image_build['base']} ...")
-        marker = build(job_dir, image_build, target, base,
-                       runner or ChRun(settings.step_timeout), settings, job_id, log)  # fmt: skip
-        mib = marker["bytes"] / 2**20
-        log(f"image build {name} {short}: built in {marker['seconds']} s ({mib:.0f} MiB)")
+    what = f"image build {name} {short}"
+    with build_errors(what):
+        images = imagecache.images_dir(user_dir)
+        images.mkdir(mode=0o700, exist_ok=True)
+        target = images / hex_key
+
+        def wait() -> float:
+            return build_wait(read_build_file(job_dir, image_build), settings, puller)
+
+        with build_lock(images, hex_key, job_id, what, log, wait):
+            marker = imagecache.ready(target)
+            if marker:
+                log(f"{what}: reused (built by job {marker.get('built_by_job')})")
+                return {**marker, "path": str(target / imagecache.ROOTFS)}
+            check_key(read_build_file(job_dir, image_build), image_build,
+                      job_context(job_dir, image_build))  # fmt: skip
+            clear_stale_builds(images, hex_key)
+            if target.exists():  # a directory without its marker was never finished
+                imagecache.remove_tree(target)
+            base = imagecache.ensure(user_dir, str(image_build["base"]), job_id, log,
+                                     settings.lock_timeout, puller, settings.runtime)  # fmt: skip
+            log(f"{what}: building FROM {image_build['base']} ...")
+            runner = runner or ChRun(settings.step_timeout)
+            marker = build(job_dir, image_build, target, base, runner, settings, job_id, log)
+            mib = marker["bytes"] / 2**20
+            log(f"{what}: built in {marker['seconds']} s ({mib:.0f} MiB)")
     return marker
