@@ -1,6 +1,8 @@
 """GPUs into the container: the node's NVIDIA driver directory (assembled by the
 nvidia_gpu role) is bound at /usr/local/nvidia and put at the end of PATH and
-LD_LIBRARY_PATH, only for a job Slurm gave GPUs, on a node that has the directory.
+LD_LIBRARY_PATH (the image's or the task's own), only for a job Slurm gave GPUs
+(SLURM_JOB_GPUS / SLURM_STEP_GPUS, never CUDA_VISIBLE_DEVICES alone), on a node that has
+the directory.
 NOT TESTED on a real GPU: these are the binds and the environment, without a runtime."""
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ def test_a_gpu_job_gets_the_driver_directory_at_usr_local_nvidia(tmp_path):
 
 
 @pytest.mark.parametrize("environ", [
-    {"CUDA_VISIBLE_DEVICES": "0"},  # a step's GPUs (srun)
+    {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"},  # a step's GPUs (srun)
     {"SLURM_STEP_GPUS": "1"},
     {"SLURM_JOB_GPUS": "0,1"},  # the batch step
     {"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": "3"},
 ])  # fmt: skip
-def test_any_of_slurms_gpu_variables_means_gpus(environ):
+def test_either_of_slurms_gpu_variables_means_gpus(environ):
     assert containers.given_gpus(environ)
 
 
@@ -61,6 +63,7 @@ def test_any_of_slurms_gpu_variables_means_gpus(environ):
     {"CUDA_VISIBLE_DEVICES": ""},
     {"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": ""},  # a Gres without devices
     {"GPU_DEVICE_ORDINAL": "0"},  # not Slurm's word for the job's GPUs
+    {"SLURM_JOB_GPUS": "NoDevFiles", "SLURM_STEP_GPUS": ""},
 ])  # fmt: skip
 def test_a_job_without_gpus_gets_nothing_of_the_driver(tmp_path, environ):
     driver = driver_dir(tmp_path)
@@ -99,7 +102,7 @@ def test_the_process_environment_is_the_default(tmp_path, monkeypatch):
 
 
 def test_the_old_call_without_the_keyword_binds_no_gpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0")
     job = containers.job_binds(tmp_path / "u", str(tmp_path), [], [], "")
     assert all(b.target != TARGET for b in job.binds) and job.search_paths == {}
 
@@ -152,10 +155,27 @@ def test_a_cuda_image_that_already_names_the_driver_is_left_as_it_is():
     assert containers.container_env(image, {}, None, SEARCH) == image
 
 
-def test_the_tasks_own_search_paths_win():
-    env = containers.container_env({"PATH": "/usr/bin"}, {"LD_LIBRARY_PATH": "/mine"}, None,
-                                   SEARCH)  # fmt: skip
-    assert env == {"PATH": f"/usr/bin:{TARGET}/bin"}  # the task's value is inherited as it is
+def test_the_driver_goes_after_the_tasks_own_search_paths_too():
+    """DECIDED (review of issue 19): a task that sets LD_LIBRARY_PATH or PATH keeps its
+    value first, and the driver's directory still comes at its end."""
+    env = containers.container_env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/img"},
+                                   {"LD_LIBRARY_PATH": "/mine"}, None, SEARCH)  # fmt: skip
+    assert env == {"PATH": f"/usr/bin:{TARGET}/bin", "LD_LIBRARY_PATH": f"/mine:{TARGET}/lib64"}
+    env = containers.container_env({}, {"PATH": "/opt/x/bin:/usr/bin", "LD_LIBRARY_PATH": ""},
+                                   None, SEARCH)  # fmt: skip
+    assert env == {"PATH": f"/opt/x/bin:/usr/bin:{TARGET}/bin",
+                   "LD_LIBRARY_PATH": f"{TARGET}/lib64"}  # fmt: skip
+
+
+def test_a_task_value_that_already_names_the_driver_is_inherited_as_it_is():
+    task = {"LD_LIBRARY_PATH": f"{TARGET}/lib64:/mine", "PATH": "/usr/bin"}
+    env = containers.container_env({"PATH": "/usr/bin"}, task, None, SEARCH)
+    assert env == {"PATH": f"/usr/bin:{TARGET}/bin"}  # LD_LIBRARY_PATH: the task's, inherited
+
+
+def test_without_gpus_the_tasks_search_paths_stay_inherited():
+    env = containers.container_env({"PATH": "/usr/bin"}, {"PATH": "/mine"}, None, {})
+    assert env == {}
 
 
 def test_an_empty_entry_of_the_image_is_kept():
@@ -201,6 +221,41 @@ def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
     assert f"{TARGET}/lib64" in log
 
 
+@pytest.mark.security
+@pytest.mark.parametrize("environ", [
+    {"CUDA_VISIBLE_DEVICES": "0"},  # from the user's shell through sbatch --export=ALL
+    {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "", "SLURM_STEP_GPUS": "NoDevFiles"},
+])  # fmt: skip
+def test_cuda_visible_devices_alone_is_not_slurms_word_for_gpus(tmp_path, environ):
+    """A user's shell may export CUDA_VISIBLE_DEVICES and sbatch brings it into any job:
+    it says nothing about what Slurm gave, so no driver directory for it."""
+    driver = driver_dir(tmp_path)
+    assert not containers.given_gpus(environ)
+    job = binds_for(tmp_path, environ, str(driver))
+    assert all(b.target != TARGET for b in job.binds)
+    assert TARGET not in job.mount_points and job.search_paths == {}
+
+
+def test_a_gpu_tasks_own_library_path_gets_the_driver_at_its_end(tmp_path):
+    user_dir, job_dir = make_image_job(tmp_path, {
+        "name": "t", "run": ["echo $LD_LIBRARY_PATH"],
+        "environment": {"env": {"LD_LIBRARY_PATH": "/opt/mine/lib"}},
+    })  # fmt: skip
+    imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
+    driver = driver_dir(tmp_path / "node")
+    env = image_agent_env(tmp_path)
+    config = Path(env["TACC_AGENT_CONFIG"])
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = ch_runs(tmp_path)
+    assert run["binds"][-1] == [str(driver), TARGET]
+    assert run["env"]["LD_LIBRARY_PATH"] == f"/opt/mine/lib:{TARGET}/lib64"
+    log = next((job_dir / "logs").glob("rank-0-*.log")).read_text()
+    assert f"/opt/mine/lib:{TARGET}/lib64" in log
+
+
 def test_a_job_without_gpus_on_a_gpu_node_gets_no_driver(tmp_path):
     user_dir, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["true"]})
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
@@ -210,7 +265,7 @@ def test_a_job_without_gpus_on_a_gpu_node_gets_no_driver(tmp_path):
     settings = yaml.safe_load(config.read_text())
     config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
     env = {k: v for k, v in env.items() if k not in containers.GPU_VARIABLES}
-    proc = agent("batch", str(job_dir), env=env)
+    proc = agent("batch", str(job_dir), env={**env, "CUDA_VISIBLE_DEVICES": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run,) = ch_runs(tmp_path)
     assert all(target != TARGET for _, target in run["binds"])

@@ -7,7 +7,9 @@ the argv that runs `argv` in the directory image `rootfs`, in `cwd`, with `binds
 ...) set over the environment the process inherits (the wrapper's: TACC_*, SLURM_*,
 transport variables, OMPI_MCA_*, the task's environment.env). Secrets never go on the
 command line: only the image's own variables (public, from its config) are passed
-there; everything else is inherited.
+there, and for a GPU job the search paths PATH and LD_LIBRARY_PATH with the driver's
+directories appended (the task's own value of one, when it sets it: a list of
+directories, not a secret); everything else is inherited.
 
 - Charliecloud (`ch-run`, Debian's charliecloud-runtime 0.31): TESTED in the lab, as the
   user (an unprivileged user namespace: no root inside that is root outside). ch-run
@@ -31,7 +33,9 @@ they cannot come from the image) come from the directory the nvidia_gpu role ass
 (agent setting `container_gpu_driver_dir`), bound at /usr/local/nvidia (read-only in
 effect: root's files; ch-run 0.31 has no read-only bind option), the
 place nvidia-docker 1.0 used and CUDA base images still put on PATH and LD_LIBRARY_PATH;
-only for a job given GPUs, on a node that has the directory. NOT TESTED on a real GPU.
+only for a job Slurm gave GPUs (SLURM_JOB_GPUS / SLURM_STEP_GPUS), on a node that has
+the directory; its two search paths go after the task's own values too. NOT TESTED on a
+real GPU.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
 GPU_DRIVER_TARGET = "/usr/local/nvidia"
 GPU_SEARCH_PATHS = {"PATH": f"{GPU_DRIVER_TARGET}/bin",
                     "LD_LIBRARY_PATH": f"{GPU_DRIVER_TARGET}/lib64"}  # fmt: skip
-# Slurm's variables naming the GPUs of a job or step; "NoDevFiles": a Gres without devices.
-GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+# Slurm's variables naming the GPUs it gave the job or step; "NoDevFiles": a Gres without
+# devices. Not CUDA_VISIBLE_DEVICES: a user's shell may set it, and sbatch's
+# --export=ALL brings it into the job whatever Slurm gave.
+GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 NO_GPUS = ("", "NoDevFiles")
 # The PATH of an image whose config sets none (the OCI/Docker default): never the node's.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -198,7 +204,8 @@ def bindable(path: str) -> str:
 
 
 def given_gpus(environ: Mapping[str, str]) -> bool:
-    """Whether Slurm gave this job (or step) GPUs: one of its GPU variables names some."""
+    """Whether Slurm gave this job (or step) GPUs: SLURM_JOB_GPUS or SLURM_STEP_GPUS names
+    some. CUDA_VISIBLE_DEVICES alone is no sign: the user's own shell may have set it."""
     return any(environ.get(name, "") not in NO_GPUS for name in GPU_VARIABLES)
 
 
@@ -271,15 +278,20 @@ def container_env(image_env: dict[str, str], task_env: dict[str, str],
                   runtime_defaults: dict[str, str] | None = None,
                   search_paths: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     """The image's own variables (PATH of the image, not the node's) and the runtime's
-    defaults, with each of `search_paths` ({variable: directory}: the job's binds'
-    JobBinds.search_paths) at the end of its variable unless already there, except those
-    the task sets itself (environment.env wins, as it would on the node)."""
+    defaults, except those the task sets itself (environment.env wins, as it would on
+    the node, and is inherited). Each of `search_paths` ({variable: directory}: the
+    job's binds' JobBinds.search_paths) goes at the end of its variable unless already
+    there: of the image's value, or of the task's own when the task sets the variable
+    (then that value, a search path from the task's tcloud.yaml, is set here too)."""
     image = {"PATH": DEFAULT_PATH, **(runtime_defaults or {}), **image_env}
+    env = {k: v for k, v in image.items() if k not in task_env}
     for variable, directory in (search_paths or {}).items():
-        value = image.get(variable, "")
+        value = task_env[variable] if variable in task_env else image.get(variable, "")
         if directory not in value.split(":"):
-            image[variable] = f"{value}:{directory}" if value else directory
-    return {k: v for k, v in image.items() if k not in task_env}
+            value = f"{value}:{directory}" if value else directory
+        if variable in env or value != task_env.get(variable):
+            env[variable] = value
+    return env
 
 
 @dataclass(frozen=True)
