@@ -184,3 +184,23 @@ def test_a_copy_source_out_of_the_context(tcloud, tmp_path, source):
         tcloud("submit", str(root)), 3,
         f"Containerfile:3: COPY: source '{shown}': expected a path inside the build context",
     )  # fmt: skip
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("name", ["Containerfile", "Dockerfile"])
+@pytest.mark.parametrize("text", ["FROM n1:5000/s3cret/image:1\nRUN s3cret\n", "S3CRET=hunter2\n"])
+def test_a_build_file_found_in_the_directory_linking_out_of_the_task_directory(
+    tcloud, tmp_path, name, text
+):
+    """`build: .` finds Containerfile (or Dockerfile): a symlink to a file outside is
+    refused before it is read -- its text is never shown nor its FROM resolved."""
+    outside = tmp_path / "secret"
+    outside.write_text(text)
+    root = project(tmp_path / "p", build=None)
+    os.symlink(outside, root / name)
+    result = tcloud("submit", str(root))
+    tcloud.refused(
+        result, 3,
+        f"tcloud.yaml:4:10: image.build: ./{name} resolves outside the task directory",
+    )  # fmt: skip
+    assert "s3cret" not in (result.stderr + result.stdout).lower()
