@@ -1,0 +1,48 @@
+"""The processes below this one, from /proc: what a finished image-build step left
+running (a `RUN daemon &`, or one that left its session and was adopted by the batch
+step, a child subreaper) is found here and stopped before the next step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def process_tree() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, whatever session or group it moved to."""
+    tree = process_tree()
+    found, todo = [], [pid]
+    while todo:
+        below = tree.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def kill_new_descendants(before: set[int]) -> None:
+    """SIGKILL to every process below this one that `before` (a descendants() snapshot)
+    did not hold, then collect those that were its own children. Docker's RUN ends the
+    same way: the step's container and everything in it is gone."""
+    me = os.getpid()
+    for _ in range(10):  # a dying parent may fork once more: look again
+        left = [pid for pid in descendants(me) if pid not in before]
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
