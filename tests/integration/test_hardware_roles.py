@@ -165,6 +165,14 @@ def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
         "active",
     ]
     assert "tacc-fake-nvidia-driver" in sh("n2", "dpkg-query -W -f '${Package}\\n'")
+    # The driver's user-space files for containers (/usr/local/nvidia in a GPU job's image):
+    # the fake driver ships nvidia-smi and no libcuda, so bin/ has it and lib64/ is empty.
+    driver_dir = "/usr/local/lib/tacc-nvidia"
+    assert sh("n2", f"ls {driver_dir}/bin {driver_dir}/lib64").split() == [
+        f"{driver_dir}/bin:", "nvidia-smi", f"{driver_dir}/lib64:"]  # fmt: skip
+    inodes = sh("n2", f"stat -c %i /usr/bin/nvidia-smi {driver_dir}/bin/nvidia-smi").split()
+    assert inodes[0] == inodes[1]  # a hard link, not a copy
+    assert node_sh(NAME, "n3", f"test -e {driver_dir}").returncode != 0  # no GPU, no directory
     sinfo = sh("n1", "sinfo -h -N -o '%N %t %G'")
     # slurmd reports the shards typed like the GPUs they share.
     assert "n2 idle gpu:h100:4,shard:h100:16" in sinfo
