@@ -355,7 +355,7 @@ def parse(text: str, source: str, base_env: Mapping[str, str] | None = None) -> 
         state.problem(
             dangling,
             "",
-            f"the file ends inside a continuation (the line ends with {escape!r}): "
+            f"the file ends inside a continuation (the line ends with {escape}): "
             "finish the instruction or remove the trailing escape",
         )
     base, base_line = "", 0
