@@ -46,6 +46,7 @@ from tacc_agent.tasks import (
 )
 from tacc_agent.tasks.agreement import Agreement
 from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.proctree import children, descendants
 from tacc_agent.tasks.schedule import cluster_plugins
 from tacc_contract.images import parse_reference
 from tacc_contract.plugins import Launch, Outcome
@@ -69,31 +70,6 @@ def say(message: str) -> None:
 
 def user_dir_of(job_dir: Path) -> Path:
     return job_dir.parent.parent  # <userdir>/jobs/<dir>
-
-
-def process_tree() -> dict[int, list[int]]:
-    """parent pid -> child pids, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return tree
-
-
-def children(pid: int) -> list[int]:
-    return process_tree().get(pid, [])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below pid, whatever session or group it moved to."""
-    tree = process_tree()
-    found, todo = [], [pid]
-    while todo:
-        below = tree.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
 
 
 class Forwarder:

@@ -422,8 +422,9 @@ def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
                 target = posixpath.join(dest, posixpath.basename(path))
             else:
                 target = dest
-            place_file(context.source(path, where), rootfs, target,
-                       context.modes.get(path, 0o644), where)  # fmt: skip
+            # What the key covers: executable or not (0755 / 0644), never more of the mode.
+            mode = 0o755 if context.modes.get(path, 0o644) & 0o111 else 0o644
+            place_file(context.source(path, where), rootfs, target, mode, where)
             count += 1
         if is_dir:
             make_dirs(rootfs, dest, where)

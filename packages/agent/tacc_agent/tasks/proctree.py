@@ -1,6 +1,7 @@
-"""The processes below this one, from /proc: what a finished image-build step left
-running (a `RUN daemon &`, or one that left its session and was adopted by the batch
-step, a child subreaper) is found here and stopped before the next step."""
+"""The processes below a process, from /proc, whatever session or group they moved to:
+what a run line or an image-build step left running (a `cmd &`, or one that left its
+session and was adopted by the batch step or wrapper, child subreapers) is found here
+and stopped."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ def process_tree() -> dict[int, list[int]]:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     return tree
+
+
+def children(pid: int) -> list[int]:
+    return process_tree().get(pid, [])
 
 
 def descendants(pid: int) -> list[int]:
