@@ -199,15 +199,21 @@ def test_the_charliecloud_line_carries_the_bind_and_the_variables(tmp_path):
     assert f"--set-env=PATH=/usr/bin:{TARGET}/bin" in argv
 
 
+def gpu_agent_env(tmp_path: Path, driver: Path) -> dict[str, str]:
+    """The fake agent's environment, its config naming `driver` as the GPU driver dir."""
+    env = image_agent_env(tmp_path)
+    config = Path(env["TACC_AGENT_CONFIG"])
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    return env
+
+
 # --- the batch step and the wrapper, with a fake ch-run (tests/unit/test_containers.py) ---------
 def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
     user_dir, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["echo $LD_LIBRARY_PATH"]})
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     driver = driver_dir(tmp_path / "node")
-    env = image_agent_env(tmp_path)
-    config = Path(env["TACC_AGENT_CONFIG"])
-    settings = yaml.safe_load(config.read_text())
-    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    env = gpu_agent_env(tmp_path, driver)
     proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0",
                                              "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -243,10 +249,7 @@ def test_a_gpu_tasks_own_library_path_gets_the_driver_at_its_end(tmp_path):
     })  # fmt: skip
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     driver = driver_dir(tmp_path / "node")
-    env = image_agent_env(tmp_path)
-    config = Path(env["TACC_AGENT_CONFIG"])
-    settings = yaml.safe_load(config.read_text())
-    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    env = gpu_agent_env(tmp_path, driver)
     proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run,) = ch_runs(tmp_path)
@@ -260,10 +263,7 @@ def test_a_job_without_gpus_on_a_gpu_node_gets_no_driver(tmp_path):
     user_dir, job_dir = make_image_job(tmp_path, {"name": "t", "run": ["true"]})
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     driver = driver_dir(tmp_path / "node")
-    env = image_agent_env(tmp_path)
-    config = Path(env["TACC_AGENT_CONFIG"])
-    settings = yaml.safe_load(config.read_text())
-    config.write_text(yaml.safe_dump({**settings, "container_gpu_driver_dir": str(driver)}))
+    env = gpu_agent_env(tmp_path, driver)
     env = {k: v for k, v in env.items() if k not in containers.GPU_VARIABLES}
     proc = agent("batch", str(job_dir), env={**env, "CUDA_VISIBLE_DEVICES": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

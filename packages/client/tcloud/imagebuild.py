@@ -30,7 +30,7 @@ from tacc_contract.buildfile import (
     parse,
 )
 from tacc_contract.errors import Problem, TaskFileError
-from tacc_contract.schema import TASK_FILE, TaskSpec, compose, node_at
+from tacc_contract.schema import TaskSpec, field_position
 from tcloud import local_paths
 from tcloud.manifest import (
     ALWAYS_EXCLUDED,
@@ -58,17 +58,7 @@ class LocalBuild:
 def position(source: str) -> tuple[int, int]:
     """Line and column of `image.build` in the task file; (0, 0) when there is no file
     to point into (a dict task)."""
-    path = Path(source)
-    if path.name != TASK_FILE or not path.is_file():
-        return 0, 0
-    try:
-        root = compose(path)
-    except TaskFileError:
-        return 0, 0
-    if root is None:
-        return 0, 0
-    mark = node_at(root, FIELD).start_mark
-    return mark.line + 1, mark.column + 1
+    return field_position(Path(source), FIELD)
 
 
 def refused(source: str, message: str) -> TaskFileError:

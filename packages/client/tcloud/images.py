@@ -16,7 +16,7 @@ from tacc_contract import protocol
 from tacc_contract.errors import Problem, TaskFileError
 from tacc_contract.images import parse_reference
 from tacc_contract.protocol import AGENT
-from tacc_contract.schema import compose, node_at
+from tacc_contract.schema import field_position
 from tcloud import agent, timing
 from tcloud.compiler import ImageResolver
 from tcloud.errors import TcloudError
@@ -33,16 +33,7 @@ COLUMNS = ("digest", "reference", "runtime", "pulled_by_job", "size", "path")
 def position(task: Task) -> tuple[int, int]:
     """Line and column of the task file's `image:` value; (0, 0) for a dict task (its
     problems name the field only) or a file that cannot be read again."""
-    if task.source == DICT_SOURCE:
-        return 0, 0
-    try:
-        root = compose(Path(task.source))
-    except TaskFileError:
-        return 0, 0
-    if root is None:
-        return 0, 0
-    mark = node_at(root, FIELD).start_mark
-    return mark.line + 1, mark.column + 1
+    return (0, 0) if task.source == DICT_SOURCE else field_position(Path(task.source), FIELD)
 
 
 def one_line(text: str) -> str:

@@ -422,6 +422,22 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
     return spec_from(data, path.resolve().parent, table)
 
 
+def field_position(path: Path, dotted: str) -> tuple[int, int]:
+    """Line and column of a dotted field's value in the task file at `path` (or of the
+    nearest field that exists); (0, 0) when there is no such file to point into, or it
+    cannot be read again."""
+    if not path.is_file():
+        return 0, 0
+    try:
+        root = compose(path)
+    except TaskFileError:
+        return 0, 0
+    if root is None:
+        return 0, 0
+    mark = node_at(root, dotted).start_mark
+    return mark.line + 1, mark.column + 1
+
+
 def node_at(root: yaml.Node, dotted: str) -> yaml.Node:
     """The node of a dotted field (resources.nodes, datasets[0].local), or the nearest
     one that exists."""
