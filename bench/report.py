@@ -916,6 +916,13 @@ def section_containers(entry: dict | None) -> list[str]:
          fmt(build.get("ratio"), "x")],
     ]  # fmt: skip
     lines += table(["measurement", "ours", "baseline", "ratio"], rows)
+    if build:
+        lines += ["The first build is the `cp -a` of the base's 280 MiB tree: 3.5 of its 3.7 s "
+                  "in a cProfile run of `ensure_build` on n2, the same command the by-hand "
+                  "side runs. One such copy onto /shared (NFS, Ganesha) took 1 to 7 s from run "
+                  "to run on this machine; why the batch step's copies are the slower ones in "
+                  "every round was not found (not the job's memory limit, not the order, not "
+                  "the server's pending writes: each was tried).", ""]  # fmt: skip
     load = " ".join(f"{x:.1f}" for x in r.get("load_at_start") or [])
     lines += [f"Medians of {r.get('rounds')} interleaved rounds; load at start {load}.",
               f"Reproduce: {cmd(entry)}", ""]  # fmt: skip
