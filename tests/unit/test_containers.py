@@ -163,6 +163,18 @@ def test_mpirun_stays_on_the_host_and_each_rank_runs_in_the_image():
     assert execute.in_container(command, None, "srun") is command
 
 
+def test_torchrun_runs_inside_the_image_with_its_workers():
+    """torchrun is the node's one program: the whole launch runs in the image (torch
+    is there, not on the node), and its workers are its children inside it."""
+    container = containers.Container(containers.Charliecloud(), ROOTFS, BINDS[:1], {}, CWD)
+
+    def command(line: str) -> list[str]:
+        return ["torchrun", "--nnodes=2", "--nproc-per-node=2", "--", "bash", "-c", line]
+
+    argv = execute.in_container(command, container, "torchrun")("python3 train.py")
+    assert argv[:1] == ["ch-run"] and argv[argv.index("--") + 1 :] == command("python3 train.py")
+
+
 # ---------------------------------------------------------------- with the agent
 FAKE_CH_RUN = r"""#!PYTHON
 import json, os, sys
