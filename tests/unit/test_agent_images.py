@@ -258,12 +258,16 @@ def test_mount_points_are_made_in_the_image_and_a_link_is_refused(tmp_path):
     user_dir.mkdir()
     imagecache.ensure(user_dir, PINNED, "16", lambda _line: None, 5, StubPuller())
     ref = parse_reference(PINNED)
-    rootfs = imagecache.rootfs_of(user_dir, ref)
-    imagecache.make_mount_points(user_dir, ref, ["/shared", "/var/spool/slurmd"], 5)
+    rootfs = imagecache.rootfs_at(user_dir, imagecache.digest_hex(ref))
+    imagecache.make_mount_points_at(
+        user_dir, imagecache.digest_hex(ref), str(ref), ["/shared", "/var/spool/slurmd"], 5
+    )
     assert (rootfs / "shared").is_dir() and (rootfs / "var/spool/slurmd").is_dir()
     (rootfs / "data").symlink_to("/etc")
     with pytest.raises(AgentError, match="/data is a symbolic link in the image"):
-        imagecache.make_mount_points(user_dir, ref, ["/data"], 5)
+        imagecache.make_mount_points_at(
+            user_dir, imagecache.digest_hex(ref), str(ref), ["/data"], 5
+        )
 
 
 def test_the_job_record_is_what_job_status_answers(tmp_path):

@@ -217,7 +217,7 @@ def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
     proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0",
                                              "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    image = imagecache.rootfs_of(user_dir, parse_reference(PINNED))
+    image = imagecache.rootfs_at(user_dir, imagecache.digest_hex(parse_reference(PINNED)))
     assert (image / "usr/local/nvidia").is_dir()  # the batch step made the mount point
     (run,) = ch_runs(tmp_path)  # fake ch-run checked the bind's target in the image
     assert run["binds"][-1] == [str(driver), TARGET]

@@ -16,29 +16,24 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_contract.buildfile import (
     MAX_BYTES,
     BuildFile,
     BuildFileError,
-    Step,
     build_key,
     copied_files,
     find_build_file,
     parse,
+    source_files,
+    unmatched,
 )
 from tacc_contract.errors import Problem, TaskFileError
 from tacc_contract.schema import TaskSpec, field_position
 from tcloud import local_paths
-from tcloud.manifest import (
-    ALWAYS_EXCLUDED,
-    Entry,
-    dir_excluded,
-    matches,
-    read_ignore_file,
-)
+from tcloud.manifest import Entry, code_excludes, dir_excluded, file_excluded
 
 FIELD = "image.build"
 CODE_PREFIX = "code/"
@@ -132,12 +127,12 @@ def uploaded_path(task: TaskSpec, file_path: Path, shown: str, source: str) -> s
 
 def is_left_out(task: TaskSpec, workdir: Path, relative: str) -> bool:
     """Whether the upload (tcloud.manifest's rules) leaves out this file of the code dir."""
-    exclude = ALWAYS_EXCLUDED + list(task.code["exclude"]) + read_ignore_file(workdir)
+    exclude = code_excludes(task, workdir)
     parts = relative.split("/")
     directories = ["/".join(parts[: i + 1]) for i in range(len(parts) - 1)]
     if any(dir_excluded(directory, exclude) for directory in directories):
         return True
-    return matches(relative, exclude) or not matches(relative, list(task.code["include"]))
+    return file_excluded(relative, list(task.code["include"]), exclude)
 
 
 def read_build_file(path: Path, shown: str) -> BuildFile:
@@ -187,21 +182,17 @@ def check_copies(local: LocalBuild, files: dict[str, tuple[str, bool]], context_
         if step.kind != "COPY":
             continue
         for source in step.args[0]:
-            alone = replace(local.build, steps=(Step("COPY", ((source,), "/"), step.line),))
-            try:
-                copied_files(alone, files)
-            except BuildFileError as exc:
-                try:
-                    copied_files(alone, on_disk)
-                except BuildFileError:
-                    problems += exc.problems
-                    continue
-                message = (
-                    f"source {source!r}: its files are left out of the upload by "
-                    "code.include, code.exclude or .tcloudignore (the cluster builds from the "
-                    "uploaded files); upload them"
-                )
-                problems.append(Problem(local.build.source, step.line, 0, "COPY", message))
+            if source_files(source, files):
+                continue
+            if not source_files(source, on_disk):
+                problems.append(unmatched(local.build, step.line, source))
+                continue
+            message = (
+                f"source {source!r}: its files are left out of the upload by "
+                "code.include, code.exclude or .tcloudignore (the cluster builds from the "
+                "uploaded files); upload them"
+            )
+            problems.append(Problem(local.build.source, step.line, 0, "COPY", message))
     raise TaskFileError(problems)
 
 

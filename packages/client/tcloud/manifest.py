@@ -138,6 +138,18 @@ def dir_excluded(relpath: str, patterns: list[str]) -> bool:
     return False
 
 
+def file_excluded(relpath: str, include: list[str], exclude: list[str]) -> bool:
+    """Whether the upload leaves out this file of a tree it walks (its directories are
+    pruned with dir_excluded on the way down)."""
+    return matches(relpath, exclude) or not matches(relpath, include)
+
+
+def code_excludes(task: TaskSpec, workdir: Path) -> list[str]:
+    """What the upload leaves out of the code directory: the fixed list, code.exclude and
+    the directory's .tcloudignore."""
+    return ALWAYS_EXCLUDED + list(task.code["exclude"]) + read_ignore_file(workdir)
+
+
 @dataclass
 class Collector:
     """Walks one uploaded directory; `problems` holds what it refused."""
@@ -279,7 +291,7 @@ class Collector:
             dirnames[:] = keep
             for name in sorted(filenames):
                 relpath = name if below == "." else f"{below}/{name}"
-                if matches(relpath, exclude) or not matches(relpath, include):
+                if file_excluded(relpath, include, exclude):
                     continue
                 path = base / name
                 if not is_utf8(name):
@@ -320,7 +332,7 @@ def build_manifest(task: TaskSpec, hasher: Hasher = sha256_file) -> dict[str, En
 
 def collect_all(task: TaskSpec, workdir: Path, collector: Collector) -> dict[str, Entry]:
     """The code directory's entries and the local datasets', some maybe still hashing."""
-    exclude = ALWAYS_EXCLUDED + list(task.code["exclude"]) + read_ignore_file(workdir)
+    exclude = code_excludes(task, workdir)
     manifest = collector.collect(workdir, "code/", list(task.code["include"]), exclude, "code")
     for dataset in task.datasets:
         if dataset.local is None:

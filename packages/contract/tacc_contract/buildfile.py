@@ -699,6 +699,28 @@ def _matches(parts: list[str], path: str) -> bool:
     return all(fnmatch.fnmatchcase(name, part) for name, part in zip(names, parts, strict=False))
 
 
+def source_files(source: str, context_files: Iterable[str]) -> list[str]:
+    """The files (sorted) one COPY source names, of `context_files` (distinct paths): the
+    file itself, or the files below a directory it names (globs per path component)."""
+    parts = _pattern_parts(source)
+    return sorted(path for path in context_files if _matches(parts, path))
+
+
+def source_depth(source: str) -> int:
+    """How many leading components of a matched file the source names ("." names the
+    whole context: 0), so the files it matched can be grouped by what they matched."""
+    return len(_pattern_parts(source))
+
+
+def unmatched(build: BuildFile, line: int, source: str) -> Problem:
+    """A COPY source that matches no file of the context, on its line."""
+    message = (
+        f"source {source!r} matches no file in the build context "
+        "(the build file's directory, as tcloud uploads it)"
+    )
+    return Problem(build.source, line, 0, "COPY", message)
+
+
 def copied_files(build: BuildFile, context_files: Iterable[str]) -> list[str]:
     """The files (relative to the context, '/'-separated, sorted) the COPY steps read, of
     `context_files` (every file in the context); a source that matches none is an error
@@ -710,19 +732,9 @@ def copied_files(build: BuildFile, context_files: Iterable[str]) -> list[str]:
         if step.kind != "COPY":
             continue
         for source in step.args[0]:
-            parts = _pattern_parts(source)
-            found = [path for path in files if _matches(parts, path)]
+            found = source_files(source, files)
             if not found:
-                problems.append(
-                    Problem(
-                        build.source,
-                        step.line,
-                        0,
-                        "COPY",
-                        f"source {source!r} matches no file in the build context "
-                        "(the build file's directory, as tcloud uploads it)",
-                    )
-                )
+                problems.append(unmatched(build, step.line, source))
             copied.update(found)
     if problems:
         raise BuildFileError(problems)

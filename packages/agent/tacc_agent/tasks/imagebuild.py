@@ -380,13 +380,6 @@ def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
 
 
 # ---------------------------------------------------------------- the steps
-def source_depth(source: str) -> int:
-    """How many leading components of a matched file a COPY source names (as the
-    contract's matching splits it: "." names the whole context)."""
-    normal = posixpath.normpath(source)
-    return 0 if normal == "." else len(normal.split("/"))
-
-
 def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
               state: BuildState, log: Log) -> None:  # fmt: skip
     """COPY with Docker's rules: a directory source copies its contents; a file goes to
@@ -397,13 +390,11 @@ def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
     dest = posixpath.join(state.cwd, dest)  # a relative dest is below WORKDIR
     roots: list[tuple[str, list[str]]] = []  # (matched source, its files)
     for source in sources:
-        one = Step("COPY", ((source,), dest), step.line)
-        single = BuildFile(build.source, build.base, build.base_line, (one,))
-        try:
-            files = buildfile.copied_files(single, context.modes)
-        except BuildFileError as exc:
-            raise AgentError(str(exc), EXIT_FAILED) from None
-        depth = source_depth(source)
+        files = buildfile.source_files(source, context.modes)
+        if not files:
+            problem = buildfile.unmatched(build, step.line, source)
+            raise AgentError(str(BuildFileError([problem])), EXIT_FAILED)
+        depth = buildfile.source_depth(source)
         matched: dict[str, list[str]] = {}
         for path in files:
             matched.setdefault("/".join(path.split("/")[:depth]), []).append(path)

@@ -58,14 +58,6 @@ def images_dir(user_dir: Path) -> Path:
     return user_dir / IMAGES
 
 
-def image_dir(user_dir: Path, ref: ImageRef) -> Path:
-    return images_dir(user_dir) / digest_hex(ref)
-
-
-def rootfs_of(user_dir: Path, ref: ImageRef) -> Path:
-    return image_dir(user_dir, ref) / ROOTFS
-
-
 def rootfs_at(user_dir: Path, hex_digest: str) -> Path:
     """The rootfs of the cache entry `hex_digest` (a pulled image's digest, or a built
     image's key: imagebuild keeps its results in the same place)."""
@@ -210,18 +202,12 @@ def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: flo
     return marker
 
 
-def make_mount_points(user_dir: Path, ref: ImageRef, targets: Iterable[str],
-                      lock_timeout: float) -> None:  # fmt: skip
-    """Empty directories in the image for bind targets it lacks (a read-only directory
-    image cannot get them at run time: ch-run refuses to bind onto a missing path).
-    Under the image's lock; adding empty directories does not change what a running job
-    sees in the image."""
-    make_mount_points_at(user_dir, digest_hex(ref), str(ref), targets, lock_timeout)
-
-
 def make_mount_points_at(user_dir: Path, hex_digest: str, ref: str, targets: Iterable[str],
                          lock_timeout: float) -> None:  # fmt: skip
-    """make_mount_points for the cache entry `hex_digest` (`ref` names it in errors)."""
+    """Empty directories in the image (the cache entry `hex_digest`, named `ref` in
+    errors) for bind targets it lacks (a read-only directory image cannot get them at
+    run time: ch-run refuses to bind onto a missing path). Under the image's lock;
+    adding empty directories does not change what a running job sees in the image."""
     rootfs = rootfs_at(user_dir, hex_digest)
     images = images_dir(user_dir)
     with locked(images / f"{hex_digest}.lock", lock_timeout):
@@ -270,13 +256,9 @@ def job_image(job_dir: Path) -> dict | None:
     return {k: v for k, v in recorded.items() if k not in MARKER_EXTRAS} if recorded else None
 
 
-def marker_of(user_dir: Path, ref: ImageRef) -> dict:
-    """The ready image's marker, for the wrappers; the batch step pulled it before srun."""
-    return marker_at(user_dir, digest_hex(ref), str(ref))
-
-
 def marker_at(user_dir: Path, hex_digest: str, ref: str) -> dict:
-    """marker_of for the cache entry `hex_digest` (a digest, or a build's key)."""
+    """The ready image's marker (the cache entry `hex_digest`: a digest, or a build's
+    key), for the wrappers; the batch step pulled or built it before srun."""
     directory = images_dir(user_dir) / hex_digest
     marker = ready(directory)
     if not marker:
