@@ -199,6 +199,40 @@ ANSWERS = {
     },
     ("job", "resume"): {"job_id": "12", "state": "QUEUED"},
     ("job", "rerun"): {**SUBMITTED, "rerun_of": "11", "code_digest": "c" * 64, "lock": []},
+    ("job", "target"): {
+        "job_id": "12",
+        "slurm_job_id": "12",
+        "state": "RUNNING",
+        "session": None,
+        "nodes": [
+            {"host": "n2", "rank": 0, "address": "10.0.0.2"},
+            {"host": "n3", "rank": 1, "address": "10.0.0.3"},
+        ],
+    },
+    ("job", "top"): {
+        "job_id": "12",
+        "state": "RUNNING",
+        "time": 1700000000.5,
+        "nodes": [
+            {
+                "host": "n2",
+                "rank": 0,
+                "cpu_seconds": 12.5,
+                "memory_bytes": 1 << 30,
+                "cpus": 2,
+                "sampled": 1700000000.1,
+                "gpus": [
+                    {
+                        "index": 0,
+                        "utilization_ratio": 0.5,
+                        "memory_used_bytes": 1 << 30,
+                        "memory_total_bytes": 80 << 30,
+                    }
+                ],
+            },
+            {"host": "n3", "rank": 1, "error": "connection refused"},
+        ],
+    },
 }
 SWEEP_STATUS = {
     "job_id": "20", "name": "s", "state": "RUNNING", "reason": "1 COMPLETED, 1 RUNNING",
@@ -218,7 +252,8 @@ def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
 
 @pytest.mark.parametrize("words", sorted(ANSWERS), ids=" ".join)
 def test_each_shape_takes_what_the_agent_answers(words):
-    extra = {"status": "12", "halt": "12", "resume": "12", "rerun": "12", "resolve": "h:1/a"}
+    extra = {"status": "12", "halt": "12", "resume": "12", "rerun": "12", "resolve": "h:1/a",
+             "target": "12", "top": "12"}  # fmt: skip
     verb = [*words, extra[words[-1]]] if words[-1] in extra else list(words)
     answer = ANSWERS[words]
     assert protocol.parse_answer(verb, json.loads(json.dumps(answer))) == answer

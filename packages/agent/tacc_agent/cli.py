@@ -117,10 +117,26 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_halt.add_argument("--grace", type=float, help="seconds to wait for the checkpoint")
     job.add_parser("resume", help="release a halted job").add_argument("job")
     job.add_parser("rerun", help="the same files and locked environment again").add_argument("job")
+    p_target = job.add_parser("target", help="a running job's nodes, by rank, with addresses")
+    p_target.add_argument("job")
+    p_target.add_argument("--rank", type=int)
+    p_attach = job.add_parser("attach", help="a command (or a shell) on a running job's node")
+    p_attach.add_argument("job")
+    p_attach.add_argument("--rank", type=int, default=0)
+    p_attach.add_argument("--pty", action="store_true", help="the SSH channel has a PTY")
+    p_attach.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
+    job.add_parser(
+        "stop-on-disconnect", help="cancel the running job when stdin closes"
+    ).add_argument("job")
+    job.add_parser("top", help="a running job's usage on each node").add_argument("job")
     sub.add_parser("batch", help="(Slurm) a job's batch step").add_argument("jobdir", type=Path)
     sub.add_parser("exec", help="(srun) one node's execution wrapper").add_argument(
         "jobdir", type=Path
     )
+    p_enter = sub.add_parser("enter", help="(srun) a command in a job's environment on a node")
+    p_enter.add_argument("jobdir", type=Path)
+    p_enter.add_argument("--rank", type=int, default=0)
+    p_enter.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
     return parser
 
 
@@ -148,7 +164,12 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace | None:
     if args is not None:
         return args
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words, command = split_command(argv)
+    args = parser.parse_args(words)
+    if command is not None:
+        if "command_words" not in vars(args):
+            parser.error("only `job attach` and `enter` take a command after --")
+        args.command_words = command
     if args.command is None and not args.version:
         parser.print_help()
         return None
@@ -173,8 +194,8 @@ def streams_output(args: argparse.Namespace) -> bool:
     """Verbs whose output is not one JSON answer (text as it comes, a daemon, a job's
     own output): a session refuses them, they keep their own process."""
     if args.command == "job":
-        return args.verb == "logs"
-    return args.command in ("check", "serve", "batch", "exec", "session")
+        return args.verb in ("logs", "attach", "stop-on-disconnect")
+    return args.command in ("check", "serve", "batch", "exec", "enter", "session")
 
 
 def emit(data: object) -> int:
@@ -225,6 +246,14 @@ def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
         return jobs.halt(user_dir, args.job, config, args.grace)
     if args.verb == "rerun":
         return rerun.rerun(user_dir, args.job, config)
+    if args.verb == "target":
+        from tacc_agent.tasks import attach  # lazy verb import
+
+        return protocol.JOB_TARGET.check(attach.target(user_dir, args.job, config, args.rank))
+    if args.verb == "top":
+        from tacc_agent.tasks import top  # lazy verb import
+
+        return protocol.JOB_TOP.check(top.top(user_dir, args.job, config))
     return jobs.resume(user_dir, args.job, config)
 
 
@@ -286,7 +315,27 @@ def stream_verb(args: argparse.Namespace) -> int:
         from tacc_agent import serve  # lazy verb import
 
         return serve.serve(config, args.port, args.interval)
+    if args.command == "enter":
+        from tacc_agent.tasks import attach  # lazy verb import
+
+        return attach.enter(args.jobdir, args.rank, args.command_words, config)
+    if args.verb in ("attach", "stop-on-disconnect"):
+        from tacc_agent.tasks import attach, workspace  # lazy verb import
+
+        user_dir = workspace.userdir(config, args.userdir)
+        if args.verb == "stop-on-disconnect":
+            return attach.stop_on_disconnect(user_dir, args.job, config)
+        return attach.attach(user_dir, args.job, config, args.rank, args.command_words, args.pty)
     return job_logs(args, config)
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the agent's own words, the command's words after the first `--` or None): a
+    command's words are never read as the agent's options."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
 
 
 def job_logs(args: argparse.Namespace, config) -> int:

@@ -1,5 +1,7 @@
 """The agent protocol as data: how tcloud asks (`tacc-agent <verb> ...` over SSH, JSON on
 stdin for `store` and `job check`) and what the agent answers (one JSON value on stdout).
+`job logs`, `job attach` and `job stop-on-disconnect` stream instead: each keeps its own
+exec channel (an interactive command's stdin, PTY and exit status are its own).
 
 tcloud asks every verb of one SSH connection through one `tacc-agent session`: the agent
 writes its hello answer as the first line, then answers each request line
@@ -13,8 +15,9 @@ the verb and the key, never a KeyError three calls later. Keys an answer has bey
 shape are kept: a newer agent may say more without breaking an older tcloud.
 
 PROTOCOL_VERSION changes when a verb or an answer changes in a way the other side must
-know about (2: `session`); tcloud reads the hello of each session and refuses to go on when the two
-sides differ (tcloud.agent.handshake).
+know about (2: `session`; 3: `job target`, `attach`, `stop-on-disconnect`, `top`); tcloud
+reads the hello of each session and refuses to go on when the two sides differ
+(tcloud.agent.handshake).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 
 from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 AGENT = "tacc-agent"
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
@@ -178,6 +181,44 @@ def job_resume(job_id: str) -> list[str]:
 
 def job_rerun(job_id: str) -> list[str]:
     return ["job", "rerun", *job_ids([job_id])]
+
+
+# --- into a running job (docs/interactive.md) -------------------------------------------
+
+
+def job_target(job_id: str, rank: int | None = None) -> list[str]:
+    """Where a running job of the caller's runs: its nodes by rank, with each node's
+    address (JOB_TARGET); with rank, that rank's node only. Refused (exit 4) when the
+    job is not the caller's or is not running."""
+    verb = ["job", "target", *job_ids([job_id])]
+    return verb + (["--rank", whole_number(rank, "--rank")] if rank is not None else [])
+
+
+def job_attach(
+    job_id: str, rank: int = 0, command: Sequence[str] = (), pty: bool = False
+) -> list[str]:
+    """A command (none: the user's interactive shell) on one node of a running job of
+    the caller's, inside its allocation (`srun --jobid --overlap`) and the job's
+    environment (its variables, venv, container image, code/ as the directory). Streams:
+    its own exec channel, stdin/stdout/stderr are the command's, its exit status the
+    command's (a PTY with pty, which the client asks of SSH too)."""
+    if any(not isinstance(word, str) or "\0" in word for word in command):
+        raise BadArgument(f"job attach: expected a command of words, got {list(command)!r}")
+    verb = ["job", "attach", *job_ids([job_id]), "--rank", whole_number(rank, "--rank")]
+    return verb + (["--pty"] if pty else []) + (["--", *command] if command else [])
+
+
+def job_stop_on_disconnect(job_id: str) -> list[str]:
+    """Cancel the caller's running job when this command's stdin closes (the client went
+    away: Ctrl-C, a closed laptop, a dropped connection). Streams: prints one JSON line
+    ({"job_id", "state"}) once it watches, another when it stops watching."""
+    return ["job", "stop-on-disconnect", *job_ids([job_id])]
+
+
+def job_top(job_id: str) -> list[str]:
+    """The job's live usage on each of its nodes (JOB_TOP), from the node daemons'
+    per-job figures."""
+    return ["job", "top", *job_ids([job_id])]
 
 
 # --- the store's requests (stdin of `tacc-agent store`) ---------------------------------
@@ -356,7 +397,11 @@ JOB_SUBMIT = Shape(
     {"job_id": str, "name": str, "workdir": str, "partition": TEXT_OR_NULL},
     {"plugins": dict},
 )
-PS_ROW = Shape("job ps", {"job": str, "name": str, "state": str, "submitted": str, "nodes": str})
+PS_ROW = Shape(
+    "job ps",
+    {"job": str, "name": str, "state": str, "submitted": str, "nodes": str},
+    {"kind": str},  # "job", or "session" (an interactive session: tcloud dev)
+)
 JOB_PS = ListOf(PS_ROW)
 NODE = Shape(
     "job status",
@@ -377,7 +422,7 @@ JOB_STATUS = Shape(
      "sweep": bool, "trials": ListOf(TRIAL), "history": ListOf(EVENT), "nodes": ListOf(NODE),
      "plugins": dict, "environment": (dict, NULL), "image": (dict, NULL),
      "code_digest": TEXT_OR_NULL,
-     "rerun_of": TEXT_OR_NULL, "last_lines": dict},
+     "rerun_of": TEXT_OR_NULL, "last_lines": dict, "session": (dict, NULL)},
 )  # fmt: skip
 CANCELLED = Shape("job cancel", {"job_id": str, "state": str, "cancelled": bool}, {"trials": int})
 JOB_CANCEL = ListOf(CANCELLED)
@@ -402,6 +447,30 @@ STORE_COMMIT = Shape(
     {"workdir": TEXT_OR_NULL, "bad": ListOf(str)},
     {"userdir": str, "partition": TEXT_OR_NULL, "job": JOB_SUBMIT},
 )
+TARGET_NODE = Shape("job target", {"host": str, "rank": int, "address": str})
+JOB_TARGET = Shape(
+    "job target",
+    {"job_id": str, "slurm_job_id": str, "state": str, "nodes": ListOf(TARGET_NODE)},
+    {"session": (dict, NULL)},  # a session's settings (ports, idle_timeout, ...)
+)
+GPU_USAGE = Shape(
+    "job top",
+    {"index": int},
+    {"utilization_ratio": (*NUMBER, NULL), "memory_used_bytes": WHOLE_OR_NULL,
+     "memory_total_bytes": WHOLE_OR_NULL},
+)  # fmt: skip
+USAGE_NODE = Shape(
+    "job top",
+    {"host": str, "rank": int},
+    # A node whose daemon did not answer has "error" and no figures. cpu_seconds is the
+    # job's CPU time on the node so far (a counter): the client's rate between two
+    # answers is its CPU use; `sampled` is when the node read it (Unix time).
+    {"cpu_seconds": (*NUMBER, NULL), "memory_bytes": WHOLE_OR_NULL, "cpus": WHOLE_OR_NULL,
+     "sampled": (*NUMBER, NULL), "gpus": ListOf(GPU_USAGE), "error": TEXT_OR_NULL},
+)  # fmt: skip
+JOB_TOP = Shape(
+    "job top", {"job_id": str, "state": str, "time": NUMBER, "nodes": ListOf(USAGE_NODE)}
+)
 ERROR = Shape("error", {ERROR_KEY: str}, {"field": str})
 JSON_VALUE = (dict, list, str, int, float, bool, NULL)
 SESSION_REQUEST = Shape("session", {"verb": ListOf(str)}, {"stdin": TEXT_OR_NULL})
@@ -424,6 +493,8 @@ ANSWERS: dict[tuple[str, ...], Shape | ListOf] = {
     ("job", "halt"): JOB_HALT,
     ("job", "resume"): JOB_RESUME,
     ("job", "rerun"): JOB_RERUN,
+    ("job", "target"): JOB_TARGET,
+    ("job", "top"): JOB_TOP,
 }
 STORE_ANSWERS = {"missing": STORE_MISSING, "commit": STORE_COMMIT}
 
