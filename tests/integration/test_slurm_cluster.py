@@ -55,6 +55,11 @@ from tests.integration.image_build_cases import (  # noqa: F401  (issue [13]: lo
     test_b4_a_user_line_is_refused_at_submit_with_its_place_and_nothing_is_made,
     test_b5_cancel_during_a_build_leaves_no_build_process_and_no_half_image,
 )
+from tests.integration.interactive_cases import (  # noqa: F401  (issue [14]: into a job)
+    TestIntoARunningJob,
+    test_i6_an_idle_session_stops_itself_and_leaves_no_process_or_allocation,
+    test_i7_a_session_asked_to_stop_on_disconnect_ends_when_the_client_dies,
+)
 from tests.integration.isolation_cases import (  # noqa: F401
     test_p1_root_on_an_nfs_client_is_nobody_on_shared,
     test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there,
