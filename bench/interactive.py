@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Into a running job (issue [14]), each next to a baseline run side by side.
+
+One running two-node job of the researcher's (n2 = rank 0, n3 = rank 1) serves all three:
+1. shell to prompt: `tcloud shell JOB --node 1` against `ssh -t login srun --jobid=JOB
+   --overlap -N1 -n1 -w n3 --pty bash -i` (what a researcher types without tcloud), both
+   through a pseudo-terminal (pexpect), from the start to the answer of the first command;
+2. exec round trip: `tcloud exec JOB --all -- true` against `ssh login srun --jobid=JOB
+   --overlap -N2 --ntasks-per-node=1 true`;
+3. forwarded throughput (MiB/s): one stream of --mib MiB from a port of the job on n3,
+   read through `tcloud forward` and through `ssh -N -L` at the same time in alternating
+   order (one after the other, not concurrently: each gets the link alone).
+Rounds interleave the two sides, the order alternating each round.
+
+Usage (as root, from the repository root, after `make venv`):
+    .venv/bin/python -u bench/interactive.py [--rounds 5] [--mib 512] [--lab NAME] [--json PATH]
+Without --lab it boots the bench lab (10.77.7.0/24, 3 nodes), converges it and removes
+it at the end; with --lab, a lab that is up and converged (left up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pexpect
+from benchlib import BIN, NAME, SUBNET, Record, add_json_argument, playbook, sh, summary
+
+from tacc_lab.demo import researcher_env
+
+USER = "alice"
+STREAM_PORT = 8790
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+# The job: every node streams --mib MiB of zeros to whoever connects to STREAM_PORT.
+STREAMER = (
+    "import socket,sys\n"
+    "n=int(sys.argv[1])<<20; s=socket.create_server(('0.0.0.0',%d)); b=bytes(1<<20)\n"
+    "while True:\n"
+    "    c,_=s.accept()\n"
+    "    with c:\n"
+    "        for _ in range(n>>20): c.sendall(b)\n"
+)
+
+
+class Researcher:
+    """tcloud and plain ssh as the lab's researcher (their key, the lab's known_hosts)."""
+
+    def __init__(self, lab: str) -> None:
+        self.env = {**os.environ, **researcher_env(lab, USER)}
+        home = Path(self.env["TCLOUD_CONFIG"]).parent
+        config = (home / "tcloud.yaml").read_text()
+        self.login = next(line.split()[1] for line in config.splitlines() if "host:" in line)
+        known = next(line.split()[1] for line in config.splitlines() if "known_hosts:" in line)
+        self.ssh = ["ssh", "-i", str(home / "id_ed25519"), "-o", f"UserKnownHostsFile={known}",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                    f"{USER}@{self.login}"]  # fmt: skip
+
+    def tcloud(self, *argv: str) -> str:
+        proc = subprocess.run([str(BIN / "tcloud"), *argv], env=self.env, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+
+def start_job(me: Researcher, work: Path, mib: int) -> str:
+    project = work / "streamer"
+    project.mkdir()
+    (project / "streamer.py").write_text(STREAMER % STREAM_PORT)
+    task = {"name": "bench-interactive", "resources": {"nodes": 2, "mem": "200M", "time": "30"},
+            "run": [f"exec python3 streamer.py {mib}"]}  # fmt: skip
+    (project / "tcloud.yaml").write_text(json.dumps(task))
+    job = json.loads(me.tcloud("submit", "--json", str(project)))["job_id"]
+    deadline = time.monotonic() + 120
+    while (state := json.loads(me.tcloud("status", "--json", job))["state"]) != "RUNNING":
+        if state in TERMINAL or time.monotonic() > deadline:
+            raise RuntimeError(f"job {job}: {state}")
+        time.sleep(0.5)
+    return job
+
+
+def to_first_answer(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds from starting argv on a terminal to the answer of its first command."""
+    start = time.monotonic()
+    child = pexpect.spawn(argv[0], argv[1:], env=env, encoding="utf-8", timeout=60)
+    child.sendline("echo READY$((40+2))")
+    child.expect("READY42")
+    seconds = time.monotonic() - start
+    child.sendline("exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    return seconds
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    start = time.monotonic()
+    subprocess.run(command, env=env, capture_output=True, check=True)
+    return time.monotonic() - start
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def read_all(port: int) -> int:
+    """Bytes read from 127.0.0.1:port until the far side closes."""
+    total = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        while chunk := conn.recv(1 << 20):
+            total += len(chunk)
+    return total
+
+
+def wait_listening(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def throughput(forwarder: list[str], port: int, env: dict[str, str], mib: int) -> float:
+    """MiB/s of one stream of `mib` MiB read through the forwarder listening on `port`."""
+    proc = subprocess.Popen(forwarder, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_listening(port)
+        start = time.monotonic()
+        got = read_all(port)
+        seconds = time.monotonic() - start
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    if got != mib << 20:
+        raise RuntimeError(f"read {got} bytes, expected {mib << 20}")
+    return mib / seconds
+
+
+def side_by_side(rounds: int, ours: Callable[[], float], base: Callable[[], float]) -> dict:
+    mine, theirs = [], []
+    for number in range(rounds):
+        pair = [(mine, ours), (theirs, base)]
+        for values, measure in pair if number % 2 == 0 else reversed(pair):
+            values.append(measure())
+    return {"tcloud": summary(mine), "baseline": summary(theirs)}
+
+
+def report(title: str, result: dict, unit: str, higher_is_better: bool = False) -> None:
+    mine, theirs = result["tcloud"]["median"], result["baseline"]["median"]
+    result["ratio"] = mine / theirs
+    better = "(higher is better)" if higher_is_better else ""
+    print(f"{title}: tcloud {mine:.3f} {unit}, baseline {theirs:.3f} {unit}, "
+          f"ratio {result['ratio']:.2f}x {better}")  # fmt: skip
+
+
+def measure(me: Researcher, job: str, rounds: int, mib: int) -> dict:
+    tcloud = str(BIN / "tcloud")
+    srun_shell = ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", "n3", "--pty"]
+    plain_shell = [*me.ssh[:1], "-t", *me.ssh[1:], *srun_shell, "bash", "-i"]
+    shell = side_by_side(
+        rounds,
+        lambda: to_first_answer([tcloud, "shell", job, "--node", "1"], me.env),
+        lambda: to_first_answer(plain_shell, me.env),
+    )
+    report("shell to first answer", shell, "s")
+    plain_exec = [*me.ssh, "srun", f"--jobid={job}", "--overlap", "-N2", "--ntasks-per-node=1"]
+    exec_all = side_by_side(
+        rounds,
+        lambda: timed([tcloud, "exec", job, "--all", "--", "true"], me.env),
+        lambda: timed([*plain_exec, "true"], me.env),
+    )
+    report("exec --all round trip", exec_all, "s")
+
+    def through_tcloud() -> float:
+        port = free_port()
+        argv = [tcloud, "forward", job, f"{STREAM_PORT}:{port}", "--node", "1"]
+        return throughput(argv, port, me.env, mib)
+
+    def through_ssh() -> float:
+        port = free_port()
+        argv = [*me.ssh[:1], "-N", "-L", f"127.0.0.1:{port}:n3:{STREAM_PORT}", *me.ssh[1:]]
+        return throughput(argv, port, me.env, mib)
+
+    forward = side_by_side(rounds, through_tcloud, through_ssh)
+    report(f"forwarded throughput ({mib} MiB)", forward, "MiB/s", higher_is_better=True)
+    return {"shell_to_answer": shell, "exec_all": exec_all, "forward_mib_s": forward}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=512, help="MiB per forwarded stream")
+    parser.add_argument("--lab", help="use this lab, up and converged")
+    add_json_argument(parser)
+    args = parser.parse_args()
+    lab = args.lab or NAME
+    with (
+        Record(args.json, nodes=3, rounds=args.rounds, mib=args.mib) as out,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        work = Path(tmp)
+        inventory = work / "hosts.yml"
+        if not args.lab:
+            sh([str(BIN / "tacc-lab"), "--name", NAME, "down"])
+            sh([str(BIN / "tacc-lab"), "--name", NAME, "up", "--nodes", "3", "--subnet", SUBNET,
+                "--inventory", str(inventory)])  # fmt: skip
+        job = ""
+        try:
+            if not args.lab:
+                out["converge_s"] = playbook(inventory, "playbooks/site.yml")[0]
+            me = Researcher(lab)
+            out["load_at_start"] = os.getloadavg()
+            job = start_job(me, work, args.mib)
+            for key, value in measure(me, job, args.rounds, args.mib).items():
+                out[key] = value  # Record saves on each assignment
+            out["load_at_end"] = os.getloadavg()
+        finally:
+            if job:
+                me.tcloud("cancel", job)
+            if not args.lab:
+                sh([str(BIN / "tacc-lab"), "--name", NAME, "down"])
+    print(f"medians of {args.rounds} rounds; load {statistics.mean(out['load_at_start']):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
