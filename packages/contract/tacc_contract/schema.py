@@ -161,6 +161,47 @@ RUNTIME = {
     # depend on PMIx.
     "mpi": Field("str", default="none", check=one_of("none", "pmix", "pmi2")),
 }
+MAX_SESSION_PORTS = 8
+SESSION_PORTS_EXPECTED = (
+    f"a list of at most {MAX_SESSION_PORTS} distinct port numbers (whole numbers 1 to 65535)"
+)
+
+
+def session_ports(value: object) -> str | None:
+    """None for a list of at most 8 distinct whole numbers 1..65535 (or nothing), else
+    what is expected and which entry is wrong."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        return SESSION_PORTS_EXPECTED
+    if len(value) > MAX_SESSION_PORTS:
+        return f"{SESSION_PORTS_EXPECTED}; {len(value)} given"
+    for i, port in enumerate(value):
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            return f"{SESSION_PORTS_EXPECTED}; entry {i} is {port!r}"
+        if port in value[:i]:
+            return f"{SESSION_PORTS_EXPECTED}; {port} appears twice"
+    return None
+
+
+IDLE_TIMEOUT_EXPECTED = "a Slurm time (30 = 30 minutes, 1:00:00, 0:20 = 20 s) or 0 for never"
+
+
+def idle_timeout(value: str) -> str | None:
+    """None for "0" (never idle-stopped) or a Slurm time > 0, else what is expected."""
+    if value.strip() == "0" or not slurm_time(value):
+        return None
+    return IDLE_TIMEOUT_EXPECTED
+
+
+# An interactive session (docs/interactive.md): a job the user shells into and forwards
+# ports to, cancelled by the agent's idle watchdog (tacc_agent.tasks.idle) once nothing
+# has used it for idle_timeout.
+SESSION = {
+    "ports": Field("any", default=[], check=session_ports, expected=SESSION_PORTS_EXPECTED),
+    "idle_timeout": Field("str", default="30", check=idle_timeout, expected=IDLE_TIMEOUT_EXPECTED),
+    "stop_on_disconnect": Field("bool", default=False),
+}
 TASK = {
     "name": Field("str", required=True, check=pattern(NAME, "a name of letters, digits, _.-")),
     "code": Field("mapping", default={}, children=CODE),
@@ -179,6 +220,8 @@ TASK = {
         "list[str]", default=[], expected="a list of paths or globs", each=relative_path
     ),
     "runtime": Field("mapping", default={}, children=RUNTIME),
+    # Absent: an ordinary job; present (even empty): an interactive session.
+    "session": Field("mapping", children=SESSION),
     "plugins": Field(
         "list[str]",
         default=[],
@@ -217,6 +260,8 @@ class TaskSpec:
     # The task's own plug-in words, and the top-level fields plug-ins added (sweep, ...).
     plugins: list[str] = field(default_factory=list)
     extensions: dict = field(default_factory=dict)
+    # An interactive session's settings (SESSION, defaults filled), None: an ordinary job.
+    session: dict | None = None
 
 
 def processes_per_node(resources: dict) -> int:
@@ -306,7 +351,17 @@ def spec_from(data: dict, base_dir: Path, table: dict[str, Field] = TASK) -> Tas
         image_build=data.get("image_build") or (image if isinstance(image, dict) else None),
         plugins=list(data.get("plugins") or []),
         extensions={key: data.get(key) for key in table if key not in TASK and key not in CLUSTER},
+        session=session_of(data.get("session")),
     )
+
+
+def session_of(value: dict | None) -> dict | None:
+    """The session settings with defaults filled (ports a fresh list), None when absent."""
+    if value is None:
+        return None
+    session = fill_defaults(value, SESSION)
+    session["ports"] = list(session["ports"] or [])
+    return session
 
 
 def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
