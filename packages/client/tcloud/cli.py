@@ -7,16 +7,19 @@ connection error, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tacc_contract.protocol import FINAL_STATES
 from tcloud import imagebuild, local, local_paths, tasks
-from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError
+from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError, UsageError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -178,6 +181,42 @@ def add_cluster_commands(sub) -> None:
     p_env = command("env", "cached environments", listing=True)
     p_env.add_argument("action", choices=["ls"])
     command("images", "your container images cached on the cluster", listing=True)
+    add_interactive_commands(command)
+
+
+def add_interactive_commands(command) -> None:
+    """Into a running job (docs/interactive.md): shell, exec, forward, dev, top."""
+    p_shell = command("shell", "an interactive shell on a node of your running job")
+    p_shell.add_argument("job")
+    p_shell.add_argument("--node", type=count, default=0, help="the rank's node (default 0)")
+    p_exec = command("exec", "run a command on your running job's nodes: exec JOB -- CMD ...")
+    p_exec.usage = "tcloud exec [-h] [--cluster CLUSTER] [--node R | --all] JOB -- CMD ..."
+    p_exec.add_argument("job")
+    where = p_exec.add_mutually_exclusive_group()
+    where.add_argument("--node", type=count, default=0, help="the rank's node (default 0)")
+    where.add_argument("--all", action="store_true", help="on every node of the job")
+    p_forward = command("forward", "forward local ports to your running job's node")
+    p_forward.add_argument("job")
+    p_forward.add_argument("ports", nargs="+", metavar="PORT[:LOCAL]")
+    p_forward.add_argument("--node", type=count, default=0, help="the rank's node (default 0)")
+    p_dev = command("dev", "start an interactive session: submit, wait, forward or shell")
+    p_dev.add_argument("path", nargs="?", type=Path)
+    p_dev.add_argument(
+        "--port", action="append", default=[], metavar="P[:L]",
+        help="a port of the session, forwarded to local port L (default P); repeatable",
+    )  # fmt: skip
+    p_dev.add_argument("--idle", metavar="T", help="idle timeout (a Slurm time; 0: never)")
+    p_dev.add_argument(
+        "--stop-on-disconnect", dest="stop_on_disconnect", action="store_true", default=None,
+        help="cancel the session when this command's connection closes",
+    )  # fmt: skip
+    p_dev.add_argument("--detach", action="store_true", help="print how to connect and exit")
+    add_outside_flag(p_dev)
+    p_top = command("top", "live CPU, memory and GPU use per node of your running job")
+    p_top.add_argument("job")
+    p_top.add_argument("--once", action="store_true", help="one frame, then exit")
+    p_top.add_argument("--interval", type=interval_seconds, default=2.0, metavar="S")
+    p_top.add_argument("--json", action="store_true", help="the raw answers, one per line")
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -305,7 +344,12 @@ def print_json_or(value, as_json: bool, text) -> None:
 def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
     from tcloud import jobs  # lazy verb import
 
-    print_rows(cluster.jobs(), args.json, jobs.PS_FIELDS)
+    rows = cluster.jobs()
+    columns = jobs.PS_FIELDS
+    if not args.json and any("kind" in row for row in rows):  # an agent that says it
+        rows = [{**row, "kind": row.get("kind", "job")} for row in rows]
+        columns = (columns[0], "kind", *columns[1:])
+    print_rows(rows, args.json, columns)
 
 
 def run_status(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -375,6 +419,116 @@ def run_download(cluster: Cluster, args: argparse.Namespace) -> None:
     print(f"downloaded {job.download(dest)} file(s) to {dest}/")
 
 
+def run_shell(cluster: Cluster, args: argparse.Namespace) -> int:
+    return cluster.job(args.job).shell(args.node)
+
+
+def run_exec(cluster: Cluster, args: argparse.Namespace) -> int:
+    from tcloud import interactive  # lazy verb import
+
+    job = cluster.job(args.job)  # the job id checked before the command
+    command = getattr(args, "remote_command", None) or []
+    if not command:
+        raise UsageError("exec: expected a command after `--` (tcloud exec JOB -- CMD ...)")
+    writer = interactive.LineWriter(sys.stdout.buffer, sys.stderr.buffer)
+    sys.stdout.flush()
+    ranks = None if args.all else [args.node]
+    results = interactive.execute(
+        cluster.client, cluster.userdir, job.id, command, ranks, interactive.prefixed(writer)
+    )
+    code, failing = interactive.exit_code(results, args.all)
+    for line in failing:
+        print(line, file=sys.stderr)
+    return code
+
+
+def run_forward(cluster: Cluster, args: argparse.Namespace) -> int:
+    from tcloud import portforward  # lazy verb import
+
+    job = cluster.job(args.job)
+    pairs = portforward.pairs_of(args.ports)  # checked before connecting
+    return hold_forwards(cluster, job, pairs, args.node)
+
+
+def hold_forwards(cluster: Cluster, job, pairs: list, rank: int) -> int:
+    """Forward until Ctrl-C (exit 0) or until the job ends (said, exit 0)."""
+    from tcloud import portforward  # lazy verb import
+
+    node_host = {n["rank"]: n["host"] for n in job.target()["nodes"]}.get(rank, "?")
+    try:
+        with job.forward({p.remote: p.local for p in pairs}, rank) as mapping:
+            for remote, local in mapping.items():
+                print(
+                    f"forwarding 127.0.0.1:{local} -> {node_host}:{remote} (job {job.id}); "
+                    "Ctrl-C stops",
+                    flush=True,
+                )
+            portforward.hold(lambda: job_running(job))
+        print(f"job {job.id} is no longer running: forwarding stopped", flush=True)
+    except KeyboardInterrupt:
+        print("forwarding stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def job_running(job) -> bool:
+    return job.status()["state"] not in FINAL_STATES
+
+
+def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
+    from tcloud import dev, portforward  # lazy verb import
+
+    if args.detach and args.stop_on_disconnect:
+        raise UsageError("dev: --detach and --stop-on-disconnect exclude each other "
+                         "(a detached session has no connection to watch)")  # fmt: skip
+    asked = [portforward.parse_pair(text) for text in args.port]
+    job = cluster.dev(
+        args.path or Path("."), ports=[p.remote for p in asked], idle_timeout=args.idle,
+        stop_on_disconnect=args.stop_on_disconnect, allow_outside=args.allow_outside,
+    )  # fmt: skip
+    print(f"submitted session {job.id}", flush=True)
+    dev.wait_running(job, lambda line: print(line, flush=True))
+    session = job.target().get("session") or {}
+    pairs = dev.session_pairs(session.get("ports") or [p.remote for p in asked], asked)
+    for line in dev.connect_text(job.id, pairs, session.get("idle_timeout") or args.idle):
+        print(line, flush=True)
+    if args.detach:
+        return EXIT_OK
+    with contextlib.ExitStack() as stack:
+        if session.get("stop_on_disconnect", args.stop_on_disconnect):
+            stack.enter_context(dev.stop_on_disconnect(cluster.client, cluster.userdir, job.id))
+            print(f"  session {job.id} is cancelled when this command ends", flush=True)
+        if pairs:
+            return hold_forwards(cluster, job, pairs, 0)
+        return job.shell(0)
+
+
+def run_top(cluster: Cluster, args: argparse.Namespace) -> int:
+    from tcloud import usage_view  # lazy verb import
+
+    job = cluster.job(args.job)
+    in_place = sys.stdout.isatty() and not args.json and not args.once
+    previous = None
+    try:
+        while True:
+            answer = job.usage()
+            if args.once and previous is None and not args.json:
+                previous = answer  # CPU% needs two answers
+                time.sleep(1.0)
+                continue
+            if args.json:
+                print(json.dumps(answer), flush=True)
+            else:
+                text = usage_view.frame(answer, previous)
+                sys.stdout.write(usage_view.drawn(text, in_place))
+                sys.stdout.flush()
+            previous = answer
+            if args.once or answer["state"] in FINAL_STATES:
+                return EXIT_OK
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
 def run_upload(cluster: Cluster, args: argparse.Namespace) -> None:
     count = cluster.upload(args.local, args.remote)
     print(f"uploaded {count} file(s) to files/{args.remote or args.local.name}")
@@ -404,8 +558,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     verified SSH connection of its own, opened once the command's arguments have been
     checked."""
     with open_cluster(args.cluster, files=args.command in FILE_COMMANDS) as cluster:
-        CLUSTER_COMMANDS[args.command](cluster, args)
-    return EXIT_OK
+        code = CLUSTER_COMMANDS[args.command](cluster, args)
+    return EXIT_OK if code is None else code
 
 
 def grace_seconds(text: str) -> float:
@@ -416,6 +570,17 @@ def grace_seconds(text: str) -> float:
         value = -1.0
     if not 0 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"expected 0 to 3600 seconds, got {text!r}")
+    return value
+
+
+def interval_seconds(text: str) -> float:
+    """--interval: 0.5 to 3600 seconds between two answers of `tcloud top`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.5 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 0.5 to 3600 seconds, got {text!r}")
     return value
 
 
@@ -483,12 +648,29 @@ CLUSTER_COMMANDS = {
     "env": run_env,
     "images": run_images,
     "quota": run_quota,
+    "shell": run_shell,
+    "exec": run_exec,
+    "forward": run_forward,
+    "dev": run_dev,
+    "top": run_top,
 }
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; for `exec`, the words after the first `--` are the remote
+    command's, kept as they are (never read as tcloud's options)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    if cut < len(argv) and "exec" in argv[:cut]:
+        before = parser.parse_args(argv[:cut])
+        if before.command == "exec":
+            before.remote_command = argv[cut + 1 :]
+            return before
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     if args.version:
         try:
             print(version("tacc-client"))

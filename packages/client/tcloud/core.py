@@ -8,13 +8,14 @@ default SSH stack; the CLI uses this module for its other commands."""
 from __future__ import annotations
 
 import os
+import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
 from tacc_contract import protocol
-from tcloud import agent, config, images, jobs, tasks
+from tcloud import agent, config, images, interactive, jobs, portforward, tasks
 from tcloud.errors import TcloudError, UsageError
 from tcloud.link import Direct, Link
 from tcloud.tasks import TaskLike
@@ -174,6 +175,31 @@ class Cluster:
         task, base_dir = tasks.with_sweep(task, parameters, parallel, base_dir)
         return self.submit(task, sweep=True, base_dir=base_dir, allow_outside=allow_outside)
 
+    def dev(
+        self,
+        task: TaskLike = ".",
+        *,
+        ports: Sequence[int] | None = None,
+        idle_timeout: str | None = None,
+        stop_on_disconnect: bool | None = None,
+        base_dir: PathLike | None = None,
+        allow_outside: bool = False,
+    ) -> Job:
+        """Submit the task as an interactive session (docs/interactive.md): its
+        `session:` block (none: the defaults), with ports added to its ports and
+        idle_timeout / stop_on_disconnect, when given, in place of its own."""
+        overrides: dict = {}
+        if idle_timeout is not None:
+            overrides["idle_timeout"] = str(idle_timeout)
+        if stop_on_disconnect is not None:
+            overrides["stop_on_disconnect"] = bool(stop_on_disconnect)
+        session_task, base_dir = tasks.with_session(task, overrides, base_dir)
+        if ports:
+            own = list(session_task["session"].get("ports") or [])
+            extra = [port for port in ports if port not in own]
+            session_task["session"]["ports"] = own + extra
+        return self.submit(session_task, base_dir=base_dir, allow_outside=allow_outside)
+
     def job(self, job_id: str | int) -> Job:
         """A handle on one of your jobs (checked as a job id; the cluster is not asked)."""
         return self.job_class(self, job_id)
@@ -274,6 +300,60 @@ class Job:
         """Submit it again with the same files and locked versions: the new job's answer
         (job_id, name, rerun_of, code_digest, lock, workdir); `cluster.job(answer["job_id"])`."""
         return jobs.rerun(self.cluster.client, self.cluster.userdir, self.id)
+
+    # --- into the running job (docs/interactive.md) ------------------------------------
+
+    def target(self, rank: int | None = None) -> dict:
+        """Where it runs (JOB_TARGET): its nodes by rank and their addresses; the agent
+        refuses (exit 4) a job that is not yours or not running."""
+        client = self.cluster.client
+        return interactive.target(client, self.cluster.userdir, self.id, whole_number(rank, "rank"))
+
+    def shell(self, rank: int = 0) -> int:
+        """An interactive shell on rank's node inside the job (a PTY when stdin is a
+        terminal): its exit status."""
+        rank = whole_number(rank, "rank") or 0
+        return interactive.shell(self.cluster.client, self.cluster.userdir, self.id, rank)
+
+    def exec(self, command: Sequence[str], ranks: Sequence[int] | str | None = None) -> list[dict]:
+        """The command on rank 0's node (None), on these ranks, or on "all": per node
+        {host, rank, exit_code, stdout, stderr}."""
+        if isinstance(command, str):
+            raise UsageError(f"exec: expected a command as a list of words, got {command!r}")
+        if ranks == "all":
+            chosen = None
+        elif ranks is None:
+            chosen = [0]
+        elif isinstance(ranks, str):
+            raise UsageError(f"exec: ranks: expected a list of ranks or 'all', got {ranks!r}")
+        else:
+            chosen = [whole_number(rank, "rank") for rank in ranks]
+        results = interactive.execute(
+            self.cluster.client, self.cluster.userdir, self.id, list(command), chosen,
+            interactive.capture,
+        )  # fmt: skip
+        return [result.as_dict() for result in results]
+
+    @contextmanager
+    def forward(
+        self, ports: Sequence[int | str] | Mapping[int, int] | int | str, rank: int = 0
+    ) -> Iterator[dict[int, int]]:
+        """Local ports on 127.0.0.1 forwarded to the job's node of `rank` while the
+        block runs: {remote: local}. ports: 8888, [8888, "6006:16006"] or {8888: 9999}."""
+        pairs = portforward.pairs_of(ports)
+        node = interactive.node_of(self.target(), whole_number(rank, "rank") or 0)
+        transport = self.cluster.client.get_transport()
+        opener = portforward.channel_opener(transport, node["address"])
+        with portforward.Forwarder(pairs, opener, warn=warn) as forwarder:
+            yield forwarder.mapping
+
+    def usage(self) -> dict:
+        """Its live usage per node now (JOB_TOP): cpu_seconds, memory, GPUs."""
+        return agent.call(self.cluster.client, protocol.job_top(self.id), self.cluster.userdir)
+
+
+def warn(message: str) -> None:
+    print(f"tcloud: {message}", file=sys.stderr, flush=True)
 
 
 Cluster.job_class = Job

@@ -259,6 +259,26 @@ def with_sweep(
     return {**task, "sweep": sweep}, base_dir
 
 
+def with_session(
+    task: TaskLike,
+    overrides: Mapping[str, Any],
+    base_dir: str | os.PathLike[str] | None,
+) -> tuple[TaskLike, str | os.PathLike[str] | None]:
+    """(task, base_dir) as an interactive session (`tcloud dev`): the task's own
+    `session:` block (none: the defaults) with `overrides` (ports, idle_timeout,
+    stop_on_disconnect) laid over it; a task file is read as a dict whose local paths
+    stay relative to its directory."""
+    if not isinstance(task, Mapping):
+        path = find_task_file(existing(task))
+        if path.name == LEGACY_FILE:
+            raise UsageError(f"{shown(path)}: a session needs a tcloud.yaml task")
+        load_task(path, allow_outside=True)  # its problems name line and field
+        task, base_dir = yaml.safe_load(path.read_text(encoding="utf-8")), path.resolve().parent
+    session = dict(task.get("session") or {})
+    session.update(overrides)
+    return {**task, "session": session}, base_dir
+
+
 def read_mapping(path: Path) -> dict:
     """A task file as a dict, after the schema has read it (so its problems name line
     and field)."""

@@ -1,0 +1,345 @@
+"""Into a running job (docs/interactive.md): `tcloud shell` and `tcloud exec`. The job
+is checked first (`job target`, a session verb: the agent refuses another user's job
+or one that is not running, exit 4, before any channel opens); then each node's
+command is one exec channel of the verified direct SSH connection running `tacc-agent
+job attach` (every word quoted by shlex.join), which runs it inside the job's
+allocation (`srun --jobid --overlap`).
+
+shell: a PTY (term from $TERM, size from the local terminal), the local terminal in raw
+mode until it ends (restored on every exit path), SIGWINCH passed on as a PTY resize,
+stdin and the channel relayed with select. With stdin not a terminal: no PTY, a plain
+relay (like `ssh -T`). exec: one channel per node, at most 32 at once, each output line
+prefixed `[host:rank] ` as `tcloud logs` does, whole lines only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, BinaryIO
+
+from tacc_contract import protocol
+from tcloud import agent
+from tcloud.errors import TcloudError, UsageError
+
+if TYPE_CHECKING:
+    import paramiko
+
+MAX_CHANNELS = 32  # exec: nodes run at once (sshd's MaxSessions is 10 per connection by
+# default; channels over it wait in paramiko's open until one closes)
+CHUNK = 65536
+DEFAULT_TERM = "xterm-256color"
+NO_STATUS = 255
+
+
+def target(client, userdir: str | None, job: str, rank: int | None = None) -> dict:
+    """The job's nodes (JOB_TARGET), checked by the agent: the caller's, running."""
+    return agent.call(client, protocol.job_target(job, rank), userdir)
+
+
+def node_of(answer: dict, rank: int) -> dict:
+    """The node of `rank` in a JOB_TARGET answer; UsageError naming the ranks there are."""
+    for node in answer["nodes"]:
+        if node["rank"] == rank:
+            return node
+    ranks = sorted(node["rank"] for node in answer["nodes"])
+    there = f"ranks 0 to {ranks[-1]}" if ranks else "no running nodes"
+    raise UsageError(f"--node {rank}: job {answer['job_id']} has {there}")
+
+
+def where(node: dict) -> str:
+    return f"[{node['host']}:{node['rank']}]"
+
+
+def open_attach(
+    client,
+    userdir: str | None,
+    job: str,
+    rank: int,
+    command: Sequence[str] = (),
+    pty: tuple[str, int, int] | None = None,
+) -> paramiko.Channel:
+    """One exec channel running `tacc-agent job attach` (pty: (term, columns, rows))."""
+    verb = protocol.job_attach(job, rank, command=tuple(command), pty=pty is not None)
+    agent.handshake(client)  # the agent speaks this protocol before anything runs
+    channel = client.get_transport().open_session()
+    try:
+        if pty is not None:
+            term, columns, rows = pty
+            channel.get_pty(term=term, width=columns, height=rows)
+        channel.exec_command(shlex.join(agent.argv_for(verb, userdir)))
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+# --- shell ---------------------------------------------------------------------------
+
+
+def terminal_size(fd: int) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        size = shutil.get_terminal_size()
+    return size.columns, size.lines
+
+
+@contextlib.contextmanager
+def raw_mode(fd: int) -> Iterator[None]:
+    """The local terminal in raw mode, restored on every way out (an error, Ctrl-C)."""
+    import termios  # lazy verb import: POSIX only (Windows has no termios)
+    import tty  # lazy verb import: POSIX only
+
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@contextlib.contextmanager
+def on_resize(channel, fd: int) -> Iterator[None]:
+    """SIGWINCH passed on to the channel's PTY while the shell runs."""
+    if not hasattr(signal, "SIGWINCH") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def resized(_signum, _frame) -> None:
+        columns, rows = terminal_size(fd)
+        with contextlib.suppress(Exception):
+            channel.resize_pty(width=columns, height=rows)
+
+    previous = signal.signal(signal.SIGWINCH, resized)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGWINCH, previous)
+
+
+def relay_pty(channel, stdin_fd: int, stdout_fd: int) -> int:
+    """Keystrokes to the channel, its output (stdout and stderr are one on a PTY) to the
+    terminal, until the channel closes: its exit status."""
+    while True:
+        readable, _, _ = select.select([channel, stdin_fd], [], [])
+        if channel in readable:
+            data = channel.recv(CHUNK)
+            if not data:
+                break
+            write_all(stdout_fd, data)
+        if stdin_fd in readable:
+            data = os.read(stdin_fd, CHUNK)
+            if not data:
+                channel.shutdown_write()
+                stdin_fd = -1  # read no more
+                break
+            channel.sendall(data)
+    if stdin_fd < 0:  # local EOF: drain what the remote still says
+        for data in iter(lambda: channel.recv(CHUNK), b""):
+            write_all(stdout_fd, data)
+    return status_of(channel)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def relay_plain(channel, stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryIO) -> int:
+    """No PTY: stdin copied to the channel (EOF passed on), its stdout and stderr to ours."""
+
+    def feed() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            for data in iter(lambda: read_some(stdin), b""):
+                channel.sendall(data)
+        with contextlib.suppress(Exception):
+            channel.shutdown_write()
+
+    def errors() -> None:
+        for data in iter(lambda: channel.recv_stderr(CHUNK), b""):
+            stderr.write(data)
+            stderr.flush()
+
+    threading.Thread(target=feed, daemon=True).start()
+    err_thread = threading.Thread(target=errors, daemon=True)
+    err_thread.start()
+    for data in iter(lambda: channel.recv(CHUNK), b""):
+        stdout.write(data)
+        stdout.flush()
+    err_thread.join()
+    return status_of(channel)
+
+
+def read_some(stream: BinaryIO) -> bytes:
+    read1 = getattr(stream, "read1", None)
+    return read1(CHUNK) if read1 is not None else stream.read(CHUNK)
+
+
+def shell(client, userdir: str | None, job: str, rank: int = 0) -> int:
+    """An interactive shell on rank's node of the job: its exit status."""
+    node_of(target(client, userdir, job), rank)
+    stdin = sys.stdin
+    if not stdin.isatty():
+        channel = open_attach(client, userdir, job, rank)
+        try:
+            return relay_plain(channel, stdin.buffer, sys.stdout.buffer, sys.stderr.buffer)
+        finally:
+            channel.close()
+    if os.name != "posix":
+        raise TcloudError(
+            "tcloud shell needs a POSIX terminal (termios) for a PTY; on Windows use "
+            "`tcloud exec JOB -- CMD` or pipe stdin (no PTY)"
+        )
+    fd = stdin.fileno()
+    columns, rows = terminal_size(fd)
+    term = os.environ.get("TERM") or DEFAULT_TERM
+    channel = open_attach(client, userdir, job, rank, pty=(term, columns, rows))
+    try:
+        sys.stdout.flush()
+        with raw_mode(fd), on_resize(channel, fd):
+            return relay_pty(channel, fd, sys.stdout.fileno())
+    finally:
+        channel.close()
+
+
+# --- exec ----------------------------------------------------------------------------
+
+
+@dataclass
+class NodeResult:
+    """One node's command: where, its exit status, and (captured) its output."""
+
+    host: str
+    rank: int
+    exit_code: int
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+
+    def as_dict(self) -> dict:
+        return {
+            "host": self.host,
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout.decode(errors="replace"),
+            "stderr": self.stderr.decode(errors="replace"),
+        }
+
+
+class LineWriter:
+    """Whole lines, each prefixed, written under one lock (never interleaved mid-line)."""
+
+    def __init__(self, out: BinaryIO, err: BinaryIO) -> None:
+        self.streams = {"stdout": out, "stderr": err}
+        self.lock = threading.Lock()
+
+    def write(self, prefix: bytes, name: str, lines: list[bytes]) -> None:
+        stream = self.streams[name]
+        with self.lock:
+            stream.write(b"".join(prefix + line + b"\n" for line in lines))
+            stream.flush()
+
+
+Sink = Callable[[NodeResult, str, list[bytes]], None]
+
+
+def split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """Complete lines of pending + data, and what is left of an unfinished one."""
+    *complete, rest = (pending + data).split(b"\n")
+    return complete, rest
+
+
+def pump(receive: Callable[[int], bytes], emit: Callable[[list[bytes]], None]) -> None:
+    pending = b""
+    for data in iter(lambda: receive(CHUNK), b""):
+        complete, pending = split_lines(pending, data)
+        if complete:
+            emit(complete)
+    if pending:
+        emit([pending])
+
+
+def run_node(channel, result: NodeResult, sink: Sink) -> NodeResult:
+    """One node's channel read to its end (stderr on a thread of its own)."""
+    channel.shutdown_write()  # exec takes no stdin
+    errors = threading.Thread(
+        target=pump, args=(channel.recv_stderr, lambda lines: sink(result, "stderr", lines))
+    )
+    errors.start()
+    try:
+        pump(channel.recv, lambda lines: sink(result, "stdout", lines))
+    finally:
+        errors.join()
+    result.exit_code = status_of(channel)
+    return result
+
+
+def status_of(channel) -> int:
+    """The remote exit status; 255 when the channel closed without one (as ssh says)."""
+    status = channel.recv_exit_status()
+    return NO_STATUS if status < 0 else status
+
+
+def ranks_of(answer: dict, ranks: Sequence[int] | None) -> list[dict]:
+    """The nodes asked for: all of them (None) or these ranks (each checked)."""
+    if ranks is None:
+        return sorted(answer["nodes"], key=lambda node: node["rank"])
+    return [node_of(answer, rank) for rank in ranks]
+
+
+def execute(
+    client,
+    userdir: str | None,
+    job: str,
+    command: Sequence[str],
+    ranks: Sequence[int] | None,
+    sink: Sink,
+) -> list[NodeResult]:
+    """The command on each node asked for (None: every node), concurrently."""
+    if not command:
+        raise UsageError("exec: expected a command after `--` (tcloud exec JOB -- CMD ...)")
+    nodes = ranks_of(target(client, userdir, job), ranks)
+
+    def one(node: dict) -> NodeResult:
+        result = NodeResult(node["host"], node["rank"], -1)
+        channel = open_attach(client, userdir, job, node["rank"], command)
+        try:
+            return run_node(channel, result, sink)
+        finally:
+            channel.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_CHANNELS, len(nodes)))) as pool:
+        return list(pool.map(one, nodes))
+
+
+def capture(result: NodeResult, name: str, lines: list[bytes]) -> None:
+    """The SDK's sink: each node's output kept as it came."""
+    getattr(result, name).extend(b"".join(line + b"\n" for line in lines))
+
+
+def prefixed(writer: LineWriter) -> Sink:
+    """The CLI's sink: `[host:rank] ` before each line, stdout to stdout, stderr to stderr."""
+
+    def sink(result: NodeResult, name: str, lines: list[bytes]) -> None:
+        writer.write(f"[{result.host}:{result.rank}] ".encode(), name, lines)
+
+    return sink
+
+
+def exit_code(results: list[NodeResult], every: bool) -> tuple[int, list[str]]:
+    """One node: its status. --all: 0 when every node's is 0, else the largest, with a
+    line per failing node."""
+    if not every:
+        return results[0].exit_code, []
+    failing = [r for r in results if r.exit_code != 0]
+    lines = [f"[{r.host}:{r.rank}] exited {r.exit_code}" for r in failing]
+    return max((r.exit_code for r in failing), default=0), lines
