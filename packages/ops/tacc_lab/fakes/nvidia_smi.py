@@ -5,13 +5,21 @@ Supported::
     nvidia-smi                       the summary table (driver and CUDA version, one row per GPU)
     nvidia-smi -L | --list-gpus      GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)
     nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]
+    nvidia-smi --query-compute-apps=APP_FIELDS --format=csv[,noheader][,nounits]
 
 FIELDS is any subset, in any order, of index, name, uuid, memory.total, pci.bus_id,
-driver_version, the idle figures temperature.gpu, utilization.gpu, memory.used, power.draw,
+driver_version, the figures temperature.gpu, utilization.gpu, memory.used, power.draw,
 and the health fields ecc.errors.uncorrected.volatile.total, remapped_rows.failure (plus the
 aliases gpu_name, gpu_uuid, gpu_bus_id, count). A GPU's state may set "ecc_uncorrected" and
-"remap_failed" to stage trouble. GPUs are numbered in
-PCI bus order. With no GPUs it prints "No devices were found" and exits 6, as the real tool does.
+"remap_failed" to stage trouble, "utilization_percent" (default 0) and "processes" (a list of
+{"pid", "name", "used_mib"}) to stage use: memory.used is the sum of its processes' used_mib.
+
+APP_FIELDS (one line per compute process on any GPU, in GPU order, as NVIDIA documents
+`nvidia-smi --help-query-compute-apps`) is any subset of pid, process_name (alias name),
+gpu_uuid, gpu_name, gpu_bus_id, used_gpu_memory (alias used_memory [MiB]); with no
+processes the header (or, with noheader, nothing) is printed and it exits 0, as the real
+tool does. GPUs are numbered in PCI bus order. With no GPUs it prints "No devices were
+found" and exits 6, as the real tool does.
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count",
           "temperature.gpu", "utilization.gpu", "memory.used", "power.draw",
           "ecc.errors.uncorrected.volatile.total", "remapped_rows.failure")  # fmt: skip
-UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W"}
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W",
+         "used_gpu_memory": "MiB"}  # fmt: skip
+APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+APP_FIELDS = ("pid", "process_name", "gpu_uuid", "gpu_name", "gpu_bus_id", "used_gpu_memory")
 RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
@@ -51,7 +62,12 @@ def gpus(state: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def memory_used_mib(gpu: dict[str, Any]) -> int:
+    return sum(int(proc.get("used_mib", 0)) for proc in gpu.get("processes", ()))
+
+
 def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: bool) -> str:
+    utilization, used = int(gpu.get("utilization_percent", 0)), memory_used_mib(gpu)
     values = {
         "index": str(gpu["index"]),
         "name": gpu["name"],
@@ -61,8 +77,8 @@ def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: b
         "driver_version": state.get("driver_version", "N/A"),
         "count": str(len(state["gpus"])),
         "temperature.gpu": "30",  # an idle GPU, as the summary table shows it
-        "utilization.gpu": "0 %" if units else "0",
-        "memory.used": "0 MiB" if units else "0",
+        "utilization.gpu": f"{utilization} %" if units else str(utilization),
+        "memory.used": f"{used} MiB" if units else str(used),
         "power.draw": "70.00 W" if units else "70.00",
         "ecc.errors.uncorrected.volatile.total": str(gpu.get("ecc_uncorrected", 0)),
         "remapped_rows.failure": "Yes" if gpu.get("remap_failed") else "No",
@@ -70,10 +86,47 @@ def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: b
     return values[field]
 
 
-def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
+def format_options(format_arg: str) -> list[str]:
     options = [opt.strip() for opt in format_arg.split(",")]
     if options[0] != "csv" or not set(options[1:]) <= {"noheader", "nounits"}:
         raise UsageError(f'"{format_arg}" is not a valid format.')
+    return options
+
+
+def app_value(gpu: dict[str, Any], proc: dict[str, Any], field: str, units: bool) -> str:
+    used = int(proc.get("used_mib", 0))
+    values = {
+        "pid": str(proc["pid"]),
+        "process_name": str(proc.get("name", "python")),
+        "gpu_uuid": gpu["uuid"],
+        "gpu_name": gpu["name"],
+        "gpu_bus_id": gpu["bus_id"],
+        "used_gpu_memory": f"{used} MiB" if units else str(used),
+    }
+    return values[field]
+
+
+def query_apps(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
+    """--query-compute-apps: one line per compute process on any GPU."""
+    options = format_options(format_arg)
+    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    for field in fields:
+        if APP_ALIASES.get(field, field) not in APP_FIELDS:
+            raise UsageError(f'Field "{field}" is not a valid field to query.')
+    lines = []
+    if "noheader" not in options:
+        named = [APP_ALIASES.get(f, f) for f in fields]
+        lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in named))
+    units = "nounits" not in options
+    for gpu in gpus(state):
+        for proc in gpu.get("processes", ()):
+            lines.append(", ".join(app_value(gpu, proc, APP_ALIASES.get(f, f), units)
+                                   for f in fields))  # fmt: skip
+    return lines
+
+
+def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
+    options = format_options(format_arg)
     fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
     for field in fields:
         if ALIASES.get(field, field) not in FIELDS:
@@ -151,14 +204,16 @@ def parse(argv: list[str]) -> dict[str, str]:
         name, eq, value = arg.partition("=")
         if arg in ("-L", "--list-gpus"):
             opts["list"] = "1"
-        elif name in ("--query-gpu", "--format"):
+        elif name in ("--query-gpu", "--query-compute-apps", "--format"):
             value = value if eq else next(args, "")
             if not value:
                 raise UsageError(f'"{name}=" switch is missing a value.')
             opts[name[2:]] = value
         else:
             raise UsageError(BAD_ARGS)
-    if ("query-gpu" in opts) != ("format" in opts) or ("list" in opts and "query-gpu" in opts):
+    queries = sum(key in opts for key in ("list", "query-gpu", "query-compute-apps"))
+    asks_query = "query-gpu" in opts or "query-compute-apps" in opts
+    if asks_query != ("format" in opts) or queries > 1:
         raise UsageError(BAD_ARGS)
     return opts
 
@@ -174,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             lines = [f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})" for g in gpus(state)]
         elif "query-gpu" in opts:
             lines = query(state, opts["query-gpu"], opts["format"])
+        elif "query-compute-apps" in opts:
+            lines = query_apps(state, opts["query-compute-apps"], opts["format"])
         else:
             lines = table(state)
     except UsageError as err:
         print(err, file=sys.stderr)
         return RC_INVALID_ARGS
-    print("\n".join(lines))
+    if lines:  # csv,noheader with no processes prints nothing at all
+        print("\n".join(lines))
     return 0
 
 

@@ -1,0 +1,377 @@
+"""Live usage of each Slurm job running on this node, for /metrics (`job top` reads it).
+
+Which processes are a job's: every process below a root-owned `slurmstepd: [JOB.STEP]`
+(Slurm's own step daemons, whose title a user cannot forge; a user can write any
+SLURM_JOB_ID into an environment, so the environment never decides membership). That is
+what proctrack/linuxproc tracks too. Where Slurm keeps the job in a cgroup
+(proctrack/cgroup) its CPU and memory come from the cgroup, which also counts reaped and
+daemonized processes: v2 `system.slice/[<node>_]slurmstepd.scope/job_<id>/` (cpu.stat
+usage_usec, memory.current), v1 `cpuacct/slurm[_<node>]/uid_<uid>/job_<id>/`
+(cpuacct.usage) and `memory/slurm.../job_<id>/` (memory.usage_in_bytes). Without one
+(the lab): the processes' utime+stime (+ that of the children they reaped) and Pss
+(smaps_rollup; VmRSS where unreadable).
+
+CPUs Slurm gave the job here: SLURM_CPUS_ON_NODE of a task's environment. Its GPUs: the
+global indices in SLURM_JOB_GPUS / SLURM_STEP_GPUS, plus any GPU where nvidia-smi lists
+one of its processes (GPU shards may set neither variable); GPU figures from nvidia-smi,
+bounded in time; no nvidia-smi or no GPUs: no GPU families, no error.
+
+Collected when scraped, at most once a second however many scrapers (a cache behind a
+lock), in the HTTP thread: the health check loop never waits for it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.metrics_core import Metric
+
+from tacc_agent.config import AgentConfig
+from tacc_agent.health.checks.base import Sample, command
+from tacc_agent.health.metrics import families
+from tacc_agent.health.registry import Family
+
+JOB_FAMILIES = (
+    Family("job_cpu_seconds_total", "counter",
+           "CPU time of a Slurm job's processes on this node", ("job", "user")),
+    Family("job_memory_bytes", "gauge",
+           "Memory of a Slurm job on this node (cgroup, else the sum of its processes' Pss)",
+           ("job", "user")),
+    Family("job_cpus", "gauge", "CPUs Slurm allocated to a job on this node", ("job", "user")),
+    Family("job_gpu_utilization_ratio", "gauge", "Utilization of a GPU of a job (0..1)",
+           ("job", "user", "gpu")),
+    Family("job_gpu_memory_used_bytes", "gauge",
+           "GPU memory in use on a GPU of a job (its processes' where it shares the GPU)",
+           ("job", "user", "gpu")),
+    Family("job_gpu_memory_total_bytes", "gauge", "Memory of a GPU of a job",
+           ("job", "user", "gpu")),
+)  # fmt: skip
+DECLARED = {family.name: family for family in JOB_FAMILIES}
+
+CACHE_SECONDS = 1.0
+NVIDIA_SMI_SECONDS = 1.5  # below `job top`'s 2 s wait for a node
+MIB = 1 << 20
+STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[^\]]+\]")
+CPUS_VARIABLE = "SLURM_CPUS_ON_NODE"
+GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
+GPU_FIELDS = "index,uuid,utilization.gpu,memory.used,memory.total"
+APP_FIELDS = "pid,gpu_uuid,used_memory"
+
+
+@dataclass
+class Process:
+    pid: int
+    ppid: int
+    uid: int
+    cpu_seconds: float  # its own and its reaped children's
+    title: bytes
+
+
+@dataclass
+class JobUsage:
+    job: str
+    user: str = ""
+    pids: set[int] = field(default_factory=set)
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    cpus: int | None = None
+    gpu_indices: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    utilization_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the figures are read: parameters so tests feed fake trees and tools."""
+
+    proc_root: str = "/proc"
+    cgroup_root: str = "/sys/fs/cgroup"
+    nvidia_smi: str = "nvidia-smi"
+    nvidia_smi_seconds: float = NVIDIA_SMI_SECONDS
+
+    @classmethod
+    def of(cls, config: AgentConfig) -> Sources:
+        timeout = min(NVIDIA_SMI_SECONDS, config.check_timeout_seconds)
+        return cls(config.proc_root, nvidia_smi=config.nvidia_smi, nvidia_smi_seconds=timeout)
+
+
+# --- /proc ------------------------------------------------------------------------------
+
+
+def read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as found:
+            return found.read()
+    except OSError:  # the process ended meanwhile, or a file the kernel hides
+        return None
+
+
+def process(proc_root: str, pid: int, ticks: int) -> Process | None:
+    """One process from /proc/PID/{stat,status,cmdline}; None when it ended."""
+    base = os.path.join(proc_root, str(pid))
+    stat, status = read_bytes(f"{base}/stat"), read_bytes(f"{base}/status")
+    if stat is None or status is None:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and ')'
+    uid = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
+    if len(fields) < 15 or uid is None:
+        return None
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    title = read_bytes(f"{base}/cmdline") or b""
+    return Process(pid, int(fields[1]), int(uid.group(1)),
+                   (utime + stime + cutime + cstime) / ticks, title)  # fmt: skip
+
+
+def processes(proc_root: str) -> dict[int, Process]:
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir(proc_root):
+        if entry.name.isdigit() and (proc := process(proc_root, int(entry.name), ticks)):
+            found[proc.pid] = proc
+    return found
+
+
+def step_job(proc: Process) -> str | None:
+    """The job of a Slurm step daemon (root's `slurmstepd: [12.0]`), else None."""
+    match = STEPD_TITLE.match(proc.title) if proc.uid == 0 else None
+    return match.group(1).decode() if match else None
+
+
+def job_of(pid: int, table: dict[int, Process], memo: dict[int, str | None]) -> str | None:
+    """The job whose step daemon this process descends from (the daemon itself: None)."""
+    chain, job = [], None
+    while pid in table and pid not in memo:
+        chain.append(pid)
+        parent = table[pid].ppid
+        if parent in table and (job := step_job(table[parent])):
+            break
+        pid = parent
+    else:
+        job = memo.get(pid)
+    for member in chain:
+        memo[member] = job
+    return job
+
+
+def memory_of(proc_root: str, pid: int) -> int:
+    """Pss (shared pages split among their users, so a sum counts them once), else RSS."""
+    base = os.path.join(proc_root, str(pid))
+    for name, key in (("smaps_rollup", rb"^Pss:\s+(\d+) kB"), ("status", rb"^VmRSS:\s+(\d+) kB")):
+        found = re.search(key, read_bytes(f"{base}/{name}") or b"", re.MULTILINE)
+        if found:
+            return int(found.group(1)) * 1024
+    return 0
+
+
+def environment(proc_root: str, pid: int) -> dict[str, str]:
+    raw = read_bytes(os.path.join(proc_root, str(pid), "environ")) or b""
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, _, value in pairs}
+
+
+def indices(text: str) -> set[int]:
+    """Slurm's GPU index list ("0,1", "0-3", "2,4-5"); words that are not indices: none."""
+    found: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_allocation(usage: JobUsage, variables: dict[str, str]) -> None:
+    """CPUs and GPUs Slurm gave the job here, from a task's environment."""
+    cpus = variables.get(CPUS_VARIABLE, "")
+    if usage.cpus is None and cpus.isdigit():
+        usage.cpus = int(cpus)
+    for name in GPU_VARIABLES:
+        usage.gpu_indices |= indices(variables.get(name, ""))
+
+
+def jobs_from_proc(proc_root: str) -> dict[str, JobUsage]:
+    """Each job with processes on this node: its processes, CPU, memory, user, CPUs, GPUs."""
+    table = processes(proc_root)
+    memo: dict[int, str | None] = {}
+    jobs: dict[str, JobUsage] = {}
+    for pid, proc in table.items():
+        job = job_of(pid, table, memo)
+        if job is None:
+            continue
+        usage = jobs.setdefault(job, JobUsage(job))
+        usage.pids.add(pid)
+        usage.cpu_seconds += proc.cpu_seconds
+        usage.memory_bytes += memory_of(proc_root, pid)
+        if proc.uid != 0 and step_job(table.get(proc.ppid, proc)) == job:  # a task
+            usage.user = usage.user or user_name(proc.uid)
+            read_allocation(usage, environment(proc_root, pid))
+    for usage in jobs.values():
+        usage.cpu_seconds = round(usage.cpu_seconds, 3)
+    return jobs
+
+
+# --- cgroups (proctrack/cgroup) --------------------------------------------------------
+
+
+def read_number(path: Path, key: str = "") -> int | None:
+    """A cgroup file's number, or with key the value of that line ("usage_usec 12")."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if not key:
+        return int(text.strip()) if text.strip().isdigit() else None
+    found = re.search(rf"^{re.escape(key)} (\d+)$", text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def cgroup_figures(cgroup_root: str, job: str) -> tuple[float, int] | None:
+    """(CPU seconds, memory bytes) of the job's cgroup, v2 then v1; None without one."""
+    root = Path(cgroup_root)
+    for scope in root.glob(f"system.slice/*slurmstepd.scope/job_{job}"):
+        usec = read_number(scope / "cpu.stat", "usage_usec")
+        memory = read_number(scope / "memory.current")
+        if usec is not None and memory is not None:
+            return usec / 1e6, memory
+    cpu = next(root.glob(f"cpu*acct*/slurm*/uid_*/job_{job}/cpuacct.usage"), None)
+    memory_file = next(root.glob(f"memory/slurm*/uid_*/job_{job}/memory.usage_in_bytes"), None)
+    if cpu and memory_file:
+        nanoseconds, memory = read_number(cpu), read_number(memory_file)
+        if nanoseconds is not None and memory is not None:
+            return nanoseconds / 1e9, memory
+    return None
+
+
+# --- nvidia-smi ------------------------------------------------------------------------
+
+
+def figure(text: str) -> float | None:
+    """A number, or None for nvidia-smi's "[N/A]" / "[Not Supported]"."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def csv_rows(nvidia_smi: str, query: str, fields: str, timeout: float) -> list[list[str]]:
+    out = command([nvidia_smi, f"--{query}={fields}", "--format=csv,noheader,nounits"], timeout)
+    if out.code != 0:  # absent, no GPUs (exit 6), stuck: no GPU figures
+        return []
+    width = fields.count(",") + 1
+    rows = [[cell.strip() for cell in line.split(",")] for line in out.stdout.splitlines()]
+    return [row for row in rows if len(row) == width]
+
+
+def gpus(sources: Sources) -> tuple[dict[int, Gpu], dict[str, dict[int, int]]]:
+    """The node's GPUs by index, and per GPU uuid the memory each process uses there."""
+    found: dict[int, Gpu] = {}
+    for index, uuid, util, used, total in csv_rows(
+        sources.nvidia_smi, "query-gpu", GPU_FIELDS, sources.nvidia_smi_seconds
+    ):
+        if index.isdigit():
+            ratio, used_mib, total_mib = figure(util), figure(used), figure(total)
+            found[int(index)] = Gpu(
+                int(index),
+                uuid,
+                None if ratio is None else round(ratio / 100, 4),
+                None if used_mib is None else int(used_mib * MIB),
+                None if total_mib is None else int(total_mib * MIB),
+            )
+    apps: dict[str, dict[int, int]] = {}
+    if found:
+        for pid, uuid, used in csv_rows(
+            sources.nvidia_smi, "query-compute-apps", APP_FIELDS, sources.nvidia_smi_seconds
+        ):
+            if pid.isdigit():
+                apps.setdefault(uuid, {})[int(pid)] = int((figure(used) or 0) * MIB)
+    return found, apps
+
+
+def job_gpus(usage: JobUsage, node_gpus: dict[int, Gpu], apps: dict[str, dict[int, int]]
+             ) -> list[Gpu]:  # fmt: skip
+    """The job's GPUs: those Slurm named, with the node's figures; those where only its
+    processes appear (a shared GPU), with its processes' memory."""
+    found = []
+    for gpu in sorted(node_gpus.values(), key=lambda g: g.index):
+        own = {pid: used for pid, used in apps.get(gpu.uuid, {}).items() if pid in usage.pids}
+        if gpu.index in usage.gpu_indices:
+            found.append(gpu)
+        elif own:
+            found.append(Gpu(gpu.index, gpu.uuid, gpu.utilization_ratio, sum(own.values()),
+                             gpu.memory_total_bytes))  # fmt: skip
+    return found
+
+
+# --- the whole collection --------------------------------------------------------------
+
+
+def collect(sources: Sources) -> list[Sample]:
+    jobs = jobs_from_proc(sources.proc_root)
+    node_gpus, apps = gpus(sources) if jobs else ({}, {})
+    samples = []
+    for job in sorted(jobs, key=int):
+        usage = jobs[job]
+        from_cgroup = cgroup_figures(sources.cgroup_root, job)
+        if from_cgroup:
+            usage.cpu_seconds, usage.memory_bytes = round(from_cgroup[0], 3), from_cgroup[1]
+        labels = {"job": job, "user": usage.user}
+        samples += [Sample("job_cpu_seconds_total", labels, usage.cpu_seconds),
+                    Sample("job_memory_bytes", labels, usage.memory_bytes)]  # fmt: skip
+        if usage.cpus is not None:
+            samples.append(Sample("job_cpus", labels, usage.cpus))
+        for gpu in job_gpus(usage, node_gpus, apps):
+            gpu_labels = {**labels, "gpu": str(gpu.index)}
+            figures = {
+                "job_gpu_utilization_ratio": gpu.utilization_ratio,
+                "job_gpu_memory_used_bytes": gpu.memory_used_bytes,
+                "job_gpu_memory_total_bytes": gpu.memory_total_bytes,
+            }
+            for name, value in figures.items():
+                if value is not None:
+                    samples.append(Sample(name, gpu_labels, value))
+    return samples
+
+
+class JobUsageCollector:
+    """A prometheus_client collector of the jobs' usage, read at most once a second."""
+
+    def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sources = sources
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.read_at: float | None = None
+        self.samples: list[Sample] = []
+
+    def current(self) -> list[Sample]:
+        with self.lock:  # concurrent scrapers wait for one reading, then share it
+            now = self.clock()
+            if self.read_at is None or now - self.read_at >= CACHE_SECONDS:
+                try:
+                    self.samples = collect(self.sources)
+                except OSError:  # /proc unreadable: no job figures this time
+                    self.samples = []
+                self.read_at = self.clock()
+            return self.samples
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.current(), DECLARED)
