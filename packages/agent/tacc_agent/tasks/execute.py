@@ -36,6 +36,7 @@ from tacc_agent.errors import AgentError
 from tacc_agent.tasks import (
     containers,
     envcache,
+    idle,
     imagebuild,
     imagecache,
     lost_nodes,
@@ -292,8 +293,14 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     marks.mark("srun")
     marks.save()
     started = time.monotonic()
-    code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")}, forwarder,
-                    sys.stdout.buffer.write)  # fmt: skip
+    # An interactive session: stopped once idle for its idle_timeout (tasks/idle.py).
+    watchdog = idle.start(task.session, job_dir, job_id, config.slurm_timeout_seconds, say)
+    try:
+        code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")},
+                        forwarder, sys.stdout.buffer.write)  # fmt: skip
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
     sys.stdout.flush()
     finish(job_dir, code, forwarder.terminated)
     report_outcome(task, job_dir, code, time.monotonic() - started, config)

@@ -25,6 +25,7 @@ from tacc_agent.tasks import (
 )
 from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import FILE, code_digest
+from tacc_contract.schema import session_of
 from tacc_contract.trials import trials_of
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -188,6 +189,20 @@ def _plugins(job_dir: Path) -> dict:
     return shaped
 
 
+def session_settings(instruction: dict) -> dict | None:
+    """The task's session settings (defaults filled), None for an ordinary job. Read
+    from the instruction the agent validated at submit, so only a well-formed one."""
+    task = instruction.get("task")
+    session = task.get("session") if isinstance(task, dict) else None
+    return session_of(session) if isinstance(session, dict) else None
+
+
+def kind_of(job_dir: Path) -> str:
+    """ps's kind: "session" for an interactive session, else "job"."""
+    instruction = records.read_json(job_dir / FILE) or {}
+    return "session" if session_settings(instruction) is not None else "job"
+
+
 def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = find_job(user_dir, job_id, config)
     if sweeps.is_whole_sweep(job_id, job_dir):
@@ -232,6 +247,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         "image": imagecache.job_image(job_dir),
         "code_digest": code_digest(instruction),
         "rerun_of": instruction.get("rerun_of"),
+        "session": session_settings(instruction),
     }
     if state == "FAILED":
         result["last_lines"] = {
@@ -261,6 +277,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                 "state": sweep["state"],
                 "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
                 "nodes": ",".join(sorted({t["nodes"] for t in sweep["trials"] if t["nodes"]})),
+                "kind": "job",
             })  # fmt: skip
             continue
         last = records.last_state(job_dir)
@@ -277,6 +294,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                 "state": state,
                 "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
                 "nodes": (info or {}).get("NodeList", ""),
+                "kind": kind_of(job_dir),
             }
         )
     return rows
@@ -285,7 +303,8 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
 def submitting_row(job_dir: Path) -> dict:
     since = (records.read_json(job_dir / "status" / "submit.json") or {}).get("since", 0)
     return {"job": "-", "name": _name(job_dir), "state": "SUBMITTING", "nodes": "",
-            "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))}  # fmt: skip
+            "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
+            "kind": kind_of(job_dir)}  # fmt: skip
 
 
 def _name(job_dir: Path) -> str:

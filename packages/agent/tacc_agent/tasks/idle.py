@@ -1,0 +1,327 @@
+"""An interactive session's idle watchdog (docs/interactive.md), run by the batch step on
+the job's first node while the run lines run. Every interval it samples this node:
+
+- forwarded traffic: TCP connections ESTABLISHED on one of the session's ports
+  (`ss -tinH`): a new connection, or changed byte counts;
+- a busy process: the job's processes here (this uid, SLURM_JOB_ID in their environment,
+  the watchdog's own process left out) used >= 5% of one CPU over the interval;
+- typing: a job process's terminal (/dev/pts/N) was read or written (its atime/mtime,
+  as `w` computes IDLE).
+
+Nothing of these for the session's idle_timeout: the job is recorded CANCELLED with why,
+then scancel'ed (the user's own job), which stops it as a cancel does. Each sampler is a
+function over its inputs (a /proc root, ss's text, a clock) so tests drive it; the
+watchdog stops watching, and never cancels, when it cannot read what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tacc_agent import slurm
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import records
+from tacc_contract.slurm_time import time_seconds
+
+MIN_INTERVAL_SECONDS = 2.0
+MAX_INTERVAL_SECONDS = 30.0
+BUSY_CPU_SHARE = 0.05  # of one CPU, over the interval
+SS_TIMEOUT_SECONDS = 10
+IDLE_WHY = "no forwarded traffic, no busy process, no typing"
+# Linux's Unix98 pty slaves (/dev/pts/N): majors 136-143 (Documentation/admin-guide/devices.txt).
+PTS_MAJORS = range(136, 144)
+_COUNTER = re.compile(r"\b(bytes_received|bytes_sent|bytes_acked):(\d+)")
+
+Connection = tuple[int, int, int]  # bytes received, sent, acked
+
+
+class WatchError(Exception):
+    """What the watchdog cannot read: it stops watching rather than cancel blind."""
+
+
+def idle_seconds(idle_timeout: str) -> int | None:
+    """The session's idle limit in seconds; None: never idle-stopped ("0", UNLIMITED)."""
+    if idle_timeout.strip() == "0":
+        return None
+    seconds = time_seconds(idle_timeout.strip())
+    return seconds or None
+
+
+def interval_for(idle: float) -> float:
+    """How often to sample: a sixth of the idle limit, from 2 s to 30 s."""
+    return min(max(idle / 6, MIN_INTERVAL_SECONDS), MAX_INTERVAL_SECONDS)
+
+
+# ---------------------------------------------------------------- forwarded traffic
+def ss_argv(ports: Iterable[int]) -> list[str]:
+    """ss's argv for ESTABLISHED TCP connections whose local port is one of `ports`."""
+    terms: list[str] = []
+    for port in ports:
+        terms += [*(["or"] if terms else []), "sport", "=", f":{int(port)}"]
+    return ["ss", "-tinH", "state", "established", "(", *terms, ")"]
+
+
+def parse_ss(text: str) -> dict[str, Connection]:
+    """`ss -tinH state established` output: "local peer" -> its byte counters. Each
+    connection is a line (Recv-Q Send-Q Local Peer) followed by an indented info line."""
+    connections: dict[str, Connection] = {}
+    key = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            words = line.split()
+            key = " ".join(words[2:4]) if len(words) >= 4 else ""
+            if key:
+                connections[key] = (0, 0, 0)
+            continue
+        if key:
+            counters = dict(_COUNTER.findall(line))
+            connections[key] = tuple(  # type: ignore[assignment]
+                int(counters.get(name, 0))
+                for name in ("bytes_received", "bytes_sent", "bytes_acked")
+            )
+    return connections
+
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def read_connections(ports: list[int], run: Runner = subprocess.run) -> dict[str, Connection]:
+    if not ports:
+        return {}
+    try:
+        proc = run(
+            ss_argv(ports), capture_output=True, text=True, timeout=SS_TIMEOUT_SECONDS, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WatchError(f"cannot list connections with ss: {exc}") from None
+    if proc.returncode != 0:
+        raise WatchError(f"ss failed: {(proc.stderr or proc.stdout).strip()}")
+    return parse_ss(proc.stdout)
+
+
+# ---------------------------------------------------------------- the job's processes
+@dataclass(frozen=True)
+class JobProcess:
+    pid: int
+    started: int  # clock ticks after boot: with pid, names one process (pids are reused)
+    cpu_ticks: int  # user + system
+    tty_nr: int
+
+
+def parse_stat(text: str) -> tuple[int, int, int] | None:
+    """(tty_nr, utime + stime, starttime) from /proc/PID/stat; the command name, in
+    parentheses, may hold spaces and parentheses itself."""
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    # rest starts at field 3 (state): tty_nr is field 7, utime 14, stime 15, starttime 22.
+    try:
+        return int(fields[4]), int(fields[11]) + int(fields[12]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def job_of(environ: bytes) -> str | None:
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"SLURM_JOB_ID="):
+            return entry[len(b"SLURM_JOB_ID=") :].decode(errors="replace")
+    return None
+
+
+def job_processes(
+    proc_root: Path, job_id: str, uid: int, exclude: Iterable[int] = ()
+) -> list[JobProcess]:
+    """The processes of `job_id` under `proc_root` that `uid` runs (others' environments
+    are not readable anyway), without `exclude`. A process that exits meanwhile, or whose
+    environment cannot be read, is not the job's."""
+    left_out = set(exclude)
+    found = []
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in left_out:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            if job_of((entry / "environ").read_bytes()) != job_id:
+                continue
+            stat = parse_stat((entry / "stat").read_text(errors="replace"))
+        except OSError:
+            continue
+        if stat is not None:
+            tty_nr, ticks, started = stat
+            found.append(JobProcess(int(entry.name), started, ticks, tty_nr))
+    return found
+
+
+def terminal_path(tty_nr: int, dev_root: Path) -> Path | None:
+    """/dev/pts/N of a controlling terminal number, None for none or another kind."""
+    major = (tty_nr >> 8) & 0xFFF
+    minor = (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
+    if tty_nr == 0 or major not in PTS_MAJORS:
+        return None
+    return dev_root / "pts" / str((major - PTS_MAJORS.start) * 256 + minor)
+
+
+def terminal_times(processes: Iterable[JobProcess], dev_root: Path) -> dict[str, float]:
+    """Each job terminal's last read or write (the later of its atime and mtime)."""
+    times: dict[str, float] = {}
+    for process in processes:
+        path = terminal_path(process.tty_nr, dev_root)
+        if path is None or str(path) in times:
+            continue
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        times[str(path)] = max(info.st_atime, info.st_mtime)
+    return times
+
+
+# ---------------------------------------------------------------- one sample, the decision
+@dataclass(frozen=True)
+class Sample:
+    time: float
+    connections: dict[str, Connection] = field(default_factory=dict)
+    cpu_ticks: dict[tuple[int, int], int] = field(default_factory=dict)
+    terminals: dict[str, float] = field(default_factory=dict)
+
+
+def sample_of(
+    now: float,
+    connections: dict[str, Connection],
+    processes: list[JobProcess],
+    terminals: dict[str, float],
+) -> Sample:
+    ticks = {(p.pid, p.started): p.cpu_ticks for p in processes}
+    return Sample(now, dict(connections), ticks, dict(terminals))
+
+
+def activity(before: Sample, after: Sample, ticks_per_second: float) -> list[str]:
+    """What used the session between two samples (empty: nothing)."""
+    found = []
+    if any(before.connections.get(key) != counters for key, counters in after.connections.items()):
+        found.append("forwarded traffic")
+    # A process new since the last sample used all its ticks in between.
+    used = sum(ticks - before.cpu_ticks.get(key, 0) for key, ticks in after.cpu_ticks.items())
+    seconds = max(after.time - before.time, 1e-9)
+    if used / ticks_per_second / seconds >= BUSY_CPU_SHARE:
+        found.append("a busy process")
+    if any(before.terminals.get(tty) != at for tty, at in after.terminals.items()):
+        found.append("typing")
+    return found
+
+
+# ---------------------------------------------------------------- the watchdog
+@dataclass
+class Watchdog:
+    """Samples every `interval` until stopped or the session has been idle for `idle`
+    seconds; then `cancel` (once). `clock` and `wait` (an Event's wait: True when
+    stopped) are the only sources of time, so tests run it on a fake one."""
+
+    idle: float
+    take_sample: Callable[[float], Sample]
+    cancel: Callable[[float], None]
+    clock: Callable[[], float] = time.monotonic
+    wait: Callable[[float], bool] = field(default_factory=lambda: threading.Event().wait)
+    ticks_per_second: float = float(os.sysconf("SC_CLK_TCK"))
+    say: Callable[[str], None] = print
+
+    def run(self) -> bool:
+        """True when it cancelled the session."""
+        interval = interval_for(self.idle)
+        try:
+            last = self.take_sample(self.clock())
+            active_at = last.time
+            while not self.wait(interval):
+                now = self.clock()
+                current = self.take_sample(now)
+                if activity(last, current, self.ticks_per_second):
+                    active_at = now
+                last = current
+                if now - active_at >= self.idle:
+                    self.cancel(now - active_at)
+                    return True
+        except WatchError as exc:
+            self.say(f"idle watchdog: {exc}; this session is not stopped when idle")
+        return False
+
+
+def idle_text(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def canceller(
+    job_dir: Path, job_id: str, timeout: float, say: Callable[[str], None]
+) -> Callable[[float], None]:
+    """Records why, then scancels the job: Slurm stops every step, as for `tcloud cancel`."""
+
+    def cancel(idle_for: float) -> None:
+        reason = f"session idle for {idle_text(idle_for)}: {IDLE_WHY}"
+        say(reason)
+        records.add_event(job_dir, "CANCELLED", reason=reason)
+        try:
+            slurm.slurm(["scancel", job_id], timeout)
+        except AgentError as exc:
+            say(f"idle watchdog: {exc}")
+
+    return cancel
+
+
+def node_sampler(
+    ports: list[int], job_id: str, proc_root: Path = Path("/proc"), dev_root: Path = Path("/dev")
+) -> Callable[[float], Sample]:
+    """This node's sample: the session's connections, the job's processes and terminals
+    (this process, the watchdog's own, left out)."""
+    uid, own = os.getuid(), os.getpid()
+
+    def take(now: float) -> Sample:
+        connections = read_connections(ports)
+        processes = job_processes(proc_root, job_id, uid, exclude=[own])
+        return sample_of(now, connections, processes, terminal_times(processes, dev_root))
+
+    return take
+
+
+@dataclass
+class Running:
+    """A started watchdog: stop() ends it (the run is over) and waits for it."""
+
+    thread: threading.Thread
+    stopped: threading.Event
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=MAX_INTERVAL_SECONDS + SS_TIMEOUT_SECONDS)
+
+
+def start(
+    session: dict | None, job_dir: Path, job_id: str, timeout: float, say: Callable[[str], None]
+) -> Running | None:
+    """The watchdog of a session with an idle limit, in a thread of this (the batch
+    step's) process; None for an ordinary job, a session that is never idle-stopped, or
+    outside Slurm."""
+    idle = idle_seconds(str(session.get("idle_timeout", "30"))) if session else None
+    if idle is None or not job_id:
+        return None
+    stopped = threading.Event()
+    watchdog = Watchdog(
+        idle=idle,
+        take_sample=node_sampler(list(session.get("ports") or []), job_id),
+        cancel=canceller(job_dir, job_id, timeout, say),
+        wait=stopped.wait,
+        say=say,
+    )
+    thread = threading.Thread(target=watchdog.run, name="idle-watchdog", daemon=True)
+    thread.start()
+    say(f"idle watchdog: stops this session after {idle_text(idle)} of no use")
+    return Running(thread, stopped)
