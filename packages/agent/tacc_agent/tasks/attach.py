@@ -2,30 +2,278 @@
 a shell on one of its nodes inside its allocation (`job attach`, which execs srun on the
 login node; `enter`, which srun runs on the node), and `job stop-on-disconnect`.
 
-STUB: filled in by the attach work (helper H1)."""
+Two walls keep users apart: the agent's own checks (the job is in the caller's
+workspace and Slurm's record of its id is this job of the caller's: jobs.checked_info),
+and Slurm itself, which refuses a step in another user's allocation ("Unable to confirm
+allocation for job N: Access/permission denied").
+
+The step (verified on Slurm 22.05.8, CR_Core_Memory, proctrack/linuxproc): `--overlap`
+lets it start at once in an allocation whose CPUs and memory other steps hold (without
+it srun waits for them to end); it needs no --mem (with --overlap it shares the job's
+memory too) and no --gres (a step gets the GRES the job asked for by default, and
+--overlap shares them). srun's exit status is the command's (128+N for a signal).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.tasks import containers, envcache, execute, jobs, records, sweeps
+from tacc_agent.tasks.instruction import load
+from tacc_contract.instruction import FILE
+
+POLL_SECONDS = 3.0  # stop-on-disconnect: how often it asks whether the job ended alone
+DISCONNECT_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE)
+EXIT_NOT_FOUND = 127  # as a shell: the command is not there
+EXIT_NOT_EXECUTABLE = 126  # as a shell: it is there, it cannot be run
+STATE_HINTS = {
+    "QUEUED": "it runs on no node yet (tcloud status {job})",
+    "PROVISIONING": "its nodes are being prepared; try again in a moment (tcloud status {job})",
+    "HALTED": "it runs on no node while halted (tcloud resume {job})",
+}
+ENDED_HINT = "it runs on no node any more (tcloud logs {job})"
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A running job of the caller's: its directory and Slurm's facts about it."""
+
+    job_id: str
+    job_dir: Path
+    slurm_job_id: str
+    hosts: list[str]  # Slurm's order: rank 0 first, where the batch step runs
+    session: dict | None
+
+    def host(self, rank: int) -> str:
+        if not 0 <= rank < len(self.hosts):
+            count = len(self.hosts)
+            nodes = f"{count} node{'s' if count != 1 else ''}"
+            raise Rejected(
+                f"job {self.job_id} runs on {nodes}: --rank is 0 to {count - 1}, got {rank}"
+            )
+        return self.hosts[rank]
+
+
+def not_a_whole_sweep(job_dir: Path, job_id: str) -> None:
+    if sweeps.is_whole_sweep(job_id, job_dir):
+        raise Rejected(f"job {job_id} is a sweep: name one of its trials, e.g. {job_id}_0")
+
+
+def owned_job(user_dir: Path, job_id: str, config: AgentConfig) -> tuple[Path, dict | None, str]:
+    """(job dir, Slurm's record, state) of a job of the caller's: in their workspace
+    (find_job: "no job 42 of yours"), and Slurm's id still names this job of theirs
+    (checked_info refuses an id that names another user's job)."""
+    job_dir = jobs.find_job(user_dir, job_id, config)
+    not_a_whole_sweep(job_dir, job_id)
+    info = jobs.checked_info(job_id, job_dir, config)
+    state, _ = jobs.reconcile(job_dir, info, config.slurm_timeout_seconds)
+    return job_dir, info, state
+
+
+def running_job(user_dir: Path, job_id: str, config: AgentConfig) -> RunningJob:
+    """The caller's job, refused (Rejected) unless it is theirs and RUNNING."""
+    job_dir, info, state = owned_job(user_dir, job_id, config)
+    if state != "RUNNING" or info is None:
+        hint = STATE_HINTS.get(state, ENDED_HINT).format(job=job_id)
+        raise Rejected(f"job {job_id} is {state}: {hint}")
+    nodelist = info.get("NodeList", "")
+    hosts = (
+        []
+        if nodelist in ("", "(null)")
+        else execute.step_hostnames(nodelist, config.slurm_timeout_seconds)
+    )
+    if not hosts:
+        raise AgentError(f"job {job_id}: Slurm names no nodes for it (NodeList={nodelist})",
+                         EXIT_CLUSTER)  # fmt: skip
+    session = getattr(load(job_dir), "session", None)
+    return RunningJob(job_id, job_dir, info.get("JobId") or job_id, hosts, session)
+
+
+def address_of(host: str) -> str:
+    """The IP the login node resolves for a node (where a tunnel goes)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        message = f"cannot resolve node {host}'s address here: {exc}"
+        raise AgentError(message, EXIT_CLUSTER) from None
 
 
 def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = None) -> dict:
     """JOB_TARGET: the caller's running job's nodes by rank (host, rank, address)."""
-    raise NotImplementedError
+    job = running_job(user_dir, job_id, config)
+    ranks = range(len(job.hosts)) if rank is None else [rank]
+    nodes = [{"host": job.host(r), "rank": r, "address": address_of(job.host(r))} for r in ranks]
+    answer = {"job_id": job_id, "slurm_job_id": job.slurm_job_id, "state": "RUNNING",
+              "nodes": nodes}  # fmt: skip
+    if job.session is not None:
+        answer["session"] = job.session
+    return answer
+
+
+def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> list[str]:
+    """A step of one task on the rank's node, beside the job's own steps (--overlap),
+    that runs `tacc-agent enter` there; every word an argv word, never a shell line."""
+    return [
+        "srun", f"--jobid={job.slurm_job_id}", "--overlap", "--nodes=1", "--ntasks=1",
+        f"--nodelist={job.host(rank)}", f"--chdir={job.job_dir}", "--quiet",
+        *(["--pty"] if pty else []),
+        *execute.AGENT, "enter", str(job.job_dir), "--rank", str(rank),
+        *(["--", *command] if command else []),
+    ]  # fmt: skip
 
 
 def attach(user_dir: Path, job_id: str, config: AgentConfig, rank: int, command: list[str],
            pty: bool) -> int:  # fmt: skip
-    """Checks, then execs `srun --jobid --overlap ... tacc-agent enter JOBDIR` (no return)."""
-    raise NotImplementedError
+    """Checks, then execs `srun --jobid --overlap ... tacc-agent enter JOBDIR` (no return:
+    stdin, stdout, stderr, signals and the exit status are srun's, the command's)."""
+    job = running_job(user_dir, job_id, config)
+    argv = srun_argv(job, rank, command, pty)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(argv[0], argv)  # noqa: S606 - srun replaces the agent (argv words)
+    except FileNotFoundError:
+        raise AgentError("srun not found: is this a Slurm login node?", EXIT_CLUSTER) from None
+    return 0  # only when exec is replaced (tests)
 
 
-def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig) -> int:
-    raise NotImplementedError
+# ---------------------------------------------------------------- on the node
+def caller_job_dir(job_dir: Path) -> Path:
+    """job_dir resolved, when it is a job directory (its instruction) of the caller's."""
+    resolved = job_dir.resolve()
+    try:
+        owner = resolved.stat().st_uid
+    except OSError:
+        raise Rejected(f"not a job directory: {job_dir} (it does not exist here)") from None
+    if owner != os.getuid():
+        raise Rejected(f"{job_dir} is not a job directory of yours")
+    if not (resolved / FILE).is_file():
+        raise Rejected(f"not a job directory: {job_dir} (it has no {FILE})")
+    return resolved
+
+
+def job_env(job_dir: Path, task, rank: int) -> dict[str, str]:
+    """What the job's program sees: the agent's job variables, the task's own, the
+    node's rank and the job's venv (the one its batch step recorded)."""
+    env = execute.program_env(task, execute.base_env(job_dir, task))
+    env["TACC_NODE_RANK"] = str(rank)
+    environment = envcache.job_environment(job_dir) or {}
+    if environment.get("path"):
+        envcache.activate(Path(environment["path"]), env)
+    return env
+
+
+def command_status(word: str, search_path: str, root: Path | None = None) -> int:
+    """0 when `word` can be run (on the host, or in the image at root); else what a
+    shell would exit with: 127 (not found), 126 (found, not executable). In an image
+    only presence is checked (its links may point at paths only it has)."""
+    if root is not None:
+        if "/" in word and not word.startswith("/"):
+            return 0  # relative to the working directory: the runtime says
+        places = [word] if "/" in word else [f"{d}/{word}" for d in search_path.split(":") if d]
+        found = any(os.path.lexists(root / place.lstrip("/")) for place in places)
+        return 0 if found else EXIT_NOT_FOUND
+    path = word if "/" in word else shutil.which(word, path=search_path)
+    if path is None or not os.path.exists(path):
+        return EXIT_NOT_FOUND
+    runnable = os.access(path, os.X_OK) and not os.path.isdir(path)
+    return 0 if runnable else EXIT_NOT_EXECUTABLE
+
+
+def shell_argv(search_path: str, root: Path | None = None) -> list[str]:
+    """An interactive shell: bash, or sh where there is no bash (root: an image's)."""
+    return ["bash", "-i"] if command_status("bash", search_path, root) == 0 else ["sh", "-i"]
+
+
+def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
+               config: AgentConfig) -> tuple[list[str], int]:  # fmt: skip
+    """(the argv to exec: the command, or a shell, inside the job's container if it has
+    one; 0, or the shell's status when the command cannot be run there)."""
+    container: containers.Container | None = execute.job_container(task, job_dir, config)
+    host_path = env.get("PATH", os.defpath)
+    if container is None:
+        argv = list(command) or shell_argv(host_path)
+        return argv, command_status(argv[0], host_path)
+    execute.runtime_user(env)
+    image_path = container.env.get("PATH", os.defpath)
+    inner = list(command) or shell_argv(image_path, container.rootfs)
+    code = command_status(inner[0], image_path, container.rootfs)
+    return container.wrap(inner), code or command_status(container.wrap(inner)[0], host_path)
 
 
 def enter(job_dir: Path, rank: int, command: list[str], config: AgentConfig) -> int:
     """On the node, inside the step: exec the command in the job's environment."""
-    raise NotImplementedError
+    job_dir = caller_job_dir(job_dir)
+    task = load(job_dir)
+    env = job_env(job_dir, task, rank)
+    argv, code = enter_argv(task, job_dir, env, command, config)
+    if code:
+        what = "command not found" if code == EXIT_NOT_FOUND else "permission denied"
+        word = command[0] if command else argv[0]
+        print(f"tacc: {word}: {what}", file=sys.stderr, flush=True)
+        return code
+    workdir = job_dir / "code"
+    os.chdir(workdir if workdir.is_dir() else job_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)  # noqa: S606 - the command replaces the agent
+    except OSError as exc:
+        print(f"tacc: {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+    return 0  # only when exec is replaced (tests)
+
+
+# ---------------------------------------------------------------- stop on disconnect
+def print_line(data: dict) -> None:
+    """One JSON line; the client may be gone already (a closed pipe is no error here)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(json.dumps(data, sort_keys=True), flush=True)
+
+
+def watch_stdin(stdin: BinaryIO, gone: threading.Event) -> None:
+    """Set `gone` when stdin reaches its end (or breaks): the client went away."""
+    with contextlib.suppress(OSError, ValueError):
+        while stdin.read1(65536) if hasattr(stdin, "read1") else stdin.read(65536):
+            pass
+    gone.set()
+
+
+def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
+                       stdin: BinaryIO | None = None,
+                       poll_seconds: float = POLL_SECONDS) -> int:  # fmt: skip
+    """Cancel the caller's job when the client goes away (stdin ends, or SIGHUP, SIGTERM,
+    SIGPIPE), unless it ends by itself first; one JSON line each: watching, then the
+    cancel's answer or the job's final state."""
+    job_dir, _, state = owned_job(user_dir, job_id, config)
+    if state in records.TERMINAL:
+        raise Rejected(f"job {job_id} is {state}: {ENDED_HINT.format(job=job_id)}")
+    gone = threading.Event()
+    for number in DISCONNECT_SIGNALS:
+        signal.signal(number, lambda _n, _f: gone.set())
+    reader = threading.Thread(target=watch_stdin, args=(stdin or sys.stdin.buffer, gone),
+                              daemon=True)  # fmt: skip
+    reader.start()
+    print_line({"job_id": job_id, "state": "WATCHING"})
+    while not gone.wait(poll_seconds):
+        info = jobs.own_info(job_id, job_dir, config)
+        state, _ = jobs.reconcile(job_dir, info, config.slurm_timeout_seconds)
+        if state in records.TERMINAL:
+            print_line({"job_id": job_id, "state": state})
+            return 0
+    for answer in jobs.cancel(user_dir, [job_id], config):
+        print_line(answer)
+    return 0
