@@ -30,17 +30,20 @@ class PortPair:
     local: int
 
 
-def port_number(text: str, spec: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise UsageError(f"port {spec!r}: expected PORT or PORT:LOCAL, each a port from 1 to 65535")
+EXPECTED = "expected PORT or PORT:LOCAL, each a port from 1 to 65535 (LOCAL 0: any free one)"
+
+
+def port_number(text: str, spec: str, lowest: int = 1) -> int:
+    if not text.isascii() or not text.isdigit() or not lowest <= int(text) <= 65535:
+        raise UsageError(f"port {spec!r}: {EXPECTED}")
     return int(text)
 
 
 def parse_pair(spec: str) -> PortPair:
-    """PORT or PORT:LOCAL (LOCAL defaults to PORT)."""
-    remote, _, local = spec.partition(":")
+    """PORT or PORT:LOCAL (LOCAL defaults to PORT; 0 is any free port)."""
+    remote, colon, local = spec.partition(":")
     number = port_number(remote, spec)
-    return PortPair(number, port_number(local, spec) if local else number)
+    return PortPair(number, port_number(local, spec, lowest=0) if colon else number)
 
 
 def pairs_of(ports: Sequence[int | str] | Mapping[int, int]) -> list[PortPair]:

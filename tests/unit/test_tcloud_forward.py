@@ -1,0 +1,172 @@
+"""tcloud forward (tcloud.portforward): PORT[:LOCAL] read and checked before connecting;
+a listener on 127.0.0.1 only; each accepted connection one direct-tcpip channel to
+(the node's address, PORT) relayed both ways, each side's EOF passed on; a local port
+in use named (exit 4) with nothing left listening; the job's end ends it (exit 0);
+another user's job refused before anything listens."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from tcloud import portforward
+from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, TcloudError, UsageError
+
+from .interactive_fakes import NOT_YOURS, FakeCluster, cli_run, status
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def upper_echo(sock: socket.socket, _dest) -> None:
+    """The service on the node: answers what it read, upper-cased, then closes."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.sendall(data.upper())
+    sock.close()
+
+
+def exchange(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := conn.recv(65536):
+            got += chunk
+    return got
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakeCluster:
+    cluster = FakeCluster(tmp_path, monkeypatch)
+    cluster.transport.service = upper_echo
+    return cluster
+
+
+def test_pairs_default_the_local_port_to_the_remote_one():
+    assert portforward.parse_pair("8888") == portforward.PortPair(8888, 8888)
+    assert portforward.parse_pair("6006:16006") == portforward.PortPair(6006, 16006)
+    assert portforward.pairs_of({8888: 9999}) == [portforward.PortPair(8888, 9999)]
+    assert portforward.pairs_of(8888) == [portforward.PortPair(8888, 8888)]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("spec", ["abc", "0", "70000", "80:", ":80", "80:90:100", "-1", "8 0"])
+def test_a_bad_port_spec_is_one_usage_line(spec):
+    with pytest.raises(UsageError, match="expected PORT or PORT:LOCAL"):
+        portforward.parse_pair(spec)
+
+
+@pytest.mark.bad_input
+def test_a_bad_port_on_the_command_line_is_refused_before_connecting(fake):
+    code, _, err = cli_run("forward", "42", "8888", "99999")
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "'99999'" in err
+    assert fake.session.verbs == []
+
+
+@pytest.mark.bad_input
+def test_the_same_local_port_twice_is_refused(fake):
+    code, _, err = cli_run("forward", "42", "8888:9000", "6006:9000")
+    assert code == EXIT_USAGE and "named twice" in err
+
+
+def test_a_connection_is_relayed_through_a_direct_tcpip_channel_to_the_node(fake):
+    with fake.cluster() as cluster, cluster.job(42).forward(["8888:0"], rank=1) as mapping:
+        local = mapping[8888]
+        payload = bytes(range(256)) * 4096  # 1 MiB, both ways
+        assert exchange(local, payload) == payload.upper()
+        assert exchange(local, b"again") == b"AGAIN"  # each connection its own channel
+    kind, dest, window = fake.transport.opened[0]
+    assert (kind, dest) == ("direct-tcpip", ("10.77.6.13", 8888))
+    assert window == portforward.WINDOW
+    assert len(fake.transport.opened) == 2
+    with pytest.raises(OSError):  # closed when the block ends
+        socket.create_connection(("127.0.0.1", local), timeout=1)
+
+
+def test_it_listens_on_localhost_only(fake):
+    with portforward.Forwarder([portforward.PortPair(1, 0)], lambda *a: None, print) as fw:
+        assert fw.listeners[0].getsockname()[0] == "127.0.0.1"
+
+
+def test_a_local_port_in_use_is_named_and_nothing_stays_listening(fake):
+    first, busy = free_port(), socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    taken = busy.getsockname()[1]
+    try:
+        with pytest.raises(TcloudError) as caught:
+            portforward.listen([portforward.PortPair(1, first), portforward.PortPair(2, taken)])
+        assert f"local port {taken}" in str(caught.value) and "in use" in str(caught.value)
+        assert caught.value.exit_code == EXIT_CLUSTER
+        with socket.socket() as again:  # the first listener was closed
+            again.bind(("127.0.0.1", first))
+        code, _, err = cli_run("forward", "42", f"8888:{taken}")
+        assert code == EXIT_CLUSTER and f"local port {taken}" in err
+        assert fake.transport.opened == []
+    finally:
+        busy.close()
+
+
+def test_forward_prints_one_line_per_port_and_ends_with_the_job(fake, monkeypatch):
+    states = iter(["RUNNING", "COMPLETED"])
+    fake.session.answers[("job", "status")] = lambda: (0, status(next(states)))
+    real_hold = portforward.hold
+    monkeypatch.setattr(portforward, "hold", lambda running: real_hold(running, poll=0.01))
+    local = free_port()
+    code, out, _ = cli_run("forward", "42", f"8888:{local}", "--node", "1")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"forwarding 127.0.0.1:{local} -> n3:8888 (job 42); Ctrl-C stops"
+    assert lines[-1] == "job 42 is no longer running: forwarding stopped"
+
+
+def test_ctrl_c_stops_forwarding_with_exit_0(fake, monkeypatch):
+    def interrupted(_running):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(portforward, "hold", interrupted)
+    code, _, err = cli_run("forward", "42", f"8888:{free_port()}")
+    assert code == 0 and "forwarding stopped" in err
+
+
+def test_a_refused_connection_on_the_node_is_said_and_the_forward_goes_on(fake):
+    warnings: list[str] = []
+
+    def refusing(pair, peer):
+        raise OSError("Connect failed (connection refused)")
+
+    pair = portforward.PortPair(8888, 0)
+    with portforward.Forwarder([pair], refusing, warnings.append) as forwarder:
+        port = forwarder.mapping[8888]
+        for payload in (b"x", b"y"):
+            try:
+                assert exchange(port, payload) == b""
+            except OSError:  # reset or closed before our byte was read: also a refusal
+                pass
+    assert warnings[0].startswith("port 8888: cannot connect on the node")
+
+
+@pytest.mark.security
+def test_forward_into_another_users_job_is_refused_before_listening(fake):
+    fake.answer(("job", "target"), 4, NOT_YOURS)
+    local = free_port()
+    code, out, err = cli_run("forward", "42", f"8888:{local}")
+    assert (code, out) == (EXIT_CLUSTER, "")
+    assert err.strip() == "tcloud: error: job 42 is not yours"
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", local))  # nothing listens
+    assert fake.transport.opened == []
+
+
+def test_hold_returns_when_the_job_stops_running():
+    calls = []
+    stop = threading.Event()
+    portforward.hold(lambda: calls.append(1) or len(calls) < 3, poll=0.001, stop=stop)
+    assert len(calls) == 3

@@ -1,0 +1,271 @@
+"""tcloud shell and exec (tcloud.interactive) over fake channels: the job is checked with
+`job target` before any channel opens (another user's job or one not running: one line,
+exit 4, nothing opened); each node's command is one exec channel running `tacc-agent
+job attach` with every word quoted; exec's lines are prefixed `[host:rank] ` and never
+cut, stdout to stdout and stderr to stderr; the exit-code rules; the shell's PTY and the
+local terminal's raw mode restored on every way out."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import termios
+import time
+
+import pytest
+
+from tcloud import interactive
+from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE
+
+from .interactive_fakes import (
+    NOT_YOURS,
+    FakeChannel,
+    FakeCluster,
+    argv_verb,
+    cli_run,
+    rank_of,
+)
+
+
+def per_rank(outputs: dict[int, FakeChannel]):
+    return lambda argv: outputs[rank_of(argv)]
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakeCluster:
+    channels = {
+        0: FakeChannel([b"hel", b"lo\nwor", b"ld\npartial"], [b"warn", b"ing\n"], 0),
+        1: FakeChannel([b"from n3\n"], [], 3),
+    }
+    return FakeCluster(tmp_path, monkeypatch, per_rank(channels))
+
+
+# --- exec ----------------------------------------------------------------------------
+
+
+def test_exec_on_one_node_prefixes_whole_lines_and_exits_with_its_status(fake):
+    code, out, err = cli_run("exec", "42", "--", "python", "-c", "print('a b')")
+    assert code == 0
+    assert out == "[n2:0] hello\n[n2:0] world\n[n2:0] partial\n"
+    assert err == "[n2:0] warning\n"
+    (channel,) = fake.transport.channels
+    argv = shlex.split(channel.command)
+    assert argv_verb(argv) == [
+        "job", "attach", "42", "--rank", "0", "--", "python", "-c", "print('a b')"
+    ]  # fmt: skip
+    assert channel.pty is None and channel.write_shut and channel.closed
+    assert fake.session.verbs[0][:3] == ["job", "target", "42"]
+
+
+def test_exec_node_picks_the_rank_and_its_status_is_the_exit_code(fake):
+    code, out, _ = cli_run("exec", "42", "--node", "1", "--", "hostname")
+    assert (code, out) == (3, "[n3:1] from n3\n")
+
+
+def test_exec_all_runs_every_node_and_names_each_failing_one(fake):
+    code, out, err = cli_run("exec", "42", "--all", "--", "true")
+    assert code == 3
+    assert "[n3:1] from n3\n" in out and "[n2:0] hello\n" in out
+    assert err.splitlines()[-1] == "[n3:1] exited 3"
+    assert sorted(rank_of(shlex.split(c.command)) for c in fake.transport.channels) == [0, 1]
+
+
+def test_exec_all_is_zero_when_every_node_is_zero():
+    results = [interactive.NodeResult("n2", 0, 0), interactive.NodeResult("n3", 1, 0)]
+    assert interactive.exit_code(results, every=True) == (0, [])
+    results[0].exit_code = 7
+    results[1].exit_code = 2
+    assert interactive.exit_code(results, every=True)[0] == 7
+
+
+def test_the_words_after_dash_dash_are_the_commands_even_when_they_look_like_options(fake):
+    code, _, _ = cli_run("exec", "42", "--", "--all", "--node", "1", ";", "rm", "-rf", "/")
+    assert code == 0
+    words = argv_verb(shlex.split(fake.transport.channels[0].command))
+    assert words[words.index("--") + 1 :] == ["--all", "--node", "1", ";", "rm", "-rf", "/"]
+
+
+def test_sdk_exec_captures_each_nodes_output(fake):
+    with fake.cluster() as cluster:
+        results = cluster.job(42).exec(["hostname"], ranks="all")
+    assert results == [
+        {"host": "n2", "rank": 0, "exit_code": 0, "stdout": "hello\nworld\npartial\n",
+         "stderr": "warning\n"},
+        {"host": "n3", "rank": 1, "exit_code": 3, "stdout": "from n3\n", "stderr": ""},
+    ]  # fmt: skip
+
+
+def test_a_channel_without_an_exit_status_reads_255(tmp_path, monkeypatch):
+    fake = FakeCluster(tmp_path, monkeypatch, lambda argv: FakeChannel([], [], -1))
+    assert cli_run("exec", "42", "--", "true")[0] == 255
+
+
+@pytest.mark.bad_input
+def test_exec_without_a_command_is_a_usage_error_before_connecting(fake):
+    for argv in (["exec", "42"], ["exec", "42", "--"]):
+        code, _, err = cli_run(*argv)
+        assert code == EXIT_USAGE and "expected a command after `--`" in err
+    assert fake.session.verbs == [] and fake.transport.channels == []
+
+
+@pytest.mark.bad_input
+def test_exec_node_out_of_range_names_the_ranks(fake):
+    code, _, err = cli_run("exec", "42", "--node", "5", "--", "true")
+    assert code == EXIT_USAGE
+    assert err.strip() == "tcloud: error: --node 5: job 42 has ranks 0 to 1"
+    assert fake.transport.channels == []
+
+
+@pytest.mark.bad_input
+def test_exec_bad_job_id_is_refused_before_connecting(fake):
+    code, _, err = cli_run("exec", "42;ls", "--", "true")
+    assert code == EXIT_USAGE and "\n" not in err.strip()
+    assert fake.session.verbs == []
+
+
+@pytest.mark.security
+def test_exec_into_another_users_job_is_refused_and_opens_no_channel(fake):
+    fake.answer(("job", "target"), 4, NOT_YOURS)
+    code, out, err = cli_run("exec", "42", "--all", "--", "id")
+    assert (code, out) == (EXIT_CLUSTER, "")
+    assert err.strip() == "tcloud: error: job 42 is not yours"
+    assert fake.transport.channels == []
+
+
+@pytest.mark.security
+def test_shell_into_another_users_job_is_refused_and_opens_no_channel(fake):
+    fake.answer(("job", "target"), 4, NOT_YOURS)
+    code, _, err = cli_run("shell", "42")
+    assert code == EXIT_CLUSTER and err.strip() == "tcloud: error: job 42 is not yours"
+    assert fake.transport.channels == []
+
+
+def test_a_job_that_is_not_running_is_one_line_exit_4(fake):
+    fake.answer(("job", "target"), 4, {"error": "job 42 is PENDING, not running"})
+    code, _, err = cli_run("exec", "42", "--", "true")
+    assert code == EXIT_CLUSTER and err.count("\n") == 1
+
+
+# --- shell ---------------------------------------------------------------------------
+
+
+def test_shell_without_a_terminal_relays_plainly_with_no_pty(fake, monkeypatch):
+    stdin_r, stdin_w = os.pipe()
+    os.write(stdin_w, b"echo hi\n")
+    os.close(stdin_w)
+    monkeypatch.setattr("sys.stdin", os.fdopen(stdin_r, "r"))
+    code, out, err = cli_run("shell", "42", "--node", "1")
+    assert (code, out) == (3, "from n3\n")
+    (channel,) = fake.transport.channels
+    deadline = time.monotonic() + 5  # stdin is fed on a thread of its own
+    while not channel.write_shut and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert channel.pty is None and bytes(channel.sent) == b"echo hi\n" and channel.write_shut
+    assert argv_verb(shlex.split(channel.command)) == ["job", "attach", "42", "--rank", "1"]
+
+
+def test_shell_on_a_terminal_asks_a_pty_of_the_terminals_size_and_term(fake, monkeypatch):
+    controller, terminal = os.openpty()
+    os.write(controller, b"exit\n")
+    monkeypatch.setenv("TERM", "screen")
+    monkeypatch.setattr(interactive, "terminal_size", lambda fd: (120, 40))
+    seen = []
+
+    def relay(channel, stdin_fd, stdout_fd):
+        seen.append(termios.tcgetattr(stdin_fd))
+        return 5
+
+    monkeypatch.setattr(interactive, "relay_pty", relay)
+    before = termios.tcgetattr(terminal)
+    with os.fdopen(terminal, "r") as tty_in:
+        monkeypatch.setattr("sys.stdin", tty_in)
+        code, _, err = cli_run("shell", "42")
+        assert termios.tcgetattr(terminal) == before  # restored
+    assert err == ""
+    os.close(controller)
+    assert code == 5
+    assert seen[0] != before  # raw while it ran
+    (channel,) = fake.transport.channels
+    assert channel.pty == ("screen", 120, 40)
+    assert argv_verb(shlex.split(channel.command)) == [
+        "job",
+        "attach",
+        "42",
+        "--rank",
+        "0",
+        "--pty",
+    ]
+    assert channel.closed
+
+
+def test_raw_mode_is_restored_when_the_relay_fails(fake, monkeypatch):
+    controller, terminal = os.openpty()
+
+    def broken(channel, stdin_fd, stdout_fd):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(interactive, "relay_pty", broken)
+    before = termios.tcgetattr(terminal)
+    with os.fdopen(terminal, "r") as tty_in:
+        monkeypatch.setattr("sys.stdin", tty_in)
+        code, _, err = cli_run("shell", "42")
+        assert termios.tcgetattr(terminal) == before
+    os.close(controller)
+    assert code != 0 and "connection reset" in err
+    assert fake.transport.channels[0].closed
+
+
+def test_raw_mode_is_restored_on_ctrl_c():
+    controller, terminal = os.openpty()
+    before = termios.tcgetattr(terminal)
+    with pytest.raises(KeyboardInterrupt), interactive.raw_mode(terminal):
+        assert termios.tcgetattr(terminal) != before
+        raise KeyboardInterrupt
+    assert termios.tcgetattr(terminal) == before
+    os.close(controller)
+    os.close(terminal)
+
+
+def test_the_pty_relay_passes_keystrokes_and_output_until_the_channel_closes():
+    """relay_pty over a socketpair standing in for the channel (select needs a fileno)."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+
+    class Channel:
+        def fileno(self):
+            return ours.fileno()
+
+        def recv(self, n):
+            return ours.recv(n)
+
+        def sendall(self, data):
+            ours.sendall(data)
+
+        def shutdown_write(self):
+            ours.shutdown(socket.SHUT_WR)
+
+        def recv_exit_status(self):
+            return 9
+
+    os.write(stdin_w, b"ls\r")
+    theirs.sendall(b"file\r\n")
+    got = []
+
+    def remote():
+        got.append(theirs.recv(100))
+        theirs.close()
+
+    import threading
+
+    thread = threading.Thread(target=remote)
+    thread.start()
+    assert interactive.relay_pty(Channel(), stdin_r, out_w) == 9
+    thread.join()
+    assert got == [b"ls\r"]
+    assert os.read(out_r, 100) == b"file\r\n"
+    for fd in (stdin_r, stdin_w, out_r, out_w):
+        os.close(fd)
+    ours.close()
