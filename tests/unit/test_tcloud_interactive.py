@@ -96,7 +96,7 @@ def test_sdk_exec_captures_each_nodes_output(fake):
 
 
 def test_a_channel_without_an_exit_status_reads_255(tmp_path, monkeypatch):
-    fake = FakeCluster(tmp_path, monkeypatch, lambda argv: FakeChannel([], [], -1))
+    FakeCluster(tmp_path, monkeypatch, lambda argv: FakeChannel([], [], -1))
     assert cli_run("exec", "42", "--", "true")[0] == 255
 
 
@@ -154,7 +154,7 @@ def test_shell_without_a_terminal_relays_plainly_with_no_pty(fake, monkeypatch):
     os.write(stdin_w, b"echo hi\n")
     os.close(stdin_w)
     monkeypatch.setattr("sys.stdin", os.fdopen(stdin_r, "r"))
-    code, out, err = cli_run("shell", "42", "--node", "1")
+    code, out, _ = cli_run("shell", "42", "--node", "1")
     assert (code, out) == (3, "from n3\n")
     (channel,) = fake.transport.channels
     deadline = time.monotonic() + 5  # stdin is fed on a thread of its own
