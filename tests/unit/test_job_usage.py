@@ -282,3 +282,9 @@ def test_the_daemon_serves_the_job_families(proc, tmp_path):
     daemon = serve.Daemon(config)
     text = daemon.exposition().decode()
     assert 'tacc_agent_job_memory_bytes{job="41",user=' in text
+
+
+def test_a_parent_loop_from_reused_pids_ends_the_walk(proc: Path):
+    add_process(proc, 500, 501, ALICE, b"a\0")
+    add_process(proc, 501, 500, ALICE, b"b\0")
+    assert 500 not in job_usage.jobs_from_proc(str(proc))["41"].pids

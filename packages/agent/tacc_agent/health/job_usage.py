@@ -9,7 +9,8 @@ daemonized processes: v2 `system.slice/[<node>_]slurmstepd.scope/job_<id>/` (cpu
 usage_usec, memory.current), v1 `cpuacct/slurm[_<node>]/uid_<uid>/job_<id>/`
 (cpuacct.usage) and `memory/slurm.../job_<id>/` (memory.usage_in_bytes). Without one
 (the lab): the processes' utime+stime (+ that of the children they reaped) and Pss
-(smaps_rollup; VmRSS where unreadable).
+(smaps_rollup; VmRSS where unreadable); the CPU sum drops when a process that no member
+reaps ends (Prometheus' rate() takes a drop for a counter reset).
 
 CPUs Slurm gave the job here: SLURM_CPUS_ON_NODE of a task's environment. Its GPUs: the
 global indices in SLURM_JOB_GPUS / SLURM_STEP_GPUS, plus any GPU where nvidia-smi lists
@@ -153,8 +154,10 @@ def step_job(proc: Process) -> str | None:
 
 def job_of(pid: int, table: dict[int, Process], memo: dict[int, str | None]) -> str | None:
     """The job whose step daemon this process descends from (the daemon itself: None)."""
-    chain, job = [], None
-    while pid in table and pid not in memo:
+    chain: list[int] = []
+    job = None
+    # (a pid reused between two reads could make a loop: a pid seen twice ends the walk)
+    while pid in table and pid not in memo and pid not in chain:
         chain.append(pid)
         parent = table[pid].ppid
         if parent in table and (job := step_job(table[parent])):
