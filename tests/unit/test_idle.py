@@ -344,7 +344,8 @@ def real_sample(job_id: str, now: float) -> Sample:
 def test_a_real_job_process_is_found_and_its_cpu_use_measured(program, busy):
     job_id = f"h3-{os.getpid()}-{busy}"
     env = {**os.environ, "SLURM_JOB_ID": job_id}
-    child = subprocess.Popen([sys.executable, "-c", program], env=env)
+    # Its own session: no controlling terminal whose use would count as typing.
+    child = subprocess.Popen([sys.executable, "-c", program], env=env, start_new_session=True)
     try:
         time.sleep(0.3)
         first = real_sample(job_id, time.monotonic())
