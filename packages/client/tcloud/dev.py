@@ -35,7 +35,7 @@ class Plan:
     detach: bool
 
 
-def wait_running(job, say: Say, poll: float = POLL_SECONDS, sleep=time.sleep) -> dict:
+def wait_running(job, say: Say, poll: float = POLL_SECONDS) -> dict:
     """The session's status once RUNNING, each state change said; TcloudError if it
     ended first. Ctrl-C while it waits cancels it (it never ran) and goes on."""
     last = None
@@ -52,7 +52,7 @@ def wait_running(job, say: Say, poll: float = POLL_SECONDS, sleep=time.sleep) ->
                 raise TcloudError(
                     f"session {job.id} ended before it ran ({last}); `tcloud status {job.id}`"
                 )
-            sleep(poll)
+            time.sleep(poll)
     except KeyboardInterrupt:
         with contextlib.suppress(TcloudError):
             job.cancel()

@@ -1,0 +1,206 @@
+"""tcloud dev (tcloud.dev, Cluster.dev) over a fake cluster: the task submitted as a
+session (its own `session:` block, or the defaults, with the flags laid over it), each
+state change said until RUNNING, how to connect printed, then its ports forwarded (or
+a shell without ports); with stop_on_disconnect a held channel runs `job
+stop-on-disconnect` for as long as tcloud runs; Ctrl-C while queued cancels it;
+--detach prints and exits 0 and is refused with --stop-on-disconnect."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+import pytest
+
+from tcloud import cli, core, dev, interactive, portforward
+from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE
+
+from .interactive_fakes import (
+    TARGET,
+    FakeChannel,
+    FakeCluster,
+    argv_verb,
+    cli_run,
+    status,
+)
+
+TASK = "name: nb\nrun: [jupyter lab --port 8888]\nsession:\n  ports: [8888]\n  idle_timeout: '60'\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def script(argv: list[str]) -> FakeChannel:
+    verb = argv_verb(argv)
+    if verb[:2] == ["job", "stop-on-disconnect"]:
+        return FakeChannel([b'{"job_id": "42", "state": "RUNNING"}\n'], [], 0)
+    return FakeChannel()
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakeCluster:
+    cluster = FakeCluster(tmp_path, monkeypatch, script)
+    states = iter(["PENDING", "PENDING", "RUNNING"])
+    cluster.session.answers[("job", "status")] = lambda: (0, status(next(states, "RUNNING")))
+    cluster.session.answers[("job", "cancel")] = (
+        0, [{"job_id": "42", "cancelled": True, "state": "CANCELLED"}],
+    )  # fmt: skip
+    cluster.submitted = []
+
+    def submit(self, task, *, base_dir=None, allow_outside=False, sweep=False):
+        cluster.submitted.append((task, base_dir))
+        return self.job_class(self, "42")
+
+    monkeypatch.setattr(core.Cluster, "submit", submit)
+    monkeypatch.setattr(dev.time, "sleep", lambda _s: None)
+    return cluster
+
+
+def project(root: Path, text: str = TASK) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tcloud.yaml").write_text(text)
+    return root
+
+
+def with_session(fake: FakeCluster, **session) -> None:
+    fake.answer(("job", "target"), 0, {**TARGET, "session": session})
+
+
+def test_cluster_dev_lays_the_flags_over_the_tasks_session_block(fake, tmp_path):
+    root = project(tmp_path / "p")
+    with fake.cluster() as cluster:
+        cluster.dev(root, ports=[6006, 8888], idle_timeout="0", stop_on_disconnect=True)
+    task, base_dir = fake.submitted[0]
+    assert task["session"] == {"ports": [8888, 6006], "idle_timeout": "0",
+                               "stop_on_disconnect": True}  # fmt: skip
+    assert Path(base_dir) == root.resolve() and task["run"] == ["jupyter lab --port 8888"]
+
+
+def test_a_task_without_a_session_block_gets_the_defaults(fake, tmp_path):
+    root = project(tmp_path / "p", "name: plain\nrun: [sleep 1000]\n")
+    with fake.cluster() as cluster:
+        cluster.dev(root)
+    assert fake.submitted[0][0]["session"] == {}  # present: a session; the schema fills it
+
+
+def test_dev_waits_says_each_state_prints_how_to_connect_and_forwards(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+    local = free_port()
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
+    held = []
+
+    def hold(running):
+        held.append(True)
+        raise KeyboardInterrupt  # Ctrl-C while forwarding
+
+    monkeypatch.setattr(portforward, "hold", hold)
+    code, out, _ = cli_run("dev", str(root), "--port", f"8888:{local}")
+    assert code == 0 and held
+    lines = out.splitlines()
+    assert lines[:3] == ["submitted session 42", "session 42: PENDING", "session 42: RUNNING"]
+    assert f"  port 8888: http://127.0.0.1:{local}/" in lines
+    assert "  a shell:      tcloud shell 42" in lines
+    assert f"  forward:      tcloud forward 42 8888:{local}" in lines
+    assert any("idle timeout: 60" in line for line in lines)
+    assert "  stop it:      tcloud cancel 42" in lines
+    assert f"forwarding 127.0.0.1:{local} -> n2:8888 (job 42); Ctrl-C stops" in lines
+    assert fake.transport.channels == []  # no stop-on-disconnect channel was asked
+
+
+def test_stop_on_disconnect_holds_a_channel_while_it_forwards(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=True)
+    seen = []
+
+    def hold(running):
+        seen.append([c.closed for c in fake.transport.channels])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(portforward, "hold", hold)
+    code, out, _ = cli_run("dev", str(root), "--port", f"8888:{free_port()}",
+                           "--stop-on-disconnect")  # fmt: skip
+    assert code == 0
+    (channel,) = fake.transport.channels
+    assert argv_verb(shlex.split(channel.command)) == ["job", "stop-on-disconnect", "42"]
+    assert seen == [[False]]  # open while forwarding
+    assert channel.closed  # closed when tcloud ends: the cluster cancels the session
+    assert "session 42 is cancelled when this command ends" in out
+    assert fake.submitted[0][0]["session"]["stop_on_disconnect"] is True
+
+
+def test_without_ports_dev_opens_a_shell(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p", "name: plain\nrun: [sleep 1000]\n")
+    with_session(fake, ports=[], idle_timeout="30", stop_on_disconnect=False)
+    shells = []
+    monkeypatch.setattr(interactive, "shell", lambda *a: shells.append(a) or 7)
+    code, _, _ = cli_run("dev", str(root))
+    assert code == 7 and shells[0][2:] == ("42", 0)
+
+
+def test_detach_prints_and_exits_0(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
+    monkeypatch.setattr(portforward, "hold", lambda _r: pytest.fail("forwarded"))
+    code, out, _ = cli_run("dev", str(root), "--detach")
+    assert code == 0 and "  port 8888: http://127.0.0.1:8888/" in out
+
+
+@pytest.mark.bad_input
+def test_detach_with_stop_on_disconnect_is_a_usage_error(fake, tmp_path):
+    root = project(tmp_path / "p")
+    code, _, err = cli_run("dev", str(root), "--detach", "--stop-on-disconnect")
+    assert code == EXIT_USAGE and "exclude each other" in err and fake.submitted == []
+
+
+@pytest.mark.bad_input
+def test_a_bad_port_flag_is_refused_before_submitting(fake, tmp_path):
+    root = project(tmp_path / "p")
+    code, _, err = cli_run("dev", str(root), "--port", "8888:http")
+    assert code == EXIT_USAGE and "'8888:http'" in err and fake.submitted == []
+
+
+def test_ctrl_c_while_queued_cancels_the_session(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+
+    def interrupted(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dev.time, "sleep", interrupted)
+    code, out, _ = cli_run("dev", str(root))
+    assert code == 130
+    assert ["job", "cancel", "42"] in fake.session.verbs
+    assert "session 42: cancelled (it never ran)" in out
+
+
+def test_a_session_that_ends_before_running_is_exit_4(fake, tmp_path):
+    root = project(tmp_path / "p")
+    fake.session.answers[("job", "status")] = (0, status("FAILED", reason="bad partition"))
+    code, out, err = cli_run("dev", str(root))
+    assert code == EXIT_CLUSTER and "session 42: FAILED (bad partition)" in out
+    assert "ended before it ran" in err
+
+
+def test_the_agent_refusing_stop_on_disconnect_is_one_line_exit_4(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=True)
+    refusal = FakeChannel([b'{"error": "job 42 is not yours"}\n'], [], 4)
+    fake.transport.script = lambda argv: refusal
+    monkeypatch.setattr(portforward, "hold", lambda _r: pytest.fail("forwarded"))
+    code, _, err = cli_run("dev", str(root), "--stop-on-disconnect")
+    assert code == EXIT_CLUSTER and err.strip() == "tcloud: error: job 42 is not yours"
+    assert [c.closed for c in fake.transport.channels] == [True]
+
+
+def test_connect_text_names_never_for_no_idle_timeout():
+    lines = dev.connect_text("42", [], "0")
+    assert any("idle timeout: never" in line for line in lines)
+    assert not any("forward" in line for line in lines)
+
+
+def test_cli_wiring_has_every_interactive_command():
+    for name in ("shell", "exec", "forward", "dev", "top"):
+        assert name in cli.CLUSTER_COMMANDS
