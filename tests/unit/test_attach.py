@@ -284,10 +284,15 @@ def test_enter_execs_the_command_in_the_jobs_environment_and_code_dir(
     assert not any(name.startswith("SSH_") for name in env)
 
 
-def test_enter_without_a_command_starts_an_interactive_shell(tmp_path, fake, config, caught_exec):
+def test_enter_without_a_command_starts_the_users_shell(tmp_path, fake, config, caught_exec,
+                                                       monkeypatch):  # fmt: skip
     _, job_dir = a_job(tmp_path, fake)
+    monkeypatch.setattr(attach, "on_terminal", lambda: True)
     attach.enter(job_dir, 0, [], config)
     assert caught_exec.argv in (["bash", "-i"], ["sh", "-i"])
+    monkeypatch.setattr(attach, "on_terminal", lambda: False)  # no PTY: commands piped in
+    attach.enter(job_dir, 0, [], config)
+    assert caught_exec.argv in (["bash"], ["sh"])
 
 
 def test_enter_falls_back_to_sh_where_there_is_no_bash(tmp_path):
@@ -331,6 +336,7 @@ def test_enter_runs_the_command_inside_the_jobs_container(
             return ["sh", "-c", 'exec "$@"', "ch-run", *argv]
 
     monkeypatch.setattr(attach.execute, "job_container", lambda task, d, c: Container())
+    monkeypatch.setattr(attach, "on_terminal", lambda: True)
     assert attach.enter(job_dir, 0, ["python3", "train.py"], config) == 0
     assert wrapped[-1] == ["python3", "train.py"]
     assert caught_exec.argv[-2:] == ["python3", "train.py"]

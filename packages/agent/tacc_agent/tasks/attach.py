@@ -193,9 +193,17 @@ def command_status(word: str, search_path: str, root: Path | None = None) -> int
     return 0 if runnable else EXIT_NOT_EXECUTABLE
 
 
-def shell_argv(search_path: str, root: Path | None = None) -> list[str]:
-    """An interactive shell: bash, or sh where there is no bash (root: an image's)."""
-    return ["bash", "-i"] if command_status("bash", search_path, root) == 0 else ["sh", "-i"]
+def shell_argv(search_path: str, root: Path | None = None, interactive: bool = True) -> list[str]:
+    """The user's shell: bash, or sh where there is no bash (root: an image's); `-i` on a
+    terminal. Without one (no PTY: commands piped in), a plain shell reads stdin as ssh's
+    does, with no prompts and no job-control warnings on stderr."""
+    shell = "bash" if command_status("bash", search_path, root) == 0 else "sh"
+    return [shell, "-i"] if interactive else [shell]
+
+
+def on_terminal() -> bool:
+    """stdin is a terminal (srun --pty): the shell is interactive."""
+    return os.isatty(0)
 
 
 def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
@@ -205,11 +213,11 @@ def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
     container: containers.Container | None = execute.job_container(task, job_dir, config)
     host_path = env.get("PATH", os.defpath)
     if container is None:
-        argv = list(command) or shell_argv(host_path)
+        argv = list(command) or shell_argv(host_path, interactive=on_terminal())
         return argv, command_status(argv[0], host_path)
     execute.runtime_user(env)
     image_path = container.env.get("PATH", os.defpath)
-    inner = list(command) or shell_argv(image_path, container.rootfs)
+    inner = list(command) or shell_argv(image_path, container.rootfs, on_terminal())
     code = command_status(inner[0], image_path, container.rootfs)
     return container.wrap(inner), code or command_status(container.wrap(inner)[0], host_path)
 
