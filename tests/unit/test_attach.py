@@ -468,3 +468,29 @@ def test_the_cancel_on_disconnect_is_jobs_cancel(monkeypatch, tmp_path, fake, co
     monkeypatch.setattr(jobs, "cancel", lambda *a: called.append(a[1]) or real(*a))
     attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05)
     assert called == [["42"]]
+
+
+@pytest.mark.fault
+def test_stop_on_disconnect_keeps_watching_while_slurm_does_not_answer(
+    tmp_path, fake, config, capsys, monkeypatch
+):
+    """A slow or restarting controller between polls: the watch goes on, and the
+    client's disconnect still cancels the job."""
+    monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
+    user_dir, job_dir = a_job(tmp_path, fake)
+    asked = []
+
+    def silent(*_a, **_k):
+        asked.append(1)
+        raise AgentError("scontrol did not answer within 5 s")
+
+    monkeypatch.setattr(jobs, "own_info", silent)
+    stdin = Stdin()
+    result, thread = run_watch(user_dir, config, stdin)
+    thread.start()
+    time.sleep(0.3)
+    assert asked and thread.is_alive()
+    stdin.close_it.set()
+    thread.join(10)
+    assert result == [0] and records.last_state(job_dir) == "CANCELLED"
+    assert lines(capsys)[-1]["state"] == "CANCELLED"

@@ -218,8 +218,11 @@ def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
     execute.runtime_user(env)
     image_path = container.env.get("PATH", os.defpath)
     inner = list(command) or shell_argv(image_path, container.rootfs, on_terminal())
-    code = command_status(inner[0], image_path, container.rootfs)
-    return container.wrap(inner), code or command_status(container.wrap(inner)[0], host_path)
+    argv = container.wrap(inner)
+    if command_status(argv[0], host_path):
+        raise AgentError(f"the container runtime {argv[0]} is not on this node's PATH",
+                         EXIT_CLUSTER)  # fmt: skip
+    return argv, command_status(inner[0], image_path, container.rootfs)
 
 
 def enter(job_dir: Path, rank: int, command: list[str], config: AgentConfig) -> int:
@@ -277,8 +280,11 @@ def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
     reader.start()
     print_line({"job_id": job_id, "state": "WATCHING"})
     while not gone.wait(poll_seconds):
-        info = jobs.own_info(job_id, job_dir, config)
-        state, _ = jobs.reconcile(job_dir, info, config.slurm_timeout_seconds)
+        try:
+            info = jobs.own_info(job_id, job_dir, config)
+            state, _ = jobs.reconcile(job_dir, info, config.slurm_timeout_seconds)
+        except AgentError:  # Slurm slow or restarting: keep watching, ask again later
+            continue
         if state in records.TERMINAL:
             print_line({"job_id": job_id, "state": state})
             return 0
