@@ -204,3 +204,22 @@ def test_connect_text_names_never_for_no_idle_timeout():
 def test_cli_wiring_has_every_interactive_command():
     for name in ("shell", "exec", "forward", "dev", "top"):
         assert name in cli.CLUSTER_COMMANDS
+
+
+def test_ps_shows_a_kind_column_when_the_agent_says_it(fake):
+    rows = [
+        {"job": "42", "name": "nb", "state": "RUNNING", "submitted": "t", "nodes": "n2",
+         "kind": "session"},
+        {"job": "41", "name": "train", "state": "COMPLETED", "submitted": "t", "nodes": "n3"},
+    ]  # fmt: skip
+    fake.answer(("job", "ps"), 0, rows)
+    code, out, _ = cli_run("ps")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["JOB", "KIND", "NAME", "STATE", "SUBMITTED", "NODES"]
+    assert lines[1].split()[:2] == ["42", "session"] and lines[2].split()[:2] == ["41", "job"]
+
+
+def test_ps_of_an_agent_without_kinds_has_no_kind_column(fake):
+    rows = [{"job": "41", "name": "t", "state": "RUNNING", "submitted": "t", "nodes": "n3"}]
+    fake.answer(("job", "ps"), 0, rows)
+    assert "KIND" not in cli_run("ps")[1]

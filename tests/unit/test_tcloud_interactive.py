@@ -269,3 +269,38 @@ def test_the_pty_relay_passes_keystrokes_and_output_until_the_channel_closes():
     for fd in (stdin_r, stdin_w, out_r, out_w):
         os.close(fd)
     ours.close()
+
+
+def test_exec_waits_for_a_channel_to_close_when_sshd_refuses_more_sessions(tmp_path, monkeypatch):
+    """sshd's MaxSessions (here 1): the second node's open is refused until the first
+    node's channel closes; both run."""
+    import paramiko
+
+    fake = FakeCluster(tmp_path, monkeypatch, per_rank({
+        0: FakeChannel([b"a\n"], [], 0), 1: FakeChannel([b"b\n"], [], 0)}))  # fmt: skip
+    transport = fake.transport
+    opened = transport.open_session
+    refused = []
+
+    def limited():
+        if any(not c.closed for c in transport.channels):
+            refused.append(1)
+            raise paramiko.ChannelException(1, "Administratively prohibited")
+        return opened()
+
+    transport.open_session = limited
+    code, out, _ = cli_run("exec", "42", "--all", "--", "true")
+    assert code == 0 and sorted(out.splitlines()) == ["[n2:0] a", "[n3:1] b"]
+
+
+def test_a_refusal_with_none_of_ours_open_is_the_answer():
+    import paramiko
+
+    def refusing():
+        raise paramiko.ChannelException(1, "Administratively prohibited")
+
+    gate = interactive.ChannelGate()
+    monkey_wait = gate.changed.wait
+    gate.changed.wait = lambda timeout=None: monkey_wait(0.001)
+    with pytest.raises(paramiko.ChannelException):
+        gate.open(refusing)

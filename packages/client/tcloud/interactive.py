@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING, BinaryIO
 from tacc_contract import protocol
 from tcloud import agent
 from tcloud.errors import TcloudError, UsageError
+from tcloud.transport_errors import transport_errors
 
 if TYPE_CHECKING:
     import paramiko
 
-MAX_CHANNELS = 32  # exec: nodes run at once (sshd's MaxSessions is 10 per connection by
-# default; channels over it wait in paramiko's open until one closes)
+MAX_CHANNELS = 32  # exec: nodes run at once. sshd's MaxSessions (10 by default) may
+# allow fewer session channels per connection: one it refuses waits for one of ours to
+# close (ChannelGate), as nothing else tells how many the server allows.
+GATE_RETRIES = 3  # refused opens with none of ours open: then the refusal is the answer
 CHUNK = 65536
 DEFAULT_TERM = "xterm-256color"
 NO_STATUS = 255
@@ -55,8 +58,34 @@ def node_of(answer: dict, rank: int) -> dict:
     raise UsageError(f"--node {rank}: job {answer['job_id']} has {there}")
 
 
-def where(node: dict) -> str:
-    return f"[{node['host']}:{node['rank']}]"
+class ChannelGate:
+    """Session channels opened on one connection: an open the server refuses (its
+    MaxSessions reached) is tried again once one of ours has closed."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.count = 0
+
+    def open(self, open_session: Callable[[], paramiko.Channel]) -> paramiko.Channel:
+        refused_alone = 0
+        while True:
+            try:
+                channel = open_session()
+            except transport_errors():
+                with self.changed:
+                    refused_alone = 0 if self.count else refused_alone + 1
+                    if refused_alone > GATE_RETRIES:
+                        raise
+                    self.changed.wait(timeout=0.5)
+                continue
+            with self.changed:
+                self.count += 1
+            return channel
+
+    def closed(self) -> None:
+        with self.changed:
+            self.count -= 1
+            self.changed.notify_all()
 
 
 def open_attach(
@@ -66,11 +95,13 @@ def open_attach(
     rank: int,
     command: Sequence[str] = (),
     pty: tuple[str, int, int] | None = None,
+    gate: ChannelGate | None = None,
 ) -> paramiko.Channel:
     """One exec channel running `tacc-agent job attach` (pty: (term, columns, rows))."""
     verb = protocol.job_attach(job, rank, command=tuple(command), pty=pty is not None)
     agent.handshake(client)  # the agent speaks this protocol before anything runs
-    channel = client.get_transport().open_session()
+    transport = client.get_transport()
+    channel = gate.open(transport.open_session) if gate else transport.open_session()
     try:
         if pty is not None:
             term, columns, rows = pty
@@ -78,6 +109,8 @@ def open_attach(
         channel.exec_command(shlex.join(agent.argv_for(verb, userdir)))
     except BaseException:
         channel.close()
+        if gate:
+            gate.closed()
         raise
     return channel
 
@@ -309,13 +342,16 @@ def execute(
         raise UsageError("exec: expected a command after `--` (tcloud exec JOB -- CMD ...)")
     nodes = ranks_of(target(client, userdir, job), ranks)
 
+    gate = ChannelGate()
+
     def one(node: dict) -> NodeResult:
         result = NodeResult(node["host"], node["rank"], -1)
-        channel = open_attach(client, userdir, job, node["rank"], command)
+        channel = open_attach(client, userdir, job, node["rank"], command, gate=gate)
         try:
             return run_node(channel, result, sink)
         finally:
             channel.close()
+            gate.closed()
 
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_CHANNELS, len(nodes)))) as pool:
         return list(pool.map(one, nodes))
