@@ -31,6 +31,12 @@ from tcloud import agent
 from tcloud.errors import TcloudError, UsageError
 from tcloud.transport_errors import transport_errors
 
+try:  # POSIX only: the shell's raw terminal (Windows has no termios: no PTY shell)
+    import termios
+    import tty
+except ImportError:
+    termios = tty = None
+
 if TYPE_CHECKING:
     import paramiko
 
@@ -129,9 +135,8 @@ def terminal_size(fd: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def raw_mode(fd: int) -> Iterator[None]:
     """The local terminal in raw mode, restored on every way out (an error, Ctrl-C)."""
-    import termios  # lazy verb import: POSIX only (Windows has no termios)
-    import tty  # lazy verb import: POSIX only
-
+    if termios is None or tty is None:
+        raise TcloudError("a raw terminal needs termios (POSIX); this system has none")
     saved = termios.tcgetattr(fd)
     try:
         tty.setraw(fd)
