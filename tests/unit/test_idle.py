@@ -9,13 +9,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tacc_agent.tasks import idle, jobs, records
+from tacc_agent.config import AgentConfig
+from tacc_agent.tasks import execute, idle, jobs, records
 from tacc_agent.tasks.idle import (
     JobProcess,
     Sample,
@@ -32,6 +34,7 @@ from tacc_agent.tasks.idle import (
     terminal_path,
     terminal_times,
 )
+from tests.unit.agent_jobs import make_job
 
 # As `ss -tinH state established '( sport = :22 )'` printed it on lab node n2 (iproute2 6.1).
 SS_TEXT = (
@@ -357,3 +360,56 @@ def test_a_real_job_process_is_found_and_its_cpu_use_measured(program, busy):
     assert [pid for pid, _ in second.cpu_ticks] == [child.pid]
     found = activity(first, second, float(os.sysconf("SC_CLK_TCK")))
     assert found == (["a busy process"] if busy else [])
+
+
+# ---------------------------------------------------------------- in the batch step
+def session_job(tmp_path: Path, idle_timeout: str) -> Path:
+    """A committed job whose instruction (as tcloud writes it) holds a session."""
+    _user_dir, job_dir = make_job(tmp_path, {"name": "lab", "run": ["sleep infinity"]})
+    document = json.loads((job_dir / "instruction.json").read_text())
+    document["task"]["session"] = {"ports": [18888], "idle_timeout": idle_timeout,
+                                   "stop_on_disconnect": False}  # fmt: skip
+    (job_dir / "instruction.json").write_text(json.dumps(document))
+    return job_dir
+
+
+def test_the_batch_step_cancels_an_idle_session_once_and_stops_its_watchdog(tmp_path, monkeypatch):
+    """The real batch step, its run line a fake that waits to be cancelled: the watchdog
+    (idle 2 s) records CANCELLED with why, scancels the job once, and is gone after."""
+    job_dir = session_job(tmp_path, "0:02")
+    cancelled, calls = threading.Event(), []
+
+    def scancel(argv, _timeout):
+        calls.append(argv)
+        cancelled.set()
+        return ""
+
+    def run_line(argv, _cwd, _env, _forwarder, _sink):
+        assert argv[0] == "srun"
+        assert cancelled.wait(30), "the idle session was not cancelled"
+        return 143
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setattr(idle, "read_connections", lambda _ports: {})
+    monkeypatch.setattr(idle.slurm, "slurm", scancel)
+    monkeypatch.setattr(execute, "run_line", run_line)
+    monkeypatch.setattr(execute, "become_subreaper", lambda: None)
+    before = {t.name for t in threading.enumerate()}
+    assert execute.batch(job_dir, AgentConfig()) == 143
+    assert calls == [["scancel", "4242"]]
+    last = records.history(job_dir)[-1]
+    assert last["state"] == "CANCELLED" and last["reason"].startswith("session idle for 0:0")
+    assert "idle-watchdog" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_the_batch_step_starts_no_watchdog_for_a_session_never_idle_stopped(tmp_path, monkeypatch):
+    job_dir = session_job(tmp_path, "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    started = []
+    real_start = idle.start
+    monkeypatch.setattr(idle, "start", lambda *args: started.append(real_start(*args)))
+    monkeypatch.setattr(execute, "run_line", lambda *_args: 0)
+    monkeypatch.setattr(execute, "become_subreaper", lambda: None)
+    assert execute.batch(job_dir, AgentConfig()) == 0
+    assert started == [None]
+    assert records.history(job_dir)[-1]["state"] == "COMPLETED"
