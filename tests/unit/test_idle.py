@@ -413,3 +413,11 @@ def test_the_batch_step_starts_no_watchdog_for_a_session_never_idle_stopped(tmp_
     assert execute.batch(job_dir, AgentConfig()) == 0
     assert started == [None]
     assert records.history(job_dir)[-1]["state"] == "COMPLETED"
+
+
+@pytest.mark.fault
+def test_an_unreadable_proc_is_a_watch_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(idle, "read_connections", lambda _ports: {})
+    take = idle.node_sampler([8888], "42", proc_root=tmp_path / "no-proc")
+    with pytest.raises(WatchError, match="cannot list this node's processes"):
+        take(0.0)

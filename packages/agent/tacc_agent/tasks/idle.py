@@ -286,7 +286,10 @@ def node_sampler(
 
     def take(now: float) -> Sample:
         connections = read_connections(ports)
-        processes = job_processes(proc_root, job_id, uid, exclude=[own])
+        try:
+            processes = job_processes(proc_root, job_id, uid, exclude=[own])
+        except OSError as exc:
+            raise WatchError(f"cannot list this node's processes: {exc}") from None
         return sample_of(now, connections, processes, terminal_times(processes, dev_root))
 
     return take
