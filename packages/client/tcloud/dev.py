@@ -12,7 +12,6 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from tacc_contract import protocol
 from tcloud import agent
@@ -23,16 +22,6 @@ POLL_SECONDS = 2.0
 RUNNING = "RUNNING"
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What `tcloud dev` was asked: ports (remote:local) and session overrides."""
-
-    ports: list[PortPair]
-    idle_timeout: str | None
-    stop_on_disconnect: bool | None
-    detach: bool
 
 
 def wait_running(job, say: Say, poll: float = POLL_SECONDS) -> dict:
