@@ -67,7 +67,8 @@ class TestIntoARunningJob:
     so the nodes are free for the cases after them."""
 
     @pytest.fixture(scope="class")
-    def served_job(self, alice, tmp_path_factory):
+    @classmethod
+    def served_job(cls, alice, tmp_path_factory):
         """alice's running two-node job (n2 = rank 0, n3 = rank 1), cancelled at the end."""
         project = serving_task(tmp_path_factory.mktemp("served") / "p", "served", JOB_PORT)
         job = submit(alice, project)
@@ -79,18 +80,19 @@ class TestIntoARunningJob:
         self, alice, served_job
     ):
         shell = tcloud_pty("alice", "shell", served_job, "--node", "1")
-        shell.sendline('echo "at=$(hostname) marker=$MARKER job=$SLURM_JOB_ID dir=$(pwd)"')
-        shell.expect(r"at=(\S+) marker=(\S*) job=(\S*) dir=(\S+)\r\n")
+        # A""B prints AB: what the terminal echoes of a typed line never matches its output.
+        shell.sendline('echo "A""T=$(hostname) M""K=$MARKER J""B=$SLURM_JOB_ID D""R=$(pwd)"')
+        shell.expect(r"AT=(\S+) MK=(\S*) JB=(\S*) DR=(\S+)\r\n")
         host, marker, job, cwd = shell.match.groups()
         assert (host, marker, job) == ("n3", "from-the-task", served_job), shell.before
         assert cwd.endswith("/code"), cwd
         shell.setwinsize(40, 132)  # the window's new size reaches the remote terminal
         shell.sendline("stty size")
         shell.expect(r"40 132\r\n")
-        shell.sendline("sleep 60; echo not-interrupted")
+        shell.sendline('sleep 60; echo "not""-interrupted"')
         time.sleep(1)
         shell.sendcontrol("c")  # Ctrl-C stops the remote program, not tcloud
-        shell.sendline("echo still-here")
+        shell.sendline('echo "still""-here"')
         shell.expect("still-here\r\n")
         assert "not-interrupted" not in shell.before
         shell.sendline("exit 7")

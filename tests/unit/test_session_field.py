@@ -119,8 +119,7 @@ def test_a_session_round_trips_task_file_compile_instruction_agent(tmp_path):
     lines = "session:\n  ports: [8888]\n  idle_timeout: 1:00:00\n  stop_on_disconnect: true\n"
     spec = load_task(task_file(tmp_path, lines), selection=[])
     compiled = compile_task(spec, plugins=[])
-    if "session" not in compiled.document["task"]:
-        pytest.xfail("tcloud.compiler.task_document does not carry session yet (H3 report diff)")
+    assert compiled.document["task"]["session"] == spec.session
     text = json.dumps(compiled.document)
     assert parse(text, "instruction.json").session == spec.session
 

@@ -53,6 +53,8 @@ def task_document(task: TaskSpec) -> dict:
         document["image"] = task.image
     if task.plugins:
         document["plugins"] = task.plugins
+    if task.session is not None:  # only for a session: ordinary jobs keep their digests
+        document["session"] = task.session
     # Fields plug-ins added (sweep, ...): only the ones the task sets.
     document.update({k: v for k, v in task.extensions.items() if v not in (None, [], {})})
     return document
