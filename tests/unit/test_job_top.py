@@ -201,3 +201,16 @@ def test_the_verb_answers_a_bad_or_unknown_job_in_one_json_line(tmp_path):
         proc = agent("job", "top", job, env=env)
         assert proc.returncode == EXIT_REJECTED and "Traceback" not in proc.stderr, proc.stderr
         assert expected in json.loads(proc.stdout)["error"], proc.stdout
+
+
+@pytest.mark.fault
+def test_a_proxy_in_the_environment_is_never_used_to_reach_a_node(nodes, monkeypatch):
+    """The lab's login node has http_proxy set, and no_proxy with an address range that
+    urllib cannot read: the scrape goes straight to the node all the same (it answered
+    403 through the lab's proxy before)."""
+    port, asked, _ = nodes
+    monkeypatch.setenv("http_proxy", "http://127.0.0.9:9")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "127.0.0.0/8")
+    answer = top.usage(target("127.0.0.1"), port)
+    assert answer["nodes"][0]["cpu_seconds"] == 12.5, answer
+    assert asked == ["/metrics"]

@@ -8,6 +8,7 @@ local terminal's raw mode restored on every way out."""
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import termios
 import time
@@ -222,6 +223,19 @@ def test_raw_mode_is_restored_on_ctrl_c():
         assert termios.tcgetattr(terminal) != before
         raise KeyboardInterrupt
     assert termios.tcgetattr(terminal) == before
+    os.close(controller)
+    os.close(terminal)
+
+
+def test_a_line_typed_before_raw_mode_is_kept_to_be_sent():
+    """Typed while tcloud was still connecting: the line waits in the terminal's buffer
+    and must reach the remote shell (the lab's pexpect test types ahead of the prompt)."""
+    controller, terminal = os.openpty()
+    os.write(controller, b"echo typed-ahead\n")
+    time.sleep(0.1)
+    with interactive.raw_mode(terminal):
+        ready, _, _ = select.select([terminal], [], [], 2)
+        assert ready and os.read(terminal, 100) == b"echo typed-ahead\n"
     os.close(controller)
     os.close(terminal)
 

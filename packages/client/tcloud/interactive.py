@@ -139,7 +139,10 @@ def raw_mode(fd: int) -> Iterator[None]:
         raise TcloudError("a raw terminal needs termios (POSIX); this system has none")
     saved = termios.tcgetattr(fd)
     try:
-        tty.setraw(fd)
+        # TCSADRAIN, as ssh(1) does: what was typed while the connection opened (a line
+        # typed ahead of the prompt) stays to be sent; tty.setraw's default (TCSAFLUSH)
+        # would throw it away.
+        tty.setraw(fd, termios.TCSADRAIN)
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
