@@ -187,8 +187,12 @@ def test_i6_an_idle_session_stops_itself_and_leaves_no_process_or_allocation(ali
     info = session_state(alice, job, seconds=150)
     assert info["state"] == "CANCELLED" and "idle" in (info.get("reason") or ""), info
     assert time.monotonic() - started >= 15
-    for node in ("n2", "n3"):
-        left = node_sh(SLURM_LAB, node, job_processes(job)).stdout.strip()
+    for node in ("n2", "n3"):  # scancel's processes end within Slurm's kill wait
+        deadline = time.monotonic() + 60
+        while (left := node_sh(SLURM_LAB, node, job_processes(job)).stdout.strip()) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(1)
         assert left == "", f"{node}: {left}"
     queue = node_sh(SLURM_LAB, "n1", f"squeue -h -j {job} 2>/dev/null || true").stdout.strip()
     assert queue == "", queue
@@ -212,7 +216,7 @@ def test_i7_a_session_asked_to_stop_on_disconnect_ends_when_the_client_dies(alic
         deadline = time.monotonic() + 120
         for line in client.stdout:
             job = job or next((w for w in line.split() if w.isdigit() and len(w) < 9), "")
-            if f"127.0.0.1:{local}" in line or time.monotonic() > deadline:
+            if line.startswith(f"forwarding 127.0.0.1:{local}") or time.monotonic() > deadline:
                 break
         with urllib.request.urlopen(f"http://127.0.0.1:{local}/index.html", timeout=20) as page:
             assert page.read().decode() == PAGE
