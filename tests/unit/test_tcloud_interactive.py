@@ -36,7 +36,7 @@ def per_rank(outputs: dict[int, FakeChannel]):
 def fake(tmp_path, monkeypatch) -> FakeCluster:
     channels = {
         0: FakeChannel([b"hel", b"lo\nwor", b"ld\npartial"], [b"warn", b"ing\n"], 0),
-        1: FakeChannel([b"from n3\n"], [], 3),
+        1: FakeChannel([b"from n3\n"], [b"srun: error: n3: task 0: Exited with exit code 3\n"], 3),
     }
     return FakeCluster(tmp_path, monkeypatch, per_rank(channels))
 
@@ -59,8 +59,9 @@ def test_exec_on_one_node_prefixes_whole_lines_and_exits_with_its_status(fake):
 
 
 def test_exec_node_picks_the_rank_and_its_status_is_the_exit_code(fake):
-    code, out, _ = cli_run("exec", "42", "--node", "1", "--", "hostname")
+    code, out, err = cli_run("exec", "42", "--node", "1", "--", "hostname")
     assert (code, out) == (3, "[n3:1] from n3\n")
+    assert "srun: error" not in err  # srun's report of the failed step: the status says it
 
 
 def test_exec_all_runs_every_node_and_names_each_failing_one(fake):

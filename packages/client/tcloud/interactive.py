@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import shlex
 import shutil
@@ -47,6 +48,11 @@ GATE_RETRIES = 3  # refused opens with none of ours open: then the refusal is th
 CHUNK = 65536
 DEFAULT_TERM = "xterm-256color"
 NO_STATUS = 255
+# srun's own report of a failed step ("srun: error: n3: task 0: Exited with exit code 3"),
+# which --quiet keeps: exec reports each node's exit status itself, once.
+SRUN_EXIT_LINE = re.compile(
+    rb"srun: error: \S+: task \d+: (Exited with exit code|Killed by signal).*"
+)
 
 
 def target(client, userdir: str | None, job: str, rank: int | None = None) -> dict:
@@ -309,12 +315,19 @@ def pump(receive: Callable[[int], bytes], emit: Callable[[list[bytes]], None]) -
         emit([pending])
 
 
+def without_srun_report(lines: list[bytes]) -> list[bytes]:
+    return [line for line in lines if not SRUN_EXIT_LINE.fullmatch(line.rstrip(b"\r"))]
+
+
 def run_node(channel, result: NodeResult, sink: Sink) -> NodeResult:
     """One node's channel read to its end (stderr on a thread of its own)."""
     channel.shutdown_write()  # exec takes no stdin
-    errors = threading.Thread(
-        target=pump, args=(channel.recv_stderr, lambda lines: sink(result, "stderr", lines))
-    )
+
+    def errors_out(lines: list[bytes]) -> None:
+        if kept := without_srun_report(lines):
+            sink(result, "stderr", kept)
+
+    errors = threading.Thread(target=pump, args=(channel.recv_stderr, errors_out))
     errors.start()
     try:
         pump(channel.recv, lambda lines: sink(result, "stdout", lines))
