@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,7 @@ def test_fake_nvidia_smi_with_no_compute_process_prints_nothing(tmp_path, monkey
 def test_scrapes_within_a_second_share_one_reading(proc, tmp_path, monkeypatch):
     reads = []
     real = job_usage.collect
-    monkeypatch.setattr(job_usage, "collect", lambda sources: reads.append(1) or real(sources))
+    monkeypatch.setattr(job_usage, "collect", lambda *args: reads.append(1) or real(*args))
     now = [100.0]
     collector = JobUsageCollector(Sources(str(proc), str(tmp_path), "absent"), lambda: now[0])
     threads = [threading.Thread(target=collector.current) for _ in range(8)]
@@ -288,3 +289,207 @@ def test_a_parent_loop_from_reused_pids_ends_the_walk(proc: Path):
     add_process(proc, 500, 501, ALICE, b"a\0")
     add_process(proc, 501, 500, ALICE, b"b\0")
     assert 500 not in job_usage.jobs_from_proc(str(proc))["41"].pids
+
+
+# --- Slurm's allocation (scontrol show job -d -o) ---------------------------------------
+
+HEAD = (
+    "JobId={job} JobName=wrap UserId=alice(2001) GroupId=alice(2001) MCS_label=N/A "
+    "JobState=RUNNING NodeList=n[2-3] BatchHost=n2 NumNodes=2 NumCPUs=3 NumTasks=3 "
+    "CPUs/Task=1 TRES=cpu=3,mem=200M,node=2,billing=3 CoreSpec=* JOB_GRES={job_gres}  "
+)
+TAIL = (
+    " MinCPUsNode=1 MinMemoryNode=100M MinTmpDiskNode=0 Features=(null) "
+    "Command=(null) WorkDir=/home/alice StdOut=/home/alice/slurm-{job}.out Power= "
+)
+# As Slurm 22.05 printed it on the lab (job 29: sbatch -N2 -n3 --mem=100M)
+LAB_GROUPS = " Nodes=n2 CPU_IDs=0-1 Mem=100 GRES=   Nodes=n3 CPU_IDs=0 Mem=100 GRES="
+
+
+def scontrol_line(job: str, groups: str, job_gres: str = "(null)") -> str:
+    return HEAD.format(job=job, job_gres=job_gres) + groups + TAIL.format(job=job)
+
+
+@pytest.mark.parametrize(("node", "groups", "expected"), [
+    ("n2", LAB_GROUPS, (2, set())),
+    ("n3", LAB_GROUPS, (1, set())),
+    ("n3.cluster.example", LAB_GROUPS, (1, set())),  # an FQDN host name: its short name
+    ("n1", LAB_GROUPS, (None, set())),  # not one of the job's nodes
+    ("n3", " Nodes=n[2-3] CPU_IDs=0,2-3 Mem=100 GRES=gpu:2(IDX:0-1)", (3, {0, 1})),
+    ("n2", " Nodes=n2 CPU_IDs=0-7 Mem=100 GRES=gpu:a100:1(IDX:3),shard:2(2/10,0/10)",
+     (8, {3})),
+    ("n2", " Nodes=n2 CPU_IDs=0-3 Mem=100 GRES=shard:2(2/10,0/10,0/10)", (4, set())),
+    ("gpu-02", " Nodes=gpu-[01-03] CPU_IDs=4-5 Mem=1 GRES=gpu:tesla:2(IDX:1,3),mps:100(0/100)",
+     (2, {1, 3})),
+])  # fmt: skip
+def test_the_node_group_naming_this_node(node: str, groups: str, expected: tuple):
+    found = job_usage.allocation_here(scontrol_line("29", groups), node)
+    assert (found.cpus, set(found.gpus)) == expected
+
+
+@pytest.mark.security
+def test_a_group_forged_in_a_job_name_or_comment_is_not_trusted():
+    # sbatch --job-name "x JOB_GRES=a  Nodes=n2 CPU_IDs=0-9 Mem=1 GRES= MinCPUsNode=1":
+    # the lab printed this name as it is, before the real groups.
+    forged = "x JOB_GRES=a  Nodes=n2 CPU_IDs=0-9 Mem=1 GRES=gpu:8(IDX:0-7) MinCPUsNode=1"
+    line = scontrol_line("29", LAB_GROUPS).replace("JobName=wrap", f"JobName={forged}")
+    assert job_usage.allocation_here(line, "n2") == job_usage.NOT_HERE
+    comment = scontrol_line("29", LAB_GROUPS) + "Comment=" + forged
+    assert job_usage.allocation_here(comment, "n2") == job_usage.NOT_HERE
+    # Groups outside JOB_GRES=...MinCPUsNode= (a name without the two words) count not.
+    name_only = "x  Nodes=n2 CPU_IDs=0-9 Mem=1 GRES=gpu:8(IDX:0-7)"
+    line = scontrol_line("29", LAB_GROUPS).replace("JobName=wrap", f"JobName={name_only}")
+    assert job_usage.allocation_here(line, "n2") == job_usage.Allocation(2)
+
+
+@pytest.mark.parametrize(("hostlist", "expected"), [
+    ("n2", ["n2"]),
+    ("n[2-3,5]", ["n2", "n3", "n5"]),
+    ("n[01-03]", ["n01", "n02", "n03"]),
+    ("a,b", ["a", "b"]),
+    ("gpu-[1-2]x", ["gpu-1x", "gpu-2x"]),
+    ("n[2-3],login1", ["n2", "n3", "login1"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("n[008-010]", ["n008", "n009", "n010"]),
+    ("", []), ("n[2-", []), ("n[a-b]", []), ("n[1-999999999]", []),
+])  # fmt: skip
+def test_slurm_hostlists_expand(hostlist: str, expected: list[str]):
+    assert job_usage.expand_hostlist(hostlist) == expected
+
+
+def fake_scontrol(tmp_path: Path, lines: dict[str, str], *, delay: float = 0,
+                  code: int = 0) -> Path:  # fmt: skip
+    """A scontrol that logs its argv to calls.log and prints the line of the job asked."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps(lines))
+    tool = tmp_path / "scontrol"
+    tool.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys, time\n"
+        f"open({str(tmp_path / 'calls.log')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"time.sleep({delay})\n"
+        f"print(json.load(open({str(answers)!r})).get(sys.argv[-1], ''))\n"
+        f"sys.exit({code})\n"
+    )
+    tool.chmod(0o755)
+    return tool
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def unreadable_environ(proc: Path) -> None:
+    """As the daemon sees other users' tasks (no CAP_SYS_PTRACE): environ unreadable."""
+    for environ in proc.glob("*/environ"):
+        environ.unlink()
+
+
+def test_collect_takes_cpus_and_gpus_from_slurm_without_environ(proc, tmp_path, monkeypatch):
+    unreadable_environ(proc)
+    scontrol = fake_scontrol(tmp_path, {
+        "41": scontrol_line("41", " Nodes=n[2-3] CPU_IDs=0-5 Mem=100 GRES=gpu:1(IDX:1)"),
+        "42": scontrol_line("42", " Nodes=n[1-3] CPU_IDs=6-7 Mem=100 GRES="),
+    })  # fmt: skip
+    smi = fake_smi(tmp_path, monkeypatch, two_gpus())
+    sources = Sources(str(proc), str(tmp_path / "no-cgroups"), smi, scontrol=str(scontrol),
+                      scontrol_wait_seconds=10, node="n3")  # fmt: skip
+    found = by_name(job_usage.collect(sources))
+    assert found["job_cpus", labels("41")] == 6
+    assert found["job_cpus", labels("42")] == 2
+    assert found["job_gpu_utilization_ratio", labels("41", "1")] == 0.75
+    assert found["job_gpu_memory_total_bytes", labels("41", "1")] == 81559 << 20
+    assert not any(key[0].startswith("job_gpu") and ("job", "42") in key[1] for key in found)
+    assert sorted(calls(tmp_path)) == ["show job -d -o 41", "show job -d -o 42"]
+
+
+@pytest.mark.security
+def test_slurms_answer_wins_over_a_tasks_environment(proc, tmp_path):
+    # Job 41's tasks say SLURM_JOB_GPUS=1 and 4 CPUs; Slurm gave it 2 CPUs and no GPU.
+    scontrol = fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS)})
+    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
+                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    jobs = {s.labels["job"]: s.value for s in job_usage.collect(sources) if s.name == "job_cpus"}
+    assert jobs == {"41": 2, "42": 2}  # 42: Slurm printed nothing, its environment stays
+
+
+def test_one_scontrol_per_job_for_its_life(proc, tmp_path):
+    unreadable_environ(proc)
+    scontrol = fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS),
+                                        "42": scontrol_line("42", LAB_GROUPS)})  # fmt: skip
+    now = [100.0]
+    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
+                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    collector = JobUsageCollector(sources, lambda: now[0])
+    for _ in range(3):
+        cpus = {s.labels["job"]: s.value for s in collector.current() if s.name == "job_cpus"}
+        assert cpus == {"41": 2, "42": 2}
+        now[0] += 5
+    assert sorted(calls(tmp_path)) == ["show job -d -o 41", "show job -d -o 42"]
+    # Job 42 ends: its answer is dropped; a job 42 seen again is asked again.
+    (proc / "200" / "cmdline").write_bytes(b"bash\0")
+    collector.current()
+    assert set(collector.allocations.known) == {"41"}
+    (proc / "200" / "cmdline").write_bytes(b"slurmstepd: [42.batch]\0")
+    now[0] += 5
+    collector.current()
+    assert sorted(calls(tmp_path))[-1] == "show job -d -o 42" and len(calls(tmp_path)) == 3
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("failure", ["missing", "exit 1", "garbage"])
+def test_a_failing_scontrol_gives_no_cpus_and_is_asked_again_later(proc, tmp_path, failure):
+    unreadable_environ(proc)
+    if failure == "missing":
+        scontrol = tmp_path / "no-scontrol"
+    else:
+        line = "slurm_load_jobs error: Socket timed out" if failure == "exit 1" else "JobId="
+        scontrol = fake_scontrol(tmp_path, {"41": line, "42": line},
+                                 code=1 if failure == "exit 1" else 0)  # fmt: skip
+    now = [100.0]
+    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
+                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    collector = JobUsageCollector(sources, lambda: now[0])
+    assert collector.current() and not any(s.name == "job_cpus" for s in collector.current())
+    asked = len(calls(tmp_path))
+    now[0] += 2  # a scrape soon after does not ask again
+    collector.current()
+    assert len(calls(tmp_path)) == asked
+    if failure != "missing":  # Slurm answers now
+        scontrol.unlink()
+        fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS)})
+    now[0] += job_usage.SCONTROL_RETRY_SECONDS
+    cpus = {s.labels["job"]: s.value for s in collector.current() if s.name == "job_cpus"}
+    assert cpus == ({} if failure == "missing" else {"41": 2})
+
+
+@pytest.mark.fault
+def test_a_slow_scontrol_never_holds_a_scrape_for_long(proc, tmp_path):
+    unreadable_environ(proc)
+    scontrol = fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS)}, delay=1.0)
+    now = [100.0]
+    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
+                      scontrol_seconds=5, scontrol_wait_seconds=0.2, node="n2")  # fmt: skip
+    collector = JobUsageCollector(sources, lambda: now[0])
+    started = time.monotonic()
+    samples = collector.current()
+    assert time.monotonic() - started < 0.9
+    assert samples and not any(s.name == "job_cpus" for s in samples)
+    time.sleep(1.5)  # the lookup ends meanwhile: the next scrape has it, without asking again
+    now[0] += 1
+    cpus = {s.labels["job"]: s.value for s in collector.current() if s.name == "job_cpus"}
+    assert cpus == {"41": 2}
+    assert calls(tmp_path).count("show job -d -o 41") == 1
+
+
+@pytest.mark.fault
+def test_a_hung_scontrol_is_cut_off_and_never_raises(proc, tmp_path):
+    scontrol = fake_scontrol(tmp_path, {}, delay=30)
+    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
+                      scontrol_seconds=0.3, scontrol_wait_seconds=2, node="n2")  # fmt: skip
+    started = time.monotonic()
+    assert job_usage.lookup(sources, "41") is None
+    assert time.monotonic() - started < 2
+    found = {s.labels["job"]: s.value for s in job_usage.collect(sources) if s.name == "job_cpus"}
+    assert found == {"41": 4, "42": 2}  # the environment where readable (the fallback)

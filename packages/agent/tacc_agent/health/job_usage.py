@@ -12,10 +12,16 @@ usage_usec, memory.current), v1 `cpuacct/slurm[_<node>]/uid_<uid>/job_<id>/`
 (smaps_rollup; VmRSS where unreadable); the CPU sum drops when a process that no member
 reaps ends (Prometheus' rate() takes a drop for a counter reset).
 
-CPUs Slurm gave the job here: SLURM_CPUS_ON_NODE of a task's environment. Its GPUs: the
-global indices in SLURM_JOB_GPUS / SLURM_STEP_GPUS, plus any GPU where nvidia-smi lists
-one of its processes (GPU shards may set neither variable); GPU figures from nvidia-smi,
-bounded in time; no nvidia-smi or no GPUs: no GPU families, no error.
+CPUs and GPUs Slurm gave the job here: from Slurm itself, `scontrol show job -d -o ID`
+once per job (allocations do not change; the answer is kept while the job runs here), its
+node group naming this node: `Nodes=n[2-3] CPU_IDs=0-1 Mem=100 GRES=gpu:2(IDX:0-1)` (CPUs =
+how many CPU_IDs, GPUs = the IDX list). The daemon cannot read another user's
+/proc/PID/environ (no CAP_SYS_PTRACE), so a task's SLURM_CPUS_ON_NODE / SLURM_JOB_GPUS /
+SLURM_STEP_GPUS are only the fallback while Slurm has not answered (lookups run beside the
+scrape, which waits for them a short while; a failed one is tried again a little later).
+Plus any GPU where nvidia-smi lists one of the job's processes (GPU shards name no IDX);
+GPU figures from nvidia-smi, bounded in time; no nvidia-smi or no GPUs: no GPU families,
+no error.
 
 Collected when scraped, at most once a second however many scrapers (a cache behind a
 lock), in the HTTP thread: the health check loop never waits for it.
@@ -26,9 +32,12 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +73,10 @@ CPUS_VARIABLE = "SLURM_CPUS_ON_NODE"
 GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
 GPU_FIELDS = "index,uuid,utilization.gpu,memory.used,memory.total"
 APP_FIELDS = "pid,gpu_uuid,used_memory"
+SCONTROL_SECONDS = 2.0  # one `scontrol show job` (slurmctld answers in milliseconds)
+SCONTROL_WAIT_SECONDS = 0.5  # how long a scrape waits for lookups still running
+SCONTROL_RETRY_SECONDS = 10.0  # a failed lookup is tried again at a scrape after this
+SCONTROL_WORKERS = 4
 
 
 @dataclass
@@ -103,11 +116,17 @@ class Sources:
     cgroup_root: str = "/sys/fs/cgroup"
     nvidia_smi: str = "nvidia-smi"
     nvidia_smi_seconds: float = NVIDIA_SMI_SECONDS
+    scontrol: str = "scontrol"
+    scontrol_seconds: float = SCONTROL_SECONDS
+    scontrol_wait_seconds: float = SCONTROL_WAIT_SECONDS
+    node: str = ""  # this node's name in Slurm; "": the host name
 
     @classmethod
     def of(cls, config: AgentConfig) -> Sources:
         timeout = min(NVIDIA_SMI_SECONDS, config.check_timeout_seconds)
-        return cls(config.proc_root, nvidia_smi=config.nvidia_smi, nvidia_smi_seconds=timeout)
+        scontrol_seconds = min(SCONTROL_SECONDS, config.slurm_timeout_seconds)
+        return cls(config.proc_root, nvidia_smi=config.nvidia_smi, nvidia_smi_seconds=timeout,
+                   scontrol_seconds=scontrol_seconds)  # fmt: skip
 
 
 # --- /proc ------------------------------------------------------------------------------
@@ -325,15 +344,176 @@ def job_gpus(usage: JobUsage, node_gpus: dict[int, Gpu], apps: dict[str, dict[in
     return found
 
 
+# --- Slurm's allocation (scontrol show job -d -o) --------------------------------------
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What Slurm gave a job on this node; cpus None: Slurm named no group with this node."""
+
+    cpus: int | None
+    gpus: frozenset[int] = frozenset()
+
+
+NOT_HERE = Allocation(None)
+NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=(\S*)")
+GRES_ITEM = re.compile(r"([^,(]+)\(([^)]*)\)")
+BRACKET = re.compile(r"\[([^\[\]]*)\]")
+MAX_RANGE = 100_000
+
+
+def split_top_level(text: str, opening: str = "[", closing: str = "]") -> list[str]:
+    """Comma-separated words, not splitting inside brackets ("n[1,3],a" -> 2 words)."""
+    words, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += (char == opening) - (char == closing)
+        if char == "," and depth == 0:
+            words.append(text[start:at])
+            start = at + 1
+    return [*words, text[start:]]
+
+
+def bracket_names(inner: str) -> list[str] | None:
+    """A bracket's names ("01-03,7" -> 01 02 03 7, zero padding kept); None if malformed."""
+    names = []
+    for part in inner.split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            return None
+        if int(high or low) - int(low) > MAX_RANGE:  # no node has that many names
+            return None
+        width = len(low) if low.startswith("0") else 0
+        names += [str(n).zfill(width) for n in range(int(low), int(high or low) + 1)]
+    return names
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's hostlist expression as names: n[2-3,5], n[01-03], a,b, gpu-[1-2]x,
+    r[1-2]n[1-2]; a malformed word names nobody."""
+    return [name for word in split_top_level(hostlist.strip()) for name in expand_word(word)]
+
+
+def expand_word(word: str) -> list[str]:
+    found = BRACKET.search(word)
+    if not found:
+        return [word] if word and "[" not in word and "]" not in word else []
+    inner = bracket_names(found.group(1))
+    head, tail = word[: found.start()], word[found.end() :]
+    rests = expand_word(tail) if tail else [""]
+    return [head + name + rest for name in inner or [] for rest in rests]
+
+
+def gres_gpu_indices(gres: str) -> frozenset[int]:
+    """The IDX of every gpu item of a node group's GRES (gpu:2(IDX:0-1),
+    gpu:a100:1(IDX:3)); shards, MPS and other kinds name none."""
+    found: set[int] = set()
+    for item in split_top_level(gres, "(", ")"):
+        match = GRES_ITEM.fullmatch(item.strip())
+        if match and match.group(1).split(":")[0] == "gpu" and match.group(2).startswith("IDX:"):
+            found |= indices(match.group(2)[len("IDX:") :])
+    return frozenset(found)
+
+
+def node_groups(line: str) -> list[tuple[str, str, str]]:
+    """(hostlist, CPU_IDs, GRES) of each node group of one `scontrol show job -d -o` line.
+    Slurm prints them between JOB_GRES= and MinCPUsNode=; a job's name, comment or paths
+    are free text a user writes (a JobName may hold a whole forged group), so a line with
+    either word more than once is not trusted: no groups."""
+    if line.count("JOB_GRES=") != 1 or line.count("MinCPUsNode=") != 1:
+        return []
+    start, end = line.index("JOB_GRES="), line.index("MinCPUsNode=")
+    return NODE_GROUP.findall(line[start:end]) if start < end else []
+
+
+def allocation_here(line: str, node: str) -> Allocation:
+    """The job's allocation on `node` (or its short name) from scontrol's line."""
+    names = {node, node.split(".")[0]}
+    for hostlist, cpu_ids, gres in node_groups(line):
+        if names & set(expand_hostlist(hostlist)):
+            cpus = len(indices(cpu_ids))
+            return Allocation(cpus or None, gres_gpu_indices(gres))
+    return NOT_HERE
+
+
+def lookup(sources: Sources, job: str) -> Allocation | None:
+    """Slurm's allocation of a job here; None when scontrol failed, hung or is missing."""
+    out = command([sources.scontrol, "show", "job", "-d", "-o", job], sources.scontrol_seconds)
+    lines = [line for line in out.stdout.splitlines() if line.startswith(f"JobId={job} ")]
+    if out.code != 0 or not lines:
+        return None
+    return allocation_here(lines[0], sources.node or socket.gethostname())
+
+
+class Allocations:
+    """Slurm's allocation per job id, looked up once per job in worker threads: a scrape
+    starts the lookups of jobs it sees first, waits for them at most scontrol_wait_seconds,
+    and takes what is there; a lookup still running is taken at a later scrape, a failed
+    one is tried again after SCONTROL_RETRY_SECONDS. Ids no longer seen are forgotten.
+    Used under JobUsageCollector's lock (one scrape at a time)."""
+
+    def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sources = sources
+        self.clock = clock
+        self.known: dict[str, Allocation] = {}
+        self.running: dict[str, Future[Allocation | None]] = {}
+        self.failed_at: dict[str, float] = {}
+        self.pool = ThreadPoolExecutor(SCONTROL_WORKERS, thread_name_prefix="scontrol")
+
+    def start(self, jobs: Iterable[str]) -> None:
+        """Forget the jobs no longer here, start the lookups of the new ones."""
+        seen = set(jobs)
+        for table in (self.known, self.running, self.failed_at):
+            for job in set(table) - seen:
+                del table[job]
+        now = self.clock()
+        for job in sorted(seen - set(self.known) - set(self.running)):
+            if job not in self.failed_at or now - self.failed_at[job] >= SCONTROL_RETRY_SECONDS:
+                self.running[job] = self.pool.submit(lookup, self.sources, job)
+
+    def finish(self) -> dict[str, Allocation]:
+        """Wait a little for the running lookups; the allocations known now."""
+        if self.running:
+            wait_for(list(self.running.values()), timeout=self.sources.scontrol_wait_seconds)
+        for job, future in list(self.running.items()):
+            if future.done():
+                del self.running[job]
+                found = None if future.exception() else future.result()
+                if found is not None:
+                    self.known[job] = found
+                    self.failed_at.pop(job, None)
+                else:
+                    self.failed_at[job] = self.clock()
+        return dict(self.known)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 # --- the whole collection --------------------------------------------------------------
 
 
-def collect(sources: Sources) -> list[Sample]:
+def collect(sources: Sources, allocations: Allocations | None = None) -> list[Sample]:
+    """The jobs' samples; allocations: the daemon's lasting cache (None: a fresh one)."""
+    own = allocations is None
+    allocations = allocations or Allocations(sources)
+    try:
+        return samples_of(sources, allocations)
+    finally:
+        if own:
+            allocations.close()
+
+
+def samples_of(sources: Sources, allocations: Allocations) -> list[Sample]:
     jobs = jobs_from_proc(sources.proc_root)
+    allocations.start(jobs)  # scontrol runs while nvidia-smi does
     node_gpus, apps = gpus(sources) if jobs else ({}, {})
+    from_slurm = allocations.finish()
     samples = []
     for job in sorted(jobs, key=int):
         usage = jobs[job]
+        found = from_slurm.get(job, NOT_HERE)
+        if found.cpus is not None:  # Slurm's answer over a task's environment
+            usage.cpus, usage.gpu_indices = found.cpus, set(found.gpus)
         from_cgroup = cgroup_figures(sources.cgroup_root, job)
         if from_cgroup:
             usage.cpu_seconds, usage.memory_bytes = round(from_cgroup[0], 3), from_cgroup[1]
@@ -364,13 +544,14 @@ class JobUsageCollector:
         self.lock = threading.Lock()
         self.read_at: float | None = None
         self.samples: list[Sample] = []
+        self.allocations = Allocations(sources, clock)
 
     def current(self) -> list[Sample]:
         with self.lock:  # concurrent scrapers wait for one reading, then share it
             now = self.clock()
             if self.read_at is None or now - self.read_at >= CACHE_SECONDS:
                 try:
-                    self.samples = collect(self.sources)
+                    self.samples = collect(self.sources, self.allocations)
                 except OSError:  # /proc unreadable: no job figures this time
                     self.samples = []
                 self.read_at = self.clock()
