@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shlex
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,22 @@ def test_ps_of_an_agent_without_kinds_has_no_kind_column(fake):
     rows = [{"job": "41", "name": "t", "state": "RUNNING", "submitted": "t", "nodes": "n3"}]
     fake.answer(("job", "ps"), 0, rows)
     assert "KIND" not in cli_run("ps")[1]
+
+
+@pytest.mark.fault
+def test_the_held_channel_beats_while_open_and_stops_when_it_closes(fake):
+    """The agent cancels a session whose channel is silent 30 s (a dead connection TCP
+    has not noticed): a live one writes a newline every HEARTBEAT_SECONDS."""
+    link = core.Link()
+    with dev.stop_on_disconnect(link, "/w/alice", "42", every=0.02) as said:
+        assert said["job_id"] == "42"
+        (channel,) = fake.transport.channels
+        deadline = time.monotonic() + 2
+        while channel.sent.count(b"\n") < 3 and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+        assert channel.sent.count(b"\n") >= 3 and set(channel.sent) == {ord("\n")}
+    assert channel.closed
+    beats = len(channel.sent)
+    threading.Event().wait(0.1)  # (time.sleep is stubbed by the fixture)
+    assert len(channel.sent) == beats  # the heartbeat stopped with the context
+    assert dev.HEARTBEAT_SECONDS == 10

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -19,6 +20,10 @@ from tcloud.errors import TcloudError
 from tcloud.portforward import PortPair
 
 POLL_SECONDS = 2.0
+# The held channel's heartbeat: a newline written this often while it is open. The agent
+# cancels the session after 30 s without a byte (a dropped connection that TCP has not
+# noticed yet), so the heartbeat keeps a live one from looking dead.
+HEARTBEAT_SECONDS = 10.0
 RUNNING = "RUNNING"
 
 Say = Callable[[str], None]
@@ -73,10 +78,22 @@ def session_pairs(submitted_ports: Sequence[int], asked: Sequence[PortPair]) -> 
     return [PortPair(port, local.get(port, port)) for port in submitted_ports]
 
 
+def heartbeat(channel, stop: threading.Event, every: float) -> None:
+    """A newline to the channel every `every` s until `stop` is set or it cannot be sent."""
+    while not stop.wait(every):
+        try:
+            channel.sendall(b"\n")
+        except Exception:  # the channel closed or the connection dropped: nothing to keep
+            return
+
+
 @contextlib.contextmanager
-def stop_on_disconnect(client, userdir: str | None, job_id: str) -> Iterator[dict]:
-    """The held channel: while it is open the cluster watches it; closing it (here, or
-    the connection dropping) cancels the session. Yields the agent's first line."""
+def stop_on_disconnect(
+    client, userdir: str | None, job_id: str, every: float = HEARTBEAT_SECONDS
+) -> Iterator[dict]:
+    """The held channel: while it is open the cluster watches it (a heartbeat newline
+    every `every` s says it is alive); closing it (here, or the connection dropping)
+    cancels the session. Yields the agent's first line."""
     verb = protocol.job_stop_on_disconnect(job_id)
     agent.handshake(client)
     channel = client.get_transport().open_session()
@@ -95,6 +112,13 @@ def stop_on_disconnect(client, userdir: str | None, job_id: str) -> Iterator[dic
         if not isinstance(said, dict) or protocol.error_message(said) is not None:
             rc = channel.recv_exit_status()
             raise agent.stream_failure(channel, first, rc or 4)
-        yield said
+        stop = threading.Event()
+        beats = threading.Thread(target=heartbeat, args=(channel, stop, every), daemon=True)
+        beats.start()
+        try:
+            yield said
+        finally:
+            stop.set()
+            beats.join()
     finally:
         channel.close()
