@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import select
 import shlex
+import signal
 import termios
+import threading
 import time
 
 import pytest
@@ -319,3 +321,56 @@ def test_a_refusal_with_none_of_ours_open_is_the_answer():
     gate.changed.wait = lambda timeout=None: monkey_wait(0.001)
     with pytest.raises(paramiko.ChannelException):
         gate.open(refusing)
+
+
+class BlockingChannel(FakeChannel):
+    """A remote command that runs on: recv blocks until the channel is closed (or 5 s)."""
+
+    def __init__(self, opened: list) -> None:
+        super().__init__()
+        self.woken = threading.Event()
+        self.opened = opened
+
+    def exec_command(self, command: str) -> None:
+        self.command = command
+        self.opened.append(self)
+
+    def recv(self, _size: int) -> bytes:
+        self.woken.wait(5)
+        return b""
+
+    recv_stderr = recv
+
+    def recv_exit_status(self) -> int:
+        self.woken.wait(5)
+        return -1
+
+    def close(self) -> None:
+        self.closed = True
+        self.woken.set()
+
+
+@pytest.mark.fault
+def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeypatch):
+    fake = FakeCluster(tmp_path, monkeypatch)
+    fake.transport.open_session = lambda: BlockingChannel(fake.transport.channels)
+    opened = threading.Event()
+
+    def ctrl_c() -> None:
+        deadline = time.monotonic() + 3
+        while len(fake.transport.channels) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        opened.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        started = time.monotonic()
+        code, _, err = cli_run("exec", "42", "--all", "--", "sleep", "1000")
+        elapsed = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert opened.is_set() and code == 130 and "interrupted" in err
+    assert elapsed < 2
+    assert [c.closed for c in fake.transport.channels] == [True, True]

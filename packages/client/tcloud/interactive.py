@@ -364,18 +364,64 @@ def execute(
     nodes = ranks_of(target(client, userdir, job), ranks)
 
     gate = ChannelGate()
+    running = OpenChannels()
 
     def one(node: dict) -> NodeResult:
         result = NodeResult(node["host"], node["rank"], -1)
         channel = open_attach(client, userdir, job, node["rank"], command, gate=gate)
         try:
+            running.add(channel)  # closed at once when Ctrl-C came while it opened
             return run_node(channel, result, sink)
         finally:
+            running.discard(channel)
             channel.close()
             gate.closed()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(MAX_CHANNELS, len(nodes)))) as pool:
-        return list(pool.map(one, nodes))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_CHANNELS, len(nodes))))
+    try:
+        futures = [pool.submit(one, node) for node in nodes]
+        results = [future.result() for future in futures]
+    except KeyboardInterrupt:
+        # Ctrl-C: no waiting for the remote commands. Closing each channel ends its
+        # command on the node (its srun step loses its connection) and wakes the
+        # threads reading it; nodes not started yet never start.
+        running.close_all()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    except BaseException:
+        pool.shutdown(wait=True)  # one node failed: the others run to their end
+        raise
+    pool.shutdown(wait=True)
+    return results
+
+
+class OpenChannels:
+    """exec's channels still open; close_all() closes them and every one added later."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.channels: set = set()
+        self.stopped = False
+
+    def add(self, channel) -> None:
+        with self.lock:
+            if not self.stopped:
+                self.channels.add(channel)
+                return
+        channel.close()
+        raise KeyboardInterrupt
+
+    def discard(self, channel) -> None:
+        with self.lock:
+            self.channels.discard(channel)
+
+    def close_all(self) -> None:
+        with self.lock:
+            self.stopped = True
+            channels, self.channels = list(self.channels), set()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                channel.close()
 
 
 def capture(result: NodeResult, name: str, lines: list[bytes]) -> None:
