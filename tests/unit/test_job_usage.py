@@ -493,3 +493,21 @@ def test_a_hung_scontrol_is_cut_off_and_never_raises(proc, tmp_path):
     assert time.monotonic() - started < 2
     found = {s.labels["job"]: s.value for s in job_usage.collect(sources) if s.name == "job_cpus"}
     assert found == {"41": 4, "42": 2}  # the environment where readable (the fallback)
+
+
+@pytest.mark.security
+def test_a_huge_gpu_range_a_task_writes_into_its_environment_names_no_gpu():
+    """SLURM_STEP_GPUS=0-4000000000 in a task's own environment: read at once, no GPU
+    (it built a set of 4e9 numbers in the root daemon before: seconds and gigabytes)."""
+    started = time.monotonic()
+    assert job_usage.indices("0-4000000000") == set()
+    assert job_usage.indices("0-1,3,2000-2001") == {0, 1, 3}
+    assert time.monotonic() - started < 0.1
+
+
+@pytest.mark.security
+def test_the_daemon_reads_no_more_of_a_command_line_than_a_step_title(tmp_path):
+    """A task controls its own command line (up to 2 MiB): the root daemon reads 64 bytes."""
+    long_title = b"x" * (2 << 20)
+    (tmp_path / "cmdline").write_bytes(long_title)
+    assert len(job_usage.read_bytes(str(tmp_path / "cmdline"), job_usage.TITLE_BYTES)) == 64

@@ -132,10 +132,21 @@ class Sources:
 # --- /proc ------------------------------------------------------------------------------
 
 
-def read_bytes(path: str) -> bytes | None:
+# What of a user's process the root daemon reads at most: a step daemon's title
+# ("slurmstepd: [123456789.4294967294]") fits in 64 bytes; an environment in 1 MiB. A task
+# controls its own command line and environment (up to ARG_MAX, 2 MiB, each, per process,
+# every second), so no more is read than the figures need.
+TITLE_BYTES = 64
+MOST_BYTES = 1 << 20
+# GPU indices past this are not a node's GPUs (a task may write SLURM_STEP_GPUS=0-4000000000
+# into its own environment): such a range names none instead of building a huge set.
+MAX_GPU_INDEX = 1024
+
+
+def read_bytes(path: str, most: int = MOST_BYTES) -> bytes | None:
     try:
         with open(path, "rb") as found:
-            return found.read()
+            return found.read(most)
     except OSError:  # the process ended meanwhile, or a file the kernel hides
         return None
 
@@ -151,7 +162,7 @@ def process(proc_root: str, pid: int, ticks: int) -> Process | None:
     if len(fields) < 15 or uid is None:
         return None
     utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    title = read_bytes(f"{base}/cmdline") or b""
+    title = read_bytes(f"{base}/cmdline", TITLE_BYTES) or b""
     return Process(pid, int(fields[1]), int(uid.group(1)),
                    (utime + stime + cutime + cstime) / ticks, title)  # fmt: skip
 
@@ -211,7 +222,9 @@ def indices(text: str) -> set[int]:
     for part in text.split(","):
         low, _, high = part.strip().partition("-")
         if low.isdigit() and (not high or high.isdigit()):
-            found.update(range(int(low), int(high or low) + 1))
+            first, last = int(low), int(high or low)
+            if last <= MAX_GPU_INDEX:
+                found.update(range(first, last + 1))
     return found
 
 
