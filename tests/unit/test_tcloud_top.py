@@ -126,3 +126,46 @@ def test_a_bad_interval_is_a_usage_error(fake, interval, capsys):
 def test_sdk_usage_is_the_job_top_answer(fake):
     with fake.cluster() as cluster:
         assert cluster.job(42).usage()["nodes"][0]["cpus"] == 4
+
+
+def ended(state: str) -> tuple[int, dict]:
+    return 4, {"error": f"job 42 is {state}: it runs on no node any more (tcloud logs 42)"}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED", "FAILED"])
+def test_a_job_that_ends_between_two_frames_is_said_and_exits_0(fake, state):
+    answers = iter([(0, answer(100.0, 1000.0)), ended(state)])
+    fake.session.answers[("job", "top")] = lambda: next(answers)
+    code, out, err = cli_run("top", "42")
+    assert (code, err) == (0, "")
+    assert "job 42 RUNNING" in out and out.endswith(f"job 42 ended ({state})\n")
+
+
+@pytest.mark.fault
+def test_a_job_that_ends_under_json_is_said_too(fake):
+    answers = iter([(0, answer(100.0, 1000.0)), ended("CANCELLED")])
+    fake.session.answers[("job", "top")] = lambda: next(answers)
+    code, out, _ = cli_run("top", "42", "--json")
+    assert code == 0 and out.splitlines()[-1] == "job 42 ended (CANCELLED)"
+
+
+def test_a_job_not_running_before_any_frame_stays_an_error(fake):
+    fake.session.answers[("job", "top")] = lambda: ended("COMPLETED")
+    code, out, err = cli_run("top", "42")
+    assert (code, out) == (EXIT_CLUSTER, "")
+    assert err.startswith("tcloud: error: job 42 is COMPLETED:")
+
+
+def test_another_refusal_after_a_frame_stays_an_error(fake):
+    answers = iter([(0, answer(100.0, 1000.0)), (4, NOT_YOURS)])
+    fake.session.answers[("job", "top")] = lambda: next(answers)
+    code, _, err = cli_run("top", "42")
+    assert code == EXIT_CLUSTER and err.strip() == "tcloud: error: job 42 is not yours"
+
+
+def test_ended_state_reads_only_a_final_state_of_this_job():
+    assert usage_view.ended_state("job 42 is FAILED: x", "42") == "FAILED"
+    assert usage_view.ended_state("job 42 is PENDING: x", "42") is None
+    assert usage_view.ended_state("job 421 is FAILED: x", "42") is None
+    assert usage_view.ended_state("job 42 is not yours", "42") is None

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 
 from tacc_contract.protocol import FINAL_STATES
 from tcloud import imagebuild, local, local_paths, tasks
-from tcloud.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, TaccError, UsageError
+from tcloud.errors import (
+    EXIT_CLUSTER,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    TaccError,
+    TcloudError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -508,9 +516,19 @@ def run_top(cluster: Cluster, args: argparse.Namespace) -> int:
     job = cluster.job(args.job)
     in_place = sys.stdout.isatty() and not args.json and not args.once
     previous = None
+    shown = False
     try:
         while True:
-            answer = job.usage()
+            try:
+                answer = job.usage()
+            except TcloudError as exc:
+                # After a frame, the agent refusing a job that is no longer running
+                # means it ended between two answers: said, exit 0.
+                ended = usage_view.ended_state(str(exc), job.id) if shown else None
+                if ended is None or exc.exit_code != EXIT_CLUSTER:
+                    raise
+                print(f"job {job.id} ended ({ended})", flush=True)
+                return EXIT_OK
             if args.once and previous is None and not args.json:
                 previous = answer  # CPU% needs two answers
                 time.sleep(1.0)
@@ -521,6 +539,7 @@ def run_top(cluster: Cluster, args: argparse.Namespace) -> int:
                 text = usage_view.frame(answer, previous)
                 sys.stdout.write(usage_view.drawn(text, in_place))
                 sys.stdout.flush()
+            shown = True
             previous = answer
             if args.once or answer["state"] in FINAL_STATES:
                 return EXIT_OK

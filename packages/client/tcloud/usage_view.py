@@ -8,6 +8,10 @@ and a full-screen library would take the terminal over and lose the last frame a
 
 from __future__ import annotations
 
+import re
+
+from tacc_contract.protocol import FINAL_STATES
+
 HOME_AND_CLEAR = "\x1b[H\x1b[J"
 COLUMNS = ("NODE", "CPU%", "CPUS", "MEMORY", "GPUS")
 
@@ -80,3 +84,12 @@ def frame(answer: dict, previous: dict | None) -> str:
 def drawn(text: str, in_place: bool) -> str:
     """A frame as written: over the last one on a terminal, after it otherwise."""
     return HOME_AND_CLEAR + text if in_place else text + "\n"
+
+
+def ended_state(message: str, job_id: str) -> str | None:
+    """The final state named by the agent's refusal of a job that is no longer running
+    ("job 42 is COMPLETED: ..."), None for any other refusal."""
+    said = re.match(rf"job {re.escape(job_id)} is ([A-Z_]+)\b", message)
+    if said is None or said.group(1) not in FINAL_STATES:
+        return None
+    return said.group(1)
