@@ -114,12 +114,13 @@ def test_top_of_another_users_job_is_refused(fake):
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("interval", ["0", "-1", "abc", "99999"])
+@pytest.mark.parametrize("interval", ["0", "-1", "abc", "99999", "0.5", "0.99", "nan"])
 def test_a_bad_interval_is_a_usage_error(fake, interval, capsys):
+    """Under 1 s is refused: the node daemon keeps its figures 1 s (repeated frames, 0%)."""
     with pytest.raises(SystemExit) as exited:
         cli.main(["top", "42", "--interval", interval])
     assert exited.value.code == EXIT_USAGE
-    assert "--interval: expected 0.5 to 3600 seconds" in capsys.readouterr().err
+    assert "--interval: expected 1 to 3600 seconds" in capsys.readouterr().err
     assert fake.session.verbs == []
 
 
@@ -169,3 +170,21 @@ def test_ended_state_reads_only_a_final_state_of_this_job():
     assert usage_view.ended_state("job 42 is PENDING: x", "42") is None
     assert usage_view.ended_state("job 421 is FAILED: x", "42") is None
     assert usage_view.ended_state("job 42 is not yours", "42") is None
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("delta", [0.0, -1.0])
+def test_no_time_between_two_samples_shows_a_dash_not_a_rate(delta):
+    """The daemon's cached figures twice (sampled equal) or a clock stepped back."""
+    before = answer(100.0, 1000.0)
+    now = answer(100.0, 1000.0 + delta)
+    assert usage_view.cpu_percent(before["nodes"][0], now["nodes"][0]) is None
+    moved = answer(101.0, 1000.0 + delta)  # CPU time moved, sampled did not: no division
+    assert usage_view.cpu_percent(before["nodes"][0], moved["nodes"][0]) is None
+    assert usage_view.frame(moved, before).splitlines()[2].split()[:2] == ["n2:0", "-"]
+
+
+@pytest.mark.bad_input
+def test_a_sample_that_is_not_a_number_shows_a_dash():
+    before, now = answer(100.0, 1000.0)["nodes"][0], answer(101.0, 1001.0)["nodes"][0]
+    assert usage_view.cpu_percent({**before, "sampled": "soon"}, now) is None

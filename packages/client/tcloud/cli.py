@@ -593,13 +593,14 @@ def grace_seconds(text: str) -> float:
 
 
 def interval_seconds(text: str) -> float:
-    """--interval: 0.5 to 3600 seconds between two answers of `tcloud top`."""
+    """--interval: 1 to 3600 seconds between two answers of `tcloud top` (the node
+    daemon keeps its figures 1 s: asked more often, a frame repeats the last one)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.5 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected 0.5 to 3600 seconds, got {text!r}")
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected 1 to 3600 seconds, got {text!r}")
     return value
 
 

@@ -25,11 +25,13 @@ def cpu_percent(before: dict | None, now: dict) -> float | None:
     if before is None:
         return None
     try:
-        seconds = now["cpu_seconds"] - before["cpu_seconds"]
-        elapsed = now["sampled"] - before["sampled"]
-    except (KeyError, TypeError):
+        seconds = float(now["cpu_seconds"]) - float(before["cpu_seconds"])
+        elapsed = float(now["sampled"]) - float(before["sampled"])
+    except (KeyError, TypeError, ValueError):
         return None
-    if elapsed <= 0 or seconds < 0:
+    # Sampled no later than before (the daemon's cached figures again, a clock stepped
+    # back) or a counter that went down (a process gone): no rate, "-".
+    if not elapsed > 0 or seconds < 0:
         return None
     return 100.0 * seconds / elapsed
 
