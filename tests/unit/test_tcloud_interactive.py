@@ -374,3 +374,25 @@ def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeyp
     assert opened.is_set() and code == 130 and "interrupted" in err
     assert elapsed < 2
     assert [c.closed for c in fake.transport.channels] == [True, True]
+
+
+@pytest.mark.fault
+def test_a_long_line_without_a_newline_pumps_in_linear_time():
+    """40 MiB in CHUNK pieces with no newline (a progress bar, a binary dump): each chunk
+    is searched alone and the unfinished line grows in place (once quadratic: minutes)."""
+    chunks = [b"x" * interactive.CHUNK] * (40 * 1024 * 1024 // interactive.CHUNK)
+    chunks.append(b"x\nnext\ntail")
+    emitted: list[bytes] = []
+    started = time.monotonic()
+    interactive.pump(lambda _n: chunks.pop(0) if chunks else b"", emitted.extend)
+    assert time.monotonic() - started < 1
+    assert [len(line) for line in emitted] == [40 * 1024 * 1024 + 1, 4, 4]
+    assert emitted[1:] == [b"next", b"tail"]
+
+
+def test_split_lines_keeps_the_unfinished_line():
+    pending = bytearray(b"he")
+    assert interactive.split_lines(pending, b"llo") == [] and pending == b"hello"
+    assert interactive.split_lines(pending, b"\nworld\nmo") == [b"hello", b"world"]
+    assert pending == b"mo"
+    assert interactive.split_lines(pending, b"re\n") == [b"more"] and pending == b""

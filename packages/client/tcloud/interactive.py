@@ -299,20 +299,27 @@ class LineWriter:
 Sink = Callable[[NodeResult, str, list[bytes]], None]
 
 
-def split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
-    """Complete lines of pending + data, and what is left of an unfinished one."""
-    *complete, rest = (pending + data).split(b"\n")
-    return complete, rest
+def split_lines(pending: bytearray, data: bytes) -> list[bytes]:
+    """The lines that `data` completes; what is left unfinished stays in `pending`. Only
+    the new chunk is searched for a newline and an unfinished line grows in place, so a
+    long line costs its length, not its length times its chunks."""
+    end = data.rfind(b"\n")
+    if end < 0:
+        pending += data
+        return []
+    pending += data[:end]
+    complete = bytes(pending).split(b"\n")
+    pending[:] = data[end + 1 :]
+    return complete
 
 
 def pump(receive: Callable[[int], bytes], emit: Callable[[list[bytes]], None]) -> None:
-    pending = b""
+    pending = bytearray()
     for data in iter(lambda: receive(CHUNK), b""):
-        complete, pending = split_lines(pending, data)
-        if complete:
+        if complete := split_lines(pending, data):
             emit(complete)
     if pending:
-        emit([pending])
+        emit([bytes(pending)])
 
 
 def without_srun_report(lines: list[bytes]) -> list[bytes]:
