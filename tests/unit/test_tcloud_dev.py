@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tcloud import cli, core, dev, interactive, portforward
-from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE
+from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, UsageError
 
 from .interactive_fakes import (
     TARGET,
@@ -244,3 +244,54 @@ def test_the_held_channel_beats_while_open_and_stops_when_it_closes(fake):
     threading.Event().wait(0.1)  # (time.sleep is stubbed by the fixture)
     assert len(channel.sent) == beats  # the heartbeat stopped with the context
     assert dev.HEARTBEAT_SECONDS == 10
+
+
+def test_a_local_port_0_is_printed_as_the_real_port_once_bound(fake, tmp_path, monkeypatch):
+    root = project(tmp_path / "p")
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
+
+    def hold(_running):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(portforward, "hold", hold)
+    code, out, _ = cli_run("dev", str(root), "--port", "8888:0")
+    assert code == 0
+    assert ":0/" not in out and "8888:0" not in out
+    (url,) = [line for line in out.splitlines() if line.startswith("  port 8888: http://")]
+    local = int(url.rsplit(":", 1)[1].rstrip("/"))
+    assert local > 0
+    assert f"  forward:      tcloud forward 42 8888:{local}" in out.splitlines()
+    assert f"forwarding 127.0.0.1:{local} -> n2:8888 (job 42); Ctrl-C stops" in out
+
+
+def test_detach_with_a_local_port_0_names_no_port_0(fake, tmp_path):
+    root = project(tmp_path / "p")
+    with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
+    code, out, _ = cli_run("dev", str(root), "--port", "8888:0", "--detach")
+    assert code == 0 and "127.0.0.1:0" not in out
+    assert "  port 8888: a free local port, once forwarded" in out.splitlines()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("idle", ["foo", "-5", "1:2:3:4", ""])
+def test_a_bad_idle_is_a_usage_error_before_submitting(fake, tmp_path, idle, capsys):
+    root = project(tmp_path / "p")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["dev", str(root), "--idle", idle])
+    assert exited.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--idle" in err and "a Slurm time" in err and "0 for never" in err
+    assert fake.submitted == [] and fake.session.verbs == []
+
+
+@pytest.mark.bad_input
+def test_sdk_dev_refuses_a_bad_idle_timeout_before_submitting(fake, tmp_path):
+    root = project(tmp_path / "p")
+    with fake.cluster() as cluster, pytest.raises(UsageError, match="idle_timeout 'foo'"):
+        cluster.dev(root, idle_timeout="foo")
+    assert fake.submitted == []
+
+
+@pytest.mark.parametrize("idle", ["0", "30", "1:00:00", "2-00:00:00"])
+def test_a_good_idle_is_taken(idle):
+    assert cli.idle_time(idle) == idle

@@ -13,10 +13,12 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tacc_contract import schema
 from tacc_contract.protocol import FINAL_STATES
 from tcloud import imagebuild, local, local_paths, tasks
 from tcloud.errors import (
@@ -81,6 +83,14 @@ def count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return int(text)
+
+
+def idle_time(text: str) -> str:
+    """argparse type: `tcloud dev --idle`, a Slurm time or 0 (never)."""
+    expected = schema.idle_timeout(text)
+    if expected is not None:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return text
 
 
 def port(text: str) -> int:
@@ -213,7 +223,9 @@ def add_interactive_commands(command) -> None:
         "--port", action="append", default=[], metavar="P[:L]",
         help="a port of the session, forwarded to local port L (default P); repeatable",
     )  # fmt: skip
-    p_dev.add_argument("--idle", metavar="T", help="idle timeout (a Slurm time; 0: never)")
+    p_dev.add_argument(
+        "--idle", type=idle_time, metavar="T", help="idle timeout (a Slurm time; 0: never)"
+    )
     p_dev.add_argument(
         "--stop-on-disconnect", dest="stop_on_disconnect", action="store_true", default=None,
         help="cancel the session when this command's connection closes",
@@ -458,13 +470,18 @@ def run_forward(cluster: Cluster, args: argparse.Namespace) -> int:
     return hold_forwards(cluster, job, pairs, args.node)
 
 
-def hold_forwards(cluster: Cluster, job, pairs: list, rank: int) -> int:
-    """Forward until Ctrl-C (exit 0) or until the job ends (said, exit 0)."""
+def hold_forwards(
+    cluster: Cluster, job, pairs: list, rank: int, bound: Callable[[dict], None] | None = None
+) -> int:
+    """Forward until Ctrl-C (exit 0) or until the job ends (said, exit 0). `bound` is
+    given {remote: local} once the local ports listen (a local 0 is a real port then)."""
     from tcloud import portforward  # lazy verb import
 
     node_host = {n["rank"]: n["host"] for n in job.target()["nodes"]}.get(rank, "?")
     try:
         with job.forward({p.remote: p.local for p in pairs}, rank) as mapping:
+            if bound is not None:
+                bound(mapping)
             for remote, local in mapping.items():
                 print(
                     f"forwarding 127.0.0.1:{local} -> {node_host}:{remote} (job {job.id}); "
@@ -497,8 +514,16 @@ def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
     dev.wait_running(job, lambda line: print(line, flush=True))
     session = job.target().get("session") or {}
     pairs = dev.session_pairs(session.get("ports") or [p.remote for p in asked], asked)
-    for line in dev.connect_text(job.id, pairs, session.get("idle_timeout") or args.idle):
-        print(line, flush=True)
+    idle = session.get("idle_timeout") or args.idle
+
+    def say_how_to_connect(mapping: dict[int, int]) -> None:
+        """Said once the local ports listen: a local 0 is its real port by then."""
+        bound = [portforward.PortPair(p.remote, mapping.get(p.remote, p.local)) for p in pairs]
+        for line in dev.connect_text(job.id, bound, idle):
+            print(line, flush=True)
+
+    if args.detach or not pairs:
+        say_how_to_connect({})
     if args.detach:
         return EXIT_OK
     with contextlib.ExitStack() as stack:
@@ -506,7 +531,7 @@ def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
             stack.enter_context(dev.stop_on_disconnect(cluster.client, cluster.userdir, job.id))
             print(f"  session {job.id} is cancelled when this command ends", flush=True)
         if pairs:
-            return hold_forwards(cluster, job, pairs, 0)
+            return hold_forwards(cluster, job, pairs, 0, bound=say_how_to_connect)
         return job.shell(0)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
-from tacc_contract import protocol
+from tacc_contract import protocol, schema
 from tcloud import agent, config, images, interactive, jobs, portforward, tasks
 from tcloud.errors import TcloudError, UsageError
 from tcloud.link import Direct, Link
@@ -190,6 +190,9 @@ class Cluster:
         idle_timeout / stop_on_disconnect, when given, in place of its own."""
         overrides: dict = {}
         if idle_timeout is not None:
+            expected = schema.idle_timeout(str(idle_timeout))
+            if expected is not None:
+                raise UsageError(f"idle_timeout {idle_timeout!r}: expected {expected}")
             overrides["idle_timeout"] = str(idle_timeout)
         if stop_on_disconnect is not None:
             overrides["stop_on_disconnect"] = bool(stop_on_disconnect)

@@ -58,7 +58,10 @@ def connect_text(job_id: str, pairs: Sequence[PortPair], idle_timeout: str | Non
     """How to reach a running session."""
     lines = [f"session {job_id} is running"]
     for pair in pairs:
-        lines.append(f"  port {pair.remote}: http://127.0.0.1:{pair.local}/")
+        if pair.local:
+            lines.append(f"  port {pair.remote}: http://127.0.0.1:{pair.local}/")
+        else:  # any free local port: known once forwarded
+            lines.append(f"  port {pair.remote}: a free local port, once forwarded")
     lines.append(f"  a shell:      tcloud shell {job_id}")
     if pairs:
         forwards = " ".join(
