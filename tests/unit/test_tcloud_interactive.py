@@ -219,6 +219,30 @@ def test_raw_mode_is_restored_when_the_relay_fails(fake, monkeypatch):
     assert fake.transport.channels[0].closed
 
 
+@pytest.mark.fault
+def test_raw_mode_is_restored_on_sigterm(fake, monkeypatch):
+    controller, terminal = os.openpty()
+
+    def killed(channel, stdin_fd, stdout_fd):
+        assert termios.tcgetattr(terminal) != before  # raw now
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)  # the signal's handler runs before this ends
+        return 0
+
+    monkeypatch.setattr(interactive, "relay_pty", killed)
+    before = termios.tcgetattr(terminal)
+    default = signal.getsignal(signal.SIGTERM)
+    with os.fdopen(terminal, "r") as tty_in:
+        monkeypatch.setattr("sys.stdin", tty_in)
+        with pytest.raises(SystemExit) as exited:
+            cli_run("shell", "42")
+        assert termios.tcgetattr(terminal) == before
+    os.close(controller)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert fake.transport.channels[0].closed
+    assert signal.getsignal(signal.SIGTERM) == default  # put back
+
+
 def test_raw_mode_is_restored_on_ctrl_c():
     controller, terminal = os.openpty()
     before = termios.tcgetattr(terminal)

@@ -173,6 +173,25 @@ def on_resize(channel, fd: int) -> Iterator[None]:
         signal.signal(signal.SIGWINCH, previous)
 
 
+@contextlib.contextmanager
+def terminated_exits() -> Iterator[None]:
+    """SIGTERM (`kill`, a closing terminal emulator) raises SystemExit(143) while the
+    shell runs, so every `finally` runs: the terminal leaves raw mode, the channel closes.
+    Python's default for SIGTERM ends the process at once, skipping both."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def relay_pty(channel, stdin_fd: int, stdout_fd: int) -> int:
     """Keystrokes to the channel, its output (stdout and stderr are one on a PTY) to the
     terminal, until the channel closes: its exit status."""
@@ -253,7 +272,7 @@ def shell(client, userdir: str | None, job: str, rank: int = 0) -> int:
     channel = open_attach(client, userdir, job, rank, pty=(term, columns, rows))
     try:
         sys.stdout.flush()
-        with raw_mode(fd), on_resize(channel, fd):
+        with terminated_exits(), raw_mode(fd), on_resize(channel, fd):
             return relay_pty(channel, fd, sys.stdout.fileno())
     finally:
         channel.close()
