@@ -494,3 +494,131 @@ def test_stop_on_disconnect_keeps_watching_while_slurm_does_not_answer(
     thread.join(10)
     assert result == [0] and records.last_state(job_dir) == "CANCELLED"
     assert lines(capsys)[-1]["state"] == "CANCELLED"
+
+
+# --- the heartbeat: a dropped connection, not only a closed stdin ----------------------
+
+
+class Beating(io.RawIOBase):
+    """A client's stdin that sends a byte every `every` s until `stop_beating` is set, then
+    goes silent without ending (a laptop that vanished: no FIN, no EOF)."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        self.every = every
+        self.stop_beating = threading.Event()
+        self.closed_for_good = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.stop_beating.wait(self.every):
+            self.closed_for_good.wait()  # silent from now on
+            return 0
+        buffer[0:1] = b"\n"
+        return 1
+
+
+def watch_with_heartbeat(user_dir, config, stdin, timeout) -> tuple[list[int], threading.Thread]:
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(attach.stop_on_disconnect(
+        user_dir, "42", config, stdin, poll_seconds=0.05, heartbeat_timeout=timeout)))  # fmt: skip
+    return result, thread
+
+
+@pytest.mark.fault
+def test_stop_on_disconnect_cancels_when_the_heartbeat_stops_though_stdin_never_ends(
+    tmp_path, fake, config, capsys, monkeypatch
+):
+    """sshd does not probe clients (ClientAliveInterval 0): a vanished laptop is silence,
+    not EOF. Heartbeats keep the job; heartbeat_timeout of silence cancels it."""
+    monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
+    user_dir, job_dir = a_job(tmp_path, fake)
+    stdin = Beating()
+    result, thread = watch_with_heartbeat(user_dir, config, stdin, timeout=0.5)
+    thread.start()
+    try:
+        time.sleep(1.2)  # longer than the timeout: the heartbeats keep it watching
+        assert thread.is_alive() and not any(c[0] == "scancel" for c in fake.calls)
+        stdin.stop_beating.set()
+        thread.join(10)
+    finally:
+        stdin.closed_for_good.set()
+    assert result == [0] and ["scancel", "42"] in fake.calls
+    assert records.last_state(job_dir) == "CANCELLED"
+    assert lines(capsys)[-1] == {"job_id": "42", "state": "CANCELLED", "cancelled": True}
+
+
+def test_the_heartbeat_timeout_is_30_seconds():
+    assert attach.HEARTBEAT_TIMEOUT_SECONDS == 30
+
+
+# --- the disconnect's cancel, tried again -----------------------------------------------
+
+
+@pytest.mark.fault
+def test_the_disconnect_cancel_is_tried_again_when_slurm_does_not_answer(
+    tmp_path, fake, config, capsys, monkeypatch
+):
+    monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
+    user_dir, job_dir = a_job(tmp_path, fake)
+    real, tries = jobs.cancel, []
+
+    def fails_once(*args):
+        tries.append(1)
+        if len(tries) == 1:
+            raise AgentError("scontrol did not answer within 5 s")
+        return real(*args)
+
+    monkeypatch.setattr(jobs, "cancel", fails_once)
+    assert attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
+                                     retry_delays=(0.01, 0.02)) == 0  # fmt: skip
+    assert len(tries) == 2
+    assert fake.calls.count(["scancel", "42"]) == 1
+    assert records.last_state(job_dir) == "CANCELLED"
+    assert lines(capsys)[-1] == {"job_id": "42", "state": "CANCELLED", "cancelled": True}
+
+
+@pytest.mark.fault
+def test_a_cancel_recorded_whose_scancel_failed_is_scancelled_on_the_next_try(
+    tmp_path, fake, config, capsys, monkeypatch
+):
+    """jobs.cancel records CANCELLED before scancel: a failed scancel leaves the record
+    ended and the job running, so the next try scancels it directly."""
+    monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
+    user_dir, _ = a_job(tmp_path, fake)
+    real, failed = fake.slurm, []
+
+    def scancel_fails_once(argv, timeout=0, check=True):
+        if argv[0] == "scancel" and not failed:
+            failed.append(argv)
+            raise AgentError("scancel: Unable to contact slurm controller")
+        return real(argv, timeout, check)
+
+    monkeypatch.setattr(slurm, "slurm", scancel_fails_once)
+    monkeypatch.setattr(attach.slurm, "slurm", scancel_fails_once)
+    assert attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
+                                     retry_delays=(0.01, 0.02)) == 0  # fmt: skip
+    assert failed and fake.calls.count(["scancel", "42"]) == 1
+    assert fake.jobs["42"]["JobState"] == "CANCELLED"
+    assert lines(capsys)[-1] == {"job_id": "42", "state": "CANCELLED", "cancelled": True}
+
+
+@pytest.mark.fault
+def test_the_disconnect_cancel_gives_up_after_its_retries_with_the_error(
+    tmp_path, fake, config, monkeypatch
+):
+    monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
+    user_dir, _ = a_job(tmp_path, fake)
+
+    def never(*_a):
+        raise AgentError("scontrol did not answer within 5 s")
+
+    tries = []
+    monkeypatch.setattr(jobs, "cancel", lambda *_a: tries.append(1) or never())
+    with pytest.raises(AgentError, match="did not answer"):
+        attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
+                                  retry_delays=(0.01, 0.02, 0.04))  # fmt: skip
+    assert len(tries) == 4
+    delays = attach.CANCEL_RETRY_DELAYS  # backoff, about 3 minutes in all
+    assert list(delays) == sorted(delays) and 120 <= sum(delays) <= 240

@@ -209,9 +209,13 @@ def job_attach(
 
 
 def job_stop_on_disconnect(job_id: str) -> list[str]:
-    """Cancel the caller's running job when this command's stdin closes (the client went
-    away: Ctrl-C, a closed laptop, a dropped connection). Streams: prints one JSON line
-    ({"job_id", "state"}) once it watches, another when it stops watching."""
+    """Cancel the caller's running job when the client goes away (Ctrl-C, a closed
+    laptop, a dropped connection). Heartbeat: the client writes one byte (b"\\n") on this
+    command's stdin every 10 s; the agent takes any bytes as a heartbeat, and the end of
+    stdin or 30 s without a byte (sshd does not probe clients) as a disconnect: it cancels
+    the job (the cancel tried again with backoff, about 3 minutes, while Slurm does not
+    answer). Streams: prints one JSON line ({"job_id", "state"}) once it watches, another
+    when it stops watching (the cancel's answer, or the job's own final state)."""
     return ["job", "stop-on-disconnect", *job_ids([job_id])]
 
 

@@ -24,11 +24,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 from tacc_agent.tasks import containers, envcache, execute, jobs, records, sweeps
@@ -36,6 +38,10 @@ from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import FILE
 
 POLL_SECONDS = 3.0  # stop-on-disconnect: how often it asks whether the job ended alone
+# The client writes a byte on stdin every 10 s; this long without one is a disconnect.
+HEARTBEAT_TIMEOUT_SECONDS = 30.0
+# The disconnect's cancel, again after each of these while Slurm does not answer (~3 min).
+CANCEL_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 64.0)
 DISCONNECT_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE)
 EXIT_NOT_FOUND = 127  # as a shell: the command is not there
 EXIT_NOT_EXECUTABLE = 126  # as a shell: it is there, it cannot be run
@@ -255,31 +261,94 @@ def print_line(data: dict) -> None:
         print(json.dumps(data, sort_keys=True), flush=True)
 
 
-def watch_stdin(stdin: BinaryIO, gone: threading.Event) -> None:
-    """Set `gone` when stdin reaches its end (or breaks): the client went away."""
+class Heartbeat:
+    """When the client last wrote to stdin (any bytes: it sends one every 10 s), and
+    whether stdin ended. sshd here does not probe clients (ClientAliveInterval 0), so a
+    vanished laptop shows only as silence: HEARTBEAT_TIMEOUT_SECONDS without a byte is a
+    disconnect, as the end of stdin is."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last = clock()
+        self.ended = threading.Event()
+
+    def beat(self) -> None:
+        self.last = self.clock()
+
+    def silent_for(self) -> float:
+        return self.clock() - self.last
+
+
+def watch_stdin(stdin: BinaryIO, heartbeat: Heartbeat) -> None:
+    """Each chunk read is a heartbeat; the end of stdin (or a break) ends the watch."""
+    read = stdin.read1 if hasattr(stdin, "read1") else stdin.read
     with contextlib.suppress(OSError, ValueError):
-        while stdin.read1(65536) if hasattr(stdin, "read1") else stdin.read(65536):
-            pass
-    gone.set()
+        while read(65536):
+            heartbeat.beat()
+    heartbeat.ended.set()
+
+
+def slurm_still_has(job_id: str, job_dir: Path, config: AgentConfig) -> bool:
+    """Slurm still runs or queues this job of the caller's (own_info: None when it forgot
+    it or the id names another job)."""
+    info = jobs.own_info(job_id, job_dir, config)
+    return info is not None and info.get("JobState", "") not in (
+        "CANCELLED", "COMPLETED", *jobs.SLURM_FAILED,
+    )  # fmt: skip
+
+
+def cancel_once(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig) -> list[dict]:
+    """One try: `tcloud cancel`'s path (records CANCELLED, then scancel). When an
+    earlier try recorded the cancel but its scancel failed, the record says the job
+    ended: scancel it directly while Slurm still has it (this job of the caller's)."""
+    if records.last_state(job_dir) not in records.TERMINAL:
+        return jobs.cancel(user_dir, [job_id], config)
+    state = records.last_state(job_dir)
+    if state == "CANCELLED" and slurm_still_has(job_id, job_dir, config):
+        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+        return [{"job_id": job_id, "state": "CANCELLED", "cancelled": True}]
+    return [{"job_id": job_id, "state": state, "cancelled": False}]
+
+
+def cancel_with_retries(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig,
+                        delays: Sequence[float] = CANCEL_RETRY_DELAYS) -> list[dict]:  # fmt: skip
+    """The disconnect's cancel, tried again after each of `delays` (1, 2, 4 .. s: about
+    3 minutes in all) while Slurm or the record cannot be reached; the last failure is
+    raised (the agent's error line, its exit status)."""
+    for delay in (*delays, None):
+        try:
+            return cancel_once(user_dir, job_id, job_dir, config)
+        except AgentError as exc:
+            if delay is None:
+                raise
+            print(f"tacc-agent: cancel of job {job_id} failed ({exc}); again in {delay:g} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(delay)
+    return []  # not reached: the last try returns or raises
 
 
 def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
                        stdin: BinaryIO | None = None,
-                       poll_seconds: float = POLL_SECONDS) -> int:  # fmt: skip
-    """Cancel the caller's job when the client goes away (stdin ends, or SIGHUP, SIGTERM,
-    SIGPIPE), unless it ends by itself first; one JSON line each: watching, then the
-    cancel's answer or the job's final state."""
+                       poll_seconds: float = POLL_SECONDS,
+                       heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECONDS,
+                       retry_delays: Sequence[float] = CANCEL_RETRY_DELAYS) -> int:  # fmt: skip
+    """Cancel the caller's job when the client goes away (stdin ends, no byte on it for
+    heartbeat_timeout, or SIGHUP, SIGTERM, SIGPIPE), unless it ends by itself first; one
+    JSON line each: watching, then the cancel's answer or the job's final state."""
     job_dir, _, state = owned_job(user_dir, job_id, config)
     if state in records.TERMINAL:
         raise Rejected(f"job {job_id} is {state}: {ENDED_HINT.format(job=job_id)}")
-    gone = threading.Event()
+    heartbeat = Heartbeat()
+    gone = heartbeat.ended
     for number in DISCONNECT_SIGNALS:
         signal.signal(number, lambda _n, _f: gone.set())
-    reader = threading.Thread(target=watch_stdin, args=(stdin or sys.stdin.buffer, gone),
+    reader = threading.Thread(target=watch_stdin, args=(stdin or sys.stdin.buffer, heartbeat),
                               daemon=True)  # fmt: skip
     reader.start()
     print_line({"job_id": job_id, "state": "WATCHING"})
-    while not gone.wait(poll_seconds):
+    while not gone.wait(min(poll_seconds, heartbeat_timeout)):
+        if heartbeat.silent_for() >= heartbeat_timeout:
+            break  # the connection dropped: no heartbeat, no end of stdin
         try:
             info = jobs.own_info(job_id, job_dir, config)
             state, _ = jobs.reconcile(job_dir, info, config.slurm_timeout_seconds)
@@ -288,6 +357,6 @@ def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
         if state in records.TERMINAL:
             print_line({"job_id": job_id, "state": state})
             return 0
-    for answer in jobs.cancel(user_dir, [job_id], config):
+    for answer in cancel_with_retries(user_dir, job_id, job_dir, config, retry_delays):
         print_line(answer)
     return 0
