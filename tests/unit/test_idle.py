@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
 from tacc_agent.tasks import execute, idle, jobs, records
 from tacc_agent.tasks.idle import (
     JobProcess,
@@ -223,7 +224,8 @@ def watchdog(idle_for: float, busy_until: float = -1.0) -> tuple[Watchdog, list[
             ticks["n"] += 100  # a whole CPU while busy
         return Sample(now, {}, {(10, 1): ticks["n"]}, {})
 
-    dog = Watchdog(idle=idle_for, take_sample=take, cancel=cancels.append, clock=fake.clock,
+    dog = Watchdog(idle=idle_for, take_sample=take, cancel=lambda s: cancels.append(s) or True,
+                   clock=fake.clock,
                    wait=fake.wait, ticks_per_second=TICKS, say=lambda _m: None)  # fmt: skip
     return dog, cancels, fake
 
@@ -273,17 +275,68 @@ def test_no_watchdog_outside_slurm(tmp_path):
     assert idle.start({"idle_timeout": "30"}, tmp_path, "", 5, lambda _m: None) is None
 
 
-def test_the_cancel_records_why_then_scancels_the_job(tmp_path, monkeypatch):
+def test_the_cancel_scancels_the_job_then_records_why(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(idle.slurm, "slurm", lambda argv, timeout: calls.append(argv) or "")
     (tmp_path / "status").mkdir()
-    idle.canceller(tmp_path, "42", 5, lambda _m: None)(1805.0)
+    assert idle.canceller(tmp_path, "42", 5, lambda _m: None)(1805.0) is True
     assert calls == [["scancel", "42"]]
     last = records.history(tmp_path)[-1]
     assert last["state"] == "CANCELLED"
     assert last["reason"] == (
         "session idle for 30:05: no forwarded traffic, no busy process, no typing"
     )
+
+
+@pytest.mark.fault
+def test_a_failing_scancel_is_tried_again_and_recorded_only_after_it_succeeded(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "status").mkdir()
+    calls, said, waits = [], [], []
+
+    def fails_once(argv, _timeout):
+        calls.append(argv)
+        if len(calls) == 1:
+            assert records.history(tmp_path) == []  # nothing recorded before Slurm took it
+            raise AgentError("scancel: Unable to contact slurm controller")
+        return ""
+
+    monkeypatch.setattr(idle.slurm, "slurm", fails_once)
+    cancel = idle.canceller(tmp_path, "42", 5, said.append,
+                            wait=lambda s: waits.append(s) or False)  # fmt: skip
+    assert cancel(1805.0) is True
+    assert calls == [["scancel", "42"]] * 2 and waits == [idle.SCANCEL_RETRY_DELAYS[0]]
+    events = records.history(tmp_path)
+    assert [e["state"] for e in events] == ["CANCELLED"]
+    assert any("scancel failed" in line for line in said)
+
+
+@pytest.mark.fault
+def test_a_scancel_that_never_succeeds_records_nothing_and_says_so(tmp_path, monkeypatch):
+    (tmp_path / "status").mkdir()
+    calls, said = [], []
+
+    def down(argv, _timeout):
+        calls.append(argv)
+        raise AgentError("scancel: Unable to contact slurm controller")
+
+    monkeypatch.setattr(idle.slurm, "slurm", down)
+    cancel = idle.canceller(tmp_path, "42", 5, said.append, wait=lambda _s: False)
+    assert cancel(1805.0) is False
+    assert len(calls) == len(idle.SCANCEL_RETRY_DELAYS) + 1 == 5
+    assert sum(idle.SCANCEL_RETRY_DELAYS) <= 40
+    assert records.history(tmp_path) == []
+    assert "the session keeps running" in said[-1]
+
+
+def test_the_watch_goes_on_after_a_cancel_that_failed_and_tries_again():
+    fake, tries = FakeClock(), []
+    dog = Watchdog(idle=20, take_sample=lambda now: Sample(now, {}, {(10, 1): 0}, {}),
+                   cancel=lambda s: tries.append(s) or len(tries) == 2, clock=fake.clock,
+                   wait=fake.wait, ticks_per_second=TICKS, say=lambda _m: None)  # fmt: skip
+    assert dog.run() is True
+    assert len(tries) == 2 and tries[1] > tries[0]
 
 
 def test_a_started_watchdog_stops_with_the_run(tmp_path, monkeypatch):

@@ -8,10 +8,12 @@ the job's first node while the run lines run. Every interval it samples this nod
 - typing: a job process's terminal (/dev/pts/N) was read or written (its atime/mtime,
   as `w` computes IDLE).
 
-Nothing of these for the session's idle_timeout: the job is recorded CANCELLED with why,
-then scancel'ed (the user's own job), which stops it as a cancel does. Each sampler is a
-function over its inputs (a /proc root, ss's text, a clock) so tests drive it; the
-watchdog stops watching, and never cancels, when it cannot read what it needs.
+Nothing of these for the session's idle_timeout: the job is scancel'ed (the user's own
+job; tried again a few times), which stops it as a cancel does, then recorded CANCELLED
+with why; a scancel that never succeeds leaves no such record and the watch goes on.
+Each sampler is a function over its inputs (a /proc root, ss's text, a clock) so tests
+drive it; the watchdog stops watching, and never cancels, when it cannot read what it
+needs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ MIN_INTERVAL_SECONDS = 2.0
 MAX_INTERVAL_SECONDS = 30.0
 BUSY_CPU_SHARE = 0.05  # of one CPU, over the interval
 SS_TIMEOUT_SECONDS = 10
+SCANCEL_RETRY_DELAYS = (2.0, 4.0, 8.0, 16.0)  # 5 tries over ~30 s
 IDLE_WHY = "no forwarded traffic, no busy process, no typing"
 # Linux's Unix98 pty slaves (/dev/pts/N): majors 136-143 (Documentation/admin-guide/devices.txt).
 PTS_MAJORS = range(136, 144)
@@ -223,12 +226,13 @@ def activity(before: Sample, after: Sample, ticks_per_second: float) -> list[str
 @dataclass
 class Watchdog:
     """Samples every `interval` until stopped or the session has been idle for `idle`
-    seconds; then `cancel` (once). `clock` and `wait` (an Event's wait: True when
+    seconds; then `cancel`, which says whether it cancelled (if not, the watch goes on
+    and the next sample tries again). `clock` and `wait` (an Event's wait: True when
     stopped) are the only sources of time, so tests run it on a fake one."""
 
     idle: float
     take_sample: Callable[[float], Sample]
-    cancel: Callable[[float], None]
+    cancel: Callable[[float], bool]
     clock: Callable[[], float] = time.monotonic
     wait: Callable[[float], bool] = field(default_factory=lambda: threading.Event().wait)
     ticks_per_second: float = float(os.sysconf("SC_CLK_TCK"))
@@ -246,8 +250,7 @@ class Watchdog:
                 if activity(last, current, self.ticks_per_second):
                     active_at = now
                 last = current
-                if now - active_at >= self.idle:
-                    self.cancel(now - active_at)
+                if now - active_at >= self.idle and self.cancel(now - active_at):
                     return True
         except WatchError as exc:
             self.say(f"idle watchdog: {exc}; this session is not stopped when idle")
@@ -261,18 +264,37 @@ def idle_text(seconds: float) -> str:
 
 
 def canceller(
-    job_dir: Path, job_id: str, timeout: float, say: Callable[[str], None]
-) -> Callable[[float], None]:
-    """Records why, then scancels the job: Slurm stops every step, as for `tcloud cancel`."""
+    job_dir: Path,
+    job_id: str,
+    timeout: float,
+    say: Callable[[str], None],
+    wait: Callable[[float], bool] | None = None,
+    retry_delays: Sequence[float] = SCANCEL_RETRY_DELAYS,
+) -> Callable[[float], bool]:
+    """Scancels the job (Slurm stops every step, as for `tcloud cancel`), tried again
+    after each of retry_delays; only once Slurm took it, records CANCELLED with why
+    (never a CANCELLED record over a running job). True when it cancelled; False when
+    scancel never succeeded (said in the job's log) or `wait` was stopped meanwhile."""
+    pause = wait or threading.Event().wait
 
-    def cancel(idle_for: float) -> None:
+    def cancel(idle_for: float) -> bool:
         reason = f"session idle for {idle_text(idle_for)}: {IDLE_WHY}"
         say(reason)
-        records.add_event(job_dir, "CANCELLED", reason=reason)
-        try:
-            slurm.slurm(["scancel", job_id], timeout)
-        except AgentError as exc:
-            say(f"idle watchdog: {exc}")
+        for delay in (*retry_delays, None):
+            try:
+                slurm.slurm(["scancel", job_id], timeout)
+            except AgentError as exc:
+                if delay is None:
+                    say(f"idle watchdog: scancel failed ({exc}); the session keeps running, "
+                        "tried again at the next sample")  # fmt: skip
+                    return False
+                say(f"idle watchdog: scancel failed ({exc}); again in {delay:g} s")
+                if pause(delay):
+                    return False  # the run ended meanwhile
+                continue
+            records.add_event(job_dir, "CANCELLED", reason=reason)
+            return True
+        return False
 
     return cancel
 
@@ -320,7 +342,7 @@ def start(
     watchdog = Watchdog(
         idle=idle,
         take_sample=node_sampler(list(session.get("ports") or []), job_id),
-        cancel=canceller(job_dir, job_id, timeout, say),
+        cancel=canceller(job_dir, job_id, timeout, say, wait=stopped.wait),
         wait=stopped.wait,
         say=say,
     )
