@@ -128,3 +128,43 @@ def test_a_job_without_session_compiles_to_the_same_document_as_before(tmp_path)
     """Ordinary jobs keep their digests: no `session` key in their instruction."""
     compiled = compile_task(load_task(task_file(tmp_path, ""), selection=[]), plugins=[])
     assert "session" not in compiled.document["task"]
+
+
+# --- a session always has a time limit --------------------------------------------------
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("limit", ["UNLIMITED", "unlimited", "INFINITE"])
+def test_a_session_with_no_time_limit_is_refused_at_resources_time(tmp_path, limit):
+    path = tmp_path / "tcloud.yaml"
+    path.write_text(f"name: lab\nrun:\n  - sleep infinity\nresources:\n  time: {limit}\nsession:\n")
+    with pytest.raises(TaskFileError) as caught:
+        load_task(path, selection=[])
+    message = str(caught.value)
+    assert f"{path}:5:" in message and "resources.time" in message, message
+    assert "a session needs a time limit (UNLIMITED is refused)" in message
+
+
+@pytest.mark.parametrize("resources", ["", "resources:\n  time: '8:00:00'\n"])
+def test_a_session_without_a_time_or_with_one_loads(tmp_path, resources):
+    path = tmp_path / "tcloud.yaml"
+    path.write_text(f"name: lab\nrun:\n  - sleep infinity\n{resources}session:\n")
+    assert load_task(path, selection=[]).session == DEFAULTS
+
+
+def test_a_job_without_a_session_may_still_ask_for_no_time_limit(tmp_path):
+    path = tmp_path / "tcloud.yaml"
+    path.write_text("name: lab\nrun:\n  - sleep infinity\nresources:\n  time: UNLIMITED\n")
+    assert load_task(path, selection=[]).resources["time"] == "UNLIMITED"
+
+
+@pytest.mark.bad_input
+@pytest.mark.security
+@pytest.mark.xfail(strict=True, reason="until instruction.py's _parse calls check_session")
+def test_the_cluster_refuses_a_session_instruction_with_no_time_limit():
+    task = {"name": "t", "run": ["true"], "resources": {"time": "UNLIMITED"}, "session": {}}
+    text = json.dumps({"format": FORMAT, "task": task, "manifest": {}})
+    with pytest.raises(InvalidInstruction) as caught:
+        parse(text, "instruction.json")
+    assert "instruction.json:1:" in str(caught.value)
+    assert "task.resources.time" in str(caught.value) and "needs a time limit" in str(caught.value)

@@ -375,6 +375,23 @@ def check_datasets(validator: Validator, node: yaml.Node, data: dict) -> None:
         names.add(dataset.get("name"))
 
 
+SESSION_TIME_REFUSED = (
+    "a session needs a time limit (UNLIMITED is refused); set resources.time, e.g. 8:00:00, "
+    "or leave it out for the cluster's default"
+)
+
+
+def check_session(validator: Validator, root: yaml.Node, data: dict, prefix: str = "") -> None:
+    """A session always ends: its job may not ask for no time limit (a forgotten session
+    would hold its nodes for ever); a missing time takes the cluster's default."""
+    if data.get("session") is None:
+        return
+    limit = str((data.get("resources") or {}).get("time") or "")
+    if limit.strip().upper() in ("UNLIMITED", "INFINITE"):
+        name = "resources.time"
+        validator.problem(node_at(root, name), f"{prefix}{name}", SESSION_TIME_REFUSED)
+
+
 # The environment fields an image replaces: its own software is the environment.
 IMAGE_EXCLUDES = ("requirements", "lock", "modules")
 BUILD_PATH_EXPECTED = (
@@ -462,6 +479,7 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
         check_datasets(validator, child(root, "datasets") or root, data)
         check_image_value(validator, root, data)
         check_image(validator, root, data)
+        check_session(validator, root, data)
     if not validator.problems:
         # Plug-ins see every section with its defaults filled in.
         for section in ("code", "resources", "environment", "runtime"):
