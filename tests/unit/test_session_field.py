@@ -160,7 +160,6 @@ def test_a_job_without_a_session_may_still_ask_for_no_time_limit(tmp_path):
 
 @pytest.mark.bad_input
 @pytest.mark.security
-@pytest.mark.xfail(strict=True, reason="until instruction.py's _parse calls check_session")
 def test_the_cluster_refuses_a_session_instruction_with_no_time_limit():
     task = {"name": "t", "run": ["true"], "resources": {"time": "UNLIMITED"}, "session": {}}
     text = json.dumps({"format": FORMAT, "task": task, "manifest": {}})

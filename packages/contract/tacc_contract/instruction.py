@@ -23,6 +23,7 @@ from tacc_contract.schema import (
     TaskSpec,
     check_image,
     check_image_value,
+    check_session,
     child,
     fill_defaults,
     node_at,
@@ -183,6 +184,7 @@ def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskS
     check_image_value(validator, task_node, task, prefix="task.", builds=False)
     check_image_build(validator, task_node, task)
     check_image(validator, task_node, task, prefix="task.")
+    check_session(validator, task_node, task, prefix="task.")
     if pinned:
         check_pinned(validator, task_node, task)
     check_with_plugins(validator, task_node, task, configured)
