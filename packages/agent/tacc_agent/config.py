@@ -123,6 +123,16 @@ class AgentConfig:
     # like node_exporter; firewall it like any exporter).
     metrics_address: str = "0.0.0.0"  # noqa: S104 (an exporter is scraped from outside)
     metrics_port: int = 9770
+    # --- operating the cluster (issue [15], docs/monitoring.md) ---
+    # The controller's daemon also exports cluster-wide Slurm figures (jobs per partition
+    # and state, GPUs allocated and total, drained nodes with their reasons, daemons up).
+    cluster_metrics: bool = False
+    # The cluster's Prometheus (roles/monitoring), e.g. http://n1:9090: the ops usage
+    # report reads the GPU time jobs really used from it; "" = none (that column is empty).
+    prometheus_url: str = ""
+    # Acceptance of a new or rebooted node (`tacc-agent accept`): the figures it must
+    # reach; a key left out keeps its default (tacc_agent/health/acceptance.py).
+    acceptance: dict | None = None
 
 
 def load_config(path: Path | None = None) -> AgentConfig:
