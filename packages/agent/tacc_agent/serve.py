@@ -33,7 +33,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
-from tacc_agent.health import job_usage, metrics, node_facts
+from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
 from tacc_agent.tasks.queue_ticks import tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
@@ -58,6 +58,8 @@ class Daemon:
         self.snapshot = metrics.Snapshot()
         self.registry = metrics.registry(lambda: self.snapshot)
         self.registry.register(job_usage.JobUsageCollector(job_usage.Sources.of(config)))
+        if config.cluster_metrics:  # the controller: the cluster's Slurm figures
+            self.registry.register(slurm_cluster.ClusterCollector(slurm_cluster.Sources.of(config)))
         self.last_said: tuple[str, str] = ("", "")
 
     def cycle(self) -> None:
