@@ -49,6 +49,13 @@ BUILT = [
     (protocol.job_halt("7", 0), ["job", "halt", "7", "--grace", "0"]),
     (protocol.job_resume("7"), ["job", "resume", "7"]),
     (protocol.job_rerun("7"), ["job", "rerun", "7"]),
+    (protocol.usage(), ["usage"]),
+    (protocol.usage("2026-09"), ["usage", "--since", "2026-09"]),
+    (
+        protocol.usage("2026-09-15", "2026-11"),
+        ["usage", "--since", "2026-09-15", "--until", "2026-11"],
+    ),
+    (protocol.usage("2026-11", "2026-11"), ["usage", "--since", "2026-11", "--until", "2026-11"]),
 ]
 
 
@@ -84,6 +91,14 @@ BAD_ARGUMENTS = [
     ("text-grace", lambda: protocol.job_halt("1", "soon"), "--grace: expected seconds"),
     ("empty-workdir", lambda: protocol.job_submit(""), "expected a job directory"),
     ("nul-workdir", lambda: protocol.job_submit("/a\0b"), "expected a job directory"),
+    ("usage-option", lambda: protocol.usage("--user=bob"), "--since: expected a month YYYY-MM"),
+    ("usage-all", lambda: protocol.usage(None, "-a"), "--until: expected a month YYYY-MM"),
+    ("usage-month-13", lambda: protocol.usage("2026-13"), "got '2026-13'"),
+    ("usage-day-31", lambda: protocol.usage("2026-02-31"), "got '2026-02-31'"),
+    ("usage-year-end", lambda: protocol.usage("9999-12"), "got '9999-12'"),
+    ("usage-words", lambda: protocol.usage("2026-09 2026-10"), "got '2026-09 2026-10'"),
+    ("usage-number", lambda: protocol.usage(202609), "got 202609"),
+    ("usage-order", lambda: protocol.usage("2026-11", "2026-10-31"), "comes after --until"),
 ]
 
 
@@ -231,6 +246,22 @@ ANSWERS = {
                 ],
             },
             {"host": "n3", "rank": 1, "error": "connection refused"},
+        ],
+    },
+    ("usage",): {
+        "user": "alice",
+        "since": "2026-09-01T00:00:00",
+        "until": "2026-11-24T20:00:00",
+        "rows": [
+            {
+                "month": "2026-10",
+                "account": "physics",
+                "partition": "gpu",
+                "jobs": 2,
+                "running": 1,
+                "cpu_seconds": 57600,
+                "gpu_seconds": 14400,
+            }
         ],
     },
 }

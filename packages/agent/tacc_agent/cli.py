@@ -17,6 +17,8 @@ Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
   job check                    would the cluster accept this instruction? (stdin)
   job submit WORKDIR           sbatch a committed job directory
   job status|logs|cancel|halt|resume|rerun JOB, job ps
+  usage [--since D] [--until D]  the caller's own CPU and GPU seconds (Slurm accounting)
+  report usage [--since D] [--until D] [--format F]  (root) every user's, with GPU time used
   batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
 Errors: one JSON line {"error": ..., "field": ...} on stdout (the contract's error_line,
 with the field it names) and a non-zero exit
@@ -129,6 +131,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
         "stop-on-disconnect", help="cancel the running job when stdin closes"
     ).add_argument("job")
     job.add_parser("top", help="a running job's usage on each node").add_argument("job")
+    add_usage_verbs(sub)
     sub.add_parser("batch", help="(Slurm) a job's batch step").add_argument("jobdir", type=Path)
     sub.add_parser("exec", help="(srun) one node's execution wrapper").add_argument(
         "jobdir", type=Path
@@ -138,6 +141,18 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_enter.add_argument("--rank", type=int, default=0)
     p_enter.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
     return parser
+
+
+def add_usage_verbs(sub) -> None:
+    """`usage` (the caller's own, tcloud's) and `report usage` (ops, root)."""
+    p_usage = sub.add_parser("usage", help="your CPU and GPU seconds by month, account, partition")
+    p_report = sub.add_parser("report", help="(root) reports for ops")
+    report = p_report.add_subparsers(dest="report_verb", required=True)
+    p_report_usage = report.add_parser("usage", help="every user's GPU hours, allocated and used")
+    p_report_usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    for verb in (p_usage, p_report_usage):
+        verb.add_argument("--since", help="first month or day (YYYY-MM[-DD])")
+        verb.add_argument("--until", help="last month or day, included (YYYY-MM[-DD])")
 
 
 # The words on every submit's path (tcloud's `session` and `hello`, Slurm's `batch JOBDIR`
@@ -195,7 +210,7 @@ def streams_output(args: argparse.Namespace) -> bool:
     own output): a session refuses them, they keep their own process."""
     if args.command == "job":
         return args.verb in ("logs", "attach", "stop-on-disconnect")
-    return args.command in ("check", "serve", "batch", "exec", "enter", "session")
+    return args.command in ("check", "serve", "batch", "exec", "enter", "session", "report")
 
 
 def emit(data: object) -> int:
@@ -269,6 +284,10 @@ def answer(args: argparse.Namespace, source: VerbInput) -> object:
         from tacc_agent.tasks.quota import quota  # lazy verb import
 
         return quota(config)
+    if args.command == "usage":
+        from tacc_agent.tasks.usage import usage  # lazy verb import
+
+        return protocol.USAGE.check(usage(config, args.since, args.until))
     if args.command == "queue-tick":
         from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
 
@@ -315,6 +334,10 @@ def stream_verb(args: argparse.Namespace) -> int:
         from tacc_agent import serve  # lazy verb import
 
         return serve.serve(config, args.port, args.interval)
+    if args.command == "report":
+        from tacc_agent.tasks import usage_report  # lazy verb import
+
+        return usage_report.run(config, args.since, args.until, args.format)
     if args.command == "enter":
         from tacc_agent.tasks import attach  # lazy verb import
 

@@ -195,6 +195,15 @@ def add_cluster_commands(sub) -> None:
     command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
     command("cat", "print a file from your cluster directory").add_argument("path")
     command("quota", "your limits, fair share and usage on the cluster", listing=True)
+    p_usage = command("usage", "your CPU and GPU hours by month, account, partition (accounting)")
+    p_usage.add_argument("--since", metavar="YYYY-MM[-DD]", help="first month or day")
+    p_usage.add_argument("--until", metavar="YYYY-MM[-DD]", help="last month or day (included)")
+    p_usage.add_argument(
+        "--by", default="month,account,partition", metavar="WORDS",
+        help="group by these, comma-separated: month, account, partition (default: all three)",
+    )  # fmt: skip
+    p_usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p_usage.add_argument("--json", action="store_true", help="the same as --format json")
     command("disconnect", "stop the shared connection to the cluster (its connection master)")
     p_env = command("env", "cached environments", listing=True)
     p_env.add_argument("action", choices=["ls"])
@@ -410,6 +419,13 @@ def run_rerun(cluster: Cluster, args: argparse.Namespace) -> None:
 
 def run_quota(cluster: Cluster, args: argparse.Namespace) -> None:
     print_json_or(cluster.quota(), args.json, quota_text)
+
+
+def run_usage(cluster: Cluster, args: argparse.Namespace) -> None:
+    from tcloud import usage  # lazy verb import
+
+    report = cluster.usage(args.since, args.until, args.by)
+    sys.stdout.write(usage.formatted(report, "json" if args.json else args.format))
 
 
 def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -693,6 +709,7 @@ CLUSTER_COMMANDS = {
     "env": run_env,
     "images": run_images,
     "quota": run_quota,
+    "usage": run_usage,
     "shell": run_shell,
     "exec": run_exec,
     "forward": run_forward,

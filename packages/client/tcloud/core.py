@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from tacc_contract import protocol, schema
 from tcloud import agent, config, images, interactive, jobs, portforward, tasks
+from tcloud import usage as usage_report
 from tcloud.errors import TcloudError, UsageError
 from tcloud.link import Direct, Link
 from tcloud.tasks import TaskLike
@@ -221,6 +222,18 @@ class Cluster:
     def quota(self) -> dict:
         """Your running and pending jobs, GPUs in use, and with accounting your limits."""
         return jobs.quota(self.client, self.userdir)
+
+    def usage(
+        self, since: str | None = None, until: str | None = None,
+        by: str | Sequence[str] = usage_report.GROUPS,
+    ) -> dict:  # fmt: skip
+        """Your CPU- and GPU-hours from the cluster's accounting (`tcloud usage`), from
+        the month or day `since` to `until`, both included (YYYY-MM or YYYY-MM-DD; the
+        cluster's default: this month and the two before it), grouped by `by` (month,
+        account, partition): {user, since, until, by, rows: [{<by>..., jobs, running,
+        cpu_hours, gpu_hours, cpu_seconds, gpu_seconds}], total}."""
+        verb, groups = usage_report.request(since, until, by)  # checked before connecting
+        return usage_report.build(usage_report.ask(self.client, self.userdir, verb), groups)
 
     def environments(self) -> list[dict]:
         """Your cached environments on the cluster."""

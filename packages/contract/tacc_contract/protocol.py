@@ -15,8 +15,8 @@ the verb and the key, never a KeyError three calls later. Keys an answer has bey
 shape are kept: a newer agent may say more without breaking an older tcloud.
 
 PROTOCOL_VERSION changes when a verb or an answer changes in a way the other side must
-know about (2: `session`; 3: `job target`, `attach`, `stop-on-disconnect`, `top`); tcloud
-reads the hello of each session and refuses to go on when the two sides differ
+know about (2: `session`; 3: `job target`, `attach`, `stop-on-disconnect`, `top`; 4:
+`usage`); tcloud reads the hello of each session and refuses to go on when the two sides differ
 (tcloud.agent.handshake).
 """
 
@@ -26,10 +26,11 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import date, timedelta
 
 from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 AGENT = "tacc-agent"
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
@@ -37,6 +38,8 @@ JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
 JOB_STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "HALTED")
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 BLOB_NAME = re.compile(r"[0-9a-f]{64}-[0-7]{3,4}")  # a file's content and mode in the store
+# `usage --since/--until`: a month (2026-11) or a day (2026-11-05).
+USAGE_DATE = re.compile(r"([0-9]{4})-([0-9]{2})(?:-([0-9]{2}))?")
 
 
 class ProtocolError(TaccError):
@@ -223,6 +226,42 @@ def job_top(job_id: str) -> list[str]:
     """The job's live usage on each of its nodes (JOB_TOP), from the node daemons'
     per-job figures."""
     return ["job", "top", *job_ids([job_id])]
+
+
+# --- accounting (docs/usage.md) ---------------------------------------------------------
+
+
+def usage_period(text: str, what: str = "date") -> tuple[date, date]:
+    """The days a `--since`/`--until` word names: (its first day, the day after its last);
+    a month (2026-11: November) or a day (2026-11-05). BadArgument for anything else."""
+    found = USAGE_DATE.fullmatch(text) if isinstance(text, str) else None
+    try:
+        if found is None:
+            raise ValueError(text)
+        year, month, day = int(found[1]), int(found[2]), found[3]
+        first = date(year, month, int(day) if day else 1)
+        after = first + timedelta(days=1) if day else date(year + month // 12, month % 12 + 1, 1)
+    except (ValueError, OverflowError):
+        raise BadArgument(
+            f"{what}: expected a month YYYY-MM or a day YYYY-MM-DD, got {text!r}"
+        ) from None
+    return first, after
+
+
+def usage(since: str | None = None, until: str | None = None) -> list[str]:
+    """The caller's own usage from Slurm's accounting (USAGE): CPU and GPU seconds of
+    their jobs by month, account and partition, from the first day of `since` to the
+    last of `until` (both ends included; the agent's default: this month and the two
+    before it, up to now). The agent asks Slurm for the calling user's jobs only: no word
+    of the request can name another user."""
+    verb = ["usage"]
+    for flag, text in (("--since", since), ("--until", until)):
+        if text is not None:
+            usage_period(text, flag)
+            verb += [flag, text]
+    if since is not None and until is not None and usage_period(since)[0] >= usage_period(until)[1]:
+        raise BadArgument(f"--since {since} comes after --until {until}")
+    return verb
 
 
 # --- the store's requests (stdin of `tacc-agent store`) ---------------------------------
@@ -475,6 +514,21 @@ USAGE_NODE = Shape(
 JOB_TOP = Shape(
     "job top", {"job_id": str, "state": str, "time": NUMBER, "nodes": ListOf(USAGE_NODE)}
 )
+USAGE_ROW = Shape(
+    "usage",
+    # One month (YYYY-MM, the cluster's local time) of one account and partition: the
+    # allocated CPU and GPU seconds of the caller's jobs in it (a job that crosses a month
+    # is split by its time in each), and the jobs counted there: each job once, in the
+    # first month of the window it ran in (summed over rows, they are the jobs).
+    {"month": str, "account": str, "partition": str, "jobs": int, "cpu_seconds": NUMBER,
+     "gpu_seconds": NUMBER},
+    {"running": int},  # of those jobs, the ones still running (counted up to now)
+)  # fmt: skip
+USAGE = Shape(
+    "usage",
+    # since/until: the window the rows cover, ISO local times (until is at most now).
+    {"user": str, "since": str, "until": str, "rows": ListOf(USAGE_ROW)},
+)
 ERROR = Shape("error", {ERROR_KEY: str}, {"field": str})
 JSON_VALUE = (dict, list, str, int, float, bool, NULL)
 SESSION_REQUEST = Shape("session", {"verb": ListOf(str)}, {"stdin": TEXT_OR_NULL})
@@ -499,6 +553,7 @@ ANSWERS: dict[tuple[str, ...], Shape | ListOf] = {
     ("job", "rerun"): JOB_RERUN,
     ("job", "target"): JOB_TARGET,
     ("job", "top"): JOB_TOP,
+    ("usage",): USAGE,
 }
 STORE_ANSWERS = {"missing": STORE_MISSING, "commit": STORE_COMMIT}
 
