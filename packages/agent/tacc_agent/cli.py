@@ -7,6 +7,8 @@ Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
                                in this one process (tacc_agent/session.py): tcloud's way in
   check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
   serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
+  accept NODE [--peer NODE] [--json] [--thresholds JSON]  acceptance tests of a new or
+                               rebooted node (root, on the controller; health/acceptance.py)
   whoami                       the caller's user and directory
   quota                        the caller's limits, fair share and usage
   queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
@@ -86,7 +88,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_serve = sub.add_parser("serve", help="the node daemon: checks on an interval, /metrics")
     p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port, 9770)")
     p_serve.add_argument("--interval", type=float, help="seconds between check runs (60)")
-    for verb in (p_check, p_serve):  # also after the verb: `tacc-agent serve --config FILE`
+    p_accept = sub.add_parser("accept", help="acceptance tests of a node (root, controller)")
+    p_accept.add_argument("node", help="the Slurm node to test; it stays drained unless it passes")
+    p_accept.add_argument("--peer", help="the node in service to test with (default: the first)")
+    p_accept.add_argument("--json", action="store_true", help="the record as JSON")
+    p_accept.add_argument("--thresholds", help="JSON object over the config's `acceptance`")
+    for verb in (p_check, p_serve, p_accept):  # also after the verb: `serve --config FILE`
         verb.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="settings file")
     sub.add_parser("whoami", help="the caller's user and directory")
     sub.add_parser("quota", help="the caller's limits, fair share and usage (Slurm accounting)")
@@ -210,6 +217,8 @@ def streams_output(args: argparse.Namespace) -> bool:
     own output): a session refuses them, they keep their own process."""
     if args.command == "job":
         return args.verb in ("logs", "attach", "stop-on-disconnect")
+    if args.command == "accept":  # root's, on the controller; its progress on stderr
+        return True
     return args.command in ("check", "serve", "batch", "exec", "enter", "session", "report")
 
 
@@ -330,6 +339,10 @@ def stream_verb(args: argparse.Namespace) -> int:
         from tacc_agent.health import cycle as health  # lazy verb import
 
         return health.check(config, args.json, not args.no_slurm)
+    if args.command == "accept":
+        from tacc_agent.health import acceptance  # lazy verb import
+
+        return acceptance.accept(config, args.node, args.peer, args.thresholds, args.json)
     if args.command == "serve":
         from tacc_agent import serve  # lazy verb import
 

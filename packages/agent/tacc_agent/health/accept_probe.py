@@ -1,0 +1,211 @@
+"""The program `tacc-agent accept` runs on the nodes it tests, as Slurm steps: the OS's
+python3 runs this file by its path (it imports only the standard library, and mpi4py, the
+OS's python3-mpi4py, for the allreduce), so it needs neither the agent's venv nor its
+import path. Each mode prints one JSON line per task and exits 0; a failure prints
+{"error": ...} and exits 1.
+
+  facts                       this node's name, GPUs (/dev/nvidiaN), RDMA devices
+                              (/sys/class/infiniband) and where the tools are (PATH)
+  allreduce --mib N --iterations K
+                              MPI allreduce (SUM, float64) of N MiB between every rank;
+                              rank 0 prints the algorithm bandwidth in MB/s (10^6 bytes/s:
+                              the message size over the slowest rank's time per call)
+  nccl --gpus N --binary PATH nccl-tests' all_reduce_perf on N GPUs; its average bus
+                              bandwidth in GB/s
+  rdma --server-node NODE --server-address ADDR
+                              perftest's ib_write_bw between the two nodes of the step:
+                              the task on NODE serves, the other connects and prints the
+                              average bandwidth in Gb/s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:  # the OS's python3-mpi4py: only `allreduce` needs it, and starts MPI itself (Init)
+    import mpi4py
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+except ImportError:
+    MPI = None
+
+MIB = 1 << 20
+INFINIBAND = Path("/sys/class/infiniband")
+DEV = Path("/dev")
+TOOLS = ("all_reduce_perf", "ib_write_bw")
+NCCL_AVERAGE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", re.MULTILINE)
+NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+RDMA_PORT = 18515
+RDMA_SECONDS = 5
+CONNECT_TRIES = 10
+
+
+def say(data: dict) -> None:
+    print(json.dumps(data, sort_keys=True), flush=True)
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def rdma_devices(root: Path = INFINIBAND) -> list[str]:
+    try:
+        return sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+
+
+def gpu_count(dev: Path = DEV) -> int:
+    try:
+        return sum(1 for entry in dev.iterdir() if re.fullmatch(r"nvidia[0-9]+", entry.name))
+    except OSError:
+        return 0
+
+
+def facts(tools: list[str]) -> dict:
+    return {
+        "node": node_name(),
+        "gpus": gpu_count(),
+        "rdma_devices": rdma_devices(),
+        "tools": {tool: shutil.which(tool) for tool in tools},
+    }
+
+
+def allreduce(mib: float, iterations: int) -> dict | None:
+    """The allreduce figures on rank 0, None on the other ranks."""
+    if MPI is None:
+        raise ProbeError("mpi4py is not installed (the OS package python3-mpi4py)")
+    MPI.Init()
+    try:
+        return allreduce_figures(MPI.COMM_WORLD, mib, iterations)
+    finally:
+        MPI.Finalize()
+
+
+def allreduce_figures(comm, mib: float, iterations: int) -> dict | None:
+    count = max(1, int(mib * MIB) // 8)
+    send = bytearray(count * 8)
+    receive = bytearray(count * 8)
+    kind = MPI.DOUBLE
+    comm.Allreduce([send, kind], [receive, kind], op=MPI.SUM)  # warm-up: connections
+    comm.Barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        comm.Allreduce([send, kind], [receive, kind], op=MPI.SUM)
+    seconds = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    hosts = comm.gather(node_name(), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    per_call = seconds / iterations
+    return {
+        "ranks": comm.Get_size(),
+        "nodes": sorted(set(hosts or [])),
+        "bytes": count * 8,
+        "iterations": iterations,
+        "seconds_per_call": round(per_call, 6),
+        "mbps": round(count * 8 / per_call / 1e6, 1),
+    }
+
+
+def nccl_bandwidth(output: str) -> float | None:
+    found = NCCL_AVERAGE.search(output)
+    return float(found.group(1)) if found else None
+
+
+def nccl(gpus: int, binary: str, timeout: float) -> dict:
+    argv = [binary, "-b", "256M", "-e", "256M", "-g", str(gpus), "-n", "20", "-w", "5", "-c", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    figure = nccl_bandwidth(proc.stdout)
+    wrong = re.search(r"#\s*Out of bounds values\s*:\s*([1-9][0-9]*)", proc.stdout)
+    if proc.returncode != 0 or figure is None or wrong:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise ProbeError(f"all_reduce_perf exit {proc.returncode}: {' | '.join(tail)[:200]}")
+    return {"gpus": gpus, "busbw_gbytes": figure}
+
+
+def rdma_bandwidth(output: str) -> float | None:
+    """BW average [Gb/s] of ib_write_bw's result line: bytes, iterations, peak, average,
+    message rate (all numbers)."""
+    figure = None
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) >= 4 and all(NUMBER.match(word) for word in words):
+            figure = float(words[3])
+    return figure
+
+
+def rdma(server_node: str, server_address: str) -> dict | None:
+    devices = rdma_devices()
+    if not devices:
+        raise ProbeError(f"{node_name()}: no RDMA device")
+    argv = ["ib_write_bw", "-d", devices[0], "-F", "--report_gbits", "-D", str(RDMA_SECONDS),
+            "-p", str(RDMA_PORT)]  # fmt: skip
+    if node_name() == server_node:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise ProbeError(f"ib_write_bw server exit {proc.returncode}: {proc.stderr[-200:]}")
+        return None
+    for _ in range(CONNECT_TRIES):  # the server may not listen yet
+        time.sleep(1)
+        proc = subprocess.run([*argv, server_address], capture_output=True, text=True,
+                              timeout=120, check=False)  # fmt: skip
+        figure = rdma_bandwidth(proc.stdout)
+        if proc.returncode == 0 and figure is not None:
+            return {"device": devices[0], "gbits": figure}
+    raise ProbeError(f"ib_write_bw client exit {proc.returncode}: {proc.stderr[-200:]}")
+
+
+class ProbeError(Exception):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    modes = parser.add_subparsers(dest="mode", required=True)
+    p_facts = modes.add_parser("facts")
+    p_facts.add_argument("--tool", action="append", default=[])
+    p_allreduce = modes.add_parser("allreduce")
+    p_allreduce.add_argument("--mib", type=float, default=32.0)
+    p_allreduce.add_argument("--iterations", type=int, default=10)
+    p_nccl = modes.add_parser("nccl")
+    p_nccl.add_argument("--gpus", type=int, required=True)
+    p_nccl.add_argument("--binary", default="all_reduce_perf")
+    p_nccl.add_argument("--timeout", type=float, default=600.0)
+    p_rdma = modes.add_parser("rdma")
+    p_rdma.add_argument("--server-node", required=True)
+    p_rdma.add_argument("--server-address", required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.mode == "facts":
+            found: dict | None = facts(args.tool or list(TOOLS))
+        elif args.mode == "allreduce":
+            found = allreduce(args.mib, args.iterations)
+        elif args.mode == "nccl":
+            found = nccl(args.gpus, args.binary, args.timeout)
+        else:
+            found = rdma(args.server_node, args.server_address)
+    except (ProbeError, OSError, subprocess.SubprocessError) as exc:
+        say({"node": node_name(), "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    if found is not None:
+        say({"node": node_name(), **found})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
