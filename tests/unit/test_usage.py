@@ -171,6 +171,15 @@ def test_another_users_rows_never_reach_the_answer_even_when_slurm_prints_them(f
     assert "bob" not in json.dumps(answer)
 
 
+def test_a_row_naming_the_callers_uid_is_the_callers(fake_sacct, tmp_path):
+    (tmp_path / "sacct.out").write_text(
+        f"9|{os.getuid()}|a|p|COMPLETED|2025-11-01T00:00:00|2025-11-01T01:00:00|1|cpu=1\n"
+        "8|1|a|p|COMPLETED|2025-11-01T00:00:00|2025-11-01T01:00:00|1|cpu=1\n"
+    )
+    answer = usage.usage(AgentConfig(), "2025-11", "2025-11", NOW)
+    assert [(row["jobs"], row["cpu_seconds"]) for row in answer["rows"]] == [(1, HOUR)]
+
+
 @pytest.mark.security
 @pytest.mark.parametrize(
     "words",

@@ -233,6 +233,7 @@ def usage(
     runs: list[Allocation] = []
     if span.since < span.until:
         found = allocations([f"--user={os.getuid()}"], span, config)
-        runs = [run for run in found if run.user == user]
+        own = {user, str(os.getuid())}  # sacct prints the uid where it knows no name
+        runs = [run for run in found if run.user in own]
     return {"user": user, "since": span.since.strftime(ISO), "until": span.until.strftime(ISO),
             "rows": month_rows(runs, span)}  # fmt: skip
