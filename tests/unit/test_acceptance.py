@@ -261,6 +261,17 @@ def test_a_step_slurm_refused_or_that_hung_is_a_failure_with_its_cause(slurm, co
 
 
 @pytest.mark.fault
+def test_a_failed_facts_step_fails_the_node_and_keeps_what_ran(slurm, config):
+    slurm.steps["facts"] = Output(1, "", "srun: error: n3: task 0: Exited with exit code 2")
+    assert accept(config, slurm) == 1
+    assert slurm.nodes["n2"]["reason"] == (
+        "tacc: acceptance failed: node facts: srun: error: n3: task 0: Exited with exit code 2"
+    )
+    assert [t["name"] for t in record(config)["tests"]] == ["agent checks"]
+    assert slurm.reservations == {}
+
+
+@pytest.mark.fault
 def test_a_reservation_slurm_refuses_fails_the_node(slurm, config):
     slurm.refuse_create = "Reservation request failed: Requested nodes are busy"
     assert accept(config, slurm) == 1
@@ -289,6 +300,7 @@ def test_an_interrupt_fails_the_node_and_still_removes_the_reservation(slurm, co
     name = signal.Signals(signum).name
     assert slurm.nodes["n2"]["reason"] == f"tacc: acceptance failed: interrupted ({name})"
     assert slurm.reservations == {}
+    assert [t["name"] for t in record(config)["tests"]] == ["agent checks"]  # what ran
     assert signal.getsignal(signal.SIGTERM) == before
 
 

@@ -408,8 +408,10 @@ class Steps:
             return Test(name, FAILED, self.cause(out), unit="Gb/s", threshold=threshold)
         return measured(name, float(found["gbits"]), "Gb/s", threshold, str(found.get("device")))
 
-    def all(self) -> list[Test]:
-        tests = [self.said(self.agent_checks())]
+    def run_all(self, tests: list[Test]) -> None:
+        """Each test into `tests` as it ends: an interrupt or a failed facts step keeps
+        the ones that ran in the record."""
+        tests.append(self.said(self.agent_checks()))
         facts = self.facts()
         node = self.plan.node.name
         node_threshold = float(self.limits["mpi_allreduce_node_min_mbps"])
@@ -423,7 +425,6 @@ class Steps:
         tests.append(self.said(pair))
         tests.append(self.said(self.nccl(facts[node])))
         tests.append(self.said(self.rdma(facts)))
-        return tests
 
     def said(self, test: Test) -> Test:
         self.progress(test)
@@ -512,7 +513,7 @@ def run_gate(plan: Plan, limits: dict, config: AgentConfig, admin: Slurm, run: R
                 reservation_minutes(float(limits["test_timeout_seconds"])),
             )
             admin.resume(plan.node.name)
-            record.tests = Steps(plan, limits, config, run, progress).all()
+            Steps(plan, limits, config, run, progress).run_all(record.tests)
             first = next((t for t in record.tests if t.status == FAILED), None)
             failure = first.failure() if first else ""
     except Interrupted as exc:
@@ -587,7 +588,9 @@ def table(record: Record, path: Path) -> str:
 
 def say_progress(test: Test) -> None:
     """Each test as it ends, on stderr (stdout gets the table, or the JSON record)."""
-    print(f"{test.name}: {test.status} {test.detail}", file=sys.stderr, flush=True)
+    figure = f" {test.figure:.1f} {test.unit}" if test.figure is not None else ""
+    detail = test.detail.removeprefix(f"{test.status}: ")
+    print(f"{test.name}: {test.status}{figure} ({detail})", file=sys.stderr, flush=True)
 
 
 def accept(config: AgentConfig, node: str, peer: str | None = None,
