@@ -199,7 +199,8 @@ def test_slurmdbd_stays_known_while_slurmctld_is_down():
 def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
     now = [0.0]
     fake = FakeSlurm(squeue=Output(0, "batch RUNNING\n"))
-    collector = ClusterCollector(Sources(2.0, fake), lambda: now[0])
+    said: list[str] = []
+    collector = ClusterCollector(Sources(2.0, fake), lambda: now[0], log=said.append)
     assert figures(collector)["tacc_agent_slurm_jobs", (("partition", "batch"),
                                                        ("state", "running"))] == 1  # fmt: skip
     fake.answers["sinfo"] = Output(
@@ -216,6 +217,17 @@ def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
         assert found["tacc_agent_slurm_query_errors_total", (("query", query),)] == 1
     assert found["tacc_agent_slurm_query_error", (("query", "slurmctld"),)] == 0
     assert "Unable to contact" in collector.problems()["nodes"]
+    now[0] = 200.0  # the same failure again: the journal is not told twice
+    figures(collector)
+    fake.answers["sinfo"] = Output(0, SINFO_DRAINED)
+    now[0] = 300.0
+    figures(collector)
+    assert said == [
+        "slurm figures: nodes: sinfo exit 1: slurm_load_node error: Unable to contact slurm "
+        "controller",
+        "slurm figures: jobs: squeue did not answer within 2 s",
+        "slurm figures: nodes: answering again",
+    ]
 
 
 @pytest.mark.bad_input

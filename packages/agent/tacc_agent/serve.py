@@ -59,7 +59,8 @@ class Daemon:
         self.registry = metrics.registry(lambda: self.snapshot)
         self.registry.register(job_usage.JobUsageCollector(job_usage.Sources.of(config)))
         if config.cluster_metrics:  # the controller: the cluster's Slurm figures
-            self.registry.register(slurm_cluster.ClusterCollector(slurm_cluster.Sources.of(config)))
+            sources = slurm_cluster.Sources.of(config)
+            self.registry.register(slurm_cluster.ClusterCollector(sources, log=log))
         self.last_said: tuple[str, str] = ("", "")
 
     def cycle(self) -> None:

@@ -280,8 +280,10 @@ class ClusterCollector:
     """A prometheus_client collector of the cluster's Slurm figures (see the module)."""
 
     def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic,
-                 wait_seconds: float = SCRAPE_WAIT_SECONDS) -> None:  # fmt: skip
+                 wait_seconds: float = SCRAPE_WAIT_SECONDS,
+                 log: Callable[[str], None] = lambda line: None) -> None:  # fmt: skip
         self.sources = sources
+        self.log = log  # the journal gets a query's failure and its recovery, once each
         self.clock = clock
         self.wait_seconds = wait_seconds
         self.lock = threading.Lock()
@@ -309,12 +311,17 @@ class ClusterCollector:
                 continue
             del self.running[query]
             problem = future.exception()
+            before = self.readings.get(query)
             if problem is None:
                 self.readings[query] = Reading(self.clock(), future.result())
+                if before is not None and before.problem:
+                    self.log(f"slurm figures: {query}: answering again")
             else:
                 message = str(problem) if isinstance(problem, QueryError) else repr(problem)
                 self.readings[query] = Reading(self.clock(), None, message or "failed")
                 self.errors[query] += 1
+                if before is None or before.problem != self.readings[query].problem:
+                    self.log(f"slurm figures: {query}: {self.readings[query].problem}")
 
     def fresh(self, query: str) -> Reading | None:
         """The query's answer if it succeeded and is recent enough to show."""
