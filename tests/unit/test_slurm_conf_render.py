@@ -120,11 +120,15 @@ def test_agent_settings_come_from_inventory(rendered):
 
 
 def test_etc_hosts_is_rendered_next_to_them(rendered):
+    """With a cluster DNS (the example's cluster_dns group) a node's hosts file names
+    itself only: a node that joins rewrites no other node's copy."""
     full, limited = rendered
     hosts = (full / "ctl1/hosts").read_text().splitlines()
-    assert "10.10.0.10\tctl1" in hosts and "10.10.1.8\tgpu08" in hosts
-    assert len({p.read_bytes() for p in full.glob("*/hosts")}) == 1
-    assert (limited / "gpu03/hosts").read_bytes() == (full / "ctl1/hosts").read_bytes()
+    assert "10.10.0.10\tctl1.cluster.internal\tctl1" in hosts
+    assert not any("gpu08" in line for line in hosts)
+    gpu = (full / "gpu08/hosts").read_text().splitlines()
+    assert "10.10.1.8\tgpu08.cluster.internal\tgpu08" in gpu
+    assert (limited / "gpu03/hosts").read_bytes() == (full / "gpu03/hosts").read_bytes()
 
 
 @pytest.fixture(scope="module")

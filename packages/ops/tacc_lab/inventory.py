@@ -26,7 +26,11 @@ from tacc_lab.researchers import RESEARCHERS
 # root_squash like the role's default: root on a client is nobody on /shared.
 EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "root_squash")
 
-HEAD_GROUPS = ("slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache")
+# The head node also serves the cluster's names (cluster_dns) and runs its monitoring.
+HEAD_GROUPS = (
+    "slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache", "cluster_dns",
+    "monitoring",
+)  # fmt: skip
 LOGIN_GROUPS = ("login", "nfs_clients")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
 # The head node also runs the cluster's image registry in a lab with a container image

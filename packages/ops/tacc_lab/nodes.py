@@ -7,6 +7,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,7 +140,13 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
     # The head node keeps the package cache's data in a host directory of this lab's
     # name that outlives the lab (config.PACKAGE_CACHE).
     cache = [f"--bind={cfg.package_cache_dir}:{NODE_PACKAGE_CACHE}"] if node.index == 1 else []
+    # The lab's BMC (tacc_lab.bmc) runs systemd-nspawn and boots the node again when it
+    # reboots itself.
     cmd = [
+        sys.executable,
+        "-m",
+        "tacc_lab.bmc",
+        "--",
         "systemd-nspawn",
         "--quiet",
         "--boot",
@@ -150,6 +157,9 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
         "--register=no",
         "--keep-unit",
         f"--network-bridge={cfg.bridge}",
+        # The node's /etc/resolv.conf is its own (roles/common points it at the cluster's
+        # DNS); nspawn would otherwise copy the host's over it at every boot.
+        "--resolv-conf=off",
         f"--bind={cfg.shared_dir}:/shared",
         *cache,
         # NFS-Ganesha's VFS backend needs open_by_handle_at, which nspawn's default
@@ -284,8 +294,13 @@ def cut_power(cfg: LabConfig, node: NodeRecord, timeout: float = 15.0) -> bool:
     the container running, reparented.) False if the node was not running."""
     if not node_alive(cfg, node):
         return False
-    for child in _children(node.pid or 0):
-        os.kill(child, signal.SIGKILL)
+    # node.pid is the lab's BMC: killed first, so it does not boot the node again; then
+    # the container's init (the child of its systemd-nspawn).
+    nspawns = _children(node.pid or 0)
+    os.kill(node.pid or 0, signal.SIGKILL)
+    for nspawn in nspawns:
+        for child in _children(nspawn):
+            os.kill(child, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while node_alive(cfg, node):
         if time.monotonic() > deadline:
