@@ -193,7 +193,7 @@ def test_every_step_is_bounded_in_the_reservation_with_pmix_for_mpi(slurm, confi
     within = slurm.sruns("allreduce")[0]
     assert within[:13] == ["srun", "--reservation=tacc-accept-n2", "--partition=batch",
                            "--nodelist=n2", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
-                           "--time=6", "--immediate=60", "--mem=1G", "--export=PATH",
+                           "--time=6", "--immediate=60", "--mem=1G", "--export=PATH,HOME",
                            "--job-name=tacc-accept", "--mpi=pmix"]  # fmt: skip
     assert within[13:16] == [config.python, "-I", accept_probe.__file__]
     assert Path(accept_probe.__file__) == acceptance.PROBE

@@ -325,7 +325,7 @@ class Steps:
                 f"--partition={self.plan.partition}", f"--nodelist={','.join(nodes)}",
                 f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * tasks_per_node}",
                 f"--ntasks-per-node={tasks_per_node}", f"--time={minutes}",
-                f"--immediate={IMMEDIATE_SECONDS}", f"--mem={memory}", "--export=PATH",
+                f"--immediate={IMMEDIATE_SECONDS}", f"--mem={memory}", "--export=PATH,HOME",
                 "--job-name=tacc-accept", *extra, *program]  # fmt: skip
         return self.run(argv, self.timeout)
 
