@@ -501,34 +501,31 @@ def run_gate(plan: Plan, limits: dict, config: AgentConfig, admin: Slurm, run: R
     record = Record(plan.node.name, plan.peer.name if plan.peer else None, plan.partition,
                     plan.reservation, limits, clock())  # fmt: skip
     failure: str | None = None  # None: stopped by an unexpected error (a bug): not a pass
-    try:
-        with interrupts_raise():
+    with interrupts_raise():  # until cleanup holds them off: no window for SIGTERM to kill
+        try:
             if admin.reservation_exists(plan.reservation):  # left by a killed run
                 admin.delete_reservation(plan.reservation)
             if not plan.node.drained:
                 admin.drain(plan.node.name, PENDING_REASON)
-            admin.create_reservation(
-                plan.reservation,
-                plan.nodes,
-                reservation_minutes(float(limits["test_timeout_seconds"])),
-            )
+            minutes = reservation_minutes(float(limits["test_timeout_seconds"]))
+            admin.create_reservation(plan.reservation, plan.nodes, minutes)
             admin.resume(plan.node.name)
             Steps(plan, limits, config, run, progress).run_all(record.tests)
             first = next((t for t in record.tests if t.status == FAILED), None)
             failure = first.failure() if first else ""
-    except Interrupted as exc:
-        failure = f"interrupted ({exc})"
-    except KeyboardInterrupt:
-        failure = "interrupted (SIGINT)"
-    except AgentError as exc:
-        failure = str(exc)
-    finally:
-        with signals_held():
-            if failure is None:
-                failure = "stopped by an internal error"
-            record.passed = not failure
-            record.reason = reason_for(failure) if failure else ""
-            clean_up(plan, admin, record)
+        except Interrupted as exc:
+            failure = f"interrupted ({exc})"
+        except KeyboardInterrupt:
+            failure = "interrupted (SIGINT)"
+        except AgentError as exc:
+            failure = str(exc)
+        finally:
+            with signals_held():
+                if failure is None:
+                    failure = "stopped by an internal error"
+                record.passed = not failure
+                record.reason = reason_for(failure) if failure else ""
+                clean_up(plan, admin, record)
     record.finished = clock()
     return record
 
