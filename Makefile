@@ -24,7 +24,7 @@ LAB_INVENTORY := inventory/$(LAB_NAME)/hosts.yml
 # mmdebstrap builds the demo's prebaked node image (packages/ops/tacc_lab/prebake.py);
 # with umoci and skopeo also the lab's container image (`tacc-lab up --container-image`).
 APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 openssh-client \
-	python3-venv python3-pip ca-certificates rsync umoci skopeo
+	python3-venv python3-pip ca-certificates rsync umoci skopeo prometheus prometheus-alertmanager
 STAMP := .cache/stamps
 
 .PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean gpu-check
