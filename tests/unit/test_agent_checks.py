@@ -186,6 +186,14 @@ HEALTHY = [Result("gpu", OK), Result("rdma", ABSENT)]
         ("IDLE+DRAIN", "tacc: gpu: old", HEALTHY,
          [["scontrol", "update", "NodeName=n2", "State=RESUME"]], "resumed n2"),
         ("IDLE+DRAIN", "disk swap [admin@2026]", HEALTHY, [], "nothing to do"),
+        # The acceptance gate's and rolling maintenance's drains: a passing run never
+        # resumes them (a new node would take jobs before its acceptance).
+        ("IDLE+DRAIN", "tacc: acceptance pending", HEALTHY, [], "nothing to do"),
+        ("IDLE+DRAIN", "tacc: acceptance failed: mpi allreduce within node 8 MB/s < 100 MB/s",
+         HEALTHY, [], "nothing to do"),
+        ("MIXED+DRAIN", "tacc: rolling reboot [root@2026-11-24T20:00:00]", HEALTHY, [],
+         "nothing to do"),
+        ("IDLE+DRAIN", "tacc: rolling reboot", FAILED, [], "drained by an admin"),
     ],
 )  # fmt: skip
 def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason, results,

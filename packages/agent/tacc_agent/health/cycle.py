@@ -20,6 +20,9 @@ from tacc_agent.health.checks.base import Result
 from tacc_agent.health.registry import Check, CheckContext, Registry
 
 TAG = "tacc:"
+# Drains of the acceptance gate (`tacc-agent accept`) and of rolling maintenance
+# (playbooks/rolling.yml): only they resume such a node, never a passing check run.
+HELD_TAGS = ("tacc: acceptance", "tacc: rolling")
 
 
 def boot_id(proc_root: str) -> str:
@@ -63,7 +66,7 @@ def apply_to_slurm(results: list[Result], node: str, timeout: float) -> str:
         return f"slurm: {node} is not a Slurm node here"
     state = found[0].get("State", "")
     reason = slurm.strip_set_by(found[0].get("Reason", ""))
-    ours = reason.startswith(TAG)
+    ours = reason.startswith(TAG) and not reason.startswith(HELD_TAGS)
     drained = "DRAIN" in state
     failing = any(r.failed for r in results)
     if failing and drained and not ours:
