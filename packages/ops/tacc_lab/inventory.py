@@ -38,6 +38,8 @@ COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "sm
 REGISTRY_GROUP = "image_registry"
 ALL_GROUPS = tuple(dict.fromkeys((*HEAD_GROUPS, REGISTRY_GROUP, *LOGIN_GROUPS, *COMPUTE_GROUPS)))
 REGISTRY_PORT = 5000
+# Where the lab's alert test listens for Alertmanager's webhook, on the head node.
+ALERT_WEBHOOK_PORT = 9099
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,31 @@ def container_vars(head: str, image: ContainerImage | None) -> dict:
     }
 
 
+MONITORING_VARS = {
+    "monitoring_scrape_interval": "5s",
+    "monitoring_scrape_timeout": "5s",
+    "monitoring_evaluation_interval": "5s",
+    "monitoring_alert_for": {
+        "node_drained_by_check": "10s", "mount_stuck": "30s", "disk_nearly_full": "1m",
+        "slurmctld_down": "30s", "slurmdbd_down": "30s", "gpus_allocated_idle": "2m",
+        "target_down": "30s",
+    },
+    "monitoring_alertmanager_group_wait": "1s",
+    "monitoring_alertmanager_group_interval": "10s",
+    "monitoring_alert_webhook_url": f"http://127.0.0.1:{ALERT_WEBHOOK_PORT}/tacc-hook",
+    # Collectors with nothing to read in an nspawn node.
+    "node_exporter_disabled_collectors": ["rapl", "hwmon", "nvme", "infiniband", "mdadm"],
+}  # fmt: skip
+
+
+def accounting_vars(password: str | None) -> dict:
+    """Slurm accounting (slurmdbd on the head node: usage reports, `sacct`) when the lab
+    has a database password for it."""
+    if password is None:
+        return {}
+    return {"slurm_accounting_enabled": True, "slurm_dbd_db_password": password}
+
+
 def numbered_count(indexes: list[int]) -> int:
     """How many of the lab's nodes are numbered (n1..): all but the login node."""
     return sum(1 for index in indexes if index != LOGIN_INDEX)
@@ -126,6 +153,7 @@ def render_inventory(
     researchers: dict[str, str] | None = None,
     package_cache_wheels: list[str] | None = None,
     container_image: ContainerImage | None = None,
+    accounting_password: str | None = None,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
 
@@ -210,6 +238,11 @@ def render_inventory(
                 "package_cache_wheels": list(package_cache_wheels or []),
                 # Containers (docs/containers.md): roles/image_registry, roles/container_runtime.
                 **container_vars(head, container_image),
+                **accounting_vars(accounting_password),
+                # Monitoring (roles/monitoring on the head node): short intervals, so the
+                # lab's alert test sees an alert within seconds; the webhook is a receiver
+                # the test starts on the head node.
+                **MONITORING_VARS,
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

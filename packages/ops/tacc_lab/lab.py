@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -225,10 +226,24 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         researchers=ensure_researcher_keys(cfg),
         package_cache_wheels=host_find_links_wheels(),
         container_image=lab_container_image(cfg),
+        accounting_password=ensure_accounting_password(cfg),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
+    path.chmod(0o600)  # it holds the accounting database's password
+
+
+def ensure_accounting_password(cfg: LabConfig) -> str:
+    """The lab's Slurm accounting database password: made once, kept in the lab's state
+    directory (mode 0600), never on a command line."""
+    where = cfg.state_dir / "secrets" / "slurmdbd-db-password"
+    if not where.exists():
+        where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(24))
+    return where.read_text().strip()
 
 
 def host_hardware() -> NodeHardware:
