@@ -66,7 +66,23 @@ from tests.integration.isolation_cases import (  # noqa: F401
     test_p2_a_researcher_does_not_see_another_researchers_jobs,
     test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs,
 )
-from tests.integration.lab_helpers import lab_cli, node_sh, site, status, submit, wait_state
+from tests.integration.lab_helpers import (
+    lab_cli,
+    node_sh,
+    playbook,
+    site,
+    status,
+    submit,
+    wait_state,
+)
+from tests.integration.operations_cases import (  # noqa: F401  (issue [15]: operating it)
+    acceptance_override,
+    accepted,
+    test_o1_prometheus_reports_every_agent_and_node_exporter_up,
+    test_o2_a_node_drained_by_a_failing_check_fires_its_alert_to_the_webhook,
+    test_o3_tcloud_usage_matches_the_jobs_the_test_ran,
+    test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive,
+)
 from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
     as_researcher,
     test_sdk_cancels_and_another_researcher_cannot_touch_the_job,
@@ -721,7 +737,11 @@ def test_las_gives_pending_jobs_of_the_user_with_less_service_more_priority(alic
         tcloud("cancel", job)
 
 
-def test_added_node_joins_without_disturbing_a_running_job(cluster):
+def test_added_node_joins_without_disturbing_a_running_job(cluster, tmp_path):
+    """Issue [15]: a 4th node joins changing only the controller and itself (cluster DNS,
+    configless Slurm): the old nodes report changed=0 and a job on one stays running. It
+    joins drained until its acceptance test passes; with thresholds it cannot reach it
+    stays drained with the failing figure in its reason."""
     # The job must outlive the add-node converge, which takes minutes on a loaded host.
     job = node_sh(NAME, "n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 3600'").stdout.strip()
     deadline = time.monotonic() + 30
@@ -730,18 +750,36 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster):
         time.sleep(1)
     proc = lab_cli(NAME, "up", "--nodes", "4", "--inventory", str(cluster))
     assert proc.returncode == 0, proc.stderr
-    run, changed = site(cluster)
-    assert changed["n4"] > 0
-    # Existing nodes change only what the new node list changes: /etc/hosts, slurm.conf
-    # and the ordered daemon restart.
-    for host in ("login1", "n1", "n2", "n3"):
-        assert changed[host] <= 3, run.stdout[-3000:]
+    impossible = {"mpi_allreduce_node_min_mbps": 10**9}
+    extra = acceptance_override(tmp_path, "n4", impossible)
+    started = time.monotonic()
+    run, changed = playbook(cluster, "playbooks/site.yml", "-i", str(extra), expect_ok=False)
+    print(f"add-node converge (n4 joins): {time.monotonic() - started:.1f} s; changed {changed}")
+    # Only the controller (DNS records, slurm.conf) and the new node change.
+    assert changed["n4"] > 0 and changed["n1"] > 0
+    assert {h: changed[h] for h in ("login1", "n2", "n3")} == {"login1": 0, "n2": 0, "n3": 0}, (
+        run.stdout[-3000:]
+    )
+    # n4's acceptance failed, on its figure: the run says so, n4 stays drained.
+    assert run.returncode != 0 and re.search(r"^fatal: \[n4 -> n1", run.stdout, re.M), run.stdout[
+        -3000:
+    ]
+    reason = node_sh(NAME, "n1", "sinfo -h -n n4 -o '%t|%100E'").stdout.strip()
+    assert re.fullmatch(r"drain\|tacc: acceptance failed: mpi allreduce within node "
+                        r"[\d.]+ MB/s < [\d.e+]+ MB/s", reason), reason  # fmt: skip
+    assert accepted("n4")["passed"] is False
+    state = node_sh(NAME, "n1", f"squeue -h -j {job} -o '%T %N'").stdout.strip()
+    assert state == "RUNNING n2"
+    # The new node resolves by name everywhere, through the DNS, with no hosts file edit.
+    assert node_sh(NAME, "n2", "getent hosts n4").stdout.split()[:1] == ["10.77.6.14"]
+    # The fault fixed (here: the thresholds), a site.yml run accepts it and it takes jobs.
+    site(cluster)
+    assert accepted("n4")["passed"] is True
     deadline = time.monotonic() + 60
     while "n4 idle" not in node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout:
         assert time.monotonic() < deadline, "n4 never became idle"
         time.sleep(2)
-    state = node_sh(NAME, "n1", f"squeue -h -j {job} -o '%T %N'").stdout.strip()
-    assert state == "RUNNING n2"
+    assert node_sh(NAME, "n1", "srun -w n4 -N1 hostname").stdout.strip() == "n4"
     node_sh(NAME, "n1", f"scancel {job}")
     # The grown cluster, after all the jobs above, is converged: --check --diff changes
     # nothing. (Plain re-runs changing nothing: test_hardware_roles and molecule's

@@ -243,6 +243,10 @@ def render_inventory(
                 # lab's alert test sees an alert within seconds; the webhook is a receiver
                 # the test starts on the head node.
                 **MONITORING_VARS,
+                # Rolling reboots (playbooks/rolling.yml): lab nodes share the host's
+                # kernel, so its boot id never changes; their init's start time does (the
+                # lab's BMC, tacc_lab.bmc, boots a node that reboots itself again).
+                "rolling_boot_time_command": "cut -d' ' -f22 /proc/1/stat",
             },
             "hosts": hosts,
             "children": {group: spec for group, spec in groups.items() if spec["hosts"]},

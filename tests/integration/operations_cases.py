@@ -1,0 +1,229 @@
+"""Issue [15] on the slurm lab: operating the cluster (docs/monitoring.md,
+docs/operations.md, docs/usage.md).
+
+Prometheus on the controller (n1) finds every agent and node exporter through the cluster
+DNS and reports them up; a node drained by a failing check fires its alert and
+Alertmanager's webhook receives it; `tcloud usage` matches the jobs the test ran (read
+from slurmdbd); a rolling reboot of the compute nodes in two waves keeps a checkpointing
+job alive. The node that joins with a failed acceptance test: test_slurm_cluster's
+add-node test.
+
+Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
+its lab and its researchers alice and bob.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tacc_lab.inventory import ALERT_WEBHOOK_PORT
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import node_sh, playbook, submit, wait_state
+
+HOSTS = {"login1", "n1", "n2", "n3"}
+
+# Asks the controller's Prometheus (loopback only) for something, from n1 itself.
+PROMETHEUS_QUERY = """
+import json, sys, urllib.parse, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+path = sys.argv[1]
+print(json.dumps(json.load(opener.open("http://127.0.0.1:9090" + path, timeout=10))["data"]))
+"""
+
+# Alertmanager's webhook: every POST body appended as one line to a file.
+WEBHOOK = f"""
+import http.server
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open("/root/alerts.jsonl", "ab") as out:
+            out.write(body.replace(b"\\n", b" ") + b"\\n")
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", {ALERT_WEBHOOK_PORT}), Hook).serve_forever()
+"""
+
+# A program that counts seconds and saves its count at the checkpoint signal; a run
+# started again (requeued) goes on from the saved count.
+COUNTER = """
+import os, pathlib, signal, socket, time
+saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
+count = int(saved.read_text()) if saved.exists() else 0
+print(f"start at {count} on {socket.gethostname()}", flush=True)
+def checkpoint(*_):
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(str(count))
+    print(f"checkpoint {count}", flush=True)
+signal.signal(signal.SIGUSR1, checkpoint)
+while count < 100000:
+    count += 1
+    time.sleep(1)
+"""
+
+
+def prometheus(path: str) -> dict | list:
+    node_sh(SLURM_LAB, "n1", f"cat > /root/promq.py <<'EOF'\n{PROMETHEUS_QUERY}\nEOF")
+    proc = node_sh(SLURM_LAB, "n1", f"python3 /root/promq.py '{path}'")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def up_targets() -> set[tuple[str, str]]:
+    active = prometheus("/api/v1/targets?state=active")["activeTargets"]
+    return {(t["labels"]["job"], t["labels"]["instance"]) for t in active if t["health"] == "up"}
+
+
+def test_o1_prometheus_reports_every_agent_and_node_exporter_up(cluster):
+    wanted = {(job, host) for job in ("tacc_agent", "node") for host in HOSTS}
+    deadline = time.monotonic() + 90
+    while not wanted <= (found := up_targets()):
+        assert time.monotonic() < deadline, f"not up: {sorted(wanted - found)}"
+        time.sleep(3)
+    # The controller's agent exports the cluster-wide Slurm figures.
+    series = prometheus("/api/v1/query?query=tacc_agent_slurm_up")["result"]
+    assert {s["metric"]["daemon"]: s["value"][1] for s in series} == {
+        "slurmctld": "1", "slurmdbd": "1"}  # fmt: skip
+    nodes = prometheus("/api/v1/query?query=sum(tacc_agent_slurm_nodes)")["result"]
+    assert nodes and float(nodes[0]["value"][1]) == 2  # n2 and n3
+
+
+def test_o2_a_node_drained_by_a_failing_check_fires_its_alert_to_the_webhook(cluster):
+    """The agent on n3 watches a tmpfs (1 s checks, on the real agent's port, so Prometheus
+    scrapes it); the tmpfs goes, the agent drains n3, TaccNodeDrainedByCheck fires and
+    Alertmanager posts it to the webhook on n1."""
+    hook = f"cat > /root/hook.py <<'EOF'\n{WEBHOOK}\nEOF\n"
+    node_sh(SLURM_LAB, "n1", f"rm -f /root/alerts.jsonl; {hook}"
+            "systemd-run --unit tacc-test-hook python3 /root/hook.py")  # fmt: skip
+    settings = "services: [munge, slurmd]\nmounts: [{path: /mnt/tacc-alert, fstype: tmpfs}]\n"
+    node_sh(SLURM_LAB, "n3", "systemctl stop tacc-agent; mkdir -p /mnt/tacc-alert && "
+            f"mount -t tmpfs tmpfs /mnt/tacc-alert && printf '{settings}' > /tmp/alert.yaml && "
+            "systemd-run --unit tacc-agent-alert tacc-agent --config /tmp/alert.yaml serve "
+            "--interval 1")  # fmt: skip
+    try:
+        node_sh(SLURM_LAB, "n3", "umount /mnt/tacc-alert")
+        deadline = time.monotonic() + 120
+        fired: list[dict] = []
+        while not fired:
+            assert time.monotonic() < deadline, node_sh(
+                SLURM_LAB, "n1", "cat /root/alerts.jsonl"
+            ).stdout
+            time.sleep(3)
+            lines = node_sh(SLURM_LAB, "n1", "cat /root/alerts.jsonl 2>/dev/null").stdout
+            fired = [alert for line in lines.splitlines() if line.strip()
+                     for alert in json.loads(line)["alerts"]
+                     if alert["labels"]["alertname"] == "TaccNodeDrainedByCheck"
+                     and alert["status"] == "firing"]  # fmt: skip
+        assert fired[0]["labels"]["instance"] == "n3", fired
+        said = json.dumps(fired[0]["annotations"])
+        assert "mounts" in said, said
+    finally:
+        node_sh(SLURM_LAB, "n3", "systemctl stop tacc-agent-alert; umount /mnt/tacc-alert; "
+                "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent")  # fmt: skip
+        node_sh(SLURM_LAB, "n1", "systemctl stop tacc-test-hook")
+    deadline = time.monotonic() + 30
+    while "n3 idle" not in node_sh(SLURM_LAB, "n1", "sinfo -h -N -o '%N %t'").stdout:
+        assert time.monotonic() < deadline, "n3 never came back"
+        time.sleep(1)
+
+
+def usage_total(tcloud, since: str) -> dict:
+    proc = tcloud("usage", "--since", since, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["total"]
+
+
+def sacct_cpu_seconds(jobs: list[str]) -> int:
+    out = node_sh(SLURM_LAB, "n1", "sacct -X -n -P -D --format=JobIDRaw,AllocCPUS,ElapsedRaw "
+                  f"-j {','.join(jobs)}").stdout  # fmt: skip
+    return sum(int(cpus) * int(seconds) for _, cpus, seconds in
+               (line.split("|") for line in out.splitlines() if line))  # fmt: skip
+
+
+def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    before = usage_total(alice, today)
+    jobs = []
+    for index, nodes in enumerate((1, 2)):
+        root = tmp_path / f"u{index}"
+        root.mkdir()
+        task = {"name": f"usage{index}", "resources": {"nodes": nodes, "mem": "100M", "time": "5"},
+                "run": ["sleep 3"]}  # fmt: skip
+        (root / "tcloud.yaml").write_text(json.dumps(task))
+        jobs.append(submit(alice, root))
+    for job in jobs:
+        assert wait_state(alice, job, ("COMPLETED",), 180)["state"] == "COMPLETED"
+    expected = sacct_cpu_seconds(jobs)
+    assert expected > 0
+    deadline = time.monotonic() + 60  # slurmdbd records a job a moment after it ends
+    while (after := usage_total(alice, today))["jobs"] != before["jobs"] + 2:
+        assert time.monotonic() < deadline, (before, after)
+        time.sleep(2)
+    gained = after["cpu_seconds"] - before["cpu_seconds"]
+    assert abs(gained - expected) <= 2, (gained, expected, before, after)
+    assert after["gpu_hours"] == before["gpu_hours"]  # the lab has no GPUs
+    # The ops report (root on the controller) has alice's row, and refuses a researcher.
+    report = node_sh(SLURM_LAB, "n1", f"tacc-agent report usage --since {today} --format json")
+    assert report.returncode == 0, report.stderr
+    assert "alice" in {row["user"] for row in json.loads(report.stdout)["rows"]}
+    assert node_sh(SLURM_LAB, "login1", "su -s /bin/sh alice -c 'tacc-agent report usage'"
+                   ).returncode == 4  # fmt: skip
+
+
+@pytest.mark.fault
+def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluster, alice, tmp_path):
+    root = tmp_path / "counter"
+    root.mkdir()
+    (root / "count.py").write_text(COUNTER)
+    task = {"name": "counter", "resources": {"nodes": 1, "mem": "100M", "time": "30"},
+            "run": ["python3 count.py"]}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    job = submit(alice, root)
+    wait_state(alice, job, ("RUNNING",), 120)
+    time.sleep(5)
+    before = node_sh(SLURM_LAB, "n1", "cut -d' ' -f22 /proc/1/stat").stdout  # n1 stays up
+    boots = {n: node_sh(SLURM_LAB, n, "cut -d' ' -f22 /proc/1/stat").stdout for n in ("n2", "n3")}
+    started = time.monotonic()
+    run, changed = playbook(cluster, "playbooks/rolling.yml", "--limit", "n2,n3",
+                            "-e", "rolling_wave=1", "-e", "rolling_running_jobs=checkpoint",
+                            "-e", "rolling_checkpoint_grace=5")  # fmt: skip
+    seconds = time.monotonic() - started
+    # Two waves of one node each, both rebooted for real (their init started again).
+    assert run.stdout.count("PLAY [Rolling maintenance of the compute nodes]") == 2, run.stdout
+    for node, boot in boots.items():
+        assert node_sh(SLURM_LAB, node, "cut -d' ' -f22 /proc/1/stat").stdout != boot, node
+    assert node_sh(SLURM_LAB, "n1", "cut -d' ' -f22 /proc/1/stat").stdout == before
+    assert changed["n2"] > 0 and changed["n3"] > 0
+    print(f"rolling reboot of n2, n3 in two waves: {seconds:.1f} s")
+    # The job lives on: running again, from its checkpoint (its count goes on).
+    log = ""
+    deadline = time.monotonic() + 180
+    while not re.search(r"start at [1-9]\d* on", log):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(3)
+        log = alice("logs", job).stdout
+    saved = int(re.findall(r"checkpoint (\d+)", log)[0])
+    resumed = int(re.findall(r"start at ([1-9]\d*) on", log)[0])
+    assert resumed == saved >= 5, log[-3000:]
+    assert wait_state(alice, job, ("RUNNING",), 120)["state"] == "RUNNING"
+    states = node_sh(SLURM_LAB, "n1", "sinfo -h -N -n n2,n3 -o '%N %t'").stdout
+    assert "drain" not in states and "down" not in states, states  # both back in service
+    alice("cancel", job)
+    wait_state(alice, job, ("CANCELLED",), 60)
+
+
+def accepted(node: str) -> dict:
+    return json.loads(
+        node_sh(SLURM_LAB, "n1", f"cat /var/lib/tacc-agent/acceptance/{node}.json").stdout
+    )
+
+
+def acceptance_override(root: Path, node: str, thresholds: dict) -> Path:
+    """A second inventory source giving `node` acceptance thresholds it cannot reach."""
+    path = root / "acceptance.yml"
+    path.write_text(json.dumps({"all": {"hosts": {node: {"tacc_agent_acceptance": thresholds}}}}))
+    return path
