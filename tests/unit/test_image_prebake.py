@@ -34,6 +34,7 @@ ROLE_PACKAGE_VARS = {
     "mpi": ["mpi_openmpi_packages", "mpi_mpi4py_packages", "mpi_pmix_packages"],
     "package_cache": ["package_cache_packages"],
     "tacc_agent": ["tacc_agent_packages"],
+    "node_exporter": ["node_exporter_packages"],
 }
 
 

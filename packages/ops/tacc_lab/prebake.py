@@ -49,15 +49,21 @@ ROLE_PACKAGES = (
     "python3-setuptools",
     "python3-wheel",
     "python3-prometheus-client",
+    "prometheus-node-exporter",  # node_exporter (every node runs it)
+    "dbus",
 )
-# Left to their roles: Slurm accounting (the lab runs without it: slurm_accounting_enabled
-# is false, so no node installs it), and NFS-Ganesha, on the one node that runs it (4 s of
+# Left to their roles: the daemons of one node (cluster_dns's dnsmasq, monitoring's
+# Prometheus and Alertmanager, Slurm accounting's slurmdbd and MariaDB), which would
+# otherwise run on every node of the image, and NFS-Ganesha, on the one node that runs it (4 s of
 # converge there). Installed there, its package starts it before the role's restart, as
 # on a bare node. Prebaked, the role started and restarted it within a second and, in
 # one run, the new daemon found the old one's ports held (nspawn nodes' systemd cannot
 # kill through their read-only cgroups) twice, and the server never came up. The same
 # race, once, also costs bare-image converges a minute (roles/nfs_server's rescue).
-LEFT_TO_ROLES = ("slurmdbd", "mariadb-server", "nfs-ganesha", "nfs-ganesha-vfs")
+LEFT_TO_ROLES = (
+    "slurmdbd", "mariadb-server", "nfs-ganesha", "nfs-ganesha-vfs", "dnsmasq", "prometheus",
+    "prometheus-alertmanager",
+)  # fmt: skip
 
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
 # created before the packages that would otherwise pick other IDs (the role cannot move
