@@ -230,8 +230,14 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    path.chmod(0o600)  # it holds the accounting database's password
+        # It holds the accounting database's password: 0600 from its first byte.
+        partial = path.with_name(path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    path.chmod(0o600)
 
 
 def ensure_accounting_password(cfg: LabConfig) -> str:
