@@ -12,7 +12,25 @@ Timed two ways, for the controller only (every host renders the same bytes):
              clock, as ops would run it (start-up, inventory parsing, every task).
 The playbook's slurm.conf and hosts must be byte-identical to the in-process ones.
 
-Usage: .venv/bin/python -u bench/render_scale.py [--nodes 4096] [--hetero] [--json PATH]
+--add-node (issue [15]): which hosts a node addition changes, with the cluster DNS and
+Prometheus on the controller (groups cluster_dns and monitoring on ctl1, as in
+inventory/example). The inventory of N nodes and of N+1 (one more GPU node) are rendered
+by the real render playbook (`ansible-playbook playbooks/render-cluster-files.yml
+--limit SAMPLE`), every file the run writes on a host (slurm_render_dir/<host>/root/),
+for a sample that covers every class of host: ctl1 (controller, DNS, Prometheus,
+accounting), login1, the first, a middle and the last old GPU node, and the new node.
+Printed: the hosts whose files differ (the new node: every file is new); expected
+{ctl1, new node}. A sample is enough because an old compute node's files are a function
+of its own name and address and of cluster-wide variables only (no loop over the other
+hosts in any of its templates): the bench checks it by rendering two old compute nodes
+and showing their files are equal once one's name and address are substituted for the
+other's. What the claim rests on is the inventory, not a host's state: `--check` against
+4,096 real hosts is impossible here (they do not exist); the lab test
+(tests/integration, `test_added_node_joins_without_disturbing_a_running_job`: real
+site.yml and --check --diff on a lab of real nodes) covers the real run.
+
+Usage: .venv/bin/python -u bench/render_scale.py [--nodes 4096] [--hetero] [--add-node]
+       [--json PATH]
 Needs no lab. The example inventory's group_vars supply everything but the host list
 and the GPU nodes' hardware (224 CPUs, ~2 TB, 8 x H100 each).
 """
@@ -20,8 +38,11 @@ and the GPU nodes' hardware (224 CPUs, ~2 TB, 8 x H100 each).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import resource
+import shlex
 import shutil
 import sys
 import tempfile
@@ -36,17 +57,31 @@ GPUS_PER_NODE = 8
 HOST = "ctl1"
 
 
-def inventory(root: Path, nodes: int, hetero: bool) -> Path:
+def gpu_name(index: int, nodes: int) -> str:
+    """The name of GPU node `index` (from 1) in an inventory of `nodes` (+1 added later)."""
+    return f"gpu{index:0{max(4, len(str(nodes)))}d}"
+
+
+def gpu_address(index: int) -> str:
+    """10.10.<rack>.<slot>, 250 nodes per rack."""
+    return f"10.10.{1 + (index - 1) // 250}.{1 + (index - 1) % 250}"
+
+
+def inventory(
+    root: Path, nodes: int, hetero: bool, *, services: bool = False, added: int = 0
+) -> Path:
     """The example inventory's variables, with N GPU nodes gpuNNNN at 10.10.<rack>.<slot>
     (250 per rack). --hetero: the last 1/32 of the nodes are an h200 group with more
-    memory (a second NodeName line) and their own partition, listed by name."""
+    memory (a second NodeName line) and their own partition, listed by name. services:
+    the cluster DNS and Prometheus on the controller (groups cluster_dns and monitoring,
+    as in inventory/example). added: that many more GPU nodes after the N (named as in
+    the N-node inventory)."""
     shutil.copytree(ROOT / "inventory/example/group_vars", root / "group_vars")
     hardware = {"slurm_node_cpus": 224, "slurm_node_memory_mb": 2_063_000,
                 "slurm_node_gres": [f"gpu:h100:{GPUS_PER_NODE}"]}  # fmt: skip
     (root / "group_vars/gpu_nodes/hardware.yml").write_text(yaml.safe_dump(hardware))
-    width = max(4, len(str(nodes)))
-    gpus = {f"gpu{i:0{width}d}": {"ansible_host": f"10.10.{1 + (i - 1) // 250}.{1 + (i - 1) % 250}"}
-            for i in range(1, nodes + 1)}  # fmt: skip
+    gpus = {gpu_name(i, nodes): {"ansible_host": gpu_address(i)}
+            for i in range(1, nodes + added + 1)}  # fmt: skip
     children = {
         "slurm_controller": {"hosts": {HOST: None}},
         "slurm_dbd": {"hosts": {HOST: None}},
@@ -54,6 +89,8 @@ def inventory(root: Path, nodes: int, hetero: bool) -> Path:
         "slurm_compute": {"hosts": dict.fromkeys(gpus)},
         "gpu_nodes": {"hosts": dict.fromkeys(gpus)},
     }
+    if services:
+        children |= {group: {"hosts": {HOST: None}} for group in ("cluster_dns", "monitoring")}
     if hetero:
         h200 = list(gpus)[nodes - max(1, nodes // 32) :]
         children["h200_nodes"] = {"hosts": dict.fromkeys(h200)}
@@ -137,14 +174,135 @@ def verdict(wall: float, cpu: float) -> str:
     return f"target <= {TARGET_S:g} s: {mark(wall)} (wall), {mark(cpu)} (CPU)"
 
 
+def render_playbook(hosts: Path, dest: Path, limit: list[str]) -> tuple[float, float, str]:
+    """Render every file of the hosts in `limit` into dest/<host>/ with the real render
+    playbook: wall s, CPU s (its processes) and the command line."""
+    argv = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(hosts),
+        "playbooks/render-cluster-files.yml",
+        "--limit",
+        ",".join(limit),
+        "-e",
+        f"slurm_render_dir={dest}",
+        "-e",
+        "vault_slurm_dbd_db_password=bench",
+    ]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_before = children.ru_utime + children.ru_stime
+    start = time.monotonic()
+    sh(argv, {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
+    wall = time.monotonic() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, children.ru_utime + children.ru_stime - cpu_before, shlex.join(argv)
+
+
+def written_files(render_dir: Path, host: str) -> dict[str, bytes]:
+    """What the run writes on host, by path ({} for a host not rendered)."""
+    root = render_dir / host / "root"
+    return {
+        "/" + str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def changed_paths(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
+    """Paths written differently (or only once) in two renders of a host."""
+    return sorted(
+        path for path in before.keys() | after.keys() if before.get(path) != after.get(path)
+    )
+
+
+def as_other_node(
+    files: dict[str, bytes], this: tuple[str, str], other: tuple[str, str]
+) -> dict[str, bytes]:
+    """files with this node's (name, address) replaced by the other node's."""
+    pattern = re.compile(
+        rf"(?<![\w.]){re.escape(this[0])}(?!\w)|(?<![\d.]){re.escape(this[1])}(?![\d])"
+    )
+    swap = {this[0]: other[0], this[1]: other[1]}
+    return {path: pattern.sub(lambda m: swap[m.group(0)], text.decode()).encode()
+            for path, text in files.items()}  # fmt: skip
+
+
+def unified_diff(a: dict[str, bytes], b: dict[str, bytes], a_name: str, b_name: str) -> list[str]:
+    """The lines of a unified diff between two hosts' files, path by path."""
+    lines: list[str] = []
+    for path in changed_paths(a, b):
+        a_lines = a.get(path, b"").decode().splitlines()
+        b_lines = b.get(path, b"").decode().splitlines()
+        lines += difflib.unified_diff(
+            a_lines, b_lines, f"{a_name}:{path}", f"{b_name}:{path}", lineterm=""
+        )
+    return lines
+
+
+def add_node(out: Record, tmp: Path, nodes: int, hetero: bool) -> None:
+    """Render the sample for N and N+1 nodes; record and print the hosts whose files
+    differ, and check that two old compute nodes' files differ by name and address only."""
+    first, middle, last = (gpu_name(i, nodes) for i in (1, (nodes + 1) // 2, nodes))
+    new = gpu_name(nodes + 1, nodes)
+    old = [HOST, "login1", first, middle, last]
+    renders = {}
+    for label, added, limit in (("before", 0, old), ("after", 1, [*old, new])):
+        hosts = inventory(tmp / f"inventory-{label}", nodes, hetero, services=True, added=added)
+        wall, cpu, command = render_playbook(hosts, tmp / label, limit)
+        renders[label] = tmp / label
+        out[f"add_node_{label}_render_s"] = wall
+        out[f"add_node_{label}_render_cpu_s"] = cpu
+        print(f"{label}: {nodes + added} GPU nodes, {len(limit)} hosts rendered in {wall:.1f} s "
+              f"({cpu:.1f} s CPU):\n  {command}", flush=True)  # fmt: skip
+    changed = {}
+    for host in [*old, new]:
+        before, after = (written_files(renders[label], host) for label in ("before", "after"))
+        if not after:
+            sys.exit(f"bench: nothing was rendered for {host} (see the playbook's output)")
+        paths = changed_paths(before, after)
+        print(f"  {host:8} {len(after):2} files, {len(paths):2} changed"
+              + (f": {', '.join(paths)}" if paths else ""), flush=True)  # fmt: skip
+        if paths:
+            changed[host] = paths
+    expected = {HOST, new}
+    out.update(add_node_sample=[*old, new], add_node_changed=changed,
+               add_node_as_expected=set(changed) == expected)  # fmt: skip
+    print(f"hosts a node addition changes: {{{', '.join(changed)}}} "
+          f"(expected {{{HOST}, {new}}}): {'PASS' if set(changed) == expected else 'FAIL'}",
+          flush=True)  # fmt: skip
+
+    # Why the sample is enough: an old compute node's files hold its name and address only.
+    this, other = (first, gpu_address(1)), (middle, gpu_address((nodes + 1) // 2))
+    files_this = written_files(renders["before"], first)
+    files_other = written_files(renders["before"], middle)
+    raw = changed_paths(files_this, files_other)
+    swapped = as_other_node(files_this, this, other)
+    diff = unified_diff(swapped, files_other, f"{first} as {middle}", middle)
+    out.update(add_node_name_only_files=raw, add_node_name_only=not diff)
+    print(f"{first} and {middle}: {len(raw)} of {len(files_this)} files differ "
+          f"({', '.join(raw)}); with {first}/{this[1]} replaced by {middle}/{other[1]}: "
+          f"{'identical' if not diff else 'STILL DIFFERENT'}", flush=True)  # fmt: skip
+    for line in diff[:40]:
+        print(f"    {line}", flush=True)
+    if diff or set(changed) != expected:
+        sys.exit("bench: a node addition changes more than the controller and the new node")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4096)
     parser.add_argument(
         "--hetero", action="store_true", help="make 1/32 of the nodes a second hardware group"
     )
+    parser.add_argument(
+        "--add-node",
+        action="store_true",
+        help="only: the hosts whose files a node addition changes (needs --nodes >= 3)",
+    )
     add_json_argument(parser)
     args = parser.parse_args()
+    if args.add_node and args.nodes < 3:
+        parser.error("--add-node needs --nodes 3 or more (a first, a middle and a last node)")
     os.chdir(ROOT)
     with (
         Record(
@@ -157,6 +315,9 @@ def main() -> int:
         ) as out,
         tempfile.TemporaryDirectory() as tmp,
     ):
+        if args.add_node:
+            add_node(out, Path(tmp), args.nodes, args.hetero)
+            return 0
         hosts = inventory(Path(tmp), args.nodes, args.hetero)
         print(
             f"inventory: {args.nodes} GPU nodes x {GPUS_PER_NODE} GPUs = "

@@ -1,0 +1,171 @@
+"""Adding a node changes only the controller and the new node (issue [15]): the files the
+real run writes (playbooks/render-cluster-files.yml, slurm_render_dir/<host>/root/) for
+the example inventory (8 GPU nodes) and for it with a ninth, rendered for a host of every
+class. Without the cluster DNS every host's /etc/hosts changes too: the DNS is what makes
+the difference. bench/render_scale.py --add-node does the same at 4,096 nodes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, ROOT
+
+NEW = "gpu09"
+NEW_ADDRESS = "10.10.1.9"
+# A host of every class: controller (+ DNS, Prometheus, accounting), login, compute;
+# gpu08 only before the addition, to compare two compute nodes.
+OLD_SAMPLE = ["ctl1", "login1", "gpu01"]
+
+
+def example_inventory(dest: Path, *, with_new_node: bool, with_dns: bool) -> Path:
+    """inventory/example, with gpu09 in every group gpu08 is in, and/or without the
+    cluster_dns group."""
+    shutil.copytree(ROOT / "inventory/example", dest)
+    hosts = yaml.safe_load((dest / "hosts.yml").read_text())
+    if with_new_node:
+        hosts["all"]["hosts"][NEW] = {"ansible_host": NEW_ADDRESS}
+        for group in hosts["all"]["children"].values():
+            if "gpu08" in (group.get("hosts") or {}):
+                group["hosts"] = {**group["hosts"], NEW: None}
+    if not with_dns:
+        del hosts["all"]["children"]["cluster_dns"]
+    (dest / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return dest
+
+
+def start_render(inventory: Path, out: Path, hosts: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "playbooks/render-cluster-files.yml",
+            "--limit",
+            ",".join(hosts),
+            "-e",
+            f"slurm_render_dir={out}",
+            "-e",
+            "vault_slurm_dbd_db_password=unit-test",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        cwd=ROOT,
+    )
+
+
+def written_files(render_dir: Path, host: str) -> dict[str, bytes]:
+    """What the run writes on host, by path."""
+    root = render_dir / host / "root"
+    return {
+        "/" + str(path.relative_to(root)): path.read_bytes()
+        for path in root.rglob("*")
+        if path.is_file()
+    }
+
+
+def changed_paths(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+@pytest.fixture(scope="module")
+def renders(tmp_path_factory) -> dict[str, Path]:
+    """Four renders at once (the machine's CPUs are shared between them): with and
+    without the cluster DNS, before and after gpu09 joins."""
+    base = tmp_path_factory.mktemp("add-node")
+    runs = {
+        "before": (True, False, [*OLD_SAMPLE, "gpu08"]),
+        "after": (True, True, [*OLD_SAMPLE, NEW]),
+        "before-no-dns": (False, False, ["ctl1", "gpu01"]),
+        "after-no-dns": (False, True, ["ctl1", "gpu01"]),
+    }
+    procs = {}
+    for label, (dns, new, hosts) in runs.items():
+        inventory = example_inventory(base / f"inv-{label}", with_new_node=new, with_dns=dns)
+        procs[label] = start_render(inventory, base / label, hosts)
+    for label, proc in procs.items():
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{label}: {output[-3000:]}"
+    return {label: base / label for label in runs}
+
+
+def test_a_node_joining_changes_only_the_controller_and_itself(renders):
+    changed = {
+        host: changed_paths(
+            written_files(renders["before"], host), written_files(renders["after"], host)
+        )
+        for host in [*OLD_SAMPLE, NEW]
+    }
+    assert {host for host, paths in changed.items() if paths} == {"ctl1", NEW}
+    # The controller: the node list (slurm.conf, gres.conf) and the DNS's records; not
+    # Prometheus (it finds targets through the DNS).
+    assert changed["ctl1"] == [
+        "/etc/dnsmasq.d/tacc-cluster.conf",
+        "/etc/slurm/gres.conf",
+        "/etc/slurm/slurm.conf",
+        "/etc/tacc-dns/hosts",
+    ]
+    assert (
+        f"{NEW_ADDRESS}\t{NEW}.cluster.internal\t{NEW}"
+        in (renders["after"] / "ctl1/root/etc/tacc-dns/hosts").read_text().splitlines()
+    )
+
+
+def test_the_new_node_gets_what_an_old_compute_node_gets(renders):
+    old = written_files(renders["before"], "gpu08")
+    new = written_files(renders["after"], NEW)
+    assert sorted(new) == sorted(old)
+    assert "/etc/slurm/slurm.conf" not in new  # configless: fetched from the controller
+    assert b'SLURMD_OPTIONS="--conf-server ' in new["/etc/default/slurmd"]
+
+
+def test_old_compute_nodes_differ_by_their_name_and_address_only(renders):
+    """Why a sample of compute nodes stands for all of them (bench/render_scale.py)."""
+    first = written_files(renders["before"], "gpu01")
+    last = written_files(renders["before"], "gpu08")
+    assert changed_paths(first, last) == ["/etc/hostname", "/etc/hosts"]
+    swap = {"gpu01": "gpu08", "10.10.1.1": "10.10.1.8"}
+    pattern = re.compile(r"(?<![\w.])gpu01(?!\w)|(?<![\d.])10\.10\.1\.1(?!\d)")
+    as_last = {
+        path: pattern.sub(lambda m: swap[m.group(0)], text.decode()).encode()
+        for path, text in first.items()
+    }
+    assert as_last == last
+
+
+def test_without_the_cluster_dns_every_hosts_etc_hosts_changes(renders):
+    """The same addition with every node's /etc/hosts listing every host."""
+    for host in ("ctl1", "gpu01"):
+        before = written_files(renders["before-no-dns"], host)
+        after = written_files(renders["after-no-dns"], host)
+        assert "/etc/hosts" in changed_paths(before, after), host
+        assert f"{NEW_ADDRESS}\t{NEW}" in after["/etc/hosts"].decode().splitlines()
+        assert "/etc/resolv.conf" not in after
+
+
+def test_secrets_are_written_for_the_operator_only(renders):
+    root = renders["before"] / "ctl1/root/etc"
+    for path in (root / "slurm/slurmdbd.conf", root / "prometheus/alertmanager.yml"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_the_unit_drop_in_is_the_one_the_slurm_role_writes():
+    """render_local writes vars/main.yml's slurm_configless_unit_dropin; configure.yml
+    must write the same text."""
+    tasks = yaml.safe_load((ROOT / "roles/slurm/tasks/configure.yml").read_text())
+    dropin = yaml.safe_load((ROOT / "roles/slurm/vars/main.yml").read_text())
+    (task,) = [t for t in tasks if t["name"] == "Let slurmd start without a local slurm.conf"]
+    content = task["ansible.builtin.copy"]["content"]
+    assert content in (dropin["slurm_configless_unit_dropin"], "{{ slurm_configless_unit_dropin }}")
+    assert task["ansible.builtin.copy"]["dest"] in (
+        f"{dropin['slurm_unit_dropin_dir']}/tacc-configless.conf",
+        "{{ slurm_unit_dropin_dir }}/tacc-configless.conf",
+    )
