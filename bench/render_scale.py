@@ -21,13 +21,18 @@ for a sample that covers every class of host: ctl1 (controller, DNS, Prometheus,
 accounting), login1, the first, a middle and the last old GPU node, and the new node.
 Printed: the hosts whose files differ (the new node: every file is new); expected
 {ctl1, new node}. A sample is enough because an old compute node's files are a function
-of its own name and address and of cluster-wide variables only (no loop over the other
-hosts in any of its templates): the bench checks it by rendering two old compute nodes
-and showing their files are equal once one's name and address are substituted for the
-other's. What the claim rests on is the inventory, not a host's state: `--check` against
-4,096 real hosts is impossible here (they do not exist); the lab test
-(tests/integration, `test_added_node_joins_without_disturbing_a_running_job`: real
-site.yml and --check --diff on a lab of real nodes) covers the real run.
+of its own name and address and of cluster-wide values only (group variables, the
+controller's and the DNS host's addresses): the bench checks it by showing, in both
+inventories, that the first node's files become the middle node's once its name and
+address are replaced by the middle node's. Then any compute node's files before and
+after are the sampled node's with the names swapped, and change only if those do; the
+first and last nodes cover a template that would single out an end of the list. What
+the claim rests on is the inventory, not a host's state: `--check` against 4,096 real
+hosts is impossible here (they do not exist, so every one would be unreachable); the lab
+test tests/integration/test_slurm_cluster.py::
+test_added_node_joins_without_disturbing_a_running_job (real site.yml, then --check
+--diff, on 4 real nodes: login1, n2, n3 report changed=0, a job stays RUNNING) covers
+the real run.
 
 Usage: .venv/bin/python -u bench/render_scale.py [--nodes 4096] [--hetero] [--add-node]
        [--json PATH]
@@ -271,17 +276,23 @@ def add_node(out: Record, tmp: Path, nodes: int, hetero: bool) -> None:
           f"(expected {{{HOST}, {new}}}): {'PASS' if set(changed) == expected else 'FAIL'}",
           flush=True)  # fmt: skip
 
-    # Why the sample is enough: an old compute node's files hold its name and address only.
+    # Why the sample is enough: in both inventories an old compute node's files are
+    # another's with the name and address swapped, so every compute node changes
+    # exactly when the sampled ones do (and they did not).
     this, other = (first, gpu_address(1)), (middle, gpu_address((nodes + 1) // 2))
-    files_this = written_files(renders["before"], first)
-    files_other = written_files(renders["before"], middle)
-    raw = changed_paths(files_this, files_other)
-    swapped = as_other_node(files_this, this, other)
-    diff = unified_diff(swapped, files_other, f"{first} as {middle}", middle)
-    out.update(add_node_name_only_files=raw, add_node_name_only=not diff)
-    print(f"{first} and {middle}: {len(raw)} of {len(files_this)} files differ "
-          f"({', '.join(raw)}); with {first}/{this[1]} replaced by {middle}/{other[1]}: "
-          f"{'identical' if not diff else 'STILL DIFFERENT'}", flush=True)  # fmt: skip
+    diff: list[str] = []
+    for label in ("before", "after"):
+        files_this = written_files(renders[label], first)
+        files_other = written_files(renders[label], middle)
+        raw = changed_paths(files_this, files_other)
+        swapped = as_other_node(files_this, this, other)
+        label_diff = unified_diff(swapped, files_other, f"{label}/{first} as {middle}", middle)
+        diff += label_diff
+        print(f"{label}: {first} and {middle}: {len(raw)} of {len(files_this)} files differ "
+              f"({', '.join(raw)}); with {first}/{this[1]} replaced by {middle}/{other[1]}: "
+              f"{'identical' if not label_diff else 'STILL DIFFERENT'}", flush=True)  # fmt: skip
+        out[f"add_node_name_only_files_{label}"] = raw
+    out["add_node_name_only"] = not diff
     for line in diff[:40]:
         print(f"    {line}", flush=True)
     if diff or set(changed) != expected:

@@ -98,6 +98,8 @@ def renders(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_a_node_joining_changes_only_the_controller_and_itself(renders):
+    for label, hosts in (("before", OLD_SAMPLE), ("after", [*OLD_SAMPLE, NEW])):
+        assert all(written_files(renders[label], host) for host in hosts), label
     changed = {
         host: changed_paths(
             written_files(renders["before"], host), written_files(renders["after"], host)
