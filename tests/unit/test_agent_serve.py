@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tacc_agent.config import AgentConfig
@@ -165,3 +166,21 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
     out = daemon.stdout.read()
     assert daemon.returncode == 0 and "tacc-agent: stopped" in out
     assert "mounts: " in out and "stuck" in out  # the journal says what changed
+
+
+@pytest.mark.fault
+def test_the_drain_gauge_stays_at_one_while_the_agent_keeps_the_node_drained(tmp_path, monkeypatch):
+    """Every run after the one that drains says "already drained": the gauge (which the
+    TaccNodeDrainedByCheck alert reads) stayed at 1 for one run only before."""
+    config = replace(fixture_config(tmp_path), drain=True, expected_gpus=4)
+    daemon = Daemon(config)
+    said = iter([f"slurm: drained {daemon.node}: tacc: gpu: 2 GPU(s), expected 4",
+                 f"slurm: {daemon.node} already drained: tacc: gpu: 2 GPU(s), expected 4",
+                 f"slurm: {daemon.node} idle, nothing to do"])  # fmt: skip
+    monkeypatch.setattr("tacc_agent.health.cycle.apply_to_slurm", lambda *_: next(said))
+    gauges = []
+    for _ in range(3):
+        daemon.cycle()
+        gauges += parse_exposition(daemon.exposition().decode())[
+            "tacc_agent_slurm_drained_by_agent"]  # fmt: skip
+    assert gauges == [f"tacc_agent_slurm_drained_by_agent {v}" for v in ("1.0", "1.0", "0.0")]

@@ -80,7 +80,9 @@ class Daemon:
         tasks = node_facts.running_tasks(self.config.proc_root)
         node_facts.write(Path(self.config.facts_file),
                          node_facts.build(self.node, results, tasks, now))  # fmt: skip
-        drained = action.startswith(("slurm: drained", "slurm: already drained"))
+        # "slurm: drained N: ..." the run that drains it, "slurm: N already drained: ..."
+        # every run after: both keep the gauge at 1 while the drain lasts.
+        drained = action.startswith(("slurm: drained ", f"slurm: {self.node} already drained:"))
         declared = tuple(family for check in checks for family in check.families)
         self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained,
                                          declared)  # fmt: skip
