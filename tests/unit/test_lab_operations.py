@@ -103,6 +103,7 @@ def test_the_head_node_serves_names_and_monitoring_and_accounting_is_on():
         f"http://127.0.0.1:{ALERT_WEBHOOK_PORT}/"
     )
     assert settings["rolling_boot_time_command"] == "cut -d' ' -f22 /proc/1/stat"
+    assert settings["slurm_accounts"] == []  # no researchers in this one
     assert "slurm_accounting_enabled" not in lab_inventory(None)["vars"]
 
 

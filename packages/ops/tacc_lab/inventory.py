@@ -115,12 +115,18 @@ MONITORING_VARS = {
 }  # fmt: skip
 
 
-def accounting_vars(password: str | None) -> dict:
+def accounting_vars(password: str | None, users: list[str]) -> dict:
     """Slurm accounting (slurmdbd on the head node: usage reports, `sacct`) when the lab
-    has a database password for it."""
+    has a database password for it. The researchers belong to one account, `research`:
+    with PrivateData (the slurm role's default) slurmdbd shows a user's own jobs only to
+    a user it knows, and jobs need an association (AccountingStorageEnforce)."""
     if password is None:
         return {}
-    return {"slurm_accounting_enabled": True, "slurm_dbd_db_password": password}
+    return {
+        "slurm_accounting_enabled": True,
+        "slurm_dbd_db_password": password,
+        "slurm_accounts": [{"name": "research", "users": users}] if users else [],
+    }
 
 
 def numbered_count(indexes: list[int]) -> int:
@@ -238,7 +244,7 @@ def render_inventory(
                 "package_cache_wheels": list(package_cache_wheels or []),
                 # Containers (docs/containers.md): roles/image_registry, roles/container_runtime.
                 **container_vars(head, container_image),
-                **accounting_vars(accounting_password),
+                **accounting_vars(accounting_password, [user["name"] for user in users]),
                 # Monitoring (roles/monitoring on the head node): short intervals, so the
                 # lab's alert test sees an alert within seconds; the webhook is a receiver
                 # the test starts on the head node.
