@@ -8,7 +8,7 @@
    head series divided by its targets, read from itself.
 2. rolling reboot, per wave: `playbooks/rolling.yml --limit NODE` (drain, reboot,
    acceptance, resume) for each compute node, against the bare reboot of the same node
-   (`systemctl reboot` over ssh, then until its slurmd answers the controller again).
+   (`systemctl reboot` on it, then until its new slurmd answers the controller).
 3. --add-node: a node joins (`tacc-lab up` one more, site.yml), against a site.yml
    re-run that changes nothing; with changed= per host (the old ones must be 0).
 
@@ -115,8 +115,10 @@ def slurmd_start(lab: str, node: str) -> str:
 def bare_reboot(lab: str, node: str) -> float:
     """`systemctl reboot` over ssh, until the node's new slurmd answers the controller."""
     before = slurmd_start(lab, node)
-    start = time.monotonic()
-    lab_sh(lab, node, "systemctl reboot", check=False)
+    # A timer unit reboots it a second from now: an ssh session running `systemctl reboot`
+    # itself would hang until its TCP connection times out (about 90 s here).
+    lab_sh(lab, node, "systemd-run --quiet --on-active=1 systemctl reboot")
+    start = time.monotonic() + 1.0
     while True:
         time.sleep(0.5)
         text = lab_sh(lab, "n1", f"scontrol show node {node} --oneline", check=False)
