@@ -93,9 +93,10 @@ def test_a_killed_run_is_finished_by_the_next_one_which_changes_only_what_was_le
     # ...and the restarts its slurm.conf change notified, never run, are not lost: every
     # daemon runs a configuration at least as new as the file.
     assert "RUNNING HANDLER [slurm" not in runs["killed"]
+    # (Configless: the controller's slurm.conf is the one every slurmd fetches.)
+    written = sh("n1", "stat -c %Y /etc/slurm/slurm.conf")
     for node, daemon in (("n1", "slurmctld"), ("n2", "slurmd"), ("n3", "slurmd")):
         started = sh(node, f"systemctl show --timestamp=unix -P ActiveEnterTimestamp {daemon}")
-        written = sh(node, "stat -c %Y /etc/slurm/slurm.conf")
         assert started.startswith("@"), (node, daemon, started)
         assert int(started.strip().lstrip("@")) >= int(written), (node, daemon)
 
@@ -193,7 +194,8 @@ def test_gpu_shards_let_jobs_share_n2s_gpus(runs):
     jobs fill it. Slurm 22.05 takes one job's shards from a single GPU (there is no
     MULTIPLE_SHARING_GRES_PJ before 23.02), so each job asks for 2 of a GPU's 4 shards."""
     assert "shard:h100:16" in sh("n1", "scontrol show node n2")
-    assert "Name=shard Count=16" in sh("n2", "cat /etc/slurm/gres.conf")
+    # Configless: n2 runs the controller's gres.conf, fetched into /run/slurm/conf.
+    assert "Name=shard Count=16" in sh("n2", "cat /run/slurm/conf/gres.conf")
     sh("n1", "timeout 60 srun -w n2 --gres=shard:1 true")
     jobs = [
         sh(

@@ -617,12 +617,13 @@ def test_a_sweep_is_one_job_array_addressed_whole_or_by_trial(alice, tmp_path):
 
 def test_sweep_trials_run_in_code_trees_of_their_own_and_download_by_trial(alice, tmp_path):
     """What one trial writes where it runs is not another's (before, all trials ran in the
-    sweep's one code/ directory); uploaded and cluster datasets reach every trial."""
+    sweep's one code/ directory); uploaded and cluster datasets reach every trial
+    (/etc/slurm: a configless node has plugstack.conf there, not slurm.conf)."""
     line = ('test ! -e result.txt || { echo "collision: $(cat result.txt)"; exit 1; }; '
             'echo "$X" > result.txt; sleep 2; '
             'echo "trial $TACC_TRIAL kept $(cat result.txt)," '
             '"read $(cat "$TACC_DATASETS/words/w.txt")," '
-            '"cluster $(test -s "$TACC_DATASETS/etc_slurm/slurm.conf" && echo ok)"; '
+            '"cluster $(test -s "$TACC_DATASETS/etc_slurm/plugstack.conf" && echo ok)"; '
             'echo "$X" > "$TACC_WORKDIR/outputs/x.txt"')  # fmt: skip
     project = plugin_task(tmp_path / "own", {
         "name": "own-trees", "resources": {"time": "5"}, "run": [line],
