@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import BIN, ROOT, Record, add_json_argument, sh
+from benchlib import BIN, ROOT, Record, add_json_argument, playbook, sh
 
 # Runs on the monitoring host: interleaved GETs of one node's two exporters (the CPU time
 # of each serving process is read on that node, found by its listening socket).
@@ -129,16 +129,6 @@ def bare_reboot(lab: str, node: str) -> float:
             sys.exit(f"bench: {node} did not come back within 600 s")
 
 
-def ansible(inventory: Path, playbook_path: str, *extra: str) -> tuple[float, dict[str, int]]:
-    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.parent / "facts")}  # fmt: skip
-    start = time.monotonic()
-    proc = sh([str(BIN / "ansible-playbook"), "-i", str(inventory), playbook_path, *extra], env)
-    changed = {m.group(1): int(m.group(2)) for m in
-               re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)}  # fmt: skip
-    return time.monotonic() - start, changed
-
-
 def numbered_nodes(lab: str) -> int:
     """The lab's n1.. nodes (`tacc-lab up --nodes` counts these; the login node apart)."""
     status = json.loads(sh([str(BIN / "tacc-lab"), "--name", lab, "status", "--json"]).stdout)
@@ -181,7 +171,7 @@ def main() -> int:
         waves = {}
         for node_name in ("n2", "n3"):
             bare = bare_reboot(args.lab, node_name)
-            rolled, _ = ansible(inventory, "playbooks/rolling.yml", "--limit", node_name)
+            rolled, _ = playbook(inventory, "playbooks/rolling.yml", "--limit", node_name)
             waves[node_name] = {"rolling_s": rolled, "bare_reboot_s": bare}
             print(
                 f"wave {node_name}: rolling.yml (drain, reboot, accept, resume) {rolled:.1f} s"
@@ -189,10 +179,10 @@ def main() -> int:
             )
         out["waves"] = waves
         if args.add_node:
-            rerun, _ = ansible(inventory, "playbooks/site.yml")
+            rerun, _ = playbook(inventory, "playbooks/site.yml")
             sh([str(BIN / "tacc-lab"), "--name", args.lab, "up", "--nodes", str(numbered + 1),
                 "--inventory", str(inventory)])  # fmt: skip
-            added, changed = ansible(inventory, "playbooks/site.yml")
+            added, changed = playbook(inventory, "playbooks/site.yml")
             out["add_node"] = {"seconds": added, "rerun_s": rerun, "changed": changed}
             print(
                 f"add-node converge: {added:.1f} s / no-change re-run {rerun:.1f} s: "

@@ -20,7 +20,11 @@ KEYS = {
 
 
 def render_lab(
-    count: int, researchers: dict[str, str] | None = None, *, login_node: bool = False
+    count: int,
+    researchers: dict[str, str] | None = None,
+    *,
+    login_node: bool = False,
+    accounting_password: str | None = None,
 ) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
     if login_node:
@@ -34,6 +38,7 @@ def render_lab(
         hardware=NodeHardware(cpus=2, memory_mb=24000),
         subnet="10.77.0.0/24",
         researchers=KEYS if researchers is None else researchers,
+        accounting_password=accounting_password,
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)

@@ -10,17 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tacc_lab.bmc import REBOOT_STATUS, Bmc, main
 from tacc_lab.inventory import (
     ALERT_WEBHOOK_PORT,
     HEAD_GROUPS,
-    InventoryNode,
-    NodeHardware,
-    render_inventory,
 )
 from tacc_lab.lab import ensure_accounting_password
+from tests.unit.test_lab_inventory import render_lab
 
 
 def counted(tmp_path: Path, statuses: list[int]) -> list[str]:
@@ -77,18 +74,8 @@ def test_the_bmc_without_a_command_says_how_to_call_it(capsys):
 
 
 def lab_inventory(password: str | None) -> dict:
-    nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in (1, 2, 3)]
-    text = render_inventory(
-        nodes,
-        ssh_key=Path("/var/lib/tacc-lab/lab/ssh/id_ed25519"),
-        known_hosts=Path("/var/lib/tacc-lab/lab/ssh/known_hosts"),
-        proxy_url="http://10.77.0.1:3128",
-        lab_name="lab",
-        hardware=NodeHardware(cpus=2, memory_mb=24000),
-        subnet="10.77.0.0/24",
-        accounting_password=password,
-    )
-    return yaml.safe_load(text)["all"]
+    """Three nodes, no researchers."""
+    return render_lab(3, {}, accounting_password=password)["all"]
 
 
 def test_the_head_node_serves_names_and_monitoring_and_accounting_is_on():

@@ -230,14 +230,18 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        # It holds the accounting database's password: 0600 from its first byte.
-        partial = path.with_name(path.name + ".partial")
-        partial.unlink(missing_ok=True)
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(partial, path)
+        write_private(path, text)  # it holds the accounting database's password
     path.chmod(0o600)
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, mode 0600 from its first byte, replaced whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(partial, path)
 
 
 def ensure_accounting_password(cfg: LabConfig) -> str:
@@ -246,9 +250,7 @@ def ensure_accounting_password(cfg: LabConfig) -> str:
     where = cfg.state_dir / "secrets" / "slurmdbd-db-password"
     if not where.exists():
         where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(24))
+        write_private(where, secrets.token_urlsafe(24))
     return where.read_text().strip()
 
 
