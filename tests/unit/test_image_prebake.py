@@ -72,7 +72,11 @@ def test_every_disabled_daemon_is_started_by_a_role() -> None:
     started = set()
     for tasks in ROLES.glob("*/tasks/*.yml"):
         for task in yaml.safe_load(tasks.read_text()) or []:
-            for module in ("ansible.builtin.service", "ansible.builtin.systemd"):
+            for module in (
+                "ansible.builtin.service",
+                "ansible.builtin.systemd",
+                "ansible.builtin.systemd_service",
+            ):
                 args = task.get(module) if isinstance(task, dict) else None
                 if args and args.get("enabled") is True:
                     started.add(str(args["name"]))
