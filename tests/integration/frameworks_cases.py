@@ -82,7 +82,7 @@ def test_rerun_builds_the_same_locked_versions_from_the_same_files(alice, ddp_jo
     answer = json.loads(proc.stdout)
     assert answer["rerun_of"] == job and answer["lock"] == past["environment"]["lock"]
     info = wait_state(alice, answer["job_id"], FINAL, 900)
-    assert info["state"] == "COMPLETED", info
+    assert info["state"] == "COMPLETED", (info, alice("logs", answer["job_id"]).stdout[-6000:])
     assert info["environment"]["lock"] == past["environment"]["lock"]
     assert info["code_digest"] == past["code_digest"] and info["rerun_of"] == job
     assert f"a rerun of job {job}" in alice("status", answer["job_id"]).stdout

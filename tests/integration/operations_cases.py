@@ -5,7 +5,8 @@ Prometheus on the controller (n1) finds every agent and node exporter through th
 DNS and reports them up; a node drained by a failing check fires its alert and
 Alertmanager's webhook receives it; `tcloud usage` matches the jobs the test ran (read
 from slurmdbd); a rolling reboot of the compute nodes in two waves keeps a checkpointing
-job alive. The node that joins with a failed acceptance test: test_slurm_cluster's
+job alive; a rolling upgrade brings a package to the version its repository now has and
+reboots the node. The node that joins with a failed acceptance test: test_slurm_cluster's
 add-node test.
 
 Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
@@ -214,6 +215,56 @@ def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluste
     assert "drain" not in states and "down" not in states, states  # both back in service
     alice("cancel", job)
     wait_state(alice, job, ("CANCELLED",), 60)
+
+
+# A flat apt repository on the node (file:, trusted) holding version VERSION of a tiny
+# package (a site package standing in for a driver or slurmd update); with KEEP=1 the
+# Packages index of the repository is not rewritten (the version installed by dpkg).
+UPGRADE_PROBE = "tacc-upgrade-probe"
+UPGRADE_REPO = "/opt/tacc-upgrade-probe"
+BUILD_PROBE = f"""set -eu
+build=$(mktemp -d)
+mkdir -p "$build/DEBIAN" "$build/usr/share/{UPGRADE_PROBE}" {UPGRADE_REPO}
+printf '%s\\n' "$VERSION" > "$build/usr/share/{UPGRADE_PROBE}/version"
+control="$build/DEBIAN/control"
+printf 'Package: {UPGRADE_PROBE}\\nVersion: %s\\nArchitecture: all\\n' "$VERSION" > "$control"
+printf 'Maintainer: tacc tests <root@localhost>\\nDescription: upgrade probe\\n' >> "$control"
+deb={UPGRADE_REPO}/{UPGRADE_PROBE}_"$VERSION"_all.deb
+dpkg-deb --root-owner-group --build "$build" "$deb" >/dev/null
+rm -rf "$build"
+cd {UPGRADE_REPO}
+{{ dpkg-deb --field "$deb"; echo "Filename: ./$(basename "$deb")"
+   echo "Size: $(stat -c %s "$deb")"
+   echo "SHA256: $(sha256sum "$deb" | cut -d' ' -f1)"; }} > Packages
+"""
+
+
+def installed_probe(node: str) -> str:
+    return node_sh(SLURM_LAB, node, f"dpkg-query -W -f '${{Version}}' {UPGRADE_PROBE}").stdout
+
+
+def test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots(cluster):
+    setup = (f"VERSION=1.0; {BUILD_PROBE}\ndpkg -i {UPGRADE_REPO}/{UPGRADE_PROBE}_1.0_all.deb\n"
+             f"VERSION=2.0; {BUILD_PROBE}\n"
+             f"echo 'deb [trusted=yes] file:{UPGRADE_REPO} ./' "
+             f"> /etc/apt/sources.list.d/{UPGRADE_PROBE}.list")  # fmt: skip
+    proc = node_sh(SLURM_LAB, "n3", setup)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert installed_probe("n3") == "1.0"
+    boot = node_sh(SLURM_LAB, "n3", "cut -d' ' -f22 /proc/1/stat").stdout
+    try:
+        packages = json.dumps({"rolling_upgrade_packages": [UPGRADE_PROBE]})
+        run, changed = playbook(cluster, "playbooks/rolling.yml", "--limit", "n3",
+                                "-e", "rolling_action=upgrade_reboot", "-e", packages)  # fmt: skip
+        # The node's package lists were read again: 2.0 is installed, then it rebooted.
+        assert installed_probe("n3") == "2.0", run.stdout[-3000:]
+        assert node_sh(SLURM_LAB, "n3", "cut -d' ' -f22 /proc/1/stat").stdout != boot
+        assert changed["n3"] > 0
+        state = node_sh(SLURM_LAB, "n1", "sinfo -h -N -n n3 -o %t").stdout.strip()
+        assert state in ("idle", "mix", "alloc"), state  # back in service
+    finally:
+        node_sh(SLURM_LAB, "n3", f"rm -rf /etc/apt/sources.list.d/{UPGRADE_PROBE}.list "
+                                 f"{UPGRADE_REPO}; dpkg --purge {UPGRADE_PROBE}")  # fmt: skip
 
 
 def accepted(node: str) -> dict:

@@ -82,6 +82,7 @@ from tests.integration.operations_cases import (  # noqa: F401  (issue [15]: ope
     test_o2_a_node_drained_by_a_failing_check_fires_its_alert_to_the_webhook,
     test_o3_tcloud_usage_matches_the_jobs_the_test_ran,
     test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive,
+    test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots,
 )
 from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
     as_researcher,

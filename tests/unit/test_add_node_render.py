@@ -22,6 +22,8 @@ NEW_ADDRESS = "10.10.1.9"
 # A host of every class: controller (+ DNS, Prometheus, accounting), login, compute;
 # gpu08 only before the addition, to compare two compute nodes.
 OLD_SAMPLE = ["ctl1", "login1", "gpu01"]
+# A setting slurmd loads only as it starts: `scontrol reconfigure` would not apply it.
+START_SETTING = "slurm_task_plugin=task/affinity"
 
 
 def example_inventory(dest: Path, *, with_new_node: bool, with_dns: bool) -> Path:
@@ -40,7 +42,9 @@ def example_inventory(dest: Path, *, with_new_node: bool, with_dns: bool) -> Pat
     return dest
 
 
-def start_render(inventory: Path, out: Path, hosts: list[str]) -> subprocess.Popen:
+def start_render(
+    inventory: Path, out: Path, hosts: list[str], extra_vars: tuple[str, ...] = ()
+) -> subprocess.Popen:
     return subprocess.Popen(
         [
             str(BIN / "ansible-playbook"),
@@ -53,6 +57,7 @@ def start_render(inventory: Path, out: Path, hosts: list[str]) -> subprocess.Pop
             f"slurm_render_dir={out}",
             "-e",
             "vault_slurm_dbd_db_password=unit-test",
+            *(word for setting in extra_vars for word in ("-e", setting)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -78,19 +83,21 @@ def changed_paths(before: dict[str, bytes], after: dict[str, bytes]) -> list[str
 
 @pytest.fixture(scope="module")
 def renders(tmp_path_factory) -> dict[str, Path]:
-    """Four renders at once (the machine's CPUs are shared between them): with and
-    without the cluster DNS, before and after gpu09 joins."""
+    """Five renders at once (the machine's CPUs are shared between them): with and
+    without the cluster DNS, before and after gpu09 joins, and before it with a setting
+    slurmd loads only as it starts changed."""
     base = tmp_path_factory.mktemp("add-node")
     runs = {
-        "before": (True, False, [*OLD_SAMPLE, "gpu08"]),
-        "after": (True, True, [*OLD_SAMPLE, NEW]),
-        "before-no-dns": (False, False, ["ctl1", "gpu01"]),
-        "after-no-dns": (False, True, ["ctl1", "gpu01"]),
+        "before": (True, False, [*OLD_SAMPLE, "gpu08"], ()),
+        "after": (True, True, [*OLD_SAMPLE, NEW], ()),
+        "before-no-dns": (False, False, ["ctl1", "gpu01"], ()),
+        "after-no-dns": (False, True, ["ctl1", "gpu01"], ()),
+        "before-new-plugin": (True, False, ["ctl1", "gpu01"], (START_SETTING,)),
     }
     procs = {}
-    for label, (dns, new, hosts) in runs.items():
+    for label, (dns, new, hosts, extra_vars) in runs.items():
         inventory = example_inventory(base / f"inv-{label}", with_new_node=new, with_dns=dns)
-        procs[label] = start_render(inventory, base / label, hosts)
+        procs[label] = start_render(inventory, base / label, hosts, extra_vars)
     for label, proc in procs.items():
         output, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{label}: {output[-3000:]}"
@@ -141,6 +148,17 @@ def test_old_compute_nodes_differ_by_their_name_and_address_only(renders):
         for path, text in first.items()
     }
     assert as_last == last
+
+
+def test_a_setting_slurmd_loads_as_it_starts_restarts_every_configless_slurmd(renders):
+    """Configless nodes keep no slurm.conf to notice the change by: their slurmd options
+    file carries a digest of those settings, and its change restarts slurmd."""
+    for host, wanted in (("gpu01", ["/etc/default/slurmd"]), ("ctl1", ["/etc/slurm/slurm.conf"])):
+        before = written_files(renders["before"], host)
+        after = written_files(renders["before-new-plugin"], host)
+        assert changed_paths(before, after) == wanted, host
+    options = written_files(renders["before-new-plugin"], "gpu01")["/etc/default/slurmd"]
+    assert re.search(rb"^# start settings: [0-9a-f]{64}$", options, re.M), options
 
 
 def test_without_the_cluster_dns_every_hosts_etc_hosts_changes(renders):
