@@ -345,6 +345,15 @@ def test_without_a_node_in_service_the_pair_tests_are_skipped(slurm, config):
     assert record(config)["peer"] is None
 
 
+def test_the_peer_is_the_least_busy_node_in_service_of_the_nodes_partition(slurm, config):
+    slurm.nodes["n3"].update(state="MIXED", alloc=6)
+    slurm.add("n4", "MIXED", alloc=2)
+    slurm.add("n5", "IDLE+DRAIN")  # idle but out of service
+    slurm.add("n6", "MIXED", alloc=2)
+    assert accept(config, slurm) == 0
+    assert record(config)["peer"] == "n4"  # fewest CPUs in use; the first of equals
+
+
 def test_the_peer_is_the_first_node_in_service_of_the_nodes_partition(slurm, config):
     slurm.nodes["n2"]["partitions"] = "gpu"
     slurm.add("n5", "IDLE", partitions="gpu,batch")

@@ -20,8 +20,9 @@ the Slurm controller. The node stays drained until it passes:
    (only a failed node Slurm refused to drain keeps it, so no job lands there untested).
    The record (figures, thresholds, time, verdict) goes to <state_dir>/acceptance/NODE.json.
 
-The peer is --peer, else the first node in service (idle or mixed, no drain, down, fail,
-maintenance or reservation flag) of NODE's partitions. A node drained with a reason
+The peer is --peer, else the node in service (idle or mixed, no drain, down, fail,
+maintenance or reservation flag) of NODE's first partition that has one with the fewest
+CPUs allocated (the first listed among equals). A node drained with a reason
 starting "tacc: acceptance" is the gate's: the health loop must leave it drained.
 Every Slurm command is an argv list; each is bounded by slurm_timeout_seconds.
 """
@@ -260,10 +261,11 @@ def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
             raise Rejected(f"--peer {peer_name}: shares no partition with {name}")
         return Plan(node, peer, shared[0])
     for partition in node.partitions:
-        for candidate in nodes:
-            if (candidate.name != name and candidate.in_service
-                    and partition in candidate.partitions):  # fmt: skip
-                return Plan(node, candidate, partition)
+        candidates = [c for c in nodes if c.name != name and c.in_service
+                      and partition in c.partitions]  # fmt: skip
+        if candidates:
+            # The least busy: its one-rank step starts at once and disturbs the fewest jobs.
+            return Plan(node, min(candidates, key=lambda c: c.cpus_allocated), partition)
     return Plan(node, None, node.partitions[0], "no other node in service")
 
 
