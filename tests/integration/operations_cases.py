@@ -6,8 +6,9 @@ DNS and reports them up; a node drained by a failing check fires its alert and
 Alertmanager's webhook receives it; `tcloud usage` matches the jobs the test ran (read
 from slurmdbd); a rolling reboot of the compute nodes in two waves keeps a checkpointing
 job alive; a rolling upgrade brings a package to the version its repository now has and
-reboots the node. The node that joins with a failed acceptance test: test_slurm_cluster's
-add-node test.
+reboots the node; the cluster's DNS reaches a node whose /etc/resolv.conf systemd-resolved
+owns, or a DHCP client would rewrite. The node that joins with a failed acceptance test:
+test_slurm_cluster's add-node test.
 
 Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
 its lab and its researchers alice and bob.
@@ -21,8 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tacc_lab.inventory import ALERT_WEBHOOK_PORT
+from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, playbook, submit, wait_state
 
@@ -265,6 +268,53 @@ def test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots(cluster):
     finally:
         node_sh(SLURM_LAB, "n3", f"rm -rf /etc/apt/sources.list.d/{UPGRADE_PROBE}.list "
                                  f"{UPGRADE_REPO}; dpkg --purge {UPGRADE_PROBE}")  # fmt: skip
+
+
+def common_only(tmp_path: Path, cluster: Path, host: str) -> tuple[str, int]:
+    """The common role alone on host (what sets the resolver); its output and changed=."""
+    book = tmp_path / "common.yml"
+    book.write_text(json.dumps([{"hosts": host, "gather_facts": True, "gather_subset": ["min"],
+                                 "roles": [{"role": str(ROOT / "roles/common")}]}]))  # fmt: skip
+    run, changed = playbook(cluster, str(book))
+    return run.stdout, changed[host]
+
+
+def test_o6_the_cluster_dns_reaches_nodes_with_resolved_or_a_dhcp_client(cluster, tmp_path):
+    hook = "/etc/dhcp/dhclient-enter-hooks.d/tacc-keep-resolv-conf"
+    nm_conf = "/etc/NetworkManager/conf.d/90-tacc-cluster-dns.conf"
+    dropin = "/etc/systemd/resolved.conf.d/90-tacc-cluster-dns.conf"
+    # The node image has neither /etc/dhcp nor /etc/NetworkManager: both are removed after.
+    node_sh(SLURM_LAB, "login1", "cp /etc/resolv.conf /root/resolv.conf.saved && "
+            "mkdir -p /etc/dhcp/dhclient-enter-hooks.d /etc/NetworkManager/conf.d")  # fmt: skip
+    try:
+        # A DHCP client and NetworkManager: told to leave the file alone.
+        output, changed = common_only(tmp_path, cluster, "login1")
+        assert changed == 2, output
+        found = node_sh(SLURM_LAB, "login1", f"cat {hook} {nm_conf}").stdout
+        assert "make_resolv_conf() { :; }" in found and "dns=none" in found, found
+        # systemd-resolved, as its package sets it up: /etc/resolv.conf a link to its stub.
+        install = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q systemd-resolved"
+        proc = node_sh(SLURM_LAB, "login1", f"rm -f {hook} {nm_conf} && {install}")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        link = node_sh(SLURM_LAB, "login1", "readlink /etc/resolv.conf").stdout.strip()
+        assert link.endswith("/run/systemd/resolve/stub-resolv.conf"), link
+        output, changed = common_only(tmp_path, cluster, "login1")
+        restarted = r"RUNNING HANDLER \[\S*common : Restart systemd-resolved\]"
+        assert re.search(restarted, output), output
+        assert node_sh(SLURM_LAB, "login1", "readlink /etc/resolv.conf").stdout.strip() == link
+        inventory = yaml.safe_load(cluster.read_text())["all"]["hosts"]
+        dns, n2 = inventory["n1"]["ansible_host"], inventory["n2"]["ansible_host"]
+        assert f"DNS={dns}" in node_sh(SLURM_LAB, "login1", f"cat {dropin}").stdout
+        resolved = node_sh(SLURM_LAB, "login1", "getent hosts n2; resolvectl dns").stdout
+        assert re.search(rf"^{re.escape(n2)}\s+n2\.cluster\.internal", resolved, re.M), resolved
+        assert dns in resolved
+        assert not node_sh(SLURM_LAB, "login1", f"ls {hook} {nm_conf}").stdout  # not needed
+        assert common_only(tmp_path, cluster, "login1")[1] == 0
+    finally:
+        purge = "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q systemd-resolved"
+        leftovers = "/etc/resolv.conf /etc/NetworkManager /etc/systemd/resolved.conf.d /etc/dhcp"
+        restore = "cp /root/resolv.conf.saved /etc/resolv.conf"
+        node_sh(SLURM_LAB, "login1", f"{purge}; rm -rf {leftovers}; {restore}")
 
 
 def accepted(node: str) -> dict:

@@ -83,6 +83,7 @@ from tests.integration.operations_cases import (  # noqa: F401  (issue [15]: ope
     test_o3_tcloud_usage_matches_the_jobs_the_test_ran,
     test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive,
     test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots,
+    test_o6_the_cluster_dns_reaches_nodes_with_resolved_or_a_dhcp_client,
 )
 from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
     as_researcher,

@@ -28,7 +28,8 @@ def file_spec(path, content="a\n", mode="0644", owner=None, group=None) -> dict:
 
 
 def params(**kinds) -> dict:
-    empty = {"hostname": None, "files": [], "links": [], "dirs": [], "groups": [], "users": []}
+    empty = {"hostname": None, "files": [], "links": [], "dirs": [], "groups": [], "users": [],
+             "probe": []}  # fmt: skip
     return {**empty, **kinds}
 
 
@@ -151,6 +152,7 @@ def test_drift_lists_only_what_differs(tmp_path, written):
         "dirs": [],
         "groups": [],
         "users": [],
+        "probed": {},
     }
 
 
@@ -168,3 +170,20 @@ def test_hostname_reads_the_file_and_the_kernel(monkeypatch, tmp_path):
     assert common_drift.hostname_differs("n2")
     monkeypatch.setattr(common_drift.socket, "gethostname", lambda: "zz")
     assert common_drift.hostname_differs("n1")
+
+
+def test_a_probe_names_the_kind_of_each_path_and_a_links_target(tmp_path):
+    """How the role tells who owns /etc/resolv.conf (systemd-resolved's link, a DHCP
+    client's hook directory): read, never reported as differing."""
+    (tmp_path / "hooks.d").mkdir()
+    (tmp_path / "resolv.conf").symlink_to("/run/systemd/resolve/stub-resolv.conf")
+    (tmp_path / "plain").write_text("x")
+    paths = [str(tmp_path / name) for name in ("hooks.d", "resolv.conf", "plain", "gone")]
+    found = common_drift.drift(params(probe=paths))
+    assert found["probed"] == {
+        paths[0]: {"kind": "dir", "target": ""},
+        paths[1]: {"kind": "link", "target": "/run/systemd/resolve/stub-resolv.conf"},
+        paths[2]: {"kind": "file", "target": ""},
+        paths[3]: {"kind": "missing", "target": ""},
+    }
+    assert found["files"] == [] and found["links"] == []

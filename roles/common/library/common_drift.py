@@ -45,6 +45,13 @@ options:
     type: list
     elements: dict
     default: []
+  probe:
+    description:
+      - Paths to report the kind of (and a link's target), e.g. who owns
+        /etc/resolv.conf; read, never compared.
+    type: list
+    elements: str
+    default: []
 author: TACC stack
 """
 
@@ -66,6 +73,11 @@ dirs: {description: Paths of the directories that differ or are missing., type: 
   returned: always}
 groups: {description: Names of the groups that differ or are missing., type: list, returned: always}
 users: {description: Names of the users that differ or are missing., type: list, returned: always}
+probed:
+  description: For each probe path, kind (missing, link, dir, file or other) and target (a
+    link's, else "").
+  type: dict
+  returned: always
 """
 
 import grp  # noqa: E402
@@ -164,6 +176,20 @@ def hostname_differs(name: str) -> bool:
     return permanent != name or socket.gethostname() != name
 
 
+def probe(path: str) -> dict:
+    """What is at path, without following a link."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return {"kind": "missing", "target": ""}
+    if stat.S_ISLNK(info.st_mode):
+        return {"kind": "link", "target": os.readlink(path)}
+    kind = (
+        "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode) else "other"
+    )
+    return {"kind": kind, "target": ""}
+
+
 def drift(params: dict) -> dict:
     groups = [g["name"] for g in params["groups"] if group_differs(g)]
     return {
@@ -174,6 +200,7 @@ def drift(params: dict) -> dict:
         "groups": groups,
         # A user whose primary group gets a new GID is changed with it.
         "users": [u["name"] for u in params["users"] if u["group"] in groups or user_differs(u)],
+        "probed": {path: probe(path) for path in params["probe"]},
     }
 
 
@@ -186,6 +213,7 @@ def main() -> None:
             "dirs": {"type": "list", "elements": "dict", "default": []},
             "groups": {"type": "list", "elements": "dict", "default": []},
             "users": {"type": "list", "elements": "dict", "default": []},
+            "probe": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
