@@ -201,8 +201,10 @@ def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason
     fake = FakeSlurm(state, reason)
     monkeypatch.setattr(slurm, "show", fake.show)
     monkeypatch.setattr(slurm, "slurm", fake.run)
-    assert said in health.apply_to_slurm(results, "n2", 5)
-    assert fake.calls == calls
+    outcome = health.apply_to_slurm(results, "n2", 5)
+    assert said in outcome.said and fake.calls == calls
+    # The drain gauge's input: the node is held by this agent's failing check.
+    assert outcome.drained_by_agent == (said in ("drained n2", "already drained"))
 
 
 def one_gpu_smi(path: Path, figures: str) -> str:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.health.cycle import SlurmOutcome
 from tacc_agent.serve import Daemon
 from tacc_agent.tasks import transport
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
@@ -170,13 +171,13 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
 
 @pytest.mark.fault
 def test_the_drain_gauge_stays_at_one_while_the_agent_keeps_the_node_drained(tmp_path, monkeypatch):
-    """Every run after the one that drains says "already drained": the gauge (which the
-    TaccNodeDrainedByCheck alert reads) stayed at 1 for one run only before."""
+    """Every run after the one that drains finds it "already drained": the gauge (which
+    the TaccNodeDrainedByCheck alert reads) stayed at 1 for one run only before."""
     config = replace(fixture_config(tmp_path), drain=True, expected_gpus=4)
     daemon = Daemon(config)
-    said = iter([f"slurm: drained {daemon.node}: tacc: gpu: 2 GPU(s), expected 4",
-                 f"slurm: {daemon.node} already drained: tacc: gpu: 2 GPU(s), expected 4",
-                 f"slurm: {daemon.node} idle, nothing to do"])  # fmt: skip
+    said = iter([SlurmOutcome(f"slurm: drained {daemon.node}: tacc: gpu: 2 GPU(s)", True),
+                 SlurmOutcome(f"slurm: {daemon.node} already drained: tacc: gpu: 2", True),
+                 SlurmOutcome(f"slurm: {daemon.node} idle, nothing to do")])  # fmt: skip
     monkeypatch.setattr("tacc_agent.health.cycle.apply_to_slurm", lambda *_: next(said))
     gauges = []
     for _ in range(3):

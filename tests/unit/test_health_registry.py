@@ -142,7 +142,7 @@ def test_a_check_turned_off_in_the_config_file_neither_runs_nor_drains(tmp_path,
     fake = FakeSlurm("IDLE+DRAIN", "tacc: gpu: 2 GPU(s), expected 4")
     monkeypatch.setattr(slurm, "show", fake.show)
     monkeypatch.setattr(slurm, "slurm", fake.run)
-    assert "resumed n2" in health.apply_to_slurm(results, "n2", 5)
+    assert "resumed n2" in health.apply_to_slurm(results, "n2", 5).said
     # the daemon: no family of the checks turned off, no status line of theirs, and no
     # facts of theirs (the execution layer then reads RDMA ports from sysfs itself)
     daemon = Daemon(node)

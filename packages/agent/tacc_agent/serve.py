@@ -73,16 +73,14 @@ class Daemon:
         """One check run: results, Slurm, facts file, then the new snapshot (one swap)."""
         checks = health.enabled(self.config)
         results = health.run(checks, self.config)
-        action = "slurm: not asked"
+        outcome = health.SlurmOutcome("slurm: not asked")
         if self.config.drain:
-            action = health.apply_to_slurm(results, self.node, self.config.slurm_timeout_seconds)
+            outcome = health.apply_to_slurm(results, self.node, self.config.slurm_timeout_seconds)
+        action, drained = outcome.said, outcome.drained_by_agent
         now = time.time()
         tasks = node_facts.running_tasks(self.config.proc_root)
         node_facts.write(Path(self.config.facts_file),
                          node_facts.build(self.node, results, tasks, now))  # fmt: skip
-        # "slurm: drained N: ..." the run that drains it, "slurm: N already drained: ..."
-        # every run after: both keep the gauge at 1 while the drain lasts.
-        drained = action.startswith(("slurm: drained ", f"slurm: {self.node} already drained:"))
         declared = tuple(family for check in checks for family in check.families)
         self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained,
                                          declared)  # fmt: skip

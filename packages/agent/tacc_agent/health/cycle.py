@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tacc_agent import slurm
@@ -56,38 +56,46 @@ def drain_reason(results: list[Result]) -> str:
     return f"{TAG} {first.check}: {first.detail}"[:200]
 
 
-def apply_to_slurm(results: list[Result], node: str, timeout: float) -> str:
-    """Drain or resume this node; what was done, in words."""
+@dataclass(frozen=True)
+class SlurmOutcome:
+    """What a check run did to the node in Slurm."""
+
+    said: str  # in words, for the journal and `tacc-agent check`
+    drained_by_agent: bool = False  # drained now, for this agent's failing check
+
+
+def apply_to_slurm(results: list[Result], node: str, timeout: float) -> SlurmOutcome:
+    """Drain or resume this node."""
     try:
         found = slurm.show("node", node, timeout)
     except AgentError as exc:
-        return f"slurm: not asked ({exc})"
+        return SlurmOutcome(f"slurm: not asked ({exc})")
     if not found:
-        return f"slurm: {node} is not a Slurm node here"
+        return SlurmOutcome(f"slurm: {node} is not a Slurm node here")
     state = found[0].get("State", "")
     reason = slurm.strip_set_by(found[0].get("Reason", ""))
     ours = reason.startswith(TAG) and not reason.startswith(HELD_TAGS)
     drained = "DRAIN" in state
     failing = any(r.failed for r in results)
     if failing and drained and not ours:
-        return f"slurm: {node} was drained by an admin ({reason}); left alone"
+        return SlurmOutcome(f"slurm: {node} was drained by an admin ({reason}); left alone")
     if failing:
         wanted = drain_reason(results)
         if drained and reason == wanted:
-            return f"slurm: {node} already drained: {wanted}"
+            return SlurmOutcome(f"slurm: {node} already drained: {wanted}", drained_by_agent=True)
         slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                      f"Reason={wanted}"], timeout)  # fmt: skip
-        return f"slurm: drained {node}: {wanted}"
+        return SlurmOutcome(f"slurm: drained {node}: {wanted}", drained_by_agent=True)
     if drained and ours:
         slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout)
-        return f"slurm: resumed {node} (was: {reason})"
-    return f"slurm: {node} {state.lower() or 'unknown'}, nothing to do"
+        return SlurmOutcome(f"slurm: resumed {node} (was: {reason})")
+    return SlurmOutcome(f"slurm: {node} {state.lower() or 'unknown'}, nothing to do")
 
 
 def check(config: AgentConfig, as_json: bool, use_slurm: bool) -> int:
     results = run_checks(config)
     node = socket.gethostname()
-    action = apply_to_slurm(results, node, config.slurm_timeout_seconds) if (
+    action = apply_to_slurm(results, node, config.slurm_timeout_seconds).said if (
         use_slurm and config.drain) else "slurm: not asked"  # fmt: skip
     failed = any(r.failed for r in results)
     if as_json:
