@@ -12,6 +12,8 @@ BUILTIN = (
     "tacc_plugins.sweep",
     "tacc_plugins.duration",
     "tacc_plugins.las",
+    "tacc_plugins.fluid",
+    "tacc_plugins.oort",
     "tacc_plugins.launcher",
     "tacc_plugins.transport",
 )
