@@ -155,13 +155,26 @@ class QueuedJob:
     state: str  # PENDING / RUNNING
     nice: int
     gpus: float  # GPUs the job holds or asks for, all nodes together
-    elapsed_seconds: int
+    elapsed_seconds: int  # since its last start (a requeued job starts again at 0)
     nodes: int = 1
+    partition: str = ""
+    reason: str = ""  # why a pending job waits (Slurm's: Resources, Priority, ...)
+    # What its owner's task allowed the cluster to do to it, as the agent read it from
+    # the job's own record: "preemptible" (checkpoint and requeue it), "resize".
+    opted_in: frozenset[str] = frozenset()
+
+
+def no_requeue(job_id: str, reason: str) -> bool:
+    return False
 
 
 @dataclass
 class Queue:
-    """The queue as a scheduling plug-in's `tick` sees it; `set_nice(job, n)` acts."""
+    """The queue as a scheduling plug-in's `tick` sees it. It acts through Slurm with
+    `set_nice(job, n)`, and `requeue(job, reason)`: the job gets its checkpoint signal and
+    goes back to the queue, as `tcloud halt` then `tcloud resume` would do it; only a job
+    whose task opted in ("preemptible" in `opted_in`) is requeued, and the answer says
+    whether it was. `reason` is the plug-in's fixed words, shown in the job's events."""
 
     jobs: list[QueuedJob]
     set_nice: Callable[[str, int], None]
@@ -169,6 +182,7 @@ class Queue:
     state_dir: Path | None = None  # where a plug-in may keep what it learned
     config: Any = None
     notes: list[str] = field(default_factory=list)
+    requeue: Callable[[str, str], bool] = no_requeue
 
 
 @dataclass(frozen=True)
