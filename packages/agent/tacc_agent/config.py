@@ -55,6 +55,10 @@ class AgentConfig:
     las_thresholds: tuple = (3600.0, 36000.0)
     las_nice_step: int = 10000
     las_half_life_seconds: float = 86400.0
+    # Settings of plug-ins that keep no field here: plug-in name -> its mapping
+    # (tacc_contract.plugins.settings_of; each plug-in checks its own keys), e.g.
+    # {tiresias: {thresholds: [3600], promote_knob: 8}}.
+    plugin_settings: dict | None = None
     # SIGUSR1 this many seconds before the time limit (sbatch --signal).
     checkpoint_signal_seconds: int = CHECKPOINT_SIGNAL_SECONDS
     # `halt`: how long the program gets to checkpoint before the job is requeued on hold.
@@ -159,6 +163,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     ):
         if key in data:
             data[key] = tuple(data[key] or ())
+    check_plugin_settings(path, data.get("plugin_settings"))
     check_kernel_log(path, data.get("kernel_log"))
     check_switches(path, data.get("checks"))
     check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
@@ -182,6 +187,20 @@ def check_containers(path: Path, runtime: object, binds: tuple) -> None:
                 f"'..'), not {bind!r}",
                 EXIT_CLUSTER,
             )
+
+
+def check_plugin_settings(path: Path, settings: object) -> None:
+    """`plugin_settings`: plug-in name -> mapping (each plug-in checks what is in it)."""
+    if settings is None:
+        return
+    if not isinstance(settings, dict) or not all(
+        isinstance(name, str) and isinstance(value, dict) for name, value in settings.items()
+    ):
+        raise AgentError(
+            f"{path}: plugin_settings: expected a mapping of plug-in name to a mapping of "
+            f"its settings (e.g. {{tiresias: {{promote_knob: 8}}}}), not {settings!r}",
+            EXIT_CLUSTER,
+        )
 
 
 def check_switches(path: Path, switches: object) -> None:

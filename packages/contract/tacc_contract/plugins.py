@@ -164,6 +164,12 @@ class QueuedJob:
     opted_in: frozenset[str] = frozenset()
 
 
+def settings_of(config: Any, plugin: str) -> dict:
+    """The agent config's `plugin_settings.<plugin>` mapping ({} when it has none)."""
+    found = (getattr(config, "plugin_settings", None) or {}).get(plugin)
+    return dict(found) if isinstance(found, dict) else {}
+
+
 def no_requeue(job_id: str, reason: str) -> bool:
     return False
 

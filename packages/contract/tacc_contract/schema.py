@@ -125,6 +125,10 @@ RESOURCES = {
     "qos": Field("str", check=SLURM_NAME),
     "priority": Field("int", check=between(0, NICE_MAX), expected="a nice value >= 0"),
     "account": Field("str", check=SLURM_NAME),
+    # The program saves a checkpoint at its checkpoint signal (SIGUSR1) and resumes from
+    # it when started again: a scheduling policy (tiresias) may then checkpoint and
+    # requeue it to run a job that comes first, as `tcloud halt` and `resume` would.
+    "preemptible": Field("bool", default=False),
     "sbatch": Field(
         "map[str]", default={}, expected="extra sbatch options, name: value", keys=sbatch_option
     ),

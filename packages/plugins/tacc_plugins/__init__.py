@@ -12,6 +12,7 @@ BUILTIN = (
     "tacc_plugins.sweep",
     "tacc_plugins.duration",
     "tacc_plugins.las",
+    "tacc_plugins.tiresias",
     "tacc_plugins.fluid",
     "tacc_plugins.oort",
     "tacc_plugins.launcher",
