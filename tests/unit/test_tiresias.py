@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tacc_agent.config import AgentConfig
+from tacc_agent.config import AgentConfig, load_config
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Queue, QueuedJob, Submission
 from tacc_plugins import tiresias
@@ -252,3 +252,18 @@ def test_a_preemptible_task_records_its_opt_in_for_the_tick():
 def test_settings_default_to_two_queues():
     found = tiresias.settings_from(AgentConfig())
     assert found.thresholds == (3600.0,) and found.promote_knob == 8.0 and found.preempt
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value", [["tiresias"], {"tiresias": [1, 2]}, {"tiresias": "on"}])
+def test_plugin_settings_of_the_wrong_shape_are_refused_by_the_agent_config(tmp_path, value):
+    path = tmp_path / "agent.yaml"
+    path.write_text(json.dumps({"plugin_settings": value}))
+    with pytest.raises(AgentError, match="plugin_settings: expected a mapping of plug-in name"):
+        load_config(path)
+
+
+def test_plugin_settings_reach_the_plug_in_through_the_agent_config(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text(json.dumps({"plugin_settings": {"tiresias": {"promote_knob": 3}}}))
+    assert tiresias.settings_from(load_config(path)).promote_knob == 3.0
