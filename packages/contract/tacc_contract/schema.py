@@ -287,7 +287,9 @@ def task_fields(plugins: Iterable[Plugin]) -> dict[str, Field]:
             if not section:
                 table[name] = spec
                 continue
-            parent = table[section]
+            parent = table.get(section)
+            if parent is None:  # its section's plug-in is off: the field has no place
+                continue
             table[section] = replace(parent, children={**parent.children, name: spec})
     return table
 
