@@ -119,6 +119,14 @@ def test_execute_offers_the_library_and_the_settings_to_a_federated_task(tmp_pat
     assert "10 of 200 clients" in launch.notes["oort"]
 
 
+def test_large_and_fractional_settings_reach_the_program_exactly(tmp_path):
+    launch = launch_of(federated_task(tmp_path, clients=1000000, round_deadline_s=12.3456789),
+                       tmp_path / "job")  # fmt: skip
+    oort.Oort().execute(launch)
+    assert launch.env["TACC_FL_CLIENTS"] == "1000000"
+    assert launch.env["TACC_FL_ROUND_DEADLINE_S"] == "12.3456789"
+
+
 def test_execute_leaves_other_tasks_alone(tmp_path):
     launch = launch_of(load_task(task_file(tmp_path), []), tmp_path / "job")
     oort.Oort().execute(launch)

@@ -55,6 +55,11 @@ ENV = {"clients": "TACC_FL_CLIENTS", "per_round": "TACC_FL_PER_ROUND",
        "blacklist_rounds": "TACC_FL_BLACKLIST_ROUNDS"}  # fmt: skip
 
 
+def env_text(value: float) -> str:
+    """200 -> "200", 2.0 -> "2", 0.75 -> "0.75" (never "1e+06" for an int)."""
+    return str(value) if isinstance(value, int) else f"{value:.15g}"
+
+
 def federated_of(task: object) -> dict | None:
     found = (getattr(task, "extensions", None) or {}).get("federated")
     return found if isinstance(found, dict) else None
@@ -128,7 +133,7 @@ class Oort(Plugin):
         programlib.install(launch, "tacc_oort")
         for key, variable in ENV.items():
             if federated.get(key) is not None:
-                launch.env[variable] = f"{federated[key]:g}"
+                launch.env[variable] = env_text(federated[key])
         launch.env["TACC_PARTICIPANT_SELECTION"] = "oort"
         deadline = federated["round_deadline_s"]
         launch.note(self.name, f"tacc_oort: {federated['per_round']} of "
