@@ -124,7 +124,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_halt = job.add_parser("halt", help="checkpoint signal, then requeue on hold")
     p_halt.add_argument("job")
     p_halt.add_argument("--grace", type=float, help="seconds to wait for the checkpoint")
-    job.add_parser("resume", help="release a halted job").add_argument("job")
+    p_resume = job.add_parser("resume", help="release a halted job")
+    p_resume.add_argument("job")
+    for verb in (p_halt, p_resume):  # the queue tick's preemption says why (one line)
+        verb.add_argument("--reason", help="why, for the job's events (default: its owner)")
     job.add_parser("rerun", help="the same files and locked environment again").add_argument("job")
     p_target = job.add_parser("target", help="a running job's nodes, by rank, with addresses")
     p_target.add_argument("job")
@@ -267,7 +270,7 @@ def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
     if args.verb == "cancel":
         return jobs.cancel(user_dir, args.jobs, config)
     if args.verb == "halt":
-        return jobs.halt(user_dir, args.job, config, args.grace)
+        return jobs.halt(user_dir, args.job, config, args.grace, args.reason)
     if args.verb == "rerun":
         return rerun.rerun(user_dir, args.job, config)
     if args.verb == "target":
@@ -278,7 +281,7 @@ def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
         from tacc_agent.tasks import top  # lazy verb import
 
         return protocol.JOB_TOP.check(top.top(user_dir, args.job, config))
-    return jobs.resume(user_dir, args.job, config)
+    return jobs.resume(user_dir, args.job, config, args.reason)
 
 
 def answer(args: argparse.Namespace, source: VerbInput) -> object:

@@ -352,8 +352,28 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
 MAX_HALT_GRACE_SECONDS = 3600  # the researcher's SSH call waits this long at most
 
 
-def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None) -> dict:
-    """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold."""
+MAX_REASON_CHARS = 120
+
+
+def checked_reason(reason: str | None) -> str | None:
+    """Why a halt or resume was asked for, as its events show it ("preempted by tiresias:
+    ..."; None: by the job's owner): one line of printable text, 120 characters at most."""
+    if reason is None:
+        return None
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+        raise Rejected(
+            f"--reason: expected one line of printable text, 1 to {MAX_REASON_CHARS} "
+            f"characters, got {reason[:40]!r}{'...' if len(reason) > 40 else ''}",
+            "reason",
+        )
+    return reason
+
+
+def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None,
+         reason: str | None = None) -> dict:  # fmt: skip
+    """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold.
+    `reason`: why, for the HALTED event (the queue tick's preemption); else its owner."""
+    reason = checked_reason(reason)
     job_dir = not_a_sweep(find_job(user_dir, job_id, config), job_id)
     state, _ = reconcile(job_dir, checked_info(job_id, job_dir, config))
     if state in (*records.TERMINAL, "HALTED"):
@@ -365,10 +385,14 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
         )
     if state == "QUEUED":  # nothing runs yet: just hold it
         slurm.slurm(["scontrol", "hold", job_id], config.slurm_timeout_seconds)
-        records.add_event(job_dir, "HALTED", reason="held by its owner")
+        records.add_event(
+            job_dir, "HALTED", reason=f"held: {reason}" if reason else "held by its owner"
+        )
         return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": False}
     # Recorded first: the batch step must not mistake the checkpointed exit for the end.
-    records.add_event(job_dir, "HALTED", reason="halted by its owner")
+    records.add_event(
+        job_dir, "HALTED", reason=f"halted: {reason}" if reason else "halted by its owner"
+    )
     # Every step's processes; with mpirun also the batch step, where mpirun runs and
     # passes the signal on to its ranks.
     instruction = records.read_json(job_dir / FILE) or {}
@@ -403,11 +427,15 @@ def not_a_sweep(job_dir: Path, job_id: str) -> Path:
     return job_dir
 
 
-def resume(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
+def resume(user_dir: Path, job_id: str, config: AgentConfig, reason: str | None = None) -> dict:
+    """Release a halted job; `reason` as halt's, for its QUEUED event."""
+    reason = checked_reason(reason)
     job_dir = not_a_sweep(find_job(user_dir, job_id, config), job_id)
     state, _ = reconcile(job_dir, checked_info(job_id, job_dir, config))
     if state != "HALTED":
         raise Rejected(f"job {job_id} is {state}; only halted jobs can be resumed")
-    records.add_event(job_dir, "QUEUED", reason="resumed by its owner")
+    records.add_event(
+        job_dir, "QUEUED", reason=f"resumed: {reason}" if reason else "resumed by its owner"
+    )
     slurm.slurm(["scontrol", "release", job_id], config.slurm_timeout_seconds)
     return {"job_id": job_id, "state": "QUEUED"}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import Rejected
+from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.tasks import preempt
 from tacc_contract.plugins import Queue, QueuedJob
 from tacc_contract.registry import PluginError, in_layer, select
 
@@ -19,8 +20,12 @@ from tacc_contract.registry import PluginError, in_layer, select
 # spelled in one of four places: tres-alloc (what a running job holds, gres/gpu=N when
 # Slurm accounts gres/gpu; what it asks for while pending), tres-per-job (--gpus),
 # tres-per-node (--gres=gpu:N, --gpus-per-node) and tres-per-task (--gpus-per-task).
+# Reason comes last: it is Slurm's reason word ("Resources") or, when Slurm has one, the
+# job's state description, free text that may hold a "|"; the line's rest is its.
 FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tres-alloc",
-          "tres-per-job", "tres-per-node", "tres-per-task", "TimeUsed")  # fmt: skip
+          "tres-per-job", "tres-per-node", "tres-per-task", "TimeUsed", "Partition",
+          "Reason")  # fmt: skip
+REQUIRED = 11  # fields up to TimeUsed: a line without the later ones still counts
 FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
 COUNT = re.compile(r"\d+")
 
@@ -77,19 +82,28 @@ def job_gpus(alloc: str, per_job: str, per_node: str, per_task: str, nodes: int,
                requested_gpus(per_task) * tasks)  # fmt: skip
 
 
+def line_fields(line: str) -> list[str]:
+    """A line's fields: each ended by "|", the last (Reason) keeps any "|" of its own."""
+    line = line.strip()
+    line = line[:-1] if line.endswith("|") else line
+    return [part.strip() for part in line.split("|", len(FIELDS) - 1)]
+
+
 def parse_queue(text: str) -> list[QueuedJob]:
     jobs = []
     for line in text.splitlines():
-        parts = [part.strip() for part in line.split("|")]
-        if len(parts) < len(FIELDS) or not parts[4].isdigit():
+        parts = line_fields(line)
+        if len(parts) < REQUIRED or not parts[4].isdigit():
             continue
-        job_id, user, state, nice, nodes, tasks, alloc, per_job, per_node, per_task, elapsed = (
-            parts[: len(FIELDS)])  # fmt: skip
+        parts += [""] * (len(FIELDS) - len(parts))
+        (job_id, user, state, nice, nodes, tasks, alloc, per_job, per_node, per_task, elapsed,
+         partition, reason) = parts  # fmt: skip
         count = int(nodes)
         gpus = job_gpus(alloc, per_job, per_node, per_task, count,
                         int(tasks) if tasks.isdigit() else count)  # fmt: skip
         jobs.append(QueuedJob(job_id, user, state, int(nice) if nice.lstrip("-").isdigit() else 0,
-                              gpus, elapsed_seconds(elapsed), nodes=count))  # fmt: skip
+                              gpus, elapsed_seconds(elapsed), nodes=count, partition=partition,
+                              reason="" if reason == "None" else reason))  # fmt: skip
     return jobs
 
 
@@ -113,6 +127,25 @@ def tick(config: AgentConfig) -> list[str]:
                     config.slurm_timeout_seconds)  # fmt: skip
 
     queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
+    queue.requeue = lambda job_id, reason: preempt.requeue(job_id, reason, config,
+                                                           queue.notes.append)  # fmt: skip
+    if plugins:
+        read_opt_ins(queue, config)
     for plugin in plugins:
         plugin.tick(queue)
     return queue.notes
+
+
+def read_opt_ins(queue: Queue, config: AgentConfig) -> None:
+    """Each running job's opt-ins (preempt.opted_in_job), from one `scontrol show job`
+    for all of them; a Slurm that does not answer leaves them empty, with a note."""
+    running = [job for job in queue.jobs if job.state == "RUNNING"]
+    if not running:
+        return
+    try:
+        known = preempt.job_records(config)
+    except AgentError as exc:
+        queue.notes.append(f"agent: no job opt-ins this tick: {exc}")
+        return
+    for job in running:
+        job.opted_in = preempt.opted_in_job(known.get(job.job_id))

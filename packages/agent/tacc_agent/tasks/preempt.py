@@ -1,0 +1,248 @@
+"""The queue tick's requeue action (Queue.requeue): checkpoint a running job and put it
+back in the queue, as its owner's `tcloud halt` then `tcloud resume` would.
+
+The tick runs as root on the controller; everything it decides across users comes from
+Slurm. The one thing it reads from a user's files is the job's opt-in, which the
+owner's own submit recorded in the job's status/submit.json
+(plugin_data.<plug-in>.opt_in: ["preemptible", "resize"]). That read follows no link,
+takes only a regular file of the job's owner (Slurm's UserId) in a directory of theirs,
+at most MAX_RECORD_BYTES of JSON, and keeps only the known words: a file can only let
+the cluster requeue that owner's own job. The halt and resume themselves run as the
+owner (runuser -u OWNER -- tacc-agent job halt/resume): every event and record file
+is written by them, never by root, and Slurm's hold is theirs to release.
+
+Sweeps (array tasks, trial directories) are out of scope: they are never opted in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tacc_agent import slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.tasks import execute, job_tags
+from tacc_agent.tasks.jobs import MAX_REASON_CHARS
+
+KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
+MAX_RECORD_BYTES = 1 << 20
+JOB_ID = re.compile(r"\d+")
+USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MARGIN_SECONDS = 30  # the owner's agent starting, reading its records, answering
+
+# (argv, timeout) -> (exit code, what it printed)
+Runner = Callable[[list[str], float], tuple[int, str]]
+Note = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What Slurm (scontrol show job, as root: trusted) says of a job."""
+
+    job_id: str
+    uid: int
+    user: str
+    state: str
+    job_dir: Path  # WorkDir: a tacc job runs in its job directory (sbatch --chdir)
+    array: bool  # a task of an array job: a sweep's trial
+
+
+def record_of(info: dict[str, str]) -> JobRecord | None:
+    """One scontrol record as a JobRecord; None without an owner or a directory."""
+    owner = job_tags.USER_ID.fullmatch(info.get("UserId", ""))
+    work_dir = info.get("WorkDir", "")
+    if not owner or not work_dir.startswith("/"):
+        return None
+    array = bool(info.get("ArrayTaskId")) or bool(info.get("ArrayJobId"))
+    job_id = info.get("JobId", "")
+    if array and info.get("ArrayTaskId", "").isdigit():
+        job_id = f"{info.get('ArrayJobId', '')}_{info['ArrayTaskId']}"
+    return JobRecord(job_id, int(owner.group(1)), info["UserId"].partition("(")[0],
+                     info.get("JobState", ""), Path(work_dir), array)  # fmt: skip
+
+
+def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
+    """Slurm's record of one job (`scontrol show job -o JOB`); None when Slurm does not
+    know it (or cannot be asked: the tick goes on)."""
+    try:
+        found = slurm.show("job", job_id, config.slurm_timeout_seconds)
+    except AgentError:
+        return None
+    records = [r for r in (record_of(info) for info in found) if r and r.job_id == job_id]
+    return records[0] if len(records) == 1 else None
+
+
+def job_records(config: AgentConfig) -> dict[str, JobRecord]:
+    """Every job Slurm knows, by squeue's id (array tasks as JOB_I): one scontrol call."""
+    found = slurm.show("job", "", config.slurm_timeout_seconds)
+    records = (record_of(info) for info in found)
+    return {r.job_id: r for r in records if r}
+
+
+def open_owned(name: str, uid: int, flags: int, dir_fd: int | None = None) -> int:
+    """An fd of `name` (no link followed) owned by uid; OSError otherwise."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        wanted = stat.S_ISDIR if flags & os.O_DIRECTORY else stat.S_ISREG
+        if info.st_uid != uid or not wanted(info.st_mode):
+            raise PermissionError(f"{name}: not the job owner's (uid {uid})")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_submit_record(job: JobRecord) -> dict:
+    """The job's status/submit.json, read as root with care: the job directory, status/
+    and the file each the owner's, no link followed (a FIFO does not block: O_NONBLOCK),
+    at most MAX_RECORD_BYTES; {} for anything else."""
+    if job.uid == 0:
+        return {}
+    fds: list[int] = []
+    try:
+        fds.append(open_owned(str(job.job_dir), job.uid, os.O_RDONLY | os.O_DIRECTORY))
+        fds.append(open_owned("status", job.uid, os.O_RDONLY | os.O_DIRECTORY, fds[-1]))
+        fds.append(open_owned("submit.json", job.uid, os.O_RDONLY, fds[-1]))
+        with os.fdopen(os.dup(fds[-1]), "rb") as handle:
+            data = handle.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            return {}
+        record = json.loads(data.decode())
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return record if isinstance(record, dict) else {}
+
+
+def opt_ins_of(record: dict) -> frozenset[str]:
+    """The known words of every plugin_data.<plug-in>.opt_in list."""
+    words: set[str] = set()
+    plugin_data = record.get("plugin_data")
+    for data in plugin_data.values() if isinstance(plugin_data, dict) else ():
+        opt_in = data.get("opt_in") if isinstance(data, dict) else None
+        if isinstance(opt_in, list):
+            words.update(w for w in opt_in if isinstance(w, str) and w in KNOWN_OPT_INS)
+    return frozenset(words)
+
+
+def opted_in_job(job: JobRecord | None) -> frozenset[str]:
+    """What the job's owner allowed (see the module's docstring); never raises."""
+    if job is None or job.array:
+        return frozenset()
+    return opt_ins_of(read_submit_record(job))
+
+
+def opted_in(job_id: str, config: AgentConfig) -> frozenset[str]:
+    return opted_in_job(job_record(job_id, config))
+
+
+def checked_reason(reason: object) -> str | None:
+    """The plug-in's reason when it is one printable line of 1 to 120 characters."""
+    if not isinstance(reason, str) or not reason.strip():
+        return None
+    if len(reason) > MAX_REASON_CHARS or not reason.isprintable() or reason.startswith("-"):
+        return None
+    return reason
+
+
+def owner_name(job: JobRecord) -> str | None:
+    """Slurm's owner name, when it is the system's name for Slurm's uid."""
+    try:
+        name = pwd.getpwuid(job.uid).pw_name
+    except KeyError:
+        return None
+    return name if name == job.user and USER_NAME.fullmatch(name) else None
+
+
+def run_command(argv: list[str], timeout: float) -> tuple[int, str]:
+    """Run argv (no shell) from /, with a plain PATH and no agent settings inherited."""
+    env = {"PATH": SEARCH_PATH, "LANG": "C.UTF-8"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/",
+                              env=env, check=False)  # fmt: skip
+    except FileNotFoundError:
+        return 127, f"{argv[0]} not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"no answer within {timeout:g} s"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def failure(output: str) -> str:
+    """The agent's error line ({"error": ...}) or the output's last line, short."""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+            return answer["error"][:200]
+    lines = output.strip().splitlines()
+    return lines[-1][:200] if lines else "no output"
+
+
+def owner_argv(job: JobRecord, name: str, verb: list[str]) -> list[str]:
+    """tacc-agent VERB as the job's owner, in the user directory that holds the job
+    (<user dir>/jobs/<job dir>), with the cluster's default settings."""
+    user_dir = job.job_dir.parent.parent
+    return ["runuser", "-u", name, "--", *execute.AGENT, f"--userdir={user_dir}", "job", *verb]
+
+
+def refusal(job_id: str, reason: object, config: AgentConfig) -> tuple[JobRecord | None, str]:
+    """(the job, "") when it may be requeued now; else (None, why not)."""
+    if not JOB_ID.fullmatch(job_id):
+        return None, "not a single job (a sweep's trials are never requeued)"
+    if checked_reason(reason) is None:
+        return None, f"the reason is not one printable line of 1 to {MAX_REASON_CHARS} characters"
+    job = job_record(job_id, config)
+    if job is None or job.array:
+        return None, "Slurm has no single job by that id"
+    if job.state != "RUNNING":
+        return None, f"it is {job.state or 'in no known state'}, not RUNNING"
+    if "preemptible" not in opted_in_job(job):
+        return None, "its task did not opt in (preemptible)"
+    if owner_name(job) is None or job.job_dir.parent.name != "jobs":
+        return None, "its owner or job directory is not a tacc user's"
+    return job, ""
+
+
+def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = None,
+            run: Runner = run_command) -> bool:  # fmt: skip
+    """Checkpoint and requeue a running job whose task opted in: its owner's `job halt`
+    (USR1, the grace period, requeue on hold), then `job resume`. True when both did;
+    else False, and `note` gets why. Never raises."""
+    say = note or (lambda text: None)
+    try:
+        job, why = refusal(job_id, reason, config)
+        if job is None:
+            say(f"agent: job {job_id} not requeued: {why}")
+            return False
+        name = owner_name(job) or ""
+        grace = config.halt_grace_seconds
+        slurm_calls = 4 * config.slurm_timeout_seconds
+        halt = owner_argv(job, name, ["halt", job_id, f"--grace={grace:g}", f"--reason={reason}"])
+        code, output = run(halt, grace + slurm_calls + MARGIN_SECONDS)
+        if code != 0:
+            say(f"agent: job {job_id} not requeued: its halt failed: {failure(output)}")
+            return False
+        code, output = run(owner_argv(job, name, ["resume", job_id, f"--reason={reason}"]),
+                           slurm_calls + MARGIN_SECONDS)  # fmt: skip
+        if code != 0:
+            say(f"agent: job {job_id} halted but left held: its resume failed: {failure(output)}")
+            return False
+        say(f"agent: job {job_id} of {name} checkpointed and requeued ({reason})")
+        return True
+    except Exception as exc:  # a tick goes on: one job's failure is a note
+        say(f"agent: job {job_id} not requeued: {type(exc).__name__}: {exc}")
+        return False

@@ -1,0 +1,330 @@
+"""The queue tick's requeue (tacc_agent/tasks/preempt.py): the owner's opt-in read as root
+with care, and the owner's own halt then resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tacc_agent import cli, slurm
+from tacc_agent.config import AgentConfig
+from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.tasks import jobs, preempt, records, workspace
+
+OTHER_UID = 4321  # the job's owner when the tests run as root (files chowned to it)
+OPTED_IN = {"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}, "elastic": {}}}
+
+
+def owner_uid() -> int:
+    return OTHER_UID if os.getuid() == 0 else os.getuid()
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    if os.getuid() != 0:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(root, name), uid, -1)
+    os.lchown(path, uid, -1)
+
+
+@pytest.fixture
+def job_dir(tmp_path) -> Path:
+    """alice's job: <user dir>/jobs/<dir>, its submit.json opting in to preemption."""
+    directory = tmp_path / "alice" / "jobs" / "abc-1"
+    (directory / "status").mkdir(parents=True)
+    (directory / "status" / "submit.json").write_text(json.dumps(OPTED_IN))
+    chown_tree(tmp_path / "alice", owner_uid())
+    return directory
+
+
+def record(job_dir: Path, state: str = "RUNNING", uid: int | None = None) -> preempt.JobRecord:
+    return preempt.JobRecord("41", owner_uid() if uid is None else uid, "alice", state, job_dir,
+                             False)  # fmt: skip
+
+
+def write_submit(job_dir: Path, data: bytes) -> None:
+    path = job_dir / "status" / "submit.json"
+    path.unlink()
+    path.write_bytes(data)
+    chown_tree(job_dir, owner_uid())
+
+
+def test_the_known_opt_in_words_of_every_plugin_are_read(job_dir):
+    write_submit(job_dir, json.dumps({"plugin_data": {
+        "tiresias": {"opt_in": ["preemptible", "root", 3]},
+        "elastic": {"opt_in": ["resize"], "min": 1}, "sweep": [], "x": {"opt_in": "resize"},
+    }}).encode())  # fmt: skip
+    assert preempt.opted_in_job(record(job_dir)) == {"preemptible", "resize"}
+
+
+def test_slurms_record_gives_owner_state_and_directory(monkeypatch):
+    info = {"JobId": "41", "UserId": "alice(1001)", "JobState": "RUNNING",
+            "WorkDir": "/shared/tcloud/alice/jobs/abc-1", "Comment": "tacc:abc-1:00"}  # fmt: skip
+    trial = {**info, "JobId": "52", "ArrayJobId": "50", "ArrayTaskId": "2"}
+    monkeypatch.setattr(slurm, "show", lambda kind, name="", timeout=0: [info, trial])
+    assert preempt.job_record("41", AgentConfig()) == preempt.JobRecord(
+        "41", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/abc-1"), False
+    )
+    assert set(preempt.job_records(AgentConfig())) == {"41", "50_2"}
+    assert preempt.job_records(AgentConfig())["50_2"].array is True
+
+
+@pytest.mark.security
+def test_a_symlinked_submit_record_is_not_followed(job_dir, tmp_path):
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps(OPTED_IN))
+    chown_tree(real, owner_uid())
+    (job_dir / "status" / "submit.json").unlink()
+    (job_dir / "status" / "submit.json").symlink_to(real)
+    assert preempt.opted_in_job(record(job_dir)) == frozenset()
+
+
+@pytest.mark.security
+def test_a_symlinked_status_or_job_directory_is_not_followed(job_dir, tmp_path):
+    linked = tmp_path / "alice" / "jobs" / "link-1"
+    linked.symlink_to(job_dir)
+    assert preempt.opted_in_job(record(linked)) == frozenset()
+    other = tmp_path / "alice" / "jobs" / "abc-2"
+    other.mkdir()
+    (other / "status").symlink_to(job_dir / "status")
+    chown_tree(other, owner_uid())
+    assert preempt.opted_in_job(record(other)) == frozenset()
+    assert preempt.opted_in_job(record(job_dir)) == {"preemptible"}
+
+
+@pytest.mark.security
+def test_a_directory_of_someone_else_does_not_opt_the_job_in(job_dir):
+    """Slurm says the job is uid X's: a job directory (and file) of another uid is not
+    X's word, whatever it says."""
+    assert preempt.opted_in_job(record(job_dir, uid=owner_uid() + 1)) == frozenset()
+    # root's jobs are never read
+    assert preempt.opted_in_job(record(job_dir, uid=0)) == frozenset()
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another uid")
+def test_a_submit_record_of_another_uid_in_the_owners_directory_is_ignored(job_dir):
+    os.lchown(job_dir / "status" / "submit.json", OTHER_UID + 1, -1)
+    assert preempt.opted_in_job(record(job_dir)) == frozenset()
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        json.dumps({"plugin_data": ["preemptible"]}).encode(),
+        json.dumps({"plugin_data": {"tiresias": {"opt_in": "preemptible"}}}).encode(),
+        b'{"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}}, "pad": "'
+        + b"x" * preempt.MAX_RECORD_BYTES
+        + b'"}',
+    ],
+    ids=["garbage", "not-utf8", "a-list", "plugin-data-a-list", "opt-in-a-string", "huge"],
+)  # fmt: skip
+def test_a_bad_or_huge_submit_record_opts_in_to_nothing(job_dir, data):
+    write_submit(job_dir, data)
+    assert preempt.opted_in_job(record(job_dir)) == frozenset()
+
+
+@pytest.mark.security
+def test_a_fifo_in_place_of_the_record_neither_blocks_nor_counts(job_dir):
+    (job_dir / "status" / "submit.json").unlink()
+    os.mkfifo(job_dir / "status" / "submit.json")
+    chown_tree(job_dir, owner_uid())
+    assert preempt.opted_in_job(record(job_dir)) == frozenset()
+
+
+def test_a_sweep_trial_is_never_opted_in(job_dir):
+    trial = preempt.JobRecord("50_2", owner_uid(), "alice", "RUNNING", job_dir, True)
+    assert preempt.opted_in_job(trial) == frozenset()
+
+
+# ---------------------------------------------------------------- requeue
+class Runner:
+    def __init__(self, codes: list[int], output: str = "{}") -> None:
+        self.codes, self.output = codes, output
+        self.calls: list[tuple[list[str], float]] = []
+
+    def __call__(self, argv: list[str], timeout: float) -> tuple[int, str]:
+        self.calls.append((argv, timeout))
+        return self.codes[len(self.calls) - 1], self.output
+
+
+@pytest.fixture
+def slurm_job(job_dir, monkeypatch):
+    """Slurm's job 41: alice's, running in job_dir; the system knows alice by that uid."""
+    info = {"JobId": "41", "UserId": f"alice({owner_uid()})", "JobState": "RUNNING",
+            "WorkDir": str(job_dir)}  # fmt: skip
+    monkeypatch.setattr(slurm, "show", lambda kind, name="", timeout=0: [info])
+
+    class Entry:
+        pw_name = "alice"
+
+    monkeypatch.setattr(preempt.pwd, "getpwuid", lambda uid: Entry)
+    return info
+
+
+def test_a_requeue_runs_the_owners_halt_then_resume(job_dir, slurm_job):
+    run, notes = Runner([0, 0]), []
+    config = AgentConfig(halt_grace_seconds=10, slurm_timeout_seconds=15)
+    reason = "preempted by tiresias: queue 2 -> job 42 in queue 0"
+    assert preempt.requeue("41", reason, config, notes.append, run) is True
+    agent = [sys.executable, "-I", "-m", "tacc_agent", f"--userdir={job_dir.parent.parent}"]
+    assert run.calls == [
+        (["runuser", "-u", "alice", "--", *agent, "job", "halt", "41", "--grace=10",
+          f"--reason={reason}"], 10 + 60 + 30),
+        (["runuser", "-u", "alice", "--", *agent, "job", "resume", "41", f"--reason={reason}"],
+         60 + 30),
+    ]  # fmt: skip
+    assert notes == [f"agent: job 41 of alice checkpointed and requeued ({reason})"]
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"JobState": "PENDING"}, "it is PENDING, not RUNNING"),
+        ({"UserId": "bob(4999)"}, "its task did not opt in"),  # alice's files, bob's job
+        ({"WorkDir": "/nonexistent/jobs/x"}, "its task did not opt in"),
+        ({"ArrayJobId": "40", "ArrayTaskId": "1"}, "Slurm has no single job by that id"),
+    ],
+)
+def test_a_requeue_of_a_job_that_may_not_be_requeued_runs_nothing(slurm_job, change, why):
+    slurm_job.update(change)
+    run, notes = Runner([0, 0]), []
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert run.calls == [] and why in notes[0]
+
+
+@pytest.mark.security
+def test_a_job_not_opted_in_is_not_requeued(job_dir, slurm_job):
+    write_submit(job_dir, json.dumps({"plugin_data": {"elastic": {"opt_in": ["resize"]}}}).encode())
+    run, notes = Runner([0, 0]), []
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert run.calls == [] and "did not opt in (preemptible)" in notes[0]
+
+
+@pytest.mark.security
+def test_an_owner_name_the_system_does_not_give_that_uid_is_refused(slurm_job, monkeypatch):
+    class Entry:
+        pw_name = "mallory"
+
+    monkeypatch.setattr(preempt.pwd, "getpwuid", lambda uid: Entry)
+    run, notes = Runner([0, 0]), []
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert run.calls == [] and "not a tacc user's" in notes[0]
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("job_id", "reason"),
+    [("41", "two\nlines"), ("41", "x" * 121), ("41", ""), ("41", "--userdir=/tmp"),
+     ("41", None), ("41_1", "preempted"), ("41 42", "preempted")],
+)  # fmt: skip
+def test_a_bad_reason_or_job_id_is_refused_before_anything_runs(slurm_job, job_id, reason):
+    run, notes = Runner([0, 0]), []
+    assert preempt.requeue(job_id, reason, AgentConfig(), notes.append, run) is False
+    assert run.calls == [] and "not requeued" in notes[0]
+
+
+@pytest.mark.fault
+def test_a_failing_halt_is_a_note_and_no_resume(slurm_job):
+    failed = json.dumps({"error": "job 41 ended (COMPLETED) during its checkpoint grace period"})
+    run, notes = Runner([3], failed), []
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert len(run.calls) == 1 and run.calls[0][0][-4:-2] == ["halt", "41"]
+    assert notes == ["agent: job 41 not requeued: its halt failed: job 41 ended (COMPLETED) "
+                     "during its checkpoint grace period"]  # fmt: skip
+
+
+@pytest.mark.fault
+def test_a_failing_resume_says_the_job_is_left_held(slurm_job):
+    run, notes = Runner([0, 1], "scontrol failed: Access/permission denied"), []
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert "halted but left held: its resume failed: scontrol failed" in notes[0]
+
+
+@pytest.mark.fault
+def test_anything_raised_is_a_note_never_the_ticks_end(slurm_job, monkeypatch):
+    def broken(kind, name="", timeout=0):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(slurm, "show", broken)
+    notes: list[str] = []
+    assert preempt.requeue("41", "preempted", AgentConfig(), notes.append, Runner([])) is False
+    assert notes == ["agent: job 41 not requeued: RuntimeError: boom"]
+
+
+def test_the_runner_is_argv_only_from_root_with_a_plain_environment(monkeypatch):
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        seen.update(kwargs, argv=argv)
+        raise FileNotFoundError
+
+    monkeypatch.setattr(preempt.subprocess, "run", fake_run)
+    monkeypatch.setenv("TACC_AGENT_CONFIG", "/root/tiresias.yaml")
+    assert preempt.run_command(["runuser", "-u", "alice"], 5) == (127, "runuser not found")
+    assert seen["cwd"] == "/" and "TACC_AGENT_CONFIG" not in seen["env"]
+    assert "shell" not in seen and seen["timeout"] == 5
+
+
+# ---------------------------------------------------------- halt/resume --reason
+@pytest.fixture
+def running_job(tmp_path, monkeypatch):
+    user_dir = tmp_path / "me"
+    job = user_dir / "jobs" / "j-1"
+    (job / "status").mkdir(parents=True)
+    for state in ("QUEUED", "PROVISIONING", "RUNNING"):
+        records.add_event(job, state)
+    workspace.register(user_dir, "41", job)
+    info = {"JobState": "RUNNING", "UserId": f"me({os.getuid()})", "WorkDir": str(job)}
+    monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: info)
+    monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: "")
+    return user_dir, job, info
+
+
+def test_halt_and_resume_record_the_reason_they_were_given(running_job):
+    user_dir, job, info = running_job
+    records.write_rank(job, 0, host="n2", state="EXITED", exit_code=0)
+    jobs.halt(user_dir, "41", AgentConfig(), 1, "preempted by tiresias: queue 1")
+    info.update(JobState="PENDING", Reason="job_requeued_in_held_state")
+    jobs.resume(user_dir, "41", AgentConfig(), "preempted by tiresias: queue 1")
+    reasons = [e.get("reason") for e in records.history(job)][-2:]
+    assert reasons == ["halted: preempted by tiresias: queue 1",
+                       "resumed: preempted by tiresias: queue 1"]  # fmt: skip
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("reason", ["two\nlines", "x" * 121, " ", "bell\a"])
+def test_a_bad_reason_is_refused_before_anything_is_done(running_job, reason):
+    user_dir, job, _ = running_job
+    with pytest.raises(Rejected, match=r"--reason: expected one line of printable text"):
+        jobs.halt(user_dir, "41", AgentConfig(), 1, reason)
+    with pytest.raises(Rejected, match=r"--reason: expected one line"):
+        jobs.resume(user_dir, "41", AgentConfig(), reason)
+    assert records.last_state(job) == "RUNNING"
+
+
+@pytest.mark.bad_input
+def test_the_command_line_answers_a_bad_reason_with_a_clear_error(running_job, monkeypatch,
+                                                                   capsys, tmp_path):  # fmt: skip
+    user_dir, _, _ = running_job
+    monkeypatch.setenv("TACC_AGENT_CONFIG", str(tmp_path / "none.yaml"))
+    umask = os.umask(0o022)  # main sets the agent's 077: given back for the next tests
+    try:
+        rc = cli.main(["--userdir", str(user_dir), "job", "halt", "41", "--reason", "a\nb"])
+    finally:
+        os.umask(umask)
+    answer = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_REJECTED and answer["field"] == "reason"
+    assert answer["error"].startswith("--reason: expected one line of printable text")
