@@ -79,8 +79,8 @@ def base(**extra) -> dict:
 # ------------------------------------------------------------------ the seam
 def test_defaults_are_on_and_las_is_off():
     on = {p.name for p in select()}
-    assert on == {"gpu_share", "elastic", "gpu_types", "sweep", "duration", "launcher",
-                  "transport"}  # fmt: skip
+    assert on == {"gpu_share", "elastic", "gpu_types", "sweep", "duration", "oort",
+                  "launcher", "transport"}  # fmt: skip
     assert {p.name for p in select(["las", "-duration"])} == on - {"duration"} | {"las"}
 
 
@@ -108,7 +108,7 @@ def test_a_task_file_names_its_plugins_and_bad_words_point_at_the_line(tmp_path)
 
 def test_the_instruction_records_which_plugins_were_on_and_what_they_changed(tmp_path):
     document, _ = compiled(tmp_path, base(resources={"gpus_per_node": 0.5}))
-    assert document["plugins"]["on"] == ["gpu_share", "elastic", "gpu_types", "sweep"]
+    assert document["plugins"]["on"] == ["gpu_share", "elastic", "gpu_types", "sweep", "oort"]
     assert document["plugins"]["shaped"] == {
         "gpu_share": "gpus_per_node 0.5 -> gpu_share 0.5 (scheduled as GPU shards)"
     }

@@ -145,7 +145,7 @@ LETTERS = {"i": "JobArrayID", "u": "UserName", "T": "State", "y": "Nice", "D": "
 
 def fake_squeue(argv: list[str], timeout: float = 0) -> str:
     """One line per job: -o "%i|%u|..." (separators as given) or -O "Name:0|,..."."""
-    lookup = {key.lower(): key for key in SQUEUE_JOBS[0]}
+    lookup = {key.lower(): key for key in [*SQUEUE_JOBS[0], "Partition", "Reason"]}
     for arg in argv:
         if arg.startswith("--format="):
             columns = [(LETTERS[part[0]], part[1:]) for part in arg[9:].split("%")[1:]]
@@ -157,7 +157,7 @@ def fake_squeue(argv: list[str], timeout: float = 0) -> str:
             break
     else:
         raise AssertionError(f"no format in {argv}")
-    return "".join("".join(job[key] + tail for key, tail in columns) + "\n" for job in SQUEUE_JOBS)
+    return "".join("".join(job.get(key, "") + tail for key, tail in columns) + "\n" for job in SQUEUE_JOBS)
 
 
 @pytest.mark.security

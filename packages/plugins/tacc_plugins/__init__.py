@@ -13,8 +13,8 @@ BUILTIN = (
     "tacc_plugins.duration",
     "tacc_plugins.las",
     "tacc_plugins.tiresias",
-    "tacc_plugins.fluid",
     "tacc_plugins.oort",
     "tacc_plugins.launcher",
     "tacc_plugins.transport",
+    "tacc_plugins.fluid",
 )

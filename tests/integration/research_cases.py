@@ -1,0 +1,125 @@
+"""Issue [16] on the slurm lab: the research systems as plug-ins (docs/plugins.md).
+
+fluid: an adaptive sweep (ASHA over the trials of one job array) stops the weak trials
+at their rungs and runs the best one to the end, the rungs shared through a file only
+the sweep's owner can write. tiresias: a preemptible job of a lower queue is
+checkpointed and requeued for a job that waits, and goes on from its checkpoint.
+
+Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
+its lab and its researchers alice and bob.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.integration.conftest import SLURM_LAB
+from tests.integration.lab_helpers import node_sh, status, submit, wait_state
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def submit_sweep(tcloud, project: Path) -> str:
+    proc = tcloud("submit", "--json", "--sweep", str(project))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["job_id"]
+
+
+def test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end(alice, tmp_path):
+    project = tmp_path / "sweep-adaptive"
+    shutil.copytree(ROOT / "examples/sweep-adaptive", project)
+    job = submit_sweep(alice, project)
+    info = wait_state(alice, job, FINAL, 300)
+    log = alice("logs", job).stdout
+    assert info["state"] == "COMPLETED" and info["reason"] == "9 COMPLETED", (info, log[-3000:])
+    stopped = re.findall(r"fluid: stopped at rung \d+ of 3 \(step (\d+)\)", log)
+    finished = re.findall(r"fluid: ran to the last rung \(step 9\)", log)
+    # ASHA keeps the top third at each rung: most trials stop early, at least one runs on.
+    assert len(stopped) >= 4 and finished, log[-4000:]
+    assert len(stopped) + len(finished) == 9, log[-4000:]
+    assert "lr=0.05" in next(line for line in log.splitlines() if "done: accuracy=" in line)
+    # The rungs live in the sweep's own directory: the owner's, nobody else may write them.
+    rungs = f"{status(alice, job)['workdir']}/fluid/rungs.json"
+    owner = node_sh(SLURM_LAB, "n2", f"stat -c '%U %a' {rungs}").stdout.split()
+    assert owner[0] == "alice" and int(owner[1], 8) & 0o022 == 0, owner
+
+
+# A program that counts seconds, saves its count at the checkpoint signal and stops; a
+# run started again (requeued) goes on from the saved count.
+COUNTER = """
+import os, pathlib, signal, socket, sys, time
+saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
+count = int(saved.read_text()) if saved.exists() else 0
+print(f"start at {count} on {socket.gethostname()}", flush=True)
+def checkpoint(*_):
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(str(count))
+    print(f"checkpoint {count}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, checkpoint)
+while count < int(os.environ.get("UNTIL", "100000")):
+    count += 1
+    time.sleep(1)
+print(f"done at {count}", flush=True)
+"""
+
+
+def counter_task(root: Path, name: str, nodes: int, cpus: int, preemptible: bool,
+                 until: int = 100000) -> Path:  # fmt: skip
+    root.mkdir(parents=True)
+    (root / "count.py").write_text(COUNTER)
+    task = {"name": name, "run": ["python3 count.py"], "outputs": ["outputs/"],
+            "resources": {"nodes": nodes, "cpus": cpus, "mem": "100M", "time": "10",
+                          "preemptible": preemptible},
+            "environment": {"env": {"UNTIL": str(until)}}}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def events(tcloud, job: str) -> list[tuple[str, str]]:
+    return [(e["state"], e.get("reason", "")) for e in status(tcloud, job)["history"]]
+
+
+def test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_waits(
+    alice, bob, tmp_path
+):
+    """Threshold 1 GPU-s (node-s here): alice's running job is in queue 1 after a second;
+    bob's new job (queue 0) waits for her nodes; a tick checkpoints and requeues her job,
+    bob's runs, and hers goes on from its count once the nodes are free again."""
+    settings = {"plugins": ["tiresias"], "state_dir": "/root/tiresias-test",
+                "plugin_settings": {"tiresias": {"thresholds": [1], "promote_knob": 0,
+                                                 "min_run_seconds": 3}}}  # fmt: skip
+    node_sh(SLURM_LAB, "n1", "rm -rf /root/tiresias-test && "
+            f"echo '{json.dumps(settings)}' > /root/tiresias.yaml")  # fmt: skip
+    cpus = node_sh(SLURM_LAB, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
+    whole = int(cpus.split()[0])  # one job holds both nodes whole
+    hog = submit(alice, counter_task(tmp_path / "hog", "hog", 2, whole, preemptible=True))
+    wait_state(alice, hog, ("RUNNING",), 120)
+    time.sleep(5)
+    short = submit(bob, counter_task(tmp_path / "short", "short", 1, whole, False, until=3))
+    tick = "tacc-agent --config /root/tiresias.yaml queue-tick"
+    changes: list[str] = []
+    deadline = time.monotonic() + 120
+    while not any("requeued" in c for c in changes):
+        assert time.monotonic() < deadline, changes
+        changes += json.loads(node_sh(SLURM_LAB, "n1", tick).stdout)["changes"]
+        time.sleep(2)
+    assert any(f"job {hog} of alice requeued: preempted by tiresias" in c for c in changes), changes
+    # bob's job runs and ends; alice's comes back from her checkpoint.
+    assert wait_state(bob, short, FINAL, 180)["state"] == "COMPLETED"
+    said = events(alice, hog)
+    assert any(s == "HALTED" and "preempted by tiresias" in r for s, r in said), said
+    log = ""
+    deadline = time.monotonic() + 180
+    while not re.search(r"start at [1-9]\d* on", log):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(3)
+        log = alice("logs", hog).stdout
+    saved = int(re.findall(r"checkpoint (\d+)", log)[0])
+    assert int(re.findall(r"start at ([1-9]\d*) on", log)[0]) == saved >= 3, log[-3000:]
+    alice("cancel", hog)
