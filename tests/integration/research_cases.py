@@ -17,6 +17,8 @@ import shutil
 import time
 from pathlib import Path
 
+import yaml
+
 from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, status, submit, wait_state
@@ -123,3 +125,30 @@ def test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_wa
     saved = int(re.findall(r"checkpoint (\d+)", log)[0])
     assert int(re.findall(r"start at ([1-9]\d*) on", log)[0]) == saved >= 3, log[-3000:]
     alice("cancel", hog)
+
+
+def test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random(alice, tmp_path):
+    """The same federated task on (the oort plug-in hands the program tacc_oort) and off
+    (`plugins: [-oort]`: the program falls back to seeded random selection)."""
+    jobs = {}
+    for mode, words in (("on", []), ("off", ["-oort"])):
+        project = tmp_path / mode
+        shutil.copytree(ROOT / "examples/federated", project)
+        task = yaml.safe_load((project / "tcloud.yaml").read_text())
+        task["federated"]["max_rounds"] = 60
+        task["plugins"] = words
+        (project / "tcloud.yaml").write_text(yaml.safe_dump(task))
+        jobs[mode] = submit(alice, project)
+    for mode, job in jobs.items():
+        info = wait_state(alice, job, FINAL, 600)
+        log = alice("logs", job).stdout
+        assert info["state"] == "COMPLETED", (mode, info, log[-3000:])
+        result = json.loads(
+            node_sh(SLURM_LAB, "n2", f"cat {info['workdir']}/outputs/fl.json").stdout
+        )
+        if mode == "on":
+            assert result["selector"] == "oort" and "(oort selection)" in log, log[-3000:]
+            assert info["plugins"].get("oort") or "oort: target" in log, (info, log[-2000:])
+        else:
+            assert result["selector"] != "oort", result
+            assert "tacc_oort not found (the oort plug-in is off)" in log, log[-3000:]

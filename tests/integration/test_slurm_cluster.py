@@ -85,6 +85,11 @@ from tests.integration.operations_cases import (  # noqa: F401  (issue [15]: ope
     test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots,
     test_o6_the_cluster_dns_reaches_nodes_with_resolved_or_a_dhcp_client,
 )
+from tests.integration.research_cases import (  # noqa: F401  (issue [16]: research plug-ins)
+    test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end,
+    test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_waits,
+    test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random,
+)
 from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
     as_researcher,
     test_sdk_cancels_and_another_researcher_cannot_touch_the_job,
