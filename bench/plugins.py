@@ -17,11 +17,19 @@ the task, or for LAS, no tick).
    starts on the free one. Figure: start delay.
 5. sweep: 8 trials as one sweep (one submission, one job array) against 8 separate
    submissions. Figure: time to submit them all.
+6. tiresias (issue [16]): FIFO, per-user las and per-job tiresias (with preemption of
+   the long jobs, which checkpoint and resume) on two workloads: las' trace (alice's 4
+   long jobs, bob's 4 short ones) and one user's 2 long jobs followed by her 6 short
+   ones (per-user las cannot tell them apart). Figure: mean job completion time.
+7. fluid (issue [16]): a 9-trial sweep as the plain grid and with ASHA early stopping
+   (bench/plugins_fluid.py). Figures: time to the best result, trial-seconds.
+8. oort (issue [16]): the simulated federated example with random selection and with
+   Oort's (bench/plugins_oort.py). Figure: simulated time to the target accuracy.
 
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python -u bench/plugins.py [--only las ...] [--json PATH]
 Uses the bench lab (10.77.7.0/24, 3 nodes: n1 head, n2 with one FAKE H100, n3) and
-removes it at the end. About 20 minutes.
+removes it at the end. About 40 minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
+from plugins_fluid import bench_fluid
+from plugins_oort import bench_oort
 from task_workflow import Tcloud
 
 from tacc_lab.demo import researcher_env
@@ -50,10 +60,16 @@ SETTINGS = {
 N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
       "slurm_gpu_shards_per_gpu": 4}  # fmt: skip
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep")
+SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort")
 # One threshold between what the short-job user attains (4 x 10 node-s) and the long-job
 # user (2 x 60 node-s by the first minute): Tiresias tunes its queues to the workload.
 LAS = "plugins: [las]\nlas_thresholds: [100]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
+# Tiresias per job: a long job (one node, 60 s) passes 30 node-s half-way and drops to
+# queue 1; a job that waits in queue 0 then preempts it (it checkpoints and resumes).
+TIRESIAS_SETTINGS = {"thresholds": [30], "promote_knob": 8, "nice_step": 1000,
+                     "min_run_seconds": 10}  # fmt: skip
+TIRESIAS = {"plugins": ["tiresias"], "state_dir": "/root/tiresias-bench",
+            "plugin_settings": {"tiresias": TIRESIAS_SETTINGS}}  # fmt: skip
 
 
 def project(root: Path, name: str, run: str, **fields) -> Path:
@@ -112,11 +128,11 @@ def bench_duration(tcloud: Tcloud, work: Path) -> dict:
 
 
 # ---------------------------------------------------------------- 2. LAS
-def ticker(stop: threading.Event, log: dict) -> None:
+def ticker(stop: threading.Event, log: dict, config: str = "/root/las.yaml") -> None:
     """The daemon's queue tick (the same `tick` function), every 2 s, as root on n1. A
     failed tick (ssh under load) is counted, never the end of the loop."""
     argv = [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "n1", "tacc-agent", "--config",
-            "/root/las.yaml", "queue-tick"]  # fmt: skip
+            config, "queue-tick"]  # fmt: skip
     while not stop.wait(2):
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         try:
@@ -160,6 +176,81 @@ def bench_las(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
     las = las_mode(alice, bob, work, on=True)
     return {"fifo": fifo, "las": las,
             "improvement": round(fifo["mean_jct_s"] / las["mean_jct_s"], 2)}  # fmt: skip
+
+
+# ---------------------------------------------------------------- 6. tiresias
+# A long job's work: count to UNTIL seconds, save the count at the checkpoint signal and
+# stop; started again (requeued), it goes on from the count.
+COUNTER = """import os, pathlib, signal, sys, time
+saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
+count = int(saved.read_text()) if saved.exists() else 0
+def checkpoint(*_):
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(str(count))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, checkpoint)
+while count < int(os.environ["UNTIL"]):
+    count += 1
+    time.sleep(1)
+"""
+
+
+def counter(root: Path, name: str, seconds: int) -> Path:
+    """A whole-node job of `seconds` of work that checkpoints and resumes (preemptible)."""
+    path = project(root, name, "python3 count.py", resources={"cpus": CPUS, "time": "10",
+                   "preemptible": True}, outputs=["outputs/"],
+                   environment={"env": {"UNTIL": str(seconds)}})  # fmt: skip
+    (path / "count.py").write_text(COUNTER)
+    return path
+
+
+def policy_mode(submitters: list[tuple[Tcloud, str, int, int]], work: Path, policy: str) -> dict:
+    """One workload under one policy: (researcher, name, count, seconds) groups submitted
+    3 s apart; with las or tiresias their tick runs every 2 s as the daemon's would."""
+    config = {"las": ("/root/las.yaml", LAS), "tiresias": (
+        "/root/tiresias.yaml", json.dumps(TIRESIAS))}.get(policy)  # fmt: skip
+    node_sh("n1", "rm -rf /root/las-bench /root/tiresias-bench")
+    stop = threading.Event()
+    ticks = {"ticks": 0, "failed_ticks": 0, "changes": []}
+    if config:
+        node_sh("n1", f"printf '%s\\n' '{config[1]}' > {config[0]}")
+        threading.Thread(target=ticker, args=(stop, ticks, config[0]), daemon=True).start()
+    jobs: dict[str, list[tuple[Tcloud, str]]] = {}
+    for index, (tcloud, name, count, seconds) in enumerate(submitters):
+        if index:
+            time.sleep(3)
+        jobs.setdefault(name, []).extend(
+            (tcloud, tcloud.submit(counter(work / f"{policy}-{name}-{i}", name, seconds))[0])
+            for i in range(count))  # fmt: skip
+    infos = {name: [tcloud.wait(job, TERMINAL, 900) for tcloud, job in group]
+             for name, group in jobs.items()}  # fmt: skip
+    stop.set()
+    jct = {name: completion_times(group) for name, group in infos.items()}
+    preempted = sum(1 for group in infos.values() for info in group
+                    for h in info["history"] if h["state"] == "HALTED")  # fmt: skip
+    return {"mean_jct_s": round(statistics.mean([t for ts in jct.values() for t in ts]), 1),
+            **{f"mean_jct_{name}_s": round(statistics.mean(ts), 1) for name, ts in jct.items()},
+            "preemptions": preempted,
+            **({"ticks": ticks["ticks"], "failed_ticks": ticks["failed_ticks"]}
+               if config else {})}  # fmt: skip
+
+
+def bench_tiresias(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
+    """FIFO, las (per user) and tiresias (per job, preemptive) on two workloads."""
+    workloads = {
+        "las_trace": [(alice, "long", 4, 60), (bob, "short", 4, 10)],
+        "short_behind_long": [(alice, "long", 2, 60), (alice, "short", 6, 5)],
+    }
+    result = {}
+    for label, submitters in workloads.items():
+        modes = {policy: policy_mode(submitters, work / label, policy)
+                 for policy in ("fifo", "las", "tiresias")}  # fmt: skip
+        for policy in ("las", "tiresias"):
+            modes[f"{policy}_improvement"] = round(
+                modes["fifo"]["mean_jct_s"] / modes[policy]["mean_jct_s"], 2)  # fmt: skip
+        result[label] = modes
+        print(f"tiresias {label}: {json.dumps(modes)}", flush=True)
+    return result
 
 
 # ---------------------------------------------------------------- 3. GPU sharing
@@ -242,7 +333,10 @@ def main() -> int:
                               ("las", lambda: bench_las(alice, bob, work / "l")),
                               ("gpu_share", lambda: bench_gpu_share(alice, work / "g")),
                               ("elastic", lambda: bench_elastic(alice, work / "e")),
-                              ("sweep", lambda: bench_sweep(alice, work / "s"))):  # fmt: skip
+                              ("sweep", lambda: bench_sweep(alice, work / "s")),
+                              ("tiresias", lambda: bench_tiresias(alice, bob, work / "t")),
+                              ("fluid", lambda: bench_fluid(alice, work / "f")),
+                              ("oort", lambda: bench_oort(alice, work / "o"))):  # fmt: skip
                 if args.only and name not in args.only:
                     continue
                 started = time.monotonic()
