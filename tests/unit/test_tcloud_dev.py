@@ -95,7 +95,7 @@ def test_dev_waits_says_each_state_prints_how_to_connect_and_forwards(fake, tmp_
     with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
     held = []
 
-    def hold(running):
+    def hold(running, stop=None):
         held.append(True)
         raise KeyboardInterrupt  # Ctrl-C while forwarding
 
@@ -118,7 +118,7 @@ def test_stop_on_disconnect_holds_a_channel_while_it_forwards(fake, tmp_path, mo
     with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=True)
     seen = []
 
-    def hold(running):
+    def hold(running, stop=None):
         seen.append([c.closed for c in fake.transport.channels])
         raise KeyboardInterrupt
 
@@ -146,7 +146,7 @@ def test_without_ports_dev_opens_a_shell(fake, tmp_path, monkeypatch):
 def test_detach_prints_and_exits_0(fake, tmp_path, monkeypatch):
     root = project(tmp_path / "p")
     with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
-    monkeypatch.setattr(portforward, "hold", lambda _r: pytest.fail("forwarded"))
+    monkeypatch.setattr(portforward, "hold", lambda _r, stop=None: pytest.fail("forwarded"))
     code, out, _ = cli_run("dev", str(root), "--detach")
     assert code == 0 and "  port 8888: http://127.0.0.1:8888/" in out
 
@@ -191,7 +191,7 @@ def test_the_agent_refusing_stop_on_disconnect_is_one_line_exit_4(fake, tmp_path
     with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=True)
     refusal = FakeChannel([b'{"error": "job 42 is not yours"}\n'], [], 4)
     fake.transport.script = lambda argv: refusal
-    monkeypatch.setattr(portforward, "hold", lambda _r: pytest.fail("forwarded"))
+    monkeypatch.setattr(portforward, "hold", lambda _r, stop=None: pytest.fail("forwarded"))
     code, _, err = cli_run("dev", str(root), "--stop-on-disconnect")
     assert code == EXIT_CLUSTER and err.strip() == "tcloud: error: job 42 is not yours"
     assert [c.closed for c in fake.transport.channels] == [True]
@@ -250,7 +250,7 @@ def test_a_local_port_0_is_printed_as_the_real_port_once_bound(fake, tmp_path, m
     root = project(tmp_path / "p")
     with_session(fake, ports=[8888], idle_timeout="60", stop_on_disconnect=False)
 
-    def hold(_running):
+    def hold(_running, stop=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(portforward, "hold", hold)

@@ -7,8 +7,11 @@ another user's job refused before anything listens."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import threading
+import time
 
 import pytest
 
@@ -115,11 +118,15 @@ def test_a_local_port_in_use_is_named_and_nothing_stays_listening(fake):
         busy.close()
 
 
+def quick_hold(real_hold):
+    """portforward.hold asking every 0.01 s."""
+    return lambda running, stop=None: real_hold(running, poll=0.01, stop=stop)
+
+
 def test_forward_prints_one_line_per_port_and_ends_with_the_job(fake, monkeypatch):
     states = iter(["RUNNING", "COMPLETED"])
     fake.session.answers[("job", "status")] = lambda: (0, status(next(states)))
-    real_hold = portforward.hold
-    monkeypatch.setattr(portforward, "hold", lambda running: real_hold(running, poll=0.01))
+    monkeypatch.setattr(portforward, "hold", quick_hold(portforward.hold))
     local = free_port()
     code, out, _ = cli_run("forward", "42", f"8888:{local}", "--node", "1")
     assert code == 0
@@ -128,13 +135,36 @@ def test_forward_prints_one_line_per_port_and_ends_with_the_job(fake, monkeypatc
     assert lines[-1] == "job 42 is no longer running: forwarding stopped"
 
 
-def test_ctrl_c_stops_forwarding_with_exit_0(fake, monkeypatch):
-    def interrupted(_running):
+def test_ctrl_c_before_the_forward_is_up_stops_it_with_exit_0(fake, monkeypatch):
+    def interrupted(_running, stop=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(portforward, "hold", interrupted)
     code, _, err = cli_run("forward", "42", f"8888:{free_port()}")
     assert code == 0 and "forwarding stopped" in err
+
+
+@pytest.mark.fault
+def test_ctrl_c_while_the_jobs_status_is_asked_lets_the_answer_come_then_stops(fake, monkeypatch):
+    """SIGINT in the middle of the status call (paramiko's read, in the lab) used to raise
+    KeyboardInterrupt there, and the forward sometimes hung on its way out; now it only
+    sets the stop event: the call ends normally, then the forward stops, exit 0."""
+    asked, answered = [], []
+
+    def status_then_interrupted():
+        asked.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the call
+        time.sleep(0.05)
+        answered.append(True)  # not cut short by a KeyboardInterrupt
+        return 0, status("RUNNING")
+
+    fake.session.answers[("job", "status")] = status_then_interrupted
+    monkeypatch.setattr(portforward, "hold", quick_hold(portforward.hold))
+    before = signal.getsignal(signal.SIGINT)
+    code, out, err = cli_run("forward", "42", f"8888:{free_port()}")
+    assert code == 0 and "forwarding stopped" in err and len(asked) == len(answered) == 1
+    assert "no longer running" not in out
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
 
 
 def test_a_refused_connection_on_the_node_is_said_and_the_forward_goes_on(fake):

@@ -495,7 +495,10 @@ def hold_forwards(
 
     node_host = {n["rank"]: n["host"] for n in job.target()["nodes"]}.get(rank, "?")
     try:
-        with job.forward({p.remote: p.local for p in pairs}, rank) as mapping:
+        with (
+            portforward.stop_on_interrupt() as stop,
+            job.forward({p.remote: p.local for p in pairs}, rank) as mapping,
+        ):
             if bound is not None:
                 bound(mapping)
             for remote, local in mapping.items():
@@ -504,10 +507,14 @@ def hold_forwards(
                     "Ctrl-C stops",
                     flush=True,
                 )
-            portforward.hold(lambda: job_running(job))
-        print(f"job {job.id} is no longer running: forwarding stopped", flush=True)
-    except KeyboardInterrupt:
+            portforward.hold(lambda: job_running(job), stop=stop)
+    except KeyboardInterrupt:  # before the forward was up
         print("forwarding stopped", file=sys.stderr)
+        return EXIT_OK
+    if stop.is_set():
+        print("forwarding stopped", file=sys.stderr)
+    else:
+        print(f"job {job.id} is no longer running: forwarding stopped", flush=True)
     return EXIT_OK
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import signal
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tcloud.errors import TcloudError, UsageError
@@ -181,6 +182,23 @@ class Forwarder:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def stop_on_interrupt() -> Iterator[threading.Event]:
+    """Ctrl-C (SIGINT) sets the event instead of raising KeyboardInterrupt wherever the
+    main thread happens to be: a KeyboardInterrupt inside paramiko (the job's status,
+    asked every few seconds) could leave its locks held, and the forward then hung on
+    the way out. Outside the main thread the handler stays as it is."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    before = signal.signal(signal.SIGINT, lambda _number, _frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def hold(
