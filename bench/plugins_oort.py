@@ -86,7 +86,8 @@ def bench_local(seeds: tuple[int, ...] = SEEDS) -> dict:
 
 # ---------------------------------------------------------------- the bench lab
 def project(root: Path, seed: int, on: bool) -> Path:
-    """The example with SEED set; off: the same task with `plugins: [-oort]`."""
+    """The example with SEED set; off: the same task with `plugins: [-oort]` and without
+    the plug-in's `federated:` field (the program's defaults are the same settings)."""
     root.mkdir(parents=True)
     shutil.copy(EXAMPLE / "train.py", root / "train.py")
     task: dict = {"name": "federated-" + ("oort" if on else "random"),
@@ -96,7 +97,8 @@ def project(root: Path, seed: int, on: bool) -> Path:
                                   "env": {"SEED": str(seed), "DATA_SEED": "1"}},
                   "federated": FEDERATED, "run": ["python3 train.py"],
                   "outputs": ["outputs/"]}  # fmt: skip
-    if not on:
+    if not on:  # federated: is the oort plug-in's field: off, the program's defaults
+        del task["federated"]  # (equal to FEDERATED: tests/unit/test_oort.py)
         task["plugins"] = ["-oort"]
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root

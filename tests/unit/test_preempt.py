@@ -328,3 +328,10 @@ def test_the_command_line_answers_a_bad_reason_with_a_clear_error(running_job, m
     answer = json.loads(capsys.readouterr().out)
     assert rc == EXIT_REJECTED and answer["field"] == "reason"
     assert answer["error"].startswith("--reason: expected one line of printable text")
+
+
+def test_the_tasks_own_opt_in_counts_whichever_plug_ins_were_on_at_submit():
+    """resources.preemptible is recorded by the agent at submit (submit.json opt_in), so
+    a policy turned on later (or only in the tick's settings) still finds it."""
+    assert preempt.opt_ins_of({"opt_in": ["preemptible", "rm -rf"]}) == {"preemptible"}
+    assert preempt.opt_ins_of({"opt_in": "preemptible"}) == frozenset()

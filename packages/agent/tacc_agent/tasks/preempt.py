@@ -127,11 +127,15 @@ def read_submit_record(job: JobRecord) -> dict:
 
 
 def opt_ins_of(record: dict) -> frozenset[str]:
-    """The known words of every plugin_data.<plug-in>.opt_in list."""
-    words: set[str] = set()
+    """The known words of the record's own opt_in list (the task's, written at submit
+    whichever plug-ins were on then: resources.preemptible) and of every
+    plugin_data.<plug-in>.opt_in list."""
+    lists = [record.get("opt_in")]
     plugin_data = record.get("plugin_data")
     for data in plugin_data.values() if isinstance(plugin_data, dict) else ():
-        opt_in = data.get("opt_in") if isinstance(data, dict) else None
+        lists.append(data.get("opt_in") if isinstance(data, dict) else None)
+    words: set[str] = set()
+    for opt_in in lists:
         if isinstance(opt_in, list):
             words.update(w for w in opt_in if isinstance(w, str) and w in KNOWN_OPT_INS)
     return frozenset(words)

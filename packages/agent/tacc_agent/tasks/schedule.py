@@ -255,7 +255,10 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
             {"name": task.name, "sbatch": argv, "digest": digest,
              "options": submission.options, "plugins": submission.notes,
              "plugin_data": submission.data, "tag": submission.options["comment"],
-             "entrypoint": submission.data.get("entrypoint", "")},
+             "entrypoint": submission.data.get("entrypoint", ""),
+             # What the task lets the cluster do to the job, whichever scheduling
+             # policies are on now (tasks/preempt.py reads it at a tick).
+             "opt_in": ["preemptible"] if task.resources.get("preemptible") else []},
         )  # fmt: skip
         # First: the job's own events (PROVISIONING, ...) must come after this one.
         records.add_event(job_dir, "QUEUED")
