@@ -102,30 +102,40 @@ def test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_wa
     cpus = node_sh(SLURM_LAB, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
     whole = int(cpus.split()[0])  # one job holds both nodes whole
     hog = submit(alice, counter_task(tmp_path / "hog", "hog", 2, whole, preemptible=True))
-    wait_state(alice, hog, ("RUNNING",), 120)
-    time.sleep(5)
-    short = submit(bob, counter_task(tmp_path / "short", "short", 1, whole, False, until=3))
-    tick = "tacc-agent --config /root/tiresias.yaml queue-tick"
-    changes: list[str] = []
-    deadline = time.monotonic() + 120
-    while not any("requeued" in c for c in changes):
-        assert time.monotonic() < deadline, changes
-        changes += json.loads(node_sh(SLURM_LAB, "n1", tick).stdout)["changes"]
-        time.sleep(2)
-    assert any(f"job {hog} of alice requeued: preempted by tiresias" in c for c in changes), changes
-    # bob's job runs and ends; alice's comes back from her checkpoint.
-    assert wait_state(bob, short, FINAL, 180)["state"] == "COMPLETED"
-    said = events(alice, hog)
-    assert any(s == "HALTED" and "preempted by tiresias" in r for s, r in said), said
-    log = ""
-    deadline = time.monotonic() + 180
-    while not re.search(r"start at [1-9]\d* on", log):
-        assert time.monotonic() < deadline, log[-3000:]
-        time.sleep(3)
-        log = alice("logs", hog).stdout
-    saved = int(re.findall(r"checkpoint (\d+)", log)[0])
-    assert int(re.findall(r"start at ([1-9]\d*) on", log)[0]) == saved >= 3, log[-3000:]
-    alice("cancel", hog)
+    short = ""
+    try:
+        wait_state(alice, hog, ("RUNNING",), 120)
+        time.sleep(5)
+        short = submit(bob, counter_task(tmp_path / "short", "short", 1, whole, False, until=3))
+        tick = "tacc-agent --config /root/tiresias.yaml queue-tick"
+        changes: list[str] = []
+        deadline = time.monotonic() + 120
+        while not any("requeued" in c for c in changes):
+            assert time.monotonic() < deadline, changes
+            changes += json.loads(node_sh(SLURM_LAB, "n1", tick).stdout)["changes"]
+            time.sleep(2)
+        assert any(f"job {hog} of alice requeued: preempted by tiresias" in c for c in changes), (
+            changes
+        )
+        # bob's job runs and ends; alice's comes back from her checkpoint.
+        assert wait_state(bob, short, FINAL, 180)["state"] == "COMPLETED"
+        said = events(alice, hog)
+        assert "HALTED" in [state for state, _ in said], said
+        workdir = status(alice, hog)["workdir"]
+        reasons = node_sh(SLURM_LAB, "n1", f"cat {workdir}/status/events/*").stdout
+        assert "halted: preempted by tiresias: queue 1, for job" in reasons, reasons
+        log = ""
+        deadline = time.monotonic() + 180
+        while not re.search(r"start at [1-9]\d* on", log):
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(3)
+            log = alice("logs", hog).stdout
+        saved = int(re.findall(r"checkpoint (\d+)", log)[0])
+        assert int(re.findall(r"start at ([1-9]\d*) on", log)[0]) == saved >= 3, log[-3000:]
+    finally:  # a failure leaves no job holding the nodes for the next test
+        alice("cancel", hog)
+        if short:
+            bob("cancel", short)
 
 
 def test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random(alice, tmp_path):
