@@ -157,7 +157,8 @@ def fake_squeue(argv: list[str], timeout: float = 0) -> str:
             break
     else:
         raise AssertionError(f"no format in {argv}")
-    return "".join("".join(job.get(key, "") + tail for key, tail in columns) + "\n" for job in SQUEUE_JOBS)
+    lines = ("".join(job.get(key, "") + tail for key, tail in columns) for job in SQUEUE_JOBS)
+    return "".join(line + "\n" for line in lines)
 
 
 @pytest.mark.security
