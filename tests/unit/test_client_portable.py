@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ROOT / "packages"
 CLIENT_SIDE = {"client": "tcloud", "contract": "tacc_contract", "plugins": "tacc_plugins"}
 PROJECT = ("tcloud", "tacc_contract", "tacc_plugins", "tacc_agent", "tacc_lab")
+# Not on the client's import path: the libraries a plug-in copies into a job for the
+# user's program, which runs on the cluster's Linux nodes (tacc_fluid locks with fcntl).
+CLUSTER_ONLY = "tacc_plugins.programlib"
 
 POSIX_MODULES = (
     "fcntl",
@@ -92,7 +95,7 @@ PROBE = textwrap.dedent(
     """
     import contextlib, importlib, io, json, os, pkgutil, signal, sys
 
-    PACKAGES, PROJECT, BLOCKED, ATTRIBUTES, PLATFORM, EXAMPLE = json.loads(sys.argv[1])
+    PACKAGES, PROJECT, BLOCKED, ATTRIBUTES, PLATFORM, EXAMPLE, SKIP = json.loads(sys.argv[1])
 
     def every_module():
         names = []
@@ -100,6 +103,8 @@ PROBE = textwrap.dedent(
             module = importlib.import_module(package)
             names.append(package)
             for info in pkgutil.walk_packages(module.__path__, package + "."):
+                if info.name.startswith(SKIP):
+                    continue
                 importlib.import_module(info.name)
                 names.append(info.name)
         return names
@@ -145,6 +150,7 @@ def probe(platform: str) -> dict:
         POSIX_ATTRIBUTES,
         platform,
         str(ROOT / "examples" / "hello"),
+        CLUSTER_ONLY + ".",
     ]
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(argv)],
@@ -243,10 +249,12 @@ def posix_use(node: ast.AST) -> str | None:
 
 
 def client_side_files() -> list[Path]:
+    cluster_only = PACKAGES / "plugins" / Path(*CLUSTER_ONLY.split("."))
     return sorted(
         path
         for dist, package in CLIENT_SIDE.items()
         for path in (PACKAGES / dist / package).rglob("*.py")
+        if cluster_only not in path.parents
     )
 
 

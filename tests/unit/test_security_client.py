@@ -91,7 +91,7 @@ def test_p4_task_file_cannot_import_an_arbitrary_module(tcloud, tmp_path, canary
     stderr = tcloud.refused(
         proc, 3, "tcloud.yaml:3:11: plugins[0]: unknown plug-in 'canary_pkg.plugin'"
     )
-    assert "available: duration, elastic, gpu_share" in stderr
+    assert "available: duration, elastic, fluid, gpu_share" in stderr
     assert not canary.exists()
     assert sorted(p.name for p in project.iterdir()) == ["tcloud.yaml"]
 

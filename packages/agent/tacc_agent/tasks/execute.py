@@ -33,6 +33,7 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
+from tacc_agent.self_command import AGENT
 from tacc_agent.tasks import (
     containers,
     envcache,
@@ -223,10 +224,6 @@ def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
 
 def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
     return {**env, **task.environment["env"]}
-
-
-# The agent itself, isolated (-I) from the job's directory and PYTHON* variables.
-AGENT = [sys.executable, "-I", "-m", "tacc_agent"]
 
 
 # ---------------------------------------------------------------- batch step

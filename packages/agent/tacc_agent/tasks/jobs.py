@@ -24,6 +24,7 @@ from tacc_agent.tasks import (
     workspace,
 )
 from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.reasons import checked_reason
 from tacc_contract.instruction import FILE, code_digest
 from tacc_contract.schema import session_of
 from tacc_contract.trials import trials_of
@@ -350,23 +351,6 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
 
 
 MAX_HALT_GRACE_SECONDS = 3600  # the researcher's SSH call waits this long at most
-
-
-MAX_REASON_CHARS = 120
-
-
-def checked_reason(reason: str | None) -> str | None:
-    """Why a halt or resume was asked for, as its events show it ("preempted by tiresias:
-    ..."; None: by the job's owner): one line of printable text, 120 characters at most."""
-    if reason is None:
-        return None
-    if not reason.strip() or len(reason) > MAX_REASON_CHARS or not reason.isprintable():
-        raise Rejected(
-            f"--reason: expected one line of printable text, 1 to {MAX_REASON_CHARS} "
-            f"characters, got {reason[:40]!r}{'...' if len(reason) > 40 else ''}",
-            "reason",
-        )
-    return reason
 
 
 def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None,

@@ -29,8 +29,9 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import execute, job_tags
-from tacc_agent.tasks.jobs import MAX_REASON_CHARS
+from tacc_agent.self_command import AGENT
+from tacc_agent.tasks import job_tags
+from tacc_agent.tasks.reasons import MAX_REASON_CHARS
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
@@ -200,7 +201,7 @@ def owner_argv(job: JobRecord, name: str, verb: list[str]) -> list[str]:
     """tacc-agent VERB as the job's owner, in the user directory that holds the job
     (<user dir>/jobs/<job dir>), with the cluster's default settings."""
     user_dir = job.job_dir.parent.parent
-    return ["runuser", "-u", name, "--", *execute.AGENT, f"--userdir={user_dir}", "job", *verb]
+    return ["runuser", "-u", name, "--", *AGENT, f"--userdir={user_dir}", "job", *verb]
 
 
 def refusal(job_id: str, reason: object, config: AgentConfig) -> tuple[JobRecord | None, str]:
