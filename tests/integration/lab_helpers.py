@@ -194,3 +194,25 @@ def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int = 90) -> 
             raise AssertionError(f"job {job} stuck in {info['state']}: {info}\n{log}")
         time.sleep(0.5)
     return info
+
+
+# A job's program that counts seconds (to $UNTIL, default 100000) and saves its count at
+# the checkpoint signal (SIGUSR1); with STOP_AT_CHECKPOINT=1 it then stops, else it goes
+# on. A run started again (requeued) goes on from the saved count.
+CHECKPOINTING_COUNTER = """
+import os, pathlib, signal, socket, sys, time
+saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
+count = int(saved.read_text()) if saved.exists() else 0
+print(f"start at {count} on {socket.gethostname()}", flush=True)
+def checkpoint(*_):
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(str(count))
+    print(f"checkpoint {count}", flush=True)
+    if os.environ.get("STOP_AT_CHECKPOINT") == "1":
+        sys.exit(0)
+signal.signal(signal.SIGUSR1, checkpoint)
+while count < int(os.environ.get("UNTIL", "100000")):
+    count += 1
+    time.sleep(1)
+print(f"done at {count}", flush=True)
+"""

@@ -27,7 +27,13 @@ import yaml
 from tacc_lab.inventory import ALERT_WEBHOOK_PORT
 from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
-from tests.integration.lab_helpers import node_sh, playbook, submit, wait_state
+from tests.integration.lab_helpers import (
+    CHECKPOINTING_COUNTER,
+    node_sh,
+    playbook,
+    submit,
+    wait_state,
+)
 
 HOSTS = {"login1", "n1", "n2", "n3"}
 
@@ -50,23 +56,6 @@ class Hook(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.end_headers()
 http.server.HTTPServer(("127.0.0.1", {ALERT_WEBHOOK_PORT}), Hook).serve_forever()
-"""
-
-# A program that counts seconds and saves its count at the checkpoint signal; a run
-# started again (requeued) goes on from the saved count.
-COUNTER = """
-import os, pathlib, signal, socket, time
-saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
-count = int(saved.read_text()) if saved.exists() else 0
-print(f"start at {count} on {socket.gethostname()}", flush=True)
-def checkpoint(*_):
-    saved.parent.mkdir(exist_ok=True)
-    saved.write_text(str(count))
-    print(f"checkpoint {count}", flush=True)
-signal.signal(signal.SIGUSR1, checkpoint)
-while count < 100000:
-    count += 1
-    time.sleep(1)
 """
 
 
@@ -182,7 +171,7 @@ def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
 def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluster, alice, tmp_path):
     root = tmp_path / "counter"
     root.mkdir()
-    (root / "count.py").write_text(COUNTER)
+    (root / "count.py").write_text(CHECKPOINTING_COUNTER)
     task = {"name": "counter", "resources": {"nodes": 1, "mem": "100M", "time": "30"},
             "run": ["python3 count.py"]}  # fmt: skip
     (root / "tcloud.yaml").write_text(json.dumps(task))

@@ -21,7 +21,13 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.integration.conftest import SLURM_LAB
-from tests.integration.lab_helpers import node_sh, status, submit, wait_state
+from tests.integration.lab_helpers import (
+    CHECKPOINTING_COUNTER,
+    node_sh,
+    status,
+    submit,
+    wait_state,
+)
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -52,34 +58,14 @@ def test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end(ali
     assert owner[0] == "alice" and int(owner[1], 8) & 0o022 == 0, owner
 
 
-# A program that counts seconds, saves its count at the checkpoint signal and stops; a
-# run started again (requeued) goes on from the saved count.
-COUNTER = """
-import os, pathlib, signal, socket, sys, time
-saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
-count = int(saved.read_text()) if saved.exists() else 0
-print(f"start at {count} on {socket.gethostname()}", flush=True)
-def checkpoint(*_):
-    saved.parent.mkdir(exist_ok=True)
-    saved.write_text(str(count))
-    print(f"checkpoint {count}", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGUSR1, checkpoint)
-while count < int(os.environ.get("UNTIL", "100000")):
-    count += 1
-    time.sleep(1)
-print(f"done at {count}", flush=True)
-"""
-
-
 def counter_task(root: Path, name: str, nodes: int, cpus: int, preemptible: bool,
                  until: int = 100000) -> Path:  # fmt: skip
     root.mkdir(parents=True)
-    (root / "count.py").write_text(COUNTER)
+    (root / "count.py").write_text(CHECKPOINTING_COUNTER)
     task = {"name": name, "run": ["python3 count.py"], "outputs": ["outputs/"],
             "resources": {"nodes": nodes, "cpus": cpus, "mem": "100M", "time": "10",
                           "preemptible": preemptible},
-            "environment": {"env": {"UNTIL": str(until)}}}  # fmt: skip
+            "environment": {"env": {"UNTIL": str(until), "STOP_AT_CHECKPOINT": "1"}}}  # fmt: skip
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
