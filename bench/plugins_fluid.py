@@ -120,15 +120,18 @@ def lab_mode(tcloud: object, work: Path, adaptive: bool, parallel: int) -> dict:
     submitted = run("submit", "--json", "--sweep", str(project(work, adaptive, parallel)))
     job = json.loads(submitted.stdout)["job_id"]
     info = tcloud.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), 600)  # type: ignore[attr-defined]
-    start = min(h["time"] for h in info["history"] if h["state"] == "QUEUED")
-    steps, spans = [], []
+    steps, spans, queued = [], [], []
     for index in range(len(trials())):
         trial = tcloud.status(f"{job}_{index}")  # type: ignore[attr-defined]
         times = {h["state"]: h["time"] for h in trial["history"]}
+        queued += [h["time"] for h in trial["history"] if h["state"] == "QUEUED"]
         spans.append((times["RUNNING"], times.get("COMPLETED", times.get(trial["state"], 0.0))))
         log = run("logs", f"{job}_{index}").stdout
         steps.append([{"step": int(m[1]), "accuracy": float(m[2]), "time": float(m[3])}
                       for m in STEP_LINE.finditer(log)])  # fmt: skip
+    # The sweep's own status lists its trials, not a history: it started when the first
+    # trial was queued.
+    start = min(queued or [begin for begin, _ in spans])
     return {**figures(steps, spans, start), "state": info["state"]}
 
 
