@@ -101,7 +101,9 @@ def project(root: Path, adaptive: bool, parallel: int) -> Path:
     """The example's program, with the adaptive block (and the plug-in) or without."""
     root.mkdir(parents=True)
     shutil.copy(EXAMPLE / "train.py", root / "train.py")
-    sweep: dict = {"parameters": {k: [float(v) for v in vs] for k, vs in GRID.items()},
+    # As the example writes them: numbers (SEED an int, which train.py reads with int()).
+    sweep: dict = {"parameters": {"LR": [float(v) for v in GRID["LR"]],
+                                  "SEED": [int(v) for v in GRID["SEED"]]},
                    "parallel": parallel}  # fmt: skip
     task: dict = {"name": "fluid-" + ("adaptive" if adaptive else "grid"),
                   "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"},
@@ -120,6 +122,8 @@ def lab_mode(tcloud: object, work: Path, adaptive: bool, parallel: int) -> dict:
     submitted = run("submit", "--json", "--sweep", str(project(work, adaptive, parallel)))
     job = json.loads(submitted.stdout)["job_id"]
     info = tcloud.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), 600)  # type: ignore[attr-defined]
+    if info["state"] != "COMPLETED":
+        raise RuntimeError(f"fluid bench: sweep {job} {info['state']}: {info.get('reason')}")
     steps, spans, queued = [], [], []
     for index in range(len(trials())):
         trial = tcloud.status(f"{job}_{index}")  # type: ignore[attr-defined]
