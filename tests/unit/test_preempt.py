@@ -335,3 +335,13 @@ def test_the_tasks_own_opt_in_counts_whichever_plug_ins_were_on_at_submit():
     a policy turned on later (or only in the tick's settings) still finds it."""
     assert preempt.opt_ins_of({"opt_in": ["preemptible", "rm -rf"]}) == {"preemptible"}
     assert preempt.opt_ins_of({"opt_in": "preemptible"}) == frozenset()
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("where", ["status/submit.json", "status"])
+def test_a_record_others_could_write_does_not_count(job_dir, where):
+    """A group member who could write the owner's record could make the owner's job
+    preemptible: such a record is not read."""
+    assert preempt.opted_in_job(record(job_dir)) == {"preemptible"}
+    (job_dir / where).chmod(0o664 if where.endswith(".json") else 0o775)
+    assert preempt.opted_in_job(record(job_dir)) == frozenset()

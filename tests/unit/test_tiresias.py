@@ -267,3 +267,40 @@ def test_plugin_settings_reach_the_plug_in_through_the_agent_config(tmp_path):
     path = tmp_path / "agent.yaml"
     path.write_text(json.dumps({"plugin_settings": {"tiresias": {"promote_knob": 3}}}))
     assert tiresias.settings_from(load_config(path)).promote_knob == 3.0
+
+
+@pytest.mark.fault
+def test_a_job_gone_before_its_nice_is_set_leaves_the_rest_of_the_tick(tmp_path):
+    tick = Ticker(tmp_path)
+
+    def set_nice(job_id: str, nice: int) -> None:
+        if job_id == "2":
+            raise AgentError("scontrol: Invalid job id specified", 2)
+        tick.nices[job_id] = nice
+
+    tick.nices = {}
+    queue = Queue([job("2", "bob", "PENDING", reason="Priority"),
+                   job("3", "carol", "PENDING", reason="Priority")], set_nice, 0.0,
+                  tmp_path, tick.config, requeue=tick.requeue)  # fmt: skip
+    Tiresias().tick(queue)
+    assert tick.nices == {"3": -500}
+    assert any(n.startswith("tiresias: job 2: nice not set") for n in queue.notes)
+    assert (tmp_path / "tiresias.json").exists()
+
+
+def test_a_long_gap_between_ticks_counts_as_a_few_minutes_of_waiting(tmp_path):
+    tick = Ticker(tmp_path)
+    tick(0, job("1", "alice", "RUNNING", 0, gpus=1))
+    tick(1000, job("1", "alice", "RUNNING", 1000, gpus=1))  # promoted after 2 x 1000 s
+    tick(100000, job("1", "alice", "PENDING", 0, gpus=1, reason="Priority"))  # daemon was down
+    assert tick.state()["1"]["waited"] == tiresias.MAX_GAP_SECONDS
+    assert tick.state()["1"]["queue"] == 1  # not promoted by the outage
+
+
+def test_a_job_submitted_to_several_partitions_can_preempt_in_any(tmp_path):
+    tick = Ticker(tmp_path)
+    tick(0, long_job(0))
+    tick(60, long_job(60))
+    tick(61, long_job(61), job("2", "bob", "PENDING", nodes=2, reason="Resources",
+                               partition="gpu,batch"))  # fmt: skip
+    assert [j for j, _ in tick.requeued] == ["1"]

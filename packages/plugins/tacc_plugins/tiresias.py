@@ -39,6 +39,8 @@ from tacc_plugins.las import NICE_LIMIT, level, own_nice
 
 STATE_FILE = "tiresias.json"
 PREEMPTIBLE = "preemptible"
+# The most waiting one tick may count (the daemon down longer is not the job waiting).
+MAX_GAP_SECONDS = 300.0
 # Pending reasons of a job that waits for nodes (not held, not for a dependency).
 WAITS_FOR_RESOURCES = ("Resources", "Priority")
 
@@ -181,7 +183,7 @@ def victims_for(waiting: QueuedJob, running: list[QueuedJob], queues: dict[str, 
     candidates = sorted(
         (job for job in running
          if PREEMPTIBLE in job.opted_in and queues[job.job_id] > mine
-         and job.partition == waiting.partition
+         and job.partition in waiting.partition.split(",")
          and job.elapsed_seconds >= found.min_run_seconds),
         key=lambda job: (-queues[job.job_id], tuple(-n for n in arrival(job))),
     )  # fmt: skip
@@ -217,6 +219,8 @@ class Tiresias(Plugin):
         state = load_state(path)
         last = state.get("ticked_at")
         since_tick = max(0.0, queue.now - last) if isinstance(last, int | float) else 0.0
+        # After the daemon was down, the gap is not waiting it saw: at most MAX_GAP.
+        since_tick = min(since_tick, MAX_GAP_SECONDS)
         state["ticked_at"] = queue.now
         queues_count = len(found.thresholds) + 1
         records, state["jobs"] = state["jobs"], {}
@@ -243,10 +247,15 @@ class Tiresias(Plugin):
             nice = own + nice_of(record["queue"], queues_count, found.nice_step)
             nice = max(-NICE_LIMIT, min(NICE_LIMIT, nice))
             record["niced"] = {"set": nice, "own": own}
-            if nice != job.nice:
+            if nice == job.nice:
+                continue
+            try:
                 queue.set_nice(job.job_id, nice)
-                queue.notes.append(f"tiresias: job {job.job_id} of {job.user} in queue "
-                                   f"{record['queue']}: nice {job.nice} -> {nice}")  # fmt: skip
+            except AgentError as exc:  # it ended or was cancelled since squeue: go on
+                queue.notes.append(f"tiresias: job {job.job_id}: nice not set ({exc})")
+                continue
+            queue.notes.append(f"tiresias: job {job.job_id} of {job.user} in queue "
+                               f"{record['queue']}: nice {job.nice} -> {nice}")  # fmt: skip
 
     def preempt(self, queue: Queue, queues: dict[str, int], found: Settings) -> None:
         running = [job for job in queue.jobs if job.state == "RUNNING"]

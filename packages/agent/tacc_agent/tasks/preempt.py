@@ -97,6 +97,8 @@ def open_owned(name: str, uid: int, flags: int, dir_fd: int | None = None) -> in
         wanted = stat.S_ISDIR if flags & os.O_DIRECTORY else stat.S_ISREG
         if info.st_uid != uid or not wanted(info.st_mode):
             raise PermissionError(f"{name}: not the job owner's (uid {uid})")
+        if info.st_mode & 0o022:  # another user could have written the owner's record
+            raise PermissionError(f"{name}: writable by others than its owner")
         return fd
     except BaseException:
         os.close(fd)
