@@ -201,7 +201,9 @@ def test_numpy_example_builds_its_environment_once_for_two_jobs(alice, tmp_path)
     logs = [alice("logs", job).stdout for job in (first, second)]
     built = [line for log in logs for line in log.splitlines() if ": built in " in line]
     reused = [line for log in logs for line in log.splitlines() if ": reused (built by" in line]
-    assert len(built) == 1 and len(reused) == 1, logs
+    # At most one build: an earlier test's job with the same requirements (the federated
+    # example's numpy) may have built it already, then both reuse it.
+    assert len(built) <= 1 and len(built) + len(reused) == 2, logs
     envs = json.loads(alice("env", "ls", "--json").stdout)  # alice's torch one may be there
     assert [e["requirements"] for e in envs].count("numpy") == 1, envs
     assert alice("download", first, str(tmp_path / "got")).returncode == 0
