@@ -28,10 +28,10 @@ from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import AgentError
+from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.self_command import AGENT
 from tacc_agent.tasks import job_tags
-from tacc_agent.tasks.reasons import MAX_REASON_CHARS
+from tacc_agent.tasks.reasons import MAX_REASON_CHARS, checked_reason
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
@@ -155,13 +155,16 @@ def opted_in(job_id: str, config: AgentConfig) -> frozenset[str]:
     return opted_in_job(job_record(job_id, config))
 
 
-def checked_reason(reason: object) -> str | None:
-    """The plug-in's reason when it is one printable line of 1 to 120 characters."""
-    if not isinstance(reason, str) or not reason.strip():
-        return None
-    if len(reason) > MAX_REASON_CHARS or not reason.isprintable() or reason.startswith("-"):
-        return None
-    return reason
+def usable_reason(reason: object) -> bool:
+    """The verbs' own rule (tasks/reasons.py: one printable line of 1 to 120
+    characters), and no leading "-": it goes on the owner's command line."""
+    if not isinstance(reason, str) or reason.startswith("-"):
+        return False
+    try:
+        checked_reason(reason)
+    except Rejected:
+        return False
+    return True
 
 
 def owner_name(job: JobRecord) -> str | None:
@@ -210,7 +213,7 @@ def refusal(job_id: str, reason: object, config: AgentConfig) -> tuple[JobRecord
     """(the job, "") when it may be requeued now; else (None, why not)."""
     if not JOB_ID.fullmatch(job_id):
         return None, "not a single job (a sweep's trials are never requeued)"
-    if checked_reason(reason) is None:
+    if not usable_reason(reason):
         return None, f"the reason is not one printable line of 1 to {MAX_REASON_CHARS} characters"
     job = job_record(job_id, config)
     if job is None or job.array:
