@@ -21,15 +21,13 @@ The shared rung records live in <sweep job dir>/fluid/rungs.json, a trial's own 
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from pathlib import Path
 from typing import ClassVar
 
 from tacc_contract.fields import Field, at_least, one_of, pattern
 from tacc_contract.plugins import Launch, Outcome, Plugin, Problem, Submission
 from tacc_plugins import programlib
+from tacc_plugins.job_files import read_json_object
 
 LIBRARY = "tacc_fluid"
 SHARED_DIR = "fluid"  # under the sweep's job directory
@@ -93,27 +91,9 @@ def raised_throttle(array: str, trials: int, eta: int) -> str | None:
 def read_result(trial_dir: Path) -> dict | None:
     """The library's result file in the trial's own directory: a regular file, no link
     followed, at most MAX_RESULT_BYTES, JSON with the expected keys; None otherwise."""
-    directory = trial_dir / TRIAL_DIR
-    try:
-        if not stat.S_ISDIR(os.lstat(directory).st_mode):
-            return None
-        fd = os.open(directory / RESULT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_RESULT_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RESULT_BYTES:
-        return None
-    try:
-        result = json.loads(data)
-    except ValueError:
-        return None
+    result = read_json_object(trial_dir / TRIAL_DIR, RESULT_FILE, MAX_RESULT_BYTES)
     numbers = ("rung", "rungs", "step")
-    if not isinstance(result, dict) or not all(type(result.get(k)) is int for k in numbers):
+    if result is None or not all(type(result.get(k)) is int for k in numbers):
         return None
     return result
 

@@ -11,14 +11,13 @@ seconds). Tasks without `federated:` are left alone.
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 from typing import ClassVar
 
 from tacc_contract.fields import Field, at_least
 from tacc_contract.plugins import Launch, Outcome, Plugin, Problem
 from tacc_plugins import programlib
+from tacc_plugins.job_files import read_json_object
 
 RESULT_DIR, RESULT_FILE = "outputs", "fl.json"
 MAX_RESULT_BYTES = 1 << 20  # the program's own record: a curve of a few thousand rounds
@@ -68,27 +67,7 @@ def federated_of(task: object) -> dict | None:
 def read_result(job_dir: os.PathLike) -> dict | None:
     """outputs/fl.json of the job, or None: never through a link (neither the folder nor
     the file), only a regular file up to MAX_RESULT_BYTES, only a JSON object."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        folder = os.open(os.path.join(job_dir, RESULT_DIR), flags | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        handle = os.open(RESULT_FILE, flags, dir_fd=folder)
-    except OSError:
-        return None
-    finally:
-        os.close(folder)
-    with os.fdopen(handle, "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
-            return None
-        text = file.read(MAX_RESULT_BYTES + 1)
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(os.path.join(job_dir, RESULT_DIR), RESULT_FILE, MAX_RESULT_BYTES)
 
 
 def number(value: object) -> float | None:
