@@ -25,6 +25,9 @@ the task, or for LAS, no tick).
    (bench/plugins_fluid.py). Figures: time to the best result, trial-seconds.
 8. oort (issue [16]): the simulated federated example with random selection and with
    Oort's (bench/plugins_oort.py). Figure: simulated time to the target accuracy.
+9. allox (issue [16]): 12 one-GPU jobs of two classes that accept h100 or l40s (n3 gets
+   a FAKE L40S for it), placed by Slurm alone and by the allox tick
+   (bench/plugins_allox.py). Figure: mean job completion time.
 
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python -u bench/plugins.py [--only las ...] [--json PATH]
@@ -37,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,7 +47,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
+from benchlib import (
+    BIN,
+    NAME,
+    Record,
+    add_json_argument,
+    lab_down,
+    lab_up,
+    node_sh,
+    playbook,
+    sh,
+    ticker,
+)
+from plugins_allox import bench_allox
 from plugins_fluid import bench_fluid
 from plugins_oort import bench_oort
 from task_workflow import Tcloud
@@ -60,7 +74,9 @@ SETTINGS = {
 N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
       "slurm_gpu_shards_per_gpu": 4}  # fmt: skip
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort")
+# allox last: it gives n3 a FAKE L40S, which the sections before it do not expect.
+SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort",
+            "allox")  # fmt: skip
 # One threshold between what the short-job user attains (4 x 10 node-s) and the long-job
 # user (2 x 60 node-s by the first minute): Tiresias tunes its queues to the workload.
 LAS = "plugins: [las]\nlas_thresholds: [100]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
@@ -128,20 +144,6 @@ def bench_duration(tcloud: Tcloud, work: Path) -> dict:
 
 
 # ---------------------------------------------------------------- 2. LAS
-def ticker(stop: threading.Event, log: dict, config: str = "/root/las.yaml") -> None:
-    """The daemon's queue tick (the same `tick` function), every 2 s, as root on n1. A
-    failed tick (ssh under load) is counted, never the end of the loop."""
-    argv = [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "n1", "tacc-agent", "--config",
-            config, "queue-tick"]  # fmt: skip
-    while not stop.wait(2):
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        try:
-            log["changes"] += json.loads(proc.stdout)["changes"]
-            log["ticks"] += 1
-        except (ValueError, KeyError):
-            log["failed_ticks"] += 1
-
-
 def las_mode(alice: Tcloud, bob: Tcloud, work: Path, on: bool) -> dict:
     tag = "las" if on else "fifo"
     node_sh("n1", f"rm -rf /root/las-bench; printf '{LAS}' > /root/las.yaml")
@@ -336,7 +338,9 @@ def main() -> int:
                               ("sweep", lambda: bench_sweep(alice, work / "s")),
                               ("tiresias", lambda: bench_tiresias(alice, bob, work / "t")),
                               ("fluid", lambda: bench_fluid(alice, work / "f")),
-                              ("oort", lambda: bench_oort(alice, work / "o"))):  # fmt: skip
+                              ("oort", lambda: bench_oort(alice, work / "o")),
+                              ("allox", lambda: bench_allox(alice, work / "a", inventory,
+                                                            SETTINGS))):  # fmt: skip
                 if args.only and name not in args.only:
                     continue
                 started = time.monotonic()

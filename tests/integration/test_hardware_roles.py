@@ -297,3 +297,9 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
     bare = {c["check"]: c["status"] for c in json.loads(sh("n3", "tacc-agent check --json "
                                                              "--no-slurm"))["checks"]}  # fmt: skip
     assert bare["gpu"] == "absent" and bare["rdma"] == "absent"
+
+
+# Last: it gives n3 a FAKE L40S (the tests above prove n3 has no GPU).
+from tests.integration.hw_research_cases import (  # noqa: E402, F401  (issue [16]: allox)
+    test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_one,
+)

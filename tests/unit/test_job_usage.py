@@ -19,6 +19,7 @@ from tacc_agent import serve
 from tacc_agent.config import AgentConfig
 from tacc_agent.health import job_usage
 from tacc_agent.health.job_usage import JobUsageCollector, Sources
+from tacc_agent.hostlist import expand_hostlist
 from tests.conftest import ROOT
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -354,7 +355,7 @@ def test_a_group_forged_in_a_job_name_or_comment_is_not_trusted():
     ("", []), ("n[2-", []), ("n[a-b]", []), ("n[1-999999999]", []),
 ])  # fmt: skip
 def test_slurm_hostlists_expand(hostlist: str, expected: list[str]):
-    assert job_usage.expand_hostlist(hostlist) == expected
+    assert expand_hostlist(hostlist) == expected
 
 
 def fake_scontrol(tmp_path: Path, lines: dict[str, str], *, delay: float = 0,

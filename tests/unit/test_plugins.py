@@ -86,7 +86,7 @@ def test_defaults_are_on_and_las_is_off():
 
 @pytest.mark.bad_input
 def test_selection_errors_name_the_word_and_what_exists():
-    with pytest.raises(PluginError, match=r"unknown plug-in 'nope'; available: duration"):
+    with pytest.raises(PluginError, match=r"unknown plug-in 'nope'; available: allox, duration"):
         select(["nope"])
     with pytest.raises(PluginError, match=r"'las' is cluster policy; only ops"):
         select(["las"], ["-las"], policy_from=["las"])

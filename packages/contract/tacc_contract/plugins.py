@@ -85,6 +85,8 @@ class Node:
     partitions: tuple[str, ...]
     shards: int = 0  # GPU shards (gres/shard), for fractions of a GPU
     features: tuple[str, ...] = ()  # Slurm node features (GPU types: a100, h100, ...)
+    # Slurm's state words (IDLE, MIXED, ALLOCATED, DRAIN, DOWN, ...); "" when not read.
+    state: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,10 @@ class QueuedJob:
     # What its owner's task allowed the cluster to do to it, as the agent read it from
     # the job's own record: "preemptible" (checkpoint and requeue it), "resize".
     opted_in: frozenset[str] = frozenset()
+    name: str = ""  # the job's name (sbatch --job-name)
+    features: str = ""  # its constraint (sbatch --constraint: "a100|h100"), "" for none
+    node_names: tuple[str, ...] = ()  # the nodes a running job holds
+    time_limit_seconds: int = 0  # 0: none known (UNLIMITED, or not read)
 
 
 def settings_of(config: Any, plugin: str) -> dict:
@@ -174,13 +180,27 @@ def no_requeue(job_id: str, reason: str) -> bool:
     return False
 
 
+def no_features(job_id: str, features: str) -> bool:
+    return False
+
+
+def no_nodes() -> list[Node]:
+    return []
+
+
 @dataclass
 class Queue:
     """The queue as a scheduling plug-in's `tick` sees it. It acts through Slurm with
     `set_nice(job, n)`, and `requeue(job, reason)`: the job gets its checkpoint signal and
     goes back to the queue, as `tcloud halt` then `tcloud resume` would do it; only a job
     whose task opted in ("preemptible" in `opted_in`) is requeued, and the answer says
-    whether it was. `reason` is the plug-in's fixed words, shown in the job's events."""
+    whether it was. `reason` is the plug-in's fixed words, shown in the job's events.
+
+    `set_features(job, features)` narrows a pending job's constraint to some of the
+    features its owner asked for ("a100|h100" -> "h100") or gives it back whole; the
+    agent refuses anything wider, and the answer says whether Slurm took it.
+    `cluster_nodes()` asks Slurm for the nodes (with features and state): call it only
+    when needed."""
 
     jobs: list[QueuedJob]
     set_nice: Callable[[str, int], None]
@@ -189,6 +209,8 @@ class Queue:
     config: Any = None
     notes: list[str] = field(default_factory=list)
     requeue: Callable[[str, str], bool] = no_requeue
+    set_features: Callable[[str, str], bool] = no_features
+    cluster_nodes: Callable[[], list[Node]] = no_nodes
 
 
 @dataclass(frozen=True)

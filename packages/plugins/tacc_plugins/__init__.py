@@ -13,6 +13,7 @@ BUILTIN = (
     "tacc_plugins.duration",
     "tacc_plugins.las",
     "tacc_plugins.tiresias",
+    "tacc_plugins.allox",
     "tacc_plugins.oort",
     "tacc_plugins.launcher",
     "tacc_plugins.transport",

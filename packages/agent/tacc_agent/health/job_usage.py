@@ -47,6 +47,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.health.checks.base import Sample, command
 from tacc_agent.health.metrics import families
 from tacc_agent.health.registry import Family
+from tacc_agent.hostlist import expand_hostlist, split_top_level
 
 JOB_FAMILIES = (
     Family("job_cpu_seconds_total", "counter",
@@ -371,49 +372,6 @@ class Allocation:
 NOT_HERE = Allocation(None)
 NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=(\S*)")
 GRES_ITEM = re.compile(r"([^,(]+)\(([^)]*)\)")
-BRACKET = re.compile(r"\[([^\[\]]*)\]")
-MAX_RANGE = 100_000
-
-
-def split_top_level(text: str, opening: str = "[", closing: str = "]") -> list[str]:
-    """Comma-separated words, not splitting inside brackets ("n[1,3],a" -> 2 words)."""
-    words, depth, start = [], 0, 0
-    for at, char in enumerate(text):
-        depth += (char == opening) - (char == closing)
-        if char == "," and depth == 0:
-            words.append(text[start:at])
-            start = at + 1
-    return [*words, text[start:]]
-
-
-def bracket_names(inner: str) -> list[str] | None:
-    """A bracket's names ("01-03,7" -> 01 02 03 7, zero padding kept); None if malformed."""
-    names = []
-    for part in inner.split(","):
-        low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            return None
-        if int(high or low) - int(low) > MAX_RANGE:  # no node has that many names
-            return None
-        width = len(low) if low.startswith("0") else 0
-        names += [str(n).zfill(width) for n in range(int(low), int(high or low) + 1)]
-    return names
-
-
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Slurm's hostlist expression as names: n[2-3,5], n[01-03], a,b, gpu-[1-2]x,
-    r[1-2]n[1-2]; a malformed word names nobody."""
-    return [name for word in split_top_level(hostlist.strip()) for name in expand_word(word)]
-
-
-def expand_word(word: str) -> list[str]:
-    found = BRACKET.search(word)
-    if not found:
-        return [word] if word and "[" not in word and "]" not in word else []
-    inner = bracket_names(found.group(1))
-    head, tail = word[: found.start()], word[found.end() :]
-    rests = expand_word(tail) if tail else [""]
-    return [head + name + rest for name in inner or [] for rest in rests]
 
 
 def gres_gpu_indices(gres: str) -> frozenset[int]:

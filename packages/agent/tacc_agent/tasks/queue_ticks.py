@@ -12,7 +12,10 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.tasks import preempt
+from tacc_agent.tasks.cluster_shape import read_nodes
+from tacc_agent.tasks.constraints import Narrowing
 from tacc_contract.plugins import Queue, QueuedJob
 from tacc_contract.registry import PluginError, in_layer, select
 
@@ -27,6 +30,10 @@ FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tr
           "Reason")  # fmt: skip
 REQUIRED = 11  # fields up to TimeUsed: a line without the later ones still counts
 FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
+# A second read, for what a constraint ("a100|h100") or a name would cut apart in the
+# first: words split by a space (none of the first five holds one), the name last (the
+# line's rest: free text its owner wrote).
+DETAILS = "%i %u %l %N %f %j"
 COUNT = re.compile(r"\d+")
 
 
@@ -115,6 +122,34 @@ def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
     return parse_queue(out)
 
 
+def parse_details(text: str) -> dict[str, tuple[str, str, str, int, tuple[str, ...]]]:
+    """job -> (user, name, features, time limit in seconds, nodes) from squeue -o DETAILS.
+    A job id on two lines (a name can hold a line break and a forged line) is dropped."""
+    found: dict[str, tuple[str, str, str, int, tuple[str, ...]]] = {}
+    twice: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split(" ", 5)
+        if len(parts) < 6:
+            continue
+        job_id, user, limit, nodelist, features, name = parts
+        if job_id in found:
+            twice.add(job_id)
+        found[job_id] = (user, name, "" if features == "(null)" else features,
+                         elapsed_seconds(limit), tuple(expand_hostlist(nodelist)))  # fmt: skip
+    return {job_id: info for job_id, info in found.items() if job_id not in twice}
+
+
+def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
+    """Each job's name, constraint, time limit and nodes, from one more squeue."""
+    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING",
+                       "-o", DETAILS], config.slurm_timeout_seconds)  # fmt: skip
+    details = parse_details(out)
+    for job in jobs:
+        info = details.get(job.job_id)
+        if info and info[0] == job.user:
+            _, job.name, job.features, job.time_limit_seconds, job.node_names = info
+
+
 def tick(config: AgentConfig) -> list[str]:
     """One round of every `tick` hook that is on; what each changed."""
     try:
@@ -129,8 +164,16 @@ def tick(config: AgentConfig) -> list[str]:
     queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
     queue.requeue = lambda job_id, reason: preempt.requeue(job_id, reason, config,
                                                            queue.notes.append)  # fmt: skip
+    queue.set_features = Narrowing(
+        queue.jobs, Path(config.state_dir), config.slurm_timeout_seconds, queue.notes.append
+    ).set_features
+    queue.cluster_nodes = lambda: read_nodes(config.slurm_timeout_seconds)
     if plugins:
         read_opt_ins(queue, config)
+        try:
+            read_details(queue.jobs, config)
+        except AgentError as exc:
+            queue.notes.append(f"agent: no job names, constraints or nodes this tick: {exc}")
     for plugin in plugins:
         plugin.tick(queue)
     return queue.notes

@@ -21,6 +21,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks import containers, job_tags, records, submitting, sweeps, workspace
+from tacc_agent.tasks.cluster_shape import parse_nodes, parse_partitions
 from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import digest_of
 from tacc_contract.plugins import Node, Partition, PartitionLoad, Plugin, Submission
@@ -38,47 +39,6 @@ UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 # Pending for a reason no node could end: a hold (a halted job), a dependency, a start
 # time. Such a job does not wait for nodes, so it must not shrink an elastic job.
 NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
-
-
-def gpu_count(gres: str, name: str = "gpu") -> int:
-    """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
-    shard:16 ...); 0 for (null)."""
-    total = 0
-    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
-        parts = entry.split(":")
-        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
-
-
-def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
-    return [
-        Node(
-            name=r["NodeName"],
-            cpus=int(r.get("CPUTot", "0") or 0),
-            memory_mb=int(r.get("RealMemory", "0") or 0),
-            gpus=gpu_count(r.get("Gres", "")),
-            partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
-            shards=gpu_count(r.get("Gres", ""), "shard"),
-            features=tuple(
-                f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)"
-            ),
-        )
-        for r in records_
-        if "NodeName" in r
-    ]
-
-
-def parse_partitions(records_: list[dict[str, str]], nodes: list[Node]) -> list[Partition]:
-    return [
-        Partition(
-            name=r["PartitionName"],
-            default=r.get("Default") == "YES",
-            nodes=tuple(n.name for n in nodes if r["PartitionName"] in n.partitions),
-        )
-        for r in records_
-        if "PartitionName" in r
-    ]
 
 
 def memory_mb(text: str) -> float:

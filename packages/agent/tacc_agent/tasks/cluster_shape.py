@@ -1,0 +1,55 @@
+"""The cluster's shape as scheduling sees it: `scontrol show node` and `show partition`
+records as the contract's Node and Partition (GPUs and shards counted from Gres)."""
+
+from __future__ import annotations
+
+import re
+
+from tacc_agent import slurm
+from tacc_contract.plugins import Node, Partition
+
+
+def gpu_count(gres: str, name: str = "gpu") -> int:
+    """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
+    shard:16 ...); 0 for (null)."""
+    total = 0
+    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
+        parts = entry.split(":")
+        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
+    return [
+        Node(
+            name=r["NodeName"],
+            cpus=int(r.get("CPUTot", "0") or 0),
+            memory_mb=int(r.get("RealMemory", "0") or 0),
+            gpus=gpu_count(r.get("Gres", "")),
+            partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
+            shards=gpu_count(r.get("Gres", ""), "shard"),
+            features=tuple(
+                f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)"
+            ),
+            state=r.get("State", ""),
+        )
+        for r in records_
+        if "NodeName" in r
+    ]
+
+
+def parse_partitions(records_: list[dict[str, str]], nodes: list[Node]) -> list[Partition]:
+    return [
+        Partition(
+            name=r["PartitionName"],
+            default=r.get("Default") == "YES",
+            nodes=tuple(n.name for n in nodes if r["PartitionName"] in n.partitions),
+        )
+        for r in records_
+        if "PartitionName" in r
+    ]
+
+
+def read_nodes(timeout: float) -> list[Node]:
+    return parse_nodes(slurm.show("node", timeout=timeout))

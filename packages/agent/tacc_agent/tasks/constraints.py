@@ -1,0 +1,74 @@
+"""A scheduling plug-in narrowing a pending job's constraint (`Queue.set_features`), and
+giving it back: the only change of a job's features the agent makes, and only inside
+what the job's owner asked for.
+
+The first time a job is narrowed, its constraint as Slurm then had it is kept in the
+agent's state directory (`constraints.json`, root's): a narrowing must name some of those
+features, a give-back names them all. Only a plain either-or constraint ("a100|h100",
+what `gpu_types` writes) is narrowed; one with counts, brackets or "&" is the owner's
+own logic and stays as it is. Jobs no longer in the queue are forgotten."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from tacc_agent import slurm
+from tacc_agent.errors import AgentError
+from tacc_contract.jsonfiles import read_json, write_json
+from tacc_contract.plugins import QueuedJob
+
+STATE_FILE = "constraints.json"
+FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def either_or(features: str) -> list[str] | None:
+    """The features of a plain either-or constraint ("a100|h100" -> [a100, h100]); None
+    for anything else (counts, brackets, "&", ",", an empty one)."""
+    terms = features.split("|")
+    return terms if features and all(FEATURE.fullmatch(t) for t in terms) else None
+
+
+class Narrowing:
+    """`set_features` for one tick: the queue as read, the originals kept across ticks."""
+
+    def __init__(self, jobs: list[QueuedJob], state_dir: Path, timeout: float,
+                 note: Callable[[str], None]) -> None:  # fmt: skip
+        self.jobs = {job.job_id: job for job in jobs}
+        self.path = state_dir / STATE_FILE
+        self.timeout = timeout
+        self.note = note
+        found = read_json(self.path)
+        kept = found.get("originals") if isinstance(found, dict) else None
+        self.originals: dict[str, str] = {
+            str(k): v for k, v in (kept or {}).items() if isinstance(v, str) and k in self.jobs
+        }
+
+    def set_features(self, job_id: str, features: str) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "PENDING":
+            self.note(f"agent: job {job_id}: only a pending job's constraint is changed")
+            return False
+        original = self.originals.get(job_id, job.features)
+        allowed, wanted = either_or(original), either_or(features)
+        if allowed is None or wanted is None or not set(wanted) <= set(allowed):
+            self.note(f"agent: job {job_id}: constraint {features!r} refused: not within "
+                      f"what its owner asked for ({original or 'none'})")  # fmt: skip
+            return False
+        if features == job.features:
+            return True
+        self.originals[job_id] = original
+        self.save()  # before Slurm changes it: a tick killed between keeps the original
+        try:
+            slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Features={features}"],
+                        self.timeout)  # fmt: skip
+        except AgentError as exc:  # it started meanwhile, or Slurm did not answer
+            self.note(f"agent: job {job_id}: constraint not changed: {exc}")
+            return False
+        job.features = features
+        return True
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"originals": self.originals})
