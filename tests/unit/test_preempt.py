@@ -345,3 +345,48 @@ def test_a_record_others_could_write_does_not_count(job_dir, where):
     assert preempt.opted_in_job(record(job_dir)) == {"preemptible"}
     (job_dir / where).chmod(0o664 if where.endswith(".json") else 0o775)
     assert preempt.opted_in_job(record(job_dir)) == frozenset()
+
+
+RESIZABLE = {"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, 3]}}}
+
+
+def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, slurm_job):
+    write_submit(job_dir, json.dumps(RESIZABLE).encode())
+    run, notes = Runner([0, 0, 0]), []
+    config = AgentConfig(halt_grace_seconds=10, slurm_timeout_seconds=15)
+    reason = "resized by elastic: grow 1 -> 3 nodes (2 idle for 30 s)"
+    assert preempt.requeue("41", reason, config, notes.append, run, nodes=3) is True
+    assert [argv[:3] for argv, _ in run.calls] == [
+        ["runuser", "-u", "alice"], ["scontrol", "update", "JobId=41"],
+        ["runuser", "-u", "alice"]]  # fmt: skip
+    assert run.calls[1] == (["scontrol", "update", "JobId=41", "NumNodes=3"], 15)
+    assert notes == [f"agent: job 41 of alice checkpointed and requeued at 3 node(s) ({reason})"]
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("record", "nodes", "why"),
+    [(OPTED_IN, 2, "did not opt in (resize)"),  # preemptible is not resizable
+     (RESIZABLE, 4, "4 node(s) is outside its task's range (1-3)"),
+     (RESIZABLE, 0, "0 node(s) is outside its task's range (1-3)"),
+     ({"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, True]}}}, 1,
+      "outside its task's range (none)"),
+     ({"plugin_data": {"elastic": {"opt_in": ["resize"]}}}, 1, "range (none)")],
+)  # fmt: skip
+def test_a_resize_the_task_did_not_allow_runs_nothing(job_dir, slurm_job, record, nodes, why):
+    write_submit(job_dir, json.dumps(record).encode())
+    run, notes = Runner([0, 0, 0]), []
+    assert preempt.requeue("41", "resized by test", AgentConfig(), notes.append, run,
+                           nodes=nodes) is False  # fmt: skip
+    assert run.calls == [] and why in notes[0], notes
+
+
+def test_a_size_slurm_refuses_leaves_the_job_requeued_at_its_old_size(job_dir, slurm_job):
+    write_submit(job_dir, json.dumps(RESIZABLE).encode())
+    refused = "scontrol: error: Requested node configuration is not available"
+    run, notes = Runner([0, 1, 0], refused), []
+    assert preempt.requeue("41", "resized by test", AgentConfig(), notes.append, run,
+                           nodes=2) is False  # fmt: skip
+    assert len(run.calls) == 3  # resumed all the same: never left held
+    assert "its size not changed: scontrol: error: Requested node" in notes[0], notes
+    assert notes[1] == "agent: job 41 of alice checkpointed and requeued (resized by test)"

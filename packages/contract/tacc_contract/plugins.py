@@ -74,6 +74,16 @@ class Plugin:
         return None
 
 
+# Slurm node state words of a node that runs no new job.
+OUT_OF_SERVICE = frozenset({
+    "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING",
+    "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "RESERVED",
+    "FUTURE", "UNKNOWN"})  # fmt: skip
+# Slurm's reasons of a pending job that no node could end (held, as a halted job is; a
+# dependency; a start time): such a job does not wait for nodes.
+NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
+
+
 @dataclass(frozen=True)
 class Node:
     """A node as `scontrol show node` describes it: what a scheduling hook may count on."""
@@ -87,6 +97,12 @@ class Node:
     features: tuple[str, ...] = ()  # Slurm node features (GPU types: a100, h100, ...)
     # Slurm's state words (IDLE, MIXED, ALLOCATED, DRAIN, DOWN, ...); "" when not read.
     state: str = ""
+
+    def in_service(self) -> bool:
+        return not set(self.state.split("+")) & OUT_OF_SERVICE
+
+    def idle(self) -> bool:
+        return self.in_service() and self.state.split("+")[0] == "IDLE"
 
 
 @dataclass(frozen=True)
@@ -168,6 +184,9 @@ class QueuedJob:
     features: str = ""  # its constraint (sbatch --constraint: "a100|h100"), "" for none
     node_names: tuple[str, ...] = ()  # the nodes a running job holds
     time_limit_seconds: int = 0  # 0: none known (UNLIMITED, or not read)
+    # The node range its owner's task gave (nodes: 1-4), as the agent read it from the
+    # job's own record with its opt-ins; None for a fixed size or when not read.
+    node_range: tuple[int, int] | None = None
 
 
 def settings_of(config: Any, plugin: str) -> dict:
@@ -181,6 +200,10 @@ def no_requeue(job_id: str, reason: str) -> bool:
 
 
 def no_features(job_id: str, features: str) -> bool:
+    return False
+
+
+def no_resize(job_id: str, nodes: int, reason: str) -> bool:
     return False
 
 
@@ -200,7 +223,11 @@ class Queue:
     features its owner asked for ("a100|h100" -> "h100") or gives it back whole; the
     agent refuses anything wider, and the answer says whether Slurm took it.
     `cluster_nodes()` asks Slurm for the nodes (with features and state): call it only
-    when needed."""
+    when needed.
+
+    `resize(job, nodes, reason)` is `requeue` at a new size: the job's checkpoint signal,
+    back to the queue asking for `nodes`; only for a job whose task opted in ("resize")
+    and a size within its `node_range`."""
 
     jobs: list[QueuedJob]
     set_nice: Callable[[str, int], None]
@@ -211,6 +238,7 @@ class Queue:
     requeue: Callable[[str, str], bool] = no_requeue
     set_features: Callable[[str, str], bool] = no_features
     cluster_nodes: Callable[[], list[Node]] = no_nodes
+    resize: Callable[[str, int, str], bool] = no_resize
 
 
 @dataclass(frozen=True)

@@ -42,18 +42,18 @@ from typing import ClassVar
 
 from tacc_contract.errors import AGENT_CLUSTER, AgentError
 from tacc_contract.jsonfiles import read_json, write_json
-from tacc_contract.plugins import Node, Plugin, Queue, QueuedJob, settings_of
+from tacc_contract.plugins import (
+    NOT_WAITING_FOR_NODES,
+    Node,
+    Plugin,
+    Queue,
+    QueuedJob,
+    settings_of,
+)
 from tacc_plugins.matching import INFEASIBLE, min_cost_assignment
 
 STATE_FILE = "allox.json"
 TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# A node in one of these states runs no new job.
-OUT_OF_SERVICE = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT",
-                  "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED",
-                  "REBOOT_ISSUED", "RESERVED", "FUTURE", "UNKNOWN"}  # fmt: skip
-# Pending for a reason no device could end (held, a dependency, a start time): such a
-# job does not compete for devices now.
-NOT_WAITING = ("JobHeld", "Dependency", "BeginTime")
 MAX_KEYS = 2000  # (user, name) pairs remembered, the least recently run forgotten first
 SEP = "\x1f"  # between user and job name in a key: neither holds it
 
@@ -219,7 +219,7 @@ def devices(nodes: list[Node], running: list[QueuedJob], types: list[str],
     found = []
     for node in nodes:
         kind = node_type(node, types)
-        if kind is None or node.gpus < 1 or set(node.state.split("+")) & OUT_OF_SERVICE:
+        if kind is None or node.gpus < 1 or not node.in_service():
             continue
         held = sorted(busy.get(node.name, []))[: node.gpus]
         found += [Device(node.name, kind, free_in) for free_in in held]
@@ -315,7 +315,7 @@ class Allox(Plugin):
         # rest ("12_[3-9]") is many jobs, not one.
         candidates = [job for job in pending
                       if job.nodes == 1 and job.gpus == 1 and "[" not in job.job_id
-                      and not job.reason.startswith(NOT_WAITING)]  # fmt: skip
+                      and not job.reason.startswith(NOT_WAITING_FOR_NODES)]  # fmt: skip
         if not candidates:
             return
         running = [job for job in queue.jobs if job.state == "RUNNING"]

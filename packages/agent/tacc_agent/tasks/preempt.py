@@ -35,6 +35,7 @@ from tacc_agent.tasks.reasons import MAX_REASON_CHARS, checked_reason
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
+MAX_NODES = 100_000  # no partition has more
 JOB_ID = re.compile(r"\d+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -144,11 +145,30 @@ def opt_ins_of(record: dict) -> frozenset[str]:
     return frozenset(words)
 
 
-def opted_in_job(job: JobRecord | None) -> frozenset[str]:
-    """What the job's owner allowed (see the module's docstring); never raises."""
+def node_range_of(record: dict) -> tuple[int, int] | None:
+    """The node range the task gave (plugin_data.elastic.range: [low, high]), checked;
+    None for anything else."""
+    data = record.get("plugin_data")
+    elastic = data.get("elastic") if isinstance(data, dict) else None
+    found = elastic.get("range") if isinstance(elastic, dict) else None
+    if (not isinstance(found, list) or len(found) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in found)):  # fmt: skip
+        return None
+    low, high = found
+    return (low, high) if 1 <= low <= high <= MAX_NODES else None
+
+
+def allowed_job(job: JobRecord | None) -> tuple[frozenset[str], tuple[int, int] | None]:
+    """What the job's owner allowed, and its node range (see the module's docstring),
+    from one read of its record; never raises."""
     if job is None or job.array:
-        return frozenset()
-    return opt_ins_of(read_submit_record(job))
+        return frozenset(), None
+    record = read_submit_record(job)
+    return opt_ins_of(record), node_range_of(record)
+
+
+def opted_in_job(job: JobRecord | None) -> frozenset[str]:
+    return allowed_job(job)[0]
 
 
 def opted_in(job_id: str, config: AgentConfig) -> frozenset[str]:
@@ -209,8 +229,10 @@ def owner_argv(job: JobRecord, name: str, verb: list[str]) -> list[str]:
     return ["runuser", "-u", name, "--", *AGENT, f"--userdir={user_dir}", "job", *verb]
 
 
-def refusal(job_id: str, reason: object, config: AgentConfig) -> tuple[JobRecord | None, str]:
-    """(the job, "") when it may be requeued now; else (None, why not)."""
+def refusal(job_id: str, reason: object, config: AgentConfig,
+            nodes: int | None = None) -> tuple[JobRecord | None, str]:  # fmt: skip
+    """(the job, "") when it may be requeued now (at `nodes`, when given); else (None,
+    why not)."""
     if not JOB_ID.fullmatch(job_id):
         return None, "not a single job (a sweep's trials are never requeued)"
     if not usable_reason(reason):
@@ -220,21 +242,28 @@ def refusal(job_id: str, reason: object, config: AgentConfig) -> tuple[JobRecord
         return None, "Slurm has no single job by that id"
     if job.state != "RUNNING":
         return None, f"it is {job.state or 'in no known state'}, not RUNNING"
-    if "preemptible" not in opted_in_job(job):
-        return None, "its task did not opt in (preemptible)"
+    opt_ins, node_range = allowed_job(job)
+    needed = "preemptible" if nodes is None else "resize"
+    if needed not in opt_ins:
+        return None, f"its task did not opt in ({needed})"
+    if nodes is not None and (node_range is None or not node_range[0] <= nodes <= node_range[1]):
+        span = f"{node_range[0]}-{node_range[1]}" if node_range else "none"
+        return None, f"{nodes} node(s) is outside its task's range ({span})"
     if owner_name(job) is None or job.job_dir.parent.name != "jobs":
         return None, "its owner or job directory is not a tacc user's"
     return job, ""
 
 
 def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = None,
-            run: Runner = run_command) -> bool:  # fmt: skip
+            run: Runner = run_command, nodes: int | None = None) -> bool:  # fmt: skip
     """Checkpoint and requeue a running job whose task opted in: its owner's `job halt`
-    (USR1, the grace period, requeue on hold), then `job resume`. True when both did;
-    else False, and `note` gets why. Never raises."""
+    (USR1, the grace period, requeue on hold), then `job resume`; with `nodes` (a
+    resize: its task opted in to "resize", and the size is within its range), root sets
+    the held job's node count in between. True when both did; else False, and `note`
+    gets why. Never raises."""
     say = note or (lambda text: None)
     try:
-        job, why = refusal(job_id, reason, config)
+        job, why = refusal(job_id, reason, config, nodes)
         if job is None:
             say(f"agent: job {job_id} not requeued: {why}")
             return False
@@ -246,13 +275,20 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
         if code != 0:
             say(f"agent: job {job_id} not requeued: its halt failed: {failure(output)}")
             return False
+        resized = ""
+        if nodes is not None:
+            code, output = run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"],
+                               config.slurm_timeout_seconds)  # fmt: skip
+            resized = f" at {nodes} node(s)" if code == 0 else ""
+            if code != 0:  # it goes back at its old size: still requeued, as asked
+                say(f"agent: job {job_id}: its size not changed: {failure(output)}")
         code, output = run(owner_argv(job, name, ["resume", job_id, f"--reason={reason}"]),
                            slurm_calls + MARGIN_SECONDS)  # fmt: skip
         if code != 0:
             say(f"agent: job {job_id} halted but left held: its resume failed: {failure(output)}")
             return False
-        say(f"agent: job {job_id} of {name} checkpointed and requeued ({reason})")
-        return True
+        say(f"agent: job {job_id} of {name} checkpointed and requeued{resized} ({reason})")
+        return nodes is None or bool(resized)
     except Exception as exc:  # a tick goes on: one job's failure is a note
         say(f"agent: job {job_id} not requeued: {type(exc).__name__}: {exc}")
         return False

@@ -164,6 +164,8 @@ def tick(config: AgentConfig) -> list[str]:
     queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
     queue.requeue = lambda job_id, reason: preempt.requeue(job_id, reason, config,
                                                            queue.notes.append)  # fmt: skip
+    queue.resize = lambda job_id, nodes, reason: preempt.requeue(
+        job_id, reason, config, queue.notes.append, nodes=nodes)  # fmt: skip
     queue.set_features = Narrowing(
         queue.jobs, Path(config.state_dir), config.slurm_timeout_seconds, queue.notes.append
     ).set_features
@@ -180,8 +182,9 @@ def tick(config: AgentConfig) -> list[str]:
 
 
 def read_opt_ins(queue: Queue, config: AgentConfig) -> None:
-    """Each running job's opt-ins (preempt.opted_in_job), from one `scontrol show job`
-    for all of them; a Slurm that does not answer leaves them empty, with a note."""
+    """Each running job's opt-ins and node range (preempt.allowed_job), from one
+    `scontrol show job` for all of them; a Slurm that does not answer leaves them empty,
+    with a note."""
     running = [job for job in queue.jobs if job.state == "RUNNING"]
     if not running:
         return
@@ -191,4 +194,4 @@ def read_opt_ins(queue: Queue, config: AgentConfig) -> None:
         queue.notes.append(f"agent: no job opt-ins this tick: {exc}")
         return
     for job in running:
-        job.opted_in = preempt.opted_in_job(known.get(job.job_id))
+        job.opted_in, job.node_range = preempt.allowed_job(known.get(job.job_id))

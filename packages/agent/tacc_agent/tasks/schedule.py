@@ -24,7 +24,14 @@ from tacc_agent.tasks import containers, job_tags, records, submitting, sweeps, 
 from tacc_agent.tasks.cluster_shape import parse_nodes, parse_partitions
 from tacc_agent.tasks.instruction import load
 from tacc_contract.instruction import digest_of
-from tacc_contract.plugins import Node, Partition, PartitionLoad, Plugin, Submission
+from tacc_contract.plugins import (
+    NOT_WAITING_FOR_NODES,
+    Node,
+    Partition,
+    PartitionLoad,
+    Plugin,
+    Submission,
+)
 from tacc_contract.registry import PluginError, in_layer, select
 from tacc_contract.sbatch import (
     base_options,
@@ -36,9 +43,6 @@ from tacc_plugins.elastic import min_nodes
 
 SIZE = re.compile(r"(\d+)([KMGT]?)")
 UNITS_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
-# Pending for a reason no node could end: a hold (a halted job), a dependency, a start
-# time. Such a job does not wait for nodes, so it must not shrink an elastic job.
-NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
 
 
 def memory_mb(text: str) -> float:

@@ -1,0 +1,160 @@
+"""The elastic plug-in's resizing of running jobs (issue [16]): grown while nodes of its
+partition idle and nothing waits, shrunk while jobs wait for nodes, within the task's
+range, after a stretch of each, with a cooldown, through Queue.resize."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tacc_agent.config import AgentConfig
+from tacc_contract.errors import AgentError
+from tacc_contract.plugins import Node, Queue, QueuedJob
+from tacc_plugins.elastic import Elastic
+
+SETTINGS = {"resize": True, "grow_after_seconds": 10, "shrink_after_seconds": 10,
+            "min_run_seconds": 20, "cooldown_seconds": 60}  # fmt: skip
+RESIZE = frozenset({"resize"})
+
+
+def node(name: str, state: str = "ALLOCATED") -> Node:
+    return Node(name, 4, 1000, 0, ("batch",), state=state)
+
+
+def job(job_id: str, state: str = "RUNNING", nodes: int = 1, elapsed: int = 100,
+        node_range: tuple[int, int] | None = (1, 3), opted_in: frozenset[str] = RESIZE,
+        reason: str = "") -> QueuedJob:  # fmt: skip
+    return QueuedJob(job_id, "alice", state, 0, 0, elapsed, nodes, "batch",
+                     reason if state == "PENDING" else "", opted_in,
+                     node_range=node_range)  # fmt: skip
+
+
+class Ticker:
+    def __init__(self, state_dir: Path, settings: dict | None = None,
+                 answer: bool = True) -> None:  # fmt: skip
+        self.config = AgentConfig(plugin_settings={"elastic": SETTINGS if settings is None
+                                                   else settings})  # fmt: skip
+        self.state_dir = state_dir
+        self.resized: list[tuple[str, int, str]] = []
+        self.answer = answer
+
+    def resize(self, job_id: str, nodes: int, reason: str) -> bool:
+        self.resized.append((job_id, nodes, reason))
+        return self.answer
+
+    def __call__(self, now: float, nodes: list[Node], *jobs: QueuedJob) -> list[str]:
+        queue = Queue(list(jobs), lambda *_: None, now, self.state_dir, self.config,
+                      resize=self.resize, cluster_nodes=lambda: nodes)  # fmt: skip
+        Elastic().tick(queue)
+        return queue.notes
+
+
+IDLE_ONE = [node("n1"), node("n2", "IDLE"), node("n3", "IDLE")]
+
+
+def test_a_job_grows_once_nodes_have_idled_for_grow_after_seconds(tmp_path):
+    tick = Ticker(tmp_path)
+    assert tick(0, IDLE_ONE, job("7")) == [] and tick.resized == []  # idle for 0 s
+    notes = tick(10, IDLE_ONE, job("7"))
+    assert tick.resized == [("7", 3, "resized by elastic: grow 1 -> 3 nodes (2 idle for 10 s)")]
+    assert notes == ["elastic: job 7 grow 1 -> 3 nodes (2 idle for 10 s)"]
+
+
+def test_a_job_never_grows_past_its_maximum(tmp_path):
+    tick = Ticker(tmp_path)
+    tick(0, IDLE_ONE, job("7", node_range=(1, 2)))
+    tick(10, IDLE_ONE, job("7", node_range=(1, 2)))
+    assert tick.resized[0][1] == 2
+    tick.resized.clear()
+    tick(100, IDLE_ONE, job("8", nodes=2, node_range=(1, 2)))
+    tick(110, IDLE_ONE, job("8", nodes=2, node_range=(1, 2)))
+    assert tick.resized == []
+
+
+def test_a_job_shrinks_for_one_that_waits_but_never_below_its_minimum(tmp_path):
+    busy = [node("n1"), node("n2"), node("n3")]
+    waiting = job("9", state="PENDING", nodes=2, opted_in=frozenset(), node_range=None,
+                  reason="Resources")  # fmt: skip
+    tick = Ticker(tmp_path)
+    tick(0, busy, job("7", nodes=3), waiting)
+    tick(10, busy, job("7", nodes=3), waiting)
+    assert tick.resized == [("7", 1, "resized by elastic: shrink 3 -> 1 nodes "
+                                     "(job 9 waits 10 s)")]  # fmt: skip
+    tick2 = Ticker(tmp_path / "b")
+    tick2(0, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
+    tick2(10, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
+    assert tick2.resized[0][1] == 2
+
+
+def test_a_held_job_or_one_on_a_dependency_does_not_wait_for_nodes(tmp_path):
+    busy = [node("n1"), node("n2"), node("n3")]
+    tick = Ticker(tmp_path)
+    for reason in ("JobHeldUser", "Dependency", "BeginTime"):
+        pending = job("9", state="PENDING", opted_in=frozenset(), reason=reason)
+        tick(0, busy, job("7", nodes=3), pending)
+        tick(50, busy, job("7", nodes=3), pending)
+    assert tick.resized == []
+
+
+@pytest.mark.parametrize(
+    "running",
+    [job("7", opted_in=frozenset()),  # its task did not say resize
+     job("7", node_range=None),  # no range read
+     job("7", elapsed=5),  # started 5 s ago (min_run_seconds 20)
+     job("7", state="PENDING")],
+)  # fmt: skip
+def test_jobs_that_may_not_be_resized_now_are_left_alone(tmp_path, running):
+    tick = Ticker(tmp_path)
+    tick(0, IDLE_ONE, running)
+    tick(30, IDLE_ONE, running)
+    assert tick.resized == []
+
+
+def test_a_resized_job_waits_out_its_cooldown(tmp_path):
+    tick = Ticker(tmp_path, answer=False)  # a failed resize counts too: no retry storm
+    tick(0, IDLE_ONE, job("7"))
+    tick(10, IDLE_ONE, job("7"))
+    tick(40, IDLE_ONE, job("7"))
+    assert len(tick.resized) == 1
+    tick(71, IDLE_ONE, job("7"))
+    assert len(tick.resized) == 2
+
+
+def test_resizing_is_off_unless_ops_turn_it_on(tmp_path):
+    tick = Ticker(tmp_path, settings={})
+    tick(0, IDLE_ONE, job("7"))
+    tick(100, IDLE_ONE, job("7"))
+    assert tick.resized == [] and not (tmp_path / "elastic.json").exists()
+
+
+def test_a_drained_idle_node_is_not_idle(tmp_path):
+    tick = Ticker(tmp_path)
+    drained = [node("n1"), node("n2", "IDLE+DRAIN"), node("n3", "IDLE+DRAIN")]
+    tick(0, drained, job("7"))
+    tick(20, drained, job("7"))
+    assert tick.resized == []
+
+
+def test_a_gap_between_ticks_starts_the_stretch_again(tmp_path):
+    tick = Ticker(tmp_path)
+    tick(0, IDLE_ONE, job("7"))
+    tick(1000, IDLE_ONE, job("7"))  # the daemon was down: idle for 0 s, not 1000
+    assert tick.resized == []
+    state = json.loads((tmp_path / "elastic.json").read_text())
+    assert state["since"] == {"idle:batch": 1000}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"resize": "yes"}, "plugin_settings.elastic.resize: expected true or false"),
+     ({"resize": True, "grow_after_seconds": -1},
+      "plugin_settings.elastic.grow_after_seconds: expected a number of seconds >= 0"),
+     ({"resize": True, "shrink": 1}, "plugin_settings.elastic: unknown key(s) shrink")],
+)  # fmt: skip
+def test_bad_settings_stop_the_tick_naming_the_key(tmp_path, settings, message):
+    with pytest.raises(AgentError) as caught:
+        Ticker(tmp_path, settings)(0, IDLE_ONE, job("7"))
+    assert message in str(caught.value)
