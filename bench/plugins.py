@@ -25,7 +25,10 @@ the task, or for LAS, no tick).
    (bench/plugins_fluid.py). Figures: time to the best result, trial-seconds.
 8. oort (issue [16]): the simulated federated example with random selection and with
    Oort's (bench/plugins_oort.py). Figure: simulated time to the target accuracy.
-9. allox (issue [16]): 12 one-GPU jobs of two classes that accept h100 or l40s (n3 gets
+9. elastic_resize (issue [16]): a stream of jobs of fixed work at 1 node, at 2 nodes and
+   at 1-2 nodes resized while running (bench/plugins_elastic.py). Figures: node
+   utilization, mean wait.
+10. allox (issue [16]): 12 one-GPU jobs of two classes that accept h100 or l40s (n3 gets
    a FAKE L40S for it), placed by Slurm alone and by the allox tick
    (bench/plugins_allox.py). Figure: mean job completion time.
 
@@ -60,6 +63,7 @@ from benchlib import (
     ticker,
 )
 from plugins_allox import bench_allox
+from plugins_elastic import bench_elastic_resize
 from plugins_fluid import bench_fluid
 from plugins_oort import bench_oort
 from task_workflow import Tcloud
@@ -76,7 +80,7 @@ N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # allox last: it gives n3 a FAKE L40S, which the sections before it do not expect.
 SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort",
-            "allox")  # fmt: skip
+            "elastic_resize", "allox")  # fmt: skip
 # One threshold between what the short-job user attains (4 x 10 node-s) and the long-job
 # user (2 x 60 node-s by the first minute): Tiresias tunes its queues to the workload.
 LAS = "plugins: [las]\nlas_thresholds: [100]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
@@ -339,6 +343,7 @@ def main() -> int:
                               ("tiresias", lambda: bench_tiresias(alice, bob, work / "t")),
                               ("fluid", lambda: bench_fluid(alice, work / "f")),
                               ("oort", lambda: bench_oort(alice, work / "o")),
+                              ("elastic_resize", lambda: bench_elastic_resize(alice, work / "r")),
                               ("allox", lambda: bench_allox(alice, work / "a", inventory,
                                                             SETTINGS))):  # fmt: skip
                 if args.only and name not in args.only:

@@ -3,7 +3,9 @@
 fluid: an adaptive sweep (ASHA over the trials of one job array) stops the weak trials
 at their rungs and runs the best one to the end, the rungs shared through a file only
 the sweep's owner can write. tiresias: a preemptible job of a lower queue is
-checkpointed and requeued for a job that waits, and goes on from its checkpoint.
+checkpointed and requeued for a job that waits, and goes on from its checkpoint. oort:
+the federated example with and without the selector. elastic: a running job grown onto
+an idle node and shrunk for a job that waits, each by checkpoint and requeue.
 
 Collected as part of test_slurm_cluster.py (which imports these tests), so they run on
 its lab and its researchers alice and bob.
@@ -153,3 +155,74 @@ def test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random(
         else:
             assert result["selector"] != "oort", result
             assert "tacc_oort not found (the oort plug-in is off)" in log, log[-3000:]
+
+
+def node_count(job: str) -> str:
+    return node_sh(SLURM_LAB, "n1", f"squeue -h -j {job} -o '%T %D'").stdout.strip()
+
+
+def tick_until(config: str, word: str, seconds: int = 120) -> list[str]:
+    changes: list[str] = []
+    deadline = time.monotonic() + seconds
+    while not any(word in c for c in changes):
+        assert time.monotonic() < deadline, changes
+        time.sleep(2)
+        out = node_sh(SLURM_LAB, "n1", f"tacc-agent --config {config} queue-tick").stdout
+        changes += json.loads(out)["changes"]
+    return changes
+
+
+def test_r5_elastic_grows_a_running_job_onto_an_idle_node_and_shrinks_it_for_a_waiting_one(
+    alice, bob, tmp_path
+):
+    """alice's `nodes: 1-2, resize: true` counter starts on the one node bob leaves free;
+    bob's job ends, a node idles and a tick grows hers to 2 (checkpoint, requeue at 2
+    nodes, on from her count); bob submits again, his job waits, and a tick shrinks hers
+    back to 1 so his starts. Resizing is ops' choice (plugin_settings.elastic.resize)."""
+    settings = {"state_dir": "/root/elastic-test", "plugin_settings": {"elastic": {
+        "resize": True, "grow_after_seconds": 2, "shrink_after_seconds": 2,
+        "min_run_seconds": 3, "cooldown_seconds": 5}}}  # fmt: skip
+    config = "/root/elastic.yaml"
+    node_sh(
+        SLURM_LAB, "n1", f"rm -rf /root/elastic-test && echo '{json.dumps(settings)}' > {config}"
+    )
+    cpus = node_sh(SLURM_LAB, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
+    whole = int(cpus.split()[0])
+    blocker = submit(bob, counter_task(tmp_path / "blocker", "blocker", 1, whole, False))
+    elastic = tmp_path / "elastic"
+    counter_task(elastic, "grower", 1, whole, False)
+    task = json.loads((elastic / "tcloud.yaml").read_text())
+    task["resources"].update(nodes="1-2", resize=True)
+    task["environment"]["env"]["STOP_AT_CHECKPOINT"] = "1"
+    (elastic / "tcloud.yaml").write_text(json.dumps(task))
+    jobs = [(bob, blocker)]
+    try:
+        wait_state(bob, blocker, ("RUNNING",), 120)
+        grower = submit(alice, elastic)
+        jobs.append((alice, grower))
+        wait_state(alice, grower, ("RUNNING",), 120)
+        assert node_count(grower) == "RUNNING 1"
+        time.sleep(4)  # past min_run_seconds, counting
+        bob("cancel", blocker)
+        changes = tick_until(config, "grow")
+        assert any(f"elastic: job {grower} grow 1 -> 2 nodes" in c for c in changes), changes
+        deadline = time.monotonic() + 120
+        while node_count(grower) != "RUNNING 2":
+            assert time.monotonic() < deadline, node_count(grower)
+            time.sleep(1)
+        said = events(alice, grower)
+        assert any(state == "HALTED" and "resized by elastic: grow 1 -> 2 nodes" in reason
+                   for state, reason in said), said  # fmt: skip
+        late = submit(bob, counter_task(tmp_path / "late", "late", 1, whole, False, until=3))
+        jobs.append((bob, late))
+        time.sleep(4)  # past the cooldown and min_run_seconds of the grown job
+        changes = tick_until(config, "shrink")
+        assert any(f"elastic: job {grower} shrink 2 -> 1 nodes (job {late} waits" in c
+                   for c in changes), changes  # fmt: skip
+        assert wait_state(bob, late, FINAL, 180)["state"] == "COMPLETED"
+        log = alice("logs", grower).stdout
+        starts = [int(n) for n in re.findall(r"start at (\d+) on", log)]
+        assert len(starts) >= 3 and starts[1] > 0 and starts[-1] >= starts[1], log[-3000:]
+    finally:  # a failure leaves no job holding the nodes for the next test
+        for owner, job in jobs:
+            owner("cancel", job)

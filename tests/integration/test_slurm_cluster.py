@@ -89,6 +89,7 @@ from tests.integration.research_cases import (  # noqa: F401  (issue [16]: resea
     test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end,
     test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_waits,
     test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random,
+    test_r5_elastic_grows_a_running_job_onto_an_idle_node_and_shrinks_it_for_a_waiting_one,
 )
 from tests.integration.sdk_cases import (  # noqa: F401  (issue [11]: the SDK on this lab)
     as_researcher,

@@ -3,6 +3,7 @@ the task fields, and the plug-in's execute and finish hooks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -116,6 +117,35 @@ def test_two_processes_reporting_at_once_lose_no_value(tmp_path):
     assert [p.wait(timeout=30) for p in reporters] == [0, 0]
     rung = json.loads((tmp_path / "sweep/fluid/rungs.json").read_text())["rungs"]["1"]
     assert len(rung) == 80 and rung["1039"] == 10.39
+
+
+@pytest.mark.fault
+def test_a_file_system_without_locks_leaves_the_trial_running_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """An NFS mount without lock service answers lockf with ENOLCK: the trial is not
+    compared (it goes on, unpruned) instead of failing the user's training."""
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(tacc_fluid.fcntl, "lockf", no_locks)
+    for key, text in fluid_env(tmp_path, 0).items():
+        monkeypatch.setenv(key, text)
+    assert tacc_fluid.report(1, 0.1) is True and tacc_fluid.report(3, 0.1) is True
+    assert capsys.readouterr().err.count("tacc_fluid: no file locks in") == 1
+    assert not (tmp_path / "sweep/fluid/rungs.json").exists()
+
+
+@pytest.mark.fault
+def test_the_rungs_file_is_replaced_whole_under_its_own_lock_file(tmp_path, monkeypatch):
+    for key, text in fluid_env(tmp_path, 0).items():
+        monkeypatch.setenv(key, text)
+    tacc_fluid.report(1, 0.3)
+    before = os.stat(tmp_path / "sweep/fluid/rungs.json").st_ino
+    tacc_fluid.report(3, 0.4)
+    assert os.stat(tmp_path / "sweep/fluid/rungs.json").st_ino != before  # renamed into place
+    assert sorted(os.listdir(tmp_path / "sweep/fluid")) == ["rungs.json", "rungs.lock"]
 
 
 @pytest.mark.fault

@@ -240,6 +240,20 @@ def test_bad_node_ranges_are_refused(tmp_path, nodes):
         load_task(write_task(tmp_path, base(resources={"nodes": nodes})), [])
 
 
+def test_a_resizable_range_records_its_opt_in_and_range_for_the_tick(tmp_path):
+    _, task = compiled(tmp_path, base(resources={"nodes": "1-2", "resize": True}))
+    assert planned(task).data["elastic"] == {"opt_in": ["resize"], "range": [1, 2]}
+    _, fixed_range = compiled(tmp_path, base(resources={"nodes": "1-2"}))
+    assert "elastic" not in planned(fixed_range).data  # a range alone is not an opt-in
+
+
+@pytest.mark.bad_input
+def test_resizing_a_fixed_size_is_refused_with_the_field(tmp_path):
+    with pytest.raises(TaskFileError, match=r"resources.resize: resizing needs a node range: "
+                       r"set nodes: MIN-MAX"):  # fmt: skip
+        load_task(write_task(tmp_path, base(resources={"nodes": 2, "resize": True})), [])
+
+
 @pytest.mark.bad_input
 def test_elastic_off_refuses_a_range(tmp_path):
     with pytest.raises(TaskFileError, match=r"resources.nodes: expected an integer"):

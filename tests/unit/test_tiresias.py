@@ -13,7 +13,7 @@ import pytest
 
 from tacc_agent.config import AgentConfig, load_config
 from tacc_contract.errors import AgentError
-from tacc_contract.plugins import Queue, QueuedJob, Submission
+from tacc_contract.plugins import Node, Queue, QueuedJob, Submission
 from tacc_plugins import tiresias
 from tacc_plugins.tiresias import Tiresias
 
@@ -24,8 +24,10 @@ PREEMPTIBLE = frozenset({"preemptible"})
 class Ticker:
     """Ticks the plug-in as the agent would, recording what it did to Slurm."""
 
-    def __init__(self, state_dir: Path, settings: dict | None = None, requeue_ok: bool = True):
+    def __init__(self, state_dir: Path, settings: dict | None = None, requeue_ok: bool = True,
+                 nodes: list[Node] | None = None):  # fmt: skip
         self.config = AgentConfig(plugin_settings={"tiresias": settings or SETTINGS})
+        self.nodes = nodes or []
         self.state_dir = state_dir
         self.nices: dict[str, int] = {}
         self.requeued: list[tuple[str, str]] = []
@@ -37,7 +39,7 @@ class Ticker:
 
     def __call__(self, now: float, *jobs: QueuedJob) -> list[str]:
         queue = Queue(list(jobs), self.nices.__setitem__, now, self.state_dir, self.config,
-                      requeue=self.requeue)  # fmt: skip
+                      requeue=self.requeue, cluster_nodes=lambda: self.nodes)  # fmt: skip
         Tiresias().tick(queue)
         return queue.notes
 
@@ -195,6 +197,36 @@ def test_a_failed_requeue_is_said_and_the_tick_goes_on(tmp_path):
     notes = tick(61, long_job(61), job("2", "bob", "PENDING", nodes=2, reason="Resources"))
     assert any(n.startswith("tiresias: job 1 of alice not requeued") for n in notes)
     assert (tmp_path / "tiresias.json").exists()
+
+
+def test_an_idle_node_counts_so_only_as_many_jobs_as_lacking_are_preempted(tmp_path):
+    """bob's 2-node job waits; one node idles (held back for it, as Slurm does) and two
+    1-node jobs of queue 1 run: one is requeued, not both."""
+    nodes = [Node("n1", 4, 1000, 0, ("batch",), state="IDLE"),
+             Node("n2", 4, 1000, 0, ("batch",), state="ALLOCATED"),
+             Node("n3", 4, 1000, 0, ("other",), state="IDLE")]  # fmt: skip
+    tick = Ticker(tmp_path, {**SETTINGS, "max_preempt_per_tick": 2}, nodes=nodes)
+    two = [job("5", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
+           job("6", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE)]  # fmt: skip
+    tick(0, *two)
+    later = [job("5", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE),
+             job("6", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE)]  # fmt: skip
+    tick(200, *later)
+    tick(201, *later, job("8", "bob", "PENDING", nodes=2, reason="Resources"))
+    assert [j for j, _ in tick.requeued] == ["6"]
+
+
+@pytest.mark.fault
+def test_a_job_whose_requeue_failed_is_not_tried_again_at_every_tick(tmp_path):
+    tick = Ticker(tmp_path, requeue_ok=False)
+    tick(0, long_job(0))
+    tick(60, long_job(60))
+    waiting = job("2", "bob", "PENDING", nodes=2, reason="Resources")
+    for now in (61, 63, 65, 150):
+        tick(now, long_job(now), waiting)
+    assert len(tick.requeued) == 1  # 120 s before the next try
+    tick(181, long_job(181), waiting)
+    assert len(tick.requeued) == 2
 
 
 def test_preempt_false_only_orders(tmp_path):

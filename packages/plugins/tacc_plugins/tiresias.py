@@ -41,6 +41,7 @@ STATE_FILE = "tiresias.json"
 PREEMPTIBLE = "preemptible"
 # The most waiting one tick may count (the daemon down longer is not the job waiting).
 MAX_GAP_SECONDS = 300.0
+RETRY_FAILED_REQUEUE_SECONDS = 120.0
 # Pending reasons of a job that waits for nodes (not held, not for a dependency).
 WAITS_FOR_RESOURCES = ("Resources", "Priority")
 
@@ -53,7 +54,7 @@ class Settings:
     promote_knob: float = 8.0
     nice_step: int = 10000
     preempt: bool = True
-    min_run_seconds: float = 30.0
+    min_run_seconds: float = 60.0
     max_preempt_per_tick: int = 1
 
     KEYS: ClassVar[tuple[str, ...]] = ("thresholds", "promote_knob", "nice_step", "preempt",
@@ -175,10 +176,12 @@ def arrival(job: QueuedJob) -> tuple[int, int]:
 
 
 def victims_for(waiting: QueuedJob, running: list[QueuedJob], queues: dict[str, int],
-                found: Settings) -> list[QueuedJob]:  # fmt: skip
+                found: Settings,
+                free: tuple[int, float] = (0, 0.0)) -> list[QueuedJob]:  # fmt: skip
     """The running jobs to preempt for `waiting`: preemptible, of a lower queue, in its
     partition, started at least min_run_seconds ago; the lowest queue and the latest
-    arrival first, as few as hold its nodes and GPUs ([] when they cannot)."""
+    arrival first, as few as hold, with the `free` (idle nodes, their GPUs) of its
+    partitions, its nodes and GPUs ([] when they cannot, or when none is needed)."""
     mine = queues[waiting.job_id]
     candidates = sorted(
         (job for job in running
@@ -187,7 +190,7 @@ def victims_for(waiting: QueuedJob, running: list[QueuedJob], queues: dict[str, 
          and job.elapsed_seconds >= found.min_run_seconds),
         key=lambda job: (-queues[job.job_id], tuple(-n for n in arrival(job))),
     )  # fmt: skip
-    chosen, nodes, gpus = [], 0, 0.0
+    chosen, (nodes, gpus) = [], free
     for job in candidates:
         if nodes >= waiting.nodes and gpus >= waiting.gpus:
             break
@@ -234,7 +237,7 @@ class Tiresias(Plugin):
             queues[job.job_id] = record["queue"]
         self.set_nices(queue, state["jobs"], queues_count, found)
         if found.preempt:
-            self.preempt(queue, queues, found)
+            self.preempt(queue, queues, state["jobs"], found)
         save_state(path, state)
 
     def set_nices(self, queue: Queue, records: dict, queues_count: int, found: Settings) -> None:
@@ -257,20 +260,30 @@ class Tiresias(Plugin):
             queue.notes.append(f"tiresias: job {job.job_id} of {job.user} in queue "
                                f"{record['queue']}: nice {job.nice} -> {nice}")  # fmt: skip
 
-    def preempt(self, queue: Queue, queues: dict[str, int], found: Settings) -> None:
-        running = [job for job in queue.jobs if job.state == "RUNNING"]
+    def preempt(self, queue: Queue, queues: dict[str, int], records: dict,
+                found: Settings) -> None:  # fmt: skip
+        # A job whose requeue failed (its halt found it ending, Slurm did not answer) is
+        # not chosen again for a while: not the same failure at every tick.
+        running = [job for job in queue.jobs if job.state == "RUNNING"
+                   and queue.now - records[job.job_id].get("requeue_failed_at", -1e18)
+                   >= RETRY_FAILED_REQUEUE_SECONDS]  # fmt: skip
         waiting = sorted((job for job in queue.jobs if job.state == "PENDING"
                           and job.reason in WAITS_FOR_RESOURCES),
                          key=lambda job: (queues[job.job_id], arrival(job)))  # fmt: skip
         budget = found.max_preempt_per_tick
+        idle = [node for node in queue.cluster_nodes() if node.idle()] if waiting else []
         for job in waiting:
-            victims = victims_for(job, running, queues, found)
+            mine = [node for node in idle if set(node.partitions) & set(job.partition.split(","))]
+            free = (len(mine), float(sum(node.gpus for node in mine)))
+            victims = victims_for(job, running, queues, found, free)
             if not victims or len(victims) > budget:
                 continue
             for victim in victims:
                 why = (f"preempted by tiresias: queue {queues[victim.job_id]}, for job "
                        f"{job.job_id} of queue {queues[job.job_id]}")  # fmt: skip
                 done = queue.requeue(victim.job_id, why)
+                if not done:
+                    records[victim.job_id]["requeue_failed_at"] = queue.now
                 queue.notes.append(f"tiresias: job {victim.job_id} of {victim.user} "
                                    f"{'requeued' if done else 'not requeued'}: {why}")  # fmt: skip
                 running.remove(victim)

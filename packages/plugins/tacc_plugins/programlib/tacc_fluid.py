@@ -15,7 +15,8 @@ The plug-in sets, for each trial of a sweep with `sweep.adaptive`:
   TACC_FLUID_MODE     max | min: whether a larger value is better
   TACC_FLUID_METRIC   the value's name (for the records)
   TACC_FLUID_DIR      the sweep's shared directory: rungs.json, every trial's value at
-                      every rung it reached (read and written under an fcntl lock)
+                      every rung it reached (read and replaced under an fcntl lock
+                      on rungs.lock)
   TACC_FLUID_TRIAL    this trial's index
   TACC_FLUID_TRIAL_DIR  this trial's own directory: metrics.jsonl (every report) and
                       result.json (the last decision, for the job log)
@@ -32,13 +33,17 @@ reason). Ties go on.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import os
+import socket
+import sys
 import time
 
 RUNGS_FILE = "rungs.json"
+LOCK_FILE = "rungs.lock"  # locked while rungs.json is read and replaced
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 MAX_STATE_BYTES = 4 * 1024 * 1024  # rungs.json of 1,000 trials x ~10 rungs is ~300 KB
@@ -115,23 +120,57 @@ def append_metric(found: Settings, step: int, value: float) -> None:
 
 def record_at_rung(found: Settings, step: int, value: float) -> list[float]:
     """Add this trial's value at rung `step` to the shared file, under an exclusive lock
-    (fcntl.lockf: POSIX record locks, which NFS v4 carries across nodes); return every
-    value recorded at that rung. A rerun trial (requeued) replaces its own value."""
+    on its own lock file (fcntl.lockf: POSIX record locks, which NFS v4 carries across
+    nodes); return every value recorded at that rung. The file is replaced whole
+    (written beside it, then renamed), so a trial killed mid-write leaves the last one.
+    A rerun trial (requeued) replaces its own value. Where the file system has no locks
+    (an NFS mount without lock service: ENOLCK), the trial says so once and goes on
+    unpruned rather than fail."""
     os.makedirs(found.shared_dir, mode=0o700, exist_ok=True)
     path = os.path.join(found.shared_dir, RUNGS_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    lock = os.open(os.path.join(found.shared_dir, LOCK_FILE),
+                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
-        state = parsed_state(os.read(fd, MAX_STATE_BYTES + 1))
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno != errno.ENOLCK:
+                raise
+            warn_once(f"tacc_fluid: no file locks in {found.shared_dir} ({exc.strerror}): "
+                      "this trial is not compared with the others")  # fmt: skip
+            return [value]
+        state = read_state(path)
         rung = state["rungs"].setdefault(str(step), {})
         rung[found.trial] = value
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(state, sort_keys=True).encode())
-        os.fsync(fd)
+        temporary = f"{path}.{socket.gethostname()}.{os.getpid()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(state, out, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
         return [v for v in rung.values() if isinstance(v, int | float) and math.isfinite(v)]
     finally:
-        os.close(fd)  # closing the descriptor drops the lock
+        os.close(lock)  # closing the descriptor drops the lock
+
+
+WARNED: set[str] = set()
+
+
+def warn_once(text: str) -> None:
+    if text not in WARNED:
+        WARNED.add(text)
+        print(text, file=sys.stderr, flush=True)
+
+
+def read_state(path: str) -> dict:
+    """rungs.json (no link followed, at most MAX_STATE_BYTES); missing: nothing yet."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {"rungs": {}}
+    with os.fdopen(fd, "rb") as handle:
+        return parsed_state(handle.read(MAX_STATE_BYTES + 1))
 
 
 def parsed_state(data: bytes) -> dict:

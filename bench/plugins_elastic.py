@@ -1,0 +1,125 @@
+"""Bench row elastic (resize): node utilization and mean wait of a stream of jobs with a
+fixed amount of work, at fixed sizes and with running-job resizing (issue [16] item 5),
+on the bench lab's two compute nodes.
+
+The work: 3 "train" jobs of 60 node-seconds each (a program that does `nodes` units a
+second, saves at the checkpoint signal and resumes from it), arriving 25 s apart, and
+2 one-node "eval" jobs of 10 s arriving between them. Modes: every train job at
+`nodes: 1`, at `nodes: 2`, and `nodes: 1-2` with `resize: true` while the controller's
+tick (every 2 s, elastic resizing on) grows and shrinks them. Figures: useful node
+utilization (the work done / (2 nodes x makespan)), mean wait (submit to first start)
+and mean completion time.
+
+    bench_elastic_resize(alice, work)   from bench/plugins.py (--only elastic_resize)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from benchlib import node_sh, ticker
+from task_workflow import Tcloud
+
+NODES = 2
+TRAIN_WORK, TRAIN_JOBS, ARRIVAL_GAP = 60, 3, 25
+EVAL_SECONDS, EVAL_AT = 10, (12, 37)
+CONFIG = "/root/elastic.yaml"
+RESIZE = {"state_dir": "/root/elastic-bench", "plugin_settings": {"elastic": {
+    "resize": True, "grow_after_seconds": 4, "shrink_after_seconds": 4,
+    "min_run_seconds": 5, "cooldown_seconds": 10}}}  # fmt: skip
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+# `nodes` units of work a second; the count saved at the checkpoint signal, resumed.
+PROGRAM = """import os, pathlib, signal, sys, time
+saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "done"
+nodes = int(os.environ.get("TACC_NUM_NODES", "1"))
+done = float(saved.read_text()) if saved.exists() else 0.0
+def checkpoint(*_):
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(str(done))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, checkpoint)
+print(f"start at {done} on {nodes} node(s)", flush=True)
+while done < float(os.environ["WORK"]):
+    time.sleep(1)
+    done += nodes
+"""
+
+
+def train_project(root: Path, nodes: str, resize: bool) -> Path:
+    root.mkdir(parents=True)
+    (root / "work.py").write_text(PROGRAM)
+    resources = {"nodes": nodes, "cpus": 4, "mem": "50M", "time": "15",
+                 **({"resize": True} if resize else {})}  # fmt: skip
+    task = {"name": "train", "run": ["python3 work.py"], "outputs": ["outputs/"],
+            "resources": resources, "environment": {"env": {"WORK": str(TRAIN_WORK)}}}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def eval_project(root: Path) -> Path:
+    root.mkdir(parents=True)
+    task = {"name": "eval", "run": [f"sleep {EVAL_SECONDS}"],
+            "resources": {"nodes": 1, "cpus": 4, "mem": "50M", "time": "5"}}  # fmt: skip
+    (root / "tcloud.yaml").write_text(json.dumps(task))
+    return root
+
+
+def event(info: dict, state: str, last: bool = False) -> float:
+    times = [h["time"] for h in info["history"] if h["state"] == state]
+    return times[-1] if last else times[0]
+
+
+def run_mode(alice: Tcloud, work: Path, nodes: str, resize: bool) -> dict:
+    arrivals = sorted([(i * ARRIVAL_GAP, "train", i) for i in range(TRAIN_JOBS)]
+                      + [(at, "eval", i) for i, at in enumerate(EVAL_AT)])  # fmt: skip
+    start = time.monotonic()
+    jobs = []
+    for at, kind, index in arrivals:
+        time.sleep(max(0.0, at - (time.monotonic() - start)))
+        root = work / f"{kind}-{index}"
+        project = train_project(root, nodes, resize) if kind == "train" else eval_project(root)
+        jobs.append((kind, alice.submit(project)[0]))
+    infos = [(kind, alice.wait(job, TERMINAL, 900)) for kind, job in jobs]
+    first = min(event(info, "QUEUED") for _, info in infos)
+    end = max(event(info, info["state"], last=True) for _, info in infos)
+    makespan = end - first
+    useful = TRAIN_JOBS * TRAIN_WORK + len(EVAL_AT) * EVAL_SECONDS
+    waits = [event(info, "RUNNING") - event(info, "QUEUED") for _, info in infos]
+    jct = [event(info, info["state"], last=True) - event(info, "QUEUED") for _, info in infos]
+    return {"makespan_s": round(makespan, 1),
+            "utilization": round(useful / (NODES * makespan), 3),
+            "mean_wait_s": round(statistics.mean(waits), 1),
+            "mean_jct_s": round(statistics.mean(jct), 1),
+            "states": sorted({info["state"] for _, info in infos}),
+            "halts": sum(1 for _, info in infos for h in info["history"]
+                         if h["state"] == "HALTED")}  # fmt: skip
+
+
+def bench_elastic_resize(alice: Tcloud, work: Path) -> dict:
+    node_sh("n1", f"rm -rf /root/elastic-bench; printf '%s\\n' '{json.dumps(RESIZE)}' > {CONFIG}")
+    result = {
+        "fixed_1": run_mode(alice, work / "one", "1", False),
+        "fixed_2": run_mode(alice, work / "two", "2", False),
+    }
+    stop = threading.Event()
+    log = {"ticks": 0, "failed_ticks": 0, "changes": []}
+    thread = threading.Thread(target=ticker, args=(stop, log, CONFIG), daemon=True)
+    thread.start()
+    try:
+        resized = run_mode(alice, work / "resize", "1-2", True)
+    finally:
+        stop.set()
+        thread.join()
+    resized["resizes"] = [c for c in log["changes"] if c.startswith("elastic:")]
+    resized["failed_ticks"] = log["failed_ticks"]
+    result["resize"] = resized
+    for mode in ("fixed_1", "fixed_2"):
+        result[f"utilization_vs_{mode}"] = round(
+            resized["utilization"] / result[mode]["utilization"], 2)  # fmt: skip
+        result[f"wait_ratio_{mode}"] = round(
+            result[mode]["mean_wait_s"] / max(resized["mean_wait_s"], 0.1), 2)  # fmt: skip
+    return result
