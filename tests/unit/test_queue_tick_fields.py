@@ -115,3 +115,24 @@ def test_a_slurm_that_cannot_show_jobs_leaves_no_opt_in_and_the_tick_goes_on(
     notes = queue_ticks.tick(AgentConfig(state_dir=str(tmp_path)))
     assert all(opted == frozenset() for _, opted in plugin.seen) and requeued == []
     assert notes == ["agent: no job opt-ins this tick: scontrol did not answer within 15 s"]
+
+
+def test_the_daemon_reads_a_running_jobs_record_once_not_at_every_tick(
+    ticking, monkeypatch, tmp_path
+):
+    plugin, _, _ = ticking
+    reads: list[str] = []
+    answers = [{}, {"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}}}]
+
+    def read(job):
+        reads.append(job.job_id)
+        return answers[min(len(reads) - 1, 1)]  # the first read fails (NFS): read again
+
+    monkeypatch.setattr(preempt, "read_submit_record", read)
+    allowed: queue_ticks.Allowed = {}
+    config = AgentConfig(state_dir=str(tmp_path))
+    for _ in range(3):
+        queue_ticks.tick(config, allowed)
+    assert reads == ["41", "41"]
+    assert plugin.seen[-4] == ("41", frozenset({"preemptible"}))
+    assert list(allowed) == [("41", 1001, "/shared/tcloud/alice/jobs/abc-1")]

@@ -34,7 +34,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
-from tacc_agent.tasks.queue_ticks import tick
+from tacc_agent.tasks.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
 REQUEST_DEADLINE_SECONDS = 5.0
@@ -211,9 +211,10 @@ def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
 
 def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
     """Every queue_tick_seconds: one round of the scheduling plug-ins' `tick` (LAS)."""
+    allowed: Allowed = {}  # running jobs' opt-ins, read once per job
     while not stop.wait(config.queue_tick_seconds):
         try:
-            for change in tick(config):
+            for change in tick(config, allowed):
                 log(change)
         except Exception as exc:  # Slurm down for a moment: try again next time
             log(f"queue tick failed: {type(exc).__name__}: {exc}")

@@ -16,7 +16,7 @@ from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.tasks import preempt
 from tacc_agent.tasks.cluster_shape import read_nodes
 from tacc_agent.tasks.constraints import Narrowing
-from tacc_contract.plugins import Queue, QueuedJob
+from tacc_contract.plugins import Node, Queue, QueuedJob
 from tacc_contract.registry import PluginError, in_layer, select
 
 # squeue --Format fields, each printed whole (size 0) and ended by "|". A job's GPUs are
@@ -150,8 +150,15 @@ def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
             _, job.name, job.features, job.time_limit_seconds, job.node_names = info
 
 
-def tick(config: AgentConfig) -> list[str]:
-    """One round of every `tick` hook that is on; what each changed."""
+# What a running job's record allowed, kept across the daemon's ticks (the record is
+# written once, at submit): (job, owner uid, job directory) -> (opt-ins, node range).
+Allowed = dict[tuple[str, int, str], tuple[frozenset[str], tuple[int, int] | None]]
+
+
+def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
+    """One round of every `tick` hook that is on; what each changed. `allowed` keeps
+    the running jobs' opt-ins from one tick to the next (the daemon's); without it each
+    running job's record is read again."""
     try:
         plugins = in_layer(select(config.plugins, policy_from=config.plugins), "schedule")
     except PluginError as exc:
@@ -169,9 +176,16 @@ def tick(config: AgentConfig) -> list[str]:
     queue.set_features = Narrowing(
         queue.jobs, Path(config.state_dir), config.slurm_timeout_seconds, queue.notes.append
     ).set_features
-    queue.cluster_nodes = lambda: read_nodes(config.slurm_timeout_seconds)
+    nodes: list[list[Node]] = []  # read once a tick, at the first plug-in that asks
+
+    def cluster_nodes() -> list[Node]:
+        if not nodes:
+            nodes.append(read_nodes(config.slurm_timeout_seconds))
+        return nodes[0]
+
+    queue.cluster_nodes = cluster_nodes
     if plugins:
-        read_opt_ins(queue, config)
+        read_opt_ins(queue, config, {} if allowed is None else allowed)
         try:
             read_details(queue.jobs, config)
         except AgentError as exc:
@@ -181,17 +195,27 @@ def tick(config: AgentConfig) -> list[str]:
     return queue.notes
 
 
-def read_opt_ins(queue: Queue, config: AgentConfig) -> None:
+def read_opt_ins(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
     """Each running job's opt-ins and node range (preempt.allowed_job), from one
-    `scontrol show job` for all of them; a Slurm that does not answer leaves them empty,
-    with a note."""
+    `scontrol show job` for all of them and each job's record once (kept in `allowed`
+    while the job runs); a Slurm that does not answer leaves them empty, with a note."""
     running = [job for job in queue.jobs if job.state == "RUNNING"]
-    if not running:
-        return
     try:
-        known = preempt.job_records(config)
+        known = preempt.job_records(config) if running else {}
     except AgentError as exc:
         queue.notes.append(f"agent: no job opt-ins this tick: {exc}")
         return
+    keys = {}
     for job in running:
-        job.opted_in, job.node_range = preempt.allowed_job(known.get(job.job_id))
+        record = known.get(job.job_id)
+        if record is None:
+            continue
+        key = (job.job_id, record.uid, str(record.job_dir))
+        keys[key] = True
+        if key not in allowed:
+            found = preempt.allowed_job(record)
+            if found[0] or found[1]:  # nothing allowed may be a read that failed: again
+                allowed[key] = found
+        job.opted_in, job.node_range = allowed.get(key, (frozenset(), None))
+    for key in [key for key in allowed if key not in keys]:
+        del allowed[key]
