@@ -8,28 +8,36 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
+from tacc_agent import slurm as slurm_module
 from tacc_agent.config import AgentConfig
+from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.tasks import constraints, queue_ticks
 from tacc_agent.tasks.constraints import Narrowing
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Node, Queue, QueuedJob
-from tacc_plugins import allox
+from tacc_plugins import allox, allox_memory
 from tacc_plugins.allox import Allox, Device, Settings, estimate, plan
 from tacc_plugins.matching import min_cost_assignment
 
-NODES = [Node("g1", 8, 1000, 1, ("batch",), features=("h100",), state="IDLE"),
-         Node("g2", 8, 1000, 1, ("batch",), features=("l40s",), state="IDLE")]  # fmt: skip
+
+def gpu_node(name: str, kind: str, count: int = 1, state: str = "IDLE") -> Node:
+    return Node(name, 8, 1000, count, ("batch",), features=(kind,), state=state,
+                gpu_kinds=((kind, count),))  # fmt: skip
+
+
+NODES = [gpu_node("g1", "h100"), gpu_node("g2", "l40s")]
 
 
 def job(job_id: str, user: str = "alice", state: str = "PENDING", name: str = "train",
         features: str = "h100|l40s", elapsed: int = 0, nodes: tuple[str, ...] = (),
         gpus: float = 1, limit: int = 600) -> QueuedJob:  # fmt: skip
     return QueuedJob(job_id, user, state, 0, gpus, elapsed, name=name, features=features,
-                     node_names=nodes, time_limit_seconds=limit)  # fmt: skip
+                     node_names=nodes, time_limit_seconds=limit, details=True)  # fmt: skip
 
 
 class Ticker:
@@ -42,20 +50,27 @@ class Ticker:
         self.nodes = NODES if nodes is None else nodes
         self.set: dict[str, str] = {}
 
-    def __call__(self, *jobs: QueuedJob) -> list[str]:
+    def __call__(self, *jobs: QueuedJob, now: float = 0.0,
+                 ended: dict[str, tuple[str, int]] | None = None) -> list[str]:  # fmt: skip
         def set_features(job_id: str, features: str) -> bool:
             self.set[job_id] = features
             next(j for j in jobs if j.job_id == job_id).features = features
             return True
 
-        queue = Queue(list(jobs), lambda *_: None, 0.0, self.state_dir, self.config,
-                      set_features=set_features, cluster_nodes=lambda: self.nodes)  # fmt: skip
+        queue = Queue(list(jobs), lambda *_: None, now, self.state_dir, self.config,
+                      set_features=set_features, cluster_nodes=lambda: self.nodes,
+                      ended=ended or {})  # fmt: skip
         Allox().tick(queue)
         return queue.notes
 
     def history(self, runs: dict[str, dict[str, list[float]]]) -> None:
-        """Runs already watched: {"alice\\x1ftrain": {"h100": [10], ...}}."""
-        (self.state_dir / "allox.json").write_text(json.dumps({"runs": runs}))
+        """Runs already learned: {"alice\\x1ftrain": {"h100": [10], ...}}."""
+        kept = {key: {"types": types, "at": 0} for key, types in runs.items()}
+        (self.state_dir / "allox.json").write_text(json.dumps({"runs": kept}))
+
+    def runs(self) -> dict:
+        found = json.loads((self.state_dir / "allox.json").read_text())["runs"]
+        return {key: entry["types"] for key, entry in found.items()}
 
 
 # --- the matching --------------------------------------------------------------------------
@@ -120,23 +135,31 @@ def test_an_estimate_is_the_median_run_on_that_type_else_converted_by_the_prior_
     assert estimate({}, "h100", ["h100", "l40s"], 0, Settings()) == 3600
 
 
-def test_a_job_gone_from_the_queue_leaves_its_run_on_the_type_it_ran_on(tmp_path):
+def test_a_completed_job_leaves_slurms_run_time_on_the_type_it_ran_on(tmp_path):
     tick = Ticker(tmp_path)
     tick(job("5", state="RUNNING", elapsed=0, nodes=("g2",)), job("6"))
-    tick(job("5", state="RUNNING", elapsed=42, nodes=("g2",)), job("6"))
-    tick(job("6"))  # 5 ended
-    runs = json.loads((tmp_path / "allox.json").read_text())["runs"]
-    assert runs == {"alice\x1ftrain": {"l40s": [42]}}
+    tick(job("6"))  # 5 is out of squeue's view, Slurm says nothing yet: wait
+    tick(job("6"), ended={"5": ("COMPLETED", 42)})
+    assert tick.runs() == {"alice\x1ftrain": {"l40s": [42]}}
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("final", ["CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL"])
+def test_a_run_that_did_not_complete_teaches_nothing(tmp_path, final):
+    """A user cancelling 1 s runs would make her job look short and win the fast type."""
+    tick = Ticker(tmp_path)
+    tick(job("5", state="RUNNING", nodes=("g1",)))
+    tick(ended={"5": (final, 1)})
+    assert tick.runs() == {}
 
 
 def test_a_job_of_one_type_is_never_moved_but_its_run_is_learned(tmp_path):
     tick = Ticker(tmp_path)
     tick(job("5", features="h100"), job("6", state="RUNNING", features="h100", elapsed=9,
                                           nodes=("g1",)))  # fmt: skip
-    tick(job("5", features="h100"))
+    tick(job("5", features="h100"), ended={"6": ("COMPLETED", 9)})
     assert tick.set == {}
-    runs = json.loads((tmp_path / "allox.json").read_text())["runs"]
-    assert runs == {"alice\x1ftrain": {"h100": [9]}}
+    assert tick.runs() == {"alice\x1ftrain": {"h100": [9]}}
 
 
 @pytest.mark.security
@@ -197,26 +220,26 @@ def test_a_running_job_holds_its_device_until_its_estimate_ends(tmp_path):
     assert tick.set == {"1": "l40s"}
 
 
-def test_alpha_matches_only_the_least_served_users_and_gives_the_others_back(tmp_path):
-    """alice holds a GPU, bob none: with alpha 0.5 only bob's job is matched; alice's,
-    narrowed in an earlier tick, gets back what she asked for."""
-    nodes = [*NODES, Node("g3", 8, 1000, 1, ("batch",), features=("h100",), state="ALLOCATED")]
+def test_alpha_matches_only_the_least_served_users_and_leaves_the_others_as_they_are(
+    tmp_path,
+):
+    """alice holds a GPU, bob none: with alpha 0.5 only bob's job is matched; alice's
+    keeps its constraint (AlloX leaves the others for a later round)."""
+    nodes = [*NODES, gpu_node("g3", "h100", state="ALLOCATED")]
     running = job("8", state="RUNNING", elapsed=5, nodes=("g3",), features="")
-    unfair = Ticker(tmp_path, nodes=nodes)  # alpha 1: both matched
-    unfair(running, job("1"), job("2", user="bob"))
-    assert set(unfair.set) == {"1", "2"}
     fair = Ticker(tmp_path, {"alpha": 0.5}, nodes=nodes)
-    notes = fair(running, job("1", features=unfair.set["1"]),
-                 job("2", user="bob", features=unfair.set["2"]))  # fmt: skip
-    assert fair.set["1"] == "h100|l40s" and fair.set.get("2", "h100") != "h100|l40s", fair.set
-    assert "allox: job 1 -> h100|l40s as asked" in notes
+    fair(running, job("1"), job("2", user="bob"))
+    assert set(fair.set) == {"2"}, fair.set
+    everyone = Ticker(tmp_path / "all", nodes=nodes)  # alpha 1: both
+    everyone(running, job("1"), job("2", user="bob"))
+    assert set(everyone.set) == {"1", "2"}
 
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("settings", "message"),
     [({"alpha": 0}, "plugin_settings.allox.alpha: expected a number above 0 and at most 1"),
-     ({"window": 0}, "plugin_settings.allox.window: expected an integer from 1 to 200"),
+     ({"window": 0}, "plugin_settings.allox.window: expected an integer from 1 to 100"),
      ({"speed": {"h100": -1}}, "plugin_settings.allox.speed: expected a mapping of GPU type"),
      ({"speed": ["h100"]}, "plugin_settings.allox.speed: expected a mapping"),
      ({"samples": True}, "plugin_settings.allox.samples: expected an integer from 1 to 100"),
@@ -280,26 +303,142 @@ def test_the_agent_changes_no_running_job_and_no_job_it_did_not_read(tmp_path, s
 
 
 def test_squeue_details_keep_a_constraint_whole_and_a_name_with_spaces():
-    out = ("12 alice 10:00 n[2-3] h100|l40s my job | name\n"
-           "13 bob UNLIMITED  (null) x\n")  # fmt: skip
-    found = queue_ticks.parse_details(out)
+    out = ("S 12 alice 10:00 n[2-3] h100|l40s my job | name\n"
+           "S 13 bob UNLIMITED  (null) x\n")  # fmt: skip
+    found = queue_ticks.parse_details(out, "S")
     assert found["12"] == ("alice", "my job | name", "h100|l40s", 600, ("n2", "n3"))
     assert found["13"] == ("bob", "x", "", 0, ())
 
 
 @pytest.mark.security
-def test_a_name_holding_a_line_break_forges_no_other_job(monkeypatch):
-    """bob names his job "x\\n12 alice 1:00 n9 a100 y": job 12 shows up twice, and a job
-    id read twice is not trusted at all."""
-    out = "12 alice 10:00 n2 h100|l40s train\n14 bob 1:00  (null) x\n12 alice 1:00 n9 a100 y\n"
-    assert "12" not in queue_ticks.parse_details(out)
-    jobs = [job("12", features=""), job("14", user="alice", features="", name="")]
-    monkeypatch.setattr(queue_ticks.slurm, "slurm", lambda argv, timeout: out)
+def test_a_name_holding_line_breaks_forges_no_job_and_breaks_no_tick(monkeypatch):
+    """bob names his job "x\n9 alice x-1 n[0-99999]x[0-99999] a b\n\xff": on the old
+    reading a line of its own (a job of alice's, a time that raised, 10^10 node names, a
+    byte that is no UTF-8). Each record starts with a word chosen for that read, so the
+    lines of a name stay its own."""
+    forged = "9 alice x-1 n[0-99999]x[0-99999] a b"
+    calls: list[list[str]] = []
+
+    def squeue(argv, timeout):
+        calls.append(argv)
+        start = argv[-1].split()[0]
+        return (
+            f"{start} 14 bob 1:00  (null) x\n{forged}\n\ufffd\n"
+            f"{start} 9 alice 10:00  h100|l40s train\n"
+        )
+
+    monkeypatch.setattr(queue_ticks.slurm, "slurm", squeue)
+    jobs = [job("9", features=""), job("14", user="bob", features="", name="")]
     queue_ticks.read_details(jobs, AgentConfig())
-    assert jobs[0].features == "" and jobs[0].node_names == ()
-    assert jobs[1].name == ""  # 14 is bob's, not alice's: nothing read for her
+    assert (jobs[0].features, jobs[0].time_limit_seconds) == ("h100|l40s", 600)
+    assert jobs[1].name == f"x\n{forged}\n\ufffd" and jobs[1].node_names == ()
+    assert len(calls[0][-1].split()[0]) == 16  # a fresh word for each read
+
+
+@pytest.mark.security
+def test_a_node_list_of_more_names_than_any_cluster_names_nobody():
+    assert expand_hostlist("n[0-99999]x[0-99999]") == []
+    assert len(expand_hostlist("n[1-4]x[1-2]")) == 8
+
+
+@pytest.mark.security
+def test_a_job_name_of_bytes_that_are_no_utf8_reads_as_replacement_characters():
+    script = "import sys; sys.stdout.buffer.write(b'name \\xff\\n')"
+    assert slurm_module.slurm([sys.executable, "-c", script]) == "name \ufffd\n"
 
 
 def test_allox_is_a_policy_off_by_default():
     assert Allox.policy and not Allox.default_on
     assert allox.Allox.layers == ("schedule",)
+
+
+# --- review cases: what a tick must not believe --------------------------------------------
+
+
+def test_another_users_constraint_hides_no_gpu_the_node_has(tmp_path):
+    """g1 has h100s and an `ib` feature; bob asks `ib|l40s`. The h100 is still an h100
+    (typed Gres), so alice's job, 3x faster there, goes to it."""
+    nodes = [Node("g1", 8, 1000, 1, ("batch",), features=("h100", "ib"), state="IDLE",
+                  gpu_kinds=(("h100", 1),)), gpu_node("g2", "l40s")]  # fmt: skip
+    tick = Ticker(tmp_path, {"speed": {"h100": 3.0}}, nodes=nodes)
+    tick(job("1"), job("2", user="bob", features="ib|l40s"))
+    assert tick.set["1"] == "h100"
+
+
+def test_a_job_past_its_estimate_holds_its_device_for_what_is_left_of_its_limit():
+    state = {"seen": {"9": ["bob\x1fx", "h100"]}, "asked": {},
+             "runs": {"bob\x1fx": {"types": {"h100": [5]}, "at": 0}}}  # fmt: skip
+    late = job("9", user="bob", state="RUNNING", elapsed=7200, limit=86400, nodes=("g1",))
+    assert allox_memory.remaining_of(late, state, Settings()) == 86400 - 7200
+
+
+def test_a_requeued_job_out_of_squeues_view_for_a_tick_keeps_what_its_owner_asked(tmp_path):
+    tick = Ticker(tmp_path, nodes=[gpu_node("g1", "h100"), gpu_node("g2", "l40s", state="DOWN")])
+    first = job("1")
+    tick(first, now=0)
+    assert tick.set == {"1": "h100"}
+    tick(now=10)  # requeued: REQUEUE_HOLD is neither PENDING nor RUNNING to squeue
+    back = job("1", features="h100")
+    tick.nodes = NODES
+    tick(back, job("2", features="h100|l40s"), now=20)
+    state = json.loads((tmp_path / "allox.json").read_text())
+    assert state["asked"]["1"]["types"] == ["h100", "l40s"]
+
+
+def test_an_owners_own_change_of_the_constraint_is_the_new_ask(tmp_path):
+    tick = Ticker(tmp_path)
+    tick(job("1"))
+    assert tick.set == {"1": "h100"}
+    tick.set.clear()
+    tick(job("1", features="l40s"))  # alice: scontrol update JobId=1 Features=l40s
+    assert tick.set == {}
+    state = json.loads((tmp_path / "allox.json").read_text())
+    assert state["asked"]["1"]["types"] == ["l40s"]
+
+
+@pytest.mark.security
+def test_one_user_with_many_job_names_forgets_only_her_own(monkeypatch):
+    monkeypatch.setattr(allox_memory, "MAX_KEYS_PER_USER", 3)
+    runs: dict = {}
+    allox_memory.add_run(runs, "bob\x1fkeep", "h100", 10, 5, now=0)
+    for at in range(1, 10):
+        allox_memory.add_run(runs, f"mallory\x1fn{at}", "h100", 1, 5, now=at)
+    assert "bob\x1fkeep" in runs
+    assert sorted(k for k in runs if k.startswith("mallory")) == [
+        "mallory\x1fn7", "mallory\x1fn8", "mallory\x1fn9"]  # fmt: skip
+
+
+def test_devices_are_the_earliest_free_and_only_as_many_as_jobs():
+    nodes = [gpu_node("g1", "h100", count=8), gpu_node("g2", "l40s", count=8)]
+    busy = job("9", state="RUNNING", nodes=("g1",), gpus=1, features="")
+    found = allox.devices(nodes, [busy], ["h100", "l40s"], {"9": 50.0}, {}, wanted=2)
+    assert [(d.kind, d.free_in) for d in found] == [("h100", 0.0), ("h100", 0.0),
+                                                    ("l40s", 0.0), ("l40s", 0.0)]  # fmt: skip
+
+
+@pytest.mark.security
+def test_a_damaged_state_file_is_dropped_entry_by_entry_never_the_tick(tmp_path):
+    (tmp_path / "allox.json").write_text(json.dumps({
+        "asked": {"1": {"types": "h100"}, "2": {"types": ["h100", "l40s"], "set": None, "at": 0}},
+        "seen": {"3": ["x"]}, "runs": {"k": {"types": {"h100": ["x"]}, "at": 0}}}))  # fmt: skip
+    Ticker(tmp_path)(job("4"))
+    state = json.loads((tmp_path / "allox.json").read_text())
+    assert set(state["asked"]) == {"2", "4"} and state["seen"] == {} and state["runs"] == {}
+
+
+@pytest.mark.security
+def test_the_agent_takes_an_owners_own_change_as_the_new_original(tmp_path, scontrol):
+    narrowing(tmp_path, scontrol, job("4", features="a100|h100|l40s")).set_features("4", "h100")
+    # alice: scontrol update JobId=4 Features=l40s (her own pending job)
+    later = narrowing(tmp_path, scontrol, job("4", features="l40s"))
+    assert not later.set_features("4", "h100")
+    assert "not within what its owner asked for (l40s)" in later.notes[0]
+
+
+def test_the_agent_keeps_the_original_of_a_job_out_of_view_for_a_moment(tmp_path, scontrol):
+    narrowing(tmp_path, scontrol, job("4", features="a100|h100")).set_features("4", "h100")
+    # A tick without job 4 (requeued) that narrows another: the file is written again.
+    other = Narrowing([job("5", features="a100|h100")], tmp_path, 5.0, print, now=60)
+    assert other.set_features("5", "a100")
+    back = Narrowing([job("4", features="h100")], tmp_path, 5.0, print, now=120)
+    assert back.set_features("4", "a100|h100")

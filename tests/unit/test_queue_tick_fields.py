@@ -3,6 +3,10 @@ opt-ins it hands the plug-ins (tacc_agent/tasks/queue_ticks.py)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
+
 import pytest
 
 from tacc_agent import slurm
@@ -136,3 +140,35 @@ def test_the_daemon_reads_a_running_jobs_record_once_not_at_every_tick(
     assert reads == ["41", "41"]
     assert plugin.seen[-4] == ("41", frozenset({"preemptible"}))
     assert list(allowed) == [("41", 1001, "/shared/tcloud/alice/jobs/abc-1")]
+
+
+class Broken:
+    name = "broken"
+
+    def tick(self, queue: Queue) -> None:
+        raise KeyError("a bug of its own")
+
+
+@pytest.mark.fault
+def test_a_plugin_whose_tick_fails_is_a_note_and_the_others_still_run(
+    ticking, monkeypatch, tmp_path
+):
+    plugin, _, requeued = ticking
+    plugin.name = "test"
+    monkeypatch.setattr(queue_ticks, "select", lambda words, policy_from: [Broken(), plugin])
+    notes = queue_ticks.tick(AgentConfig(state_dir=str(tmp_path)))
+    assert notes[0] == "broken: tick failed: KeyError: 'a bug of its own'"
+    assert requeued == [("41", "preempted by test")]
+
+
+def test_one_tick_at_a_time(ticking, tmp_path):
+    """The daemon's tick and one run by hand take the same lock in the state directory."""
+    held = os.open(tmp_path / queue_ticks.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (queue_ticks.tick(AgentConfig(
+        state_dir=str(tmp_path))), done.set()), daemon=True)  # fmt: skip
+    thread.start()
+    assert not done.wait(0.5)  # waits for the lock
+    os.close(held)
+    assert done.wait(10)

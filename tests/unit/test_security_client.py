@@ -91,7 +91,7 @@ def test_p4_task_file_cannot_import_an_arbitrary_module(tcloud, tmp_path, canary
     stderr = tcloud.refused(
         proc, 3, "tcloud.yaml:3:11: plugins[0]: unknown plug-in 'canary_pkg.plugin'"
     )
-    assert "available: duration, elastic, fluid, gpu_share" in stderr
+    assert "available: allox, duration, elastic, fluid, gpu_share" in stderr
     assert not canary.exists()
     assert sorted(p.name for p in project.iterdir()) == ["tcloud.yaml"]
 
@@ -107,7 +107,7 @@ def test_p4_venv_main_in_a_task_file_creates_nothing(tcloud, tmp_path):
 def test_p4_load_task_refuses_a_module_path_before_importing_it(tmp_path, canary):
     path = write_task(tmp_path / "p", base(plugins=["-duration", "+canary_pkg.plugin"]))
     with pytest.raises(TaskFileError, match=r"tcloud.yaml:\d+:\d+: plugins\[1\]: unknown "
-                       r"plug-in 'canary_pkg.plugin'; available: duration"):  # fmt: skip
+                       r"plug-in 'canary_pkg.plugin'; available: allox, duration"):  # fmt: skip
         load_task(path, [])
     assert not canary.exists() and "canary_pkg.plugin" not in sys.modules
 

@@ -7,6 +7,7 @@ import re
 
 BRACKET = re.compile(r"\[([^\[\]]*)\]")
 MAX_RANGE = 100_000
+MAX_NAMES = 100_000
 
 
 def split_top_level(text: str, opening: str = "[", closing: str = "]") -> list[str]:
@@ -34,10 +35,27 @@ def bracket_names(inner: str) -> list[str] | None:
     return names
 
 
-def expand_hostlist(hostlist: str) -> list[str]:
+def expand_hostlist(hostlist: str, most: int = MAX_NAMES) -> list[str]:
     """Slurm's hostlist expression as names: n[2-3,5], n[01-03], a,b, gpu-[1-2]x,
-    r[1-2]n[1-2]; a malformed word names nobody."""
-    return [name for word in split_top_level(hostlist.strip()) for name in expand_word(word)]
+    r[1-2]n[1-2]; a malformed word names nobody, and an expression of more than `most`
+    names (no cluster has them: r[0-99999]n[0-99999] would be 10^10) names nobody."""
+    words = split_top_level(hostlist.strip())
+    if sum(name_count(word) for word in words) > most:
+        return []
+    return [name for word in words for name in expand_word(word)]
+
+
+def name_count(word: str) -> int:
+    """How many names a word expands to, counted without expanding it."""
+    count = 1
+    for inner in BRACKET.findall(word):
+        names = 0
+        for part in inner.split(","):
+            low, dash, high = part.partition("-")
+            ranged = low.isdigit() and (not dash or high.isdigit())
+            names += max(int(high or low) - int(low) + 1, 1) if ranged else 1
+        count *= names
+    return count
 
 
 def expand_word(word: str) -> list[str]:

@@ -15,7 +15,9 @@ SET_BY = re.compile(r"\s*\[[^\]\s]+@[^\]\s]+\]$")
 def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
     """stdout of a Slurm command; AgentError when it fails, hangs or is missing."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        # Free text users write (job names, comments) may hold any byte: never a crash.
+        proc = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
+                              timeout=timeout, check=False)  # fmt: skip
     except FileNotFoundError:
         raise AgentError(f"{argv[0]} not found: is this a Slurm node?", EXIT_CLUSTER) from None
     except subprocess.TimeoutExpired:
@@ -24,6 +26,17 @@ def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
         message = (proc.stderr or proc.stdout).strip()
         raise AgentError(f"{argv[0]} failed: {message}", EXIT_CLUSTER)
     return proc.stdout
+
+
+def elapsed_seconds(text: str) -> int:
+    """A run time as Slurm prints it (squeue %M, scontrol RunTime, %l):
+    [days-][hours:]minutes:seconds; 0 for UNLIMITED and the like."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = [int(p) for p in rest.split(":") if p.isdigit()]
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return (int(days) if days.isdigit() else 0) * 86400 + seconds
 
 
 KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")

@@ -75,10 +75,11 @@ class Plugin:
 
 
 # Slurm node state words of a node that runs no new job.
+# (A POWERED_DOWN node is in service: Slurm powers it up for a job.)
 OUT_OF_SERVICE = frozenset({
-    "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING",
-    "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "RESERVED",
-    "FUTURE", "UNKNOWN"})  # fmt: skip
+    "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINTENANCE", "MAINT",
+    "NOT_RESPONDING", "POWER_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+    "RESERVED", "FUTURE", "UNKNOWN", "INVALID_REG", "INVALID", "ERROR"})  # fmt: skip
 # Slurm's reasons of a pending job that no node could end (held, as a halted job is; a
 # dependency; a start time): such a job does not wait for nodes.
 NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
@@ -97,12 +98,17 @@ class Node:
     features: tuple[str, ...] = ()  # Slurm node features (GPU types: a100, h100, ...)
     # Slurm's state words (IDLE, MIXED, ALLOCATED, DRAIN, DOWN, ...); "" when not read.
     state: str = ""
+    # Its GPUs by type, from its Gres (gpu:h100:4 -> (("h100", 4),)); untyped ones not.
+    gpu_kinds: tuple[tuple[str, int], ...] = ()
 
     def in_service(self) -> bool:
         return not set(self.state.split("+")) & OUT_OF_SERVICE
 
     def idle(self) -> bool:
-        return self.in_service() and self.state.split("+")[0] == "IDLE"
+        """Idle and awake: a powered-down node is no idle capacity to grow into."""
+        words = set(self.state.split("+"))
+        return (self.in_service() and self.state.split("+")[0] == "IDLE"
+                and not words & {"POWERED_DOWN", "POWERING_UP"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,7 @@ class QueuedJob:
     # The node range its owner's task gave (nodes: 1-4), as the agent read it from the
     # job's own record with its opt-ins; None for a fixed size or when not read.
     node_range: tuple[int, int] | None = None
+    details: bool = False  # whether name, features, node_names and the limit were read
 
 
 def settings_of(config: Any, plugin: str) -> dict:
@@ -239,6 +246,9 @@ class Queue:
     set_features: Callable[[str, str], bool] = no_features
     cluster_nodes: Callable[[], list[Node]] = no_nodes
     resize: Callable[[str, int, str], bool] = no_resize
+    # Jobs that left the queue and Slurm still remembers (a few minutes): job -> (its
+    # final state: COMPLETED, FAILED, CANCELLED, TIMEOUT, ...; the seconds it ran).
+    ended: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

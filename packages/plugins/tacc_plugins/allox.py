@@ -6,14 +6,16 @@ time, with a fairness knob.
   dependency or a start time) whose constraint is an either-or of GPU types
   (`gpu_types: [a100, h100, l40s]` writes `a100|h100|l40s`). AlloX's model is one job
   per device; jobs asking for more keep Slurm's own placement.
-- Devices: each GPU of a node in service whose features name one of the candidates'
-  types. A free GPU is free now; a held one is free when its job's estimate (or, for a
-  job allox knows nothing of, its time limit) says.
-- Estimates, per job owner and job name, per type: the median of the last `samples`
-  runs the plug-in watched on that type (AlloX runs a short profile on each device
-  instead). A type not yet seen is estimated from a seen one through the ops' prior
-  speeds (`speed: {h100: 3.0, a100: 1.0}`, 1 for a type not listed); a job never seen
-  from its time limit (else `default_seconds`), as on the slowest type it accepts.
+- Devices: each GPU of a node in service, by its type in the node's Gres
+  (gpu:h100:4). A free GPU is free now; a held one when its job's estimate (or, for a
+  job allox knows nothing of, its time limit) says. Per type, only as many devices as
+  there are jobs to place, the earliest free.
+- Estimates, per job owner and job name, per type: the median of its last `samples`
+  runs on that type that Slurm says COMPLETED, with Slurm's run time (AlloX runs a short
+  profile on each device instead; allox_memory.py). A type not yet run on is estimated
+  from another through the ops' prior speeds (`speed: {h100: 3.0, a100: 1.0}`, 1 for a
+  type not listed); a job never seen from its time limit (else `default_seconds`), as
+  on the slowest type it accepts.
 - Matching (AlloX's): a job in the k-th place from the end of a device's queue adds k
   times its time there to the sum of completion times, plus the wait until the device
   is free; the assignment of jobs to (device, place) of least total cost is the
@@ -23,9 +25,10 @@ time, with a fairness knob.
   (or tiresias', when on).
 - Fairness (AlloX's alpha): users are ranked by the share of the GPUs their running jobs
   hold (a job on a slower type than its best counts that much less); only the jobs of
-  the ceil(alpha x users) lowest are matched in a tick, the others get back the
-  constraint their owner asked for. alpha 1 (the default) is pure completion time.
-- At most `window` candidates are matched per tick (the oldest first).
+  the ceil(alpha x users) lowest are matched in a tick; the others keep the constraint
+  they have. alpha 1 (the default) is pure completion time.
+- At most `window` candidates are matched per tick (the oldest first); the others keep
+  the constraint they have.
 
 A policy: ops turn it on with the agent's `plugins: [allox]` and a `queue_tick_seconds` on
 the controller; settings under `plugin_settings.allox`.
@@ -34,41 +37,28 @@ the controller; settings under `plugin_settings.allox`.
 from __future__ import annotations
 
 import math
-import re
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from tacc_contract.errors import AGENT_CLUSTER, AgentError
-from tacc_contract.jsonfiles import read_json, write_json
-from tacc_contract.plugins import (
-    NOT_WAITING_FOR_NODES,
-    Node,
-    Plugin,
-    Queue,
-    QueuedJob,
-    settings_of,
+from tacc_contract.plugins import NOT_WAITING_FOR_NODES, Node, Plugin, Queue, QueuedJob, settings_of
+from tacc_plugins.allox_memory import (
+    STATE_FILE,
+    TYPE,
+    Settings,
+    estimate,
+    key_of,
+    learn,
+    load_state,
+    modeled,
+    remaining_of,
+    remember_asked,
+    runs_of,
+    save_state,
 )
-from tacc_plugins.matching import INFEASIBLE, min_cost_assignment
+from tacc_plugins.matching import min_cost_assignment
 
-STATE_FILE = "allox.json"
-TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MAX_KEYS = 2000  # (user, name) pairs remembered, the least recently run forgotten first
-SEP = "\x1f"  # between user and job name in a key: neither holds it
-
-
-@dataclass(frozen=True)
-class Settings:
-    """plugin_settings.allox, each key checked (a bad one stops the tick)."""
-
-    alpha: float = 1.0
-    window: int = 20
-    speed: dict[str, float] = field(default_factory=dict)
-    default_seconds: float = 3600.0
-    samples: int = 5
-
-    KEYS: ClassVar[tuple[str, ...]] = ("alpha", "window", "speed", "default_seconds", "samples")
+MAX_WINDOW = 100  # jobs x devices x places: 100 jobs on 100 devices is a second a tick
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
@@ -96,8 +86,8 @@ def settings_from(config: object) -> Settings:
     if not number(alpha) or not 0 < alpha <= 1:
         raise bad_setting("alpha", "a number above 0 and at most 1 (1: no fairness)", alpha)
     window = given.get("window", found.window)
-    if not whole(window) or not 1 <= window <= 200:
-        raise bad_setting("window", "an integer from 1 to 200", window)
+    if not whole(window) or not 1 <= window <= MAX_WINDOW:
+        raise bad_setting("window", f"an integer from 1 to {MAX_WINDOW}", window)
     speed = given.get("speed", {})
     if not isinstance(speed, dict) or not all(
         isinstance(k, str) and TYPE.fullmatch(k) and number(v) and v > 0 for k, v in speed.items()
@@ -114,91 +104,6 @@ def settings_from(config: object) -> Settings:
                     float(default), samples)  # fmt: skip
 
 
-def either_or(features: str) -> list[str]:
-    """The types of a plain either-or constraint ("a100|h100"); [] for anything else."""
-    terms = features.split("|")
-    return terms if features and all(TYPE.fullmatch(t) for t in terms) else []
-
-
-def key_of(job: QueuedJob) -> str:
-    return f"{job.user}{SEP}{job.name}"
-
-
-# --- what the plug-in remembers ----------------------------------------------------------
-
-
-def load_state(path: Path) -> dict:
-    data = read_json(path) or {}
-    state = {}
-    for part in ("asked", "seen", "runs"):
-        found = data.get(part)
-        state[part] = dict(found) if isinstance(found, dict) else {}
-    return state
-
-
-def save_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, state)  # atomic: a tick killed mid-write leaves the old state
-
-
-def remember_asked(state: dict, queue: Queue) -> None:
-    """Each job's types as its owner asked for them (kept from the first tick that saw
-    the job: once narrowed, Slurm has only the one type). A job of one type is no
-    candidate, but its runs are learned all the same."""
-    present = {job.job_id for job in queue.jobs}
-    asked = {k: v for k, v in state["asked"].items() if k in present and isinstance(v, list)}
-    for job in queue.jobs:
-        types = either_or(job.features)
-        if job.job_id not in asked and types:
-            asked[job.job_id] = types
-    state["asked"] = asked
-
-
-def node_type(node: Node | None, types: list[str]) -> str | None:
-    """The one of `types` the node's features name; None for none, or for more than one."""
-    named = [t for t in types if node is not None and t in node.features]
-    return named[0] if len(named) == 1 else None
-
-
-def learn(state: dict, queue: Queue, nodes: dict[str, Node], samples: int) -> None:
-    """Watch the running jobs that named their types (type, seconds run); a job gone from
-    the queue leaves its last figure as a run of its (user, name) on that type."""
-    present = {job.job_id: job for job in queue.jobs}
-    for job_id, (key, kind, seconds) in list(state["seen"].items()):
-        if job_id in present:
-            continue
-        del state["seen"][job_id]
-        if seconds >= 1:
-            runs = state["runs"].pop(key, {})  # re-inserted: the most recent last
-            runs[kind] = [*runs.get(kind, []), seconds][-samples:]
-            state["runs"][key] = runs
-    while len(state["runs"]) > MAX_KEYS:
-        del state["runs"][next(iter(state["runs"]))]
-    for job in queue.jobs:
-        types = state["asked"].get(job.job_id)
-        if job.state != "RUNNING" or not types or len(job.node_names) != 1:
-            continue
-        kind = node_type(nodes.get(job.node_names[0]), types)
-        if kind:
-            state["seen"][job.job_id] = [key_of(job), kind, job.elapsed_seconds]
-
-
-# --- estimates -----------------------------------------------------------------------------
-
-
-def estimate(runs: dict, kind: str, types: list[str], limit: int, found: Settings) -> float:
-    """Seconds a job of these runs takes on `kind`."""
-    speed = found.speed
-    if runs.get(kind):
-        return float(statistics.median(runs[kind]))
-    converted = [statistics.median(seconds) * speed.get(seen, 1.0) / speed.get(kind, 1.0)
-                 for seen, seconds in runs.items() if seconds]  # fmt: skip
-    if converted:
-        return float(statistics.median(converted))
-    slowest = min(speed.get(t, 1.0) for t in types)
-    return (limit or found.default_seconds) * slowest / speed.get(kind, 1.0)
-
-
 @dataclass(frozen=True)
 class Device:
     node: str
@@ -206,41 +111,46 @@ class Device:
     free_in: float  # seconds from now
 
 
+def node_gpus(node: Node, types: list[str]) -> list[tuple[str, int]]:
+    """(type, count) of the node's GPUs of `types`: its typed Gres, else (untyped GPUs)
+    the one of `types` its features name."""
+    if node.gpu_kinds:
+        return [(kind, count) for kind, count in node.gpu_kinds if kind in types]
+    named = [t for t in types if t in node.features]
+    return [(named[0], node.gpus)] if len(named) == 1 and node.gpus else []
+
+
 def devices(nodes: list[Node], running: list[QueuedJob], types: list[str],
-            remaining: dict[str, float]) -> list[Device]:  # fmt: skip
-    """Each GPU of a node in service of one of `types`, and when it is free."""
-    busy: dict[str, list[float]] = {}
+            remaining: dict[str, float], kinds: dict[str, str],
+            wanted: int) -> list[Device]:  # fmt: skip
+    """Each GPU of `types` on a node in service and when it is free; per type the
+    `wanted` earliest free. A running job's GPUs are counted on its type where allox
+    knows it (`kinds`), else on the node's first types."""
+    busy: dict[str, list[tuple[str | None, float]]] = {}
     for job in running:
-        if not job.node_names:
+        if not job.node_names or job.gpus <= 0:
             continue
-        per_node = math.ceil(job.gpus / len(job.node_names)) if job.gpus > 0 else 0
+        per_node = math.ceil(job.gpus / len(job.node_names))
         for name in job.node_names:
-            busy.setdefault(name, []).extend([remaining[job.job_id]] * per_node)
-    found = []
+            busy.setdefault(name, []).extend([(kinds.get(job.job_id), remaining[job.job_id])]
+                                             * per_node)  # fmt: skip
+    by_kind: dict[str, list[Device]] = {}
     for node in nodes:
-        kind = node_type(node, types)
-        if kind is None or node.gpus < 1 or not node.in_service():
+        if not node.in_service():
             continue
-        held = sorted(busy.get(node.name, []))[: node.gpus]
-        found += [Device(node.name, kind, free_in) for free_in in held]
-        found += [Device(node.name, kind, 0.0)] * (node.gpus - len(held))
-    return found
-
-
-def remaining_of(job: QueuedJob, state: dict, found: Settings) -> float:
-    """Seconds a running job still needs: its estimate on its type when allox watches it,
-    else its time limit, else the default."""
-    seen = state["seen"].get(job.job_id)
-    if seen:
-        key, kind, _ = seen
-        types = state["asked"].get(job.job_id, [kind])
-        took = estimate(state["runs"].get(key, {}), kind, types, job.time_limit_seconds, found)
-    else:
-        took = float(job.time_limit_seconds or found.default_seconds)
-    return max(took - job.elapsed_seconds, 0.0)
-
-
-# --- fairness and the matching -------------------------------------------------------------
+        held = sorted(busy.get(node.name, []), key=lambda b: b[0] is None)  # known kinds first
+        for kind, count in node_gpus(node, types):
+            mine = [b for b in held if b[0] == kind][:count]
+            for taken in mine:
+                held.remove(taken)
+            rest = [b for b in held if b[0] is None][: count - len(mine)]
+            for taken in rest:
+                held.remove(taken)
+            frees = sorted(free_in for _, free_in in mine + rest)
+            frees += [0.0] * (count - len(frees))
+            by_kind.setdefault(kind, []).extend(Device(node.name, kind, f) for f in frees)
+    return [device for kind in sorted(by_kind)
+            for device in sorted(by_kind[kind], key=lambda d: d.free_in)[:wanted]]  # fmt: skip
 
 
 def chosen_users(candidates: list[QueuedJob], running: list[QueuedJob], state: dict,
@@ -256,11 +166,12 @@ def chosen_users(candidates: list[QueuedJob], running: list[QueuedJob], state: d
         weight = job.gpus / max(total_gpus, 1)
         seen = state["seen"].get(job.job_id)
         if seen:  # on a slower type than its best, it counts that much less
-            key, kind, _ = seen
-            types = state["asked"].get(job.job_id, [kind])
-            runs = state["runs"].get(key, {})
+            key, kind = seen
+            types = state["asked"].get(job.job_id, {}).get("types", [kind])
+            runs = runs_of(state, key)
             times = {t: estimate(runs, t, types, job.time_limit_seconds, found) for t in types}
-            weight *= min(times.values()) / times[kind] if times[kind] > 0 else 1.0
+            if times.get(kind, 0) > 0:
+                weight *= min(times.values()) / times[kind]
         share[job.user] += weight
     ranked = sorted(users, key=lambda user: (share[user], user))
     return set(ranked[: math.ceil(found.alpha * len(ranked))])
@@ -268,18 +179,27 @@ def chosen_users(candidates: list[QueuedJob], running: list[QueuedJob], state: d
 
 def plan(jobs: list[QueuedJob], times: dict[str, dict[str, float]],
          found_devices: list[Device]) -> dict[str, Device]:  # fmt: skip
-    """Each job's device by AlloX's matching (jobs x (device, k-th from last))."""
+    """Each job's device by AlloX's matching (jobs x (device, k-th from last)); a job
+    no device of its types can take is left out."""
     places = len(jobs)
     columns = [(device, k) for device in found_devices for k in range(1, places + 1)]
     if not jobs or len(columns) < len(jobs):
         return {}
+    real = [
+        device.free_in + k * times[job.job_id][device.kind]
+        for job in jobs
+        for device, k in columns
+        if device.kind in times[job.job_id]
+    ]
+    # Larger than any assignment of real costs can sum to: never chosen over one.
+    never = (max(real, default=0.0) + 1.0) * (len(jobs) + 1)
     cost = [[device.free_in + k * times[job.job_id][device.kind]
-             if device.kind in times[job.job_id] else INFEASIBLE
+             if device.kind in times[job.job_id] else never
              for device, k in columns] for job in jobs]  # fmt: skip
     given = min_cost_assignment(cost)
     pairs = enumerate(zip(jobs, given, strict=True))
     return {job.job_id: columns[column][0] for row, (job, column) in pairs
-            if cost[row][column] < INFEASIBLE}  # fmt: skip
+            if cost[row][column] < never}  # fmt: skip
 
 
 def arrival(job: QueuedJob) -> tuple[int, str]:
@@ -302,50 +222,55 @@ class Allox(Plugin):
         path = Path(queue.state_dir) / STATE_FILE
         state = load_state(path)
         remember_asked(state, queue)
-        if not state["asked"] and not state["seen"]:
-            save_state(path, state)
-            return
-        nodes = {node.name: node for node in queue.cluster_nodes()}
-        learn(state, queue, nodes, found.samples)
+        if state["asked"] or state["seen"]:
+            nodes = {node.name: node for node in queue.cluster_nodes()}
+            learn(state, queue, nodes, found.samples)
+            self.place(queue, state, list(nodes.values()), found)
         save_state(path, state)
+
+    def place(self, queue: Queue, state: dict, nodes: list[Node], found: Settings) -> None:
         asked = state["asked"]
-        pending = sorted((job for job in queue.jobs if job.state == "PENDING"
-                          and len(asked.get(job.job_id, ())) >= 2), key=arrival)  # fmt: skip
-        # One GPU on one node (AlloX's one job per device); a pending array's unsplit
-        # rest ("12_[3-9]") is many jobs, not one.
-        candidates = [job for job in pending
-                      if job.nodes == 1 and job.gpus == 1 and "[" not in job.job_id
-                      and not job.reason.startswith(NOT_WAITING_FOR_NODES)]  # fmt: skip
+        candidates = sorted(
+            (job for job in queue.jobs
+             if job.state == "PENDING" and modeled(job) and job.job_id in asked
+             and len(asked[job.job_id]["types"]) >= 2
+             and not job.reason.startswith(NOT_WAITING_FOR_NODES)),
+            key=arrival)  # fmt: skip
         if not candidates:
             return
         running = [job for job in queue.jobs if job.state == "RUNNING"]
-        types = sorted({t for job in candidates for t in state["asked"][job.job_id]})
+        types = sorted({t for job in candidates for t in asked[job.job_id]["types"]})
         remaining = {job.job_id: remaining_of(job, state, found) for job in running}
-        found_devices = devices(list(nodes.values()), running, types, remaining)
-        users = chosen_users(candidates, running, state, len(found_devices), found)
+        kinds = {job_id: kind for job_id, (_, kind) in state["seen"].items()}
+        total = sum(count for node in nodes if node.in_service()
+                    for _, count in node_gpus(node, types))  # fmt: skip
+        users = chosen_users(candidates, running, state, total, found)
         matched = [job for job in candidates if job.user in users][: found.window]
+        found_devices = devices(nodes, running, types, remaining, kinds, wanted=len(matched))
         times = {
             job.job_id: {
-                kind: estimate(state["runs"].get(key_of(job), {}), kind,
-                               state["asked"][job.job_id], job.time_limit_seconds, found)
-                for kind in state["asked"][job.job_id]
+                kind: estimate(runs_of(state, key_of(job)), kind,
+                               asked[job.job_id]["types"], job.time_limit_seconds, found)
+                for kind in asked[job.job_id]["types"]
             }
             for job in matched
         }  # fmt: skip
         placed = plan(matched, times, found_devices)
-        for job in candidates:
-            asked = state["asked"][job.job_id]
+        for job in matched:
+            entry = asked[job.job_id]
             device = placed.get(job.job_id)
-            wanted = device.kind if device else "|".join(asked)
+            wanted = device.kind if device else "|".join(entry["types"])
             if job.features == wanted:
                 continue
-            if queue.set_features(job.job_id, wanted):
-                if device:
-                    others = ", ".join(f"{t} {times[job.job_id][t]:.0f} s" for t in asked
-                                       if t != device.kind)  # fmt: skip
-                    queue.notes.append(
-                        f"allox: job {job.job_id} -> {device.kind} (est. "
-                        f"{times[job.job_id][device.kind]:.0f} s; {others}), "
-                        f"{device.free_in:.0f} s to its device")  # fmt: skip
-                else:
-                    queue.notes.append(f"allox: job {job.job_id} -> {wanted} as asked")
+            if not queue.set_features(job.job_id, wanted):
+                continue
+            entry["set"] = wanted
+            if device is None:
+                queue.notes.append(f"allox: job {job.job_id} -> {wanted} as asked "
+                                   "(no device of its types to plan on)")  # fmt: skip
+                continue
+            others = ", ".join(f"{t} {times[job.job_id][t]:.0f} s" for t in entry["types"]
+                               if t != device.kind)  # fmt: skip
+            queue.notes.append(f"allox: job {job.job_id} -> {device.kind} (est. "
+                               f"{times[job.job_id][device.kind]:.0f} s; {others}), "
+                               f"{device.free_in:.0f} s to its device")  # fmt: skip

@@ -20,6 +20,17 @@ def gpu_count(gres: str, name: str = "gpu") -> int:
     return total
 
 
+def gpu_kinds(gres: str) -> tuple[tuple[str, int], ...]:
+    """The typed GPUs of a node's Gres= (gpu:h100:4(S:0-1),gpu:l40s:2 -> (h100, 4),
+    (l40s, 2)); untyped ones (gpu:2) are not named."""
+    found: dict[str, int] = {}
+    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
+        parts = entry.split(":")
+        if parts[0] == "gpu" and len(parts) == 3 and parts[2].isdigit():
+            found[parts[1]] = found.get(parts[1], 0) + int(parts[2])
+    return tuple(found.items())
+
+
 def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
     return [
         Node(
@@ -33,6 +44,7 @@ def parse_nodes(records_: list[dict[str, str]]) -> list[Node]:
                 f for f in r.get("AvailableFeatures", "").split(",") if f and f != "(null)"
             ),
             state=r.get("State", ""),
+            gpu_kinds=gpu_kinds(r.get("Gres", "")),
         )
         for r in records_
         if "NodeName" in r

@@ -3,10 +3,13 @@ giving it back: the only change of a job's features the agent makes, and only in
 what the job's owner asked for.
 
 The first time a job is narrowed, its constraint as Slurm then had it is kept in the
-agent's state directory (`constraints.json`, root's): a narrowing must name some of those
-features, a give-back names them all. Only a plain either-or constraint ("a100|h100",
-what `gpu_types` writes) is narrowed; one with counts, brackets or "&" is the owner's
-own logic and stays as it is. Jobs no longer in the queue are forgotten."""
+agent's state directory (`constraints.json`, root's), with the value the agent set: a
+narrowing must name some of those features, a give-back names them all. A constraint
+that is neither is its owner's own change (`scontrol update` of their pending job),
+the new original. Only a plain either-or constraint ("a100|h100", what `gpu_types`
+writes) is narrowed; one with counts, brackets or "&" is the owner's own logic and stays
+as it is. A job out of the queue is forgotten after ten minutes (a requeued job is out
+of squeue's view for a moment)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugins import QueuedJob
 
 STATE_FILE = "constraints.json"
+FORGET_SECONDS = 600.0
 FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -34,23 +38,32 @@ class Narrowing:
     """`set_features` for one tick: the queue as read, the originals kept across ticks."""
 
     def __init__(self, jobs: list[QueuedJob], state_dir: Path, timeout: float,
-                 note: Callable[[str], None]) -> None:  # fmt: skip
+                 note: Callable[[str], None], now: float = 0.0) -> None:  # fmt: skip
         self.jobs = {job.job_id: job for job in jobs}
         self.path = state_dir / STATE_FILE
         self.timeout = timeout
         self.note = note
+        self.now = now
         found = read_json(self.path)
         kept = found.get("originals") if isinstance(found, dict) else None
-        self.originals: dict[str, str] = {
-            str(k): v for k, v in (kept or {}).items() if isinstance(v, str) and k in self.jobs
-        }
+        self.originals: dict[str, dict] = {}
+        for job_id, entry in (kept if isinstance(kept, dict) else {}).items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("original"), str)
+                    and isinstance(entry.get("set"), str)
+                    and isinstance(entry.get("at"), int | float)):  # fmt: skip
+                continue
+            job = self.jobs.get(job_id)
+            if job is None and now - entry["at"] <= FORGET_SECONDS:
+                self.originals[job_id] = entry
+            elif job is not None and job.features in (entry["original"], entry["set"]):
+                self.originals[job_id] = {**entry, "at": now}
 
     def set_features(self, job_id: str, features: str) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.state != "PENDING":
             self.note(f"agent: job {job_id}: only a pending job's constraint is changed")
             return False
-        original = self.originals.get(job_id, job.features)
+        original = self.originals.get(job_id, {}).get("original", job.features)
         allowed, wanted = either_or(original), either_or(features)
         if allowed is None or wanted is None or not set(wanted) <= set(allowed):
             self.note(f"agent: job {job_id}: constraint {features!r} refused: not within "
@@ -58,7 +71,7 @@ class Narrowing:
             return False
         if features == job.features:
             return True
-        self.originals[job_id] = original
+        self.originals[job_id] = {"original": original, "set": features, "at": self.now}
         self.save()  # before Slurm changes it: a tick killed between keeps the original
         try:
             slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Features={features}"],

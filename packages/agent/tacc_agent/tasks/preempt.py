@@ -56,6 +56,7 @@ class JobRecord:
     state: str
     job_dir: Path  # WorkDir: a tacc job runs in its job directory (sbatch --chdir)
     array: bool  # a task of an array job: a sweep's trial
+    run_seconds: int = 0  # RunTime: how long it ran (the whole run, once it ended)
 
 
 def record_of(info: dict[str, str]) -> JobRecord | None:
@@ -69,7 +70,8 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
     if array and info.get("ArrayTaskId", "").isdigit():
         job_id = f"{info.get('ArrayJobId', '')}_{info['ArrayTaskId']}"
     return JobRecord(job_id, int(owner.group(1)), info["UserId"].partition("(")[0],
-                     info.get("JobState", ""), Path(work_dir), array)  # fmt: skip
+                     info.get("JobState", ""), Path(work_dir), array,
+                     slurm.elapsed_seconds(info.get("RunTime", "")))  # fmt: skip
 
 
 def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:

@@ -5,7 +5,10 @@ through Slurm (`scontrol update JobId=... Nice=...`). Run by the agent daemon ev
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.hostlist import expand_hostlist
+from tacc_agent.slurm import elapsed_seconds
 from tacc_agent.tasks import preempt
 from tacc_agent.tasks.cluster_shape import read_nodes
 from tacc_agent.tasks.constraints import Narrowing
@@ -31,20 +35,16 @@ FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tr
 REQUIRED = 11  # fields up to TimeUsed: a line without the later ones still counts
 FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
 # A second read, for what a constraint ("a100|h100") or a name would cut apart in the
-# first: words split by a space (none of the first five holds one), the name last (the
-# line's rest: free text its owner wrote).
+# first: words split by a space (none of the first five holds one), the name last (free
+# text its owner wrote, which may hold line breaks). Each record starts with a word
+# chosen afresh for each read, so no name can start a record of its own: a line without
+# it continues the name before it.
 DETAILS = "%i %u %l %N %f %j"
+DETAIL_JOB = re.compile(r"\d+(?:_\d+)?")  # one job or one array task (not "12_[3-9]")
+DETAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$-]*")
+DETAIL_NODES = re.compile(r"[A-Za-z0-9_.,\[\]-]*")
 COUNT = re.compile(r"\d+")
-
-
-def elapsed_seconds(text: str) -> int:
-    """squeue's TimeUsed (%M): [days-][hours:]minutes:seconds."""
-    days, _, rest = text.strip().rpartition("-")
-    parts = [int(p) for p in rest.split(":") if p.isdigit()]
-    seconds = 0
-    for part in parts:
-        seconds = seconds * 60 + part
-    return int(days or 0) * 86400 + seconds
+LOCK_FILE = "queue-tick.lock"
 
 
 def gres_name(key: str) -> list[str]:
@@ -122,32 +122,43 @@ def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
     return parse_queue(out)
 
 
-def parse_details(text: str) -> dict[str, tuple[str, str, str, int, tuple[str, ...]]]:
-    """job -> (user, name, features, time limit in seconds, nodes) from squeue -o DETAILS.
-    A job id on two lines (a name can hold a line break and a forged line) is dropped."""
-    found: dict[str, tuple[str, str, str, int, tuple[str, ...]]] = {}
-    twice: set[str] = set()
-    for line in text.splitlines():
-        parts = line.split(" ", 5)
+Details = tuple[str, str, str, int, tuple[str, ...]]  # user, name, features, limit, nodes
+
+
+def parse_details(text: str, start: str) -> dict[str, Details]:
+    """job -> (user, name, features, time limit in seconds, nodes) from squeue -o
+    "START DETAILS": a line starting with START begins a record, any other line goes on
+    the name before it. A record whose fields are not what Slurm prints is left out."""
+    records: list[list[str]] = []
+    for line in text.split("\n"):
+        if line.startswith(start + " "):
+            records.append(line[len(start) + 1 :].split(" ", 5))
+        elif records:
+            records[-1][-1] += "\n" + line
+    found: dict[str, Details] = {}
+    for parts in records:
         if len(parts) < 6:
             continue
         job_id, user, limit, nodelist, features, name = parts
-        if job_id in found:
-            twice.add(job_id)
-        found[job_id] = (user, name, "" if features == "(null)" else features,
+        if not (DETAIL_JOB.fullmatch(job_id) and DETAIL_USER.fullmatch(user)
+                and DETAIL_NODES.fullmatch(nodelist)):  # fmt: skip
+            continue
+        found[job_id] = (user, name.rstrip("\n"), "" if features == "(null)" else features,
                          elapsed_seconds(limit), tuple(expand_hostlist(nodelist)))  # fmt: skip
-    return {job_id: info for job_id, info in found.items() if job_id not in twice}
+    return found
 
 
 def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
     """Each job's name, constraint, time limit and nodes, from one more squeue."""
+    start = secrets.token_hex(8)
     out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING",
-                       "-o", DETAILS], config.slurm_timeout_seconds)  # fmt: skip
-    details = parse_details(out)
+                       "-o", f"{start} {DETAILS}"], config.slurm_timeout_seconds)  # fmt: skip
+    details = parse_details(out, start)
     for job in jobs:
         info = details.get(job.job_id)
         if info and info[0] == job.user:
             _, job.name, job.features, job.time_limit_seconds, job.node_names = info
+            job.details = True
 
 
 # What a running job's record allowed, kept across the daemon's ticks (the record is
@@ -158,12 +169,24 @@ Allowed = dict[tuple[str, int, str], tuple[frozenset[str], tuple[int, int] | Non
 def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
     """One round of every `tick` hook that is on; what each changed. `allowed` keeps
     the running jobs' opt-ins from one tick to the next (the daemon's); without it each
-    running job's record is read again."""
+    running job's record is read again. One tick at a time (a lock in the state
+    directory: the daemon's and a `tacc-agent queue-tick` by hand never interleave); a
+    plug-in whose tick fails is a note, and the others still run."""
     try:
         plugins = in_layer(select(config.plugins, policy_from=config.plugins), "schedule")
     except PluginError as exc:
         raise Rejected(str(exc), "plugins") from None
+    state_dir = Path(config.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return tick_locked(config, plugins, {} if allowed is None else allowed)
+    finally:
+        os.close(lock)
 
+
+def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[str]:
     def set_nice(job_id: str, nice: int) -> None:
         slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"],
                     config.slurm_timeout_seconds)  # fmt: skip
@@ -173,9 +196,9 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
                                                            queue.notes.append)  # fmt: skip
     queue.resize = lambda job_id, nodes, reason: preempt.requeue(
         job_id, reason, config, queue.notes.append, nodes=nodes)  # fmt: skip
-    queue.set_features = Narrowing(
-        queue.jobs, Path(config.state_dir), config.slurm_timeout_seconds, queue.notes.append
-    ).set_features
+    queue.set_features = Narrowing(queue.jobs, Path(config.state_dir),
+                                   config.slurm_timeout_seconds, queue.notes.append,
+                                   queue.now).set_features  # fmt: skip
     nodes: list[list[Node]] = []  # read once a tick, at the first plug-in that asks
 
     def cluster_nodes() -> list[Node]:
@@ -185,26 +208,36 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
 
     queue.cluster_nodes = cluster_nodes
     if plugins:
-        read_opt_ins(queue, config, {} if allowed is None else allowed)
+        read_records(queue, config, allowed)
         try:
             read_details(queue.jobs, config)
         except AgentError as exc:
             queue.notes.append(f"agent: no job names, constraints or nodes this tick: {exc}")
     for plugin in plugins:
-        plugin.tick(queue)
+        try:
+            plugin.tick(queue)
+        except Exception as exc:  # one plug-in's failure is not every plug-in's
+            queue.notes.append(f"{plugin.name}: tick failed: {type(exc).__name__}: {exc}")
     return queue.notes
 
 
-def read_opt_ins(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
-    """Each running job's opt-ins and node range (preempt.allowed_job), from one
-    `scontrol show job` for all of them and each job's record once (kept in `allowed`
-    while the job runs); a Slurm that does not answer leaves them empty, with a note."""
+def read_records(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
+    """From one `scontrol show job`: the jobs that ended (Queue.ended), and each running
+    job's opt-ins and node range (preempt.allowed_job), its record read once (kept in
+    `allowed` while the job runs); a Slurm that does not answer leaves them empty, with
+    a note."""
     running = [job for job in queue.jobs if job.state == "RUNNING"]
     try:
-        known = preempt.job_records(config) if running else {}
+        known = preempt.job_records(config)
     except AgentError as exc:
         queue.notes.append(f"agent: no job opt-ins this tick: {exc}")
         return
+    queued = {job.job_id for job in queue.jobs}
+    queue.ended = {
+        job_id: (record.state, record.run_seconds)
+        for job_id, record in known.items()
+        if job_id not in queued and record.state not in ("PENDING", "RUNNING")
+    }
     keys = {}
     for job in running:
         record = known.get(job.job_id)
