@@ -820,6 +820,12 @@ PLUGIN_ROWS = (
     ("oort", "simulated time to the target accuracy, median of 3 seeds",
      ("random", ("random", "median_seconds_to_target")),
      ("Oort", ("oort", "median_seconds_to_target")), "s"),
+    ("elastic_resize", "makespan, 3 jobs of 60 node-s and 2 short ones on 2 nodes",
+     ("nodes: 1", ("fixed_1", "makespan_s")), ("1-2 resized", ("resize", "makespan_s")), "s"),
+    ("elastic_resize", "mean wait (submit to start), the same stream",
+     ("nodes: 2", ("fixed_2", "mean_wait_s")), ("1-2 resized", ("resize", "mean_wait_s")), "s"),
+    ("allox", "mean JCT, 12 one-GPU jobs of two classes that accept h100 or l40s",
+     ("any type", ("any_type", "mean_jct_s")), ("allox", ("allox", "mean_jct_s")), "s"),
 )  # fmt: skip
 
 

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_contract.errors import AGENT_CLUSTER, AgentError
-from tacc_contract.plugins import NOT_WAITING_FOR_NODES, Node, Plugin, Queue, QueuedJob, settings_of
+from tacc_contract.plugin_settings import bad_setting as settings_error
+from tacc_contract.plugin_settings import is_number, is_whole, known_settings
+from tacc_contract.plugins import NOT_WAITING_FOR_NODES, Node, Plugin, Queue, QueuedJob
 from tacc_plugins.allox_memory import (
     STATE_FILE,
     TYPE,
@@ -62,43 +64,30 @@ MAX_WINDOW = 100  # jobs x devices x places: 100 jobs on 100 devices is a second
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
-    return AgentError(f"agent config: plugin_settings.allox.{key}: expected {expected}, "
-                      f"got {value!r}", AGENT_CLUSTER)  # fmt: skip
-
-
-def number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return settings_error("allox", key, expected, value)
 
 
 def settings_from(config: object) -> Settings:
-    given = settings_of(config, "allox")
-    unknown = sorted(set(given) - set(Settings.KEYS))
-    if unknown:
-        raise AgentError(f"agent config: plugin_settings.allox: unknown key(s) "
-                         f"{', '.join(unknown)} (known: {', '.join(Settings.KEYS)})",
-                         AGENT_CLUSTER)  # fmt: skip
+    given = known_settings(config, "allox", Settings.KEYS)
     found = Settings()
     alpha = given.get("alpha", found.alpha)
-    if not number(alpha) or not 0 < alpha <= 1:
+    if not is_number(alpha) or not 0 < alpha <= 1:
         raise bad_setting("alpha", "a number above 0 and at most 1 (1: no fairness)", alpha)
     window = given.get("window", found.window)
-    if not whole(window) or not 1 <= window <= MAX_WINDOW:
+    if not is_whole(window) or not 1 <= window <= MAX_WINDOW:
         raise bad_setting("window", f"an integer from 1 to {MAX_WINDOW}", window)
     speed = given.get("speed", {})
     if not isinstance(speed, dict) or not all(
-        isinstance(k, str) and TYPE.fullmatch(k) and number(v) and v > 0 for k, v in speed.items()
+        isinstance(k, str) and TYPE.fullmatch(k) and is_number(v) and v > 0
+        for k, v in speed.items()
     ):
         raise bad_setting("speed", "a mapping of GPU type to a number above 0 "
                           "({h100: 3.0, a100: 1.0})", speed)  # fmt: skip
     default = given.get("default_seconds", found.default_seconds)
-    if not number(default) or default <= 0:
+    if not is_number(default) or default <= 0:
         raise bad_setting("default_seconds", "a number of seconds above 0", default)
     samples = given.get("samples", found.samples)
-    if not whole(samples) or not 1 <= samples <= 100:
+    if not is_whole(samples) or not 1 <= samples <= 100:
         raise bad_setting("samples", "an integer from 1 to 100", samples)
     return Settings(float(alpha), window, {k: float(v) for k, v in speed.items()},
                     float(default), samples)  # fmt: skip

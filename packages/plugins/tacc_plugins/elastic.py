@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tacc_contract.errors import AGENT_CLUSTER, AgentError
 from tacc_contract.fields import Field
 from tacc_contract.jsonfiles import read_json, write_json
+from tacc_contract.plugin_settings import bad_setting, is_number, known_settings
 from tacc_contract.plugins import (
     NOT_WAITING_FOR_NODES,
     Launch,
@@ -40,7 +40,6 @@ from tacc_contract.plugins import (
     Queue,
     QueuedJob,
     Submission,
-    settings_of,
 )
 
 RANGE = re.compile(r"(\d+)-(\d+)")
@@ -87,21 +86,14 @@ class Settings:
 
 
 def settings_from(config: object) -> Settings:
-    given = settings_of(config, "elastic")
-    unknown = sorted(set(given) - set(Settings.KEYS))
-    if unknown:
-        raise AgentError(f"agent config: plugin_settings.elastic: unknown key(s) "
-                         f"{', '.join(unknown)} (known: {', '.join(Settings.KEYS)})",
-                         AGENT_CLUSTER)  # fmt: skip
+    given = known_settings(config, "elastic", Settings.KEYS)
     if not isinstance(given.get("resize", False), bool):
-        raise AgentError(f"agent config: plugin_settings.elastic.resize: expected true or "
-                         f"false, got {given['resize']!r}", AGENT_CLUSTER)  # fmt: skip
+        raise bad_setting("elastic", "resize", "true or false", given["resize"])
     values = {}
     for key in Settings.KEYS[1:]:
         value = given.get(key, getattr(Settings, key))
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-            raise AgentError(f"agent config: plugin_settings.elastic.{key}: expected a "
-                             f"number of seconds >= 0, got {value!r}", AGENT_CLUSTER)  # fmt: skip
+        if not is_number(value) or value < 0:
+            raise bad_setting("elastic", key, "a number of seconds >= 0", value)
         values[key] = float(value)
     return Settings(given.get("resize", False), **values)
 

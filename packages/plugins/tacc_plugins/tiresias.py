@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from tacc_contract.errors import AGENT_CLUSTER, AgentError
+from tacc_contract.errors import AgentError
 from tacc_contract.jsonfiles import read_json, write_json
-from tacc_contract.plugins import Plugin, Queue, QueuedJob, Submission, settings_of
+from tacc_contract.plugin_settings import bad_setting as settings_error
+from tacc_contract.plugin_settings import is_number, known_settings
+from tacc_contract.plugins import Plugin, Queue, QueuedJob, Submission
 from tacc_plugins.las import NICE_LIMIT, level, own_nice
 
 STATE_FILE = "tiresias.json"
@@ -62,28 +64,18 @@ class Settings:
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
-    return AgentError(f"agent config: plugin_settings.tiresias.{key}: expected {expected}, "
-                      f"got {value!r}", AGENT_CLUSTER)  # fmt: skip
-
-
-def number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return settings_error("tiresias", key, expected, value)
 
 
 def settings_from(config: object) -> Settings:
-    given = settings_of(config, "tiresias")
-    unknown = sorted(set(given) - set(Settings.KEYS))
-    if unknown:
-        raise AgentError(f"agent config: plugin_settings.tiresias: unknown key(s) "
-                         f"{', '.join(unknown)} (known: {', '.join(Settings.KEYS)})",
-                         AGENT_CLUSTER)  # fmt: skip
+    given = known_settings(config, "tiresias", Settings.KEYS)
     found = Settings()
     thresholds = given.get("thresholds", list(found.thresholds))
     if (not isinstance(thresholds, list | tuple) or not thresholds
-            or not all(number(t) and t > 0 for t in thresholds)):  # fmt: skip
+            or not all(is_number(t) and t > 0 for t in thresholds)):  # fmt: skip
         raise bad_setting("thresholds", "a list of GPU-seconds above 0", thresholds)
     knob = given.get("promote_knob", found.promote_knob)
-    if not number(knob) or knob < 0:
+    if not is_number(knob) or knob < 0:
         raise bad_setting("promote_knob", "a number >= 0 (0: no promotion)", knob)
     step = given.get("nice_step", found.nice_step)
     if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= 1000000:
@@ -92,7 +84,7 @@ def settings_from(config: object) -> Settings:
     if not isinstance(preempt, bool):
         raise bad_setting("preempt", "true or false", preempt)
     min_run = given.get("min_run_seconds", found.min_run_seconds)
-    if not number(min_run) or min_run < 0:
+    if not is_number(min_run) or min_run < 0:
         raise bad_setting("min_run_seconds", "a number of seconds >= 0", min_run)
     most = given.get("max_preempt_per_tick", found.max_preempt_per_tick)
     if not isinstance(most, int) or isinstance(most, bool) or most < 0:
