@@ -3,8 +3,10 @@ with care, and the owner's own halt then resume."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -390,3 +392,58 @@ def test_a_size_slurm_refuses_leaves_the_job_requeued_at_its_old_size(job_dir, s
     assert len(run.calls) == 3  # resumed all the same: never left held
     assert "its size not changed: scontrol: error: Requested node" in notes[0], notes
     assert notes[1] == "agent: job 41 of alice checkpointed and requeued (resized by test)"
+
+
+# ---------------------------------------------------------------- root_squash
+def squashed(monkeypatch) -> None:
+    """Root may not read the users' directories (NFS root_squash): the kernel says EACCES."""
+
+    def refused(name, uid, flags, dir_fd=None):
+        raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    monkeypatch.setattr(preempt, "open_owned", refused)
+    monkeypatch.setattr(preempt, "owner_name", lambda job: "alice")
+
+
+def test_where_root_may_not_read_the_record_is_read_as_its_owner(job_dir, monkeypatch):
+    squashed(monkeypatch)
+    run = Runner([0], json.dumps(RESIZABLE))
+    assert preempt.read_submit_record(record(job_dir), run) == RESIZABLE
+    argv, _ = run.calls[0]
+    assert argv[:5] == ["runuser", "-u", "alice", "--", sys.executable]
+    assert argv[-2:] == [str(job_dir / "status" / "submit.json"), str(preempt.MAX_RECORD_BYTES + 1)]
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(("code", "output"), [(1, "Traceback"), (0, "x" * (2 << 20)),
+                                              (0, "[1]"), (0, "not json")])  # fmt: skip
+def test_an_owners_read_that_fails_or_is_not_a_record_opts_in_to_nothing(
+    job_dir, monkeypatch, code, output
+):
+    squashed(monkeypatch)
+    assert preempt.read_submit_record(record(job_dir), Runner([code], output)) == {}
+
+
+@pytest.mark.security
+def test_a_record_that_is_not_the_owners_is_never_read_as_the_owner(job_dir):
+    """open_owned's own refusals (another uid's file, group-writable) are no squash."""
+    os.chmod(job_dir / "status" / "submit.json", 0o666)  # noqa: S103  (the case itself)
+    run = Runner([0], json.dumps(RESIZABLE))
+    assert preempt.read_submit_record(record(job_dir), run) == {} and run.calls == []
+
+
+@pytest.mark.security
+def test_the_owners_read_takes_a_regular_file_only_and_follows_no_link(tmp_path):
+    record_file = tmp_path / "submit.json"
+    record_file.write_text('{"opt_in": ["resize"]}')
+    (tmp_path / "link.json").symlink_to(record_file)
+    os.mkfifo(tmp_path / "fifo.json")
+
+    def read(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-I", "-c", preempt.OWNER_READ, str(path), "100"],
+                              capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
+
+    assert read(record_file).stdout == '{"opt_in": ["resize"]}'
+    assert read(tmp_path / "link.json").returncode != 0  # ELOOP
+    fifo = read(tmp_path / "fifo.json")  # does not block; writes nothing
+    assert fifo.returncode == 0 and fifo.stdout == ""

@@ -7,7 +7,8 @@ owner's own submit recorded in the job's status/submit.json
 (plugin_data.<plug-in>.opt_in: ["preemptible", "resize"]). That read follows no link,
 takes only a regular file of the job's owner (Slurm's UserId) in a directory of theirs,
 at most MAX_RECORD_BYTES of JSON, and keeps only the known words: a file can only let
-the cluster requeue that owner's own job. The halt and resume themselves run as the
+the cluster requeue that owner's own job. Where root may not read it (NFS root_squash),
+the same read is made as the owner. The halt and resume themselves run as the
 owner (runuser -u OWNER -- tacc-agent job halt/resume): every event and record file
 is written by them, never by root, and Slurm's hold is theirs to release.
 
@@ -16,12 +17,14 @@ Sweeps (array tasks, trial directories) are out of scope: they are never opted i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
 import re
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,10 +111,23 @@ def open_owned(name: str, uid: int, flags: int, dir_fd: int | None = None) -> in
         raise
 
 
-def read_submit_record(job: JobRecord) -> dict:
+# Run as the job's owner where root may not read (NFS root_squash): the record, opened as
+# root would open it (no link followed, a FIFO does not block, a regular file only), at
+# most MAX_RECORD_BYTES + 1 bytes to stdout.
+OWNER_READ = (
+    "import os, stat, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)\n"
+    "if stat.S_ISREG(os.fstat(fd).st_mode):\n"
+    "    sys.stdout.buffer.write(os.read(fd, int(sys.argv[2])))\n"
+)
+OWNER_READ_SECONDS = 5.0
+
+
+def read_submit_record(job: JobRecord, run: Runner | None = None) -> dict:
     """The job's status/submit.json, read as root with care: the job directory, status/
     and the file each the owner's, no link followed (a FIFO does not block: O_NONBLOCK),
-    at most MAX_RECORD_BYTES; {} for anything else."""
+    at most MAX_RECORD_BYTES; {} for anything else. Where root may not read them (the
+    users' directories on NFS with root_squash), the same read is made as the owner."""
     if job.uid == 0:
         return {}
     fds: list[int] = []
@@ -124,11 +140,34 @@ def read_submit_record(job: JobRecord) -> dict:
         if len(data) > MAX_RECORD_BYTES:
             return {}
         record = json.loads(data.decode())
+    except PermissionError as exc:
+        # The kernel's refusal (errno set), not one of open_owned's own (none): squashed.
+        squashed = exc.errno in (errno.EACCES, errno.EPERM)
+        return read_as_owner(job, run or run_command) if squashed else {}
     except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return {}
     finally:
         for fd in fds:
             os.close(fd)
+    return record if isinstance(record, dict) else {}
+
+
+def read_as_owner(job: JobRecord, run: Runner) -> dict:
+    """read_submit_record's read, made by the job's owner (their own file, with their
+    own rights: nothing root could read that they could not)."""
+    name = owner_name(job)
+    if name is None:
+        return {}
+    path = job.job_dir / "status" / "submit.json"
+    argv = ["runuser", "-u", name, "--", sys.executable, "-I", "-c", OWNER_READ, str(path),
+            str(MAX_RECORD_BYTES + 1)]  # fmt: skip
+    code, output = run(argv, OWNER_READ_SECONDS)
+    if code != 0 or len(output) > MAX_RECORD_BYTES:
+        return {}
+    try:
+        record = json.loads(output)
+    except ValueError:
+        return {}
     return record if isinstance(record, dict) else {}
 
 
