@@ -197,16 +197,20 @@ def wait_state(tcloud, job: str, states: tuple[str, ...], seconds: int = 90) -> 
 
 
 # A job's program that counts seconds (to $UNTIL, default 100000) and saves its count at
-# the checkpoint signal (SIGUSR1); with STOP_AT_CHECKPOINT=1 it then stops, else it goes
-# on. A run started again (requeued) goes on from the saved count.
+# the checkpoint signal (SIGUSR1; rank 0 of a job on several nodes, written beside and
+# renamed); with STOP_AT_CHECKPOINT=1 it then stops, else it goes on. A run started again
+# (requeued) goes on from the saved count.
 CHECKPOINTING_COUNTER = """
 import os, pathlib, signal, socket, sys, time
 saved = pathlib.Path(os.environ["TACC_WORKDIR"]) / "outputs" / "count"
 count = int(saved.read_text()) if saved.exists() else 0
 print(f"start at {count} on {socket.gethostname()}", flush=True)
 def checkpoint(*_):
-    saved.parent.mkdir(exist_ok=True)
-    saved.write_text(str(count))
+    if os.environ.get("SLURM_PROCID", "0") == "0":  # one rank saves, whole or not at all
+        saved.parent.mkdir(exist_ok=True)
+        partial = saved.with_name(f"count.{os.getpid()}")
+        partial.write_text(str(count))
+        os.replace(partial, saved)
     print(f"checkpoint {count}", flush=True)
     if os.environ.get("STOP_AT_CHECKPOINT") == "1":
         sys.exit(0)

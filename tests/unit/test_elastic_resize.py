@@ -82,16 +82,34 @@ def test_a_job_shrinks_for_one_that_waits_but_never_below_its_minimum(tmp_path):
     tick(10, busy, job("7", nodes=3), waiting)
     assert tick.resized == [("7", 1, "resized by elastic: shrink 3 -> 1 nodes "
                                      "(job 9 waits 10 s)")]  # fmt: skip
+    one = job("9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None,
+              reason="Resources")  # fmt: skip
     tick2 = Ticker(tmp_path / "b")
-    tick2(0, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
-    tick2(10, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
+    tick2(0, busy, job("7", nodes=3, node_range=(2, 3)), one)
+    tick2(10, busy, job("7", nodes=3, node_range=(2, 3)), one)
     assert tick2.resized[0][1] == 2
+    # 2 nodes lacking, 1 above the minimum: shrinking could not make it fit.
+    tick3 = Ticker(tmp_path / "c")
+    tick3(0, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
+    tick3(10, busy, job("7", nodes=3, node_range=(2, 3)), waiting)
+    assert tick3.resized == []
 
 
-def test_a_held_job_or_one_on_a_dependency_does_not_wait_for_nodes(tmp_path):
+@pytest.mark.security
+def test_only_a_job_pending_for_nodes_shrinks_another(tmp_path):
+    """A job held, on a dependency, or over its own QOS limit (any user can make one)
+    waits for nothing a shrink could give: no job is shrunk for it."""
     busy = [node("n1"), node("n2"), node("n3")]
     tick = Ticker(tmp_path)
-    for reason in ("JobHeldUser", "Dependency", "BeginTime"):
+    for reason in (
+        "JobHeldUser",
+        "Dependency",
+        "BeginTime",
+        "QOSMaxJobsPerUserLimit",
+        "AssocGrpNodeLimit",
+        "ReqNodeNotAvail",
+        "PartitionTimeLimit",
+    ):
         pending = job("9", state="PENDING", opted_in=frozenset(), reason=reason)
         tick(0, busy, job("7", nodes=3), pending)
         tick(50, busy, job("7", nodes=3), pending)
@@ -158,3 +176,67 @@ def test_bad_settings_stop_the_tick_naming_the_key(tmp_path, settings, message):
     with pytest.raises(AgentError) as caught:
         Ticker(tmp_path, settings)(0, IDLE_ONE, job("7"))
     assert message in str(caught.value)
+
+
+def test_no_shrink_when_the_idle_nodes_would_do(tmp_path):
+    """The waiting job needs one node and one idles: it waits for something else."""
+    waiting = job("9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None,
+                  reason="Resources")  # fmt: skip
+    tick = Ticker(tmp_path)
+    tick(0, IDLE_ONE[:2], job("7", nodes=3), waiting)
+    tick(20, IDLE_ONE[:2], job("7", nodes=3), waiting)
+    assert tick.resized == []
+
+
+def test_a_resize_in_flight_holds_its_nodes_until_the_job_runs_again(tmp_path):
+    """7 grows 1 -> 3 onto the idle nodes. While it waits out its requeue (BeginTime), the
+    nodes it left idle are not given to 8; once it runs, the stretches start again."""
+    tick = Ticker(tmp_path)
+    eight = job("8", elapsed=100)
+    tick(0, IDLE_ONE, job("7"), eight)
+    tick(10, IDLE_ONE, job("7"), eight)
+    assert [r[:2] for r in tick.resized] == [("7", 3)]
+    all_idle = [node("n1", "IDLE"), node("n2", "IDLE"), node("n3", "IDLE")]
+    requeued = job("7", state="PENDING", nodes=3, reason="BeginTime")
+    for now in (12, 30, 60):
+        tick(now, all_idle, requeued, eight)
+    assert len(tick.resized) == 1
+    state = json.loads((tmp_path / "elastic.json").read_text())
+    assert state["in_flight"]["7"] == {"partition": "batch", "size": 3, "old": 1, "at": 10}
+    tick(70, [node("n1"), node("n2"), node("n3")], job("7", nodes=3, elapsed=5), eight)
+    assert json.loads((tmp_path / "elastic.json").read_text())["in_flight"] == {}
+
+
+def test_a_resized_job_that_never_gets_its_nodes_goes_back_to_its_old_size(tmp_path):
+    tick = Ticker(tmp_path, {**SETTINGS, "revert_after_seconds": 60})
+    tick(0, IDLE_ONE, job("7"))
+    tick(10, IDLE_ONE, job("7"))
+    taken = [node("n1"), node("n2"), node("n3", "IDLE")]  # someone took n2
+    stuck = job("7", state="PENDING", nodes=3, reason="Resources")
+    tick(40, taken, stuck)
+    assert len(tick.resized) == 1
+    notes = tick(71, taken, stuck)
+    assert tick.resized[-1] == ("7", 1, "resized by elastic: back to 1 nodes (3 not free in 61 s)")
+    assert notes == ["elastic: job 7 back to 1 nodes (3 not free in 61 s)"]
+
+
+def test_a_job_of_two_partitions_counts_in_the_first_and_ids_compare_as_numbers(tmp_path):
+    tick = Ticker(tmp_path)
+    nine, ten = job("9"), job("10")
+    pending = job("11", state="PENDING", opted_in=frozenset(), node_range=None,
+                  reason="Resources")  # fmt: skip
+    pending.partition = "other,batch"  # it waits in "other": shrinks nothing in batch
+    tick(0, IDLE_ONE, nine, ten, pending)
+    tick(10, IDLE_ONE, nine, ten, pending)
+    assert [r[0] for r in tick.resized] == ["9"]  # the older job, by number ("9" < "10")
+
+
+@pytest.mark.fault
+def test_a_damaged_state_file_is_dropped_entry_by_entry(tmp_path):
+    (tmp_path / "elastic.json").write_text(json.dumps({
+        "since": {"idle:batch": "yesterday"}, "ticked_at": "x",
+        "in_flight": {"7": {"partition": "batch"}}, "resized": {"7": None}}))  # fmt: skip
+    tick = Ticker(tmp_path)
+    tick(0, IDLE_ONE, job("7"))
+    tick(10, IDLE_ONE, job("7"))
+    assert [r[:2] for r in tick.resized] == [("7", 3)]

@@ -361,7 +361,7 @@ def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, sl
     assert [argv[:3] for argv, _ in run.calls] == [
         ["runuser", "-u", "alice"], ["scontrol", "update", "JobId=41"],
         ["runuser", "-u", "alice"]]  # fmt: skip
-    assert run.calls[1] == (["scontrol", "update", "JobId=41", "NumNodes=3"], 15)
+    assert run.calls[1] == (["scontrol", "update", "JobId=41", "NumNodes=3-3"], 15)
     assert notes == [f"agent: job 41 of alice checkpointed and requeued at 3 node(s) ({reason})"]
 
 
@@ -447,3 +447,19 @@ def test_the_owners_read_takes_a_regular_file_only_and_follows_no_link(tmp_path)
     assert read(tmp_path / "link.json").returncode != 0  # ELOOP
     fifo = read(tmp_path / "fifo.json")  # does not block; writes nothing
     assert fifo.returncode == 0 and fifo.stdout == ""
+
+
+def test_a_resize_back_of_a_pending_job_sets_its_size_alone(job_dir, slurm_job):
+    """A resized job that never got its nodes goes back to its old size while it waits:
+    no halt, no resume (it is not running)."""
+    write_submit(job_dir, json.dumps(RESIZABLE).encode())
+    slurm_job["JobState"] = "PENDING"
+    run, notes = Runner([0]), []
+    why = "resized by elastic: back to 1 nodes (3 not free in 181 s)"
+    assert preempt.requeue("41", why, AgentConfig(slurm_timeout_seconds=15), notes.append, run,
+                           nodes=1) is True  # fmt: skip
+    assert run.calls == [(["scontrol", "update", "JobId=41", "NumNodes=1-1"], 15)]
+    assert notes == [f"agent: job 41 of alice now asks for 1 node(s) ({why})"]
+    # A pending job is never requeued (preempted): only a resize may touch it.
+    assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
+    assert "it is PENDING, not RUNNING" in notes[-1]

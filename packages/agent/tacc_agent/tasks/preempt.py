@@ -281,8 +281,9 @@ def refusal(job_id: str, reason: object, config: AgentConfig,
     job = job_record(job_id, config)
     if job is None or job.array:
         return None, "Slurm has no single job by that id"
-    if job.state != "RUNNING":
-        return None, f"it is {job.state or 'in no known state'}, not RUNNING"
+    states = ("RUNNING",) if nodes is None else ("RUNNING", "PENDING")
+    if job.state not in states:
+        return None, f"it is {job.state or 'in no known state'}, not {' or '.join(states)}"
     opt_ins, node_range = allowed_job(job)
     needed = "preemptible" if nodes is None else "resize"
     if needed not in opt_ins:
@@ -293,6 +294,12 @@ def refusal(job_id: str, reason: object, config: AgentConfig,
     if owner_name(job) is None or job.job_dir.parent.name != "jobs":
         return None, "its owner or job directory is not a tacc user's"
     return job, ""
+
+
+def set_size(job_id: str, nodes: int) -> list[str]:
+    """Minimum and maximum both: the job runs on exactly `nodes` (NumNodes=K alone sets
+    the minimum, and Slurm may give a range's maximum)."""
+    return ["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}-{nodes}"]
 
 
 def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = None,
@@ -309,6 +316,14 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             say(f"agent: job {job_id} not requeued: {why}")
             return False
         name = owner_name(job) or ""
+        if job.state == "PENDING":  # a resize back while it waits: its size alone
+            code, output = run(set_size(job_id, nodes or 0), config.slurm_timeout_seconds)
+            say(
+                f"agent: job {job_id} of {name} now asks for {nodes} node(s) ({reason})"
+                if code == 0
+                else f"agent: job {job_id}: its size not changed: {failure(output)}"
+            )
+            return code == 0
         grace = config.halt_grace_seconds
         slurm_calls = 4 * config.slurm_timeout_seconds
         halt = owner_argv(job, name, ["halt", job_id, f"--grace={grace:g}", f"--reason={reason}"])
@@ -318,8 +333,7 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             return False
         resized = ""
         if nodes is not None:
-            code, output = run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"],
-                               config.slurm_timeout_seconds)  # fmt: skip
+            code, output = run(set_size(job_id, nodes), config.slurm_timeout_seconds)
             resized = f" at {nodes} node(s)" if code == 0 else ""
             if code != 0:  # it goes back at its old size: still requeued, as asked
                 say(f"agent: job {job_id}: its size not changed: {failure(output)}")
