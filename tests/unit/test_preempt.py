@@ -353,7 +353,10 @@ RESIZABLE = {"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, 3]}}
 
 
 def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, slurm_job):
+    """Its tasks with its nodes: a job of 2 tasks per node (sbatch --ntasks-per-node=2)
+    asked 2 x its old size in tasks, which Slurm would hold it to (seen in the lab)."""
     write_submit(job_dir, json.dumps(RESIZABLE).encode())
+    slurm_job.update({"NtasksPerN:B:S:C": "2:0:*:*", "CPUs/Task": "4"})
     run, notes = Runner([0, 0, 0]), []
     config = AgentConfig(halt_grace_seconds=10, slurm_timeout_seconds=15)
     reason = "resized by elastic: grow 1 -> 3 nodes (2 idle for 30 s)"
@@ -361,7 +364,10 @@ def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, sl
     assert [argv[:3] for argv, _ in run.calls] == [
         ["runuser", "-u", "alice"], ["scontrol", "update", "JobId=41"],
         ["runuser", "-u", "alice"]]  # fmt: skip
-    assert run.calls[1] == (["scontrol", "update", "JobId=41", "NumNodes=3-3"], 15)
+    assert run.calls[1] == (
+        ["scontrol", "update", "JobId=41", "NumNodes=3-3", "NumTasks=6", "NumCPUs=24"],
+        15,
+    )
     assert notes == [f"agent: job 41 of alice checkpointed and requeued at 3 node(s) ({reason})"]
 
 

@@ -60,6 +60,8 @@ class JobRecord:
     job_dir: Path  # WorkDir: a tacc job runs in its job directory (sbatch --chdir)
     array: bool  # a task of an array job: a sweep's trial
     run_seconds: int = 0  # RunTime: how long it ran (the whole run, once it ended)
+    tasks_per_node: int = 0  # --ntasks-per-node (NtasksPerN); 0 when not given
+    cpus_per_task: int = 0  # --cpus-per-task (CPUs/Task); 0 when not read
 
 
 def record_of(info: dict[str, str]) -> JobRecord | None:
@@ -72,9 +74,13 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
     job_id = info.get("JobId", "")
     if array and info.get("ArrayTaskId", "").isdigit():
         job_id = f"{info.get('ArrayJobId', '')}_{info['ArrayTaskId']}"
+    per_node = info.get("NtasksPerN:B:S:C", "").split(":")[0]
+    per_task = info.get("CPUs/Task", "")
     return JobRecord(job_id, int(owner.group(1)), info["UserId"].partition("(")[0],
                      info.get("JobState", ""), Path(work_dir), array,
-                     slurm.elapsed_seconds(info.get("RunTime", "")))  # fmt: skip
+                     slurm.elapsed_seconds(info.get("RunTime", "")),
+                     int(per_node) if per_node.isdigit() else 0,
+                     int(per_task) if per_task.isdigit() else 0)  # fmt: skip
 
 
 def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
@@ -296,10 +302,17 @@ def refusal(job_id: str, reason: object, config: AgentConfig,
     return job, ""
 
 
-def set_size(job_id: str, nodes: int) -> list[str]:
+def set_size(job: JobRecord, nodes: int) -> list[str]:
     """Minimum and maximum both: the job runs on exactly `nodes` (NumNodes=K alone sets
-    the minimum, and Slurm may give a range's maximum)."""
-    return ["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}-{nodes}"]
+    the minimum, and Slurm may give a range's maximum); and its task and CPU counts with
+    them (Slurm keeps the old size's otherwise, and a smaller job asking for the larger
+    one's CPUs fits on no node: seen in the lab)."""
+    words = ["scontrol", "update", f"JobId={job.job_id}", f"NumNodes={nodes}-{nodes}"]
+    if job.tasks_per_node:
+        words.append(f"NumTasks={nodes * job.tasks_per_node}")
+        if job.cpus_per_task:
+            words.append(f"NumCPUs={nodes * job.tasks_per_node * job.cpus_per_task}")
+    return words
 
 
 def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = None,
@@ -317,7 +330,7 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             return False
         name = owner_name(job) or ""
         if job.state == "PENDING":  # a resize back while it waits: its size alone
-            code, output = run(set_size(job_id, nodes or 0), config.slurm_timeout_seconds)
+            code, output = run(set_size(job, nodes or 0), config.slurm_timeout_seconds)
             say(
                 f"agent: job {job_id} of {name} now asks for {nodes} node(s) ({reason})"
                 if code == 0
@@ -333,7 +346,7 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             return False
         resized = ""
         if nodes is not None:
-            code, output = run(set_size(job_id, nodes), config.slurm_timeout_seconds)
+            code, output = run(set_size(job, nodes), config.slurm_timeout_seconds)
             resized = f" at {nodes} node(s)" if code == 0 else ""
             if code != 0:  # it goes back at its old size: still requeued, as asked
                 say(f"agent: job {job_id}: its size not changed: {failure(output)}")
