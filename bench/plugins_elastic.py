@@ -55,7 +55,8 @@ while done < float(os.environ["WORK"]):
 def train_project(root: Path, nodes: str, resize: bool) -> Path:
     root.mkdir(parents=True)
     (root / "work.py").write_text(PROGRAM)
-    resources = {"nodes": nodes, "cpus": 4, "mem": "50M", "time": "15",
+    size: int | str = int(nodes) if nodes.isdigit() else nodes  # a count, or a range "1-2"
+    resources = {"nodes": size, "cpus": 4, "mem": "50M", "time": "15",
                  **({"resize": True} if resize else {})}  # fmt: skip
     task = {"name": "train", "run": ["python3 work.py"], "outputs": ["outputs/"],
             "resources": resources, "environment": {"env": {"WORK": str(TRAIN_WORK)}}}  # fmt: skip
