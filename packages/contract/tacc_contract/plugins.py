@@ -24,6 +24,7 @@ standard library), never the agent: one written outside the project needs nothin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,19 @@ OUT_OF_SERVICE = frozenset({
 # Slurm's reasons of a pending job that no node could end (held, as a halted job is; a
 # dependency; a start time): such a job does not wait for nodes.
 NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
+# Slurm's reasons of a pending job that waits for nodes and nothing else (the next to
+# start, Resources; those behind it, Priority).
+WAITS_FOR_NODES = ("Resources", "Priority")
+# A node feature naming a GPU type (a100, h100, l40s), as the slurm role derives it.
+FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+JOB_NUMBER = re.compile(r"(\d+)(?:_(\d+))?")
+
+
+def either_or(features: str) -> list[str]:
+    """The features of a plain either-or constraint ("a100|h100" -> [a100, h100], what
+    gpu_types writes); [] for anything else (counts, brackets, "&", ",", none)."""
+    terms = features.split("|")
+    return terms if features and all(FEATURE.fullmatch(t) for t in terms) else []
 
 
 @dataclass(frozen=True)
@@ -106,9 +120,9 @@ class Node:
 
     def idle(self) -> bool:
         """Idle and awake: a powered-down node is no idle capacity to grow into."""
-        words = set(self.state.split("+"))
-        return (self.in_service() and self.state.split("+")[0] == "IDLE"
-                and not words & {"POWERED_DOWN", "POWERING_UP"})  # fmt: skip
+        words = self.state.split("+")
+        return (self.in_service() and words[0] == "IDLE"
+                and not {"POWERED_DOWN", "POWERING_UP"} & set(words))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -194,6 +208,13 @@ class QueuedJob:
     # job's own record with its opt-ins; None for a fixed size or when not read.
     node_range: tuple[int, int] | None = None
     details: bool = False  # whether name, features, node_names and the limit were read
+
+
+def arrival(job: QueuedJob) -> tuple[int, int]:
+    """Slurm's job ids grow with submission: the order jobs came in (array tasks by index;
+    an id of another form last)."""
+    match = JOB_NUMBER.fullmatch(job.job_id)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else (1 << 62, 0)
 
 
 def settings_of(config: Any, plugin: str) -> dict:

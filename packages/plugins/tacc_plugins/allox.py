@@ -43,10 +43,17 @@ from pathlib import Path
 from tacc_contract.errors import AGENT_CLUSTER, AgentError
 from tacc_contract.plugin_settings import bad_setting as settings_error
 from tacc_contract.plugin_settings import is_number, is_whole, known_settings
-from tacc_contract.plugins import NOT_WAITING_FOR_NODES, Node, Plugin, Queue, QueuedJob
+from tacc_contract.plugins import (
+    FEATURE,
+    NOT_WAITING_FOR_NODES,
+    Node,
+    Plugin,
+    Queue,
+    QueuedJob,
+    arrival,
+)
 from tacc_plugins.allox_memory import (
     STATE_FILE,
-    TYPE,
     Settings,
     estimate,
     key_of,
@@ -78,7 +85,7 @@ def settings_from(config: object) -> Settings:
         raise bad_setting("window", f"an integer from 1 to {MAX_WINDOW}", window)
     speed = given.get("speed", {})
     if not isinstance(speed, dict) or not all(
-        isinstance(k, str) and TYPE.fullmatch(k) and is_number(v) and v > 0
+        isinstance(k, str) and FEATURE.fullmatch(k) and is_number(v) and v > 0
         for k, v in speed.items()
     ):
         raise bad_setting("speed", "a mapping of GPU type to a number above 0 "
@@ -189,11 +196,6 @@ def plan(jobs: list[QueuedJob], times: dict[str, dict[str, float]],
     pairs = enumerate(zip(jobs, given, strict=True))
     return {job.job_id: columns[column][0] for row, (job, column) in pairs
             if cost[row][column] < never}  # fmt: skip
-
-
-def arrival(job: QueuedJob) -> tuple[int, str]:
-    number_part = job.job_id.split("_")[0]
-    return (int(number_part) if number_part.isdigit() else 1 << 62, job.job_id)
 
 
 class Allox(Plugin):

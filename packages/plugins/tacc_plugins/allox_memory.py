@@ -15,17 +15,16 @@ the estimates it makes from it.
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from tacc_contract.jsonfiles import read_json, write_json
-from tacc_contract.plugins import Node, Queue, QueuedJob
+from tacc_contract.plugin_settings import is_number
+from tacc_contract.plugins import Node, Queue, QueuedJob, either_or
 
 STATE_FILE = "allox.json"
-TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SEP = "\x1f"  # between user and job name in a key (a name may hold anything else)
 FORGET_ASKED_SECONDS = 600.0
 MAX_KEYS, MAX_KEYS_PER_USER = 2000, 200
@@ -44,12 +43,6 @@ class Settings:
     KEYS: ClassVar[tuple[str, ...]] = ("alpha", "window", "speed", "default_seconds", "samples")
 
 
-def either_or(features: str) -> list[str]:
-    """The types of a plain either-or constraint ("a100|h100"); [] for anything else."""
-    terms = features.split("|")
-    return terms if features and all(TYPE.fullmatch(t) for t in terms) else []
-
-
 def key_of(job: QueuedJob) -> str:
     return f"{job.user}{SEP}{job.name}"
 
@@ -62,14 +55,11 @@ def modeled(job: QueuedJob) -> bool:
 # --- the file --------------------------------------------------------------------------
 
 
-def number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def valid_asked(entry: object) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("types"), list)
             and len(entry["types"]) >= 1 and all(isinstance(t, str) for t in entry["types"])
-            and isinstance(entry.get("set"), str | None) and number(entry.get("at")))  # fmt: skip
+            and isinstance(entry.get("set"), str | None)
+            and is_number(entry.get("at")))  # fmt: skip
 
 
 def valid_seen(entry: object) -> bool:
@@ -78,9 +68,9 @@ def valid_seen(entry: object) -> bool:
 
 
 def valid_runs(entry: object) -> bool:
-    return (isinstance(entry, dict) and number(entry.get("at"))
+    return (isinstance(entry, dict) and is_number(entry.get("at"))
             and isinstance(entry.get("types"), dict)
-            and all(isinstance(seconds, list) and all(number(s) for s in seconds)
+            and all(isinstance(seconds, list) and all(is_number(s) for s in seconds)
                     for seconds in entry["types"].values()))  # fmt: skip
 
 

@@ -32,11 +32,10 @@ from typing import ClassVar
 
 from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugin_settings import bad_setting, is_number, known_settings
-from tacc_contract.plugins import Node, Queue, QueuedJob
+from tacc_contract.plugins import WAITS_FOR_NODES, Node, Queue, QueuedJob, arrival
 
 STATE_FILE = "elastic.json"
 RESIZE = "resize"
-WAITS_FOR_NODES = ("Resources", "Priority")
 MAX_GAP_SECONDS = 300.0  # the longest a tick may count as one stretch of idle or waiting
 FORGET_SECONDS = 600.0
 PREFIX = "resized by elastic: "
@@ -74,10 +73,6 @@ def settings_from(config: object) -> Settings:
 def home(job: QueuedJob) -> str:
     """The partition a job counts in: the first it names."""
     return job.partition.split(",")[0]
-
-
-def job_number(job: QueuedJob) -> int:
-    return int(job.job_id) if job.job_id.isdigit() else 1 << 62
 
 
 # --- the state file ----------------------------------------------------------------------
@@ -140,7 +135,7 @@ def waiting_jobs(jobs: list[QueuedJob], partition: str) -> list[QueuedJob]:
     """Jobs of the partition pending for nodes, the one Slurm starts next first."""
     found = [job for job in jobs if job.state == "PENDING" and home(job) == partition
              and job.reason in WAITS_FOR_NODES]  # fmt: skip
-    return sorted(found, key=lambda job: (job.reason != "Resources", job_number(job)))
+    return sorted(found, key=lambda job: (job.reason != "Resources", arrival(job)))
 
 
 def resizable(job: QueuedJob, state: dict, found: Settings, now: float) -> bool:
@@ -157,7 +152,8 @@ def shrink(mine: list[QueuedJob], first: QueuedJob, idle: int, waited: float) ->
     shrinkable = [job for job in mine if job.nodes > job.node_range[0]]
     if sum(job.nodes - job.node_range[0] for job in shrinkable) < need:
         return None  # shrinking everything could not make it fit
-    job = max(shrinkable, key=lambda j: (j.nodes - j.node_range[0], -job_number(j)))
+    job = max(shrinkable, key=lambda j: (j.nodes - j.node_range[0],
+                                         tuple(-n for n in arrival(j))))  # fmt: skip
     size = max(job.node_range[0], job.nodes - need)
     return Resize(job, size, f"{PREFIX}shrink {job.nodes} -> {size} nodes "
                              f"(job {first.job_id} waits {waited:.0f} s)")  # fmt: skip
@@ -167,7 +163,7 @@ def grow(mine: list[QueuedJob], idle: int, idled: float) -> Resize | None:
     growable = [job for job in mine if job.nodes < job.node_range[1]]
     if not growable:
         return None
-    job = min(growable, key=lambda j: (j.nodes, job_number(j)))
+    job = min(growable, key=lambda j: (j.nodes, arrival(j)))
     size = min(job.node_range[1], job.nodes + idle)
     return Resize(job, size, f"{PREFIX}grow {job.nodes} -> {size} nodes "
                              f"({idle} idle for {idled:.0f} s)")  # fmt: skip

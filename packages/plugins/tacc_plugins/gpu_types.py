@@ -9,9 +9,10 @@ from typing import ClassVar
 
 from tacc_contract.errors import Rejected
 from tacc_contract.fields import Field, pattern
+from tacc_contract.plugins import FEATURE as GPU_FEATURE
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
 
-FEATURE = pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "a GPU type such as a100 or h100")
+FEATURE = pattern(GPU_FEATURE.pattern, "a GPU type such as a100 or h100")
 
 
 class GpuTypes(Plugin):

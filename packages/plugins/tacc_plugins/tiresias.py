@@ -27,7 +27,6 @@ A policy: ops turn it on with the agent's `plugins: [tiresias]` and a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -36,7 +35,7 @@ from tacc_contract.errors import AgentError
 from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugin_settings import bad_setting as settings_error
 from tacc_contract.plugin_settings import is_number, known_settings
-from tacc_contract.plugins import Plugin, Queue, QueuedJob, Submission
+from tacc_contract.plugins import WAITS_FOR_NODES, Plugin, Queue, QueuedJob, Submission, arrival
 from tacc_plugins.las import NICE_LIMIT, level, own_nice
 
 STATE_FILE = "tiresias.json"
@@ -44,8 +43,6 @@ PREEMPTIBLE = "preemptible"
 # The most waiting one tick may count (the daemon down longer is not the job waiting).
 MAX_GAP_SECONDS = 300.0
 RETRY_FAILED_REQUEUE_SECONDS = 120.0
-# Pending reasons of a job that waits for nodes (not held, not for a dependency).
-WAITS_FOR_RESOURCES = ("Resources", "Priority")
 
 
 @dataclass(frozen=True)
@@ -158,14 +155,6 @@ def nice_of(queue: int, queues: int, step: int) -> int:
 
 # --- preemption --------------------------------------------------------------------------
 
-JOB_NUMBER = re.compile(r"(\d+)(?:_(\d+))?")
-
-
-def arrival(job: QueuedJob) -> tuple[int, int]:
-    """Slurm's job ids grow with submission: the order jobs came in (array tasks by index)."""
-    match = JOB_NUMBER.fullmatch(job.job_id)
-    return (int(match.group(1)), int(match.group(2) or 0)) if match else (1 << 62, 0)
-
 
 def victims_for(waiting: QueuedJob, running: list[QueuedJob], queues: dict[str, int],
                 found: Settings,
@@ -260,7 +249,7 @@ class Tiresias(Plugin):
                    and queue.now - records[job.job_id].get("requeue_failed_at", -1e18)
                    >= RETRY_FAILED_REQUEUE_SECONDS]  # fmt: skip
         waiting = sorted((job for job in queue.jobs if job.state == "PENDING"
-                          and job.reason in WAITS_FOR_RESOURCES),
+                          and job.reason in WAITS_FOR_NODES),
                          key=lambda job: (queues[job.job_id], arrival(job)))  # fmt: skip
         budget = found.max_preempt_per_tick
         idle = [node for node in queue.cluster_nodes() if node.idle()] if waiting else []

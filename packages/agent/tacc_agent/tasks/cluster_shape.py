@@ -9,23 +9,24 @@ from tacc_agent import slurm
 from tacc_contract.plugins import Node, Partition
 
 
+def gres_items(gres: str) -> list[list[str]]:
+    """A node's Gres= as its items' words, the socket lists dropped
+    (gpu:a100:8(S:0-1),shard:16 -> [gpu, a100, 8], [shard, 16])."""
+    return [entry.split(":") for entry in re.sub(r"\([^)]*\)", "", gres).split(",")]
+
+
 def gpu_count(gres: str, name: str = "gpu") -> int:
     """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
     shard:16 ...); 0 for (null)."""
-    total = 0
-    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
-        parts = entry.split(":")
-        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
+    return sum(int(parts[-1]) for parts in gres_items(gres)
+               if parts[0] == name and len(parts) > 1 and parts[-1].isdigit())  # fmt: skip
 
 
 def gpu_kinds(gres: str) -> tuple[tuple[str, int], ...]:
     """The typed GPUs of a node's Gres= (gpu:h100:4(S:0-1),gpu:l40s:2 -> (h100, 4),
     (l40s, 2)); untyped ones (gpu:2) are not named."""
     found: dict[str, int] = {}
-    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
-        parts = entry.split(":")
+    for parts in gres_items(gres):
         if parts[0] == "gpu" and len(parts) == 3 and parts[2].isdigit():
             found[parts[1]] = found.get(parts[1], 0) + int(parts[2])
     return tuple(found.items())

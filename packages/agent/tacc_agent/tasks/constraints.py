@@ -13,29 +13,21 @@ of squeue's view for a moment)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.errors import AgentError
 from tacc_contract.jsonfiles import read_json, write_json
-from tacc_contract.plugins import QueuedJob
+from tacc_contract.plugins import QueuedJob, either_or
 
 STATE_FILE = "constraints.json"
 FORGET_SECONDS = 600.0
-FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-def either_or(features: str) -> list[str] | None:
-    """The features of a plain either-or constraint ("a100|h100" -> [a100, h100]); None
-    for anything else (counts, brackets, "&", ",", an empty one)."""
-    terms = features.split("|")
-    return terms if features and all(FEATURE.fullmatch(t) for t in terms) else None
 
 
 class Narrowing:
-    """`set_features` for one tick: the queue as read, the originals kept across ticks."""
+    """`set_features` for one tick: the queue as read, the originals kept across ticks
+    (read at the first narrowing of the tick: a tick that narrows nothing reads nothing)."""
 
     def __init__(self, jobs: list[QueuedJob], state_dir: Path, timeout: float,
                  note: Callable[[str], None], now: float = 0.0) -> None:  # fmt: skip
@@ -44,19 +36,29 @@ class Narrowing:
         self.timeout = timeout
         self.note = note
         self.now = now
+        self.kept: dict[str, dict] | None = None
+
+    @property
+    def originals(self) -> dict[str, dict]:
+        if self.kept is None:
+            self.kept = self.load()
+        return self.kept
+
+    def load(self) -> dict[str, dict]:
         found = read_json(self.path)
         kept = found.get("originals") if isinstance(found, dict) else None
-        self.originals: dict[str, dict] = {}
+        originals: dict[str, dict] = {}
         for job_id, entry in (kept if isinstance(kept, dict) else {}).items():
             if not (isinstance(entry, dict) and isinstance(entry.get("original"), str)
                     and isinstance(entry.get("set"), str)
                     and isinstance(entry.get("at"), int | float)):  # fmt: skip
                 continue
             job = self.jobs.get(job_id)
-            if job is None and now - entry["at"] <= FORGET_SECONDS:
-                self.originals[job_id] = entry
+            if job is None and self.now - entry["at"] <= FORGET_SECONDS:
+                originals[job_id] = entry
             elif job is not None and job.features in (entry["original"], entry["set"]):
-                self.originals[job_id] = {**entry, "at": now}
+                originals[job_id] = {**entry, "at": self.now}
+        return originals
 
     def set_features(self, job_id: str, features: str) -> bool:
         job = self.jobs.get(job_id)
@@ -65,7 +67,7 @@ class Narrowing:
             return False
         original = self.originals.get(job_id, {}).get("original", job.features)
         allowed, wanted = either_or(original), either_or(features)
-        if allowed is None or wanted is None or not set(wanted) <= set(allowed):
+        if not allowed or not wanted or not set(wanted) <= set(allowed):
             self.note(f"agent: job {job_id}: constraint {features!r} refused: not within "
                       f"what its owner asked for ({original or 'none'})")  # fmt: skip
             return False

@@ -238,13 +238,13 @@ def read_records(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
         for job_id, record in known.items()
         if job_id not in queued and record.state not in ("PENDING", "RUNNING")
     }
-    keys = {}
+    keys: set[tuple[str, int, str]] = set()
     for job in running:
         record = known.get(job.job_id)
         if record is None:
             continue
         key = (job.job_id, record.uid, str(record.job_dir))
-        keys[key] = True
+        keys.add(key)
         if key not in allowed:
             found = preempt.allowed_job(record)
             if found[0] or found[1]:  # nothing allowed may be a read that failed: again
