@@ -27,7 +27,8 @@ the task, or for LAS, no tick).
    Oort's (bench/plugins_oort.py). Figure: simulated time to the target accuracy.
 9. elastic_resize (issue [16]): a stream of jobs of fixed work at 1 node, at 2 nodes and
    at 1-2 nodes resized while running (bench/plugins_elastic.py). Figures: node
-   utilization, mean wait.
+   utilization, mean wait. elastic_resize_long: the same with 4x longer jobs on Slurm's
+   default cred_expire (120 s), for the break-even of a resize.
 10. allox (issue [16]): 12 one-GPU jobs of two classes that accept h100 or l40s (n3 gets
    a FAKE L40S for it), placed by Slurm alone and by the allox tick
    (bench/plugins_allox.py). Figure: mean job completion time.
@@ -63,7 +64,7 @@ from benchlib import (
     ticker,
 )
 from plugins_allox import bench_allox
-from plugins_elastic import bench_elastic_resize
+from plugins_elastic import LONG, bench_elastic_resize
 from plugins_fluid import bench_fluid
 from plugins_oort import bench_oort
 from task_workflow import Tcloud
@@ -80,7 +81,7 @@ N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # allox last: it gives n3 a FAKE L40S, which the sections before it do not expect.
 SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort",
-            "elastic_resize", "allox")  # fmt: skip
+            "elastic_resize", "elastic_resize_long", "allox")  # fmt: skip
 # One threshold between what the short-job user attains (4 x 10 node-s) and the long-job
 # user (2 x 60 node-s by the first minute): Tiresias tunes its queues to the workload.
 LAS = "plugins: [las]\nlas_thresholds: [100]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
@@ -115,6 +116,17 @@ def start_delays(infos: list[dict]) -> list[float]:
 
 def completion_times(infos: list[dict]) -> list[float]:
     return [history_time(i, i["state"], last=True) - history_time(i, "QUEUED") for i in infos]
+
+
+def bench_elastic_long(alice: Tcloud, work: Path, inventory: Path) -> dict:
+    """The long stream on Slurm's default cred_expire (120 s), then the lab's again."""
+    default_cred = {**SETTINGS, "slurm_extra_config": {
+        k: v for k, v in SETTINGS["slurm_extra_config"].items() if k != "AuthInfo"}}  # fmt: skip
+    playbook(inventory, "playbooks/site.yml", "-e", json.dumps(default_cred))
+    try:
+        return bench_elastic_resize(alice, work, LONG)
+    finally:
+        playbook(inventory, "playbooks/site.yml", "-e", json.dumps(SETTINGS))
 
 
 # ---------------------------------------------------------------- 1. duration
@@ -344,6 +356,8 @@ def main() -> int:
                               ("fluid", lambda: bench_fluid(alice, work / "f")),
                               ("oort", lambda: bench_oort(alice, work / "o")),
                               ("elastic_resize", lambda: bench_elastic_resize(alice, work / "r")),
+                              ("elastic_resize_long", lambda: bench_elastic_long(
+                                  alice, work / "rl", inventory)),
                               ("allox", lambda: bench_allox(alice, work / "a", inventory,
                                                             SETTINGS))):  # fmt: skip
                 if args.only and name not in args.only:

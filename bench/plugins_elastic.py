@@ -13,6 +13,11 @@ after each requeue too) and mean completion time. The program's checkpoint loses
 work, so a real program's resize costs more (the work since its last checkpoint).
 
     bench_elastic_resize(alice, work)   from bench/plugins.py (--only elastic_resize)
+
+The long stream (`--only elastic_resize_long`, issue [16]'s break-even question): the
+same shape with work of 240 node-seconds, arrivals 100 s apart and evals of 40 s, on
+Slurm's default credential lifetime (cred_expire 120 s, which a requeued job waits out
+before it starts again): a resize costs the same, the jobs it pays on are 4x longer.
 """
 
 from __future__ import annotations
@@ -22,14 +27,26 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchlib import node_sh, ticker
 from task_workflow import Tcloud
 
 NODES = 2
-TRAIN_WORK, TRAIN_JOBS, ARRIVAL_GAP = 60, 3, 25
-EVAL_SECONDS, EVAL_AT = 10, (12, 37)
+
+
+@dataclass(frozen=True)
+class Stream:
+    train_work: int  # node-seconds a train job needs
+    train_jobs: int
+    arrival_gap: int  # seconds between train jobs
+    eval_seconds: int
+    eval_at: tuple[int, ...]  # when each eval arrives
+
+
+SHORT = Stream(60, 3, 25, 10, (12, 37))
+LONG = Stream(240, 3, 100, 40, (50, 150))
 CONFIG = "/root/elastic.yaml"
 RESIZE = {"state_dir": "/root/elastic-bench", "plugin_settings": {"elastic": {
     "resize": True, "grow_after_seconds": 4, "shrink_after_seconds": 4,
@@ -52,21 +69,22 @@ while done < float(os.environ["WORK"]):
 """
 
 
-def train_project(root: Path, nodes: str, resize: bool) -> Path:
+def train_project(root: Path, nodes: str, resize: bool, stream: Stream) -> Path:
     root.mkdir(parents=True)
     (root / "work.py").write_text(PROGRAM)
     size: int | str = int(nodes) if nodes.isdigit() else nodes  # a count, or a range "1-2"
     resources = {"nodes": size, "cpus": 4, "mem": "50M", "time": "15",
                  **({"resize": True} if resize else {})}  # fmt: skip
+    env = {"WORK": str(stream.train_work)}
     task = {"name": "train", "run": ["python3 work.py"], "outputs": ["outputs/"],
-            "resources": resources, "environment": {"env": {"WORK": str(TRAIN_WORK)}}}  # fmt: skip
+            "resources": resources, "environment": {"env": env}}  # fmt: skip
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
 
-def eval_project(root: Path) -> Path:
+def eval_project(root: Path, stream: Stream) -> Path:
     root.mkdir(parents=True)
-    task = {"name": "eval", "run": [f"sleep {EVAL_SECONDS}"],
+    task = {"name": "eval", "run": [f"sleep {stream.eval_seconds}"],
             "resources": {"nodes": 1, "cpus": 4, "mem": "50M", "time": "5"}}  # fmt: skip
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
@@ -89,28 +107,29 @@ def pending_seconds(info: dict) -> float:
     return total
 
 
-def run_mode(alice: Tcloud, work: Path, nodes: str, resize: bool) -> dict:
+def run_mode(alice: Tcloud, work: Path, nodes: str, resize: bool, stream: Stream) -> dict:
     """The stream: each job submitted at its own time from its own thread (a slow
     submit does not push the next one), then every job waited for by one deadline."""
-    arrivals = sorted([(i * ARRIVAL_GAP, "train", i) for i in range(TRAIN_JOBS)]
-                      + [(at, "eval", i) for i, at in enumerate(EVAL_AT)])  # fmt: skip
+    arrivals = sorted([(i * stream.arrival_gap, "train", i) for i in range(stream.train_jobs)]
+                      + [(at, "eval", i) for i, at in enumerate(stream.eval_at)])  # fmt: skip
     start = time.monotonic()
 
     def submit(at: float, kind: str, index: int) -> tuple[str, str]:
         root = work / f"{kind}-{index}"
-        project = train_project(root, nodes, resize) if kind == "train" else eval_project(root)
+        project = (train_project(root, nodes, resize, stream) if kind == "train"
+                   else eval_project(root, stream))  # fmt: skip
         time.sleep(max(0.0, at - (time.monotonic() - start)))
         return kind, alice.submit(project)[0]
 
     with ThreadPoolExecutor(len(arrivals)) as pool:
         jobs = list(pool.map(lambda a: submit(*a), arrivals))
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + 900 + 4 * stream.train_work
     infos = [(kind, alice.wait(job, TERMINAL, max(1.0, deadline - time.monotonic())))
              for kind, job in jobs]  # fmt: skip
     first = min(event(info, "QUEUED") for _, info in infos)
     end = max(event(info, info["state"], last=True) for _, info in infos)
     makespan = end - first
-    useful = TRAIN_JOBS * TRAIN_WORK + len(EVAL_AT) * EVAL_SECONDS
+    useful = stream.train_jobs * stream.train_work + len(stream.eval_at) * stream.eval_seconds
     waits = [pending_seconds(info) for _, info in infos]
     jct = [event(info, info["state"], last=True) - event(info, "QUEUED") for _, info in infos]
     return {"makespan_s": round(makespan, 1),
@@ -122,20 +141,20 @@ def run_mode(alice: Tcloud, work: Path, nodes: str, resize: bool) -> dict:
                          if h["state"] == "HALTED")}  # fmt: skip
 
 
-def bench_elastic_resize(alice: Tcloud, work: Path) -> dict:
+def bench_elastic_resize(alice: Tcloud, work: Path, stream: Stream = SHORT) -> dict:
     node_sh("n1", f"rm -rf /root/elastic-bench; printf '%s\\n' '{json.dumps(RESIZE)}' > {CONFIG}")
     result = {
-        "fixed_1": run_mode(alice, work / "one", "1", False),
-        "fixed_2": run_mode(alice, work / "two", "2", False),
+        "fixed_1": run_mode(alice, work / "one", "1", False, stream),
+        "fixed_2": run_mode(alice, work / "two", "2", False, stream),
         # A range sized at submit only: what resizing adds beyond it.
-        "range_at_submit": run_mode(alice, work / "range", "1-2", False),
+        "range_at_submit": run_mode(alice, work / "range", "1-2", False, stream),
     }
     stop = threading.Event()
     log = {"ticks": 0, "failed_ticks": 0, "changes": []}
     thread = threading.Thread(target=ticker, args=(stop, log, CONFIG), daemon=True)
     thread.start()
     try:
-        resized = run_mode(alice, work / "resize", "1-2", True)
+        resized = run_mode(alice, work / "resize", "1-2", True, stream)
     finally:
         stop.set()
         thread.join()
