@@ -1,14 +1,17 @@
-"""Bench row allox: mean job completion time of one-GPU jobs that accept either GPU type,
-placed by Slurm alone ("any acceptable type": the first free GPU) and by the allox tick
-(AlloX's min-cost matching), on the bench lab with two kinds of FAKE GPU: n2's H100
-and an L40S given to n3 here.
+"""Bench row allox: mean job completion time of one-GPU jobs that accept any of three
+GPU types, placed by Slurm alone ("any acceptable type": the first free GPU), by the
+allox tick (AlloX's min-cost matching), and by the tick with placement at submit
+(`submit_delay_seconds`: the job begins a few seconds later unless a tick places it
+first), on the bench lab with three kinds of FAKE GPU: n2's H100, an L40S given to n3
+and a fourth node, n4, added here with an A100 (`tacc-lab up --nodes 4` and a site.yml
+re-run: the way ops add a node).
 
 The work: two job classes whose speed differs by type, as AlloX's jobs do between CPU
-and GPU. "attention" takes 8 s on an h100 and 40 s on an l40s (5x); "conv" 10 s and 11 s.
-The program sleeps its class's time on the type it got (TACC_GPU_TYPE, from the
-gpu_types plug-in). First one run of each class on each type (the history allox learns
-from, as its profile), then 12 jobs at once, 6 of each in a fixed shuffled order, once
-without and once with the tick (every 2 s, as the daemon's).
+and GPU. "attention" takes 8 s on an h100, 20 s on an a100 and 40 s on an l40s;
+"conv" 10, 11 and 12 s. The program sleeps its class's time on the type it got
+(TACC_GPU_TYPE, from the gpu_types plug-in). First one run of each class on each type
+(the history allox learns from, as its profile), then 18 jobs at once, 9 of each in a
+fixed shuffled order, in each mode (the tick every 2 s, as a daemon's).
 
     bench_allox(alice, work, inventory, settings)   from bench/plugins.py (--only allox)
 """
@@ -22,12 +25,15 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import BIN, NAME, node_sh, playbook, sh, ticker
+from benchlib import BIN, NAME, lab_up, node_sh, playbook, sh, ticker
 from task_workflow import Tcloud
 
-SECONDS = {"attention": {"h100": 8, "l40s": 40}, "conv": {"h100": 10, "l40s": 11}}
-TYPES = ["h100", "l40s"]
-JOBS = 12
+SECONDS = {"attention": {"h100": 8, "a100": 20, "l40s": 40},
+           "conv": {"h100": 10, "a100": 11, "l40s": 12}}  # fmt: skip
+TYPES = ["h100", "a100", "l40s"]
+GIVEN = {"n3": "l40s", "n4": "a100"}  # n2 has its H100 from bench/plugins.py
+JOBS = 18
+DELAY = 5  # submit_delay_seconds: above the tick's 2 s and its ssh
 CONFIG = "/root/allox.yaml"
 ALLOX = {"plugins": ["allox"], "state_dir": "/root/allox-bench"}
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -82,10 +88,12 @@ def with_ticks(run):
 
 
 def bench_allox(alice: Tcloud, work: Path, inventory: Path, settings: dict) -> dict:
-    (inventory.parent / "host_vars" / "n3.yml").write_text(
-        json.dumps({"slurm_node_gres": ["gpu:l40s:1"]}))  # fmt: skip
-    sh([str(BIN / "tacc-lab"), "--name", NAME, "fake-hw", "n3", "--gpus", "1",
-        "--gpu-model", "l40s"])  # fmt: skip
+    lab_up(4, inventory)  # n4 joins the lab; the site.yml run below joins it to Slurm
+    for node, kind in GIVEN.items():
+        (inventory.parent / "host_vars" / f"{node}.yml").write_text(
+            json.dumps({"slurm_node_gres": [f"gpu:{kind}:1"]}))  # fmt: skip
+        sh([str(BIN / "tacc-lab"), "--name", NAME, "fake-hw", node, "--gpus", "1",
+            "--gpu-model", kind])  # fmt: skip
     playbook(inventory, "playbooks/site.yml", "-e", json.dumps(settings))
     node_sh("n1", f"rm -rf {ALLOX['state_dir']}; printf '%s\\n' '{json.dumps(ALLOX)}' > {CONFIG}")
     # The history: each class once on each type (one type each, so Slurm has no choice).
@@ -96,10 +104,31 @@ def bench_allox(alice: Tcloud, work: Path, inventory: Path, settings: dict) -> d
     kinds = [(kind, TYPES) for kind in order]
     started = time.monotonic()
     off = figures(run_jobs(alice, work / "off", kinds), order)
-    on_infos, log = with_ticks(lambda: run_jobs(alice, work / "on", kinds))
-    on = figures(on_infos, order)
-    on.update(ticks=log["ticks"], failed_ticks=log["failed_ticks"],
-              narrowed=sum(1 for c in log["changes"] if c.startswith("allox: job")))  # fmt: skip
-    return {"warm_states": sorted({i["state"] for i in warmed}), "order": order,
-            "any_type": off, "allox": on, "seconds": round(time.monotonic() - started),
-            "improvement": round(off["mean_jct_s"] / on["mean_jct_s"], 2)}  # fmt: skip
+    on = ticked(alice, work / "on", kinds, order)
+    # Placement at submit: the login node's agent runs allox's submit hook.
+    agent = {"plugins": ["allox"],
+             "plugin_settings": {"allox": {"submit_delay_seconds": DELAY}}}  # fmt: skip
+    at_submit = {**settings, "tacc_agent_settings": agent}
+    playbook(inventory, "playbooks/site.yml", "-e", json.dumps(at_submit))
+    delayed = ticked(alice, work / "delayed", kinds, order)
+    return {
+        "warm_states": sorted({i["state"] for i in warmed}),
+        "order": order,
+        "any_type": off,
+        "allox": on,
+        "allox_submit_delay": delayed,
+        "seconds": round(time.monotonic() - started),
+        "improvement": round(off["mean_jct_s"] / on["mean_jct_s"], 2),
+        "improvement_submit_delay": round(off["mean_jct_s"] / delayed["mean_jct_s"], 2),
+    }
+
+
+def ticked(alice: Tcloud, work: Path, kinds: list[tuple[str, list[str]]],
+           order: list[str]) -> dict:  # fmt: skip
+    infos, log = with_ticks(lambda: run_jobs(alice, work, kinds))
+    found = figures(infos, order)
+    early = [c for c in log["changes"] if c.endswith("starts without its submit delay")]
+    found.update(ticks=log["ticks"], failed_ticks=log["failed_ticks"],
+                 narrowed=sum(1 for c in log["changes"] if "->" in c),
+                 started_early=len(early))  # fmt: skip
+    return found

@@ -49,7 +49,9 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     l40s, her "same" 20 s and 21 s (runs the plug-in has seen before, seeded into its
     state). The matching sends fast to h100 (a 3 min wait) and same to l40s; once n3 is
     free and same has run there, fast still waits for an h100 rather than take the idle
-    l40s, and the run of same is learned."""
+    l40s, and the run of same is learned. Then placement at submit: a job delayed for
+    the tick starts as soon as a tick places it; one its owner set to begin later does
+    not."""
     inventory = runs["inventory"]
     (inventory.parent / "host_vars/n3.yml").write_text('---\nslurm_node_gres: ["gpu:l40s:1"]\n')
     fake = lab_cli(NAME, "fake-hw", "n3", "--gpus", "1", "--gpu-model", "l40s")
@@ -95,5 +97,21 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
         sh(f"scancel {hogs[0]}")
         wait_for(fast, "COMPLETED")
         assert job_field(fast, "NodeList") == "n2"
+        # Placement at submit: a job submitted to begin 40 s later (what allox's
+        # submit_delay_seconds writes) is placed by the next tick and starts at once; one
+        # whose owner set a begin time 2 min away is neither placed nor started.
+        delayed = "--gres=gpu:1 --constraint='h100|l40s' -t 10 --wrap 'sleep 2'"
+        placed = as_alice(f"{sbatch} -J same --begin=now+40 {delayed}")
+        later = as_alice(f"{sbatch} -J same --begin=now+120 {delayed}")
+        jobs += [placed, later]
+        submitted = time.monotonic()
+        changes = tick()
+        assert f"allox: job {placed} placed: starts without its submit delay" in changes, changes
+        wait_for(placed, "COMPLETED", 30)
+        assert time.monotonic() - submitted < 35, "it waited out its delay"
+        assert job_field(placed, "Features") in ("h100", "l40s")
+        assert job_field(later, "JobState") == "PENDING", changes
+        assert job_field(later, "Reason") == "BeginTime"
+        assert job_field(later, "Features") == "h100|l40s"
     finally:
         sh(f"scancel {' '.join(hogs + jobs)}")

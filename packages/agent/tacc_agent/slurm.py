@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from datetime import datetime
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
@@ -37,6 +38,15 @@ def elapsed_seconds(text: str) -> int:
     for part in parts:
         seconds = seconds * 60 + part
     return (int(days) if days.isdigit() else 0) * 86400 + seconds
+
+
+def epoch_seconds(text: str) -> float:
+    """A time as Slurm prints it (squeue %V, %S: 2026-11-25T06:40:12, the controller's
+    local time) in epoch seconds; 0 for N/A, Unknown and the like."""
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return 0.0
 
 
 KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")

@@ -90,6 +90,11 @@ WAITS_FOR_NODES = ("Resources", "Priority")
 # A node feature naming a GPU type (a100, h100, l40s), as the slurm role derives it.
 FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 JOB_NUMBER = re.compile(r"(\d+)(?:_(\d+))?")
+# A begin time at most this many seconds after a job's submission is a placement delay
+# (a plug-in's, as allox's `submit_delay_seconds`: time for a tick to place the job
+# before Slurm starts it on the first free node), not its owner's plan: only such a job
+# may be started early (`Queue.start_now`).
+PLACEMENT_DELAY_LIMIT = 60
 
 
 def either_or(features: str) -> list[str]:
@@ -208,6 +213,18 @@ class QueuedJob:
     # job's own record with its opt-ins; None for a fixed size or when not read.
     node_range: tuple[int, int] | None = None
     details: bool = False  # whether name, features, node_names and the limit were read
+    # Epoch seconds, read with the details (0: not known): when it was submitted, and
+    # Slurm's start time (for a job pending on BeginTime, its begin time).
+    submit_time: float = 0.0
+    start_time: float = 0.0
+
+
+def delayed_for_placement(job: QueuedJob) -> bool:
+    """A pending job that waits for a begin time at most PLACEMENT_DELAY_LIMIT seconds
+    after its submission (a placement delay, which `Queue.start_now` may cut short)."""
+    return (job.state == "PENDING" and job.reason == "BeginTime" and job.details
+            and job.submit_time > 0
+            and 0 < job.start_time - job.submit_time <= PLACEMENT_DELAY_LIMIT)  # fmt: skip
 
 
 def arrival(job: QueuedJob) -> tuple[int, int]:
@@ -239,6 +256,10 @@ def no_nodes() -> list[Node]:
     return []
 
 
+def no_start(job_id: str) -> bool:
+    return False
+
+
 @dataclass
 class Queue:
     """The queue as a scheduling plug-in's `tick` sees it. It acts through Slurm with
@@ -255,7 +276,11 @@ class Queue:
 
     `resize(job, nodes, reason)` is `requeue` at a new size: the job's checkpoint signal,
     back to the queue asking for `nodes`; only for a job whose task opted in ("resize")
-    and a size within its `node_range`."""
+    and a size within its `node_range`.
+
+    `start_now(job)` lets a job that waits out a placement delay (`delayed_for_placement`:
+    a begin time at most PLACEMENT_DELAY_LIMIT s after its submission) start at once, once
+    a plug-in has placed it; the agent refuses any other job."""
 
     jobs: list[QueuedJob]
     set_nice: Callable[[str, int], None]
@@ -267,6 +292,7 @@ class Queue:
     set_features: Callable[[str, str], bool] = no_features
     cluster_nodes: Callable[[], list[Node]] = no_nodes
     resize: Callable[[str, int, str], bool] = no_resize
+    start_now: Callable[[str], bool] = no_start
     # Jobs that left the queue and Slurm still remembers (a few minutes): job -> (its
     # final state: COMPLETED, FAILED, CANCELLED, TIMEOUT, ...; the seconds it ran).
     ended: dict[str, tuple[str, int]] = field(default_factory=dict)

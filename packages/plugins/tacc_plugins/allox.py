@@ -29,6 +29,14 @@ time, with a fairness knob.
   they have. alpha 1 (the default) is pure completion time.
 - At most `window` candidates are matched per tick (the oldest first); the others keep
   the constraint they have.
+- Placement at submit (`submit_delay_seconds`, 0: off): Slurm starts a job at once when
+  a GPU of any type it accepts is free, before a tick has seen it (a job that is 5x
+  slower there holds that GPU). With a delay, such a job is submitted to begin that
+  many seconds later (sbatch --begin=now+N, at most PLACEMENT_DELAY_LIMIT; set it just
+  above the controller's queue_tick_seconds); the next tick matches it with the others
+  and starts it at once on its type (`Queue.start_now`). A tick that does not come
+  costs the delay, nothing more: the job then begins as Slurm places it. A job whose
+  owner set a begin time of their own is left as it is.
 
 A policy: ops turn it on with the agent's `plugins: [allox]` and a `queue_tick_seconds` on
 the controller; settings under `plugin_settings.allox`.
@@ -46,11 +54,15 @@ from tacc_contract.plugin_settings import is_number, is_whole, known_settings
 from tacc_contract.plugins import (
     FEATURE,
     NOT_WAITING_FOR_NODES,
+    PLACEMENT_DELAY_LIMIT,
     Node,
     Plugin,
     Queue,
     QueuedJob,
+    Submission,
     arrival,
+    delayed_for_placement,
+    either_or,
 )
 from tacc_plugins.allox_memory import (
     STATE_FILE,
@@ -96,8 +108,12 @@ def settings_from(config: object) -> Settings:
     samples = given.get("samples", found.samples)
     if not is_whole(samples) or not 1 <= samples <= 100:
         raise bad_setting("samples", "an integer from 1 to 100", samples)
+    delay = given.get("submit_delay_seconds", found.submit_delay_seconds)
+    if not is_whole(delay) or not 0 <= delay <= PLACEMENT_DELAY_LIMIT:
+        expected = f"an integer from 0 (off) to {PLACEMENT_DELAY_LIMIT}, above queue_tick_seconds"
+        raise bad_setting("submit_delay_seconds", expected, delay)
     return Settings(float(alpha), window, {k: float(v) for k, v in speed.items()},
-                    float(default), samples)  # fmt: skip
+                    float(default), samples, delay)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -206,6 +222,19 @@ class Allox(Plugin):
     default_on = False
     policy = True
 
+    def schedule(self, submission: Submission) -> None:
+        """A one-GPU job that accepts several types begins `submit_delay_seconds` later,
+        for a tick to place it first."""
+        delay = settings_from(submission.config).submit_delay_seconds
+        res = submission.task.resources
+        options = submission.options
+        types = either_or(options.get("constraint") or "")
+        one_gpu = res.get("nodes") == 1 and res.get("gpus_per_node") == 1
+        if delay <= 0 or not one_gpu or len(types) < 2 or "begin" in options:
+            return
+        options["begin"] = f"now+{delay}"
+        submission.note(self.name, f"begins in {delay} s: the next queue tick places it")
+
     def tick(self, queue: Queue) -> None:
         if queue.state_dir is None:
             raise AgentError("allox needs the agent's state directory", AGENT_CLUSTER)
@@ -225,7 +254,8 @@ class Allox(Plugin):
             (job for job in queue.jobs
              if job.state == "PENDING" and modeled(job) and job.job_id in asked
              and len(asked[job.job_id]["types"]) >= 2
-             and not job.reason.startswith(NOT_WAITING_FOR_NODES)),
+             and (not job.reason.startswith(NOT_WAITING_FOR_NODES)
+                  or delayed_for_placement(job))),
             key=arrival)  # fmt: skip
         if not candidates:
             return
@@ -251,17 +281,23 @@ class Allox(Plugin):
             entry = asked[job.job_id]
             device = placed.get(job.job_id)
             wanted = device.kind if device else "|".join(entry["types"])
-            if job.features == wanted:
-                continue
-            if not queue.set_features(job.job_id, wanted):
-                continue
-            entry["set"] = wanted
-            if device is None:
-                queue.notes.append(f"allox: job {job.job_id} -> {wanted} as asked "
-                                   "(no device of its types to plan on)")  # fmt: skip
-                continue
-            others = ", ".join(f"{t} {times[job.job_id][t]:.0f} s" for t in entry["types"]
-                               if t != device.kind)  # fmt: skip
-            queue.notes.append(f"allox: job {job.job_id} -> {device.kind} (est. "
-                               f"{times[job.job_id][device.kind]:.0f} s; {others}), "
-                               f"{device.free_in:.0f} s to its device")  # fmt: skip
+            if job.features != wanted:
+                if not queue.set_features(job.job_id, wanted):
+                    continue
+                entry["set"] = wanted
+                self.note_placed(queue, job, device, wanted, times[job.job_id], entry["types"])
+            if device is not None and delayed_for_placement(job) and queue.start_now(job.job_id):
+                queue.notes.append(f"allox: job {job.job_id} placed: starts without its "
+                                   "submit delay")  # fmt: skip
+
+    @staticmethod
+    def note_placed(queue: Queue, job: QueuedJob, device: Device | None, wanted: str,
+                    times: dict[str, float], types: list[str]) -> None:  # fmt: skip
+        if device is None:
+            queue.notes.append(f"allox: job {job.job_id} -> {wanted} as asked "
+                               "(no device of its types to plan on)")  # fmt: skip
+            return
+        others = ", ".join(f"{t} {times[t]:.0f} s" for t in types if t != device.kind)
+        queue.notes.append(f"allox: job {job.job_id} -> {device.kind} (est. "
+                           f"{times[device.kind]:.0f} s; {others}), "
+                           f"{device.free_in:.0f} s to its device")  # fmt: skip

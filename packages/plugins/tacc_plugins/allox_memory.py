@@ -39,8 +39,10 @@ class Settings:
     speed: dict[str, float] = field(default_factory=dict)
     default_seconds: float = 3600.0
     samples: int = 5
+    submit_delay_seconds: int = 0
 
-    KEYS: ClassVar[tuple[str, ...]] = ("alpha", "window", "speed", "default_seconds", "samples")
+    KEYS: ClassVar[tuple[str, ...]] = ("alpha", "window", "speed", "default_seconds", "samples",
+                                       "submit_delay_seconds")  # fmt: skip
 
 
 def key_of(job: QueuedJob) -> str:

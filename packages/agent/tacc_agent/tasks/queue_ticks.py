@@ -10,17 +10,19 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.hostlist import expand_hostlist
-from tacc_agent.slurm import elapsed_seconds
+from tacc_agent.slurm import elapsed_seconds, epoch_seconds
 from tacc_agent.tasks import preempt
 from tacc_agent.tasks.cluster_shape import read_nodes
 from tacc_agent.tasks.constraints import Narrowing
-from tacc_contract.plugins import Node, Queue, QueuedJob
+from tacc_contract.plugins import Node, Queue, QueuedJob, delayed_for_placement
 from tacc_contract.registry import PluginError, in_layer, select
 
 # squeue --Format fields, each printed whole (size 0) and ended by "|". A job's GPUs are
@@ -35,14 +37,16 @@ FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tr
 REQUIRED = 11  # fields up to TimeUsed: a line without the later ones still counts
 FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
 # A second read, for what a constraint ("a100|h100") or a name would cut apart in the
-# first: words split by a space (none of the first five holds one), the name last (free
+# first: words split by a space (none of the first seven holds one), the name last (free
 # text its owner wrote, which may hold line breaks). Each record starts with a word
 # chosen afresh for each read, so no name can start a record of its own: a line without
-# it continues the name before it.
-DETAILS = "%i %u %l %N %f %j"
+# it continues the name before it. %V: submit time, %S: start time (a pending job's
+# begin time while it waits for it).
+DETAILS = "%i %u %l %N %V %S %f %j"
 DETAIL_JOB = re.compile(r"\d+(?:_\d+)?")  # one job or one array task (not "12_[3-9]")
 DETAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$-]*")
 DETAIL_NODES = re.compile(r"[A-Za-z0-9_.,\[\]-]*")
+DETAIL_TIME = re.compile(r"[0-9T:-]+|N/A|Unknown|None")
 COUNT = re.compile(r"\d+")
 LOCK_FILE = "queue-tick.lock"
 
@@ -122,29 +126,39 @@ def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
     return parse_queue(out)
 
 
-Details = tuple[str, str, str, int, tuple[str, ...]]  # user, name, features, limit, nodes
+class Details(NamedTuple):
+    user: str
+    name: str
+    features: str
+    limit: int  # seconds
+    nodes: tuple[str, ...]
+    submit_time: float  # epoch seconds, 0 when not known
+    start_time: float
 
 
 def parse_details(text: str, start: str) -> dict[str, Details]:
-    """job -> (user, name, features, time limit in seconds, nodes) from squeue -o
-    "START DETAILS": a line starting with START begins a record, any other line goes on
-    the name before it. A record whose fields are not what Slurm prints is left out."""
+    """job -> its Details from squeue -o "START DETAILS": a line starting with START
+    begins a record, any other line goes on the name before it. A record whose fields
+    are not what Slurm prints is left out."""
     records: list[list[str]] = []
     for line in text.split("\n"):
         if line.startswith(start + " "):
-            records.append(line[len(start) + 1 :].split(" ", 5))
+            records.append(line[len(start) + 1 :].split(" ", 7))
         elif records:
             records[-1][-1] += "\n" + line
     found: dict[str, Details] = {}
     for parts in records:
-        if len(parts) < 6:
+        if len(parts) < 8:
             continue
-        job_id, user, limit, nodelist, features, name = parts
+        job_id, user, limit, nodelist, submitted, starts, features, name = parts
         if not (DETAIL_JOB.fullmatch(job_id) and DETAIL_USER.fullmatch(user)
-                and DETAIL_NODES.fullmatch(nodelist)):  # fmt: skip
+                and DETAIL_NODES.fullmatch(nodelist) and DETAIL_TIME.fullmatch(submitted)
+                and DETAIL_TIME.fullmatch(starts)):  # fmt: skip
             continue
-        found[job_id] = (user, name.rstrip("\n"), "" if features == "(null)" else features,
-                         elapsed_seconds(limit), tuple(expand_hostlist(nodelist)))  # fmt: skip
+        found[job_id] = Details(user, name.rstrip("\n"),
+                                "" if features == "(null)" else features,
+                                elapsed_seconds(limit), tuple(expand_hostlist(nodelist)),
+                                epoch_seconds(submitted), epoch_seconds(starts))  # fmt: skip
     return found
 
 
@@ -156,9 +170,35 @@ def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
     details = parse_details(out, start)
     for job in jobs:
         info = details.get(job.job_id)
-        if info and info[0] == job.user:
-            _, job.name, job.features, job.time_limit_seconds, job.node_names = info
+        if info and info.user == job.user:
+            job.name, job.features, job.time_limit_seconds = info.name, info.features, info.limit
+            job.node_names, job.submit_time, job.start_time = (
+                info.nodes, info.submit_time, info.start_time)  # fmt: skip
             job.details = True
+
+
+def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], None]
+            ) -> Callable[[str], bool]:  # fmt: skip
+    """`Queue.start_now` for one tick: only a job `delayed_for_placement` as read this
+    tick (its begin time at most PLACEMENT_DELAY_LIMIT s after its submission), so an
+    owner's own later begin time is never cut short."""
+    by_id = {job.job_id: job for job in jobs}
+
+    def start_now(job_id: str) -> bool:
+        job = by_id.get(job_id)
+        if job is None or not delayed_for_placement(job):
+            note(f"agent: job {job_id}: start now refused: it waits for no placement delay")
+            return False
+        try:
+            slurm.slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                        config.slurm_timeout_seconds)  # fmt: skip
+        except AgentError as exc:
+            note(f"agent: job {job_id}: start now failed: {exc}")
+            return False
+        job.reason = ""  # started early: no second start this tick
+        return True
+
+    return start_now
 
 
 # What a running job's record allowed, kept across the daemon's ticks (the record is
@@ -207,6 +247,7 @@ def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[st
         return nodes[0]
 
     queue.cluster_nodes = cluster_nodes
+    queue.start_now = starter(queue.jobs, config, queue.notes.append)
     if plugins:
         read_records(queue, config, allowed)
         try:

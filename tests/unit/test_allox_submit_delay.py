@@ -1,0 +1,171 @@
+"""allox's placement at submit (issue [16]): a one-GPU job that accepts several types
+begins `submit_delay_seconds` after its submission, the next tick matches it with the
+others and starts it at once on its type; the agent starts early only a job whose begin
+time is such a delay, never one its owner set for later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tacc_agent import slurm as slurm_module
+from tacc_agent.config import AgentConfig
+from tacc_agent.tasks import queue_ticks
+from tacc_contract.errors import AgentError
+from tacc_contract.plugins import (
+    PLACEMENT_DELAY_LIMIT,
+    Node,
+    Queue,
+    QueuedJob,
+    Submission,
+    delayed_for_placement,
+)
+from tacc_plugins.allox import Allox
+
+SUBMIT = 1_800_000_000.0
+NODES = [Node(name, 8, 1000, 1, ("batch",), features=(kind,), state="IDLE",
+              gpu_kinds=((kind, 1),))
+         for name, kind in (("g1", "h100"), ("g2", "l40s"))]  # fmt: skip
+
+
+def config(delay: object = 5) -> AgentConfig:
+    return AgentConfig(plugin_settings={"allox": {"submit_delay_seconds": delay}})
+
+
+def submission(delay: object = 5, nodes: object = 1, gpus: int = 1,
+               constraint: str = "h100|l40s", **options: str) -> Submission:  # fmt: skip
+    task = SimpleNamespace(resources={"nodes": nodes, "gpus_per_node": gpus})
+    return Submission(task, {"constraint": constraint, **options}, "batch", config=config(delay))
+
+
+def pending(job_id: str, reason: str = "BeginTime", begins_after: float = 5,
+            name: str = "train", user: str = "alice") -> QueuedJob:  # fmt: skip
+    return QueuedJob(job_id, user, "PENDING", 0, 1, 0, reason=reason, name=name,
+                     features="h100|l40s", time_limit_seconds=600, details=True,
+                     submit_time=SUBMIT, start_time=SUBMIT + begins_after)  # fmt: skip
+
+
+def test_a_job_that_accepts_several_types_begins_after_the_delay_for_a_tick_to_place_it():
+    found = submission()
+    Allox().schedule(found)
+    assert found.options["begin"] == "now+5"
+    assert found.notes["allox"] == "begins in 5 s: the next queue tick places it"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"delay": 0},  # off, the default
+        {"gpus": 2},  # AlloX's model is one GPU on one node
+        {"nodes": 2},
+        {"nodes": "1-2"},
+        {"constraint": "h100"},  # one type: nothing to place
+        {"constraint": "h100&ib"},  # its owner's own logic
+        {"begin": "now+3600"},  # its owner's own begin time stays
+    ],
+)
+def test_no_delay_where_there_is_nothing_to_place_or_its_owner_set_a_begin(given):
+    found = submission(**given)
+    before = dict(found.options)
+    Allox().schedule(found)
+    assert found.options == before and "allox" not in found.notes
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("delay", [-1, PLACEMENT_DELAY_LIMIT + 1, 2.5, "5", True])
+def test_a_bad_delay_stops_the_submit_naming_the_key(delay):
+    with pytest.raises(AgentError, match=r"plugin_settings\.allox\.submit_delay_seconds"):
+        Allox().schedule(submission(delay))
+
+
+def tick(tmp_path: Path, *jobs: QueuedJob) -> tuple[list[str], dict[str, str], list[str]]:
+    """One allox tick: (notes, constraints set, jobs started now)."""
+    set_to: dict[str, str] = {}
+    started: list[str] = []
+
+    def set_features(job_id: str, features: str) -> bool:
+        set_to[job_id] = features
+        return True
+
+    def start_now(job_id: str) -> bool:
+        started.append(job_id)
+        return True
+
+    queue = Queue(list(jobs), lambda *_: None, SUBMIT + 1, tmp_path, config(),
+                  set_features=set_features, cluster_nodes=lambda: NODES,
+                  start_now=start_now)  # fmt: skip
+    Allox().tick(queue)
+    return queue.notes, set_to, started
+
+
+def test_the_tick_places_a_delayed_job_and_starts_it_without_its_delay(tmp_path):
+    notes, set_to, started = tick(tmp_path, pending("7"))
+    assert set_to == {"7": "h100"} and started == ["7"]
+    assert "allox: job 7 placed: starts without its submit delay" in notes
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("begins_after", [PLACEMENT_DELAY_LIMIT + 1, 3600])
+def test_a_job_its_owner_set_to_begin_later_is_neither_placed_nor_started(tmp_path, begins_after):
+    notes, set_to, started = tick(tmp_path, pending("7", begins_after=begins_after))
+    assert set_to == {} and started == [], notes
+
+
+def test_a_job_waiting_for_nodes_is_placed_and_has_nothing_to_start(tmp_path):
+    _, set_to, started = tick(tmp_path, pending("7", reason="Resources"))
+    assert set_to == {"7": "h100"} and started == []
+
+
+@pytest.fixture
+def scontrol(monkeypatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(queue_ticks.slurm, "slurm", lambda argv, timeout: calls.append(argv))
+    return calls
+
+
+def test_the_agent_starts_a_delayed_job_by_moving_its_start_time_to_now(scontrol):
+    notes: list[str] = []
+    start_now = queue_ticks.starter([pending("7")], AgentConfig(), notes.append)
+    assert start_now("7")
+    assert scontrol == [["scontrol", "update", "JobId=7", "StartTime=now"]]
+    assert not start_now("7")  # started: not twice in a tick
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "found",
+    [
+        pending("7", begins_after=PLACEMENT_DELAY_LIMIT + 1),  # its owner's plan
+        pending("7", begins_after=86400),
+        pending("7", reason="Resources"),  # not waiting for a begin time
+        pending("7", reason="JobHeldUser"),  # held: only its owner releases it
+        QueuedJob(
+            "7",
+            "alice",
+            "RUNNING",
+            0,
+            1,
+            0,
+            reason="BeginTime",
+            details=True,
+            submit_time=SUBMIT,
+            start_time=SUBMIT + 5,
+        ),
+        QueuedJob("7", "alice", "PENDING", 0, 1, 0, reason="BeginTime"),  # times not read
+    ],
+)
+def test_the_agent_never_cuts_short_a_begin_time_that_is_no_placement_delay(scontrol, found):
+    notes: list[str] = []
+    start_now = queue_ticks.starter([found], AgentConfig(), notes.append)
+    assert not start_now("7") and not start_now("8")  # and no job it did not read
+    assert scontrol == []
+    assert notes[0] == "agent: job 7: start now refused: it waits for no placement delay"
+
+
+def test_slurm_times_read_as_epoch_seconds_and_none_as_zero():
+    at = slurm_module.epoch_seconds("2026-11-25T06:00:00")
+    assert slurm_module.epoch_seconds("2026-11-25T06:00:05") == at + 5
+    assert [slurm_module.epoch_seconds(t) for t in ("N/A", "Unknown", "", "x")] == [0.0] * 4
+    assert delayed_for_placement(pending("7", begins_after=PLACEMENT_DELAY_LIMIT))
