@@ -129,6 +129,6 @@ def ticked(alice: Tcloud, work: Path, kinds: list[tuple[str, list[str]]],
     found = figures(infos, order)
     early = [c for c in log["changes"] if c.endswith("starts without its submit delay")]
     found.update(ticks=log["ticks"], failed_ticks=log["failed_ticks"],
-                 narrowed=sum(1 for c in log["changes"] if "->" in c),
+                 narrowed=sum(1 for c in log["changes"] if "(est." in c),
                  started_early=len(early))  # fmt: skip
     return found

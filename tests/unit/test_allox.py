@@ -303,11 +303,10 @@ def test_the_agent_changes_no_running_job_and_no_job_it_did_not_read(tmp_path, s
 
 
 def test_squeue_details_keep_a_constraint_whole_and_a_name_with_spaces():
-    out = ("S 12 alice 10:00 n[2-3] 2026-11-25T06:00:00 2026-11-25T06:00:05 h100|l40s "
-           "my job | name\n"
-           "S 13 bob UNLIMITED  2026-11-25T06:00:01 N/A (null) x\n")  # fmt: skip
+    out = ("S 12 alice 10:00 n[2-3] 1795587794 1795587799 h100|l40s my job | name\n"
+           "S 13 bob UNLIMITED  1795587795 N/A (null) x\n")  # fmt: skip
     found = queue_ticks.parse_details(out, "S")
-    at = slurm_module.epoch_seconds("2026-11-25T06:00:00")
+    at = 1795587794.0
     assert found["12"] == ("alice", "my job | name", "h100|l40s", 600, ("n2", "n3"), at, at + 5)
     assert found["13"] == ("bob", "x", "", 0, (), at + 1, 0.0)
 
@@ -321,7 +320,7 @@ def test_a_name_holding_line_breaks_forges_no_job_and_breaks_no_tick(monkeypatch
     forged = "9 alice x-1 n[0-99999]x[0-99999] N/A N/A a b"
     calls: list[list[str]] = []
 
-    def squeue(argv, timeout):
+    def squeue(argv, timeout, env=None):
         calls.append(argv)
         start = argv[-1].split()[0]
         return (

@@ -12,7 +12,7 @@ import pytest
 
 from tacc_agent import slurm as slurm_module
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import queue_ticks
+from tacc_agent.tasks import early_start, queue_ticks
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import (
     PLACEMENT_DELAY_LIMIT,
@@ -35,8 +35,9 @@ def config(delay: object = 5) -> AgentConfig:
 
 
 def submission(delay: object = 5, nodes: object = 1, gpus: int = 1,
-               constraint: str = "h100|l40s", **options: str) -> Submission:  # fmt: skip
-    task = SimpleNamespace(resources={"nodes": nodes, "gpus_per_node": gpus})
+               constraint: str = "h100|l40s", sbatch: dict | None = None,
+               **options: str) -> Submission:  # fmt: skip
+    task = SimpleNamespace(resources={"nodes": nodes, "gpus_per_node": gpus, "sbatch": sbatch})
     return Submission(task, {"constraint": constraint, **options}, "batch", config=config(delay))
 
 
@@ -64,6 +65,11 @@ def test_a_job_that_accepts_several_types_begins_after_the_delay_for_a_tick_to_p
         {"constraint": "h100"},  # one type: nothing to place
         {"constraint": "h100&ib"},  # its owner's own logic
         {"begin": "now+3600"},  # its owner's own begin time stays
+        {"sbatch": {"begin": "2026-12-24T20:00:00"}},  # as a task writes it
+        {"sbatch": {"beg": "now+3600"}},  # any spelling sbatch reads as --begin
+        {"sbatch": {"hold": ""}},  # held, or waiting for another job: its owner's timing
+        {"sbatch": {"dependency": "afterok:12"}},
+        {"sbatch": {"deadline": "now+3600"}},
     ],
 )
 def test_no_delay_where_there_is_nothing_to_place_or_its_owner_set_a_begin(given):
@@ -74,7 +80,7 @@ def test_no_delay_where_there_is_nothing_to_place_or_its_owner_set_a_begin(given
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("delay", [-1, PLACEMENT_DELAY_LIMIT + 1, 2.5, "5", True])
+@pytest.mark.parametrize("delay", [-1, 31, PLACEMENT_DELAY_LIMIT + 1, 2.5, "5", True])
 def test_a_bad_delay_stops_the_submit_naming_the_key(delay):
     with pytest.raises(AgentError, match=r"plugin_settings\.allox\.submit_delay_seconds"):
         Allox().schedule(submission(delay))
@@ -118,18 +124,50 @@ def test_a_job_waiting_for_nodes_is_placed_and_has_nothing_to_start(tmp_path):
     assert set_to == {"7": "h100"} and started == []
 
 
-@pytest.fixture
-def scontrol(monkeypatch) -> list[list[str]]:
-    calls: list[list[str]] = []
-    monkeypatch.setattr(queue_ticks.slurm, "slurm", lambda argv, timeout: calls.append(argv))
-    return calls
+def record(user: str = "alice", restarts: int = 0, state: str = "PENDING",
+           reason: str = "BeginTime", begins_after: float = 5) -> str:  # fmt: skip
+    """`scontrol show job 7 --oneliner` with SLURM_TIME_FORMAT=%s."""
+    return (f"JobId=7 JobName=train UserId={user}(1001) GroupId={user}(1001) Priority=1 "
+            f"JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+            f"Restarts={restarts} SubmitTime={SUBMIT:.0f} "
+            f"EligibleTime={SUBMIT + begins_after:.0f} "
+            f"StartTime={SUBMIT + begins_after:.0f}\n")  # fmt: skip
 
 
-def test_the_agent_starts_a_delayed_job_by_moving_its_start_time_to_now(scontrol):
+class Scontrol:
+    """Slurm for the agent's starter: `show job` answers `shown`; every call kept."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.calls: list[tuple[list[str], dict | None]] = []
+
+    def __call__(self, argv: list[str], timeout: float, env: dict | None = None) -> str:
+        self.calls.append((argv, env))
+        return self.shown if argv[1] == "show" else ""
+
+    def updates(self) -> list[list[str]]:
+        return [argv for argv, _ in self.calls if argv[1] == "update"]
+
+
+def start(
+    monkeypatch, found: QueuedJob, shown: str, job_id: str = "7"
+) -> tuple[bool, Scontrol, list[str]]:
+    scontrol = Scontrol(shown)
+    monkeypatch.setattr(early_start.slurm, "slurm", scontrol)
     notes: list[str] = []
-    start_now = queue_ticks.starter([pending("7")], AgentConfig(), notes.append)
+    started = early_start.starter([found], AgentConfig(), notes.append)(job_id)
+    return started, scontrol, notes
+
+
+def test_the_agent_starts_a_delayed_job_by_moving_its_start_time_to_now(monkeypatch):
+    scontrol = Scontrol(record())
+    monkeypatch.setattr(early_start.slurm, "slurm", scontrol)
+    start_now = early_start.starter([pending("7")], AgentConfig(), [].append)
     assert start_now("7")
-    assert scontrol == [["scontrol", "update", "JobId=7", "StartTime=now"]]
+    assert scontrol.calls == [
+        (["scontrol", "show", "job", "7", "--oneliner"], {"SLURM_TIME_FORMAT": "%s"}),
+        (["scontrol", "update", "JobId=7", "StartTime=now"], None),
+    ]
     assert not start_now("7")  # started: not twice in a tick
 
 
@@ -156,16 +194,55 @@ def test_the_agent_starts_a_delayed_job_by_moving_its_start_time_to_now(scontrol
         QueuedJob("7", "alice", "PENDING", 0, 1, 0, reason="BeginTime"),  # times not read
     ],
 )
-def test_the_agent_never_cuts_short_a_begin_time_that_is_no_placement_delay(scontrol, found):
-    notes: list[str] = []
-    start_now = queue_ticks.starter([found], AgentConfig(), notes.append)
-    assert not start_now("7") and not start_now("8")  # and no job it did not read
-    assert scontrol == []
-    assert notes[0] == "agent: job 7: start now refused: it waits for no placement delay"
+def test_the_agent_never_cuts_short_a_begin_time_that_is_no_placement_delay(monkeypatch, found):
+    started, scontrol, notes = start(monkeypatch, found, record())
+    assert not started and scontrol.calls == []
+    assert notes == ["agent: job 7: start now refused: it waits for no placement delay"]
+    started, scontrol, notes = start(monkeypatch, found, record(), job_id="8")
+    assert not started and scontrol.calls == []  # nor a job it did not read
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("shown", "why"),
+    [
+        # Requeued: Slurm's requeue delay (cred_expire) lets the old run's credential
+        # expire; 21 s after its new submit time looked like a placement delay.
+        (record(restarts=1, begins_after=21), "it was requeued"),
+        (record(begins_after=PLACEMENT_DELAY_LIMIT + 1), "its begin time is its owner's"),
+        (record(state="RUNNING", reason="None"), "it no longer waits for a begin time"),
+        (record(user="bob"), "its record is not its owner's as read"),
+        ("", "its record is not its owner's as read"),
+    ],
+)
+def test_the_agent_reads_the_job_again_and_starts_no_requeued_or_changed_one(monkeypatch, shown,
+                                                                             why):  # fmt: skip
+    started, scontrol, notes = start(monkeypatch, pending("7", begins_after=21), shown)
+    assert not started and scontrol.updates() == []
+    assert notes[0].startswith(f"agent: job 7: start now refused: {why}"), notes
+
+
+@pytest.mark.security
+def test_the_details_read_times_as_epoch_seconds_whatever_the_callers_format(monkeypatch):
+    """A root shell's SLURM_TIME_FORMAT ("%F %T": a space) shifted every field after it
+    on the old read; local times misread across a DST change."""
+    seen: list[dict | None] = []
+
+    def squeue(argv, timeout, env=None):
+        seen.append(env)
+        start = argv[-1].split()[0]
+        return f"{start} 9 alice 10:00  1795587794 1795587799 h100|l40s train\n"
+
+    monkeypatch.setattr(queue_ticks.slurm, "slurm", squeue)
+    jobs = [QueuedJob("9", "alice", "PENDING", 0, 1, 0)]
+    queue_ticks.read_details(jobs, AgentConfig())
+    assert seen == [{"SLURM_TIME_FORMAT": "%s"}]
+    assert (jobs[0].submit_time, jobs[0].start_time, jobs[0].features) == (
+        1795587794, 1795587799, "h100|l40s")  # fmt: skip
 
 
 def test_slurm_times_read_as_epoch_seconds_and_none_as_zero():
-    at = slurm_module.epoch_seconds("2026-11-25T06:00:00")
-    assert slurm_module.epoch_seconds("2026-11-25T06:00:05") == at + 5
-    assert [slurm_module.epoch_seconds(t) for t in ("N/A", "Unknown", "", "x")] == [0.0] * 4
+    assert slurm_module.epoch_seconds("1795587794") == 1795587794.0
+    texts = ("N/A", "Unknown", "", "x", "2026-11-25T06:00:00", "-5")
+    assert [slurm_module.epoch_seconds(t) for t in texts] == [0.0] * len(texts)
     assert delayed_for_placement(pending("7", begins_after=PLACEMENT_DELAY_LIMIT))

@@ -102,7 +102,8 @@ class FakeSlurm:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def __call__(self, argv: list[str], timeout: float = 0, check: bool = True) -> str:
+    def __call__(self, argv: list[str], timeout: float = 0, check: bool = True,
+                 env: dict | None = None) -> str:  # fmt: skip
         self.calls.append(argv)
         if argv[:3] == ["scontrol", "show", "node"]:
             return "\n".join(NODES)

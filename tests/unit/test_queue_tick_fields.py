@@ -77,7 +77,7 @@ def ticking(monkeypatch):
     requeued: list[tuple[str, str]] = []
     monkeypatch.setattr(queue_ticks, "select", lambda words, policy_from: [plugin])
     monkeypatch.setattr(queue_ticks, "in_layer", lambda plugins, layer: plugins)
-    monkeypatch.setattr(slurm, "slurm", lambda argv, timeout=0, check=True: SQUEUE)
+    monkeypatch.setattr(slurm, "slurm", lambda argv, timeout=0, check=True, env=None: SQUEUE)
 
     def show(kind, name="", timeout=0):
         shown.append(name)

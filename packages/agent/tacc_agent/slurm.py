@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
-from datetime import datetime
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
@@ -13,12 +13,20 @@ TIMEOUT = 15
 SET_BY = re.compile(r"\s*\[[^\]\s]+@[^\]\s]+\]$")
 
 
-def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> str:
-    """stdout of a Slurm command; AgentError when it fails, hangs or is missing."""
+# Times as epoch seconds (glibc's strftime %s), whatever SLURM_TIME_FORMAT or TZ the
+# caller's environment has: no local time to misread across a DST change.
+EPOCH_TIMES = {"SLURM_TIME_FORMAT": "%s"}
+
+
+def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True,
+          env: dict[str, str] | None = None) -> str:  # fmt: skip
+    """stdout of a Slurm command (with `env` added to the environment); AgentError when
+    it fails, hangs or is missing."""
     try:
         # Free text users write (job names, comments) may hold any byte: never a crash.
         proc = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
-                              timeout=timeout, check=False)  # fmt: skip
+                              timeout=timeout, check=False,
+                              env={**os.environ, **env} if env else None)  # fmt: skip
     except FileNotFoundError:
         raise AgentError(f"{argv[0]} not found: is this a Slurm node?", EXIT_CLUSTER) from None
     except subprocess.TimeoutExpired:
@@ -41,12 +49,10 @@ def elapsed_seconds(text: str) -> int:
 
 
 def epoch_seconds(text: str) -> float:
-    """A time as Slurm prints it (squeue %V, %S: 2026-11-25T06:40:12, the controller's
-    local time) in epoch seconds; 0 for N/A, Unknown and the like."""
-    try:
-        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
-    except ValueError:
-        return 0.0
+    """A time Slurm printed with EPOCH_TIMES ("1795587794") in seconds; 0 for N/A,
+    Unknown and the like."""
+    text = text.strip()
+    return float(text) if text.isdigit() else 0.0
 
 
 KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")

@@ -92,8 +92,9 @@ FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 JOB_NUMBER = re.compile(r"(\d+)(?:_(\d+))?")
 # A begin time at most this many seconds after a job's submission is a placement delay
 # (a plug-in's, as allox's `submit_delay_seconds`: time for a tick to place the job
-# before Slurm starts it on the first free node), not its owner's plan: only such a job
-# may be started early (`Queue.start_now`).
+# before Slurm starts it on the first free node): only such a job may be started early
+# (`Queue.start_now`). An owner's own begin time as near as that may be cut short too;
+# the owner may move it themselves (scontrol update), no other user's job is touched.
 PLACEMENT_DELAY_LIMIT = 60
 
 
@@ -221,7 +222,10 @@ class QueuedJob:
 
 def delayed_for_placement(job: QueuedJob) -> bool:
     """A pending job that waits for a begin time at most PLACEMENT_DELAY_LIMIT seconds
-    after its submission (a placement delay, which `Queue.start_now` may cut short)."""
+    after its submission, as the tick read it: a placement delay, which `Queue.start_now`
+    may cut short. (A requeued job waits for a begin time too, Slurm's requeue delay
+    that lets its old run's credential expire: the agent reads the job again before it
+    starts one, and never starts a requeued job early.)"""
     return (job.state == "PENDING" and job.reason == "BeginTime" and job.details
             and job.submit_time > 0
             and 0 < job.start_time - job.submit_time <= PLACEMENT_DELAY_LIMIT)  # fmt: skip

@@ -32,11 +32,11 @@ time, with a fairness knob.
 - Placement at submit (`submit_delay_seconds`, 0: off): Slurm starts a job at once when
   a GPU of any type it accepts is free, before a tick has seen it (a job that is 5x
   slower there holds that GPU). With a delay, such a job is submitted to begin that
-  many seconds later (sbatch --begin=now+N, at most PLACEMENT_DELAY_LIMIT; set it just
+  many seconds later (sbatch --begin=now+N, at most MAX_SUBMIT_DELAY; set it just
   above the controller's queue_tick_seconds); the next tick matches it with the others
   and starts it at once on its type (`Queue.start_now`). A tick that does not come
   costs the delay, nothing more: the job then begins as Slurm places it. A job whose
-  owner set a begin time of their own is left as it is.
+  owner set a begin time, a hold, a dependency or a deadline is left as it is.
 
 A policy: ops turn it on with the agent's `plugins: [allox]` and a `queue_tick_seconds` on
 the controller; settings under `plugin_settings.allox`.
@@ -80,6 +80,12 @@ from tacc_plugins.allox_memory import (
 from tacc_plugins.matching import min_cost_assignment
 
 MAX_WINDOW = 100  # jobs x devices x places: 100 jobs on 100 devices is a second a tick
+# Below the agent's PLACEMENT_DELAY_LIMIT: the login node's clock (sbatch's now+N) and
+# the controller's (the submit time) may differ by a little.
+MAX_SUBMIT_DELAY = PLACEMENT_DELAY_LIMIT // 2
+# The owner's own timing (sbatch reads any unambiguous prefix of a long option): a task
+# whose extra sbatch options may name one of these is never delayed.
+OWN_TIMING = ("begin", "hold", "dependency", "deadline")
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
@@ -109,8 +115,8 @@ def settings_from(config: object) -> Settings:
     if not is_whole(samples) or not 1 <= samples <= 100:
         raise bad_setting("samples", "an integer from 1 to 100", samples)
     delay = given.get("submit_delay_seconds", found.submit_delay_seconds)
-    if not is_whole(delay) or not 0 <= delay <= PLACEMENT_DELAY_LIMIT:
-        expected = f"an integer from 0 (off) to {PLACEMENT_DELAY_LIMIT}, above queue_tick_seconds"
+    if not is_whole(delay) or not 0 <= delay <= MAX_SUBMIT_DELAY:
+        expected = f"an integer from 0 (off) to {MAX_SUBMIT_DELAY}, above queue_tick_seconds"
         raise bad_setting("submit_delay_seconds", expected, delay)
     return Settings(float(alpha), window, {k: float(v) for k, v in speed.items()},
                     float(default), samples, delay)  # fmt: skip
@@ -230,7 +236,9 @@ class Allox(Plugin):
         options = submission.options
         types = either_or(options.get("constraint") or "")
         one_gpu = res.get("nodes") == 1 and res.get("gpus_per_node") == 1
-        if delay <= 0 or not one_gpu or len(types) < 2 or "begin" in options:
+        own = [*options, *(res.get("sbatch") or {})]
+        timed = any(word.startswith(key) for key in own for word in OWN_TIMING)
+        if delay <= 0 or not one_gpu or len(types) < 2 or timed:
             return
         options["begin"] = f"now+{delay}"
         submission.note(self.name, f"begins in {delay} s: the next queue tick places it")

@@ -10,7 +10,6 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,7 +21,8 @@ from tacc_agent.slurm import elapsed_seconds, epoch_seconds
 from tacc_agent.tasks import preempt
 from tacc_agent.tasks.cluster_shape import read_nodes
 from tacc_agent.tasks.constraints import Narrowing
-from tacc_contract.plugins import Node, Queue, QueuedJob, delayed_for_placement
+from tacc_agent.tasks.early_start import starter
+from tacc_contract.plugins import Node, Queue, QueuedJob
 from tacc_contract.registry import PluginError, in_layer, select
 
 # squeue --Format fields, each printed whole (size 0) and ended by "|". A job's GPUs are
@@ -41,12 +41,12 @@ FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
 # text its owner wrote, which may hold line breaks). Each record starts with a word
 # chosen afresh for each read, so no name can start a record of its own: a line without
 # it continues the name before it. %V: submit time, %S: start time (a pending job's
-# begin time while it waits for it).
+# begin time while it waits for it), both read as epoch seconds (slurm.EPOCH_TIMES).
 DETAILS = "%i %u %l %N %V %S %f %j"
 DETAIL_JOB = re.compile(r"\d+(?:_\d+)?")  # one job or one array task (not "12_[3-9]")
 DETAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$-]*")
 DETAIL_NODES = re.compile(r"[A-Za-z0-9_.,\[\]-]*")
-DETAIL_TIME = re.compile(r"[0-9T:-]+|N/A|Unknown|None")
+DETAIL_TIME = re.compile(r"[0-9]+|N/A|Unknown|None")
 COUNT = re.compile(r"\d+")
 LOCK_FILE = "queue-tick.lock"
 
@@ -166,7 +166,8 @@ def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
     """Each job's name, constraint, time limit and nodes, from one more squeue."""
     start = secrets.token_hex(8)
     out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING",
-                       "-o", f"{start} {DETAILS}"], config.slurm_timeout_seconds)  # fmt: skip
+                       "-o", f"{start} {DETAILS}"], config.slurm_timeout_seconds,
+                      env=slurm.EPOCH_TIMES)  # fmt: skip
     details = parse_details(out, start)
     for job in jobs:
         info = details.get(job.job_id)
@@ -175,30 +176,6 @@ def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
             job.node_names, job.submit_time, job.start_time = (
                 info.nodes, info.submit_time, info.start_time)  # fmt: skip
             job.details = True
-
-
-def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], None]
-            ) -> Callable[[str], bool]:  # fmt: skip
-    """`Queue.start_now` for one tick: only a job `delayed_for_placement` as read this
-    tick (its begin time at most PLACEMENT_DELAY_LIMIT s after its submission), so an
-    owner's own later begin time is never cut short."""
-    by_id = {job.job_id: job for job in jobs}
-
-    def start_now(job_id: str) -> bool:
-        job = by_id.get(job_id)
-        if job is None or not delayed_for_placement(job):
-            note(f"agent: job {job_id}: start now refused: it waits for no placement delay")
-            return False
-        try:
-            slurm.slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                        config.slurm_timeout_seconds)  # fmt: skip
-        except AgentError as exc:
-            note(f"agent: job {job_id}: start now failed: {exc}")
-            return False
-        job.reason = ""  # started early: no second start this tick
-        return True
-
-    return start_now
 
 
 # What a running job's record allowed, kept across the daemon's ticks (the record is
