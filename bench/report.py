@@ -787,45 +787,76 @@ def section_scale(entry: dict | None) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class PluginRow:
+    """One row of the plug-in table: two numbers of plugins.py's result for `plugin`
+    (under `key` when a variant of its run is kept beside the latest, as
+    `allox_two_types_stop32`), off and on."""
+
+    plugin: str
+    figure: str
+    off_label: str
+    off_path: tuple[str, ...]
+    on_label: str
+    on_path: tuple[str, ...]
+    unit: str = "s"
+    key: str = ""
+
+
 PLUGIN_ROWS = (
-    # (plug-in, figure, off label and path, on label and path, unit)
-    ("duration", "mean start delay of 3 short jobs behind a waiting 2-node job",
-     ("1 h default limit", ("off", "mean_start_delay_s")),
-     ("predicted limit", ("on", "mean_start_delay_s")), "s"),
-    ("las", "mean job completion time, 4 long (alice) + 4 short (bob) jobs",
-     ("FIFO", ("fifo", "mean_jct_s")), ("LAS", ("las", "mean_jct_s")), "s"),
-    ("gpu_share", "makespan of 4 x 20 s tasks on one (FAKE) GPU",
-     ("whole GPU each", ("whole", "makespan_s")), ("0.25 GPU each", ("quarter", "makespan_s")),
-     "s"),
-    ("elastic", "start delay of a 2-node task with one node busy",
-     ("nodes: 2", ("fixed", "start_delay_s")), ("nodes: 1-2", ("range", "start_delay_s")), "s"),
-    ("sweep", "time to submit 8 trials",
-     ("8 submits", ("separate_submits_s",)), ("1 sweep", ("sweep_submit_s",)), "s"),
-    ("tiresias", "mean JCT, las' trace (4 long alice, 4 short bob; long ones preemptible)",
-     ("FIFO", ("las_trace", "fifo", "mean_jct_s")),
-     ("tiresias", ("las_trace", "tiresias", "mean_jct_s")), "s"),
-    ("tiresias", "the same trace: per-user LAS against per-job tiresias",
-     ("las", ("las_trace", "las", "mean_jct_s")),
-     ("tiresias", ("las_trace", "tiresias", "mean_jct_s")), "s"),
-    ("tiresias", "mean JCT, one user's 2 long jobs then her 6 short ones",
-     ("FIFO", ("short_behind_long", "fifo", "mean_jct_s")),
-     ("tiresias", ("short_behind_long", "tiresias", "mean_jct_s")), "s"),
-    ("tiresias", "the same workload: per-user LAS against per-job tiresias",
-     ("las", ("short_behind_long", "las", "mean_jct_s")),
-     ("tiresias", ("short_behind_long", "tiresias", "mean_jct_s")), "s"),
-    ("fluid", "time to the best result, 9 trials x 9 steps of 1 s, 2 at once",
-     ("plain grid", ("plain", "time_to_best_s")), ("ASHA", ("adaptive", "time_to_best_s")), "s"),
-    ("fluid", "trial-seconds of the same grid and budget",
-     ("plain grid", ("plain", "trial_seconds")), ("ASHA", ("adaptive", "trial_seconds")), "s"),
-    ("oort", "simulated time to the target accuracy, median of 3 seeds",
-     ("random", ("random", "median_seconds_to_target")),
-     ("Oort", ("oort", "median_seconds_to_target")), "s"),
-    ("elastic_resize", "makespan, 3 jobs of 60 node-s and 2 short ones on 2 nodes",
-     ("nodes: 1", ("fixed_1", "makespan_s")), ("1-2 resized", ("resize", "makespan_s")), "s"),
-    ("elastic_resize", "mean wait (submit to start), the same stream",
-     ("nodes: 2", ("fixed_2", "mean_wait_s")), ("1-2 resized", ("resize", "mean_wait_s")), "s"),
-    ("allox", "mean JCT, 12 one-GPU jobs of two classes that accept h100 or l40s",
-     ("any type", ("any_type", "mean_jct_s")), ("allox", ("allox", "mean_jct_s")), "s"),
+    PluginRow("duration", "mean start delay of 3 short jobs behind a waiting 2-node job",
+              "1 h default limit", ("off", "mean_start_delay_s"),
+              "predicted limit", ("on", "mean_start_delay_s")),
+    PluginRow("las", "mean job completion time, 4 long (alice) + 4 short (bob) jobs",
+              "FIFO", ("fifo", "mean_jct_s"), "LAS", ("las", "mean_jct_s")),
+    PluginRow("gpu_share", "makespan of 4 x 20 s tasks on one (FAKE) GPU",
+              "whole GPU each", ("whole", "makespan_s"),
+              "0.25 GPU each", ("quarter", "makespan_s")),
+    PluginRow("elastic", "start delay of a 2-node task with one node busy",
+              "nodes: 2", ("fixed", "start_delay_s"), "nodes: 1-2", ("range", "start_delay_s")),
+    PluginRow("sweep", "time to submit 8 trials",
+              "8 submits", ("separate_submits_s",), "1 sweep", ("sweep_submit_s",)),
+    PluginRow("tiresias", "mean JCT, las' trace (4 long alice, 4 short bob; long ones preemptible)",
+              "FIFO", ("las_trace", "fifo", "mean_jct_s"),
+              "tiresias", ("las_trace", "tiresias", "mean_jct_s")),
+    PluginRow("tiresias", "the same trace: per-user LAS against per-job tiresias",
+              "las", ("las_trace", "las", "mean_jct_s"),
+              "tiresias", ("las_trace", "tiresias", "mean_jct_s")),
+    PluginRow("tiresias", "mean JCT, one user's 2 long jobs then her 6 short ones",
+              "FIFO", ("short_behind_long", "fifo", "mean_jct_s"),
+              "tiresias", ("short_behind_long", "tiresias", "mean_jct_s")),
+    PluginRow("tiresias", "the same workload: per-user LAS against per-job tiresias",
+              "las", ("short_behind_long", "las", "mean_jct_s"),
+              "tiresias", ("short_behind_long", "tiresias", "mean_jct_s")),
+    PluginRow("fluid", "time to the best result, 9 trials x 9 steps of 1 s, 2 at once",
+              "plain grid", ("plain", "time_to_best_s"), "ASHA", ("adaptive", "time_to_best_s")),
+    PluginRow("fluid", "trial-seconds of the same grid and budget",
+              "plain grid", ("plain", "trial_seconds"), "ASHA", ("adaptive", "trial_seconds")),
+    PluginRow("oort", "simulated time to the target accuracy, median of 3 seeds",
+              "random", ("random", "median_seconds_to_target"),
+              "Oort", ("oort", "median_seconds_to_target")),
+    PluginRow("elastic_resize", "makespan, 3 jobs of 60 node-s and 2 short ones on 2 nodes",
+              "nodes: 1", ("fixed_1", "makespan_s"), "1-2 resized", ("resize", "makespan_s")),
+    PluginRow("elastic_resize", "mean wait (submit to start), the same stream",
+              "nodes: 2", ("fixed_2", "mean_wait_s"), "1-2 resized", ("resize", "mean_wait_s")),
+    PluginRow("elastic_resize_long",
+              "makespan, 3 jobs of 240 node-s and 2 of 40 s on 2 nodes, cred_expire 120 s",
+              "nodes: 1", ("fixed_1", "makespan_s"), "1-2 resized", ("resize", "makespan_s")),
+    PluginRow("elastic_resize_long", "makespan, the same stream",
+              "1-2 sized at submit", ("range_at_submit", "makespan_s"),
+              "1-2 resized", ("resize", "makespan_s")),
+    PluginRow("allox", "mean JCT, 12 one-GPU jobs of two classes that accept h100 or l40s",
+              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s"),
+              key="allox_two_types_stop32"),
+    PluginRow("allox", "mean JCT, 18 one-GPU jobs of two classes that accept h100, a100 or "
+              "l40s (bf_interval 5 s)",
+              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s")),
+    PluginRow("allox", "the same, allox with submit_delay_seconds 5",
+              "any type", ("any_type", "mean_jct_s"),
+              "allox + delay", ("allox_submit_delay", "mean_jct_s")),
+    PluginRow("allox", "the same on Slurm's default bf_interval (30 s)",
+              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s"),
+              key="allox_bf_interval_30"),
 )  # fmt: skip
 
 
@@ -839,14 +870,15 @@ def section_plugins(entry: dict | None) -> list[str]:
     lines = ["## Plug-ins on and off (bench/plugins.py)", "", *missing(entry, "plugins")]
     result = (entry or {}).get("result") or {}
     rows = []
-    for name, figure, (off_label, off_path), (on_label, on_path), unit in PLUGIN_ROWS:
-        data = result.get(name)
+    for row in PLUGIN_ROWS:
+        data = result.get(row.key or row.plugin)
         if not data:
             continue
-        off, on = dig(data, off_path), dig(data, on_path)
+        off, on = dig(data, row.off_path), dig(data, row.on_path)
         ratio = f"{off / on:.2f}x" if off and on else "-"
-        rows.append([name, figure, f"{off_label}: {fmt(off, ' ' + unit, 1)}",
-                     f"{on_label}: {fmt(on, ' ' + unit, 1)}", ratio])  # fmt: skip
+        unit = " " + row.unit
+        rows.append([row.plugin, row.figure, f"{row.off_label}: {fmt(off, unit, 1)}",
+                     f"{row.on_label}: {fmt(on, unit, 1)}", ratio])  # fmt: skip
     if rows:
         lines += table(["plug-in", "figure", "off", "on", "off / on"], rows)
         lines += [f"Reproduce: {cmd(entry)}", ""]
@@ -975,6 +1007,33 @@ def section_runs(results: dict) -> list[str]:
     ]
 
 
+def notes(entry: dict | None) -> list[str]:
+    """What was written about a script's numbers (its entry's `notes`: paragraphs of
+    Markdown that say what a row means, how it was run, where it falls short). They stay
+    when the script is re-run with --only (each names the run it is about), so a report
+    re-rendered from results.json loses none of them."""
+    paragraphs = (entry or {}).get("notes") or []
+    return [line for paragraph in paragraphs for line in (str(paragraph), "")]
+
+
+def recorded_sections(scripts: dict) -> list[str]:
+    """Entries of scripts that report.py does not run (bench/interactive.py and
+    bench/operations.py need a converged lab of their own): their `section`, the table as
+    recorded from the script's own output, then their notes."""
+    lines: list[str] = []
+    for name, entry in scripts.items():
+        if name in BY_NAME:
+            continue
+        section = entry.get("section")
+        if not section:
+            script = entry.get("script", name)
+            lines += [f"## {name}", "", f"_No section recorded for {script}._", ""]
+        else:
+            lines += [*(str(line) for line in section), ""]
+        lines += notes(entry)
+    return lines
+
+
 def machine_lines(results: dict) -> list[str]:
     m = results["machine"]
     slurm = ((results["scripts"].get("converge") or {}).get("result") or {}).get("slurm_version")
@@ -1024,17 +1083,28 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *section_runs(results),
         *section_goals(scripts),
         *section_provisioning(scripts.get("converge")),
+        *notes(scripts.get("converge")),
         *section_side_by_side(scripts.get("tcloud_upload"), scripts.get("task_workflow")),
+        *notes(scripts.get("tcloud_upload")),
         *section_steps(scripts.get("task_workflow")),
         *section_concurrency(scripts.get("task_workflow"), plot.name if plot else None),
         *section_logs(scripts.get("task_workflow")),
+        *notes(scripts.get("task_workflow")),
         *section_agent(scripts.get("agent_health")),
+        *notes(scripts.get("agent_health")),
         *section_scale(scripts.get("render_scale")),
+        *notes(scripts.get("render_scale")),
         *section_cli_startup(scripts.get("cli_startup")),
+        *notes(scripts.get("cli_startup")),
         *section_plugins(scripts.get("plugins")),
+        *notes(scripts.get("plugins")),
         *section_frameworks(scripts.get("frameworks")),
+        *notes(scripts.get("frameworks")),
         *section_containers(scripts.get("containers")),
+        *notes(scripts.get("containers")),
+        *recorded_sections(scripts),
         *section_lab(scripts.get("lab_up")),
+        *notes(scripts.get("lab_up")),
     ]
     report = out_dir / "REPORT.md"
     report.write_text("\n".join(head + body).rstrip() + "\n")
@@ -1055,12 +1125,13 @@ def write_plot(results: dict, path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        kept = "the plot already there is kept" if path.exists() else "no plot"
         print(
-            "report: matplotlib is missing, so no plot: `make bench` installs it, or "
+            f"report: matplotlib is missing, so {kept}: `make bench` installs it, or "
             "`.venv/bin/pip install -e 'packages/ops[bench]'`",
             file=sys.stderr,
         )
-        return None
+        return path if path.exists() else None
     ks = [row["k"] for row in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     shift = 0.01 * (max(ks) - min(ks) or 1)
@@ -1159,7 +1230,7 @@ def main() -> int:
             if args.only and script.name not in args.only:
                 continue
             entry = run_script(script, args.quick, Path(tmp), args.timeout)
-            results["scripts"][script.name] = entry
+            results["scripts"][script.name] = keep_notes(results["scripts"].get(script.name), entry)
             write_results(results, results_path)
             if entry.get("interrupted"):
                 interrupted = True
@@ -1182,6 +1253,13 @@ def main() -> int:
     if interrupted:
         return 130
     return 1 if failed or leftover else 0
+
+
+def keep_notes(previous: dict | None, entry: dict) -> dict:
+    """A re-run script's new entry, with the notes the previous entry had (each note names
+    the run it is about; dropping them would drop what the report says of earlier rows)."""
+    kept = (previous or {}).get("notes")
+    return {**entry, "notes": list(kept)} if kept else entry
 
 
 def write_results(results: dict, path: Path) -> None:
