@@ -70,6 +70,7 @@ def test_a_job_that_accepts_several_types_begins_after_the_delay_for_a_tick_to_p
         {"sbatch": {"hold": ""}},  # held, or waiting for another job: its owner's timing
         {"sbatch": {"dependency": "afterok:12"}},
         {"sbatch": {"deadline": "now+3600"}},
+        {"sbatch": {"immediate": ""}},  # only if it can start at once: a delay would fail it
     ],
 )
 def test_no_delay_where_there_is_nothing_to_place_or_its_owner_set_a_begin(given):
@@ -246,3 +247,45 @@ def test_slurm_times_read_as_epoch_seconds_and_none_as_zero():
     texts = ("N/A", "Unknown", "", "x", "2026-11-25T06:00:00", "-5")
     assert [slurm_module.epoch_seconds(t) for t in texts] == [0.0] * len(texts)
     assert delayed_for_placement(pending("7", begins_after=PLACEMENT_DELAY_LIMIT))
+
+
+def named(name: str, **fields) -> str:
+    """record() of a job named `name` (Slurm allows any text in a name)."""
+    return record(**fields).replace("JobName=train ", f"JobName={name} ")
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "name",
+    [
+        # scontrol prints the name before UserId, Restarts and the times: on the old read
+        # (the first copy of a key won) these were the record.
+        f"x Restarts=0 SubmitTime={SUBMIT:.0f} EligibleTime={SUBMIT + 5:.0f}",
+        "x UserId=alice(1001) JobState=PENDING Reason=BeginTime",
+        "x SubmitTime=\u00b2",  # "²".isdigit() is True, float("²") raised in the tick
+    ],
+)
+def test_a_job_name_forges_no_field_of_the_record_read_again(monkeypatch, name):
+    requeued = named(name, restarts=1, begins_after=21)
+    started, scontrol, notes = start(monkeypatch, pending("7", begins_after=21), requeued)
+    assert not started and scontrol.updates() == []
+    refused = "agent: job 7: start now refused: its record is not its owner"
+    assert notes[0].startswith(refused), notes
+
+
+@pytest.mark.security
+def test_a_job_name_with_a_line_break_is_no_record(monkeypatch):
+    shown = named(f"x\nJobId=7 Restarts=0 SubmitTime={SUBMIT:.0f}", restarts=1, begins_after=21)
+    started, scontrol, _ = start(monkeypatch, pending("7", begins_after=21), shown)
+    assert not started and scontrol.updates() == []
+
+
+@pytest.mark.security
+def test_a_time_of_digits_that_are_not_ascii_reads_as_none():
+    texts = ("\u00b2", "\u0661\u0662", "12\u00b3")
+    assert [slurm_module.epoch_seconds(t) for t in texts] == [0.0] * len(texts)
+
+
+def test_an_unforged_name_with_spaces_and_equals_signs_still_starts(monkeypatch):
+    started, _, notes = start(monkeypatch, pending("7"), named("lr=0.1 run two"))
+    assert started, notes

@@ -52,7 +52,10 @@ def epoch_seconds(text: str) -> float:
     """A time Slurm printed with EPOCH_TIMES ("1795587794") in seconds; 0 for N/A,
     Unknown and the like."""
     text = text.strip()
-    return float(text) if text.isdigit() else 0.0
+    return float(text) if ASCII_DIGITS.fullmatch(text) else 0.0  # "²".isdigit() is True
+
+
+ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")
@@ -62,8 +65,10 @@ def parse_oneliner(line: str) -> dict[str, str]:
     """One `scontrol show ... --oneliner` record (Key=Value words) as a dict. A value may
     hold spaces (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not
     start a new Key= continues the value before it. A key seen before does not start a
-    new one either: scontrol prints each key once, UserId and WorkDir before the free
-    text a user sets (Comment), so `Comment=x UserId=alice(1001)` forges nothing."""
+    new one either (scontrol prints each key once): free text written after a key
+    (`Comment=x UserId=alice(1001)`) forges nothing. Free text written BEFORE a key can:
+    a job's name comes second, before UserId and the rest, so read job records with
+    `job_record_of`, which refuses a record that names a key twice."""
     fields: dict[str, str] = {}
     key = ""
     for word in line.split():
@@ -75,6 +80,29 @@ def parse_oneliner(line: str) -> dict[str, str]:
     return fields
 
 
+def repeated_key(line: str) -> str:
+    """The first Key= word a one-liner holds twice ("" for none). scontrol prints each
+    key of a record once, so a repeat is free text (a job's name, its comment) written to
+    look like a field."""
+    seen: set[str] = set()
+    for word in line.split():
+        name, sep, _ = word.partition("=")
+        if sep and KEY.fullmatch(name):
+            if name in seen:
+                return name
+            seen.add(name)
+    return ""
+
+
+def job_record_of(line: str) -> dict[str, str] | None:
+    """One `scontrol show job --oneliner` record, or None when it cannot be read for sure:
+    the job's name comes before UserId, JobState, Restarts, the times and WorkDir, and
+    Slurm allows any text in it, so a name such as `x UserId=bob(1002) Restarts=0` would
+    be read first. A record that names a key twice is refused whole (the job is read as
+    unknown): only its owner can name her job so, and only her own job is then unseen."""
+    return None if repeated_key(line) else parse_oneliner(line)
+
+
 def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, str]]:
     """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown."""
     argv = ["scontrol", "show", kind, "--oneliner", *([name] if name else [])]
@@ -84,7 +112,10 @@ def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, 
         if "Invalid job id" in str(exc):  # Slurm no longer remembers the job
             return []
         raise
-    return [parse_oneliner(line) for line in out.splitlines() if line.strip()]
+    lines = [line for line in out.splitlines() if line.strip()]
+    if kind != "job":
+        return [parse_oneliner(line) for line in lines]
+    return [record for record in map(job_record_of, lines) if record is not None]
 
 
 def hostnames(nodelist: str, timeout: float = TIMEOUT) -> list[str]:

@@ -85,7 +85,7 @@ MAX_WINDOW = 100  # jobs x devices x places: 100 jobs on 100 devices is a second
 MAX_SUBMIT_DELAY = PLACEMENT_DELAY_LIMIT // 2
 # The owner's own timing (sbatch reads any unambiguous prefix of a long option): a task
 # whose extra sbatch options may name one of these is never delayed.
-OWN_TIMING = ("begin", "hold", "dependency", "deadline")
+OWN_TIMING = ("begin", "hold", "dependency", "deadline", "immediate")
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
@@ -116,7 +116,10 @@ def settings_from(config: object) -> Settings:
         raise bad_setting("samples", "an integer from 1 to 100", samples)
     delay = given.get("submit_delay_seconds", found.submit_delay_seconds)
     if not is_whole(delay) or not 0 <= delay <= MAX_SUBMIT_DELAY:
-        expected = f"an integer from 0 (off) to {MAX_SUBMIT_DELAY}, above queue_tick_seconds"
+        expected = (
+            f"an integer from 0 (off) to {MAX_SUBMIT_DELAY} (seconds; set it above "
+            "the controller's queue_tick_seconds)"
+        )
         raise bad_setting("submit_delay_seconds", expected, delay)
     return Settings(float(alpha), window, {k: float(v) for k, v in speed.items()},
                     float(default), samples, delay)  # fmt: skip

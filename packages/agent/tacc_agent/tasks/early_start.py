@@ -18,11 +18,14 @@ def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], No
     """`Queue.start_now` for one tick: only a job `delayed_for_placement` as read this
     tick and still so in its own record, read again just before (`fresh_delay`)."""
     by_id = {job.job_id: job for job in jobs}
+    started: set[str] = set()
 
     def start_now(job_id: str) -> bool:
         job = by_id.get(job_id)
         why = "it waits for no placement delay"
-        if job is not None and delayed_for_placement(job):
+        if job_id in started:
+            why = "it was started this tick"
+        elif job is not None and delayed_for_placement(job):
             why = fresh_delay(job, config)
         if why:
             note(f"agent: job {job_id}: start now refused: {why}")
@@ -33,7 +36,7 @@ def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], No
         except AgentError as exc:
             note(f"agent: job {job_id}: start now failed: {exc}")
             return False
-        job.reason = ""  # started early: no second start this tick
+        started.add(job_id)
         return True
 
     return start_now
@@ -50,7 +53,8 @@ def fresh_delay(job: QueuedJob, config: AgentConfig) -> str:
     except AgentError as exc:
         return f"its record could not be read ({exc})"
     lines = [line for line in out.splitlines() if line.strip()]
-    record = slurm.parse_oneliner(lines[0]) if len(lines) == 1 else {}
+    # One line, no key twice: a name with a line break or `x Restarts=0` is no record.
+    record = (slurm.job_record_of(lines[0]) if len(lines) == 1 else None) or {}
     submitted = slurm.epoch_seconds(record.get("SubmitTime", ""))
     begins = slurm.epoch_seconds(record.get("EligibleTime", ""))
     if record.get("UserId", "").split("(")[0] != job.user:

@@ -43,6 +43,7 @@ JOB_ID = re.compile(r"\d+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MARGIN_SECONDS = 30  # the owner's agent starting, reading its records, answering
+MAX_REREADS = 10  # jobs read again alone in one tick (job_records)
 
 # (argv, timeout) -> (exit code, what it printed)
 Runner = Callable[[list[str], float], tuple[int, str]]
@@ -51,7 +52,8 @@ Note = Callable[[str], None]
 
 @dataclass(frozen=True)
 class JobRecord:
-    """What Slurm (scontrol show job, as root: trusted) says of a job."""
+    """What Slurm (scontrol show job, as root) says of a job: read from a record that
+    names no key twice (slurm.job_record_of), one job's own when read alone."""
 
     job_id: str
     uid: int
@@ -95,10 +97,22 @@ def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
 
 
 def job_records(config: AgentConfig) -> dict[str, JobRecord]:
-    """Every job Slurm knows, by squeue's id (array tasks as JOB_I): one scontrol call."""
+    """Every job Slurm knows, by squeue's id (array tasks as JOB_I): one scontrol call.
+    A job's name may hold line breaks (Slurm allows any text in it), so a line of that
+    output may be a record its owner wrote, claiming another job's id: an id that two
+    records claim is read again alone (`job_record`: that job's own lines only), at most
+    MAX_REREADS a tick; the others are left out of this tick."""
     found = slurm.show("job", "", config.slurm_timeout_seconds)
-    records = (record_of(info) for info in found)
-    return {r.job_id: r for r in records if r}
+    claims: dict[str, list[JobRecord]] = {}
+    for record in filter(None, map(record_of, found)):
+        claims.setdefault(record.job_id, []).append(record)
+    known = {job_id: records[0] for job_id, records in claims.items() if len(records) == 1}
+    claimed_twice = [job_id for job_id, records in claims.items() if len(records) > 1]
+    for job_id in claimed_twice[:MAX_REREADS]:
+        record = job_record(job_id, config)
+        if record is not None:
+            known[job_id] = record
+    return known
 
 
 def open_owned(name: str, uid: int, flags: int, dir_fd: int | None = None) -> int:

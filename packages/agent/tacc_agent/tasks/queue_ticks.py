@@ -259,7 +259,7 @@ def read_records(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
     keys: set[tuple[str, int, str]] = set()
     for job in running:
         record = known.get(job.job_id)
-        if record is None:
+        if record is None or record.user != job.user:  # squeue's owner, read apart
             continue
         key = (job.job_id, record.uid, str(record.job_dir))
         keys.add(key)
