@@ -97,18 +97,18 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
         sh(f"scancel {hogs[0]}")
         wait_for(fast, "COMPLETED")
         assert job_field(fast, "NodeList") == "n2"
-        # Placement at submit: a job submitted to begin 40 s later (what allox's
+        # Placement at submit: a job submitted to begin 58 s later (what allox's
         # submit_delay_seconds writes) is placed by the next tick and starts at once; one
         # whose owner set a begin time 2 min away is neither placed nor started.
         delayed = "--gres=gpu:1 --constraint='h100|l40s' -t 10 --wrap 'sleep 2'"
-        placed = as_alice(f"{sbatch} -J same --begin=now+40 {delayed}")
+        placed = as_alice(f"{sbatch} -J same --begin=now+58 {delayed}")
         later = as_alice(f"{sbatch} -J same --begin=now+120 {delayed}")
         jobs += [placed, later]
         submitted = time.monotonic()
         changes = tick()
         assert f"allox: job {placed} placed: starts without its submit delay" in changes, changes
-        wait_for(placed, "COMPLETED", 30)
-        assert time.monotonic() - submitted < 35, "it waited out its delay"
+        wait_for(placed, "COMPLETED", 45)
+        assert time.monotonic() - submitted < 50, "it waited out its delay"
         assert job_field(placed, "Features") in ("h100", "l40s")
         assert job_field(later, "JobState") == "PENDING", changes
         assert job_field(later, "Reason") == "BeginTime"

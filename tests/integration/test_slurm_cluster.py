@@ -793,8 +793,10 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster, tmp_path):
     assert state == "RUNNING n2"
     # The new node resolves by name everywhere, through the DNS, with no hosts file edit.
     assert node_sh(NAME, "n2", "getent hosts n4").stdout.split()[:1] == ["10.77.6.14"]
-    # The fault fixed (here: the thresholds), a site.yml run accepts it and it takes jobs.
-    site(cluster)
+    # The fault fixed (here: the thresholds), a site.yml run limited to the controller and
+    # the new node (as an operator adds one: `--limit` is safe) accepts it; it takes jobs.
+    _, changed = site(cluster, "--limit", "n1,n4")
+    assert set(changed) == {"n1", "n4"}, changed
     assert accepted("n4")["passed"] is True
     deadline = time.monotonic() + 60
     while "n4 idle" not in node_sh(NAME, "n1", "sinfo -h -N -o '%N %t'").stdout:

@@ -172,6 +172,15 @@ def test_the_agent_starts_a_delayed_job_by_moving_its_start_time_to_now(monkeypa
     assert not start_now("7")  # started: not twice in a tick
 
 
+def test_a_delayed_job_just_narrowed_is_started_though_slurm_reset_its_reason(monkeypatch):
+    """Slurm reads a pending job's reason as None after a change (the plug-in's own
+    `Features=` narrowing in the same tick) until its next scheduling pass; seen in the
+    lab on a loaded host."""
+    started, scontrol, notes = start(monkeypatch, pending("7"), record(reason="None"))
+    assert started and notes == []
+    assert scontrol.updates() == [["scontrol", "update", "JobId=7", "StartTime=now"]]
+
+
 @pytest.mark.security
 @pytest.mark.parametrize(
     "found",
@@ -212,6 +221,8 @@ def test_the_agent_never_cuts_short_a_begin_time_that_is_no_placement_delay(monk
         (record(restarts=1, begins_after=21), "it was requeued"),
         (record(begins_after=PLACEMENT_DELAY_LIMIT + 1), "its begin time is its owner's"),
         (record(state="RUNNING", reason="None"), "it no longer waits for a begin time"),
+        (record(reason="JobHeldUser"), "it no longer waits for a begin time"),
+        (record(reason="Dependency"), "it no longer waits for a begin time"),
         (record(user="bob"), "its record is not its owner's as read"),
         ("", "its record is not its owner's as read"),
     ],

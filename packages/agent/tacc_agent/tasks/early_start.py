@@ -44,8 +44,9 @@ def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], No
 
 def fresh_delay(job: QueuedJob, config: AgentConfig) -> str:
     """Why the job's record, read now, is no placement delay ("" when it is one): its
-    owner's, pending on a begin time at most PLACEMENT_DELAY_LIMIT s after its
-    submission (EligibleTime, the begin time itself), never requeued (a requeued job
+    owner's, pending on a begin time (or for no reason yet, just after a change) at most
+    PLACEMENT_DELAY_LIMIT s after its submission (EligibleTime, the begin time itself),
+    neither held nor waiting on a dependency, never requeued (a requeued job
     waits out Slurm's requeue delay, which lets its old run's credential expire)."""
     try:
         out = slurm.slurm(["scontrol", "show", "job", job.job_id, "--oneliner"],
@@ -61,7 +62,9 @@ def fresh_delay(job: QueuedJob, config: AgentConfig) -> str:
         return "its record is not its owner's as read"
     if record.get("Restarts") != "0":
         return "it was requeued (it waits out Slurm's requeue delay)"
-    if record.get("JobState") != "PENDING" or record.get("Reason") != "BeginTime":
+    # Reason None: Slurm resets a pending job's reason when the job is changed (as the
+    # plug-in's own narrowing just did) until its next scheduling pass reads BeginTime.
+    if record.get("JobState") != "PENDING" or record.get("Reason") not in ("BeginTime", "None"):
         return "it no longer waits for a begin time"
     if not (submitted > 0 and 0 < begins - submitted <= PLACEMENT_DELAY_LIMIT):
         return "its begin time is its owner's, not a placement delay"
