@@ -27,11 +27,12 @@ APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 open
 	python3-venv python3-pip ca-certificates rsync umoci skopeo prometheus prometheus-alertmanager
 STAMP := .cache/stamps
 
-.PHONY: help deps venv demo test lint unit integration molecule lab-up lab-down clean gpu-check
+.PHONY: help deps venv demo test check lint unit playbook integration molecule lab-up lab-down clean gpu-check
 
 help:
 	@echo "make demo      set up everything, boot the lab, provision it, show it working"
-	@echo "make test      the full suite: lint, unit, lab integration, molecule scenarios"
+	@echo "make test      the full suite: lint, unit, playbook, lab integration, molecule scenarios"
+	@echo "make check     the inner loop, a few minutes: lint + unit (no ansible-playbook, no lab)"
 	@echo "make lint      ruff + ansible-lint (production profile)"
 	@echo "make lab-up    boot the virtual cluster (LAB_NODES=$(LAB_NODES))"
 	@echo "make lab-down  remove the virtual cluster, leaving nothing behind"
@@ -140,18 +141,30 @@ lint: venv
 	ruff format --check .
 	ansible-lint --profile production --offline
 
+# tests/unit: no ansible-playbook, no lab, no fresh venv (those are tests/playbook's and
+# tests/integration's); make check runs it after lint.
+check: lint unit
+
 unit: venv
-	pytest -q tests/unit
+	pytest -q -n 2 tests/unit
+
+# Real ansible-playbook runs (and fresh-venv installs) on this machine, no lab.
+playbook: venv
+	pytest -q -n 2 tests/playbook
 
 integration: venv
 	pytest -q -m lab tests/integration
 
+# For role authors: the scenarios alone (make test runs them too, through pytest).
 molecule: venv
 	molecule test --all
 
+# Every proof: molecule's scenarios run inside pytest (tests/integration/test_molecule.py)
+# beside the other labs; --dist loadfile is tests/conftest.py's scheduler there (one
+# worker per lab shape, heaviest first). Three workers on two cores: the lab modules
+# spend most of their time waiting on Slurm and their nodes, so a third overlaps them.
 test: lint
-	pytest -q -n 2 --dist loadfile --durations=25 tests
-	molecule test --all
+	pytest -q -n 3 --dist loadfile --durations=25 tests
 
 clean: lab-down
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

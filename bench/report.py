@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchlib import BIN, NAME, ROOT
 from submit_steps import table as steps_table
+from unit_timing import table as unit_timing_table
 
 BENCH = ROOT / "bench"
 
@@ -52,7 +53,8 @@ class Script:
         return list(self.quick if quick else self.full)
 
 
-# In run order. render_scale needs no lab and is quick, so a broken setup shows early.
+# In run order. render_scale, cli_startup and unit_timing need no lab and are quick, so a
+# broken setup shows early.
 SCRIPTS = (
     Script("render_scale", "render_scale.py", ("--nodes", "4096"), ("--nodes", "4096")),
     Script(
@@ -61,6 +63,7 @@ SCRIPTS = (
         ("--runs", "20", "--client-alone"),
         ("--runs", "5", "--client-alone"),
     ),
+    Script("unit_timing", "unit_timing.py", ("--runs", "5"), ("--runs", "1")),
     Script("lab_up", "lab_up.py", ("--nodes", "3", "--runs", "3"), ("--nodes", "3", "--runs", "1")),
     Script("converge", "converge.py", (), ()),
     Script(
@@ -924,6 +927,24 @@ def section_cli_startup(entry: dict | None) -> list[str]:
     return lines
 
 
+def section_unit_timing(entry: dict | None) -> list[str]:
+    title = "## Timing claims taken out of tests/unit (bench/unit_timing.py)"
+    lines = [title, "", *missing(entry, "unit_timing")]
+    result = (entry or {}).get("result") or {}
+    header, rows = unit_timing_table(result)
+    if rows:
+        load = " ".join(f"{x:.1f}" for x in result.get("load_average_before") or [])
+        intro = (
+            "Timing is not a test: each row times what an assertion in tests/unit bounded "
+            "before it was taken out (the test keeps the behaviour, shown without wall time), "
+            "with the test's own fakes. The baseline is a run of what the claim rules out, or "
+            f"the setting that bounds it. Median of {result.get('runs')} runs (min to max) "
+            f"unless the row says otherwise; load before: {load}."
+        )
+        lines += [intro, "", *table(header, rows), f"Reproduce: {cmd(entry)}", ""]
+    return lines
+
+
 def section_frameworks(entry: dict | None) -> list[str]:
     lines = ["## Frameworks: the PyTorch task's environment and first step (bench/frameworks.py)",
              "", *missing(entry, "frameworks")]  # fmt: skip
@@ -1096,6 +1117,8 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *notes(scripts.get("render_scale")),
         *section_cli_startup(scripts.get("cli_startup")),
         *notes(scripts.get("cli_startup")),
+        *section_unit_timing(scripts.get("unit_timing")),
+        *notes(scripts.get("unit_timing")),
         *section_plugins(scripts.get("plugins")),
         *notes(scripts.get("plugins")),
         *section_frameworks(scripts.get("frameworks")),

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+from tests.integration.labs import scope_of_nodeid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -92,3 +95,27 @@ def process_umask_is_kept():
     yield
     after = os.umask(before)
     assert after == before, f"the test left the process umask {after:o} (was {before:o})"
+
+
+class LabScopeScheduling(LoadScopeScheduling):
+    """--dist loadfile, except that every module of one lab shape is one unit of work
+    (tests/integration/labs.py), so one worker boots each shape; units start heaviest
+    first (the labs, by their expected minutes), so the longest ones do not end the run."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of_nodeid(nodeid)[0]
+
+    def _assign_work_unit(self, node) -> None:
+        weights = {
+            scope: scope_of_nodeid(next(iter(unit)))[1] for scope, unit in self.workqueue.items()
+        }
+        ordered = sorted(self.workqueue.items(), key=lambda item: -weights[item[0]])
+        self.workqueue.clear()
+        self.workqueue.update(ordered)
+        super()._assign_work_unit(node)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return LabScopeScheduling(config, log)
+    return None

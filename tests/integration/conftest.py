@@ -1,35 +1,25 @@
-"""The slurm lab: booted and converged once for test_slurm_cluster.py and the cases it
-collects from frameworks_cases.py (one module: one xdist worker with --dist loadfile;
-pytest 9 and pytest-xdist 3.8 do not keep an xdist_group on one worker)."""
+"""The integration modules' labs, from the factory (lab_factory.py, shapes in labs.py)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.lab_helpers import lab_cli, lab_status, site
-
-SLURM_LAB = "slurm"
-SLURM_SUBNET = "10.77.6.0/24"
+from tests.integration.lab_factory import LabFactory
+from tests.integration.labs import MODULES, Lab
 
 
 @pytest.fixture(scope="session")
-def slurm_lab(tmp_path_factory) -> Path:
-    inventory = tmp_path_factory.mktemp("slurm") / "hosts.yml"
-    # For a developer re-running a few tests: TACC_TEST_REUSE_LAB=1 keeps a lab that is
-    # already up and provisioned (and leaves it up). CI never sets it.
-    reuse = os.environ.get("TACC_TEST_REUSE_LAB") == "1" and lab_status(SLURM_LAB)["up"]
-    if not reuse:
-        lab_cli(SLURM_LAB, "down")
-    # --container-image: the lab's base image seeded into a registry on n1 and the
-    # container runtime on compute and login nodes (issue [13], docs/containers.md).
-    proc = lab_cli(SLURM_LAB, "up", "--nodes", "3", "--subnet", SLURM_SUBNET,
-                   "--container-image", "--inventory", str(inventory))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    if not reuse:
-        site(inventory)
-    yield inventory
-    if not reuse:
-        lab_cli(SLURM_LAB, "down")
+def lab_factory(tmp_path_factory) -> Iterator[LabFactory]:
+    factory = LabFactory(tmp_path_factory.mktemp("labs"))
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def shaped_lab(lab_factory, request) -> Lab:
+    """The calling module's lab, by the shape labs.MODULES gives it."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    assert module in MODULES, f"{module} has no lab shape in tests/integration/labs.py"
+    return lab_factory.lab(MODULES[module], module)

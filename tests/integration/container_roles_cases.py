@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh
+from tests.integration.labs import SLURM_LAB
 
 LAB = SLURM_LAB  # a module setting, so the cases can run on another lab by hand
 SEED_DIR = "/var/lib/tacc-image-seed"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 IMAGE = "n1:5000/tacc/base:bookworm"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")

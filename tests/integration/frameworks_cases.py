@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, status, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 RANK_LABELS = ("[n2:0]", "[n2:1]", "[n3:2]", "[n3:3]")

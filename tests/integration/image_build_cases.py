@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.containers_cases import IMAGE, finished, no_process, uid_of
 from tests.integration.lab_helpers import node_sh, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 BUILD_FILE = f"""\
 # the lab's base image, with a greeting, a data file and a note of who ran RUN

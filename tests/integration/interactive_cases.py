@@ -24,8 +24,8 @@ import pytest
 
 from tacc_lab.demo import researcher_env
 from tests.conftest import BIN
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 JOB_PORT = 8765
 SESSION_PORT = 8766

@@ -19,8 +19,8 @@ import pytest
 
 from tacc_lab.config import STATE_ROOT
 from tacc_lab.demo import researcher_env
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import lab_status, node_sh, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 LAB_DIR = STATE_ROOT / SLURM_LAB
 

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 from tests.conftest import BIN, ROOT, run_cli
+from tests.integration.labs import flavor_env
 
 
 def lab_cli(name: str, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return run_cli("tacc-lab", "--name", name, *argv, timeout=timeout)
+    """tacc-lab on lab `name`, booting (and growing) it from its shape's image."""
+    return run_cli("tacc-lab", "--name", name, *argv, env=flavor_env(name), timeout=timeout)
 
 
 def lab_status(name: str) -> dict:

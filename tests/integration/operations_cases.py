@@ -26,7 +26,6 @@ import yaml
 
 from tacc_lab.inventory import ALERT_WEBHOOK_PORT
 from tests.conftest import ROOT
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import (
     CHECKPOINTING_COUNTER,
     node_sh,
@@ -34,6 +33,7 @@ from tests.integration.lab_helpers import (
     submit,
     wait_state,
 )
+from tests.integration.labs import SLURM_LAB
 
 HOSTS = {"login1", "n1", "n2", "n3"}
 

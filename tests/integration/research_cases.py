@@ -22,7 +22,6 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import (
     CHECKPOINTING_COUNTER,
     node_sh,
@@ -30,6 +29,7 @@ from tests.integration.lab_helpers import (
     submit,
     wait_state,
 )
+from tests.integration.labs import SLURM_LAB
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 

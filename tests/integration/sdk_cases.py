@@ -16,7 +16,7 @@ import pytest
 from tacc_lab.demo import researcher_env
 from tcloud import Cluster, JobTimeout, TcloudError, UsageError
 from tests.conftest import ROOT
-from tests.integration.conftest import SLURM_LAB
+from tests.integration.labs import SLURM_LAB
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@ converge (first run changes, second run and --check change nothing), do the real
 where the lab allows it (NFS-Ganesha serving /shared over NFS, proven from another node
 with libnfs), and meet FAKE hardware at the tool boundary (tacc-lab fake-hw): n2 has 4
 H100s, 2 NVSwitches, a ConnectX-6 Dx and a RoCE device; n3 has none and is skipped with a
-message. Runs in CI as root, on its own lab (`hw`, 10.77.11.0/24).
+message. Runs in CI as root, on the factory's `hw` lab (tests/integration/labs.py: HW,
+10.77.11.0/24, n2's host_vars), the one lab that converges from the bare image.
 """
 
 from __future__ import annotations
@@ -41,19 +42,9 @@ def sh(node: str, script: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    inventory = tmp_path_factory.mktemp("hw") / "hosts.yml"
-    (inventory.parent / "host_vars").mkdir()
-    # n2's GPUs are declared in inventory (slurm.conf never comes from facts); they are
-    # also offered as shards (4 per GPU by default), n2's alone.
-    (inventory.parent / "host_vars/n2.yml").write_text(
-        '---\nslurm_node_gres: ["gpu:h100:4"]\nslurm_gpu_sharing: shard\nrdma_roce_tos: 106\n'
-        "smartnic_firmware_mlxconfig: {SRIOV_EN: 'True', NUM_OF_VFS: 8}\n"
-    )
-    lab_cli(NAME, "down")
-    proc = lab_cli(NAME, "up", "--nodes", "3", "--no-login-node", "--subnet", SUBNET,
-                   "--inventory", str(inventory))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+def runs(shaped_lab) -> dict:
+    """The install-from-nothing proof (labs.HW boots the bare image): site.yml's runs."""
+    inventory = shaped_lab.inventory
     fake = lab_cli(NAME, "fake-hw", "n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1",
                    "--rdma", "1", "--link-layer", "Ethernet")  # fmt: skip
     assert fake.returncode == 0, fake.stderr
@@ -74,7 +65,6 @@ def runs(tmp_path_factory) -> dict:
         "second_roles": changed_by_role(second.stdout),
         "check_roles": changed_by_role(check.stdout),
     }
-    lab_cli(NAME, "down")
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -1,7 +1,7 @@
 """Issue [3]: the smartnic_firmware role against FAKE ConnectX-6 Dx devices (tacc-lab
 fake-hw) on n2 and n3, rolled by playbooks/firmware.yml one node at a time. Every burn
 the fake mstflint performs is logged on the node; the log proves what was burned when.
-Runs in CI as root, on its own lab (`fw`, 10.77.12.0/24).
+Runs in CI as root, on the factory's `fw` lab (tests/integration/labs.py: FIRMWARE).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.integration.lab_helpers import lab_cli, node_sh, playbook
+from tests.integration.labs import FIRMWARE
 
 pytestmark = pytest.mark.lab
 
-NAME = "fw"
-SUBNET = "10.77.12.0/24"
+NAME = FIRMWARE.name
 PSID = "MT_0000000359"
 PCI = "0000:3b:00.0"
 NODES = ("n2", "n3")
@@ -43,13 +43,9 @@ def flash_version(node: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(shaped_lab, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fw")
-    inventory = tmp / "hosts.yml"
-    lab_cli(NAME, "down")
-    proc = lab_cli(NAME, "up", "--nodes", "3", "--no-login-node", "--subnet", SUBNET,
-                   "--inventory", str(inventory))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    inventory = shaped_lab.inventory
     for node in NODES:
         fake = lab_cli(NAME, "fake-hw", node, "--nics", "1", "--nic-fw", "22.36.1010")
         assert fake.returncode == 0, fake.stderr
@@ -60,8 +56,7 @@ def lab(tmp_path_factory):
     images["next_sha"] = make_image(tmp / "genuine-22.40.1000.bin", "22.40.1000")
     images["corrupt"] = tmp / "corrupt-22.40.1000.bin"
     make_image(images["corrupt"], "22.40.1000", corrupt=True)
-    yield inventory, tmp, images
-    lab_cli(NAME, "down")
+    return inventory, tmp, images
 
 
 def firmware(lab, version, src, sha, *extra, expect_ok=True):

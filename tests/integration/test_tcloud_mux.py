@@ -1,7 +1,8 @@
 """Connection sharing (tcloud.mux, tcloud.mux_master) against a real sshd: commands share
 one master and one SSH login, 40 at once start one master, a killed master is replaced,
 an idle one exits, `tcloud disconnect` stops it, TCLOUD_MULTIPLEX=0 connects directly,
-and a socket directory others could enter is refused. Its own lab (`mux`, 10.77.21.0/24)."""
+and a socket directory others could enter is refused. On the factory's one-node lab with
+the agent (tests/integration/labs.py: AGENT_NODE, shared with test_tcloud_upload.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ import yaml
 from tacc_lab.lab import resolve_config
 from tcloud import mux_master
 from tests.conftest import run_cli
-from tests.integration.lab_helpers import lab_cli, node_sh, playbook
+from tests.integration.lab_helpers import node_sh
+from tests.integration.labs import AGENT_NODE
 
 pytestmark = pytest.mark.lab
 
-NAME = "mux"
-SUBNET = "10.77.21.0/24"
-NODE = "10.77.21.11"
+NAME = AGENT_NODE.name
+NODE = AGENT_NODE.address("n1")
 USERDIR = "/root/tcloud-mux"
 # One command as the CLI's agent-session path runs it: its own process, one verb.
 COMMAND = """
@@ -38,14 +39,8 @@ with Cluster() as cluster:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    lab_cli(NAME, "down")
-    inventory = tmp_path_factory.mktemp("mux") / "hosts.yml"
-    proc = lab_cli(NAME, "up", "--nodes", "1", "--subnet", SUBNET, "--inventory", str(inventory))
-    assert proc.returncode == 0, proc.stderr
-    playbook(inventory, "playbooks/agent.yml")
-    yield resolve_config(NAME, SUBNET, SUBNET)
-    lab_cli(NAME, "down")
+def lab(shaped_lab):
+    return resolve_config(NAME, AGENT_NODE.subnet, AGENT_NODE.subnet)
 
 
 class User:

@@ -1,7 +1,8 @@
 """Issue [4], delta upload against a real sshd (a lab node, root over SSH with the lab's
 verified host key): only missing blobs are sent, every job gets its own hard-linked
 immutable workdir, a cut upload resumes, a tampered blob is refused, and a changed or
-unknown host key is refused. Runs in CI as root on its own lab (`tc`, 10.77.13.0/24).
+unknown host key is refused. Runs in CI as root on the factory's one-node lab with the
+agent (tests/integration/labs.py: AGENT_NODE, shared with test_tcloud_mux.py).
 Issue [7]'s bad-input cases that need the cluster side are at the end.
 """
 
@@ -25,25 +26,20 @@ from tcloud.ssh import run, session
 from tcloud.task_file import load_task
 from tcloud.upload_stream import blob_frames
 from tests.conftest import run_cli
-from tests.integration.lab_helpers import lab_cli, node_sh, playbook
+from tests.integration.lab_helpers import node_sh
+from tests.integration.labs import AGENT_NODE
 
 pytestmark = pytest.mark.lab
 
-NAME = "tc"
-SUBNET = "10.77.13.0/24"
-NODE = "10.77.13.11"
+NAME = AGENT_NODE.name
+NODE = AGENT_NODE.address("n1")
 USERDIR = "/root/tcloud-test"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    lab_cli(NAME, "down")
-    inventory = tmp_path_factory.mktemp("tc") / "hosts.yml"
-    proc = lab_cli(NAME, "up", "--nodes", "1", "--subnet", SUBNET, "--inventory", str(inventory))
-    assert proc.returncode == 0, proc.stderr
-    playbook(inventory, "playbooks/agent.yml")  # the cluster side of the upload
-    cfg = resolve_config(NAME, SUBNET, SUBNET)
-    yield Cluster(
+def lab(shaped_lab):
+    cfg = resolve_config(NAME, AGENT_NODE.subnet, AGENT_NODE.subnet)
+    return Cluster(
         name=NAME,
         host=NODE,
         user="root",
@@ -51,7 +47,6 @@ def lab(tmp_path_factory):
         known_hosts=str(cfg.known_hosts),
         userdir=USERDIR,
     )
-    lab_cli(NAME, "down")
 
 
 @pytest.fixture

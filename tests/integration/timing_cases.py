@@ -7,8 +7,8 @@ import json
 import shlex
 from pathlib import Path
 
-from tests.integration.conftest import SLURM_LAB
 from tests.integration.lab_helpers import node_sh, submit, wait_state
+from tests.integration.labs import SLURM_LAB
 
 # /proc's process start has 10 ms steps: a mark may read up to that much early.
 TICK = 0.011

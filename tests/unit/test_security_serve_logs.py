@@ -26,22 +26,29 @@ import yaml
 from tacc_agent import serve
 from tacc_agent.serve import Daemon
 from tacc_agent.tasks import logs, records
-from tests.unit.test_agent_serve import daemon_settings, fixture_config, parse_exposition
+from tests.unit.agent_fixtures import daemon_settings, fixture_config, parse_exposition
 
 # ------------------------------------------------------------ 7: /metrics under slow clients
 SCRAPER = "127.0.0.2"  # the Prometheus server: another address than the slow clients'
 
 
-def scrape_seconds(port: int, source: str = SCRAPER) -> tuple[float, str]:
-    """One scrape from `source`; (seconds it took, body). Never waits more than 5 s."""
-    started = time.monotonic()
+def scrape(port: int, source: str = SCRAPER) -> str:
+    """One scrape from `source`: the whole answer. A socket timeout (5 s, a guard against
+    a hang) when it is not served."""
     with socket.create_connection(("127.0.0.1", port), timeout=5,
                                   source_address=(source, 0)) as conn:  # fmt: skip
         conn.sendall(b"GET /metrics HTTP/1.0\r\nHost: node\r\n\r\n")
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
-    return time.monotonic() - started, answer.decode()
+    return answer.decode()
+
+
+@pytest.fixture
+def no_deadline(monkeypatch) -> None:
+    """Stalled clients keep their connections for the whole case (the request deadline
+    pushed out to an hour): a scrape served at all was not kept waiting behind them."""
+    monkeypatch.setattr(serve, "REQUEST_DEADLINE_SECONDS", 3600.0)
 
 
 @contextlib.contextmanager
@@ -69,25 +76,24 @@ def dribble(conn: socket.socket, stop: threading.Event, every: float) -> None:
             conn.sendall(b"x")
 
 
-def seconds_until_cut(conn: socket.socket, limit: float) -> float:
-    """How long until the server closes `conn` (limit + 1 when it never does)."""
-    started = time.monotonic()
-    conn.settimeout(0.1)
-    while time.monotonic() - started < limit:
-        try:
-            if conn.recv(65536) == b"":
-                return time.monotonic() - started
-        except TimeoutError:
-            continue
-        except OSError:  # reset by the server: cut too
-            return time.monotonic() - started
-    return limit + 1
+def is_cut(conn: socket.socket, guard: float = 10.0) -> bool:
+    """Whether the server closes `conn`; False when it has not after `guard` seconds (a
+    guard against a hang: without the deadline it never would)."""
+    conn.settimeout(guard)
+    try:
+        while conn.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:  # reset by the server: cut too
+        pass
+    return True
 
 
 @pytest.mark.security
 @pytest.mark.parametrize("scraper", ["127.0.0.1", "127.0.0.200"])
 def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_out(
-    tmp_path, scraper
+    tmp_path, scraper, no_deadline
 ):
     """A local user holds every slot from 127.0.0.2.., 127.0.0.9 (any of 127/8 is theirs):
     the scrape, from the same loopback or another address, cuts the oldest and is served."""
@@ -100,15 +106,14 @@ def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_o
                 conn.sendall(b"GET /metrics HTTP/1.1\r\n")
                 held.append(conn)
         time.sleep(0.3)
-        seconds, body = scrape_seconds(port, scraper)
+        body = scrape(port, scraper)
         for conn in held:
             conn.close()
     assert "200 OK" in body.splitlines()[0], body[:200]
-    assert seconds < 1.0, seconds
 
 
 @pytest.mark.security
-def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path):
+def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path, no_deadline):
     with metrics_server(tmp_path) as port:
         slow = stalled_client(port)
         silent = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -116,10 +121,9 @@ def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path):
         threading.Thread(target=dribble, args=(slow, stop, 2.0), daemon=True).start()
         try:
             time.sleep(0.2)  # the slow clients are connected and being served first
-            seconds, answer = scrape_seconds(port)
+            answer = scrape(port)
             assert answer.startswith("HTTP/1.") and " 200 " in answer.splitlines()[0]
             assert "tacc_agent_check_runs_total" in answer
-            assert seconds < 1.0, f"a scrape waited {seconds:.1f} s behind a slow client"
         finally:
             stop.set()
             slow.close()
@@ -135,8 +139,8 @@ def test_p7_a_slow_or_silent_client_is_cut_after_the_request_deadline(tmp_path, 
         threading.Thread(target=dribble, args=(slow, stop, 0.3), daemon=True).start()
         silent = socket.create_connection(("127.0.0.1", port), timeout=10)
         try:
-            assert seconds_until_cut(slow, 3.0) < 2.5  # deadline 1 s, reaped within ~0.5 s
-            assert seconds_until_cut(silent, 1.0) < 1.5  # (already past its deadline)
+            assert is_cut(slow)  # still sending, but past its 1 s deadline
+            assert is_cut(silent)
         finally:
             stop.set()
             slow.close()
@@ -144,14 +148,16 @@ def test_p7_a_slow_or_silent_client_is_cut_after_the_request_deadline(tmp_path, 
 
 
 @pytest.mark.security
-def test_p7_hundreds_of_idle_connections_neither_block_scrapes_nor_pile_up_threads(tmp_path):
+def test_p7_hundreds_of_idle_connections_neither_block_scrapes_nor_pile_up_threads(
+    tmp_path, no_deadline
+):
     with metrics_server(tmp_path) as port:
         before = threading.active_count()
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
         try:
             time.sleep(0.3)
-            seconds, answer = scrape_seconds(port)
-            assert " 200 " in answer.splitlines()[0] and seconds < 1.0, seconds
+            answer = scrape(port)
+            assert " 200 " in answer.splitlines()[0]
             assert threading.active_count() - before <= 64  # capped per client and in all
         finally:
             for conn in idle:
@@ -197,7 +203,7 @@ def test_p7_the_serve_process_stays_within_its_30_mib_budget(tmp_path):
     try:
         port = int(re.search(r":(\d+)/metrics", daemon.stdout.readline()).group(1))
         for _ in range(20):
-            scrape_seconds(port, "127.0.0.1")
+            scrape(port, "127.0.0.1")
             time.sleep(0.05)
         status = Path(f"/proc/{daemon.pid}/status").read_text()
         rss_kib = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))

@@ -348,25 +348,32 @@ def test_a_refusal_with_none_of_ours_open_is_the_answer():
 
 
 class BlockingChannel(FakeChannel):
-    """A remote command that runs on: recv blocks until the channel is closed (or 5 s)."""
+    """A remote command that runs on: recv blocks until the channel is closed. Its end
+    comes only from a close (`outwaited` says if a read gave up after 5 s instead: the
+    client waited for a command that never ends on its own)."""
 
     def __init__(self, opened: list) -> None:
         super().__init__()
         self.woken = threading.Event()
         self.opened = opened
+        self.outwaited = False
 
     def exec_command(self, command: str) -> None:
         self.command = command
         self.opened.append(self)
 
+    def wait_for_close(self) -> None:
+        if not self.woken.wait(5):  # a guard against a hang, not a timing
+            self.outwaited = True
+
     def recv(self, _size: int) -> bytes:
-        self.woken.wait(5)
+        self.wait_for_close()
         return b""
 
     recv_stderr = recv
 
     def recv_exit_status(self) -> int:
-        self.woken.wait(5)
+        self.wait_for_close()
         return -1
 
     def close(self) -> None:
@@ -390,26 +397,24 @@ def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeyp
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Thread(target=ctrl_c, daemon=True).start()
-        started = time.monotonic()
         code, _, err = cli_run("exec", "42", "--all", "--", "sleep", "1000")
-        elapsed = time.monotonic() - started
     finally:
         signal.signal(signal.SIGINT, previous)
     assert opened.is_set() and code == 130 and "interrupted" in err
-    assert elapsed < 2
     assert [c.closed for c in fake.transport.channels] == [True, True]
+    # Not waited for: every read ended because its channel was closed, none gave up.
+    assert [c.outwaited for c in fake.transport.channels] == [False, False]
 
 
 @pytest.mark.fault
-def test_a_long_line_without_a_newline_pumps_in_linear_time():
-    """40 MiB in CHUNK pieces with no newline (a progress bar, a binary dump): each chunk
-    is searched alone and the unfinished line grows in place (once quadratic: minutes)."""
+def test_a_long_line_without_a_newline_is_pumped_whole():
+    """40 MiB in CHUNK pieces with no newline (a progress bar, a binary dump) come out as
+    one line. Its cost (linear; once quadratic: minutes) is measured in
+    bench/unit_timing.py, not here."""
     chunks = [b"x" * interactive.CHUNK] * (40 * 1024 * 1024 // interactive.CHUNK)
     chunks.append(b"x\nnext\ntail")
     emitted: list[bytes] = []
-    started = time.monotonic()
     interactive.pump(lambda _n: chunks.pop(0) if chunks else b"", emitted.extend)
-    assert time.monotonic() - started < 1
     assert [len(line) for line in emitted] == [40 * 1024 * 1024 + 1, 4, 4]
     assert emitted[1:] == [b"next", b"tail"]
 

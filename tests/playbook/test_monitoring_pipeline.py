@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_monitoring_role import default_args, render, tool
+from tests.playbook.monitoring_render import default_args, render, tool
 
 AGENT_METRICS = b"""\
 # TYPE tacc_agent_slurm_drained_by_agent gauge

@@ -5,39 +5,15 @@ hostlist expressions that pair up node by node."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT
-from tests.unit.test_hostlist import expand
-
-
-def render(out: Path, *extra: str, inventory: Path = ROOT / "inventory/example") -> None:
-    proc = subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            "-i",
-            str(inventory),
-            "playbooks/render-slurm-config.yml",
-            "-e",
-            f"slurm_render_dir={out}",
-            "-e",
-            "vault_slurm_dbd_db_password=unit-test",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+from tests.conftest import ROOT
+from tests.playbook.slurm_render import render
+from tests.unit.hostlist_reading import expand
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,8 @@ from tacc_agent.health.checks.base import FAIL, OK, Result, Sample
 from tacc_agent.health.registry import Check, CheckContext, Family, Registry
 from tacc_agent.serve import Daemon
 from tests.conftest import ROOT
-from tests.unit.test_agent_checks import FakeSlurm
-from tests.unit.test_agent_serve import daemon_settings, fixture_config, parse_exposition
-from tests.unit.test_role_argument_specs import LOCAL, ansible_playbook, failed_tasks
+from tests.playbook.argument_spec_runs import LOCAL, ansible_playbook, failed_tasks
+from tests.unit.agent_fixtures import FakeSlurm, daemon_settings, fixture_config, parse_exposition
 
 BUILT_IN = ["gpu", "rdma", "mounts", "services", "disk", "memory"]
 AGENT = ROOT / "packages/agent/tacc_agent"

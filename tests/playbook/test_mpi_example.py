@@ -20,7 +20,7 @@ import yaml
 
 from tcloud.task_file import load_task
 from tests.conftest import BIN, ROOT
-from tests.unit.test_slurm_conf_render import render
+from tests.playbook.slurm_render import render
 
 EXAMPLE = ROOT / "examples" / "mpi-allreduce"
 

@@ -14,10 +14,8 @@ shows up as a marker (and a failed case), never as a role changing this host.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -26,35 +24,13 @@ import yaml
 
 from tacc_agent.config import AgentConfig
 from tacc_lab.inventory import InventoryNode, NodeHardware, render_inventory
-from tests.conftest import BIN, ROOT
+from tests.conftest import ROOT
+from tests.playbook.argument_spec_runs import LOCAL, ansible_playbook, failed_tasks
 
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta").is_dir())
-NO_TASK_TAG = "tacc-bad-input-no-such-tag"
 GROUPS = ("slurm_controller", "slurm_compute", "login", "slurm_dbd", "nfs_server",
           "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")  # fmt: skip
 SECRET = "s3cret-db-password-never-shown"  # noqa: S105 (a test value)
-LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-
-
-def ansible_playbook(
-    inventory: Path, play: Path, tmp: Path, *extra: str, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    full_env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        # Private fact cache and no colours: labs running next to this share neither.
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        **(env or {}),
-    }
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(play), "--check",
-         "--tags", NO_TASK_TAG, *extra],
-        capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=600, check=False,
-    )  # fmt: skip
 
 
 def recap(stdout: str) -> dict[str, dict[str, int]]:
@@ -64,17 +40,6 @@ def recap(stdout: str) -> dict[str, dict[str, int]]:
         for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", stdout, re.M)
     }
     assert found, stdout[-2000:]
-    return found
-
-
-def failed_tasks(stdout: str) -> dict[str, str]:
-    """host -> the TASK it failed in (default callback output)."""
-    task, found = "", {}
-    for line in stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[len("TASK [") : line.rfind("]")]
-        elif match := re.match(r"^fatal: \[([^\]]+)\]", line):
-            found[match.group(1)] = task
     return found
 
 

@@ -18,7 +18,7 @@ from tacc_agent.health.checks import CHECKS
 from tacc_agent.health.job_usage import JOB_FAMILIES
 from tacc_agent.health.metrics import AGENT_FAMILIES, PREFIX
 from tests.conftest import ROOT
-from tests.unit.test_monitoring_role import render, run, tool
+from tests.playbook.monitoring_render import render, run, tool
 
 DASHBOARDS = sorted((ROOT / "roles/monitoring/files/grafana/dashboards").glob("*.json"))
 # The cluster-wide Slurm figures the controller's agent exports (agent cluster_metrics).

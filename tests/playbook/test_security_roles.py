@@ -30,7 +30,13 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
-from tests.unit.security_role_readers import PAM_FILES, Login, pam_decision, pam_stack, slurm_value
+from tests.playbook.security_role_readers import (
+    PAM_FILES,
+    Login,
+    pam_decision,
+    pam_stack,
+    slurm_value,
+)
 
 EXAMPLE = ROOT / "inventory/example"
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}

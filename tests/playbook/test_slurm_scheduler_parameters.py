@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.test_slurm_conf_render import render
+from tests.playbook.slurm_render import render
 
 
 def scheduler_lines(conf: str) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
-from tests.unit.test_slurm_conf_render import render
+from tests.playbook.slurm_render import render
 
 ROLE = ROOT / "roles/slurm"
 TEMPLATE = ROLE / "templates/slurm.conf.j2"

@@ -1,0 +1,66 @@
+"""Boots each lab shape (labs.py) once per pytest process and hands it to the modules
+that ask for it, resetting it between them; removes them all at the end of the run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tests.integration.lab_helpers import lab_cli, lab_status, node_sh, playbook
+from tests.integration.labs import Lab, Shape, write_vars
+
+# For a developer re-running a few tests: TACC_TEST_REUSE_LAB=1 keeps a lab that is
+# already up and provisioned (and leaves it up). CI never sets it.
+REUSE = os.environ.get("TACC_TEST_REUSE_LAB") == "1"
+
+
+class LabFactory:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.labs: dict[str, Lab] = {}
+        self.kept: set[str] = set()  # reused labs: left up
+        self.user: dict[str, str] = {}  # lab name -> the module that has it now
+
+    def lab(self, shape: Shape, module: str) -> Lab:
+        """The lab of `shape` for `module`: booted and provisioned on first use, reset
+        when it passes from one module to another."""
+        lab = self.labs.get(shape.name)
+        if lab is None:
+            lab = self.labs[shape.name] = self._boot(shape)
+        elif self.user[shape.name] != module and shape.reset:
+            self._reset(lab)
+        self.user[shape.name] = module
+        return lab
+
+    def _boot(self, shape: Shape) -> Lab:
+        inventory = self.workdir / shape.name / "hosts.yml"
+        inventory.parent.mkdir(parents=True)
+        write_vars(shape, inventory)
+        reuse = REUSE and lab_status(shape.name)["up"]
+        if not reuse:
+            lab_cli(shape.name, "down")  # a crashed earlier run must not leak into this one
+        argv = ["up", "--nodes", str(shape.nodes), "--subnet", shape.subnet]
+        argv += [] if shape.login_node else ["--no-login-node"]
+        argv += ["--container-image"] if shape.container_image else []
+        proc = lab_cli(shape.name, *argv, "--inventory", str(inventory))
+        assert proc.returncode == 0, proc.stderr
+        print(f"lab {shape.name} ({shape.flavor} image): {shape.proof}", file=sys.stderr)
+        if reuse:
+            self.kept.add(shape.name)
+        else:
+            for path in shape.provision:
+                playbook(inventory, path)
+        return Lab(shape, inventory)
+
+    def _reset(self, lab: Lab) -> None:
+        nodes = ["n" + str(i) for i in range(1, lab.shape.nodes + 1)]
+        nodes += ["login1"] if lab.shape.login_node else []
+        for node in nodes:
+            proc = node_sh(lab.name, node, lab.shape.reset)
+            assert proc.returncode == 0, f"reset of {lab.name} on {node}: {proc.stderr}"
+
+    def close(self) -> None:
+        for name in self.labs:
+            if name not in self.kept:
+                lab_cli(name, "down")

@@ -1,0 +1,34 @@
+"""playbooks/render-slurm-config.yml run for real (ansible-playbook on this machine, no
+lab): test_slurm_conf_render.py, test_mpi_example.py, test_slurm_extra_config_guard.py and
+test_slurm_scheduler_parameters.py render slurm.conf with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import BIN, ROOT
+
+
+def render(out: Path, *extra: str, inventory: Path = ROOT / "inventory/example") -> None:
+    proc = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "playbooks/render-slurm-config.yml",
+            "-e",
+            f"slurm_render_dir={out}",
+            "-e",
+            "vault_slurm_dbd_db_password=unit-test",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
