@@ -54,9 +54,7 @@ class LabFactory:
         return Lab(shape, inventory)
 
     def _reset(self, lab: Lab) -> None:
-        nodes = ["n" + str(i) for i in range(1, lab.shape.nodes + 1)]
-        nodes += ["login1"] if lab.shape.login_node else []
-        for node in nodes:
+        for node in (node["name"] for node in lab_status(lab.name)["nodes"]):
             proc = node_sh(lab.name, node, lab.shape.reset)
             assert proc.returncode == 0, f"reset of {lab.name} on {node}: {proc.stderr}"
 

@@ -4,9 +4,10 @@ The image is keyed by a digest of everything that goes into it (package list, re
 version, the host's apt sources and locally added CA certificates), so a change in any
 of them builds a new image and an unchanged host reuses the cached one.
 
-Two flavors: `bare` (the default: what every lab, test and bench boots, so converges
-prove the roles' installs from nothing) and `prebaked` (opt-in for `make demo` through
-TACC_LAB_IMAGE_FLAVOR: the bare image plus the packages the roles install, prebake.py).
+Two flavors: `bare` (the default: what `tacc-lab up`, the bench and the test suite's
+install-from-nothing lab boot, so converges prove the roles' installs from nothing) and
+`prebaked` (TACC_LAB_IMAGE_FLAVOR: the bare image plus the packages the roles install,
+prebake.py; `make demo`, molecule's scenarios and the test suite's other labs boot it).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ demo's converge finds them present instead of downloading and unpacking them on 
 nodes at once. The roles still install and verify them (a package missing from this
 list is installed by its role, as on a bare node), and they still configure, enable and
 start every daemon: the daemons only some node groups run are disabled in the image, as
-they are absent on a bare node. The test suite's labs and bench/converge.py boot the
-bare image (image.py), which keeps proving the installs from nothing.
+they are absent on a bare node. Most of the test suite's labs boot it too
+(tests/integration/labs.py); its `hw` lab and bench/converge.py boot the bare image
+(image.py), which keeps proving the installs from nothing.
 
 It is built with mmdebstrap (apt resolves and downloads in parallel, one dpkg run,
 no fsync per file): debootstrap alone took 129 s for the bare image here.
