@@ -360,6 +360,7 @@ class BlockingChannel(FakeChannel):
 
     def exec_command(self, command: str) -> None:
         self.command = command
+        self.thread = threading.get_ident()  # the pool thread that opened it (and reads it)
         self.opened.append(self)
 
     def wait_for_close(self) -> None:
@@ -403,6 +404,31 @@ def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeyp
     assert opened.is_set() and code == 130 and "interrupted" in err
     assert [c.closed for c in fake.transport.channels] == [True, True]
     # Not waited for: every read ended because its channel was closed, none gave up.
+    assert [c.outwaited for c in fake.transport.channels] == [False, False]
+
+
+@pytest.mark.fault
+def test_a_ctrl_c_that_a_reading_thread_receives_still_stops_exec(tmp_path, monkeypatch):
+    """The kernel may deliver SIGINT to any thread; Python runs its handler only in the
+    main thread, which must not sleep in a wait no signal of its own ends (before: it
+    waited for the nodes' reads, about 2 Ctrl-Cs in 100)."""
+    fake = FakeCluster(tmp_path, monkeypatch)
+    fake.transport.open_session = lambda: BlockingChannel(fake.transport.channels)
+
+    def ctrl_c_to_a_reader() -> None:
+        deadline = time.monotonic() + 3
+        while len(fake.transport.channels) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(fake.transport.channels[0].thread, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c_to_a_reader, daemon=True).start()
+        code, _, err = cli_run("exec", "42", "--all", "--", "sleep", "1000")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130 and "interrupted" in err
+    assert [c.closed for c in fake.transport.channels] == [True, True]
     assert [c.outwaited for c in fake.transport.channels] == [False, False]
 
 
