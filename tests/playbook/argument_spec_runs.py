@@ -31,10 +31,23 @@ def ansible_playbook(
         **(env or {}),
     }
     return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(play), "--check",
-         "--tags", NO_TASK_TAG, *extra],
-        capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(play),
+            "--check",
+            "--tags",
+            NO_TASK_TAG,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
 
 
 def failed_tasks(stdout: str) -> dict[str, str]:

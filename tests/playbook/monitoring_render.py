@@ -53,8 +53,9 @@ def inventory(tmp: Path, *, dns: bool) -> Path:
         children["cluster_dns"] = {"hosts": {"n1": None}}
     path = tmp / "hosts.yml"
     all_vars = {**LOCAL, "slurm_accounting_enabled": True}
-    path.write_text(yaml.safe_dump({"all": {"hosts": hosts, "children": children,
-                                            "vars": all_vars}}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump({"all": {"hosts": hosts, "children": children, "vars": all_vars}})
+    )
     return path
 
 
@@ -69,23 +70,34 @@ def ansible_playbook(tmp: Path, inventory_path: Path, play: list[dict], extra: d
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
     }
-    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory_path), str(path),
-            "-e", json.dumps(extra)]  # fmt: skip
+    argv = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory_path),
+        str(path),
+        "-e",
+        json.dumps(extra),
+    ]
     return subprocess.run(
         argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False
     )
 
 
 def role_vars_files(role: Path) -> list[str]:
-    return [str(role / "defaults/main.yml"), str(role / "vars/main.yml"),
-            str(role / "vars/Debian.yml")]  # fmt: skip
+    return [
+        str(role / "defaults/main.yml"),
+        str(role / "vars/main.yml"),
+        str(role / "vars/Debian.yml"),
+    ]
 
 
 def template_task(role: Path, template: str, dest: Path, **task: object) -> dict:
     source = str(role / "templates" / template)
-    return {"name": f"Render {template}",
-            "ansible.builtin.template": {"src": source, "dest": str(dest), "mode": "0600"},
-            **task}  # fmt: skip
+    return {
+        "name": f"Render {template}",
+        "ansible.builtin.template": {"src": source, "dest": str(dest), "mode": "0600"},
+        **task,
+    }
 
 
 def render(tmp: Path, *, dns: bool = False, **settings: object) -> Path:
@@ -95,15 +107,33 @@ def render(tmp: Path, *, dns: bool = False, **settings: object) -> Path:
     out.mkdir(exist_ok=True)
     tasks = [template_task(ROLE, f"{name}.j2", out / name) for name in RENDERED]
     tasks += [
-        template_task(ROLE, "daemon.default.j2", out / "prometheus.default",
-                      vars={"monitoring_daemon_name": "prometheus",
-                            "monitoring_daemon_args": "{{ monitoring_prometheus_args }}"}),
-        template_task(ROLE, "daemon.default.j2", out / "alertmanager.default",
-                      vars={"monitoring_daemon_name": "alertmanager",
-                            "monitoring_daemon_args": "{{ monitoring_alertmanager_args }}"}),
-    ]  # fmt: skip
-    play = [{"hosts": "monitoring", "gather_facts": False,
-             "vars_files": role_vars_files(ROLE), "tasks": tasks}]  # fmt: skip
+        template_task(
+            ROLE,
+            "daemon.default.j2",
+            out / "prometheus.default",
+            vars={
+                "monitoring_daemon_name": "prometheus",
+                "monitoring_daemon_args": "{{ monitoring_prometheus_args }}",
+            },
+        ),
+        template_task(
+            ROLE,
+            "daemon.default.j2",
+            out / "alertmanager.default",
+            vars={
+                "monitoring_daemon_name": "alertmanager",
+                "monitoring_daemon_args": "{{ monitoring_alertmanager_args }}",
+            },
+        ),
+    ]
+    play = [
+        {
+            "hosts": "monitoring",
+            "gather_facts": False,
+            "vars_files": role_vars_files(ROLE),
+            "tasks": tasks,
+        }
+    ]
     proc = ansible_playbook(
         tmp, inventory(tmp, dns=dns), play, {"monitoring_config_dir": str(out), **settings}
     )

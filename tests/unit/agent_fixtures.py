@@ -73,8 +73,10 @@ def proc_tree(root: Path) -> str:
     (root / "meminfo").write_text("MemTotal:       16384000 kB\n")
     (root / "sys/kernel/random").mkdir(parents=True)
     (root / "sys/kernel/random/boot_id").write_text("b00t\n")
-    for pid, argv in (("41", ["python3", "-I", "-m", "tacc_agent", "exec", "/w/j1"]),
-                      ("42", ["sshd", "-D"])):  # fmt: skip
+    for pid, argv in (
+        ("41", ["python3", "-I", "-m", "tacc_agent", "exec", "/w/j1"]),
+        ("42", ["sshd", "-D"]),
+    ):
         (root / pid).mkdir()
         (root / pid / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
     return str(root)
@@ -82,20 +84,40 @@ def proc_tree(root: Path) -> str:
 
 def daemon_settings(config: AgentConfig) -> dict:
     """The agent.yaml keys of fixture_config that a `tacc-agent serve` process needs."""
-    return {key: getattr(config, key) for key in (
-        "rdma_sysfs_root", "nvidia_smi", "expected_gpus", "state_dir", "facts_file",
-        "kernel_log", "drain")}  # fmt: skip
+    return {
+        key: getattr(config, key)
+        for key in (
+            "rdma_sysfs_root",
+            "nvidia_smi",
+            "expected_gpus",
+            "state_dir",
+            "facts_file",
+            "kernel_log",
+            "drain",
+        )
+    }
 
 
 def fixture_config(tmp_path: Path) -> AgentConfig:
     hdr = "200 Gb/sec (4X HDR)"
-    sysfs = rdma_tree(tmp_path / "sys", {"mlx5_0/1": ("4: ACTIVE", hdr, 3),
-                                         "mlx5_1/1": ("4: ACTIVE", hdr, 0)})  # fmt: skip
-    smi = tool(tmp_path / "smi", 'case "$1" in --query-gpu=index,pci.bus_id) printf '
-               '"0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n";; *) exit 2;; esac\n')  # fmt: skip
+    sysfs = rdma_tree(
+        tmp_path / "sys", {"mlx5_0/1": ("4: ACTIVE", hdr, 3), "mlx5_1/1": ("4: ACTIVE", hdr, 0)}
+    )
+    smi = tool(
+        tmp_path / "smi",
+        'case "$1" in --query-gpu=index,pci.bus_id) printf '
+        '"0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n";; *) exit 2;; esac\n',
+    )
     return AgentConfig(
-        rdma_sysfs_root=sysfs, nvidia_smi=smi, expected_gpus=2, expected_rdma_ports=2,
-        proc_root=proc_tree(tmp_path / "proc"), state_dir=str(tmp_path / "state"),
-        facts_file=str(tmp_path / "run/facts.json"), kernel_log=str(tmp_path / "kern.log"),
-        services=(), drain=False, real_memory_mb=15000,
-    )  # fmt: skip
+        rdma_sysfs_root=sysfs,
+        nvidia_smi=smi,
+        expected_gpus=2,
+        expected_rdma_ports=2,
+        proc_root=proc_tree(tmp_path / "proc"),
+        state_dir=str(tmp_path / "state"),
+        facts_file=str(tmp_path / "run/facts.json"),
+        kernel_log=str(tmp_path / "kern.log"),
+        services=(),
+        drain=False,
+        real_memory_mb=15000,
+    )
