@@ -54,7 +54,7 @@ def runs(shaped_lab) -> dict:
     first, _ = site(inventory)
     second, second_hosts = site(inventory)
     check, check_hosts = site(inventory, "--check", "--diff")
-    yield {
+    return {
         "inventory": inventory,
         "killed": killed,
         "rerun": first.stdout,

@@ -14,6 +14,7 @@ import signal
 import termios
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -382,29 +383,41 @@ class BlockingChannel(FakeChannel):
         self.woken.set()
 
 
-@pytest.mark.fault
-def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeypatch):
+def exec_interrupted(tmp_path, monkeypatch, ctrl_c: Callable[[list], None]):
+    """`tcloud exec --all` on 2 nodes whose command never ends; `ctrl_c(channels)` runs in
+    its own thread once both channels are open (or after 3 s). (exit code, stderr, the
+    channels, whether both had opened)."""
     fake = FakeCluster(tmp_path, monkeypatch)
-    fake.transport.open_session = lambda: BlockingChannel(fake.transport.channels)
+    channels = fake.transport.channels
+    fake.transport.open_session = lambda: BlockingChannel(channels)
     opened = threading.Event()
 
-    def ctrl_c() -> None:
+    def when_open() -> None:
         deadline = time.monotonic() + 3
-        while len(fake.transport.channels) < 2 and time.monotonic() < deadline:
+        while len(channels) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        opened.set()
-        os.kill(os.getpid(), signal.SIGINT)
+        if len(channels) == 2:
+            opened.set()
+        ctrl_c(channels)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=ctrl_c, daemon=True).start()
+        threading.Thread(target=when_open, daemon=True).start()
         code, _, err = cli_run("exec", "42", "--all", "--", "sleep", "1000")
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert opened.is_set() and code == 130 and "interrupted" in err
-    assert [c.closed for c in fake.transport.channels] == [True, True]
+    return code, err, channels, opened.is_set()
+
+
+@pytest.mark.fault
+def test_ctrl_c_in_exec_closes_every_channel_and_does_not_wait(tmp_path, monkeypatch):
+    code, err, channels, opened = exec_interrupted(
+        tmp_path, monkeypatch, lambda _channels: os.kill(os.getpid(), signal.SIGINT)
+    )
+    assert opened and code == 130 and "interrupted" in err
+    assert [c.closed for c in channels] == [True, True]
     # Not waited for: every read ended because its channel was closed, none gave up.
-    assert [c.outwaited for c in fake.transport.channels] == [False, False]
+    assert [c.outwaited for c in channels] == [False, False]
 
 
 @pytest.mark.fault
@@ -412,24 +425,14 @@ def test_a_ctrl_c_that_a_reading_thread_receives_still_stops_exec(tmp_path, monk
     """The kernel may deliver SIGINT to any thread; Python runs its handler only in the
     main thread, which must not sleep in a wait no signal of its own ends (before: it
     waited for the nodes' reads, about 2 Ctrl-Cs in 100)."""
-    fake = FakeCluster(tmp_path, monkeypatch)
-    fake.transport.open_session = lambda: BlockingChannel(fake.transport.channels)
-
-    def ctrl_c_to_a_reader() -> None:
-        deadline = time.monotonic() + 3
-        while len(fake.transport.channels) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        signal.pthread_kill(fake.transport.channels[0].thread, signal.SIGINT)
-
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        threading.Thread(target=ctrl_c_to_a_reader, daemon=True).start()
-        code, _, err = cli_run("exec", "42", "--all", "--", "sleep", "1000")
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert code == 130 and "interrupted" in err
-    assert [c.closed for c in fake.transport.channels] == [True, True]
-    assert [c.outwaited for c in fake.transport.channels] == [False, False]
+    code, err, channels, opened = exec_interrupted(
+        tmp_path,
+        monkeypatch,
+        lambda channels: signal.pthread_kill(channels[0].thread, signal.SIGINT),
+    )
+    assert opened and code == 130 and "interrupted" in err
+    assert [c.closed for c in channels] == [True, True]
+    assert [c.outwaited for c in channels] == [False, False]
 
 
 @pytest.mark.fault

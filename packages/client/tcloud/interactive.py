@@ -434,8 +434,8 @@ def results_of(futures: list[Future]) -> list:
     while pending:
         done, pending = wait(pending, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_EXCEPTION)
         for future in done:
-            if future.exception() is not None:
-                raise future.exception()
+            if (error := future.exception()) is not None:
+                raise error
     return [future.result() for future in futures]
 
 
