@@ -83,7 +83,7 @@ def main():
         return 0
     if command == "scontrol" and args[:2] == ["show", "job"]:
         job = jobs.get(args[-1])
-        if job is None:
+        if job is None or job.get("forgotten"):  # forgotten: past MinJobAge, in sacct only
             print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
             return 1
         comment = f" Comment={job['comment']}" if job["comment"] else ""
@@ -104,6 +104,12 @@ def main():
                   "denied", file=sys.stderr)
             return 1
         update(lambda state: state["jobs"][job_id].update(state="CANCELLED"))
+        return 0
+    if command == "sacct" and state.get("accounting") and "--format=JobID,NodeList" in args:
+        wanted = option("jobs").split(",")
+        for job_id, job in jobs.items():
+            if job_id in wanted and job["state"] in ENDED and job["uid"] == os.getuid():
+                print(f"{job_id}|{job.get('nodes', 'None assigned')}")
         return 0
     if command == "sacct":
         print("sacct: error: Slurm accounting storage is disabled", file=sys.stderr)
@@ -135,6 +141,18 @@ class FakeSlurm:
 
     def calls(self, command: str) -> list[list[str]]:
         return [c for c in json.loads(self.state.read_text())["calls"] if c[0] == command]
+
+    def set_job(self, job_id: str, **fields) -> None:
+        """Change what Slurm (and its accounting) says about one job."""
+        state = json.loads(self.state.read_text())
+        state["jobs"][job_id].update(fields)
+        self.state.write_text(json.dumps(state))
+
+    def enable_accounting(self) -> None:
+        """sacct answers (slurmdbd is there) instead of saying accounting is disabled."""
+        state = json.loads(self.state.read_text())
+        state["accounting"] = True
+        self.state.write_text(json.dumps(state))
 
     def add_job(self, job_id: str, **job) -> None:
         """A job Slurm has, as another user's by default (bob, uid 4242)."""

@@ -7,6 +7,7 @@ recorded, so it never changes afterwards.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -38,6 +39,9 @@ LOG_LINES = 10
 # squeue's columns for parse_squeue: comment last, as the only one a user writes freely.
 SQUEUE_FORMAT = "--format=%i|%T|%r|%M|%N|%Z|%k"
 SQUEUE_KEYS = ("JobState", "Reason", "RunTime", "NodeList", "WorkDir", "Comment")
+# What ps asks Slurm's accounting about jobs that left the queue: where each ran.
+SACCT_NODES = ("--noheader", "--parsable2", "--allocations", "--format=JobID,NodeList")
+NO_NODES = ("", "None assigned", "(null)")
 
 
 def slurm_info(job_id: str, config: AgentConfig) -> dict[str, str] | None:
@@ -267,6 +271,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                       config.slurm_timeout_seconds)  # fmt: skip
     queue = parse_squeue(out)
     rows = [submitting_row(job_dir) for job_dir in waiting]
+    ended: dict[str, Path] = {}  # jobs that left the queue: where they ran comes after
     for entry in reversed(workspace.entries(user_dir)[-limit:]):
         job_id, job_dir = entry.job_id, entry.job_dir
         if sweeps.is_sweep(job_dir):
@@ -298,7 +303,37 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                 "kind": kind_of(job_dir),
             }
         )
+        if state in records.TERMINAL and rows[-1]["nodes"] in NO_NODES:
+            ended[job_id] = job_dir
+    accounted = ran_on(list(ended), config)
+    for row in rows:
+        if row["job"] in ended:
+            row["nodes"] = accounted.get(row["job"]) or recorded_hosts(ended[row["job"]])
     return rows
+
+
+def ran_on(job_ids: list[str], config: AgentConfig) -> dict[str, str]:
+    """Where the caller's jobs that left the queue ran, by job id, from Slurm's
+    accounting (one sacct call, the caller's own jobs only); {} without accounting."""
+    if not job_ids:
+        return {}
+    argv = ["sacct", *SACCT_NODES, f"--user={os.getuid()}", "--jobs=" + ",".join(job_ids)]
+    try:
+        out = slurm.slurm(argv, config.slurm_timeout_seconds)
+    except AgentError:
+        return {}  # no slurmdbd: the job's own records say where its ranks ran
+    found = {}
+    for line in out.splitlines():
+        job_id, _, nodes = line.partition("|")
+        if job_id in job_ids and nodes.strip() not in NO_NODES:
+            found[job_id] = nodes.strip()  # the last line is the latest run
+    return found
+
+
+def recorded_hosts(job_dir: Path) -> str:
+    """The hosts the job's ranks recorded (where accounting has no answer)."""
+    hosts = {rank.get("host") for rank in records.ranks(job_dir)}
+    return ",".join(sorted(host for host in hosts if isinstance(host, str) and host))
 
 
 def submitting_row(job_dir: Path) -> dict:
