@@ -122,3 +122,56 @@ def test_p1_root_on_an_nfs_client_is_nobody_on_shared():
     # /shared/tcloud is root's, 0755: root squashed to nobody may not create in it.
     assert copy.returncode != 0 and "ACCESS" in copy.stderr, (copy.stderr, on_server)
     assert on_server == "", on_server
+
+
+def libnfs_on(node: str) -> None:
+    """libnfs-utils (nfs-ls, nfs-cp): a real NFS client that runs as any user."""
+    get_client = "apt-get install -y -q libnfs-utils >/dev/null 2>&1; command -v nfs-cp"
+    install = node_sh(SLURM_LAB, node, f"command -v nfs-cp || ({get_client})")
+    assert install.returncode == 0, install.stdout + install.stderr
+
+
+@pytest.mark.security
+def test_p1_a_users_own_nfs_client_cannot_claim_another_uid(bob):
+    """alice runs a userspace NFS client (libnfs) on the login node: its calls come from
+    a port above 1023, so the export answers none of them, whatever uid they claim
+    (NFSv4, and NFSv3 with its MOUNT call). bob's workspace is neither read nor written."""
+    libnfs_on("login1")
+    bob_dir = "/shared/tcloud/bob"
+    plant = f"echo private > {bob_dir}/nfs-probe && chown 2002:2002 {bob_dir}/nfs-probe"
+    node_sh(SLURM_LAB, "n1", f"install -d -o 2002 -g 2002 -m 0700 {bob_dir} && {plant}")
+    before = node_sh(SLURM_LAB, "n1", f"ls -la --time-style=+%s {bob_dir}").stdout
+    claim = "uid=2002&gid=2002"
+    attempts = {
+        "v4 list": f"nfs-ls 'nfs://n1{bob_dir}?{claim}&version=4'",
+        "v3 list": f"nfs-ls 'nfs://n1{bob_dir}?{claim}&version=3'",
+        "v4 write": f"echo forged > /tmp/forged-$$ && "
+        f"nfs-cp /tmp/forged-$$ 'nfs://n1{bob_dir}/forged?{claim}&version=4'",
+        "v4 read": f"nfs-cat 'nfs://n1{bob_dir}/nfs-probe?{claim}&version=4'",
+    }
+    for what, command in attempts.items():
+        result = ssh_as("alice", "login1", command)
+        assert result.returncode != 0, (what, result.stdout, result.stderr)
+        assert "private" not in result.stdout and "nfs-probe" not in result.stdout, what
+    after = node_sh(SLURM_LAB, "n1", f"ls -la --time-style=+%s {bob_dir}").stdout
+    assert after == before, (before, after)
+    # The same client run by root on a client host binds a port below 1024 and is served
+    # (root is squashed to nobody, test_p1_root_on_an_nfs_client_is_nobody_on_shared).
+    served = node_sh(SLURM_LAB, "login1", "nfs-ls 'nfs://n1/shared/tcloud?version=4'")
+    assert served.returncode == 0, served.stderr
+
+
+@pytest.mark.security
+def test_p7_a_researchers_home_is_private_on_every_node(bob):
+    """bob cannot list or read alice's home on the login node, nor on a compute node
+    (the common role makes every cluster user's home 0700)."""
+    notes = "/home/alice/notes.txt"
+    node_sh(
+        SLURM_LAB, "login1", f"echo mine > {notes} && chown alice: {notes} && chmod 0644 {notes}"
+    )
+    read = ssh_as("bob", "login1", "cat /home/alice/notes.txt; ls /home/alice")
+    assert read.returncode != 0 and "mine" not in read.stdout, (read.stdout, read.stderr)
+    assert "Permission denied" in read.stderr, read.stderr
+    for node in ("login1", "n1", "n2", "n3"):
+        modes = node_sh(SLURM_LAB, node, "stat -c '%n %a' /home/alice /home/bob").stdout.split()
+        assert modes == ["/home/alice", "700", "/home/bob", "700"], (node, modes)

@@ -62,10 +62,12 @@ from tests.integration.interactive_cases import (  # noqa: F401  (issue [14]: in
     test_i7_a_session_asked_to_stop_on_disconnect_ends_when_the_client_dies,
 )
 from tests.integration.isolation_cases import (  # noqa: F401
+    test_p1_a_users_own_nfs_client_cannot_claim_another_uid,
     test_p1_root_on_an_nfs_client_is_nobody_on_shared,
     test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there,
     test_p2_a_researcher_does_not_see_another_researchers_jobs,
     test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs,
+    test_p7_a_researchers_home_is_private_on_every_node,
 )
 from tests.integration.lab_helpers import (
     lab_cli,

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -162,12 +163,32 @@ def test_p1_the_export_admits_only_the_cluster_hosts_with_root_squashed(rendered
     assert len(exports) == 1
     path, *clients = exports[0].split()
     assert path == "/srv/shared"
-    assert clients == [f"{host}(rw,sync,no_subtree_check,root_squash)" for host in CLUSTER_HOSTS]
+    assert clients == [
+        f"{host}(rw,sync,no_subtree_check,root_squash,secure)" for host in CLUSTER_HOSTS
+    ]
     ganesha = (rendered / "ctl1/ganesha.conf").read_text()
     assert f"Clients = {', '.join(CLUSTER_HOSTS)};" in ganesha
     assert "Squash = Root_Squash;" in ganesha and "No_Root_Squash" not in ganesha
     # Anyone else reaching port 2049 gets nothing: the export itself admits no one.
     assert "    Access_Type = None;" in ganesha
+
+
+@pytest.mark.security
+def test_p1_every_export_answers_only_privileged_ports(rendered):
+    """AUTH_SYS believes the uid a call claims: only calls from a port below 1024 (which
+    only root on a client binds) are answered, so a user's userspace NFS client cannot
+    claim another uid. Ganesha: PrivilegedPort on the defaults (the NFSv4 pseudo root),
+    every EXPORT and every CLIENT block; the kernel server: `secure` on every client."""
+    ganesha = (rendered / "ctl1/ganesha.conf").read_text()
+    blocks = re.findall(r"^\s*(EXPORT_DEFAULTS|EXPORT|CLIENT) \{", ganesha, re.MULTILINE)
+    settings = re.findall(r"^\s*PrivilegedPort = (\w+);", ganesha, re.MULTILINE)
+    assert blocks and len(settings) == len(blocks), (blocks, settings)
+    assert set(settings) == {"true"}, settings
+    exports = (rendered / "ctl1/exports").read_text()
+    assert "insecure" not in exports
+    for line in exports.splitlines():
+        if line and not line.startswith("#"):
+            assert all("secure" in client.split("(")[1] for client in line.split()[1:]), line
 
 
 @pytest.mark.security
