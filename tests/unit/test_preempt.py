@@ -14,7 +14,7 @@ import pytest
 
 from tacc_agent import cli, slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.errors import EXIT_REJECTED, AgentError, Rejected
 from tacc_agent.tasks import jobs, preempt, records, workspace
 
 OTHER_UID = 4321  # the job's owner when the tests run as root (files chowned to it)
@@ -160,12 +160,33 @@ class Runner:
         return self.codes[len(self.calls) - 1], self.output
 
 
+def no_accounting(argv: list[str], timeout: float = 0, check: bool = True, env=None) -> str:
+    """Slurm without accounting limits: a resize's grow reads only the partition's."""
+    if argv[:3] == ["scontrol", "show", "config"]:
+        return "AccountingStorageEnforce = none\n"
+    raise AgentError(f"{argv[0]}: not in this test")
+
+
+def halted(run: Runner, info: dict[str, str], slurm_max: int) -> Runner:
+    """`run`, where the owner's halt leaves the job held, its range showing as Slurm
+    shows a pending job's (NumNodes=SIZE-MAX)."""
+
+    def halting(argv: list[str], timeout: float) -> tuple[int, str]:
+        if "halt" in argv:
+            info.update(JobState="PENDING", NumNodes=f"{info['NumNodes']}-{slurm_max}")
+        return run(argv, timeout)
+
+    halting.calls = run.calls
+    return halting
+
+
 @pytest.fixture
 def slurm_job(job_dir, monkeypatch):
     """Slurm's job 41: alice's, running in job_dir; the system knows alice by that uid."""
     info = {"JobId": "41", "UserId": f"alice({owner_uid()})", "JobState": "RUNNING",
-            "WorkDir": str(job_dir)}  # fmt: skip
+            "WorkDir": str(job_dir), "NumNodes": "1"}  # fmt: skip
     monkeypatch.setattr(slurm, "show", lambda kind, name="", timeout=0: [info])
+    monkeypatch.setattr(slurm, "slurm", no_accounting)
 
     class Entry:
         pw_name = "alice"
@@ -352,13 +373,13 @@ def test_a_record_others_could_write_does_not_count(job_dir, where):
 RESIZABLE = {"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, 3]}}}
 
 
-def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, slurm_job):
+def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, slurm_job, tmp_path):
     """Its tasks with its nodes: a job of 2 tasks per node (sbatch --ntasks-per-node=2)
     asked 2 x its old size in tasks, which Slurm would hold it to (seen in the lab)."""
     write_submit(job_dir, json.dumps(RESIZABLE).encode())
     slurm_job.update({"NtasksPerN:B:S:C": "2:0:*:*", "CPUs/Task": "4"})
-    run, notes = Runner([0, 0, 0]), []
-    config = AgentConfig(halt_grace_seconds=10, slurm_timeout_seconds=15)
+    run, notes = halted(Runner([0, 0, 0]), slurm_job, 3), []
+    config = AgentConfig(halt_grace_seconds=10, slurm_timeout_seconds=15, state_dir=str(tmp_path))
     reason = "resized by elastic: grow 1 -> 3 nodes (2 idle for 30 s)"
     assert preempt.requeue("41", reason, config, notes.append, run, nodes=3) is True
     assert [argv[:3] for argv, _ in run.calls] == [
@@ -389,12 +410,12 @@ def test_a_resize_the_task_did_not_allow_runs_nothing(job_dir, slurm_job, record
     assert run.calls == [] and why in notes[0], notes
 
 
-def test_a_size_slurm_refuses_leaves_the_job_requeued_at_its_old_size(job_dir, slurm_job):
+def test_a_size_slurm_refuses_leaves_the_job_requeued_at_its_old_size(job_dir, slurm_job, tmp_path):
     write_submit(job_dir, json.dumps(RESIZABLE).encode())
     refused = "scontrol: error: Requested node configuration is not available"
-    run, notes = Runner([0, 1, 0], refused), []
-    assert preempt.requeue("41", "resized by test", AgentConfig(), notes.append, run,
-                           nodes=2) is False  # fmt: skip
+    run, notes = halted(Runner([0, 1, 0], refused), slurm_job, 3), []
+    config = AgentConfig(state_dir=str(tmp_path))
+    assert preempt.requeue("41", "resized by test", config, notes.append, run, nodes=2) is False
     assert len(run.calls) == 3  # resumed all the same: never left held
     assert "its size not changed: scontrol: error: Requested node" in notes[0], notes
     assert notes[1] == "agent: job 41 of alice checkpointed and requeued (resized by test)"
@@ -455,15 +476,15 @@ def test_the_owners_read_takes_a_regular_file_only_and_follows_no_link(tmp_path)
     assert fifo.returncode == 0 and fifo.stdout == ""
 
 
-def test_a_resize_back_of_a_pending_job_sets_its_size_alone(job_dir, slurm_job):
+def test_a_resize_back_of_a_pending_job_sets_its_size_alone(job_dir, slurm_job, tmp_path):
     """A resized job that never got its nodes goes back to its old size while it waits:
     no halt, no resume (it is not running)."""
     write_submit(job_dir, json.dumps(RESIZABLE).encode())
-    slurm_job["JobState"] = "PENDING"
+    slurm_job.update(JobState="PENDING", NumNodes="3")  # root's NumNodes=3-3
     run, notes = Runner([0]), []
     why = "resized by elastic: back to 1 nodes (3 not free in 181 s)"
-    assert preempt.requeue("41", why, AgentConfig(slurm_timeout_seconds=15), notes.append, run,
-                           nodes=1) is True  # fmt: skip
+    config = AgentConfig(slurm_timeout_seconds=15, state_dir=str(tmp_path))
+    assert preempt.requeue("41", why, config, notes.append, run, nodes=1) is True
     assert run.calls == [(["scontrol", "update", "JobId=41", "NumNodes=1-1"], 15)]
     assert notes == [f"agent: job 41 of alice now asks for 1 node(s) ({why})"]
     # A pending job is never requeued (preempted): only a resize may touch it.

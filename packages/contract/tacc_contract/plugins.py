@@ -280,7 +280,8 @@ class Queue:
 
     `resize(job, nodes, reason)` is `requeue` at a new size: the job's checkpoint signal,
     back to the queue asking for `nodes`; only for a job whose task opted in ("resize")
-    and a size within its `node_range`.
+    and a size within the node range the agent recorded for it at submit and within
+    Slurm's QOS, association and partition limits (the agent refuses anything else).
 
     `start_now(job)` lets a job that waits out a placement delay (`delayed_for_placement`:
     a begin time at most PLACEMENT_DELAY_LIMIT s after its submission) start at once, once

@@ -22,6 +22,12 @@ the new size (`Queue.resize`). Per partition (a job counts in the first it names
 Only jobs pending for Resources or Priority wait for nodes: a job held, on a dependency,
 at its start time (a requeued job's credential delay), or over a QOS or account limit
 does not, and shrinks nobody.
+
+A job's `node_range` is what its owner's record says (plugin_data.elastic.range), a file
+she can rewrite: this tick only proposes. The agent's `Queue.resize` decides
+(tacc_agent/tasks/preempt.py): it keeps to the range it recorded for the job (its
+maximum no higher than Slurm's) and grows a job only within Slurm's QOS, association and
+partition limits; a resize it refuses is a note, and the job is not resized.
 """
 
 from __future__ import annotations

@@ -1,16 +1,26 @@
 """The queue tick's requeue action (Queue.requeue): checkpoint a running job and put it
-back in the queue, as its owner's `tcloud halt` then `tcloud resume` would.
+back in the queue, as its owner's `tcloud halt` then `tcloud resume` would; and its
+resize (Queue.resize): the same at a new node count.
 
-The tick runs as root on the controller; everything it decides across users comes from
-Slurm. The one thing it reads from a user's files is the job's opt-in, which the
-owner's own submit recorded in the job's status/submit.json
-(plugin_data.<plug-in>.opt_in: ["preemptible", "resize"]). That read follows no link,
-takes only a regular file of the job's owner (Slurm's UserId) in a directory of theirs,
-at most MAX_RECORD_BYTES of JSON, and keeps only the known words: a file can only let
-the cluster requeue that owner's own job. Where root may not read it (NFS root_squash),
-the same read is made as the owner. The halt and resume themselves run as the
-owner (runuser -u OWNER -- tacc-agent job halt/resume): every event and record file
-is written by them, never by root, and Slurm's hold is theirs to release.
+The tick runs as root on the controller. Who owns a job, where it runs, its state and
+size come from Slurm. From the owner's own files it reads the job's opt-in and node
+range, which her submit recorded in the job's status/submit.json
+(plugin_data.<plug-in>.opt_in: ["preemptible", "resize"]; plugin_data.elastic.range).
+That read follows no link, takes only a regular file of the job's owner (Slurm's
+UserId) in a directory of theirs, at most MAX_RECORD_BYTES of JSON, and keeps only the
+known words: an opt-in can only let the cluster requeue that owner's own job. Where
+root may not read it (NFS root_squash), the same read is made as the owner.
+
+The range is the owner's to write, so it is never taken on her word: a resize uses the
+range root recorded for the job (tasks/node_ranges.py: the owner's range, its maximum
+no higher than the one Slurm kept from her submit, recorded the first time root reads
+the job pending), refuses any other range her file gives, and grows a job only as far
+as Slurm's limits allow it (tasks/node_limits.py: the partition's MaxNodes, the QOS's
+and her association's TRES limits), which Slurm does not apply to root's own update.
+
+The halt and resume themselves run as the owner (runuser -u OWNER -- tacc-agent job
+halt/resume): every event and record file is written by them, never by root, and
+Slurm's hold is theirs to release. Root only sets a held job's size.
 
 Sweeps (array tasks, trial directories) are out of scope: they are never opted in.
 """
@@ -25,6 +35,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,17 +44,17 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.self_command import AGENT
-from tacc_agent.tasks import job_tags
+from tacc_agent.tasks import job_tags, node_limits, node_ranges
 from tacc_agent.tasks.reasons import MAX_REASON_CHARS, checked_reason
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
-MAX_NODES = 100_000  # no partition has more
 JOB_ID = re.compile(r"\d+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MARGIN_SECONDS = 30  # the owner's agent starting, reading its records, answering
 MAX_REREADS = 10  # jobs read again alone in one tick (job_records)
+WAITING_STATES = ("PENDING", "REQUEUE_HOLD")  # a held requeued job may show either
 
 # (argv, timeout) -> (exit code, what it printed)
 Runner = Callable[[list[str], float], tuple[int, str]]
@@ -64,6 +75,23 @@ class JobRecord:
     run_seconds: int = 0  # RunTime: how long it ran (the whole run, once it ended)
     tasks_per_node: int = 0  # --ntasks-per-node (NtasksPerN); 0 when not given
     cpus_per_task: int = 0  # --cpus-per-task (CPUs/Task); 0 when not read
+    nodes: int = 0  # NumNodes: what it holds; while pending, the fewest it asks for
+    max_nodes: int = 0  # the most it asks for, shown while pending only; 0: not shown
+    partition: str = ""  # where it counts against Slurm's limits ("" for none read)
+    qos: str = ""
+    account: str = ""
+    tres: str = ""  # TRES: what it holds or asks for (cpu=8,node=2,gres/gpu=4)
+
+
+def node_counts(num_nodes: str, state: str) -> tuple[int, int]:
+    """(nodes, max_nodes) of scontrol's NumNodes: "2-4" (a pending job's range), "2" (a
+    pending job's one size, or what a running job holds: no maximum shown)."""
+    low, _, high = num_nodes.partition("-")
+    if not low.isdigit():
+        return 0, 0
+    if high.isdigit():
+        return int(low), int(high)
+    return int(low), int(low) if state in WAITING_STATES else 0
 
 
 def record_of(info: dict[str, str]) -> JobRecord | None:
@@ -78,11 +106,25 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
         job_id = f"{info.get('ArrayJobId', '')}_{info['ArrayTaskId']}"
     per_node = info.get("NtasksPerN:B:S:C", "").split(":")[0]
     per_task = info.get("CPUs/Task", "")
-    return JobRecord(job_id, int(owner.group(1)), info["UserId"].partition("(")[0],
-                     info.get("JobState", ""), Path(work_dir), array,
-                     slurm.elapsed_seconds(info.get("RunTime", "")),
-                     int(per_node) if per_node.isdigit() else 0,
-                     int(per_task) if per_task.isdigit() else 0)  # fmt: skip
+    state = info.get("JobState", "")
+    nodes, max_nodes = node_counts(info.get("NumNodes", ""), state)
+    return JobRecord(
+        job_id,
+        int(owner.group(1)),
+        info["UserId"].partition("(")[0],
+        state,
+        Path(work_dir),
+        array,
+        slurm.elapsed_seconds(info.get("RunTime", "")),
+        int(per_node) if per_node.isdigit() else 0,
+        int(per_task) if per_task.isdigit() else 0,
+        nodes,
+        max_nodes,
+        node_limits.known(info.get("Partition", "")),
+        node_limits.known(info.get("QOS", "")),
+        node_limits.known(info.get("Account", "")),
+        info.get("TRES", ""),
+    )
 
 
 def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
@@ -216,7 +258,7 @@ def node_range_of(record: dict) -> tuple[int, int] | None:
             or not all(isinstance(n, int) and not isinstance(n, bool) for n in found)):  # fmt: skip
         return None
     low, high = found
-    return (low, high) if 1 <= low <= high <= MAX_NODES else None
+    return (low, high) if 1 <= low <= high <= node_limits.MAX_NODES else None
 
 
 def allowed_job(job: JobRecord | None) -> tuple[frozenset[str], tuple[int, int] | None]:
@@ -290,8 +332,9 @@ def owner_argv(job: JobRecord, name: str, verb: list[str]) -> list[str]:
     return ["runuser", "-u", name, "--", *AGENT, f"--userdir={user_dir}", "job", *verb]
 
 
-def refusal(job_id: str, reason: object, config: AgentConfig,
-            nodes: int | None = None) -> tuple[JobRecord | None, str]:  # fmt: skip
+def refusal(
+    job_id: str, reason: object, config: AgentConfig, nodes: int | None = None
+) -> tuple[JobRecord | None, str]:
     """(the job, "") when it may be requeued now (at `nodes`, when given); else (None,
     why not)."""
     if not JOB_ID.fullmatch(job_id):
@@ -304,16 +347,93 @@ def refusal(job_id: str, reason: object, config: AgentConfig,
     states = ("RUNNING",) if nodes is None else ("RUNNING", "PENDING")
     if job.state not in states:
         return None, f"it is {job.state or 'in no known state'}, not {' or '.join(states)}"
-    opt_ins, node_range = allowed_job(job)
+    opt_ins, claimed = allowed_job(job)
     needed = "preemptible" if nodes is None else "resize"
     if needed not in opt_ins:
         return None, f"its task did not opt in ({needed})"
-    if nodes is not None and (node_range is None or not node_range[0] <= nodes <= node_range[1]):
-        span = f"{node_range[0]}-{node_range[1]}" if node_range else "none"
-        return None, f"{nodes} node(s) is outside its task's range ({span})"
+    if nodes is not None:
+        why = range_refusal(job, claimed, nodes, config) or limit_refusal(job, nodes, config)
+        if why:
+            return None, why
     if owner_name(job) is None or job.job_dir.parent.name != "jobs":
         return None, "its owner or job directory is not a tacc user's"
     return job, ""
+
+
+def recorded_range(
+    job: JobRecord, claimed: tuple[int, int], config: AgentConfig
+) -> tuple[int, int] | None:
+    """The range root recorded for the job (tasks/node_ranges.py); recorded now, from
+    the owner's range capped at Slurm's maximum, where none is yet and Slurm shows the
+    job's maximum (it waits). None while none is recorded. OSError when the record
+    cannot be written."""
+    path = node_ranges.store_path(config.state_dir)
+    key = (job.job_id, job.uid, str(job.job_dir))
+    bounds = node_ranges.recorded(path, key)
+    if bounds is None and job.state in WAITING_STATES and job.max_nodes:
+        bounds = (min(claimed[0], job.max_nodes), min(claimed[1], job.max_nodes))
+    if bounds is not None:
+        node_ranges.record(path, key, bounds, time.time())  # kept while it is used
+    return bounds
+
+
+def range_refusal(
+    job: JobRecord, claimed: tuple[int, int] | None, nodes: int, config: AgentConfig
+) -> str:
+    """Why `nodes` is not within the job's range ("" when it is): the owner's range
+    must be the one root recorded, once one is (until then it is checked again once
+    the job is held: `requeue`)."""
+    if claimed is None:
+        return f"{nodes} node(s) is outside its task's range (none)"
+    bounds = recorded_range(job, claimed, config)
+    if bounds is not None and bounds != claimed:
+        recorded = f"{bounds[0]}-{bounds[1]}"
+        return (
+            f"its record's range ({claimed[0]}-{claimed[1]}) is not the one recorded ({recorded})"
+        )
+    low, high = bounds or claimed
+    if not low <= nodes <= high:
+        return f"{nodes} node(s) is outside its task's range ({low}-{high})"
+    return ""
+
+
+def owners_other_jobs(job: JobRecord, config: AgentConfig) -> list[node_limits.Tres]:
+    """What the owner's other running jobs hold (their TRES), from one scontrol call."""
+    return [
+        node_limits.tres_counts(other.tres)
+        for other in job_records(config).values()
+        if other.uid == job.uid and other.job_id != job.job_id and other.state == "RUNNING"
+    ]
+
+
+def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
+    """Why growing the job to `nodes` would break Slurm's limits ("" when it would not,
+    or it does not grow): tasks/node_limits.py."""
+    if nodes <= job.nodes:
+        return ""
+    place = node_limits.JobPlace(job.user, job.partition, job.qos, job.account)
+    try:
+        limits = node_limits.read_limits(place, config.slurm_timeout_seconds)
+        others = owners_other_jobs(job, config) if limits.per_user else []
+    except AgentError as exc:
+        return f"Slurm's limits on it could not be read: {exc}"
+    share = node_limits.per_node(node_limits.tres_counts(job.tres), job.nodes)
+    most, limit = node_limits.ceiling(limits, share, others)
+    if nodes > most:
+        return f"{nodes} node(s) is more than Slurm's limits allow it ({most}: {limit})"
+    return ""
+
+
+def held_refusal(job_id: str, nodes: int, config: AgentConfig) -> str:
+    """The range check again, on the held job (halted: it waits), where root may record
+    its range from Slurm's maximum; "" when `nodes` is within it."""
+    held = job_record(job_id, config)
+    if held is None or held.state not in WAITING_STATES:
+        return "Slurm shows it neither pending nor held: its size is left alone"
+    try:
+        return range_refusal(held, allowed_job(held)[1], nodes, config)
+    except OSError as exc:  # the job is held: it must still be resumed
+        return f"its range could not be recorded: {exc}"
 
 
 def set_size(job: JobRecord, nodes: int) -> list[str]:
@@ -360,7 +480,10 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             return False
         resized = ""
         if nodes is not None:
-            code, output = run(set_size(job, nodes), config.slurm_timeout_seconds)
+            why = held_refusal(job_id, nodes, config)
+            code, output = (
+                (1, why) if why else run(set_size(job, nodes), config.slurm_timeout_seconds)
+            )
             resized = f" at {nodes} node(s)" if code == 0 else ""
             if code != 0:  # it goes back at its old size: still requeued, as asked
                 say(f"agent: job {job_id}: its size not changed: {failure(output)}")
