@@ -31,7 +31,17 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from benchlib import NAME, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, summary
+from benchlib import (
+    NAME,
+    Record,
+    add_json_argument,
+    agent_metrics_port,
+    lab_down,
+    lab_up,
+    node_sh,
+    playbook,
+    summary,
+)
 
 TIMED = """for i in $(seq {runs}); do s=$(date +%s.%N); {cmd} >/dev/null 2>&1; \
 e=$(date +%s.%N); echo "$s $e"; done"""
@@ -92,8 +102,8 @@ def daemon_footprint(minutes: float, address: str, other_work) -> dict:
     time.sleep(2)
     rss0, cpu0 = proc_figures("n2")
     stop, sizes = threading.Event(), []
-    scraper = threading.Thread(target=scrape_loop, args=(f"http://{address}:9770/metrics", stop,
-                                                         sizes), daemon=True)  # fmt: skip
+    url = f"http://{address}:{agent_metrics_port()}/metrics"
+    scraper = threading.Thread(target=scrape_loop, args=(url, stop, sizes), daemon=True)
     start = time.monotonic()
     scraper.start()
     other_work()  # on n3, while n2's daemon is measured

@@ -15,10 +15,18 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 NAME = "bench"
 SUBNET = "10.77.7.0/24"
+
+
+def agent_metrics_port() -> int:
+    """The node agent's /metrics port, as roles/tacc_agent declares it."""
+    defaults = yaml.safe_load((ROOT / "roles/tacc_agent/defaults/main.yml").read_text())
+    return int(defaults["tacc_agent_metrics_port"])
 
 
 def sh(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

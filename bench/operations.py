@@ -2,7 +2,7 @@
 """Operating the cluster (issue [15]), each next to a baseline run side by side:
 
 1. scrape cost per node: --scrapes GETs of a compute node's /metrics from the monitoring
-   host, the agent (:9770) against the OS node exporter (:9100), interleaved; wall time
+   host, the agent (:977) against the OS node exporter (:9100), interleaved; wall time
    per scrape, bytes, series and the serving process's CPU time per scrape (its
    /proc/PID/stat before and after). Prometheus' own cost per target: its CPU rate and
    head series divided by its targets, read from itself.
@@ -30,15 +30,15 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import BIN, ROOT, Record, add_json_argument, playbook, sh
+from benchlib import BIN, ROOT, Record, add_json_argument, agent_metrics_port, playbook, sh
 
 # Runs on the monitoring host: interleaved GETs of one node's two exporters (the CPU time
 # of each serving process is read on that node, found by its listening socket).
 SCRAPER = r"""
 import json, sys, time, urllib.request
-host, scrapes = sys.argv[1], int(sys.argv[2])
+host, scrapes, agent_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-ports = {"agent": 9770, "node_exporter": 9100}
+ports = {"agent": agent_port, "node_exporter": 9100}
 seconds = {name: [] for name in ports}
 size = {}
 for index in range(scrapes):
@@ -90,9 +90,11 @@ def cpu_seconds(lab: str, node: str, port: int) -> float:
 
 def scrape_cost(lab: str, node: str, scrapes: int) -> dict:
     lab_sh(lab, "n1", f"cat > /root/bench_scrape.py <<'EOF'\n{SCRAPER}\nEOF")
-    before = {"agent": cpu_seconds(lab, node, 9770), "node_exporter": cpu_seconds(lab, node, 9100)}
-    found = json.loads(lab_sh(lab, "n1", f"python3 /root/bench_scrape.py {node} {scrapes}"))
-    after = {"agent": cpu_seconds(lab, node, 9770), "node_exporter": cpu_seconds(lab, node, 9100)}
+    port = agent_metrics_port()
+    before = {"agent": cpu_seconds(lab, node, port), "node_exporter": cpu_seconds(lab, node, 9100)}
+    scraped = lab_sh(lab, "n1", f"python3 /root/bench_scrape.py {node} {scrapes} {port}")
+    found = json.loads(scraped)
+    after = {"agent": cpu_seconds(lab, node, port), "node_exporter": cpu_seconds(lab, node, 9100)}
     out = {}
     for name in ("agent", "node_exporter"):
         out[name] = {

@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from tacc_agent.config import AgentConfig
 from tacc_lab.demo import researcher_env
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
@@ -267,8 +268,11 @@ def test_mlxconfig_settings_are_set_for_next_boot(runs):
     assert '"reset_pending": true' in sh("n2", "cat /etc/ansible/facts.d/smartnic.fact")
 
 
-SCRAPE = ("python3 -c \"import urllib.request as u; "
-          "print(u.urlopen('http://127.0.0.1:9770/metrics').read().decode())\"")  # fmt: skip
+# As root on the node: every series. The port is the role's default (AgentConfig's).
+METRICS_URL = f"http://127.0.0.1:{AgentConfig().metrics_port}/metrics"
+SCRAPE = (
+    f"python3 -c \"import urllib.request as u; print(u.urlopen('{METRICS_URL}').read().decode())\""
+)
 
 
 def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):

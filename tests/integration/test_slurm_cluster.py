@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tacc_agent.config import AgentConfig
 from tacc_lab.demo import researcher_env
 from tests.conftest import BIN, ROOT, run_cli
 
@@ -377,7 +378,9 @@ def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
     assert facts["rdma"] == {"active_ports": 0}  # no (fake) RDMA in this lab: TCP it is
     controller = json.loads(node_sh(NAME, "n1", "cat /run/tacc-agent/facts.json").stdout)
     assert controller["healthy"], controller
-    url = f"http://{node_address(cluster, 'n3')}:9770/metrics"
+    # from this host (not the allowed scraper): the node's own figures, no per-job series
+    port = AgentConfig().metrics_port  # the role's default (tests/unit/test_metrics_access.py)
+    url = f"http://{node_address(cluster, 'n3')}:{port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()
     assert "tacc_agent_healthy 1.0" in text.splitlines()  # prometheus_client's format

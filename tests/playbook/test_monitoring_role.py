@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import ROOT
 from tests.playbook.monitoring_render import (
     ADDRESSES,
     NODE_ROLE,
@@ -33,6 +34,10 @@ from tests.playbook.monitoring_render import (
 )
 
 WEBHOOK = "https://hooks.example.org/tacc?token=s3cret-webhook-token"  # a test value
+# The agent's port, declared once (roles/tacc_agent's defaults).
+AGENT_PORT = yaml.safe_load((ROOT / "roles/tacc_agent/defaults/main.yml").read_text())[
+    "tacc_agent_metrics_port"
+]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +105,7 @@ def test_without_a_webhook_alerts_stay_in_alertmanager(static):
 
 
 def test_static_targets_are_every_inventory_host_named_by_its_inventory_name(static):
-    for job, port in (("tacc_agent", 9770), ("node", 9100)):
+    for job, port in (("tacc_agent", AGENT_PORT), ("node", 9100)):
         found = {c["labels"]["instance"]: c["targets"]
                  for c in scrape_job(static, job)["static_configs"]}  # fmt: skip
         wanted = {host: [f"{address}:{port}"] for host, address in ADDRESSES.items()}

@@ -123,7 +123,7 @@ class FakeTransport:
         self.service: Callable[[socket.socket, tuple], None] | None = None
         self.lock = threading.Lock()
 
-    def open_session(self) -> ScriptedChannel:
+    def open_session(self, window_size=None) -> ScriptedChannel:
         return ScriptedChannel(self)
 
     def open_channel(self, kind, dest, src, window_size=None):

@@ -63,19 +63,69 @@ def test_the_interval_is_a_sixth_of_the_limit_from_2_to_30_seconds(idle, interva
 
 
 # ---------------------------------------------------------------- forwarded traffic
-def test_ss_is_asked_for_the_sessions_ports_as_argv_words():
+def test_ss_is_asked_for_both_ends_of_the_sessions_connections_with_their_owners():
+    filters = "sport = :8888 or dport = :8888 or sport = :6006 or dport = :6006"
     assert ss_argv([8888, 6006]) == [
-        "ss", "-tinH", "state", "established",
-        "(", "sport", "=", ":8888", "or", "sport", "=", ":6006", ")",
-    ]  # fmt: skip
+        "ss",
+        "-tineH",
+        "state",
+        "established",
+        "(",
+        *filters.split(),
+        ")",
+    ]
 
 
-def test_ss_output_gives_each_connection_its_byte_counters():
-    assert parse_ss(SS_TEXT) == {
-        "10.77.6.12:8888 10.77.6.1:33132": (3772, 3497, 3429),
-        "[::ffff:10.77.6.12]:6006 [::ffff:10.77.6.1]:40000": (20, 10, 0),
-    }
-    assert parse_ss("") == {}
+def test_ss_output_gives_each_socket_its_ends_owner_and_byte_counters():
+    assert parse_ss(SS_TEXT) == [
+        idle.Socket("10.77.6.12:8888", "10.77.6.1:33132", 0, (3772, 3497, 3429)),
+        idle.Socket("10.77.6.12:6006", "10.77.6.1:40000", 0, (20, 10, 0)),  # mapped: plain
+    ]
+    assert parse_ss("") == []
+
+
+# Both ends of one loopback connection to the session's port 8888, as `ss -tineH` prints
+# them (the format checked against iproute2's ss: uid only when not root's, v4-mapped on
+# a dual-stack listener); the session's end is the owner's (uid 2001).
+def loopback_pair(peer_uid: int, received: int) -> str:
+    return (
+        f"0      0      127.0.0.1:51336 127.0.0.1:8888 uid:{peer_uid} ino:4174847 sk:1 <->\n"
+        f"\t ts sack cubic wscale:10,10 bytes_sent:{received} bytes_acked:{received + 1}\n"
+        "0      0      [::ffff:127.0.0.1]:8888 [::ffff:127.0.0.1]:51336 uid:2001 ino:4174848 "
+        "sk:2 <->\n"
+        f"\t ts sack cubic wscale:10,10 bytes_received:{received} segs_in:3\n"
+    )
+
+
+def ss_printing(text: str):
+    return lambda argv, **_kwargs: subprocess.CompletedProcess(argv, 0, text, "")
+
+
+def test_a_connection_from_the_owners_own_process_is_forwarded_traffic():
+    """`tcloud forward`'s relay runs as the owner on the node: its traffic counts."""
+    before = read_connections([8888], ss_printing(loopback_pair(2001, 10)), owner=2001)
+    after = read_connections([8888], ss_printing(loopback_pair(2001, 99)), owner=2001)
+    assert before == {"127.0.0.1:8888 127.0.0.1:51336": (10, 0, 0)}
+    assert activity(idle.sample_of(0, before, [], {}), idle.sample_of(5, after, [], {}), 100) == [
+        "forwarded traffic"
+    ]
+
+
+@pytest.mark.security
+def test_another_users_connection_does_not_keep_the_session_alive():
+    """Another user on the node (uid 2002) connects to bob's notebook port and moves
+    bytes: no forwarded traffic for bob's session, so it still stops when idle."""
+    owner, other = os.getuid(), os.getuid() + 1
+    text = loopback_pair(other, 10).replace("uid:2001", f"uid:{owner}")
+    busier = loopback_pair(other, 99).replace("uid:2001", f"uid:{owner}")
+    before = read_connections([8888], ss_printing(text))
+    after = read_connections([8888], ss_printing(busier))
+    assert activity(idle.sample_of(0, before, [], {}), idle.sample_of(5, after, [], {}), 100) == []
+
+
+def test_a_connection_from_another_host_is_not_the_owners():
+    """Its peer has no socket on this node: its uid is unknown, so it does not count."""
+    assert read_connections([8888], ss_printing(SS_TEXT), owner=0) == {}
 
 
 def test_no_ports_asks_ss_nothing():
@@ -340,7 +390,7 @@ def test_the_watch_goes_on_after_a_cancel_that_failed_and_tries_again():
 
 
 def test_a_started_watchdog_stops_with_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(idle, "read_connections", lambda _ports: {})
+    monkeypatch.setattr(idle, "read_connections", lambda _ports, **_owner: {})
     said: list[str] = []
     running = idle.start({"idle_timeout": "30", "ports": [8888]}, tmp_path, "42", 5, said.append)
     assert running is not None and running.thread.is_alive()
@@ -443,7 +493,7 @@ def test_the_batch_step_cancels_an_idle_session_once_and_stops_its_watchdog(tmp_
         return 143
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setattr(idle, "read_connections", lambda _ports: {})
+    monkeypatch.setattr(idle, "read_connections", lambda _ports, **_owner: {})
     monkeypatch.setattr(idle.slurm, "slurm", scancel)
     monkeypatch.setattr(execute, "run_line", run_line)
     monkeypatch.setattr(execute, "become_subreaper", lambda: None)
@@ -470,7 +520,7 @@ def test_the_batch_step_starts_no_watchdog_for_a_session_never_idle_stopped(tmp_
 
 @pytest.mark.fault
 def test_an_unreadable_proc_is_a_watch_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(idle, "read_connections", lambda _ports: {})
+    monkeypatch.setattr(idle, "read_connections", lambda _ports, **_owner: {})
     take = idle.node_sampler([8888], "42", proc_root=tmp_path / "no-proc")
     with pytest.raises(WatchError, match="cannot list this node's processes"):
         take(0.0)

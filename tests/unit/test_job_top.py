@@ -1,212 +1,253 @@
-"""`job top` (tasks/top.py): each node's daemon asked at once over HTTP (fake metrics
-servers on loopback addresses), only the job's samples kept, a silent or absent node an
-error of its own; another user's job refused before any node is asked."""
+"""`job top` (tasks/top.py on the login node, node_usage.py on the job's nodes): one step
+of the caller's job (a FAKE srun) runs `tacc-agent node-usage` on every node, which reads
+that node's figures of the job whose step runs it (a fake /proc with alice's job 41 and
+bob's job 42 on one node) and keeps the caller's own; a silent or refusing step is an
+error per node; another user's job is refused before any step starts."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
+import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from tacc_agent import node_usage, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.health import job_usage
 from tacc_agent.tasks import attach, top
 from tacc_contract import protocol
 from tests.unit.agent_jobs import agent, agent_env
+from tests.unit.test_job_usage import ALICE, TICKS, add_process, fake_smi, two_gpus
 
-EXPOSITION = """\
-# HELP tacc_agent_healthy 1 when every check passed
-# TYPE tacc_agent_healthy gauge
-tacc_agent_healthy 1.0
-# HELP tacc_agent_job_cpu_seconds_total CPU time of a Slurm job's processes on this node
-# TYPE tacc_agent_job_cpu_seconds_total counter
-tacc_agent_job_cpu_seconds_total{job="41",user="alice"} 12.5
-tacc_agent_job_cpu_seconds_total{job="410",user="bob"} 99.0
-# HELP tacc_agent_job_memory_bytes Memory of a Slurm job on this node
-# TYPE tacc_agent_job_memory_bytes gauge
-tacc_agent_job_memory_bytes{job="41",user="alice"} 7.340032e+08
-tacc_agent_job_memory_bytes{job="410",user="bob"} 1.0
-# HELP tacc_agent_job_cpus CPUs Slurm allocated to a job on this node
-# TYPE tacc_agent_job_cpus gauge
-tacc_agent_job_cpus{job="41",user="alice"} 4.0
-# HELP tacc_agent_job_gpu_utilization_ratio Utilization of a GPU of a job (0..1)
-# TYPE tacc_agent_job_gpu_utilization_ratio gauge
-tacc_agent_job_gpu_utilization_ratio{gpu="3",job="41",user="alice"} 0.75
-tacc_agent_job_gpu_utilization_ratio{gpu="1",job="41",user="alice"} 0.5
-tacc_agent_job_gpu_utilization_ratio{gpu="0",job="410",user="bob"} 1.0
-# HELP tacc_agent_job_gpu_memory_used_bytes GPU memory in use on a GPU of a job
-# TYPE tacc_agent_job_gpu_memory_used_bytes gauge
-tacc_agent_job_gpu_memory_used_bytes{gpu="3",job="41",user="alice"} 2.147483648e+09
-tacc_agent_job_gpu_memory_used_bytes{gpu="1",job="41",user="alice"} 0.0
-# HELP tacc_agent_job_gpu_memory_total_bytes Memory of a GPU of a job
-# TYPE tacc_agent_job_gpu_memory_total_bytes gauge
-tacc_agent_job_gpu_memory_total_bytes{gpu="3",job="41",user="alice"} 8.5520809984e+10
-"""
-OTHER_JOB_ONLY = """\
-# HELP tacc_agent_job_cpu_seconds_total CPU time of a Slurm job's processes on this node
-# TYPE tacc_agent_job_cpu_seconds_total counter
-tacc_agent_job_cpu_seconds_total{job="410",user="bob"} 99.0
-"""
-
-
-class Exposition(http.server.BaseHTTPRequestHandler):
-    body = EXPOSITION
-    asked: list[str]
-
-    def do_GET(self) -> None:
-        self.asked.append(self.path)
-        data = self.body.encode()
-        self.send_response(200 if self.path == "/metrics" else 404)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def serve(address: str, port: int, body: str, asked: list[str]) -> http.server.HTTPServer:
-    handler = type("Handler", (Exposition,), {"body": body, "asked": asked})
-    server = http.server.ThreadingHTTPServer((address, port), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+BOB = 65533  # another account than ALICE's
+STEP_PID = 150  # `tacc-agent node-usage` in alice's step 41.3 (srun --overlap)
 
 
 @pytest.fixture
-def nodes() -> Iterator[tuple[int, list[str], socket.socket]]:
-    """Node daemons on one port: 127.0.0.1 (the job's figures), 127.0.0.2 (another job's
-    only), 127.0.0.3 silent (accepts, never answers); 127.0.0.4 has no daemon."""
-    port, asked = free_port(), []
-    servers = [serve("127.0.0.1", port, EXPOSITION, asked),
-               serve("127.0.0.2", port, OTHER_JOB_ONLY, asked)]  # fmt: skip
-    silent = socket.socket()
-    silent.bind(("127.0.0.3", port))
-    silent.listen()
-    yield port, asked, silent
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-    silent.close()
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> job_usage.Sources:
+    """Node n2: alice's job 41 (a training task on GPU 1, and the step top started) and
+    bob's job 42 (a task on GPU 0) side by side, read as job_usage reads a node."""
+    root = tmp_path / "proc"
+    add_process(root, 1, 0, 0, b"/sbin/init\0")
+    add_process(root, 110, 1, 0, b"slurmstepd: [41.0]\0")
+    add_process(
+        root,
+        111,
+        110,
+        ALICE,
+        b"python\0train.py\0",
+        ticks=(3 * TICKS, 0, 0, 0),
+        pss_kb=1000,
+        environ={"SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_GPUS": "1"},
+    )
+    add_process(root, 140, 1, 0, b"slurmstepd: [41.3]\0")
+    add_process(root, STEP_PID, 140, ALICE, b"python\0-m\0tacc_agent\0", pss_kb=10)
+    add_process(root, 210, 1, 0, b"slurmstepd: [42.0]\0")
+    add_process(
+        root,
+        211,
+        210,
+        BOB,
+        b"python\0secret.py\0",
+        ticks=(77 * TICKS, 0, 0, 0),
+        pss_kb=9999,
+        environ={"SLURM_CPUS_ON_NODE": "8", "SLURM_JOB_GPUS": "0"},
+    )
+    # alice's own process titled like a step daemon of bob's job: not a step daemon.
+    add_process(root, 300, 1, ALICE, b"slurmstepd: [42.0]\0")
+    add_process(root, 301, 300, ALICE, b"sh\0", pss_kb=1)
+    smi = fake_smi(
+        tmp_path,
+        monkeypatch,
+        two_gpus(
+            processes1=[{"pid": 111, "used_mib": 2048}],
+            processes0=[{"pid": 211, "used_mib": 4096}],
+        ),
+    )
+    return job_usage.Sources(
+        str(root),
+        str(tmp_path / "no-cgroup"),
+        smi,
+        nvidia_smi_seconds=60.0,  # the FAKE nvidia-smi is a Python start: never cut off
+        node="n2",
+        scontrol=str(tmp_path / "no-scontrol"),
+    )
 
 
-def target(*addresses: str) -> dict:
-    return {"job_id": "41", "slurm_job_id": "41", "state": "RUNNING",
-            "nodes": [{"host": f"n{rank + 2}", "rank": rank, "address": address}
-                      for rank, address in enumerate(addresses)]}  # fmt: skip
+def running(*hosts: str) -> attach.RunningJob:
+    return attach.RunningJob("41", Path("/ws/alice/jobs/41"), "41", list(hosts), None)
 
 
-def test_only_the_jobs_samples_are_kept_per_node(nodes):
-    port, asked, _ = nodes
-    before = time.time()
-    answer = top.usage(target("127.0.0.1", "127.0.0.2"), port)
-    protocol.JOB_TOP.check(answer)
-    assert (answer["job_id"], answer["state"]) == ("41", "RUNNING")
-    assert answer["time"] >= before
-    first, second = answer["nodes"]
-    assert first["sampled"] >= before
-    assert {k: v for k, v in first.items() if k != "sampled"} == {
-        "host": "n2", "rank": 0, "cpu_seconds": 12.5, "memory_bytes": 734003200, "cpus": 4,
+# --- the node side: node-usage ---------------------------------------------------------
+
+
+def test_node_usage_reads_the_job_of_its_own_step_and_the_callers_figures(node):
+    line = node_usage.here(node, STEP_PID, ALICE, "n2")
+    assert {k: v for k, v in line.items() if k != "sampled"} == {
+        "job": "41",
+        "host": "n2",
+        "cpu_seconds": 3.0,
+        "memory_bytes": (1000 + 10) * 1024,
+        "cpus": 4,
         "gpus": [
-            {"index": 1, "utilization_ratio": 0.5, "memory_used_bytes": 0},
-            {"index": 3, "utilization_ratio": 0.75, "memory_used_bytes": 2147483648,
-             "memory_total_bytes": 85520809984},
+            {
+                "index": 1,
+                "utilization_ratio": 0.75,
+                "memory_used_bytes": 2048 << 20,
+                "memory_total_bytes": 81559 << 20,
+            }
         ],
-    }  # fmt: skip
-    # The node answered but runs nothing of job 41 now: null figures, not another job's.
-    assert {k: v for k, v in second.items() if k != "sampled"} == {
-        "host": "n3", "rank": 1, "cpu_seconds": None, "memory_bytes": None, "cpus": None,
-        "gpus": [],
-    }  # fmt: skip
-    assert asked == ["/metrics", "/metrics"]
-
-
-@pytest.mark.fault
-def test_a_silent_or_absent_node_is_an_error_of_its_own_and_nodes_are_asked_at_once(
-    nodes, monkeypatch
-):
-    port, _, _ = nodes
-    events, lock, real_fetch = [], threading.Lock(), top.fetch
-
-    def fetch(url: str, timeout: float) -> str:
-        with lock:
-            events.append(("asked", url))
-        try:
-            return real_fetch(url, timeout)
-        finally:
-            with lock:
-                events.append(("ended", url))
-
-    monkeypatch.setattr(top, "fetch", fetch)
-    answer = top.usage(target("127.0.0.3", "127.0.0.4", "127.0.0.1", "127.0.0.3"), port, 1.0)
-    protocol.JOB_TOP.check(answer)
-    silent, absent, fine, silent_too = answer["nodes"]
-    # The two silent nodes are waited for together, not one after another: both were
-    # asked before either wait ended.
-    silent_url = top.metrics_url("127.0.0.3", port)
-    of_silent = [kind for kind, url in events if url == silent_url]
-    assert of_silent == ["asked", "asked", "ended", "ended"], events
-    assert "did not answer" in silent["error"] and "timed out" in silent["error"], silent
-    assert "did not answer" in absent["error"] and "refused" in absent["error"], absent
-    assert "cpu_seconds" not in silent and "cpu_seconds" not in absent
-    assert fine["cpu_seconds"] == 12.5 and "error" not in fine
-    assert silent_too["rank"] == 3 and silent_too["error"]
-
-
-@pytest.mark.fault
-def test_an_answer_that_is_not_the_exposition_format_is_an_error(tmp_path):
-    port, asked = free_port(), []
-    server = serve("127.0.0.1", port, "<html>not metrics{{\n", asked)
-    try:
-        node = top.usage(target("127.0.0.1"), port)["nodes"][0]
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert node["error"].startswith("the node agent's answer is unreadable"), node
-
-
-def test_ipv6_addresses_are_bracketed():
-    assert top.metrics_url("fd00::2", 9770) == "http://[fd00::2]:9770/metrics"
-    assert top.metrics_url("10.77.6.12", 9770) == "http://10.77.6.12:9770/metrics"
-
-
-def test_top_asks_the_nodes_job_target_found(nodes, monkeypatch, tmp_path):
-    port, _, _ = nodes
-    seen = []
-
-    def found(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = None) -> dict:
-        seen.append((user_dir, job_id, rank))
-        return target("127.0.0.1")
-
-    monkeypatch.setattr(attach, "target", found)
-    answer = top.top(tmp_path, "41", AgentConfig(metrics_port=port))
-    assert seen == [(tmp_path, "41", None)]
-    assert answer["nodes"][0]["cpu_seconds"] == 12.5
+    }
+    assert line["sampled"] > 0
 
 
 @pytest.mark.security
-def test_another_users_job_is_refused_before_any_node_is_asked(nodes, tmp_path):
-    """bob's workspace has no job 41 (it is alice's): refused, and no daemon is asked."""
-    port, asked, _ = nodes
+@pytest.mark.parametrize(
+    "pid", [301, 1, 999], ids=["below-a-forged-step-daemon", "no-step", "not-in-proc"]
+)
+def test_node_usage_outside_a_step_of_ones_own_job_says_so_and_gives_no_figures(node, pid):
+    """Only a root-owned step daemon makes a job: a process of alice's below her own
+    process titled `slurmstepd: [42.0]` learns nothing of bob's job 42."""
+    line = node_usage.here(node, pid, ALICE, "n2")
+    assert set(line) == {"host", "error"} and "step" in line["error"], line
+
+
+@pytest.mark.security
+def test_node_usage_keeps_only_the_callers_processes_of_the_job(node):
+    """Run as bob in alice's job (which Slurm would not start): nothing of job 41."""
+    line = node_usage.here(node, STEP_PID, BOB, "n2")
+    assert (line["cpu_seconds"], line["memory_bytes"], line["gpus"]) == (None, None, [])
+
+
+# --- the login side: one step on every node --------------------------------------------
+
+
+def fake_srun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str, code: int = 0, sleep: float = 0.0
+) -> Path:
+    """A FAKE srun on PATH printing `out`, exiting `code`; it writes its argv to a file."""
+    (tmp_path / "srun.out").write_text(out)
+    argv_file = tmp_path / "srun.argv"
+    tool = tmp_path / "bin" / "srun"
+    tool.parent.mkdir(exist_ok=True)
+    tool.write_text(
+        f"#!{sys.executable}\nimport json, sys, time\n"
+        f"open({str(argv_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\ntime.sleep({sleep})\n"
+        f"sys.stdout.write(open({str(tmp_path / 'srun.out')!r}).read())\n"
+        f"sys.stderr.write('srun: error: refused (fake)\\n' if {code} else '')\nsys.exit({code})\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    return argv_file
+
+
+def line(host: str, job: str = "41", cpu: float = 1.5) -> str:
+    return json.dumps(
+        {
+            "job": job,
+            "host": host,
+            "cpu_seconds": cpu,
+            "memory_bytes": 1024,
+            "cpus": 2,
+            "gpus": [],
+            "sampled": 1.0,
+        }
+    )
+
+
+def test_one_step_on_every_node_and_each_nodes_line_by_host(tmp_path, monkeypatch):
+    out = (
+        "\n".join(
+            [
+                "srun: a word of its own",
+                line("n3", cpu=2.5),
+                line("n9"),
+                line("n2", job="42", cpu=9),
+                line("n2"),
+                line("n3", cpu=7.0),
+                "{not json",
+            ]
+        )
+        + "\n"
+    )
+    argv_file = fake_srun(tmp_path, monkeypatch, out)
+    before = time.time()
+    answer = protocol.JOB_TOP.check(top.usage(running("n2", "n3", "n4")))
+    argv = json.loads(argv_file.read_text())
+    assert argv[:9] == [
+        "--jobid=41",
+        "--overlap",
+        "--nodes=3",
+        "--ntasks=3",
+        "--ntasks-per-node=1",
+        "--nodelist=n2,n3,n4",
+        "--chdir=/ws/alice/jobs/41",
+        "--quiet",
+        sys.executable,
+    ]
+    assert argv[-1] == "node-usage"
+    assert (answer["job_id"], answer["state"]) == ("41", "RUNNING") and answer["time"] >= before
+    n2, n3, n4 = answer["nodes"]
+    # A line of another job or host is skipped; the first line of a host counts.
+    assert n2 == {
+        "host": "n2",
+        "rank": 0,
+        "cpu_seconds": 1.5,
+        "memory_bytes": 1024,
+        "cpus": 2,
+        "gpus": [],
+        "sampled": 1.0,
+    }
+    assert (n3["rank"], n3["cpu_seconds"]) == (1, 2.5)
+    assert n4 == {"host": "n4", "rank": 2, "error": top.NO_ANSWER}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize(
+    "code, sleep, timeout, expected",
+    [(1, 0.0, 60.0, "refused (fake)"), (0, 30.0, 1.0, "did not answer within 1 s")],
+    ids=["refused", "hung"],
+)
+def test_a_refused_or_hung_step_is_an_error_on_every_node(
+    tmp_path, monkeypatch, code, sleep, timeout, expected
+):
+    fake_srun(tmp_path, monkeypatch, line("n2"), code=code, sleep=sleep)
+    answer = protocol.JOB_TOP.check(top.usage(running("n2", "n3"), timeout=timeout))
+    errors = [node["error"] for node in answer["nodes"]]
+    assert len(errors) == 2 and all(expected in error for error in errors), errors
+
+
+@pytest.mark.fault
+def test_a_nodes_error_line_or_unreadable_figures_stay_that_nodes(tmp_path, monkeypatch):
+    bad = json.dumps({"job": "41", "host": "n3", "cpu_seconds": "lots", "gpus": []})
+    out = json.dumps({"host": "n2", "error": "cannot read this node's processes"})
+    fake_srun(tmp_path, monkeypatch, f"{out}\n{bad}\n{line('n4')}\n")
+    n2, n3, n4 = top.usage(running("n2", "n3", "n4"))["nodes"]
+    assert n2 == {"host": "n2", "rank": 0, "error": "cannot read this node's processes"}
+    assert n3["error"].startswith("the node's figures are unreadable"), n3
+    assert n4["cpu_seconds"] == 1.5
+
+
+@pytest.mark.security
+def test_another_users_job_is_refused_before_any_step(tmp_path, monkeypatch):
+    """bob's workspace has no job 41 (it is alice's): refused, and srun never runs."""
+    argv_file = fake_srun(tmp_path, monkeypatch, line("n2"))
     workspace = tmp_path / "workspace"
     bob = workspace / "bob"
     bob.mkdir(parents=True, mode=0o700)
-    config = AgentConfig(workspace=str(workspace), metrics_port=port)
     with pytest.raises(Rejected, match="no job 41 of yours"):
-        top.top(bob, "41", config)
-    assert asked == []
+        top.top(bob, "41", AgentConfig(workspace=str(workspace)))
+    assert not argv_file.exists()
 
 
 @pytest.mark.bad_input
@@ -219,14 +260,74 @@ def test_the_verb_answers_a_bad_or_unknown_job_in_one_json_line(tmp_path):
         assert expected in json.loads(proc.stdout)["error"], proc.stdout
 
 
-@pytest.mark.fault
-def test_a_proxy_in_the_environment_is_never_used_to_reach_a_node(nodes, monkeypatch):
-    """The lab's login node has http_proxy set, and no_proxy with an address range that
-    urllib cannot read: the scrape goes straight to the node all the same (it answered
-    403 through the lab's proxy before)."""
-    port, asked, _ = nodes
-    monkeypatch.setenv("http_proxy", "http://127.0.0.9:9")  # nothing listens there
-    monkeypatch.setenv("no_proxy", "127.0.0.0/8")
-    answer = top.usage(target("127.0.0.1"), port)
-    assert answer["nodes"][0]["cpu_seconds"] == 12.5, answer
-    assert asked == ["/metrics"]
+def test_node_usage_outside_a_step_answers_one_error_line(tmp_path):
+    proc = agent("node-usage", env=agent_env(tmp_path))
+    answer = json.loads(proc.stdout)
+    assert proc.returncode == 0 and set(answer) == {"host", "error"}, proc.stdout + proc.stderr
+
+
+# --- alice never gets bob's figures -----------------------------------------------------
+
+
+class Exposition(http.server.BaseHTTPRequestHandler):
+    """A node daemon's /metrics as it was served to anyone: every job's series."""
+
+    body = b""
+    served: list[bytes]
+
+    def do_GET(self) -> None:
+        self.served.append(self.body)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def daemon(node: job_usage.Sources) -> Iterator[tuple[int, list[bytes]]]:
+    """n2's daemon exposition (its job collector over the same node) on 127.0.0.1."""
+    registry = CollectorRegistry()
+    registry.register(job_usage.JobUsageCollector(node))
+    served: list[bytes] = []
+    handler = type("Handler", (Exposition,), {"body": generate_latest(registry), "served": served})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield port, served
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.security
+def test_alices_top_never_gets_bobs_job_figures(node, daemon, monkeypatch, tmp_path):
+    """alice's `job top 41` on n2, where bob's job 42 runs beside hers: her answer has
+    her job's figures, and nothing the verb's process receives (it runs as alice, so
+    she can read all of it) names bob's job or its figures. On 09a60d9 this failed: the
+    verb read the node daemon's whole /metrics, bob's series in it, into alice's
+    process (it only filtered them out of the answer afterwards), the exposition that
+    per-job series are now kept from (only Prometheus and root get them)."""
+    port, served = daemon
+    job = running("n2")
+    monkeypatch.setattr(attach, "running_job", lambda user_dir, job_id, config: job)
+    monkeypatch.setattr(attach, "address_of", lambda host: "127.0.0.1")
+    received: list[str] = []
+
+    def srun_on_n2(argv: list[str], timeout: float = 0.0, **_: object) -> str:
+        """The step Slurm starts in alice's job 41 on n2: node-usage as alice there."""
+        assert argv[0] == "srun" and "--jobid=41" in argv and argv[-1] == "node-usage"
+        received.append(json.dumps(node_usage.here(node, STEP_PID, ALICE, "n2")) + "\n")
+        return received[-1]
+
+    monkeypatch.setattr(slurm, "slurm", srun_on_n2)
+    answer = top.top(tmp_path, "41", AgentConfig(metrics_port=port))
+    (n2,) = answer["nodes"]
+    assert n2["cpu_seconds"] == 3.0 and [gpu["index"] for gpu in n2["gpus"]] == [1], n2
+    everything = "".join(received) + b"".join(served).decode()
+    assert '"42"' not in everything and 'job="42"' not in everything, everything
+    assert str(BOB) not in everything and "secret" not in everything, everything

@@ -43,6 +43,11 @@ def script(argv: list[str]) -> FakeChannel:
     return FakeChannel()
 
 
+def held_channels(fake: FakeCluster) -> list:
+    """The exec channels other than the forward's own (`job connect`, tcloud.portforward)."""
+    return [c for c in fake.transport.channels if "connect" not in shlex.split(c.command)]
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch) -> FakeCluster:
     cluster = FakeCluster(tmp_path, monkeypatch, script)
@@ -110,7 +115,7 @@ def test_dev_waits_says_each_state_prints_how_to_connect_and_forwards(fake, tmp_
     assert any("idle timeout: 60" in line for line in lines)
     assert "  stop it:      tcloud cancel 42" in lines
     assert f"forwarding 127.0.0.1:{local} -> n2:8888 (job 42); Ctrl-C stops" in lines
-    assert fake.transport.channels == []  # no stop-on-disconnect channel was asked
+    assert held_channels(fake) == []  # no stop-on-disconnect channel was asked
 
 
 def test_stop_on_disconnect_holds_a_channel_while_it_forwards(fake, tmp_path, monkeypatch):
@@ -119,14 +124,14 @@ def test_stop_on_disconnect_holds_a_channel_while_it_forwards(fake, tmp_path, mo
     seen = []
 
     def hold(running, stop=None):
-        seen.append([c.closed for c in fake.transport.channels])
+        seen.append([c.closed for c in held_channels(fake)])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(portforward, "hold", hold)
     code, out, _ = cli_run("dev", str(root), "--port", f"8888:{free_port()}",
                            "--stop-on-disconnect")  # fmt: skip
     assert code == 0
-    (channel,) = fake.transport.channels
+    (channel,) = held_channels(fake)
     assert argv_verb(shlex.split(channel.command)) == ["job", "stop-on-disconnect", "42"]
     assert seen == [[False]]  # open while forwarding
     assert channel.closed  # closed when tcloud ends: the cluster cancels the session

@@ -1,13 +1,15 @@
-"""tcloud forward (tcloud.portforward): PORT[:LOCAL] read and checked before connecting;
-a listener on 127.0.0.1 only; each accepted connection one direct-tcpip channel to
-(the node's address, PORT) relayed both ways, each side's EOF passed on; a local port
-in use named (exit 4) with nothing left listening; the job's end ends it (exit 0);
-another user's job refused before anything listens."""
+"""tcloud forward (tcloud.portforward): PORT[:LOCAL] or /SOCKET[:LOCAL] read and checked
+before connecting; a listener on 127.0.0.1 only; each target checked on the node first
+(`job connect --check`: its warning said once, a missing socket refused); each accepted
+connection one `job connect` exec channel relayed both ways, each side's EOF passed on;
+a local port in use named (exit 4) with nothing left listening; the job's end ends it
+(exit 0); another user's job refused before anything listens."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import threading
@@ -18,7 +20,7 @@ import pytest
 from tcloud import portforward
 from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, TcloudError, UsageError
 
-from .interactive_fakes import NOT_YOURS, FakeCluster, cli_run, status
+from .interactive_fakes import NOT_YOURS, FakeCluster, argv_verb, cli_run, status
 
 
 def free_port() -> int:
@@ -46,10 +48,54 @@ def exchange(port: int, payload: bytes) -> bytes:
     return got
 
 
+class ConnectChannel:
+    """A `job connect` exec channel: with --check, the node's stderr lines and status
+    (`node`); else one end of a socketpair whose other end the service holds."""
+
+    def __init__(self, fake: FakeCluster, window_size=None) -> None:
+        self.fake, self.window = fake, window_size
+        self.sock: socket.socket | None = None
+        self.err: list[bytes] = []
+        self.status = 0
+        self.closed = False
+
+    def exec_command(self, command: str) -> None:
+        verb = argv_verb(shlex.split(command))
+        self.fake.connects.append(verb)
+        if "--check" in verb:
+            self.err, self.status = list(self.fake.node_check), self.fake.node_status
+            return
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        threading.Thread(target=upper_echo, args=(theirs, verb), daemon=True).start()
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size) if self.sock else b""
+
+    def recv_stderr(self, _size: int) -> bytes:
+        return self.err.pop(0) if self.err else b""
+
+    def recv_exit_status(self) -> int:
+        return self.status
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def shutdown_write(self) -> None:
+        if self.sock:
+            self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.sock:
+            self.sock.close()
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch) -> FakeCluster:
     cluster = FakeCluster(tmp_path, monkeypatch)
-    cluster.transport.service = upper_echo
+    cluster.connects, cluster.node_check, cluster.node_status = [], [], 0
+    cluster.transport.open_session = lambda window_size=None: ConnectChannel(cluster, window_size)
     return cluster
 
 
@@ -80,18 +126,62 @@ def test_the_same_local_port_twice_is_refused(fake):
     assert code == EXIT_USAGE and "named twice" in err
 
 
-def test_a_connection_is_relayed_through_a_direct_tcpip_channel_to_the_node(fake):
+def test_a_connection_is_relayed_through_a_job_connect_channel_to_the_nodes_loopback(fake):
     with fake.cluster() as cluster, cluster.job(42).forward(["8888:0"], rank=1) as mapping:
         local = mapping[8888]
         payload = bytes(range(256)) * 4096  # 1 MiB, both ways
         assert exchange(local, payload) == payload.upper()
         assert exchange(local, b"again") == b"AGAIN"  # each connection its own channel
-    kind, dest, window = fake.transport.opened[0]
-    assert (kind, dest) == ("direct-tcpip", ("10.77.6.13", 8888))
-    assert window == portforward.WINDOW
-    assert len(fake.transport.opened) == 2
+    check, *connections = fake.connects
+    assert check == ["job", "connect", "42", "--rank", "1", "--port", "8888", "--check"]
+    assert connections == [["job", "connect", "42", "--rank", "1", "--port", "8888"]] * 2
     with pytest.raises(OSError):  # closed when the block ends
         socket.create_connection(("127.0.0.1", local), timeout=1)
+
+
+def test_a_unix_socket_on_the_node_is_forwarded_to_a_free_local_port(fake):
+    path = "/home/alice/.tacc/run/jupyter.sock"
+    with fake.cluster() as cluster, cluster.job(42).forward([path]) as mapping:
+        assert exchange(mapping[path], b"notebook") == b"NOTEBOOK"
+    assert fake.connects[-1] == ["job", "connect", "42", "--rank", "0", "--socket", path]
+    assert portforward.parse_pair(f"{path}:9000") == portforward.PortPair(path, 9000)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("spec", ["jupyter.sock", "run/jupyter.sock", "./j.sock:9000"])
+def test_a_relative_socket_path_is_refused_before_connecting(fake, spec):
+    code, _, err = cli_run("forward", "42", spec)
+    assert code == EXIT_USAGE and "expected the socket's absolute path" in err
+    assert err.count("\n") == 1 and fake.connects == []
+
+
+@pytest.mark.bad_input
+def test_a_socket_that_is_not_on_the_node_is_one_error_before_listening(fake):
+    path = "/home/alice/nothing.sock"
+    fake.node_check = [f"tacc-agent: no Unix socket at {path} on n2: No such file\n".encode()]
+    fake.node_status = 4
+    code, out, err = cli_run("forward", "42", f"{path}:{free_port()}")
+    assert (code, out) == (EXIT_CLUSTER, "")
+    assert err == f"tcloud: error: no Unix socket at {path} on n2: No such file\n"
+
+
+EXPOSED = (
+    "warning: port 8888 listens on every address of n2 (0.0.0.0): other users on the "
+    "cluster can connect to it; have the program listen on 127.0.0.1"
+)
+
+
+@pytest.mark.security
+def test_forward_warns_once_when_the_port_listens_on_every_address(fake, monkeypatch):
+    """The node says its port is open to the cluster (tacc-agent relay --check): one
+    line on stderr before forwarding, once however often the node says it."""
+    fake.node_check = [f"{EXPOSED}\n".encode()]
+    monkeypatch.setattr(portforward, "hold", lambda _running, stop=None: None)
+    code, out, err = cli_run("forward", "42", f"8888:{free_port()}")
+    assert code == 0 and "forwarding 127.0.0.1:" in out
+    assert [line for line in err.splitlines() if "listens on every address" in line] == [
+        f"tcloud: {EXPOSED}"
+    ]
 
 
 def test_it_listens_on_localhost_only(fake):
@@ -113,7 +203,7 @@ def test_a_local_port_in_use_is_named_and_nothing_stays_listening(fake):
             again.bind(("127.0.0.1", first))
         code, _, err = cli_run("forward", "42", f"8888:{taken}")
         assert code == EXIT_CLUSTER and f"local port {taken}" in err
-        assert fake.transport.opened == []
+        assert fake.connects[1:] == []  # checked, never connected
     finally:
         busy.close()
 
@@ -192,7 +282,7 @@ def test_forward_into_another_users_job_is_refused_before_listening(fake):
     assert err.strip() == "tcloud: error: job 42 is not yours"
     with socket.socket() as again:
         again.bind(("127.0.0.1", local))  # nothing listens
-    assert fake.transport.opened == []
+    assert fake.connects == []
 
 
 def test_hold_returns_when_the_job_stops_running():

@@ -22,6 +22,7 @@ Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
   usage [--since D] [--until D]  the caller's own CPU and GPU seconds (Slurm accounting)
   report usage [--since D] [--until D] [--format F]  (root) every user's, with GPU time used
   batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
+  node-usage                   run by srun in a step of a job (`job top`): its figures here
 Errors: one JSON line {"error": ..., "field": ...} on stdout (the contract's error_line,
 with the field it names) and a non-zero exit
 (2 rejected request, 3 Slurm or storage trouble); never a traceback.
@@ -86,7 +87,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_check.add_argument("--json", action="store_true", help="machine-readable output")
     p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
     p_serve = sub.add_parser("serve", help="the node daemon: checks on an interval, /metrics")
-    p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port, 9770)")
+    p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port)")
     p_serve.add_argument("--interval", type=float, help="seconds between check runs (60)")
     p_accept = sub.add_parser("accept", help="acceptance tests of a node (root, controller)")
     p_accept.add_argument("node", help="the Slurm node to test; it stays drained unless it passes")
@@ -137,6 +138,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_attach.add_argument("--rank", type=int, default=0)
     p_attach.add_argument("--pty", action="store_true", help="the SSH channel has a PTY")
     p_attach.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
+    p_connect = job.add_parser("connect", help="one connection to a running job's program")
+    p_connect.add_argument("job")
+    p_connect.add_argument("--rank", type=int, default=0)
+    add_relay_target(p_connect)
     job.add_parser(
         "stop-on-disconnect", help="cancel the running job when stdin closes"
     ).add_argument("job")
@@ -150,7 +155,17 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p_enter.add_argument("jobdir", type=Path)
     p_enter.add_argument("--rank", type=int, default=0)
     p_enter.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
+    add_relay_target(sub.add_parser("relay", help="(srun) stdin/stdout to a port or socket here"))
+    sub.add_parser("node-usage", help="(srun, by `job top`) this node's figures of the job")
     return parser
+
+
+def add_relay_target(verb) -> None:
+    """`job connect` and `relay`: the loopback port or the Unix socket, and --check."""
+    target = verb.add_mutually_exclusive_group(required=True)
+    target.add_argument("--port", type=int, help="127.0.0.1:PORT on the node")
+    target.add_argument("--socket", dest="socket_path", help="a Unix socket's absolute path")
+    verb.add_argument("--check", action="store_true", help="only say whether it is exposed")
 
 
 def add_usage_verbs(sub) -> None:
@@ -219,10 +234,11 @@ def streams_output(args: argparse.Namespace) -> bool:
     """Verbs whose output is not one JSON answer (text as it comes, a daemon, a job's
     own output): a session refuses them, they keep their own process."""
     if args.command == "job":
-        return args.verb in ("logs", "attach", "stop-on-disconnect")
+        return args.verb in ("logs", "attach", "connect", "stop-on-disconnect")
     if args.command == "accept":  # root's, on the controller; its progress on stderr
         return True
-    return args.command in ("check", "serve", "batch", "exec", "enter", "session", "report")
+    streaming = ("check", "serve", "batch", "exec", "enter", "relay", "node-usage", "session")
+    return args.command in streaming or args.command == "report"
 
 
 def emit(data: object) -> int:
@@ -358,12 +374,23 @@ def stream_verb(args: argparse.Namespace) -> int:
         from tacc_agent.tasks import attach  # lazy verb import
 
         return attach.enter(args.jobdir, args.rank, args.command_words, config)
-    if args.verb in ("attach", "stop-on-disconnect"):
+    if args.command == "node-usage":
+        from tacc_agent import node_usage  # lazy verb import
+
+        return node_usage.run(config)
+    if args.command == "relay":
+        from tacc_agent.tasks import relay  # lazy verb import
+
+        return relay.relay(args.port, args.socket_path, args.check)
+    if args.verb in ("attach", "connect", "stop-on-disconnect"):
         from tacc_agent.tasks import attach, workspace  # lazy verb import
 
         user_dir = workspace.userdir(config, args.userdir)
         if args.verb == "stop-on-disconnect":
             return attach.stop_on_disconnect(user_dir, args.job, config)
+        if args.verb == "connect":
+            target = attach.RelayTarget(args.port, args.socket_path, args.check)
+            return attach.connect(user_dir, args.job, config, args.rank, target)
         return attach.attach(user_dir, args.job, config, args.rank, args.command_words, args.pty)
     return job_logs(args, config)
 

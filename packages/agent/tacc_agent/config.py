@@ -4,7 +4,9 @@ without the file (a laptop, a test)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -124,9 +126,18 @@ class AgentConfig:
     # --- the daemon (`tacc-agent serve`) ---
     check_interval_seconds: float = 60.0
     # Prometheus scrapes http://<node>:<metrics_port>/metrics (all interfaces by default,
-    # like node_exporter; firewall it like any exporter).
+    # like node_exporter; firewall it like any exporter). The port is below 1024, so only
+    # root can bind it (the role's tacc_agent_metrics_port declares it and says why).
     metrics_address: str = "0.0.0.0"  # noqa: S104 (an exporter is scraped from outside)
-    metrics_port: int = 9770
+    metrics_port: int = 977
+    # Who gets the per-job series of /metrics (labels job and user) besides root on this
+    # node: the cluster's Prometheus, as addresses, networks (10.0.0.0/24) or host names
+    # (resolved when the daemon starts). Every other client gets the node's own figures
+    # only (health/metrics_access.py). The role lists the monitoring hosts.
+    metrics_job_scrapers: tuple = ()
+    # Serve the per-job series to every client. Unsafe on a shared cluster: whoever
+    # reaches the port reads every job's id and user here, which Slurm's PrivateData hides.
+    metrics_jobs_public: bool = False
     # --- operating the cluster (issue [15], docs/monitoring.md) ---
     # The controller's daemon also exports cluster-wide Slurm figures (jobs per partition
     # and state, GPUs allocated and total, drained nodes with their reasons, daemons up).
@@ -153,6 +164,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
+    check_scrapers(path, data.get("metrics_job_scrapers"))
     for key in (
         "mounts",
         "services",
@@ -160,6 +172,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
         "las_thresholds",
         "job_tmp_dirs",
         "container_binds",
+        "metrics_job_scrapers",
     ):
         if key in data:
             data[key] = tuple(data[key] or ())
@@ -168,6 +181,32 @@ def load_config(path: Path | None = None) -> AgentConfig:
     check_switches(path, data.get("checks"))
     check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
     return AgentConfig(**data)
+
+
+HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def check_scrapers(path: Path, scrapers: object) -> None:
+    """`metrics_job_scrapers`: a list of addresses, networks or host names."""
+    if scrapers is None:
+        return
+    if not isinstance(scrapers, list | tuple) or not all(
+        isinstance(entry, str) and (is_network(entry) or HOST_NAME.fullmatch(entry))
+        for entry in scrapers
+    ):
+        raise AgentError(
+            f"{path}: metrics_job_scrapers: expected a list of addresses, networks "
+            f"(10.0.0.0/24) or host names, not {scrapers!r}",
+            EXIT_CLUSTER,
+        )
+
+
+def is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 CONTAINER_RUNTIMES = ("charliecloud", "apptainer", "enroot")

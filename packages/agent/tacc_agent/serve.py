@@ -11,11 +11,17 @@ thread per connection, with limits the library lacks: every request has a deadli
 which its connection is cut (a client sending a byte every few seconds holds nothing), and
 connections are capped per client address and in all (the oldest over a cap is cut), so a
 slow or silent client never delays another scrape. SIGTERM / SIGINT end it cleanly.
+
+The per-job series (labels job and user) go only to the allowed scrapers and root on the
+node (health/metrics_access.py); every other client gets the node's own figures. The
+default port is a privileged one (below 1024), so no user can take it while the agent
+restarts; when it is taken all the same, the daemon says so in one line and exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import signal
 import socket
@@ -34,6 +40,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
+from tacc_agent.health.metrics_access import JobSeriesAccess, scraper_networks
 from tacc_agent.tasks.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
@@ -43,6 +50,10 @@ REQUEST_DEADLINE_SECONDS = 5.0
 CONNECTIONS_PER_CLIENT = 4
 CONNECTIONS = 32
 REAP_EVERY_SECONDS = 0.2
+# The WSGI environ key that says whether the request's client may read the per-job series.
+JOBS_VISIBLE = "tacc.jobs_visible"
+# Ports below this value take root (CAP_NET_BIND_SERVICE) to bind (Linux's sysctl).
+UNPRIVILEGED_PORT_START = "sys/net/ipv4/ip_unprivileged_port_start"
 
 WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -56,11 +67,16 @@ class Daemon:
         self.config = config
         self.node = socket.gethostname()
         self.snapshot = metrics.Snapshot()
+        # Two views of the same figures: the node's own (every client), and those with the
+        # per-job series (the allowed scrapers and root).
+        self.node_registry = metrics.registry(lambda: self.snapshot)
         self.registry = metrics.registry(lambda: self.snapshot)
         self.registry.register(job_usage.JobUsageCollector(job_usage.Sources.of(config)))
         if config.cluster_metrics:  # the controller: the cluster's Slurm figures
             sources = slurm_cluster.Sources.of(config)
-            self.registry.register(slurm_cluster.ClusterCollector(sources, log=log))
+            cluster = slurm_cluster.ClusterCollector(sources, log=log)
+            self.registry.register(cluster)
+            self.node_registry.register(cluster)
         self.last_said: tuple[str, str] = ("", "")
 
     def cycle(self) -> None:
@@ -99,14 +115,16 @@ def plain(start_response: Callable, status: str, text: bytes) -> list[bytes]:
     return [text]
 
 
-def routes(metrics_app: WsgiApp) -> WsgiApp:
-    """/metrics (GET or HEAD) is the library's app; / says where to look; the rest 404."""
+def routes(jobs_app: WsgiApp, node_app: WsgiApp) -> WsgiApp:
+    """/metrics (GET or HEAD) is the library's app, with the per-job series where the
+    client may read them (environ[JOBS_VISIBLE]); / says where to look; the rest 404."""
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         if method not in ("GET", "HEAD"):
             return plain(start_response, "405 Method Not Allowed", b"only GET\n")
         if path == "/metrics":
+            metrics_app = jobs_app if environ.get(JOBS_VISIBLE) is True else node_app
             body = metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response)
             return [] if method == "HEAD" else body
         if path == "/":
@@ -125,6 +143,11 @@ class QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        environ[JOBS_VISIBLE] = self.server.jobs_visible(self.request, self.client_address)
+        return environ
 
 
 def peer_key(address: str) -> str:
@@ -146,12 +169,23 @@ class MetricsServer(ThreadingWSGIServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], app: WsgiApp) -> None:
-        super().__init__(address, QuietHandler)
-        self.set_app(app)
+    def __init__(
+        self, address: tuple[str, int], app: WsgiApp, access: JobSeriesAccess | None = None
+    ) -> None:
+        # Set before the bind: a failed bind calls server_close, which reads them.
         self.lock = threading.Lock()
         self.deadlines: dict[socket.socket, tuple[str, float]] = {}
         self.stopped = threading.Event()
+        self.access = access or JobSeriesAccess()
+        super().__init__(address, QuietHandler)
+        self.set_app(app)
+
+    def jobs_visible(self, request: socket.socket, client_address: tuple) -> bool:
+        """Whether this connection's client may read the per-job series."""
+        try:
+            return self.access.allows(request.getsockname(), client_address)
+        except OSError:  # the connection is gone
+            return False
 
     def verify_request(self, request, client_address) -> bool:
         """Admit every connection and start its clock. Over a cap, the oldest connection
@@ -199,11 +233,36 @@ class MetricsServer(ThreadingWSGIServer):
         super().server_close()
 
 
+def bind_error(address: str, port: int, exc: OSError) -> AgentError:
+    """One line that says why the port cannot be had."""
+    where = f"cannot serve metrics on {address}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        why = (
+            f"port {port} is taken by another process (`ss -ltnp 'sport = :{port}'` names "
+            "it); stop it, or give the agent another port (metrics_port)"
+        )
+    elif exc.errno == errno.EACCES:
+        why = f"port {port} takes root (CAP_NET_BIND_SERVICE) to bind"
+    else:
+        why = exc.strerror or str(exc)
+    return AgentError(f"{where}: {why}", EXIT_CLUSTER)
+
+
+def job_series_access(config: AgentConfig) -> JobSeriesAccess:
+    """Who gets the per-job series, the scrapers' host names resolved now."""
+    networks, unresolved = scraper_networks(config.metrics_job_scrapers)
+    for name in unresolved:
+        log(f"metrics: scraper {name} does not resolve: no per-job series for it until restart")
+    return JobSeriesAccess(networks, config.metrics_jobs_public, config.proc_root)
+
+
 def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
+    app = routes(make_wsgi_app(daemon.registry), make_wsgi_app(daemon.node_registry))
+    access = job_series_access(daemon.config)
     try:
-        server = MetricsServer((address, port), routes(make_wsgi_app(daemon.registry)))
+        server = MetricsServer((address, port), app, access)
     except OSError as exc:
-        raise AgentError(f"cannot serve metrics on {address}:{port}: {exc}", EXIT_CLUSTER) from None
+        raise bind_error(address, port, exc) from None
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     threading.Thread(target=server.reap_forever, name="metrics-deadlines", daemon=True).start()
     return server
@@ -220,6 +279,20 @@ def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
             log(f"queue tick failed: {type(exc).__name__}: {exc}")
 
 
+def open_to_users(config: AgentConfig, port: int) -> str:
+    """A warning when any user may bind `port` here (the sysctl lowered below it)."""
+    try:
+        start = int((Path(config.proc_root) / UNPRIVILEGED_PORT_START).read_text())
+    except (OSError, ValueError):
+        return ""
+    if port > 0 and start <= port:
+        return (
+            f"warning: any user may bind port {port} here "
+            f"(net.ipv4.ip_unprivileged_port_start={start}) and stand in for the agent"
+        )
+    return ""
+
+
 def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
     interval = interval if interval is not None else config.check_interval_seconds
     port = port if port is not None else config.metrics_port
@@ -233,6 +306,8 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     log(f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
         f"checks every {interval:g} s: {', '.join(c.name for c in checks) or 'none'}")  # fmt: skip
+    if warning := open_to_users(config, port):
+        log(warning)
     if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
         threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
     while not stop.is_set():

@@ -222,9 +222,14 @@ def add_interactive_commands(command) -> None:
     where = p_exec.add_mutually_exclusive_group()
     where.add_argument("--node", type=count, default=0, help="the rank's node (default 0)")
     where.add_argument("--all", action="store_true", help="on every node of the job")
-    p_forward = command("forward", "forward local ports to your running job's node")
+    p_forward = command("forward", "forward local ports to your running job's program")
     p_forward.add_argument("job")
-    p_forward.add_argument("ports", nargs="+", metavar="PORT[:LOCAL]")
+    p_forward.add_argument(
+        "ports",
+        nargs="+",
+        metavar="PORT[:LOCAL]|/SOCKET[:LOCAL]",
+        help="the program's port on the node's 127.0.0.1, or its Unix socket's absolute path",
+    )
     p_forward.add_argument("--node", type=count, default=0, help="the rank's node (default 0)")
     p_dev = command("dev", "start an interactive session: submit, wait, forward or shell")
     p_dev.add_argument("path", nargs="?", type=Path)
@@ -641,8 +646,8 @@ def grace_seconds(text: str) -> float:
 
 
 def interval_seconds(text: str) -> float:
-    """--interval: 1 to 3600 seconds between two answers of `tcloud top` (the node
-    daemon keeps its figures 1 s: asked more often, a frame repeats the last one)."""
+    """--interval: 1 to 3600 seconds between two answers of `tcloud top` (each answer
+    is a short step of the job on every node: no more than one a second)."""
     try:
         value = float(text)
     except ValueError:

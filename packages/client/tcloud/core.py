@@ -352,15 +352,19 @@ class Job:
 
     @contextmanager
     def forward(
-        self, ports: Sequence[int | str] | Mapping[int, int] | int | str, rank: int = 0
-    ) -> Iterator[dict[int, int]]:
-        """Local ports on 127.0.0.1 forwarded to the job's node of `rank` while the
-        block runs: {remote: local}. ports: 8888, [8888, "6006:16006"] or {8888: 9999}."""
+        self, ports: Sequence[int | str] | Mapping[int | str, int] | int | str, rank: int = 0
+    ) -> Iterator[dict[int | str, int]]:
+        """Local ports on 127.0.0.1 forwarded to the job's program on its node of `rank`
+        (its 127.0.0.1:PORT, or a Unix socket there) while the block runs: {remote: local}.
+        ports: 8888, [8888, "6006:16006", "/abs/jupyter.sock"] or {8888: 9999}. Warns
+        when a port listens on every address of the node (tcloud.portforward)."""
         pairs = portforward.pairs_of(ports)
-        node = interactive.node_of(self.target(), whole_number(rank, "rank") or 0)
-        transport = self.cluster.client.get_transport()
-        opener = portforward.channel_opener(transport, node["address"])
-        with portforward.Forwarder(pairs, opener, warn=warn) as forwarder:
+        rank = whole_number(rank, "rank") or 0
+        interactive.node_of(self.target(), rank)
+        way = portforward.JobWay(self.cluster.client, self.cluster.userdir, self.id, rank, warn)
+        for pair in pairs:
+            way.check(pair)
+        with portforward.Forwarder(pairs, way.open, warn=warn) as forwarder:
             yield forwarder.mapping
 
     def usage(self) -> dict:

@@ -1,40 +1,51 @@
-"""`tcloud forward`: local ports to ports on a running job's node, like `ssh -L`. Each
-local port listens on 127.0.0.1 only; each connection accepted there is one
-direct-tcpip channel through the verified direct SSH connection's transport to (the
-node's address, the port), relayed both ways with big reads and a big channel window
-(throughput is compared with `ssh -L`). The login node's sshd makes the hop to the
-node; nothing listens on the cluster side."""
+"""`tcloud forward`: local ports to a running job's program on its node, like `ssh -L`.
+Each local port listens on 127.0.0.1 only; each connection accepted there is one exec
+channel of the direct SSH connection running `tacc-agent job connect` (protocol
+job_connect), whose srun step connects, as the job's owner and from the node itself, to
+127.0.0.1:PORT there or to a Unix socket there, and relays the bytes (as `ssh -W`).
+So the program need listen on nothing other users of the cluster can reach: loopback,
+or a socket in a private directory. Before listening, one `--check` of each target
+says (one warning line) when the port listens on every address of the node, and
+refuses a socket that is not there; nothing listens on the cluster side."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import shlex
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tacc_contract import protocol
+from tcloud import agent, interactive
 from tcloud.errors import TcloudError, UsageError
 
 LOCALHOST = "127.0.0.1"
 CHUNK = 1 << 18  # bytes per read on either side
-# The channel's receive window. Measured on the lab (a 100 MB registry blob through
-# login1 to n1, 2 cores): 4 MiB ran steadiest (160-236 MB/s, `ssh -L` 190-240); 16 MiB
-# and more swung down to 40-70 MB/s (Python buffers the backlog), 2 MiB a little lower.
+# The channel's receive window. Measured on the lab with direct-tcpip channels (a 100 MB
+# registry blob through login1 to n1, 2 cores): 4 MiB ran steadiest (160-236 MB/s, `ssh
+# -L` 190-240); 16 MiB and more swung down to 40-70 MB/s, 2 MiB a little lower.
 WINDOW = 1 << 22
 BACKLOG = 64
+AGENT_PREFIX = "tacc-agent: "
 
 
 @dataclass(frozen=True)
 class PortPair:
-    """One forwarded port: the job's port and the local one."""
+    """One forward: the job's port (or its Unix socket's absolute path) and the local
+    port."""
 
-    remote: int
+    remote: int | str
     local: int
 
 
-EXPECTED = "expected PORT or PORT:LOCAL, each a port from 1 to 65535 (LOCAL 0: any free one)"
+EXPECTED = (
+    "expected PORT or PORT:LOCAL, each a port from 1 to 65535 (LOCAL 0: any free one), "
+    "or a Unix socket's absolute path on the node, /PATH[:LOCAL]"
+)
 
 
 def port_number(text: str, spec: str, lowest: int = 1) -> int:
@@ -43,15 +54,31 @@ def port_number(text: str, spec: str, lowest: int = 1) -> int:
     return int(text)
 
 
+def parse_socket(spec: str) -> PortPair:
+    """/PATH[:LOCAL]: a Unix socket on the node (LOCAL defaults to 0, any free port)."""
+    path, colon, tail = spec.rpartition(":")
+    if colon and tail.isascii() and tail.isdigit():
+        return PortPair(path, port_number(tail, spec, lowest=0))
+    return PortPair(spec, 0)
+
+
 def parse_pair(spec: str) -> PortPair:
-    """PORT or PORT:LOCAL (LOCAL defaults to PORT; 0 is any free port)."""
+    """PORT or PORT:LOCAL (LOCAL defaults to PORT; 0 is any free port), or /PATH[:LOCAL]."""
+    if spec.startswith("/") and "\0" not in spec:
+        return parse_socket(spec)
+    if "/" in spec or spec.endswith(".sock"):
+        raise UsageError(
+            f"socket {spec!r}: expected the socket's absolute path on the node, "
+            "e.g. /home/you/.../jupyter.sock"
+        )
     remote, colon, local = spec.partition(":")
     number = port_number(remote, spec)
     return PortPair(number, port_number(local, spec, lowest=0) if colon else number)
 
 
-def pairs_of(ports: Sequence[int | str] | Mapping[int, int]) -> list[PortPair]:
-    """The SDK's ports: [8888, "6006:16006"] or {remote: local}; no local port twice."""
+def pairs_of(ports: Sequence[int | str] | Mapping[int | str, int]) -> list[PortPair]:
+    """The SDK's ports: [8888, "6006:16006", "/path/jupyter.sock"] or {remote: local};
+    no local port twice."""
     if isinstance(ports, Mapping):
         pairs = [parse_pair(f"{remote}:{local}") for remote, local in ports.items()]
     elif isinstance(ports, str | int):
@@ -59,8 +86,8 @@ def pairs_of(ports: Sequence[int | str] | Mapping[int, int]) -> list[PortPair]:
     else:
         pairs = [parse_pair(str(port)) for port in ports]
     if not pairs:
-        raise UsageError("forward: expected at least one PORT[:LOCAL]")
-    locals_ = [pair.local for pair in pairs]
+        raise UsageError("forward: expected at least one PORT[:LOCAL] or /SOCKET[:LOCAL]")
+    locals_ = [pair.local for pair in pairs if pair.local]
     if len(set(locals_)) != len(locals_):
         raise UsageError(f"forward: a local port is named twice in {[str(p) for p in ports]}")
     return pairs
@@ -117,15 +144,94 @@ def relay(sock: socket.socket, channel) -> None:
 Opener = Callable[[PortPair, tuple[str, int]], object]  # -> a channel
 
 
-def channel_opener(transport, address: str) -> Opener:
-    """Opens a direct-tcpip channel to (address, remote port) on the transport."""
+def message_of(line: str) -> str:
+    return line.removeprefix(AGENT_PREFIX).strip()
 
-    def open_channel(pair: PortPair, peer: tuple[str, int]):
-        return transport.open_channel(
-            "direct-tcpip", (address, pair.remote), peer, window_size=WINDOW
+
+@dataclass
+class JobWay:
+    """The way to one rank of a running job: `job connect` exec channels on the direct
+    SSH connection (at most as many open at once as sshd's MaxSessions allows: one it
+    refuses waits for one of ours to close, interactive.ChannelGate). Each line the
+    agent says on stderr (a warning, a refusal) is given to `warn` once."""
+
+    client: object  # tcloud.link.Link (get_transport)
+    userdir: str | None
+    job: str
+    rank: int
+    warn: Callable[[str], None]
+    gate: interactive.ChannelGate = field(default_factory=interactive.ChannelGate)
+    said: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, pair: PortPair, check: bool = False):
+        verb = protocol.job_connect(self.job, self.rank, pair.remote, check=check)
+        transport = self.client.get_transport()
+        channel = self.gate.open(lambda: transport.open_session(window_size=WINDOW))
+        try:
+            channel.exec_command(shlex.join(agent.argv_for(verb, self.userdir)))
+        except BaseException:
+            self.closed(channel)
+            raise
+        return channel
+
+    def closed(self, channel) -> None:
+        channel.close()
+        self.gate.closed()
+
+    def say_once(self, lines: list[bytes]) -> None:
+        for line in interactive.without_srun_report(lines):
+            text = message_of(line.decode(errors="replace"))
+            with self.lock:
+                new = text and text not in self.said
+                self.said.add(text)
+            if new:
+                self.warn(text)
+
+    def check(self, pair: PortPair) -> None:
+        """The node's word on the target before anything listens here: its warning
+        (said), or its refusal (TcloudError, exit 4: no socket there, not yours)."""
+        channel = self.start(pair, check=True)
+        try:
+            channel.shutdown_write()
+            lines: list[bytes] = []
+            interactive.pump(channel.recv_stderr, lines.extend)
+            status = interactive.status_of(channel)
+        finally:
+            self.closed(channel)
+        kept = interactive.without_srun_report(lines)
+        if status != 0:
+            text = "; ".join(message_of(line.decode(errors="replace")) for line in kept)
+            raise TcloudError(text or f"{pair.remote}: the node refused (exit {status})")
+        self.say_once(kept)
+
+    def open(self, pair: PortPair, _peer: tuple[str, int]) -> Connection:
+        return Connection(self, self.start(pair))
+
+
+class Connection:
+    """One `job connect` channel as relay() uses it; its stderr said (once per line) on
+    a thread of its own; closing it gives its place in the gate back."""
+
+    def __init__(self, way: JobWay, channel) -> None:
+        self.way, self.channel = way, channel
+        self.errors = threading.Thread(
+            target=interactive.pump, args=(channel.recv_stderr, way.say_once), daemon=True
         )
+        self.errors.start()
 
-    return open_channel
+    def recv(self, size: int) -> bytes:
+        return self.channel.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def shutdown_write(self) -> None:
+        self.channel.shutdown_write()
+
+    def close(self) -> None:
+        self.errors.join(timeout=5)
+        self.way.closed(self.channel)
 
 
 class Forwarder:
@@ -146,7 +252,7 @@ class Forwarder:
             thread.start()
 
     @property
-    def mapping(self) -> dict[int, int]:
+    def mapping(self) -> dict[int | str, int]:
         return {
             pair.remote: sock.getsockname()[1]
             for pair, sock in zip(self.pairs, self.listeners, strict=True)

@@ -1,7 +1,8 @@
 """The agent protocol as data: how tcloud asks (`tacc-agent <verb> ...` over SSH, JSON on
 stdin for `store` and `job check`) and what the agent answers (one JSON value on stdout).
-`job logs`, `job attach` and `job stop-on-disconnect` stream instead: each keeps its own
-exec channel (an interactive command's stdin, PTY and exit status are its own).
+`job logs`, `job attach`, `job connect` and `job stop-on-disconnect` stream instead: each
+keeps its own exec channel (an interactive command's stdin, PTY and exit status are its
+own).
 
 tcloud asks every verb of one SSH connection through one `tacc-agent session`: the agent
 writes its hello answer as the first line, then answers each request line
@@ -16,8 +17,8 @@ shape are kept: a newer agent may say more without breaking an older tcloud.
 
 PROTOCOL_VERSION changes when a verb or an answer changes in a way the other side must
 know about (2: `session`; 3: `job target`, `attach`, `stop-on-disconnect`, `top`; 4:
-`usage`); tcloud reads the hello of each session and refuses to go on when the two sides differ
-(tcloud.agent.handshake).
+`usage`; 5: `job connect`); tcloud reads the hello of each session and refuses to go on
+when the two sides differ (tcloud.agent.handshake).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from datetime import date, timedelta
 
 from tacc_contract.errors import ERROR_KEY, EXIT_CLUSTER, EXIT_USAGE, TaccError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 AGENT = "tacc-agent"
 
 JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
@@ -211,6 +212,28 @@ def job_attach(
     return verb + (["--pty"] if pty else []) + (["--", *command] if command else [])
 
 
+def job_connect(
+    job_id: str, rank: int = 0, target: int | str = 0, check: bool = False
+) -> list[str]:
+    """One connection to the program of a running job of the caller's on the rank's
+    node, made there by the caller's own process inside the job's allocation (`srun
+    --overlap ... tacc-agent relay`): target a port (to 127.0.0.1:PORT, else [::1]) or
+    the absolute path of a Unix socket. Streams: stdin and stdout are the connection's
+    bytes (as `ssh -W`); stderr carries one warning line when the port listens on every
+    address of the node, and a refusal's line (exit 4: not yours, not running, nothing
+    listens, no socket there). check: only the warning, or the socket's presence."""
+    verb = ["job", "connect", *job_ids([job_id]), "--rank", whole_number(rank, "--rank")]
+    if isinstance(target, str) and target.startswith("/") and "\0" not in target:
+        verb += ["--socket", target]
+    elif isinstance(target, int) and not isinstance(target, bool) and 1 <= target <= 65535:
+        verb += ["--port", str(target)]
+    else:
+        raise BadArgument(
+            f"job connect: expected a port 1-65535 or a socket's absolute path, got {target!r}"
+        )
+    return verb + (["--check"] if check else [])
+
+
 def job_stop_on_disconnect(job_id: str) -> list[str]:
     """Cancel the caller's running job when the client goes away (Ctrl-C, a closed
     laptop, a dropped connection). Heartbeat: the client writes one byte (b"\\n") on this
@@ -223,8 +246,8 @@ def job_stop_on_disconnect(job_id: str) -> list[str]:
 
 
 def job_top(job_id: str) -> list[str]:
-    """The job's live usage on each of its nodes (JOB_TOP), from the node daemons'
-    per-job figures."""
+    """The job's live usage on each of its nodes (JOB_TOP), read on each node by a step
+    of the caller's own job, as the caller (never from the nodes' /metrics)."""
     return ["job", "top", *job_ids([job_id])]
 
 
@@ -505,7 +528,7 @@ GPU_USAGE = Shape(
 USAGE_NODE = Shape(
     "job top",
     {"host": str, "rank": int},
-    # A node whose daemon did not answer has "error" and no figures. cpu_seconds is the
+    # A node that gave no figures (its task of the step did not run) has "error". cpu_seconds is the
     # job's CPU time on the node so far (a counter): the client's rate between two
     # answers is its CPU use; `sampled` is when the node read it (Unix time).
     {"cpu_seconds": (*NUMBER, NULL), "memory_bytes": WHOLE_OR_NULL, "cpus": WHOLE_OR_NULL,

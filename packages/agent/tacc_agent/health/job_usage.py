@@ -1,4 +1,6 @@
-"""Live usage of each Slurm job running on this node, for /metrics (`job top` reads it).
+"""Live usage of each Slurm job running on this node: the per-job series of /metrics
+(served to the allowed scrapers and root only, health/metrics_access.py) and what
+`tacc-agent node-usage` gives `job top` for the caller's own job (node_usage.py).
 
 Which processes are a job's: every process below a root-owned `slurmstepd: [JOB.STEP]`
 (Slurm's own step daemons, whose title a user cannot forge; a user can write any
@@ -67,7 +69,7 @@ JOB_FAMILIES = (
 DECLARED = {family.name: family for family in JOB_FAMILIES}
 
 CACHE_SECONDS = 1.0
-NVIDIA_SMI_SECONDS = 1.5  # below `job top`'s 2 s wait for a node
+NVIDIA_SMI_SECONDS = 1.5  # a `job top` frame waits for every node's answer
 MIB = 1 << 20
 STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[^\]]+\]")
 CPUS_VARIABLE = "SLURM_CPUS_ON_NODE"

@@ -1,6 +1,8 @@
 """Into a running job (docs/interactive.md): where it runs (`job target`), a command or
 a shell on one of its nodes inside its allocation (`job attach`, which execs srun on the
-login node; `enter`, which srun runs on the node), and `job stop-on-disconnect`.
+login node; `enter`, which srun runs on the node), one connection to its program there
+(`job connect`, which execs srun running `relay`: tasks.relay), and `job
+stop-on-disconnect`.
 
 Two walls keep users apart: the agent's own checks (the job is in the caller's
 workspace and Slurm's record of its id is this job of the caller's: jobs.checked_info),
@@ -129,16 +131,60 @@ def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = 
     return answer
 
 
-def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> list[str]:
+def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool) -> list[str]:
     """A step of one task on the rank's node, beside the job's own steps (--overlap),
-    that runs `tacc-agent enter` there; every word an argv word, never a shell line."""
+    that runs `tacc-agent AGENT_WORDS` there; every word an argv word, never a shell line."""
     return [
         "srun", f"--jobid={job.slurm_job_id}", "--overlap", "--nodes=1", "--ntasks=1",
         f"--nodelist={job.host(rank)}", f"--chdir={job.job_dir}", "--quiet",
-        *(["--pty"] if pty else []),
-        *execute.AGENT, "enter", str(job.job_dir), "--rank", str(rank),
-        *(["--", *command] if command else []),
+        *(["--pty"] if pty else []), *execute.AGENT, *agent_words,
     ]  # fmt: skip
+
+
+def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> list[str]:
+    """The step that runs `tacc-agent enter` (the command in the job's environment)."""
+    enter_words = ["enter", str(job.job_dir), "--rank", str(rank)]
+    return step_argv(job, rank, [*enter_words, *(["--", *command] if command else [])], pty)
+
+
+@dataclass(frozen=True)
+class RelayTarget:
+    """What `job connect` reaches on the node: a loopback port or a Unix socket."""
+
+    port: int | None
+    socket_path: str | None
+    check: bool = False
+
+    def words(self) -> list[str]:
+        """`tacc-agent relay`'s words (exactly one of port and socket_path)."""
+        if (self.port is None) == (self.socket_path is None):
+            raise Rejected("job connect: expected --port PORT or --socket PATH (one of them)")
+        if self.port is not None:
+            target = ["--port", str(self.port)]
+        else:
+            target = ["--socket", str(self.socket_path)]
+        return ["relay", *target, *(["--check"] if self.check else [])]
+
+
+def connect(
+    user_dir: Path, job_id: str, config: AgentConfig, rank: int, target: RelayTarget
+) -> int:
+    """`job connect` (one `tcloud forward` connection): checks, then execs srun running
+    `tacc-agent relay` on the rank's node (tasks.relay). stdout is the program's bytes
+    only, so a refusal is one line on stderr here."""
+    try:
+        job = running_job(user_dir, job_id, config)
+        argv = step_argv(job, rank, target.words(), pty=False)
+    except AgentError as exc:
+        print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    sys.stderr.flush()
+    try:
+        os.execvp(argv[0], argv)  # noqa: S606 - srun replaces the agent (argv words)
+    except FileNotFoundError:
+        print("tacc-agent: srun not found: is this a Slurm login node?", file=sys.stderr)
+        return EXIT_CLUSTER
+    return 0  # only when exec is replaced (tests)
 
 
 def attach(user_dir: Path, job_id: str, config: AgentConfig, rank: int, command: list[str],

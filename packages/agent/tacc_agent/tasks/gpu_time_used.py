@@ -1,7 +1,10 @@
-"""The GPU time jobs really used, from the cluster's Prometheus (config.prometheus_url):
+"""How busy jobs kept their GPUs, from the cluster's Prometheus (config.prometheus_url):
 the node daemons export each running job's GPUs as
 tacc_agent_job_gpu_utilization_ratio{job, user, gpu} (0..1, health/job_usage.py), and
-Prometheus keeps what it scraped. For the ops usage report (tasks/usage_report.py).
+Prometheus keeps what it scraped. For the ops usage report's UTILISATION columns
+(tasks/usage_report.py) only: a scrape is no source for a figure that bills or decides a
+quota (a node's /metrics can be wrong, or served by something else than its daemon);
+those come from Slurm's accounting (tasks/usage.py).
 
 How: a job's used GPU-seconds are, for each of its GPU series (a GPU of a node), the
 series' average utilization over its samples in the report's window times the job's
@@ -147,14 +150,14 @@ def used_gpu_seconds(
     window}) that Prometheus has samples of, between the Unix times since and until."""
     if not url:
         unset = "prometheus_url is not set in the agent's config (/etc/tacc-agent/config.yaml)"
-        return Measured(None, [f"{unset}: no GPU time used to show"])
+        return Measured(None, [f"{unset}: no GPU utilisation to show"])
     if problem := usable_url(url):
-        return Measured(None, [f"{problem}: no GPU time used to show"])
+        return Measured(None, [f"{problem}: no GPU utilisation to show"])
     try:
         sums = series_sums(url, since, until, time.monotonic() + DEADLINE_SECONDS)
     except PrometheusUnavailable as exc:
         return Measured(None, [f"Prometheus at {url} did not answer ({exc}): "
-                               "no GPU time used to show"])  # fmt: skip
+                               "no GPU utilisation to show"])  # fmt: skip
     used: dict[str, float] = {}
     for entry in sums.values():
         if entry.job_id in job_seconds and entry.samples > 0:

@@ -2,7 +2,11 @@
 the job's first node while the run lines run. Every interval it samples this node:
 
 - forwarded traffic: TCP connections ESTABLISHED on one of the session's ports
-  (`ss -tinH`): a new connection, or changed byte counts;
+  (`ss -tineH`) whose peer is a socket of the job's owner on this node (its uid, as
+  ss -e shows it): a new connection, or changed byte counts. `tcloud forward` connects
+  from the owner's own process here (`tacc-agent relay`, over loopback); another user's
+  connection, or one from another host (whose uid this node cannot know), never keeps
+  the session alive;
 - a busy process: the job's processes here (this uid, SLURM_JOB_ID in their environment,
   the watchdog's own process left out) used >= 5% of one CPU over the interval;
 - typing: a job process's terminal (/dev/pts/N) was read or written (its atime/mtime,
@@ -41,6 +45,7 @@ IDLE_WHY = "no forwarded traffic, no busy process, no typing"
 # Linux's Unix98 pty slaves (/dev/pts/N): majors 136-143 (Documentation/admin-guide/devices.txt).
 PTS_MAJORS = range(136, 144)
 _COUNTER = re.compile(r"\b(bytes_received|bytes_sent|bytes_acked):(\d+)")
+_UID = re.compile(r"\buid:(\d+)")
 
 Connection = tuple[int, int, int]  # bytes received, sent, acked
 
@@ -64,40 +69,84 @@ def interval_for(idle: float) -> float:
 
 # ---------------------------------------------------------------- forwarded traffic
 def ss_argv(ports: Iterable[int]) -> list[str]:
-    """ss's argv for ESTABLISHED TCP connections whose local port is one of `ports`."""
+    """ss's argv for ESTABLISHED TCP connections whose local or peer port is one of
+    `ports` (both ends of a connection made on this node), with each socket's uid."""
     terms: list[str] = []
     for port in ports:
         terms += [*(["or"] if terms else []), "sport", "=", f":{int(port)}"]
-    return ["ss", "-tinH", "state", "established", "(", *terms, ")"]
+        terms += ["or", "dport", "=", f":{int(port)}"]
+    return ["ss", "-tineH", "state", "established", "(", *terms, ")"]
 
 
-def parse_ss(text: str) -> dict[str, Connection]:
-    """`ss -tinH state established` output: "local peer" -> its byte counters. Each
-    connection is a line (Recv-Q Send-Q Local Peer) followed by an indented info line."""
-    connections: dict[str, Connection] = {}
-    key = ""
+@dataclass(frozen=True)
+class Socket:
+    """One ESTABLISHED socket as ss shows it: its two ends, its owner, its counters."""
+
+    local: str
+    peer: str
+    uid: int
+    counters: Connection
+
+
+def endpoint(text: str) -> str:
+    """ss's address:port with an IPv4-mapped IPv6 address as plain IPv4
+    ([::ffff:127.0.0.1]:8888 -> 127.0.0.1:8888), so both ends of a connection match."""
+    return re.sub(r"^\[::ffff:(\d+\.\d+\.\d+\.\d+)\]", r"\1", text)
+
+
+def port_of(address: str) -> int | None:
+    tail = address.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def parse_ss(text: str) -> list[Socket]:
+    """`ss -tineH state established` output. Each socket is a line (Recv-Q Send-Q Local
+    Peer, then with -e `uid:N` unless root's, `ino:...`) followed by an indented info
+    line with its byte counters."""
+    sockets: list[Socket] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         if not line[0].isspace():
             words = line.split()
-            key = " ".join(words[2:4]) if len(words) >= 4 else ""
-            if key:
-                connections[key] = (0, 0, 0)
+            if len(words) >= 4:
+                owner = _UID.search(line)
+                uid = int(owner.group(1)) if owner else 0
+                sockets.append(Socket(endpoint(words[2]), endpoint(words[3]), uid, (0, 0, 0)))
             continue
-        if key:
+        if sockets:
             counters = dict(_COUNTER.findall(line))
-            connections[key] = tuple(  # type: ignore[assignment]
+            numbers = tuple(
                 int(counters.get(name, 0))
                 for name in ("bytes_received", "bytes_sent", "bytes_acked")
             )
-    return connections
+            last = sockets[-1]
+            sockets[-1] = Socket(last.local, last.peer, last.uid, numbers)  # type: ignore[arg-type]
+    return sockets
+
+
+def owners_connections(
+    sockets: list[Socket], ports: Iterable[int], owner: int
+) -> dict[str, Connection]:
+    """The connections to `ports` whose other end is a socket of `owner` on this node:
+    "local peer" -> the counters of the session's end. A peer on another host has no
+    socket here, so it is not the owner's."""
+    wanted = set(ports)
+    uid_of = {(s.local, s.peer): s.uid for s in sockets}
+    return {
+        f"{s.local} {s.peer}": s.counters
+        for s in sockets
+        if port_of(s.local) in wanted and uid_of.get((s.peer, s.local)) == owner
+    }
 
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
-def read_connections(ports: list[int], run: Runner = subprocess.run) -> dict[str, Connection]:
+def read_connections(
+    ports: list[int], run: Runner = subprocess.run, owner: int | None = None
+) -> dict[str, Connection]:
+    """The session's connections that count (owners_connections; owner: this uid)."""
     if not ports:
         return {}
     try:
@@ -108,7 +157,7 @@ def read_connections(ports: list[int], run: Runner = subprocess.run) -> dict[str
         raise WatchError(f"cannot list connections with ss: {exc}") from None
     if proc.returncode != 0:
         raise WatchError(f"ss failed: {(proc.stderr or proc.stdout).strip()}")
-    return parse_ss(proc.stdout)
+    return owners_connections(parse_ss(proc.stdout), ports, os.getuid() if owner is None else owner)
 
 
 # ---------------------------------------------------------------- the job's processes
@@ -307,7 +356,7 @@ def node_sampler(
     uid, own = os.getuid(), os.getpid()
 
     def take(now: float) -> Sample:
-        connections = read_connections(ports)
+        connections = read_connections(ports, owner=uid)
         try:
             processes = job_processes(proc_root, job_id, uid, exclude=[own])
         except OSError as exc:

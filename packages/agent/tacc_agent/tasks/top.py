@@ -1,110 +1,104 @@
-"""`job top`: a running job's live usage on each of its nodes, read from the node
-daemons' per-job figures (tacc_agent.health.job_usage) at
-http://<node address>:<metrics_port>/metrics.
+"""`job top`: a running job's live usage on each of its nodes, as the caller sees it.
 
-The same checks as `job target` (attach.target: the job is the caller's and running,
-else refused, exit 4) decide whether to look at all; then every node is asked at once,
-each within NODE_TIMEOUT_SECONDS, and only the samples whose job label is the job's
-Slurm id are kept (none: the job has no process there now, figures null). A node that
-does not answer gets an "error" of its own: it never fails the whole answer.
+The same checks as `job target` (attach.running_job: the job is the caller's and
+running, else refused, exit 4) decide whether to look at all. Then one step of the job
+(`srun --jobid --overlap`, one task per node, as the caller: Slurm refuses a step in
+another user's allocation) runs `tacc-agent node-usage` on every node, which reads the
+job's figures there (health.job_usage, the same figures the node daemon computes) and
+prints one JSON line (tacc_agent/node_usage.py). The node daemons' /metrics is not read:
+it gives per-job series only to the cluster's Prometheus and root, and a figure of
+someone else's job never reaches the caller's process this way.
+
+Only a line of one of the job's hosts, naming the job, is taken; a node with no line
+(srun refused, timed out, or the node did not run its task) gets an "error" of its own:
+it never fails the whole answer. Each answer is one step of the job, which sacct lists
+among its steps, and the figures count the step's own brief use of the node.
 """
 
 from __future__ import annotations
 
+import json
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
+from tacc_agent.self_command import AGENT
 from tacc_agent.tasks import attach
+from tacc_contract import protocol
 
-NODE_TIMEOUT_SECONDS = 2.0
-MOST_BYTES = 8 << 20  # a node's whole exposition is far smaller
-PREFIX = "tacc_agent_job_"
-NODE_FIGURES = {"cpu_seconds": "cpu_seconds", "memory_bytes": "memory_bytes", "cpus": "cpus"}
-GPU_FIGURES = {
-    "gpu_utilization_ratio": "utilization_ratio",
-    "gpu_memory_used_bytes": "memory_used_bytes",
-    "gpu_memory_total_bytes": "memory_total_bytes",
-}
-WHOLE = {"memory_bytes", "cpus", "memory_used_bytes", "memory_total_bytes"}
+# srun starts the step (well under a second), each node reads its processes, asks
+# nvidia-smi (at most 1.5 s) and scontrol (at most 0.5 s): all within this.
+STEP_TIMEOUT_SECONDS = 15.0
+FIGURE_KEYS = ("cpu_seconds", "memory_bytes", "cpus", "gpus", "sampled")
+NO_ANSWER = "the node gave no figures (its task of the step did not run)"
 
 
-def metrics_url(address: str, port: int) -> str:
-    host = f"[{address}]" if ":" in address else address  # an IPv6 address
-    return f"http://{host}:{port}/metrics"
+def node_usage_argv(job: attach.RunningJob) -> list[str]:
+    """One task on each of the job's nodes beside its own steps (--overlap), running
+    `tacc-agent node-usage`; every word an argv word, never a shell line."""
+    count = len(job.hosts)
+    return [
+        "srun",
+        f"--jobid={job.slurm_job_id}",
+        "--overlap",
+        f"--nodes={count}",
+        f"--ntasks={count}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(job.hosts)}",
+        f"--chdir={job.job_dir}",
+        "--quiet",
+        *AGENT,
+        "node-usage",
+    ]
 
 
-# Straight to the node, never through the login node's http_proxy: a cluster's egress
-# proxy (the lab's tinyproxy) refuses node addresses, and urllib's no_proxy matching knows
-# no address ranges (no_proxy=10.77.6.0/24 does not exempt 10.77.6.12).
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def node_lines(out: str, slurm_job_id: str, hosts: list[str]) -> dict[str, dict]:
+    """The first line of each of the job's hosts that names the job (or says an error);
+    anything else srun printed is skipped."""
+    found: dict[str, dict] = {}
+    for text in out.splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(line, dict) or line.get("host") not in hosts or line["host"] in found:
+            continue
+        if line.get("job") == slurm_job_id or isinstance(line.get("error"), str):
+            found[line["host"]] = line
+    return found
 
 
-def fetch(url: str, timeout: float) -> str:
-    """The exposition text; OSError (URLError, a timeout) when the node does not answer."""
-    with DIRECT.open(url, timeout=timeout) as answer:
-        return answer.read(MOST_BYTES).decode("utf-8", "replace")
-
-
-def figure(name: str, value: float) -> float | int:
-    return int(value) if name in WHOLE else round(value, 4)
-
-
-def job_figures(text: str, slurm_job_id: str) -> dict:
-    """This job's figures in one node's exposition: cpu_seconds, memory_bytes, cpus and
-    gpus [{index, utilization_ratio, memory_used_bytes, memory_total_bytes}]."""
-    node: dict = {}
-    gpus: dict[int, dict] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels.get("job") != slurm_job_id or not sample.name.startswith(PREFIX):
-                continue
-            name = sample.name.removeprefix(PREFIX).removesuffix("_total")
-            if name in NODE_FIGURES:
-                node[NODE_FIGURES[name]] = figure(NODE_FIGURES[name], sample.value)
-            elif name in GPU_FIGURES and sample.labels.get("gpu", "").isdigit():
-                index = int(sample.labels["gpu"])
-                key = GPU_FIGURES[name]
-                gpus.setdefault(index, {"index": index})[key] = figure(key, sample.value)
-    return node | {"gpus": [gpus[index] for index in sorted(gpus)]}
-
-
-def node_usage(node: dict, slurm_job_id: str, port: int, timeout: float) -> dict:
+def node_entry(host: str, rank: int, line: Mapping | None, failure: str) -> dict:
     """USAGE_NODE of one node: its figures, or why there are none."""
-    where = {"host": node["host"], "rank": node["rank"]}
+    where = {"host": host, "rank": rank}
+    if line is None:
+        return where | {"error": failure}
+    if "error" in line:
+        return where | {"error": str(line["error"])}
+    entry = where | {key: line.get(key) for key in FIGURE_KEYS}
     try:
-        text = fetch(metrics_url(node["address"], port), timeout)
-    except urllib.error.HTTPError as exc:
-        return where | {"error": f"the node agent answered HTTP {exc.code}"}
-    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, bad address
-        reason = getattr(exc, "reason", exc)
-        return where | {"error": f"the node agent did not answer: {reason}"}
-    sampled = time.time()
-    try:
-        figures = job_figures(text, slurm_job_id)
-    except ValueError as exc:  # not the exposition format
-        return where | {"error": f"the node agent's answer is unreadable: {exc}"}
-    # No sample: no process of the job there right now (figures null, not an error).
-    empty = {"cpu_seconds": None, "memory_bytes": None, "cpus": None}
-    return where | empty | figures | {"sampled": round(sampled, 3)}
+        return protocol.USAGE_NODE.check(entry, "job top", "")
+    except protocol.ProtocolError as exc:
+        return where | {"error": f"the node's figures are unreadable: {exc.problem}"}
 
 
-def usage(target: dict, port: int, timeout: float = NODE_TIMEOUT_SECONDS) -> dict:
-    """JOB_TOP from a JOB_TARGET: every node asked at once."""
-    nodes = target["nodes"]
-    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), 32))) as pool:
-        found = list(pool.map(
-            lambda node: node_usage(node, target["slurm_job_id"], port, timeout), nodes
-        ))  # fmt: skip
-    return {"job_id": target["job_id"], "state": target["state"], "time": round(time.time(), 3),
-            "nodes": found}  # fmt: skip
+def usage(job: attach.RunningJob, timeout: float = STEP_TIMEOUT_SECONDS) -> dict:
+    """JOB_TOP of a running job: one step on all its nodes."""
+    failure = NO_ANSWER
+    try:
+        out = slurm.slurm(node_usage_argv(job), timeout)
+    except AgentError as exc:  # srun refused, failed or hung: every node says why
+        out, failure = "", str(exc)
+    lines = node_lines(out, job.slurm_job_id, job.hosts)
+    nodes = [
+        node_entry(host, rank, lines.get(host), failure) for rank, host in enumerate(job.hosts)
+    ]
+    return {"job_id": job.job_id, "state": "RUNNING", "time": round(time.time(), 3), "nodes": nodes}
 
 
 def top(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     """JOB_TOP of the caller's running job (refused like `job target` otherwise)."""
-    return usage(attach.target(user_dir, job_id, config), config.metrics_port)
+    return usage(attach.running_job(user_dir, job_id, config))

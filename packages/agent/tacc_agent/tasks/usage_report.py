@@ -1,14 +1,18 @@
 """`tacc-agent report usage`: the ops usage report, run by root on the controller (or any
 node with sacct and the cluster's munge key): every user's allocated CPU- and GPU-hours
 by user and account from Slurm's accounting (tasks/usage.py, sacct --allusers), beside
-the GPU-hours those jobs really used from the cluster's Prometheus
-(tasks/gpu_time_used.py), as a table, CSV or JSON (docs/usage.md).
+how busy those GPUs were by the cluster's Prometheus (tasks/gpu_time_used.py), as a
+table, CSV or JSON (docs/usage.md).
 
-Columns: user, account, jobs, cpu_hours, gpu_hours (allocated), gpu_hours_used (the
-jobs Prometheus has samples of), gpu_hours_unmeasured (allocated GPU-hours of the GPU
-jobs it has none of), gpu_used_percent (used over the measured jobs' allocated
-GPU-hours). Without Prometheus (unset, not answering) the last three are "n/a" (null in
-JSON) and a warning line on stderr says why: the report itself still stands.
+Two kinds of figures, never mixed. BILLING (jobs, cpu_hours, gpu_hours): Slurm's
+accounting alone (AllocTRES times the wall time), what money and quotas are decided on;
+no scrape changes them. UTILISATION (gpu_util_hours: utilisation times wall time of the
+jobs Prometheus has samples of; gpu_util_unsampled_hours: allocated GPU-hours of the GPU
+jobs it has none of; gpu_util_percent: gpu_util_hours over the sampled jobs' allocated
+GPU-hours): from what Prometheus scraped of the node daemons, a hint of how well the
+GPUs were used and not a figure to bill by (a scrape can be wrong or forged). Without
+Prometheus (unset, not answering) the utilisation columns are "n/a" (null in JSON) and a
+warning line on stderr says why: the report itself still stands.
 
 Root only (exit 4 otherwise): it reads every user's jobs, and Slurm shows a plain user
 only their own where PrivateData hides jobs, which would be a report that looks whole
@@ -33,9 +37,13 @@ from tacc_agent.tasks.usage import ISO, Allocation, Window, allocations, now_her
 
 EXIT_NOT_ROOT = 4
 FORMATS = ("table", "csv", "json")
-COLUMNS = ("user", "account", "jobs", "cpu_hours", "gpu_hours", "gpu_hours_used",
-           "gpu_hours_unmeasured", "gpu_used_percent")  # fmt: skip
-MEASURED = ("gpu_hours_used", "gpu_hours_unmeasured", "gpu_used_percent")
+BILLING = ("jobs", "cpu_hours", "gpu_hours")
+UTILISATION = ("gpu_util_hours", "gpu_util_unsampled_hours", "gpu_util_percent")
+COLUMNS = ("user", "account", *BILLING, *UTILISATION)
+SOURCES = {
+    **dict.fromkeys(BILLING, "Slurm accounting (sacct): billing"),
+    **dict.fromkeys(UTILISATION, "Prometheus scrape: utilisation, not billing"),
+}
 NOT_AVAILABLE = "n/a"
 HOUR = 3600.0
 
@@ -58,8 +66,8 @@ class Totals:
     jobs: set
     cpu_seconds: float = 0.0
     gpu_seconds: float = 0.0
-    used_seconds: float = 0.0
-    unmeasured_seconds: float = 0.0
+    util_seconds: float = 0.0
+    unsampled_seconds: float = 0.0
 
 
 def wall_seconds(run: Allocation, span: Window) -> float:
@@ -78,10 +86,11 @@ def job_seconds(runs: Iterable[Allocation], span: Window) -> dict[str, float]:
 
 
 def totals(
-    runs: Sequence[Allocation], span: Window, used: dict[str, float] | None
+    runs: Sequence[Allocation], span: Window, busy: dict[str, float] | None
 ) -> dict[tuple[str, str], Totals]:
-    """Sums by (user, account); a job's used GPU-seconds are spread over its runs by
-    their share of its allocated GPU-seconds (a requeued job: each run its part)."""
+    """Sums by (user, account); a job's busy GPU-seconds (utilisation, from the scrape)
+    are spread over its runs by their share of its allocated GPU-seconds (a requeued
+    job: each run its part). The billing sums never read `busy`."""
     allocated: dict[str, float] = {}
     for run in runs:
         allocated[run.job_id] = allocated.get(run.job_id, 0.0) + run.gpus * max(
@@ -97,12 +106,12 @@ def totals(
         row.cpu_seconds += run.cpus * seconds
         gpu_seconds = run.gpus * seconds
         row.gpu_seconds += gpu_seconds
-        if used is None or gpu_seconds == 0:
+        if busy is None or gpu_seconds == 0:
             continue
-        if run.job_id in used:
-            row.used_seconds += used[run.job_id] * gpu_seconds / allocated[run.job_id]
+        if run.job_id in busy:
+            row.util_seconds += busy[run.job_id] * gpu_seconds / allocated[run.job_id]
         else:
-            row.unmeasured_seconds += gpu_seconds
+            row.unsampled_seconds += gpu_seconds
     return found
 
 
@@ -110,16 +119,22 @@ def hours(seconds: float) -> float:
     return round(seconds / HOUR, 4)
 
 
-def report_row(user: str, account: str, sums: Totals, measured: bool) -> dict:
-    row = {"user": user, "account": account, "jobs": len(sums.jobs),
-           "cpu_hours": hours(sums.cpu_seconds), "gpu_hours": hours(sums.gpu_seconds)}  # fmt: skip
-    if not measured:
-        return row | dict.fromkeys(MEASURED)
-    base = sums.gpu_seconds - sums.unmeasured_seconds
-    percent = round(100.0 * sums.used_seconds / base, 1) if base > 0 else None
-    return row | {"gpu_hours_used": hours(sums.used_seconds),
-                  "gpu_hours_unmeasured": hours(sums.unmeasured_seconds),
-                  "gpu_used_percent": percent}  # fmt: skip
+def report_row(user: str, account: str, sums: Totals, sampled: bool) -> dict:
+    billing = {
+        "jobs": len(sums.jobs),
+        "cpu_hours": hours(sums.cpu_seconds),
+        "gpu_hours": hours(sums.gpu_seconds),
+    }
+    row = {"user": user, "account": account, **billing}
+    if not sampled:
+        return row | dict.fromkeys(UTILISATION)
+    base = sums.gpu_seconds - sums.unsampled_seconds
+    percent = round(100.0 * sums.util_seconds / base, 1) if base > 0 else None
+    return row | {
+        "gpu_util_hours": hours(sums.util_seconds),
+        "gpu_util_unsampled_hours": hours(sums.unsampled_seconds),
+        "gpu_util_percent": percent,
+    }
 
 
 def build(runs: Sequence[Allocation], span: Window, measured: gpu_time_used.Measured) -> dict:
@@ -128,20 +143,27 @@ def build(runs: Sequence[Allocation], span: Window, measured: gpu_time_used.Meas
     every = Totals(set())
     for sums in by_row.values():
         every.jobs |= sums.jobs
-        for name in ("cpu_seconds", "gpu_seconds", "used_seconds", "unmeasured_seconds"):
+        for name in ("cpu_seconds", "gpu_seconds", "util_seconds", "unsampled_seconds"):
             setattr(every, name, getattr(every, name) + getattr(sums, name))
-    rows = [report_row(user, account, by_row[user, account], measured.used is not None)
-            for user, account in sorted(by_row)]  # fmt: skip
+    rows = [
+        report_row(user, account, by_row[user, account], measured.used is not None)
+        for user, account in sorted(by_row)
+    ]
     warnings = list(measured.warnings)
-    if measured.used is not None and every.unmeasured_seconds > 0:
+    if measured.used is not None and every.unsampled_seconds > 0:
         warnings.append(
-            f"{hours(every.unmeasured_seconds):g} allocated GPU-hours have no utilization "
+            f"{hours(every.unsampled_seconds):g} allocated GPU-hours have no utilization "
             "samples in Prometheus (older than its retention, or their nodes were not "
-            "scraped): they are in gpu_hours_unmeasured, not in gpu_hours_used"
+            "scraped): they are in gpu_util_unsampled_hours, not in gpu_util_hours"
         )
-    return {"since": span.since.strftime(ISO), "until": span.until.strftime(ISO),
-            "rows": rows, "total": report_row("", "", every, measured.used is not None),
-            "warnings": warnings}  # fmt: skip
+    return {
+        "since": span.since.strftime(ISO),
+        "until": span.until.strftime(ISO),
+        "rows": rows,
+        "total": report_row("", "", every, measured.used is not None),
+        "warnings": warnings,
+        "sources": SOURCES,
+    }
 
 
 def shown(value: object, digits: int = 2) -> str:
@@ -153,13 +175,25 @@ def shown(value: object, digits: int = 2) -> str:
 
 
 def digits(column: str, hours_digits: int) -> int:
-    return 1 if column == "gpu_used_percent" else hours_digits
+    return 1 if column == "gpu_util_percent" else hours_digits
+
+
+def heading(column: str) -> str:
+    return column.upper().replace("_", "-").replace("-PERCENT", "%")
+
+
+def sources_line() -> str:
+    """Where each column comes from: 'JOBS, CPU-HOURS, GPU-HOURS: Slurm ...; ...'."""
+    by_source: dict[str, list[str]] = {}
+    for column, source in SOURCES.items():
+        by_source.setdefault(source, []).append(heading(column))
+    return "; ".join(f"{', '.join(columns)}: {source}" for source, columns in by_source.items())
 
 
 def table_text(report: dict) -> str:
     total = {**report["total"], "user": "TOTAL", "account": ""}
     cells = [[shown(row[c], digits(c, 2)) for c in COLUMNS] for row in [*report["rows"], total]]
-    head = [c.upper().replace("_", "-").replace("-PERCENT", "%") for c in COLUMNS]
+    head = [heading(c) for c in COLUMNS]
     widths = [max(len(text) for text in column) for column in zip(head, *cells, strict=True)]
     numeric = [c not in ("user", "account") for c in COLUMNS]
 
@@ -170,7 +204,8 @@ def table_text(report: dict) -> str:
         ).rstrip()
 
     title = f"GPU and CPU hours from {report['since']} to {report['until']}"
-    return "\n".join([title, line(head), *(line(row) for row in cells)]) + "\n"
+    lines = [title, line(head), *(line(row) for row in cells), sources_line()]
+    return "\n".join(lines) + "\n"
 
 
 def csv_text(report: dict) -> str:
@@ -197,9 +232,11 @@ def report(
     span = window(since, until, now or now_here())
     runs = allocations(["--allusers"], span, config) if span.since < span.until else []
     measured = gpu_time_used.used_gpu_seconds(
-        config.prometheus_url, span.since.timestamp(), span.until.timestamp(),
+        config.prometheus_url,
+        span.since.timestamp(),
+        span.until.timestamp(),
         job_seconds(runs, span),
-    )  # fmt: skip
+    )
     return build(runs, span, measured)
 
 

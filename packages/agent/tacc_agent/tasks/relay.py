@@ -1,0 +1,145 @@
+"""`tacc-agent relay`, on a job's node inside its allocation (srun runs it for `job
+connect`, the step of one `tcloud forward` connection): one connection to the job's
+program, made here by the caller's own process, to 127.0.0.1:PORT ([::1]:PORT when
+nothing listens on IPv4) or to a Unix socket, and bytes relayed between it and
+stdin/stdout (as `ssh -W` does), each side's end passed on.
+
+The program therefore need not listen on any address other users of the cluster can
+reach: loopback, or a socket in a private (0700) directory, is enough. When its port
+does listen on every address (0.0.0.0, ::), one line on stderr says so, before any
+byte is relayed (tcloud prints it once); stdout carries nothing but the program's bytes.
+An error (nothing listens, no socket there) is one line on stderr, the agent's rejected
+status (tcloud exits 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import sys
+import threading
+from pathlib import Path
+
+from tacc_agent.errors import EXIT_REJECTED, Rejected
+
+CHUNK = 1 << 18
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp{,6}'s st column
+PROC_NET = Path("/proc/net")
+LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
+
+
+def listening_everywhere(port: int, proc_net: Path = PROC_NET) -> str | None:
+    """ "0.0.0.0" or "::" when a socket listens on `port` on every address of this node
+    (/proc/net/tcp and tcp6: local address all zeros, state LISTEN); None otherwise."""
+    every = (("tcp", "0.0.0.0"), ("tcp6", "::"))  # noqa: S104 - names said, nothing binds
+    for name, anywhere in every:
+        with contextlib.suppress(OSError):
+            for line in (proc_net / name).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) < 4 or fields[3] != LISTEN:
+                    continue
+                address, _, hex_port = fields[1].partition(":")
+                if int(hex_port, 16) == port and not address.strip("0"):
+                    return anywhere
+    return None
+
+
+def exposure_warning(port: int, host: str, proc_net: Path = PROC_NET) -> str | None:
+    """The one line said when the job's port listens on every address of the node."""
+    anywhere = listening_everywhere(port, proc_net)
+    if anywhere is None:
+        return None
+    return (
+        f"warning: port {port} listens on every address of {host} ({anywhere}): other users "
+        f"on the cluster can connect to it; have the program listen on 127.0.0.1 (jupyter "
+        f"lab --ip=127.0.0.1) or on a Unix socket in a private directory (jupyter lab "
+        f"--sock PATH, then tcloud forward JOB PATH)"
+    )
+
+
+def checked_socket_path(text: str) -> Path:
+    """An absolute path to a Unix socket here, or Rejected naming it."""
+    path = Path(text)
+    if not path.is_absolute():
+        raise Rejected(f"socket {text!r}: expected an absolute path on the node")
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        where = f"{text} on {socket.gethostname()}"
+        raise Rejected(f"no Unix socket at {where}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise Rejected(f"{text} on {socket.gethostname()} is not a Unix socket")
+    return path
+
+
+def open_port(port: int) -> socket.socket:
+    """A connection to 127.0.0.1:port, else [::1]:port; Rejected when neither answers."""
+    for address, family in LOOPBACKS:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.connect((address, port))
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise Rejected(
+        f"nothing listens on 127.0.0.1:{port} or [::1]:{port} on {socket.gethostname()} "
+        "(the program has not started yet, or listens on another address)"
+    )
+
+
+def open_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        where = f"{path} on {socket.gethostname()}"
+        raise Rejected(f"cannot connect to {where}: {exc.strerror}") from None
+    return sock
+
+
+def pipe(sock: socket.socket, stdin_fd: int = 0, stdout_fd: int = 1) -> None:
+    """Bytes both ways until both sides ended; each side's end passed on."""
+
+    def upstream() -> None:
+        with contextlib.suppress(OSError):
+            while data := os.read(stdin_fd, CHUNK):
+                sock.sendall(data)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=upstream, daemon=True)
+    sender.start()
+    with contextlib.suppress(OSError):
+        while data := sock.recv(CHUNK):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(stdout_fd, view) :]
+    with contextlib.suppress(OSError):
+        os.close(stdout_fd)
+    sender.join()
+    sock.close()
+
+
+def relay(port: int | None, socket_path: str | None, check: bool) -> int:
+    """The verb: the warning (a port), then the connection relayed; with check only
+    the warning (a port) or the socket's presence. Errors: one line on stderr, rejected
+    (stdout is the program's bytes only)."""
+    try:
+        if port is not None:
+            warning = exposure_warning(port, socket.gethostname())
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+            sock = None if check else open_port(port)
+        else:
+            path = checked_socket_path(socket_path or "")
+            sock = None if check else open_socket(path)
+    except Rejected as exc:
+        print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
+        return EXIT_REJECTED
+    if sock is not None:
+        pipe(sock)
+    return 0
