@@ -113,11 +113,11 @@ lab-down: $(VENV)/.runtime-installed
 # the roles install are in it: prebake.py; the roles still check and configure them), and
 # the playbook over Mitogen (one Python per node for the whole run instead of one per
 # task: bench/converge.py). The image builds while the other host packages and the venv
-# install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The hello
-# task needs no wheels from this machine's pip find-links directories (a bare machine has
-# none; here a 183 MB torch wheel took 74 s to copy into the package cache): the demo
-# uploads none, `make lab-up` does, and skips the package cache's PyPI warm-up (its task needs
-# no environment).
+# install: python -m tacc_lab.image needs only mmdebstrap and the system Python. The
+# playbook runs on the inventory `tacc-lab up` wrote, with no overrides, as the Slurm lab
+# of the integration tests does: the package cache gets this machine's CPU-only wheels (pip
+# find-links, tacc_lab/wheels.py), so the next example the demo names,
+# examples/pytorch-ddp, completes on its first submit with the CPU torch build.
 # Where the time goes: docs/demo-timing.md.
 demo: export TACC_LAB_IMAGE_FLAVOR = prebaked
 demo: $(STAMP)/image-builder
@@ -127,14 +127,12 @@ demo: $(STAMP)/image-builder
 	tacc-lab --name $(LAB_NAME) up --nodes $(LAB_NODES)
 	tacc-lab --name $(LAB_NAME) status
 	@echo "== provision the lab as a Slurm cluster (re-runs change nothing) =="
-	ANSIBLE_STRATEGY=mitogen_linear ansible-playbook -i $(LAB_INVENTORY) \
-		-e '{"package_cache_wheels": [], "package_cache_warm": false}' playbooks/site.yml
+	ANSIBLE_STRATEGY=mitogen_linear ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
 	@echo "== the cluster at work =="
 	tacc-lab --name $(LAB_NAME) ssh n1 sinfo
 	tacc-lab --name $(LAB_NAME) ssh n1 srun -N2 hostname
 	@echo "== a researcher (alice) submits examples/hello with tcloud and follows its logs =="
 	TACC_LAB_NAME=$(LAB_NAME) python -m tacc_lab.demo examples/hello
-	@echo "demo done: the lab stays up (make lab-down removes it)"
 
 lint: venv
 	ruff check .

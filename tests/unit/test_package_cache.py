@@ -218,6 +218,10 @@ def test_seeding_creates_user_index_and_uploads_once(devpi, creds, tmp_path):
     project, _digest, content = devpi.files["tacc/cluster"][TORCH]
     assert project == "torch" and content == wheel.read_bytes()
     assert ("GET", "/tacc/cluster/+simple/pip/") in devpi.log  # the mirror's warm-up
+    # The mirror asks upstream for each project's page, never first for PyPI's whole
+    # project list (a cold cache whose list fetch timed out called numpy missing).
+    assert devpi.indexes["root/pypi"]["mirror_no_project_list"] is True
+    assert devpi.indexes["root/pypi"]["type"] == "mirror"
     writes = devpi.writes
     again = seed(devpi, creds, str(wheel))
     assert (again.returncode, again.stdout) == (0, ""), again.stderr
@@ -232,6 +236,7 @@ def test_check_mode_says_changed_and_writes_nothing(devpi, creds, tmp_path):
     proc = seed(devpi, creds, "--check", str(wheel))
     assert (proc.returncode, proc.stdout) == (0, "changed\n"), proc.stderr
     assert "create user tacc" in proc.stderr and f"upload {TORCH}" in proc.stderr
+    assert "set root/pypi to mirror_no_project_list=True" in proc.stderr
     assert devpi.writes == 0 and "tacc" not in devpi.users
     # A host not set up yet (no credentials, no server): everything would change.
     missing = seed(devpi, tmp_path / "nothing.json", "--check", str(wheel))

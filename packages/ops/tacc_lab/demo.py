@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: packages/ops/tacc_lab/demo.py
 BIN = Path(sys.executable).parent
 
 
@@ -20,8 +20,10 @@ def researcher_env(lab: str, user: str) -> dict[str, str]:
     """The environment `eval "$(tacc-lab user USER)"` would give."""
     proc = subprocess.run(
         [str(BIN / "tacc-lab"), "--name", lab, "user", user],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     env = dict(os.environ)
     for line in proc.stdout.splitlines():
         name, _, value = line.removeprefix("export ").partition("=")
@@ -39,16 +41,19 @@ EVERY_NODE = ["sshd", "munge", "tacc-agent"]
 
 
 def lab_json(lab: str, *argv: str) -> dict:
-    proc = subprocess.run([str(BIN / "tacc-lab"), "--name", lab, *argv],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [str(BIN / "tacc-lab"), "--name", lab, *argv], capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout)
 
 
 def services_on(lab: str, node: str, services: list[str]) -> str:
     proc = subprocess.run(
         [str(BIN / "tacc-lab"), "--name", lab, "ssh", node, "systemctl", "is-active", *services],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     states = proc.stdout.split()
     return " ".join(
         name if state == "active" else f"{name}({state})"
@@ -69,8 +74,28 @@ def summary(lab: str, info: dict) -> str:
         lines.append(f"    daemons: {services_on(lab, node['name'], wanted)}")
         if node["name"] in ranks:
             lines.append(f"    job {info['job_id']}: {'; '.join(ranks[node['name']])}")
-    lines.append(f"job {info['job_id']} {info['name']} (alice): {info['state']}, "
-                 f"files in {info['workdir']} on /shared")  # fmt: skip
+    lines.append(
+        f"job {info['job_id']} {info['name']} (alice): {info['state']}, "
+        f"files in {info['workdir']} on /shared"
+    )
+    return "\n".join(lines)
+
+
+NEXT_EXAMPLE = "examples/pytorch-ddp"
+
+
+def next_steps(lab: str, root: Path, cwd: Path) -> str:
+    """The demo's last lines: the lab stays up, and how to submit the next example as
+    alice from a shell of the user's own (the venv's tcloud, alice's tcloud config)."""
+    default = lab == "lab"
+    down = "make lab-down" if default else f"make lab-down LAB_NAME={shlex.quote(lab)}"
+    user = "tacc-lab user alice" if default else f"tacc-lab --name {shlex.quote(lab)} user alice"
+    here = "" if cwd.resolve() == root.resolve() else f"cd {shlex.quote(str(root))}; "
+    lines = [
+        f"demo done: the lab stays up ({down} removes it)",
+        f'next, as alice: {here}source .venv/bin/activate; eval "$({user})"',
+        f"  then: tcloud submit {NEXT_EXAMPLE}   (then tcloud logs -f JOB, JOB the id it prints)",
+    ]
     return "\n".join(lines)
 
 
@@ -97,11 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     status = subprocess.run([tcloud, "status", job["job_id"]], env=env, check=False)
     if status.returncode != 0:
         return status.returncode
-    info = subprocess.run([tcloud, "status", "--json", job["job_id"]], env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    info = subprocess.run(
+        [tcloud, "status", "--json", job["job_id"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    completed = info.returncode == 0 and json.loads(info.stdout)["state"] == "COMPLETED"
     if info.returncode == 0:
         print(summary(lab, json.loads(info.stdout)))
-    return 0 if info.returncode == 0 and json.loads(info.stdout)["state"] == "COMPLETED" else 1
+    if completed:
+        print(next_steps(lab, ROOT, Path.cwd()))
+    return 0 if completed else 1
 
 
 if __name__ == "__main__":

@@ -206,6 +206,7 @@ def seed(
                     server.request("PATCH", f"/{user}/{index}", merged),
                     f"PATCH /{user}/{index}",
                 )
+    changed = direct_mirrors(server, bases, check, log) or changed
     uploader = Devpi(server.url, server.timeout)
     logged_in = False
     for wheel in wheels:
@@ -237,6 +238,27 @@ def seed(
         status, message = uploader.upload(f"/{user}/{index}", wheel)
         if status != 200:
             raise SeedError(f"upload of {wheel.name} failed: HTTP {status} {message}".strip())
+    return changed
+
+
+def direct_mirrors(server: Devpi, bases: list[str], check: bool, log) -> bool:
+    """Make each mirror base ask upstream for one project's page at a time instead of
+    first fetching upstream's whole project list (PyPI's: hundreds of thousands of names,
+    tens of seconds). A cold devpi-server whose list fetch outlasts --request-timeout
+    answers "does not exist" for projects that do exist; without the list it asks for
+    the project itself, and only upstream's own 404 is a missing project."""
+    changed = False
+    for base in bases:
+        status, answer = server.request("GET", f"/{base}")
+        current = answer.get("result", {}) if status == 200 else {}
+        if current.get("type") != "mirror" or current.get("mirror_no_project_list") is True:
+            continue
+        log(f"set {base} to mirror_no_project_list=True")
+        changed = True
+        if not check:
+            merged = {k: v for k, v in current.items() if k != "projects"}
+            merged["mirror_no_project_list"] = True
+            _expect(server.request("PATCH", f"/{base}", merged), f"PATCH /{base}")
     return changed
 
 

@@ -10,6 +10,11 @@ lock is kept in the environment (tacc-lock.txt) and recorded in each job that us
 (status/environment.json), so `tcloud rerun` can build the same versions again. A build
 that fails leaves nothing a later job would mistake for ready.
 
+A step that fails because the cache could not reach upstream (devpi then says a project
+"does not exist", or answers 502) is run again after a pause, RETRY_DELAYS; one whose
+project is truly missing fails at once (tasks/package_index.py tells them apart). Past
+the last retry the error names the cache and says to try again.
+
 uv instead of pip: one static binary that resolves and installs in one pass, reuses a
 per-user wheel cache by hard links, and writes a lock with `pip compile`; pip has no
 lock of its own (bench/frameworks.py measures both side by side).
@@ -32,11 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tacc_agent.errors import EXIT_FAILED, AgentError
-from tacc_agent.tasks import records
+from tacc_agent.tasks import package_index, records
 
 MARKER = "tacc-env.json"
 LOCK_FILE = "tacc-lock.txt"
 JOB_RECORD = "environment.json"  # in the job's status/
+# Seconds before each new try of a uv step that met a transient cache failure: the
+# cache's upstream fetch goes on in the background, so a later try usually finds it done.
+RETRY_DELAYS = (5.0, 15.0, 30.0)
 INTERPRETER_PROBE = (
     "import json, platform, sys, sysconfig; print(json.dumps({"
     "'implementation': sys.implementation.name, 'version': platform.python_version(), "
@@ -53,11 +61,18 @@ class Interpreter:
 
 def interpreter(python: str) -> Interpreter:
     """What the environment's interpreter is: part of the environment's key."""
-    proc = subprocess.run([python, "-I", "-c", INTERPRETER_PROBE], capture_output=True,
-                          text=True, check=False, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [python, "-I", "-c", INTERPRETER_PROBE],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     if proc.returncode != 0:
-        raise AgentError(f"cannot run the environments' interpreter {python}: "
-                         f"{proc.stderr.strip()[-300:]}", EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"cannot run the environments' interpreter {python}: {proc.stderr.strip()[-300:]}",
+            EXIT_FAILED,
+        )
     return Interpreter(**json.loads(proc.stdout))
 
 
@@ -72,8 +87,10 @@ def uv_binary(configured: str) -> str:
     beside = Path(sys.executable).parent / "uv"
     found = configured or (str(beside) if beside.exists() else shutil.which("uv"))
     if not found:
-        message = ("uv is not installed on this node (the tacc_agent role installs it beside "
-                   "the agent); cannot build the environment")  # fmt: skip
+        message = (
+            "uv is not installed on this node (the tacc_agent role installs it beside "
+            "the agent); cannot build the environment"
+        )
         raise AgentError(message, EXIT_FAILED)
     return found
 
@@ -126,22 +143,55 @@ class Builder:
         """uv's commands: a venv, the lock (unless given), exactly the locked versions."""
         python = str(env_dir / "bin" / "python")
         lock_file = str(env_dir / LOCK_FILE)
-        resolve = [self.uv, "pip", "compile", "--no-config", "--quiet", "--no-header",
-                   "--no-annotate",
-                   "--python", python, *self.index_args(), "-o", lock_file,
-                   str(requirements_file)]  # fmt: skip
+        resolve = [
+            self.uv,
+            "pip",
+            "compile",
+            "--no-config",
+            "--quiet",
+            "--no-header",
+            "--no-annotate",
+            "--python",
+            python,
+            *self.index_args(),
+            "-o",
+            lock_file,
+            str(requirements_file),
+        ]
         return [
-            # --seed: pip in the environment, for setup lines that install the code.
-            [self.uv, "venv", "--no-config", "--quiet", "--seed", "--python", self.python,
-             str(env_dir)],
+            # --seed: pip in the environment, for setup lines that install the code; from
+            # the cluster's cache too (without --index-url uv fetches it from PyPI).
+            # --clear: a try again after a failure starts from an empty directory.
+            [
+                self.uv,
+                "venv",
+                "--no-config",
+                "--quiet",
+                "--clear",
+                "--seed",
+                "--python",
+                self.python,
+                *self.index_args(),
+                str(env_dir),
+            ],
             *([] if lock else [resolve]),
-            [self.uv, "pip", "sync", "--no-config", "--quiet", "--python", python,
-             *self.index_args(), lock_file],
-        ]  # fmt: skip
+            [
+                self.uv,
+                "pip",
+                "sync",
+                "--no-config",
+                "--quiet",
+                "--python",
+                python,
+                *self.index_args(),
+                lock_file,
+            ],
+        ]
 
     def version(self) -> str:
-        proc = subprocess.run([self.uv, "--version"], capture_output=True, text=True,
-                              check=False, timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [self.uv, "--version"], capture_output=True, text=True, check=False, timeout=60
+        )
         return proc.stdout.strip()
 
 
@@ -150,26 +200,64 @@ def lock_lines(env_dir: Path) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
 
 
-def build(env_dir: Path, requirements: list[str], lock: list[str], builder: Builder,
-          log: Callable[[str], None]) -> None:  # fmt: skip
+def build(
+    env_dir: Path,
+    requirements: list[str],
+    lock: list[str],
+    builder: Builder,
+    log: Callable[[str], None],
+) -> None:
     shutil.rmtree(env_dir, ignore_errors=True)
     requirements_file = env_dir.with_suffix(".requirements.txt")
     requirements_file.write_text("".join(f"{line}\n" for line in requirements))
     steps = builder.steps(env_dir, requirements_file, lock=bool(lock))
-    for number, argv in enumerate(steps):
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False,
-                              env=builder.uv_env())  # fmt: skip
+    try:
+        for number, argv in enumerate(steps):
+            run_step(argv, builder, log)
+            if number == 0 and lock:  # the venv exists: the lock goes in
+                (env_dir / LOCK_FILE).write_text("".join(f"{line}\n" for line in lock))
+    except AgentError:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        raise
+
+
+def run_step(argv: list[str], builder: Builder, log: Callable[[str], None]) -> None:
+    """Run one uv step (each reaches the cache: the venv for its seed packages); again
+    after a pause while the cache fails transiently. A missing project or a failure that
+    is not the cache's ends the build at once."""
+    command = f"`uv {' '.join(argv[1:3])} ...`"
+    where = builder.index or package_index.PYPI
+    delays = RETRY_DELAYS
+    refresh: list[str] = []
+    for attempt, delay in enumerate((*delays, None), 1):
+        proc = subprocess.run(
+            [*argv, *refresh], capture_output=True, text=True, check=False, env=builder.uv_env()
+        )
         for line in (proc.stdout + proc.stderr).splitlines():
             log(f"  {line}")
-        if number == 0 and lock and proc.returncode == 0:  # the venv exists: the lock goes in
-            (env_dir / LOCK_FILE).write_text("".join(f"{line}\n" for line in lock))
-        if proc.returncode != 0:
-            shutil.rmtree(env_dir, ignore_errors=True)
-            raise AgentError(
-                f"building the environment failed: `uv {' '.join(argv[1:3])} ...` exited "
-                f"{proc.returncode}",
-                EXIT_FAILED,
+        if proc.returncode == 0:
+            return
+        failed = f"building the environment failed: {command} exited {proc.returncode}"
+        found = package_index.diagnose(builder.index, proc.stdout + proc.stderr)
+        if found is None:
+            raise AgentError(failed, EXIT_FAILED)
+        if not found.transient:
+            raise AgentError(f"{failed}: the package cache {where} {found.detail}", EXIT_FAILED)
+        if delay is None:
+            message = (
+                f"{failed}: the package cache {where} could not get what it needs from its "
+                f"upstream ({found.detail}) after {attempt} tries: upstream unreachable, "
+                "try again (tcloud rerun JOB, or submit again)"
             )
+            raise AgentError(message, EXIT_FAILED)
+        log(
+            f"package cache {where}: {found.detail}; "
+            f"trying again in {delay:g} s ({attempt}/{len(delays)})"
+        )
+        # uv asks the cache again for the projects it was told are missing.
+        names = package_index.missing_projects(proc.stdout + proc.stderr)
+        refresh = [f"--refresh-package={name}" for name in names]
+        time.sleep(delay)
 
 
 def ensure(
