@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -23,10 +24,12 @@ from tests.unit.test_attach import FakeSlurm, a_job
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
 
 
-def proc_net(tmp_path: Path, tcp: str = "", tcp6: str = "") -> Path:
-    (tmp_path / "tcp").write_text(HEADER + tcp)
-    (tmp_path / "tcp6").write_text(HEADER + tcp6)
-    return tmp_path
+def proc_net(tmp_path: Path, tcp: str = "", tcp6: str = "") -> str:
+    """A /proc whose net/tcp and net/tcp6 hold these lines."""
+    (tmp_path / "net").mkdir(exist_ok=True)
+    (tmp_path / "net" / "tcp").write_text(HEADER + tcp)
+    (tmp_path / "net" / "tcp6").write_text(HEADER + tcp6)
+    return str(tmp_path)
 
 
 def listener(address: str, port: int, state: str = "0A") -> str:
@@ -130,6 +133,48 @@ def test_a_bad_socket_path_is_named(tmp_path):
     for text, why in cases:
         with pytest.raises(Rejected, match=why):
             relay.checked_socket_path(text)
+
+
+OTHER_UID = 65534
+SQUATTER = """
+import os, socket, sys, time
+os.setuid(int(sys.argv[1]))
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # this uid's, as all it accepts
+listener.bind(("127.0.0.1", 0))
+listener.listen(1)
+print(listener.getsockname()[1], flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="a listener of another uid needs root")
+def test_a_loopback_port_another_user_listens_on_is_never_relayed(capfd):
+    """alice listens on 127.0.0.1:PORT on the node before bob's notebook does (or while it
+    listens on ::1 only): bob's relay refuses her listener, tries no other address, and
+    relays nothing of his browser's traffic to her."""
+    squatter = subprocess.Popen(
+        [sys.executable, "-c", SQUATTER, str(OTHER_UID)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(squatter.stdout.readline())
+        with pytest.raises(Rejected, match=f"port {port} on .* is uid {OTHER_UID}'s, not yours"):
+            relay.open_port(port)
+        assert relay.relay(port, None, check=False) == EXIT_REJECTED
+        out, err = capfd.readouterr()
+        assert out == "" and err.count("\n") == 1 and "not yours" in err
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("port", ["0", "70000", "-1", "http"])
+def test_a_port_outside_1_to_65535_is_a_usage_error_not_a_traceback(port):
+    argv = [sys.executable, "-m", "tacc_agent", "relay", "--port", port]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "a TCP port 1..65535" in proc.stderr
 
 
 @pytest.mark.bad_input

@@ -160,10 +160,17 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     return parser
 
 
+def tcp_port(text: str) -> int:
+    """argparse's type for a port: a usage error, never a traceback, for anything else."""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port 1..65535")
+    return int(text)
+
+
 def add_relay_target(verb) -> None:
     """`job connect` and `relay`: the loopback port or the Unix socket, and --check."""
     target = verb.add_mutually_exclusive_group(required=True)
-    target.add_argument("--port", type=int, help="127.0.0.1:PORT on the node")
+    target.add_argument("--port", type=tcp_port, help="127.0.0.1:PORT on the node")
     target.add_argument("--socket", dest="socket_path", help="a Unix socket's absolute path")
     verb.add_argument("--check", action="store_true", help="only say whether it is exposed")
 

@@ -4,10 +4,11 @@ program, made here by the caller's own process, to 127.0.0.1:PORT ([::1]:PORT wh
 nothing listens on IPv4) or to a Unix socket, and bytes relayed between it and
 stdin/stdout (as `ssh -W` does), each side's end passed on.
 
-The program therefore need not listen on any address other users of the cluster can
-reach: loopback, or a socket in a private (0700) directory, is enough. When its port
-does listen on every address (0.0.0.0, ::), one line on stderr says so, before any
-byte is relayed (tcloud prints it once); stdout carries nothing but the program's bytes.
+The program therefore need not listen on any address other nodes reach: loopback (which
+users with a job on the same node still reach: a listener there that is not the caller's
+is refused, never relayed to), or a socket in a private (0700) directory (no one else).
+When its port does listen on every address (0.0.0.0, ::), one line on stderr says so,
+before any byte is relayed (tcloud prints it once); stdout carries nothing but the program's bytes.
 An error (nothing listens, no socket there) is one line on stderr, the agent's rejected
 status (tcloud exits 4).
 """
@@ -23,32 +24,34 @@ import threading
 from pathlib import Path
 
 from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.tcp_sockets import LISTEN, endpoint, tcp_sockets
 
 CHUNK = 1 << 18
-LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp{,6}'s st column
-PROC_NET = Path("/proc/net")
 LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
 
 
-def listening_everywhere(port: int, proc_net: Path = PROC_NET) -> str | None:
-    """ "0.0.0.0" or "::" when a socket listens on `port` on every address of this node
-    (/proc/net/tcp and tcp6: local address all zeros, state LISTEN); None otherwise."""
-    every = (("tcp", "0.0.0.0"), ("tcp6", "::"))  # noqa: S104 - names said, nothing binds
-    for name, anywhere in every:
-        with contextlib.suppress(OSError):
-            for line in (proc_net / name).read_text().splitlines()[1:]:
-                fields = line.split()
-                if len(fields) < 4 or fields[3] != LISTEN:
-                    continue
-                address, _, hex_port = fields[1].partition(":")
-                if int(hex_port, 16) == port and not address.strip("0"):
-                    return anywhere
+def listening_everywhere(port: int, proc_root: str = "/proc") -> str | None:
+    """ "0.0.0.0" or "::" when a socket listens on `port` on every address of this node;
+    None otherwise."""
+    for found in tcp_sockets(proc_root):
+        if found.state == LISTEN and found.local[1] == port and found.local[0].is_unspecified:
+            return str(found.local[0])
     return None
 
 
-def exposure_warning(port: int, host: str, proc_net: Path = PROC_NET) -> str | None:
+def peer_owner(sock: socket.socket, proc_root: str = "/proc") -> int | None:
+    """The uid owning the other end of a connection made here: the listener's owner
+    (the kernel gives an accepted socket its listener's uid, accepted yet or not)."""
+    mine, theirs = endpoint(sock.getsockname()), endpoint(sock.getpeername())
+    for found in tcp_sockets(proc_root):
+        if found.local == theirs and found.remote == mine:
+            return found.uid
+    return None
+
+
+def exposure_warning(port: int, host: str, proc_root: str = "/proc") -> str | None:
     """The one line said when the job's port listens on every address of the node."""
-    anywhere = listening_everywhere(port, proc_net)
+    anywhere = listening_everywhere(port, proc_root)
     if anywhere is None:
         return None
     return (
@@ -74,8 +77,11 @@ def checked_socket_path(text: str) -> Path:
     return path
 
 
-def open_port(port: int) -> socket.socket:
-    """A connection to 127.0.0.1:port, else [::1]:port; Rejected when neither answers."""
+def open_port(port: int, proc_root: str = "/proc") -> socket.socket:
+    """A connection to 127.0.0.1:port, else [::1]:port, to a program of the caller's own;
+    Rejected when neither answers, or when the one that answers is another user's (any
+    user on a node can listen on a loopback port: the first one that answers decides,
+    there is no trying the other)."""
     for address, family in LOOPBACKS:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -83,6 +89,15 @@ def open_port(port: int) -> socket.socket:
         except OSError:
             sock.close()
             continue
+        owner = peer_owner(sock, proc_root)
+        if owner != os.getuid():
+            sock.close()
+            whose = f"uid {owner}'s" if owner is not None else "a program whose owner is unknown"
+            raise Rejected(
+                f"{address} port {port} on {socket.gethostname()} is {whose}, not yours: "
+                "nothing relayed (another user listens there first); have your program "
+                "listen on a Unix socket in a private directory and forward that"
+            )
         return sock
     raise Rejected(
         f"nothing listens on 127.0.0.1:{port} or [::1]:{port} on {socket.gethostname()} "
