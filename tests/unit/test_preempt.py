@@ -184,8 +184,11 @@ def halted(run: Runner, info: dict[str, str], slurm_max: int) -> Runner:
 def slurm_job(job_dir, monkeypatch):
     """Slurm's job 41: alice's, running in job_dir; the system knows alice by that uid."""
     info = {"JobId": "41", "UserId": f"alice({owner_uid()})", "JobState": "RUNNING",
-            "WorkDir": str(job_dir), "NumNodes": "1"}  # fmt: skip
-    monkeypatch.setattr(slurm, "show", lambda kind, name="", timeout=0: [info])
+            "WorkDir": str(job_dir), "NumNodes": "1", "Partition": "batch"}  # fmt: skip
+    partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
+    monkeypatch.setattr(
+        slurm, "show", lambda kind, name="", timeout=0: [partition if kind == "partition" else info]
+    )
     monkeypatch.setattr(slurm, "slurm", no_accounting)
 
     class Entry:

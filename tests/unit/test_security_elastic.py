@@ -31,11 +31,46 @@ def submit_record(low: int, high: int) -> dict:
     return {"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [low, high]}}}
 
 
+ASSOC_TREE = "root||||\ndept|root|||\nlab|dept|||\nlab2|dept|||\nlab||alice||\n"
+
+
+def running(
+    job_id: str, tres: str, user: str = "alice", account: str = "lab", name: str = "train"
+) -> dict[str, str]:
+    """Another running job, as both scontrol and squeue show it."""
+    uid = owner_uid() if user == "alice" else 5000
+    return {
+        "JobId": job_id,
+        "JobName": name,
+        "UserId": f"{user}({uid})",
+        "JobState": "RUNNING",
+        "WorkDir": f"/shared/{user}/jobs/x",
+        "Partition": "batch",
+        "QOS": "normal",
+        "Account": account,
+        "TRES": tres,
+    }
+
+
+def scontrol_line(info: dict[str, str]) -> str:
+    """A job's one-line record as scontrol prints it: its name second."""
+    first = f"JobId={info['JobId']} JobName={info['JobName']}"
+    return " ".join(
+        [first, *(f"{k}={v}" for k, v in info.items() if k not in ("JobId", "JobName"))]
+    )
+
+
+def squeue_line(info: dict[str, str]) -> str:
+    fields = ("JobId", "UserId", "Account", "QOS", "Partition", "TRES")
+    return "".join(f"{info[k].partition('(')[0]}|" for k in fields)
+
+
 class Cluster:
-    """Slurm as the agent sees it (scontrol, sacctmgr) and the runner of the owner's
-    verbs and of root's scontrol update: alice's job 41 runs on `nodes` nodes of a
-    job submitted with --nodes=SIZE-`slurm_max`; the owner's halt leaves it held, its
-    range showing (NumNodes=SIZE-MAX), as Slurm shows a pending job."""
+    """Slurm as the agent sees it (scontrol, squeue, sacctmgr) and the runner of the
+    owner's verbs and of root's scontrol update: alice's job 41 runs on `nodes` nodes of
+    a job submitted with --nodes=SIZE-`slurm_max`; the owner's halt leaves it held, its
+    range showing (NumNodes=SIZE-MAX), as Slurm shows a pending job. `others` are the
+    other running jobs, read through Slurm's own parsers."""
 
     def __init__(self, job_dir: Path, nodes: int = 1, slurm_max: int = 3, tres: str = "") -> None:
         self.slurm_max = slurm_max
@@ -51,21 +86,30 @@ class Cluster:
             "TRES": tres or f"cpu={nodes},node={nodes}",
         }
         self.others: list[dict[str, str]] = []
-        self.partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED"}
+        self.started_during_halt: list[dict[str, str]] = []
+        self.partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
+        self.partitions = [self.partition]
         self.config = NOT_ENFORCING
-        self.qos = "||\n"  # MaxTRES|MaxTRESPU
-        self.assoc = "||\n"  # MaxTRES|GrpTRES
+        self.qos = "normal||||\n"  # Name|MaxTRES|MaxTRESPU|MaxTRESPA|GrpTRES
+        self.assoc = ASSOC_TREE  # Account|ParentName|User|MaxTRES|GrpTRES
+        self.squeue_extra = ""
         self.commands: list[list[str]] = []  # everything the runner ran
 
     def show(self, kind: str, name: str = "", timeout: float = 0) -> list[dict[str, str]]:
         if kind == "partition":
-            return [self.partition]
-        return [self.job] if name == "41" else [self.job, *self.others]
+            return self.partitions
+        lines = [scontrol_line(info) for info in self.others]
+        others = [r for r in map(slurm.job_record_of, lines) if r is not None]
+        return [self.job] if name == "41" else [self.job, *others]
 
     def ask(self, argv: list[str], timeout: float = 0, check: bool = True, env=None) -> str:
         self.commands.append(argv)
         if argv[:3] == ["scontrol", "show", "config"]:
             return self.config
+        if argv[0] == "squeue" and "--states=RUNNING,SUSPENDED" in argv:
+            running_now = [self.job] if self.job["JobState"] == "RUNNING" else []
+            lines = [squeue_line(info) + "\n" for info in [*running_now, *self.others]]
+            return "".join(lines) + self.squeue_extra
         if argv[:5] == ["sacctmgr", "--noheader", "--parsable2", "show", "qos"]:
             return self.qos
         if argv[:5] == ["sacctmgr", "--noheader", "--parsable2", "show", "assoc"]:
@@ -77,6 +121,7 @@ class Cluster:
         if "halt" in argv:
             size = self.job["NumNodes"]
             self.job.update(JobState="PENDING", NumNodes=f"{size}-{self.slurm_max}")
+            self.others += self.started_during_halt
         return 0, "{}"
 
     def sizes_set(self) -> list[str]:
@@ -181,7 +226,7 @@ def test_a_grow_stops_at_the_qos_node_limit(monkeypatch, job_dir, config):
     node=2): root's update would pass Slurm's limits, so the agent refuses it."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=8)
     write_range(job_dir, 1, 8)
-    cluster.config, cluster.qos = ENFORCING, "node=2|\n"
+    cluster.config, cluster.qos = ENFORCING, "normal|node=2|||\n"
     done, notes = resize(cluster, config, 4)
     assert done is False and cluster.sizes_set() == []
     assert notes == [
@@ -197,19 +242,161 @@ def test_a_grow_counts_the_gpus_her_other_jobs_hold_against_her_quota(monkeypatc
     3 nodes (6 GPUs) would make 10."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
     write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "|gres/gpu=8\n"
-    cluster.others = [
-        {
-            "JobId": "40",
-            "UserId": f"alice({owner_uid()})",
-            "JobState": "RUNNING",
-            "WorkDir": "/shared/alice/jobs/x",
-            "TRES": "cpu=4,node=1,gres/gpu=4",
-        }
-    ]
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
     done, notes = resize(cluster, config, 3)
     assert done is False and "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
     assert resize(cluster, config, 2)[0] is True
+
+
+@pytest.mark.security
+def test_a_job_name_that_repeats_a_key_hides_none_of_her_running_jobs(monkeypatch, job_dir, config):
+    """Issue [18] review, point 1: her other job, named `x UserId=alice(uid)`, is a record
+    scontrol's parser refuses whole; her running use is read from squeue's fields Slurm
+    writes itself, so its 4 GPUs still count: 3 nodes of 2 GPUs would make 10 of 8."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    hidden = running("40", "cpu=4,node=1,gres/gpu=4", name=f"x UserId=alice({owner_uid()})")
+    cluster.others = [hidden]
+    assert preempt.job_records(config).keys() == {"41"}  # scontrol's view loses it
+    done, notes = resize(cluster, config, 3)
+    assert done is False and cluster.sizes_set() == []
+    assert "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
+
+
+@pytest.mark.security
+def test_a_running_job_squeue_shows_in_a_line_not_understood_refuses_the_grow(
+    monkeypatch, job_dir, config
+):
+    """Fail closed: a line of the running jobs that cannot be read is use not counted."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4)
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||node=8||\n"
+    cluster.squeue_extra = "40|alice|lab|normal|batch|cpu=4,node=1\n"
+    done, notes = resize(cluster, config, 2)
+    assert done is False and cluster.sizes_set() == []
+    assert "Slurm's limits on it could not be read: squeue: a running job's line" in notes[0]
+
+
+@pytest.mark.security
+def test_her_jobs_started_during_the_grace_period_count_once_the_job_is_held(
+    monkeypatch, job_dir, config
+):
+    """Issue [18] review, point 2: 2 nodes fit her QOS's 8 GPUs when the tick asks, but
+    Slurm starts her pending 4-GPU job while the resized one checkpoints: checked again
+    once held, the grow is refused and the job resumes at its old size."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster.started_during_halt = [running("40", "cpu=4,node=1,gres/gpu=4")]
+    done, notes = resize(cluster, config, 3)
+    assert done is False and cluster.sizes_set() == []
+    assert any("halt" in argv for argv in cluster.commands)
+    assert any("resume" in argv for argv in cluster.commands)  # never left held
+    assert notes[0] == (
+        "agent: job 41: its size not changed: 3 node(s) is more than Slurm's limits allow "
+        "it (2: QOS normal MaxTRESPerUser gres/gpu=8)"
+    )
+
+
+@pytest.mark.security
+def test_the_partitions_own_qos_caps_the_grow(monkeypatch, job_dir, config):
+    """Issue [18] review, point 3: the partition's QOS (QOS=batch-q) allows 2 nodes a job;
+    her job's QOS has no limit."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=8)
+    write_range(job_dir, 1, 8)
+    cluster.partition["QOS"] = "batch-q"
+    cluster.config, cluster.qos = ENFORCING, "normal||||\nbatch-q|node=2|||\n"
+    done, notes = resize(cluster, config, 4)
+    assert done is False and "(2: QOS batch-q MaxTRESPerJob node=2)" in notes[0]
+
+
+@pytest.mark.security
+def test_memory_with_units_counts_against_her_limit(monkeypatch, job_dir, config):
+    """16G a node; her QOS allows 64G a user, another job of hers holds 32G: 3 nodes
+    would make 80G."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=1,mem=16G,node=1")
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||mem=64G||\n"
+    cluster.others = [running("40", "cpu=1,mem=32768M,node=1")]
+    done, notes = resize(cluster, config, 3)
+    assert done is False and "(2: QOS normal MaxTRESPerUser mem=65536)" in notes[0]
+
+
+@pytest.mark.security
+def test_a_parent_accounts_grptres_counts_every_job_below_it(monkeypatch, job_dir, config):
+    """Her account lab is under dept, which allows 8 GPUs in all; bob's job in lab2 (also
+    under dept) holds 6: a second node of 2 GPUs would make 10."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    write_range(job_dir, 1, 4)
+    cluster.config = ENFORCING
+    cluster.assoc = ASSOC_TREE.replace("dept|root|||", "dept|root|||gres/gpu=8")
+    cluster.others = [running("39", "cpu=6,node=1,gres/gpu=6", user="bob", account="lab2")]
+    done, notes = resize(cluster, config, 2)
+    assert done is False and "(1: account dept GrpTRES gres/gpu=8)" in notes[0]
+
+
+@pytest.mark.security
+def test_a_qos_grptres_and_maxtrespa_count_others_jobs(monkeypatch, job_dir, config):
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=8)
+    write_range(job_dir, 1, 8)
+    cluster.config, cluster.qos = ENFORCING, "normal|||node=5|node=6\n"
+    cluster.others = [
+        running("39", "cpu=2,node=2", user="bob"),
+        running("38", "cpu=2,node=2", user="carol", account="lab2"),
+    ]
+    done, notes = resize(cluster, config, 3)
+    assert done is False and "(2: QOS normal GrpTRES node=6)" in notes[0]
+    cluster.others = cluster.others[:1]
+    done, notes = resize(cluster, config, 4)
+    assert done is False and "(3: QOS normal MaxTRESPerAccount node=5)" in notes[0]
+
+
+@pytest.mark.security
+def test_a_pending_job_in_several_partitions_keeps_to_the_strictest(monkeypatch, job_dir, config):
+    """Partition=batch,small: Slurm may start it in either, so small's MaxNodes=2 holds."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4)
+    write_range(job_dir, 1, 4)
+    cluster.job.update(JobState="PENDING", NumNodes="1-4", Partition="batch,small")
+    cluster.partitions.append({"PartitionName": "small", "MaxNodes": "2", "QOS": "N/A"})
+    done, notes = resize(cluster, config, 3)
+    assert done is False and cluster.sizes_set() == []
+    assert "(2: partition small MaxNodes node=2)" in notes[0]
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"qos": "normal|mem=lots|||\n"}, "QOS normal MaxTRESPerJob: 'mem=lots' is not a TRES"),
+        ({"qos": "other||||\n"}, "QOS normal: not shown by sacctmgr show qos"),
+        ({"assoc": "root||||\nlab|root|||\n"}, "association alice/lab: not shown"),
+        ({"assoc": "lab||alice||\n"}, "account lab: not found in the association tree"),
+    ],
+)
+def test_a_limit_not_understood_refuses_the_grow_naming_it(
+    monkeypatch, job_dir, config, change, why
+):
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4)
+    write_range(job_dir, 1, 4)
+    cluster.config = ENFORCING
+    for name, value in change.items():
+        setattr(cluster, name, value)
+    done, notes = resize(cluster, config, 2)
+    assert done is False and cluster.sizes_set() == []
+    assert f"Slurm's limits on it could not be read: {why}" in notes[0]
+
+
+@pytest.mark.security
+def test_a_partition_not_understood_refuses_the_grow(monkeypatch, job_dir, config):
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4)
+    write_range(job_dir, 1, 4)
+    cluster.partition["MaxNodes"] = "lots"
+    assert "MaxNodes='lots' not understood" in resize(cluster, config, 2)[1][0]
+    cluster.partition["MaxNodes"] = "UNLIMITED"
+    cluster.job["Partition"] = "(null)"
+    assert "its partition was not read" in resize(cluster, config, 2)[1][0]
 
 
 # ------------------------------------------------------------------ the resize as before
@@ -342,10 +529,10 @@ def test_a_job_record_keeps_where_it_counts_against_slurms_limits(tmp_path):
         }
     )
     assert job is not None
-    assert (job.nodes, job.max_nodes, job.partition, job.qos, job.account, job.tres) == (
+    assert (job.nodes, job.max_nodes, job.partitions, job.qos, job.account, job.tres) == (
         1,
         3,
-        "batch",
+        ("batch",),
         "normal",
         "",
         "cpu=1,node=1",
@@ -353,19 +540,29 @@ def test_a_job_record_keeps_where_it_counts_against_slurms_limits(tmp_path):
 
 
 # ------------------------------------------------------------------ node_limits
-def test_tres_counts_keep_whole_numbers_only():
-    assert node_limits.tres_counts("cpu=8,mem=4G,node=2,gres/gpu=4,billing=8, x") == {
+def test_tres_counts_read_sizes_in_megabytes():
+    assert node_limits.tres_counts("cpu=8,mem=4G,node=2,gres/gpu=4,billing=8,fs/disk=1T") == {
         "cpu": 8,
+        "mem": 4096,
         "node": 2,
         "gres/gpu": 4,
         "billing": 8,
+        "fs/disk": 1024**2,
     }
+    assert node_limits.tres_counts("mem=1000M,bb/x=1K,") == {"mem": 1000, "bb/x": 1}
     assert node_limits.per_node({"cpu": 8, "node": 2, "gres/gpu": 3}, 2) == {
         "cpu": 4,
         "node": 1,
         "gres/gpu": 2,
     }
     assert node_limits.per_node({}, 0) == {"node": 1}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("text", ["mem=lots", "cpu=1.5", "x", "=4", "mem=4g", "N/A"])
+def test_a_tres_count_not_understood_is_an_error_naming_it(text):
+    with pytest.raises(AgentError, match=r"QOS q MaxTRES: .* is not a TRES count it reads"):
+        node_limits.tres_counts(text, "QOS q MaxTRES")
 
 
 @pytest.mark.parametrize(
@@ -383,22 +580,61 @@ def test_limits_apply_where_slurm_enforces_them(text, enforced):
 
 
 def test_the_lowest_limit_sets_the_ceiling_and_says_which():
+    per_user = node_limits.Scope(user="alice", qos="q")
     limits = node_limits.Limits(
-        per_job=[("QOS q MaxTRESPerJob", {"node": 6, "cpu": 64})],
-        per_user=[("QOS q MaxTRESPerUser", {"gres/gpu": 8})],
+        [
+            node_limits.Limit("QOS q MaxTRESPerJob", {"node": 6, "cpu": 64}),
+            node_limits.Limit("QOS q MaxTRESPerUser", {"gres/gpu": 8}, per_user),
+        ],
+        {},
     )
     share = {"node": 1, "cpu": 4, "gres/gpu": 2}
-    assert node_limits.ceiling(limits, share, []) == (4, "QOS q MaxTRESPerUser gres/gpu=8")
-    assert node_limits.ceiling(limits, share, [{"gres/gpu": 7}]) == (
-        0,
-        "QOS q MaxTRESPerUser gres/gpu=8",
-    )
-    assert node_limits.ceiling(node_limits.Limits(), share, []) == (node_limits.MAX_NODES, "")
+    assert node_limits.ceiling(limits, share, [], "41") == (4, "QOS q MaxTRESPerUser gres/gpu=8")
+    hers = slurm.RunningJob("40", "alice", "lab", "q", "batch", "gres/gpu=7")
+    bobs = slurm.RunningJob("39", "bob", "lab", "q", "batch", "gres/gpu=7")
+    itself = slurm.RunningJob("41", "alice", "lab", "q", "batch", "gres/gpu=7")
+    assert node_limits.ceiling(limits, share, [hers], "41")[0] == 0
+    assert node_limits.ceiling(limits, share, [bobs, itself], "41")[0] == 4
+    empty = node_limits.Limits([], {})
+    assert node_limits.ceiling(empty, share, [], "41") == (node_limits.MAX_NODES, "")
+
+
+def test_a_job_counts_under_its_own_qos_and_its_partitions():
+    scope = node_limits.Scope(qos="gpu-part")
+    job = slurm.RunningJob("40", "bob", "lab", "normal", "gpu", "gres/gpu=1")
+    assert node_limits.counted(scope, job, {"gpu": "gpu-part"})
+    assert not node_limits.counted(scope, job, {"batch": "gpu-part"})
+
+
+def test_an_account_covers_every_account_below_it():
+    parents = {"root": "", "dept": "root", "lab": "dept", "lab2": "dept", "other": "root"}
+    assert node_limits.below("dept", parents) == {"dept", "lab", "lab2"}
+    assert node_limits.below("lab", parents) == {"lab"}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "line",
+    [
+        "40|alice|lab|normal|batch|cpu=1,node=1",  # no closing "|"
+        "40|alice|lab|normal|batch|",  # a field short
+        "x UserId=alice|alice|lab|normal|batch|cpu=1|",
+        "40|alice|lab|normal|batch|cpu=1|more|",
+    ],
+)
+def test_a_squeue_line_not_understood_is_an_error(line):
+    with pytest.raises(AgentError, match="squeue: a running job's line not understood"):
+        slurm.parse_running("40|alice|lab|normal|batch|cpu=1|\n" + line + "\n")
+
+
+def test_partitions_of_a_pending_job_are_each_read():
+    assert node_limits.partitions_of("a,b") == ("a", "b")
+    assert node_limits.partitions_of("a,") == ()
 
 
 @pytest.mark.bad_input
 def test_a_user_name_that_is_no_name_reads_no_limits():
-    place = node_limits.JobPlace("-x", "batch", "normal", "lab")
+    place = node_limits.JobPlace("41", "-x", ("batch",), "normal", "lab")
     with pytest.raises(AgentError, match="not a user name"):
         node_limits.read_limits(place, 1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from typing import NamedTuple
 
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 
@@ -125,3 +126,51 @@ def hostnames(nodelist: str, timeout: float = TIMEOUT) -> list[str]:
 def strip_set_by(reason: str) -> str:
     """A node Reason without scontrol's "[user@time]" suffix."""
     return SET_BY.sub("", reason)
+
+
+class RunningJob(NamedTuple):
+    """One line of `running_jobs`: where a running job counts against Slurm's limits."""
+
+    job_id: str
+    user: str
+    account: str
+    qos: str
+    partition: str
+    tres: str  # tres-alloc: what it holds (cpu=8,mem=16G,node=2,gres/gpu=4)
+
+
+# Only fields Slurm writes itself (no job name, comment or other free text a user could
+# fill with a line of her own), each printed whole (size 0) and ended by "|".
+RUNNING_FIELDS = ("JobArrayID", "UserName", "Account", "QOS", "Partition", "tres-alloc")
+RUNNING_FORMAT = ",".join(f"{name}:0|" for name in RUNNING_FIELDS)
+RUNNING_PATTERNS = (
+    re.compile(r"\d+(?:_\d+)?(?:\+\d+)?"),  # a job, an array task, a heterogeneous job's part
+    re.compile(r"[^\s|]+"),  # its owner's name
+    re.compile(r"[^\s|]*"),  # account ("" or "(null)" for none)
+    re.compile(r"[^\s|]*"),  # QOS
+    re.compile(r"[^\s|]+"),  # partition
+    re.compile(r"[^\s|]+"),  # TRES
+)
+
+
+def parse_running(text: str) -> list[RunningJob]:
+    """`running_jobs`' lines; AgentError naming the first line that is not one: a job
+    not read is a job whose use is not counted, so nothing is taken from such output."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        *fields, rest = [part.strip() for part in line.strip().split("|")]
+        understood = len(fields) == len(RUNNING_PATTERNS) and not rest
+        if not understood or not all(map(re.Pattern.fullmatch, RUNNING_PATTERNS, fields)):
+            raise AgentError(f"squeue: a running job's line not understood: {line[:200]!r}")
+        jobs.append(RunningJob(*fields))
+    return jobs
+
+
+def running_jobs(timeout: float = TIMEOUT) -> list[RunningJob]:
+    """Every running (or suspended: it keeps its nodes) job of every user, array tasks
+    one by one, from one squeue call (as root: every partition's)."""
+    states = "--states=RUNNING,SUSPENDED"
+    argv = ["squeue", "--noheader", "--all", "--array", states, f"--Format={RUNNING_FORMAT}"]
+    return parse_running(slurm(argv, timeout))

@@ -15,8 +15,10 @@ The range is the owner's to write, so it is never taken on her word: a resize us
 range root recorded for the job (tasks/node_ranges.py: the owner's range, its maximum
 no higher than the one Slurm kept from her submit, recorded the first time root reads
 the job pending), refuses any other range her file gives, and grows a job only as far
-as Slurm's limits allow it (tasks/node_limits.py: the partition's MaxNodes, the QOS's
-and her association's TRES limits), which Slurm does not apply to root's own update.
+as Slurm's limits allow it (tasks/node_limits.py: the partition's MaxNodes, the TRES
+limits of its QOS, its partition's QOS and its association tree), which Slurm does not
+apply to root's own update; checked again once the job is held, as others' jobs may have
+started in the meantime.
 
 The halt and resume themselves run as the owner (runuser -u OWNER -- tacc-agent job
 halt/resume): every event and record file is written by them, never by root, and
@@ -77,7 +79,7 @@ class JobRecord:
     cpus_per_task: int = 0  # --cpus-per-task (CPUs/Task); 0 when not read
     nodes: int = 0  # NumNodes: what it holds; while pending, the fewest it asks for
     max_nodes: int = 0  # the most it asks for, shown while pending only; 0: not shown
-    partition: str = ""  # where it counts against Slurm's limits ("" for none read)
+    partitions: tuple[str, ...] = ()  # where it counts against Slurm's limits (() unread)
     qos: str = ""
     account: str = ""
     tres: str = ""  # TRES: what it holds or asks for (cpu=8,node=2,gres/gpu=4)
@@ -120,7 +122,7 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
         int(per_task) if per_task.isdigit() else 0,
         nodes,
         max_nodes,
-        node_limits.known(info.get("Partition", "")),
+        node_limits.partitions_of(info.get("Partition", "")),
         node_limits.known(info.get("QOS", "")),
         node_limits.known(info.get("Account", "")),
         info.get("TRES", ""),
@@ -397,43 +399,40 @@ def range_refusal(
     return ""
 
 
-def owners_other_jobs(job: JobRecord, config: AgentConfig) -> list[node_limits.Tres]:
-    """What the owner's other running jobs hold (their TRES), from one scontrol call."""
-    return [
-        node_limits.tres_counts(other.tres)
-        for other in job_records(config).values()
-        if other.uid == job.uid and other.job_id != job.job_id and other.state == "RUNNING"
-    ]
-
-
 def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
     """Why growing the job to `nodes` would break Slurm's limits ("" when it would not,
     or it does not grow): tasks/node_limits.py."""
     if nodes <= job.nodes:
         return ""
-    place = node_limits.JobPlace(job.user, job.partition, job.qos, job.account)
+    place = node_limits.JobPlace(job.job_id, job.user, job.partitions, job.qos, job.account)
+    timeout = config.slurm_timeout_seconds
     try:
-        limits = node_limits.read_limits(place, config.slurm_timeout_seconds)
-        others = owners_other_jobs(job, config) if limits.per_user else []
+        limits = node_limits.read_limits(place, timeout)
+        running = slurm.running_jobs(timeout) if limits.over_many_jobs() else []
+        tres = node_limits.tres_counts(job.tres, f"job {job.job_id}'s TRES")
+        most, limit = node_limits.ceiling(
+            limits, node_limits.per_node(tres, job.nodes), running, job.job_id
+        )
     except AgentError as exc:
         return f"Slurm's limits on it could not be read: {exc}"
-    share = node_limits.per_node(node_limits.tres_counts(job.tres), job.nodes)
-    most, limit = node_limits.ceiling(limits, share, others)
     if nodes > most:
         return f"{nodes} node(s) is more than Slurm's limits allow it ({most}: {limit})"
     return ""
 
 
 def held_refusal(job_id: str, nodes: int, config: AgentConfig) -> str:
-    """The range check again, on the held job (halted: it waits), where root may record
-    its range from Slurm's maximum; "" when `nodes` is within it."""
+    """The range and limit checks again, on the held job (halted: it waits), where root
+    may record its range from Slurm's maximum, and where the owner's (or anyone's) jobs
+    that started during the halt's grace period count against the limits; "" when
+    `nodes` is within both."""
     held = job_record(job_id, config)
     if held is None or held.state not in WAITING_STATES:
         return "Slurm shows it neither pending nor held: its size is left alone"
     try:
-        return range_refusal(held, allowed_job(held)[1], nodes, config)
+        why = range_refusal(held, allowed_job(held)[1], nodes, config)
     except OSError as exc:  # the job is held: it must still be resumed
         return f"its range could not be recorded: {exc}"
+    return why or limit_refusal(held, nodes, config)
 
 
 def set_size(job: JobRecord, nodes: int) -> list[str]:
