@@ -86,7 +86,7 @@ def here(sources: job_usage.Sources, pid: int, uid: int, host: str) -> dict:
                 "error": "node-usage runs only in a step of a job "
                 "(srun --jobid), where it can see its step daemon in /proc",
             }
-        samples = job_usage.collect(sources)
+        samples = job_usage.collect(sources, only=job)
     except OSError as exc:  # /proc unreadable
         return {"host": host, "error": f"cannot read this node's processes: {exc}"}
     figures = job_figures(samples, job, job_usage.user_name(uid))

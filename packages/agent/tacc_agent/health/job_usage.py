@@ -465,19 +465,24 @@ class Allocations:
 # --- the whole collection --------------------------------------------------------------
 
 
-def collect(sources: Sources, allocations: Allocations | None = None) -> list[Sample]:
-    """The jobs' samples; allocations: the daemon's lasting cache (None: a fresh one)."""
+def collect(
+    sources: Sources, allocations: Allocations | None = None, only: str | None = None
+) -> list[Sample]:
+    """The jobs' samples (only: that job's alone, nothing asked about the others);
+    allocations: the daemon's lasting cache (None: a fresh one)."""
     own = allocations is None
     allocations = allocations or Allocations(sources)
     try:
-        return samples_of(sources, allocations)
+        return samples_of(sources, allocations, only)
     finally:
         if own:
             allocations.close()
 
 
-def samples_of(sources: Sources, allocations: Allocations) -> list[Sample]:
+def samples_of(sources: Sources, allocations: Allocations, only: str | None = None) -> list[Sample]:
     jobs = jobs_from_proc(sources.proc_root)
+    if only is not None:
+        jobs = {job: usage for job, usage in jobs.items() if job == only}
     allocations.start(jobs)  # scontrol runs while nvidia-smi does
     node_gpus, apps = gpus(sources) if jobs else ({}, {})
     from_slurm = allocations.finish()
