@@ -94,6 +94,9 @@ class Cluster:
         self.assoc = ASSOC_TREE  # Account|ParentName|User|MaxTRES|GrpTRES
         self.squeue_extra = ""
         self.commands: list[list[str]] = []  # everything the runner ran
+        # Slurm's accounting (slurmdbd): sacct shows the submit line; a held job that
+        # ran shows only the size it held (NumNodes=SIZE), as a real Slurm does.
+        self.submit_line = ""
 
     def show(self, kind: str, name: str = "", timeout: float = 0) -> list[dict[str, str]]:
         if kind == "partition":
@@ -110,6 +113,8 @@ class Cluster:
             running_now = [self.job] if self.job["JobState"] == "RUNNING" else []
             lines = [squeue_line(info) + "\n" for info in [*running_now, *self.others]]
             return "".join(lines) + self.squeue_extra
+        if argv[0] == "sacct" and "--format=JobID,SubmitLine" in argv and self.submit_line:
+            return f"41|{self.submit_line}\n"
         if argv[:5] == ["sacctmgr", "--noheader", "--parsable2", "show", "qos"]:
             return self.qos
         if argv[:5] == ["sacctmgr", "--noheader", "--parsable2", "show", "assoc"]:
@@ -120,7 +125,8 @@ class Cluster:
         self.commands.append(argv)
         if "halt" in argv:
             size = self.job["NumNodes"]
-            self.job.update(JobState="PENDING", NumNodes=f"{size}-{self.slurm_max}")
+            shown = size if self.submit_line else f"{size}-{self.slurm_max}"
+            self.job.update(JobState="PENDING", NumNodes=shown)
             self.others += self.started_during_halt
         return 0, "{}"
 
@@ -397,6 +403,54 @@ def test_a_partition_not_understood_refuses_the_grow(monkeypatch, job_dir, confi
     cluster.partition["MaxNodes"] = "UNLIMITED"
     cluster.job["Partition"] = "(null)"
     assert "its partition was not read" in resize(cluster, config, 2)[1][0]
+
+
+SUBMITTED = "sbatch --parsable --job-name=grower --nodes=1-2 --ntasks-per-node=1 /j/job.sh"
+
+
+@pytest.mark.security
+def test_a_job_that_started_at_once_keeps_the_range_it_was_submitted_with(
+    monkeypatch, job_dir, config
+):
+    """alice's job (sbatch --nodes=1-2) started before any tick saw it wait, so nothing
+    was recorded and Slurm's record shows only the one node it holds. The range comes
+    from Slurm's accounting (its submit line): her rewritten 1-100000 is refused before
+    any checkpoint, and 1-2 is what the agent records."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1)
+    cluster.submit_line = SUBMITTED
+    write_range(job_dir, 1, 100_000)
+    done, notes = resize(cluster, config, 50)
+    assert done is False and not any("halt" in argv for argv in cluster.commands)
+    assert "is not the one recorded (1-2)" in notes[0], notes
+    assert node_ranges.recorded(store(config), key(job_dir)) == (1, 2)
+
+
+def test_an_honest_grow_of_a_job_that_started_at_once_is_done(monkeypatch, job_dir, config):
+    """The same job with its own range (1-2) grows to 2: once held after the halt, Slurm
+    shows only the size it held (NumNodes=1), which is not its range."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1)
+    cluster.submit_line = SUBMITTED
+    write_range(job_dir, 1, 2)
+    done, notes = resize(cluster, config, 2)
+    assert done is True and cluster.sizes_set() == ["NumNodes=2-2"], notes
+
+
+@pytest.mark.parametrize(
+    ("line", "nodes"),
+    [
+        (SUBMITTED, (1, 2)),
+        ("sbatch --nodes=3 /j/job.sh", (3, 3)),
+        ("sbatch --nodes 2-4 /j/job.sh", (2, 4)),
+        ("sbatch -N2-4 /j/job.sh", (2, 4)),
+        ("sbatch -N 2 /j/job.sh", (2, 2)),
+        ("sbatch /j/job.sh", None),  # asked for no range
+        ("sbatch --job-name=x --nodes=1-99 --nodes=1-2 /j/job.sh", None),  # a name's words
+        ("sbatch --job-name=a -N 99 --nodes=1-2 /j/job.sh", None),
+        ("sbatch --nodes=1-2,4 /j/job.sh", None),  # not a plain range: never guessed
+    ],
+)
+def test_the_submitted_range_is_read_only_when_the_submit_line_names_one(line, nodes):
+    assert slurm.parse_submitted_nodes(line) == nodes
 
 
 # ------------------------------------------------------------------ the resize as before

@@ -174,3 +174,36 @@ def running_jobs(timeout: float = TIMEOUT) -> list[RunningJob]:
     states = "--states=RUNNING,SUSPENDED"
     argv = ["squeue", "--noheader", "--all", "--array", states, f"--Format={RUNNING_FORMAT}"]
     return parse_running(slurm(argv, timeout))
+
+
+# `sbatch --nodes=MIN[-MAX]` as Slurm's accounting keeps the submit command line.
+# Every spelling sbatch takes (--nodes=R, --nodes R, -NR, -N R); a value that is not a
+# plain range still counts, so that it is never skipped for another.
+SUBMITTED_NODES = re.compile(r"(?:^|\s)(?:--nodes[=\s]|-N\s?)(\S*)")
+NODE_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+def parse_submitted_nodes(submit_line: str) -> tuple[int, int] | None:
+    """(min, max) of the one node count a submit line asks for; None when it asks for
+    none, or for several (a job name holding a second `--nodes=` word: never guessed)."""
+    found = SUBMITTED_NODES.findall(submit_line)
+    plain = NODE_RANGE.fullmatch(found[0]) if len(found) == 1 else None
+    if plain is None:
+        return None
+    low, high = plain.groups()
+    return int(low), int(high or low)
+
+
+def submitted_nodes(job_id: str, timeout: float = TIMEOUT) -> tuple[int, int] | None:
+    """The node range job_id was submitted with, from Slurm's accounting (SubmitLine:
+    what sbatch was given, which no one changes afterwards); None without accounting or
+    without one clear range. Slurm's job record loses the range once the job starts."""
+    argv = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}"]
+    argv.append("--format=JobID,SubmitLine")
+    try:
+        out = slurm(argv, timeout)
+    except AgentError:
+        return None
+    lines = [line.partition("|") for line in out.splitlines()]
+    found = {parse_submitted_nodes(line) for job, _, line in lines if job == job_id}
+    return found.pop() if len(found) == 1 else None

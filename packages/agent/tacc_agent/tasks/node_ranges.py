@@ -2,11 +2,12 @@
 can write (`<state_dir>/node-ranges.json`, the queue tick's own directory).
 
 A job's owner writes its range at submit (plugin_data.elastic.range in status/submit.json,
-her own file, which she can rewrite at any time); Slurm keeps the maximum she asked for
-(`sbatch --nodes=SIZE-MAX`), which a pending job's record shows (NumNodes=SIZE-MAX) until
-root's first resize sets both ends (NumNodes=K-K). The agent records the range the first
-time it reads the job pending before any resize of its own: the owner's range, its
-maximum no higher than Slurm's. From then on that record is the job's range, and an
+her own file, which she can rewrite at any time); Slurm keeps what she submitted with
+(`sbatch --nodes=SIZE-MAX`): its accounting's submit line (slurm.submitted_nodes), and,
+while the job waits and before it first ran, its record (NumNodes=SIZE-MAX; a job that
+ran shows only the size it held). The agent records the range the first time it resizes
+the job: the submitted one, else, without accounting, the owner's range with its maximum
+no higher than the waiting job's. From then on that record is the job's range, and an
 owner's range that differs from it is refused (`preempt.refusal`).
 
 Each entry names the job by Slurm's id, its owner's uid and its directory (unique to one

@@ -365,13 +365,16 @@ def refusal(
 def recorded_range(
     job: JobRecord, claimed: tuple[int, int], config: AgentConfig
 ) -> tuple[int, int] | None:
-    """The range root recorded for the job (tasks/node_ranges.py); recorded now, from
-    the owner's range capped at Slurm's maximum, where none is yet and Slurm shows the
-    job's maximum (it waits). None while none is recorded. OSError when the record
-    cannot be written."""
+    """The range root recorded for the job (tasks/node_ranges.py); recorded now where
+    none is yet: the range it was submitted with (Slurm's accounting keeps sbatch's
+    --nodes, slurm.submitted_nodes), else, without accounting, the owner's range capped
+    at the maximum Slurm shows while it waits (a job that ran shows only what it held).
+    None while none is recorded. OSError when the record cannot be written."""
     path = node_ranges.store_path(config.state_dir)
     key = (job.job_id, job.uid, str(job.job_dir))
     bounds = node_ranges.recorded(path, key)
+    if bounds is None:
+        bounds = slurm.submitted_nodes(job.job_id, config.slurm_timeout_seconds)
     if bounds is None and job.state in WAITING_STATES and job.max_nodes:
         bounds = (min(claimed[0], job.max_nodes), min(claimed[1], job.max_nodes))
     if bounds is not None:
