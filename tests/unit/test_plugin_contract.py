@@ -109,8 +109,8 @@ class FakeSlurm:
             return "\n".join(NODES)
         if argv[:3] == ["scontrol", "show", "partition"]:
             return "\n".join(PARTITIONS)
-        if argv[0] == "sinfo":
-            return "3\n"
+        if argv[0] == "sinfo":  # a drained idle node and one not responding do not count
+            return "3|idle\n1|drained\n1|idle*\n"
         if argv[0] == "squeue" and "--states=PENDING" in argv:  # the partition's load
             return "31|Resources\n32|JobHeldUser\n33|Priority\n"
         if argv[0] == "squeue":  # the queue tick
@@ -197,7 +197,7 @@ def test_schedule_sees_node_features_load_and_history_and_refuses_with_rejected(
     submission = schedule.plan(task_for("gpu"), Path("/w/job"), config, user_dir)
     # sinfo: 3 idle; squeue: 2 of 3 pending jobs wait for nodes (a held one does not)
     assert submission.notes["scratch"] == "3 idle, 2 waiting, earlier: first"
-    assert ["sinfo", "--noheader", "--partition=gpu", "--states=idle", "--format=%D"] in (
+    assert ["sinfo", "--noheader", "--partition=gpu", "--states=idle", "--format=%D|%T"] in (
         fake.calls)  # fmt: skip
     with pytest.raises(Rejected, match=r"no node in partition 'cpu' has NVMe scratch") as caught:
         schedule.plan(task_for("cpu"), Path("/w/job"), config, user_dir)

@@ -114,10 +114,21 @@ def partition_load(partition: str, timeout: float) -> PartitionLoad:
     """Idle nodes and jobs waiting for nodes in a partition, from Slurm
     (`Submission.partition_load`)."""
     part = f"--partition={partition}"
-    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", "--format=%D"], timeout)
+    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", IDLE_FORMAT], timeout)
     pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"],
                           timeout)  # fmt: skip
-    return PartitionLoad(sum(int(n) for n in idle.split() if n.isdigit()), waiting_jobs(pending))
+    return PartitionLoad(idle_nodes(idle), waiting_jobs(pending))
+
+
+# sinfo's --states=idle also lists idle nodes that are drained or not responding: only
+# those whose whole state (%T) is "idle" take a job.
+IDLE_FORMAT = "--format=%D|%T"
+
+
+def idle_nodes(sinfo_out: str) -> int:
+    """Nodes that take a job now, from sinfo IDLE_FORMAT lines ("2|idle", "1|drained")."""
+    counts = [line.split("|") for line in sinfo_out.split()]
+    return sum(int(c[0]) for c in counts if len(c) == 2 and c[0].isdigit() and c[1] == "idle")
 
 
 def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
