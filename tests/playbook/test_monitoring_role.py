@@ -10,6 +10,8 @@ Makefile installs them with the host's packages): a missing one is a failure, no
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import BIN, ROOT
 from tests.playbook.monitoring_render import (
     ADDRESSES,
     NODE_ROLE,
@@ -40,14 +42,21 @@ AGENT_PORT = yaml.safe_load((ROOT / "roles/tacc_agent/defaults/main.yml").read_t
 ]
 
 
+def render_with_token(tmp: Path, **settings: object) -> Path:
+    """render(), the scrapers' token file beside the files (promtool checks it is there)."""
+    out = render(tmp, monitoring_agent_token_file=str(tmp / "out/tacc-agent-token"), **settings)
+    (out / "tacc-agent-token").write_text("t" * 64)
+    return out
+
+
 @pytest.fixture(scope="module")
 def static(tmp_path_factory) -> Path:
-    return render(tmp_path_factory.mktemp("static"))
+    return render_with_token(tmp_path_factory.mktemp("static"))
 
 
 @pytest.fixture(scope="module")
 def dns(tmp_path_factory) -> Path:
-    return render(tmp_path_factory.mktemp("dns"), dns=True)
+    return render_with_token(tmp_path_factory.mktemp("dns"), dns=True)
 
 
 def scrape_job(out: Path, name: str) -> dict:
@@ -189,6 +198,171 @@ def test_rendered_files_are_validated_before_they_are_installed():
     names = [t.get("name", "") for t in tasks]
     # The rules are in place before the configuration that names them is checked.
     assert names.index("Write the alert rules") < names.index("Write Prometheus' configuration")
+
+
+# --- the scrapers' token (issue [18], review point 5) ---
+
+SECRET_NAMES = re.compile(r"tacc_agent_metrics_job_token(_value|_kept)?\b|builtin\.password")
+TOKEN_TASK_FILES = [
+    ROOT / "roles/tacc_agent/tasks/main.yml",
+    ROOT / "roles/tacc_agent/tasks/metrics_token.yml",
+    ROOT / "roles/monitoring/tasks/main.yml",
+]
+
+
+def leaf_tasks(tasks: list[dict]) -> list[dict]:
+    """Every task, those inside blocks included (a block's own keys are not a task's)."""
+    found = []
+    for task in tasks:
+        if "block" in task:
+            found += leaf_tasks(task["block"] + task.get("rescue", []) + task.get("always", []))
+        else:
+            found.append(task)
+    return found
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("variant", ["static", "dns"])
+def test_the_agents_are_scraped_with_the_scrapers_token_from_a_file(variant, request):
+    """The agents give the per-job series (every job's id and user) only to a scrape that
+    presents the token; Prometheus reads it from a file (never from its command line or
+    this configuration), and sends it to the agents' privileged port only, not to the
+    node exporter's 9100, which any user could listen on."""
+    out = request.getfixturevalue(variant)
+    assert scrape_job(out, "tacc_agent")["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": str(out / "tacc-agent-token"),
+    }
+    assert "authorization" not in scrape_job(out, "node")
+    assert "tacc-agent-token" not in " ".join(default_args(out / "prometheus.default"))
+
+
+@pytest.mark.security
+def test_every_task_that_touches_the_scrapers_token_is_no_log_and_no_command():
+    """The token (the inventory's, the generated one, the one read back) is never shown by
+    Ansible nor put on a command line: each task naming it has no_log, none runs a command."""
+    touching = []
+    for path in TOKEN_TASK_FILES:
+        for task in leaf_tasks(yaml.safe_load(path.read_text())):
+            if SECRET_NAMES.search(json.dumps(task)):
+                touching.append(task["name"])
+                assert task.get("no_log") is True, (path.name, task["name"])
+                modules = {"ansible.builtin.command", "ansible.builtin.shell"}
+                assert not modules & set(task), (path.name, task["name"])
+    assert len(touching) >= 6, touching  # assert, generate, read, choose, and two installs
+
+
+@pytest.mark.security
+def test_the_token_files_are_root_only_on_nodes_and_prometheus_readable_on_its_host():
+    tasks = {
+        t["name"]: t
+        for path in TOKEN_TASK_FILES
+        for t in leaf_tasks(yaml.safe_load(path.read_text()))
+    }
+    node = tasks["Install the scrapers' token for the agent (root's only)"]["ansible.builtin.copy"]
+    assert (node["owner"], node["group"], node["mode"]) == ("root", "root", "0600")
+    kept = tasks["Generate the scrapers' token once"]["ansible.builtin.copy"]
+    assert (kept["owner"], kept["group"], kept["mode"]) == ("root", "root", "0400")
+    name = "Install the scrapers' token for Prometheus (readable by its group only)"
+    prometheus = tasks[name]["ansible.builtin.copy"]
+    assert prometheus["group"] == "{{ monitoring_group }}" and prometheus["mode"] == "0640"
+    names = [t.get("name", "") for t in yaml.safe_load((ROLE / "tasks/main.yml").read_text())]
+    # promtool's check of the configuration wants the credentials file in place.
+    assert names.index(name) < names.index("Write Prometheus' configuration")
+    spec = yaml.safe_load((ROOT / "roles/tacc_agent/meta/argument_specs.yml").read_text())
+    assert spec["argument_specs"]["main"]["options"]["tacc_agent_metrics_job_token"]["no_log"]
+
+
+def token_play(tmp: Path, *argv: str, **settings: object) -> subprocess.CompletedProcess:
+    """roles/tacc_agent's metrics_token tasks for the lab's four hosts (all local), each
+    host writing the token it got to <tmp>/got/<host>."""
+    got = tmp / "got"
+    got.mkdir(exist_ok=True)
+    play = [
+        {
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "ansible.builtin.include_role": {
+                        "name": "tacc_agent",
+                        "tasks_from": "metrics_token",
+                    }
+                },
+                {
+                    "name": "Write what it got",
+                    "no_log": True,
+                    "ansible.builtin.copy": {
+                        "content": "{{ tacc_agent_metrics_job_token_value }}",
+                        "dest": f"{got}/{{{{ inventory_hostname }}}}",
+                        "mode": "0600",
+                    },
+                    "when": "tacc_agent_metrics_job_token_value | length > 0",
+                },
+            ],
+        }
+    ]
+    extra = {"tacc_agent_metrics_job_token_file": str(tmp / "etc/metrics-job-token"), **settings}
+    path = tmp / "token-play.yml"
+    path.write_text(yaml.safe_dump(play, sort_keys=False))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+        "ANSIBLE_STRATEGY": "linear",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    argv_all = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory(tmp, dns=False)),
+        str(path),
+        "-e",
+        json.dumps(extra),
+        *argv,
+    ]
+    return subprocess.run(
+        argv_all, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False
+    )
+
+
+def recap_changed(proc: subprocess.CompletedProcess) -> int:
+    return sum(int(n) for n in re.findall(r"changed=(\d+)", proc.stdout))
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tasks chown the files to root")
+def test_the_token_is_generated_once_kept_and_the_same_in_limit_and_check_runs(tmp_path):
+    """Generated once on the source host (the controller, n1), kept there; every later
+    run, one limited to a compute node included, reads the same; a check run of a new
+    cluster writes nothing and fails nothing; nothing of it reaches the output."""
+    checked = token_play(tmp_path, "--check")
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr
+    assert not (tmp_path / "etc/metrics-job-token.cluster").exists()
+    first = token_play(tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    kept = (tmp_path / "etc/metrics-job-token.cluster").read_text()
+    assert re.fullmatch(r"[A-Za-z0-9]{64}", kept)
+    assert oct((tmp_path / "etc/metrics-job-token.cluster").stat().st_mode & 0o777) == "0o400"
+    assert {p.read_text() for p in (tmp_path / "got").iterdir()} == {kept}
+    assert len(list((tmp_path / "got").iterdir())) == 4
+    for proc in (token_play(tmp_path), token_play(tmp_path, "--limit", "n2", "--check")):
+        assert proc.returncode == 0 and recap_changed(proc) == 0, proc.stdout[-3000:]
+    (tmp_path / "got/n2").unlink()
+    limited = token_play(tmp_path, "--limit", "n2")
+    assert limited.returncode == 0, limited.stdout[-3000:]
+    assert (tmp_path / "got/n2").read_text() == kept
+    for proc in (checked, first, limited):
+        assert kept not in proc.stdout + proc.stderr
+
+
+@pytest.mark.bad_input
+def test_a_short_inventory_token_is_refused_without_showing_it(tmp_path):
+    proc = token_play(tmp_path, tacc_agent_metrics_job_token="short-s3cret")  # noqa: S106
+    assert proc.returncode != 0
+    # no_log hides the message too: the task's name says what is wrong.
+    assert "TASK [tacc_agent : Refuse a short or malformed scrapers' token]" in proc.stdout
+    assert "short-s3cret" not in proc.stdout + proc.stderr
 
 
 # --- alerts: promtool test rules ---

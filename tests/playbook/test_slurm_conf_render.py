@@ -95,15 +95,22 @@ def test_agent_settings_come_from_inventory(rendered):
     assert limited == yaml.safe_load((rendered[0] / "gpu03/tacc-agent.yaml").read_text())
 
 
+@pytest.mark.security
 def test_every_agent_serves_its_job_series_to_the_prometheus_that_scrapes_it(rendered):
     """Issue [18] point 3: the agents give the per-job series only to the allowed
     scrapers; by default the monitoring host's inventory address (ctl1, 10.10.0.10), which
-    its Prometheus scrapes from, at the port the cluster DNS's SRV records name."""
+    its Prometheus scrapes from, at the port the cluster DNS's SRV records name, with the
+    scrapers' token (review point 5), read from files on both sides: never in the rendered
+    files themselves."""
     full, _ = rendered
     dns = (full / "ctl1/root/etc/dnsmasq.d/tacc-cluster.conf").read_text()
     prometheus = yaml.safe_load((full / "ctl1/root/etc/prometheus/prometheus.yml").read_text())
     (agent_job,) = [job for job in prometheus["scrape_configs"] if job["job_name"] == "tacc_agent"]
     assert agent_job["dns_sd_configs"][0]["names"] == ["_tacc-agent._tcp.cluster.internal"]
+    assert agent_job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/prometheus/tacc-agent-token",
+    }
     configs = sorted(full.glob("*/root/etc/tacc-agent/config.yaml"))
     assert len(configs) == 10  # every host of the example inventory
     for path in configs:
@@ -111,6 +118,8 @@ def test_every_agent_serves_its_job_series_to_the_prometheus_that_scrapes_it(ren
         agent = yaml.safe_load(path.read_text())
         assert agent["metrics_job_scrapers"] == ["10.10.0.10"], host
         assert agent["metrics_jobs_public"] is False, host
+        token_file = agent["metrics_job_token_file"]
+        assert token_file == "/etc/tacc-agent/metrics-job-token", host  # noqa: S105 (a path)
         port = agent["metrics_port"]
         assert port < 1024, host
         assert f"srv-host=_tacc-agent._tcp.cluster.internal,{host}.cluster.internal,{port}" in dns

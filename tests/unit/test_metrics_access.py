@@ -1,12 +1,14 @@
 """Issue [18] point 3: the node daemon's /metrics port cannot be squatted, and its per-job
-series (labels job and user) reach only the allowed scrapers and root on the node
-(health/metrics_access.py, serve.py).
+series (labels job and user) reach only the cluster's Prometheus (the scrapers' token from
+an allowed address) and root on the node (health/metrics_access.py, serve.py).
 
 - The default port is below 1024 (only root binds it), the same in the agent and in every
   role that names it.
 - A taken port ends `tacc-agent serve` with one line naming the port, not an
   AttributeError from server_close.
-- A client that is neither an allowed scraper nor root gets the node's own figures only.
+- A client that is neither an allowed scraper nor root gets the node's own figures only;
+  an allowed address without the token is no scraper (a user on the monitoring host).
+- A bad token file is one line naming it, and root only; the token is never logged.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tests.unit.agent_fixtures import daemon_settings, fixture_config
 from tests.unit.test_job_usage import ALICE, add_process
 
 JOB_LABELS = ('job="', 'user="')
+TOKEN = "s3cret-scrapers-token-0123456789abcdef"  # noqa: S105 (a test value)
 
 
 def role_default(role: str, name: str) -> object:
@@ -153,12 +156,13 @@ def metrics_server(config: AgentConfig) -> Iterator[int]:
         server.server_close()
 
 
-def scrape(port: int, source: str = "127.0.0.1", source_port: int = 0) -> str:
+def scrape(port: int, source: str = "127.0.0.1", source_port: int = 0, token: str = "") -> str:
+    authorization = f"Authorization: Bearer {token}\r\n" if token else ""
     with socket.socket() as conn:
         conn.settimeout(10)
         conn.bind((source, source_port))
         conn.connect(("127.0.0.1", port))
-        conn.sendall(b"GET /metrics HTTP/1.0\r\nHost: node\r\n\r\n")
+        conn.sendall(f"GET /metrics HTTP/1.0\r\nHost: node\r\n{authorization}\r\n".encode())
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
@@ -183,12 +187,55 @@ def test_a_client_neither_scraper_nor_root_gets_no_job_or_user_labels(tmp_path):
     assert "tacc_agent_job_" not in body
 
 
-def test_the_allowed_scraper_gets_the_job_series_and_others_do_not(tmp_path):
-    config = job_config(tmp_path, metrics_job_scrapers=("127.0.0.2", "10.0.0.0/8"))
-    with metrics_server(config) as port:
-        scraper, other = scrape(port, "127.0.0.2"), scrape(port, "127.0.0.3")
+def token_file(tmp_path: Path, text: str = TOKEN, mode: int = 0o600) -> str:
+    path = tmp_path / "metrics-job-token"
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def scraper_config(tmp_path: Path, **settings: object) -> AgentConfig:
+    """Prometheus at 127.0.0.2 (or in 10/8), with the scrapers' token."""
+    return job_config(
+        tmp_path,
+        metrics_job_scrapers=("127.0.0.2", "10.0.0.0/8"),
+        metrics_job_token_file=token_file(tmp_path),
+        **settings,
+    )
+
+
+@pytest.mark.security
+def test_an_allowed_address_without_the_token_gets_no_job_or_user_labels(tmp_path):
+    """Review point 5: alice logged in on the monitoring host (or a request forgery there)
+    comes from the scrapers' address; it read every job id and user of every node. Now
+    the address without the scrapers' token, or with another, is no scraper."""
+    with metrics_server(scraper_config(tmp_path)) as port:
+        bare = scrape(port, "127.0.0.2")
+        wrong = scrape(port, "127.0.0.2", token=TOKEN[:-1] + "x")
+        basic = scrape(port, "127.0.0.2", token="")
+    for body in (bare, wrong, basic):
+        assert job_lines(body) == [] and "tacc_agent_healthy" in body
+
+
+def test_the_token_from_an_allowed_address_gets_the_job_series(tmp_path):
+    with metrics_server(scraper_config(tmp_path)) as port:
+        scraper = scrape(port, "127.0.0.2", token=TOKEN)
+        elsewhere = scrape(port, "127.0.0.3", token=TOKEN)  # not an allowed address
     assert 'tacc_agent_job_cpus{job="41",user="' in scraper
-    assert job_lines(other) == [] and "tacc_agent_healthy" in other
+    assert job_lines(elsewhere) == [] and "tacc_agent_healthy" in elsewhere
+
+
+def test_bearer_header_values_are_read_strictly():
+    networks = metrics_access.scraper_networks(["10.0.0.0/8"])[0]
+    access = JobSeriesAccess(networks, token=TOKEN.encode(), proc_root="/nonexistent")
+    agent = ("10.0.0.1", 977)
+    assert access.allows(agent, ("10.0.0.2", 5000), f"Bearer {TOKEN}")
+    assert access.allows(agent, ("10.0.0.2", 5000), f"bearer {TOKEN}")
+    for value in ("", TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer \u00e9", "Bearer "):
+        assert not access.allows(agent, ("10.0.0.2", 5000), value), value
+    assert not JobSeriesAccess(access.scrapers, proc_root="/nonexistent").allows(
+        agent, ("10.0.0.2", 5000), "Bearer "
+    )  # no token configured: no empty one matches
 
 
 def test_every_client_gets_the_job_series_when_the_site_makes_them_public(tmp_path):
@@ -270,9 +317,9 @@ def test_scraper_names_are_resolved_and_unresolved_ones_reported():
     found = [str(net) for net in networks]
     assert found == ["10.1.0.0/16", "fd00::5/128", "10.0.0.9/32", "10.0.0.8/32"]
     assert unresolved == ["gone"]
-    access = JobSeriesAccess(networks, proc_root="/nonexistent")
-    assert access.allows(("10.0.0.1", 977), ("::ffff:10.1.2.3", 5000))
-    assert not access.allows(("10.0.0.1", 977), ("10.2.0.1", 5000))
+    access = JobSeriesAccess(networks, proc_root="/nonexistent", token=TOKEN.encode())
+    assert access.allows(("10.0.0.1", 977), ("::ffff:10.1.2.3", 5000), f"Bearer {TOKEN}")
+    assert not access.allows(("10.0.0.1", 977), ("10.2.0.1", 5000), f"Bearer {TOKEN}")
 
 
 @pytest.mark.bad_input
@@ -289,3 +336,103 @@ def test_a_good_scraper_list_is_read(tmp_path):
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump({"metrics_job_scrapers": ["10.0.0.1", "fd00::/64", "n1"]}))
     assert load_config(path).metrics_job_scrapers == ("10.0.0.1", "fd00::/64", "n1")
+
+
+# ------------------------------------------------------------------ the token file
+
+
+def test_the_token_is_read_from_its_file_and_never_said(tmp_path):
+    access, notes = serve.job_series_access(scraper_config(tmp_path))
+    assert access.token == TOKEN.encode()
+    assert notes == []
+
+
+def test_without_a_token_file_only_root_gets_the_job_series_said_once(tmp_path):
+    access, notes = serve.job_series_access(job_config(tmp_path))
+    assert access.token == b""
+    assert notes == [
+        "metrics: no metrics_job_token_file set: per-job series for root on this node only"
+    ]
+
+
+def test_serve_says_it_after_the_port_line(tmp_path):
+    """One line at start, after the `metrics on` one (which tools read first)."""
+    settings = daemon_settings(fixture_config(tmp_path)) | {"metrics_address": "127.0.0.1"}
+    settings["metrics_job_token_file"] = str(tmp_path / "absent")
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
+    command = [sys.executable, "-m", "tacc_agent", "serve", "--port", "0"]
+    daemon = subprocess.Popen(
+        [*command, "--config", str(tmp_path / "agent.yaml")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        first, second = daemon.stdout.readline(), daemon.stdout.readline()
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        daemon.stdout.close()
+    assert first.startswith("tacc-agent: metrics on 127.0.0.1:"), first
+    assert second == (
+        f"tacc-agent: metrics: scrapers' token: {tmp_path / 'absent'}: cannot read it: "
+        "No such file or directory: per-job series for root on this node only\n"
+    )
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("text", "mode", "why"),
+    [
+        (None, 0o600, "cannot read it: No such file or directory"),
+        (TOKEN, 0o644, "any user may read it (mode -rw-r--r--): make it root's only"),
+        ("short-" + TOKEN[:20], 0o600, "expected one token of at least 32 visible ASCII"),
+        (TOKEN[:20] + " " + TOKEN[20:], 0o600, "expected one token of at least 32 visible"),
+    ],
+)
+def test_a_bad_token_file_is_one_line_naming_it_and_root_only(tmp_path, text, mode, why):
+    """Fail closed: the agent keeps serving the node's own figures and its checks, and
+    says in one line which file is wrong and why, without what is in it."""
+    path = tmp_path / "metrics-job-token"
+    if text is not None:
+        token_file(tmp_path, text, mode)
+    access, notes = serve.job_series_access(job_config(tmp_path, metrics_job_token_file=str(path)))
+    assert access.token == b""
+    (line,) = notes
+    assert line.startswith(f"metrics: scrapers' token: {path}: {why}"), line
+    assert line.endswith(": per-job series for root on this node only")
+    assert TOKEN[:20] not in line
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value", ["relative/token", 5, ["/etc/x"]])
+def test_a_bad_token_file_setting_is_refused_naming_it(tmp_path, value):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"metrics_job_token_file": value}))
+    with pytest.raises(AgentError) as raised:
+        load_config(path)
+    assert f"{path}: metrics_job_token_file: expected an absolute path" in str(raised.value)
+
+
+# ------------------------------------------------------------------ the socket tables
+
+
+@pytest.mark.security
+def test_a_remote_client_never_makes_the_agent_read_the_socket_tables(monkeypatch):
+    """Review point 6: every request from a non-scraper, remote ones included, had the
+    agent parse all of /proc/net/tcp{,6}, which any user can inflate. Only a client on
+    the loopback or at the address it connected to (so on this node) is looked up."""
+    read: list[str] = []
+    monkeypatch.setattr(
+        metrics_access, "socket_owners", lambda proc_root: read.append(proc_root) or iter(())
+    )
+    access = JobSeriesAccess(proc_root="/proc")
+    assert not access.allows(("10.0.0.1", 977), ("10.0.0.2", 40000))
+    assert not access.allows(("::ffff:10.0.0.1", 977), ("::ffff:10.0.0.9", 40000))
+    assert read == []
+    local = [
+        (("10.0.0.1", 977), ("10.0.0.1", 40000)),  # the node's own address
+        (("127.0.0.1", 977), ("127.0.0.5", 40000)),
+        (("::1", 977, 0, 0), ("::1", 40000, 0, 0)),
+    ]
+    for agent, client in local:
+        access.allows(agent, client)
+    assert len(read) == 3

@@ -131,10 +131,15 @@ class AgentConfig:
     metrics_address: str = "0.0.0.0"  # noqa: S104 (an exporter is scraped from outside)
     metrics_port: int = 977
     # Who gets the per-job series of /metrics (labels job and user) besides root on this
-    # node: the cluster's Prometheus, as addresses, networks (10.0.0.0/24) or host names
-    # (resolved when the daemon starts). Every other client gets the node's own figures
-    # only (health/metrics_access.py). The role lists the monitoring hosts.
+    # node: the cluster's Prometheus, which presents the token in metrics_job_token_file
+    # (Authorization: Bearer) from one of these addresses, networks (10.0.0.0/24) or host
+    # names (resolved when the daemon starts); both are needed. Every other client gets
+    # the node's own figures only (health/metrics_access.py). The role lists the
+    # monitoring hosts.
     metrics_job_scrapers: tuple = ()
+    # The file holding the scrapers' token (root's only; read when the daemon starts).
+    # "": none, so only root on this node gets the per-job series.
+    metrics_job_token_file: str = ""
     # Serve the per-job series to every client. Unsafe on a shared cluster: whoever
     # reaches the port reads every job's id and user here, which Slurm's PrivateData hides.
     metrics_jobs_public: bool = False
@@ -165,6 +170,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     if unknown:
         raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
     check_scrapers(path, data.get("metrics_job_scrapers"))
+    check_token_file(path, data.get("metrics_job_token_file"))
     for key in (
         "mounts",
         "services",
@@ -197,6 +203,17 @@ def check_scrapers(path: Path, scrapers: object) -> None:
         raise AgentError(
             f"{path}: metrics_job_scrapers: expected a list of addresses, networks "
             f"(10.0.0.0/24) or host names, not {scrapers!r}",
+            EXIT_CLUSTER,
+        )
+
+
+def check_token_file(path: Path, token_file: object) -> None:
+    """`metrics_job_token_file`: "" or an absolute path (what is in it is read at start)."""
+    if token_file is None or token_file == "":
+        return
+    if not isinstance(token_file, str) or not token_file.startswith("/"):
+        raise AgentError(
+            f'{path}: metrics_job_token_file: expected an absolute path or "", not {token_file!r}',
             EXIT_CLUSTER,
         )
 

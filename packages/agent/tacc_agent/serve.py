@@ -12,8 +12,9 @@ which its connection is cut (a client sending a byte every few seconds holds not
 connections are capped per client address and in all (the oldest over a cap is cut), so a
 slow or silent client never delays another scrape. SIGTERM / SIGINT end it cleanly.
 
-The per-job series (labels job and user) go only to the allowed scrapers and root on the
-node (health/metrics_access.py); every other client gets the node's own figures. The
+The per-job series (labels job and user) go only to the cluster's Prometheus (its token
+from an allowed address) and root on the node (health/metrics_access.py); every other
+client gets the node's own figures. The
 default port is a privileged one (below 1024), so no user can take it while the agent
 restarts; when it is taken all the same, the daemon says so in one line and exits.
 """
@@ -40,7 +41,12 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
-from tacc_agent.health.metrics_access import JobSeriesAccess, scraper_networks
+from tacc_agent.health.metrics_access import (
+    JobSeriesAccess,
+    TokenFileError,
+    read_token,
+    scraper_networks,
+)
 from tacc_agent.tasks.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
@@ -146,7 +152,9 @@ class QuietHandler(WSGIRequestHandler):
 
     def get_environ(self) -> dict:
         environ = super().get_environ()
-        environ[JOBS_VISIBLE] = self.server.jobs_visible(self.request, self.client_address)
+        environ[JOBS_VISIBLE] = self.server.jobs_visible(
+            self.request, self.client_address, environ.get("HTTP_AUTHORIZATION", "")
+        )
         return environ
 
 
@@ -177,13 +185,16 @@ class MetricsServer(ThreadingWSGIServer):
         self.deadlines: dict[socket.socket, tuple[str, float]] = {}
         self.stopped = threading.Event()
         self.access = access or JobSeriesAccess()
+        self.notes: list[str] = []  # what to log about who reads what, once
         super().__init__(address, QuietHandler)
         self.set_app(app)
 
-    def jobs_visible(self, request: socket.socket, client_address: tuple) -> bool:
-        """Whether this connection's client may read the per-job series."""
+    def jobs_visible(
+        self, request: socket.socket, client_address: tuple, authorization: str = ""
+    ) -> bool:
+        """Whether this request's client may read the per-job series."""
         try:
-            return self.access.allows(request.getsockname(), client_address)
+            return self.access.allows(request.getsockname(), client_address, authorization)
         except OSError:  # the connection is gone
             return False
 
@@ -248,21 +259,40 @@ def bind_error(address: str, port: int, exc: OSError) -> AgentError:
     return AgentError(f"{where}: {why}", EXIT_CLUSTER)
 
 
-def job_series_access(config: AgentConfig) -> JobSeriesAccess:
-    """Who gets the per-job series, the scrapers' host names resolved now."""
+def job_series_access(config: AgentConfig) -> tuple[JobSeriesAccess, list[str]]:
+    """Who gets the per-job series: the scrapers' token read and their host names resolved
+    now (without a usable token, root on the node only); and what to say about it, one
+    line each."""
     networks, unresolved = scraper_networks(config.metrics_job_scrapers)
-    for name in unresolved:
-        log(f"metrics: scraper {name} does not resolve: no per-job series for it until restart")
-    return JobSeriesAccess(networks, config.metrics_jobs_public, config.proc_root)
+    notes = [
+        f"metrics: scraper {name} does not resolve: no per-job series for it until restart"
+        for name in unresolved
+    ]
+    token, problem = scrapers_token(config)
+    access = JobSeriesAccess(networks, config.metrics_jobs_public, config.proc_root, token)
+    return access, notes + ([problem] if problem else [])
+
+
+def scrapers_token(config: AgentConfig) -> tuple[bytes, str]:
+    """The scrapers' token; b"" and one line saying why when there is none to use."""
+    root_only = "per-job series for root on this node only"
+    if config.metrics_jobs_public:
+        return b"", ""
+    if not config.metrics_job_token_file:
+        return b"", f"metrics: no metrics_job_token_file set: {root_only}"
+    try:
+        return read_token(config.metrics_job_token_file), ""
+    except TokenFileError as exc:
+        return b"", f"metrics: scrapers' token: {exc}: {root_only}"
 
 
 def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
     app = routes(make_wsgi_app(daemon.registry), make_wsgi_app(daemon.node_registry))
-    access = job_series_access(daemon.config)
     try:
-        server = MetricsServer((address, port), app, access)
+        server = MetricsServer((address, port), app)
     except OSError as exc:
         raise bind_error(address, port, exc) from None
+    server.access, server.notes = job_series_access(daemon.config)  # serve() says the notes
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     threading.Thread(target=server.reap_forever, name="metrics-deadlines", daemon=True).start()
     return server
@@ -308,6 +338,8 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
         f"checks every {interval:g} s: {', '.join(c.name for c in checks) or 'none'}")  # fmt: skip
     if warning := open_to_users(config, port):
         log(warning)
+    for note in server.notes:
+        log(note)
     if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
         threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
     while not stop.is_set():
