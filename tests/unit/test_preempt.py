@@ -64,11 +64,21 @@ def test_the_known_opt_in_words_of_every_plugin_are_read(job_dir):
     assert preempt.opted_in_job(record(job_dir)) == {"preemptible", "resize"}
 
 
+def oneliner(record: dict[str, str]) -> str:
+    """A record as `scontrol show ... --oneliner` prints it."""
+    return " ".join(f"{key}={value}" for key, value in record.items())
+
+
 def test_slurms_record_gives_owner_state_and_directory(monkeypatch):
     info = {"JobId": "41", "UserId": "alice(1001)", "JobState": "RUNNING",
             "WorkDir": "/shared/tcloud/alice/jobs/abc-1", "Comment": "tacc:abc-1:00"}  # fmt: skip
     trial = {**info, "JobId": "52", "ArrayJobId": "50", "ArrayTaskId": "2"}
-    monkeypatch.setattr(slurm, "show", lambda kind, name="", timeout=0: [info, trial])
+    lines = {"41": oneliner(info), "52": oneliner(trial)}
+    monkeypatch.setattr(
+        slurm,
+        "show_lines",
+        lambda kind, name="", timeout=0: [lines[name]] if name else [*lines.values()],
+    )
     assert preempt.job_record("41", AgentConfig()) == preempt.JobRecord(
         "41", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/abc-1"), False
     )
@@ -187,7 +197,9 @@ def slurm_job(job_dir, monkeypatch):
             "WorkDir": str(job_dir), "NumNodes": "1", "Partition": "batch"}  # fmt: skip
     partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
     monkeypatch.setattr(
-        slurm, "show", lambda kind, name="", timeout=0: [partition if kind == "partition" else info]
+        slurm,
+        "show_lines",
+        lambda kind, name="", timeout=0: [oneliner(partition if kind == "partition" else info)],
     )
     monkeypatch.setattr(slurm, "slurm", no_accounting)
 
@@ -284,7 +296,7 @@ def test_anything_raised_is_a_note_never_the_ticks_end(slurm_job, monkeypatch):
     def broken(kind, name="", timeout=0):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(slurm, "show", broken)
+    monkeypatch.setattr(slurm, "show_lines", broken)
     notes: list[str] = []
     assert preempt.requeue("41", "preempted", AgentConfig(), notes.append, Runner([])) is False
     assert notes == ["agent: job 41 not requeued: RuntimeError: boom"]

@@ -98,17 +98,20 @@ class Cluster:
         # ran shows only the size it held (NumNodes=SIZE), as a real Slurm does.
         self.submit_line = ""
 
-    def show(self, kind: str, name: str = "", timeout: float = 0) -> list[dict[str, str]]:
+    def show_lines(self, kind: str, name: str = "", timeout: float = 0) -> list[str]:
         if kind == "partition":
-            return self.partitions
-        lines = [scontrol_line(info) for info in self.others]
-        others = [r for r in map(slurm.job_record_of, lines) if r is not None]
-        return [self.job] if name == "41" else [self.job, *others]
+            return [" ".join(f"{k}={v}" for k, v in p.items()) for p in self.partitions]
+        mine = scontrol_line({"JobName": "grower", **self.job}).splitlines()
+        others = [line for info in self.others for line in scontrol_line(info).splitlines()]
+        return mine if name == "41" else [*mine, *others]
 
     def ask(self, argv: list[str], timeout: float = 0, check: bool = True, env=None) -> str:
         self.commands.append(argv)
         if argv[:3] == ["scontrol", "show", "config"]:
             return self.config
+        if argv[:2] == ["scontrol", "show"] and "--oneliner" in argv:
+            name = argv[4] if len(argv) > 4 else ""
+            return "".join(line + "\n" for line in self.show_lines(argv[2], name))
         if argv[0] == "squeue" and "--states=RUNNING,SUSPENDED" in argv:
             running_now = [self.job] if self.job["JobState"] == "RUNNING" else []
             lines = [squeue_line(info) + "\n" for info in [*running_now, *self.others]]
@@ -162,7 +165,6 @@ def config(tmp_path) -> AgentConfig:
 
 def cluster_of(monkeypatch, job_dir: Path, **shape) -> Cluster:
     cluster = Cluster(job_dir, **shape)
-    monkeypatch.setattr(slurm, "show", cluster.show)
     monkeypatch.setattr(slurm, "slurm", cluster.ask)
 
     class Entry:
@@ -405,7 +407,27 @@ def test_a_partition_not_understood_refuses_the_grow(monkeypatch, job_dir, confi
     assert "its partition was not read" in resize(cluster, config, 2)[1][0]
 
 
-SUBMITTED = "sbatch --parsable --job-name=grower --nodes=1-2 --ntasks-per-node=1 /j/job.sh"
+@pytest.mark.security
+def test_a_job_name_with_a_line_break_forges_no_record_root_acts_on(monkeypatch, job_dir, config):
+    """alice renames her job so that scontrol's first line is a whole record of her
+    making (NumNodes=64: already past any grow, so no limit would be read) and the real
+    fields fall on a line that looks like another job's: a job printed on more than one
+    line is not acted on."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=8)
+    write_range(job_dir, 1, 8)
+    cluster.config, cluster.qos = ENFORCING, "normal|node=2|||\n"
+    forged = (
+        f"x UserId=alice({owner_uid()}) JobState=RUNNING WorkDir={job_dir} NumNodes=64 "
+        "Partition=batch QOS=normal Account=lab TRES=cpu=64,node=64\nJobId=9 JobName=y"
+    )
+    cluster.job["JobName"] = forged
+    done, notes = resize(cluster, config, 4)
+    assert done is False and cluster.sizes_set() == []
+    assert notes == ["agent: job 41 not requeued: Slurm has no single job by that id"]
+
+
+SCRIPT = "/j/job.sh"
+SUBMITTED = f"sbatch --parsable --job-name=grower --nodes=1-2 --ntasks-per-node=1 {SCRIPT}"
 
 
 @pytest.mark.security
@@ -417,7 +439,7 @@ def test_a_job_that_started_at_once_keeps_the_range_it_was_submitted_with(
     from Slurm's accounting (its submit line): her rewritten 1-100000 is refused before
     any checkpoint, and 1-2 is what the agent records."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1)
-    cluster.submit_line = SUBMITTED
+    cluster.submit_line = SUBMITTED.replace(SCRIPT, str(job_dir / "job.sh"))
     write_range(job_dir, 1, 100_000)
     done, notes = resize(cluster, config, 50)
     assert done is False and not any("halt" in argv for argv in cluster.commands)
@@ -429,28 +451,32 @@ def test_an_honest_grow_of_a_job_that_started_at_once_is_done(monkeypatch, job_d
     """The same job with its own range (1-2) grows to 2: once held after the halt, Slurm
     shows only the size it held (NumNodes=1), which is not its range."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1)
-    cluster.submit_line = SUBMITTED
+    cluster.submit_line = SUBMITTED.replace(SCRIPT, str(job_dir / "job.sh"))
     write_range(job_dir, 1, 2)
     done, notes = resize(cluster, config, 2)
     assert done is True and cluster.sizes_set() == ["NumNodes=2-2"], notes
 
 
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("line", "nodes"),
     [
         (SUBMITTED, (1, 2)),
-        ("sbatch --nodes=3 /j/job.sh", (3, 3)),
-        ("sbatch --nodes 2-4 /j/job.sh", (2, 4)),
-        ("sbatch -N2-4 /j/job.sh", (2, 4)),
-        ("sbatch -N 2 /j/job.sh", (2, 2)),
-        ("sbatch /j/job.sh", None),  # asked for no range
-        ("sbatch --job-name=x --nodes=1-99 --nodes=1-2 /j/job.sh", None),  # a name's words
-        ("sbatch --job-name=a -N 99 --nodes=1-2 /j/job.sh", None),
-        ("sbatch --nodes=1-2,4 /j/job.sh", None),  # not a plain range: never guessed
+        (f"sbatch --nodes=3 {SCRIPT}", (3, 3)),
+        (f"sbatch --nodes 2-4 {SCRIPT}", None),  # a value apart from its option
+        (f"sbatch -N2-4 {SCRIPT}", None),  # short options: never the agent's
+        (f"sbatch {SCRIPT}", None),  # asked for no range
+        (f"sbatch --job-name=x --nodes=1-99 --nodes=1-2 {SCRIPT}", None),  # two
+        (f"sbatch --comment=tacc:a {SCRIPT} --nodes=1-64", None),  # the script's argument
+        (f"sbatch -vN1 --job-name=a --nodes=1-64 {SCRIPT}", None),  # a bundle with -N
+        (f"sbatch --nodes=1-2,4 {SCRIPT}", None),  # not a plain range
+        ("sbatch --nodes=1-2 /other/job.sh", None),  # not this job's script
     ],
 )
-def test_the_submitted_range_is_read_only_when_the_submit_line_names_one(line, nodes):
-    assert slurm.parse_submitted_nodes(line) == nodes
+def test_the_submitted_range_is_read_only_from_the_agents_own_layout(line, nodes):
+    """A user who runs sbatch herself (her job's tag and directory are hers to give)
+    cannot make the submit line say a range Slurm did not keep."""
+    assert slurm.parse_submitted_nodes(line, SCRIPT) == nodes
 
 
 # ------------------------------------------------------------------ the resize as before

@@ -104,8 +104,8 @@ def job_record_of(line: str) -> dict[str, str] | None:
     return None if repeated_key(line) else parse_oneliner(line)
 
 
-def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, str]]:
-    """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown."""
+def show_lines(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[str]:
+    """`scontrol show KIND [NAME] --oneliner`'s lines; [] when NAME is unknown."""
     argv = ["scontrol", "show", kind, "--oneliner", *([name] if name else [])]
     try:
         out = slurm(argv, timeout)
@@ -113,10 +113,26 @@ def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, 
         if "Invalid job id" in str(exc):  # Slurm no longer remembers the job
             return []
         raise
-    lines = [line for line in out.splitlines() if line.strip()]
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def show(kind: str, name: str = "", timeout: float = TIMEOUT) -> list[dict[str, str]]:
+    """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown."""
+    lines = show_lines(kind, name, timeout)
     if kind != "job":
         return [parse_oneliner(line) for line in lines]
     return [record for record in map(job_record_of, lines) if record is not None]
+
+
+def job_alone(job_id: str, timeout: float = TIMEOUT) -> dict[str, str] | None:
+    """One plain job's record, for acting on it as root; None unless scontrol printed
+    exactly one line for it. A job's name may hold line breaks, and its owner may rename
+    it at any time: a name such as "x UserId=alice(1001) NumNodes=64 ...<newline>JobId=9
+    JobName=" makes the first line a whole forged record with no key twice, the real
+    fields on a line of their own. A plain job prints one line; an array or a
+    heterogeneous job prints several and is never acted on this way."""
+    lines = show_lines("job", job_id, timeout)
+    return job_record_of(lines[0]) if len(lines) == 1 else None
 
 
 def hostnames(nodelist: str, timeout: float = TIMEOUT) -> list[str]:
@@ -177,27 +193,34 @@ def running_jobs(timeout: float = TIMEOUT) -> list[RunningJob]:
 
 
 # `sbatch --nodes=MIN[-MAX]` as Slurm's accounting keeps the submit command line.
-# Every spelling sbatch takes (--nodes=R, --nodes R, -NR, -N R); a value that is not a
-# plain range still counts, so that it is never skipped for another.
-SUBMITTED_NODES = re.compile(r"(?:^|\s)(?:--nodes[=\s]|-N\s?)(\S*)")
 NODE_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
-def parse_submitted_nodes(submit_line: str) -> tuple[int, int] | None:
-    """(min, max) of the one node count a submit line asks for; None when it asks for
-    none, or for several (a job name holding a second `--nodes=` word: never guessed)."""
-    found = SUBMITTED_NODES.findall(submit_line)
-    plain = NODE_RANGE.fullmatch(found[0]) if len(found) == 1 else None
+def parse_submitted_nodes(submit_line: str, script: str) -> tuple[int, int] | None:
+    """(min, max) of the node range a submit line gave sbatch, when the line has the
+    agent's own layout: `sbatch --OPTION=VALUE... SCRIPT`, long options only, the job's
+    own script last, exactly one --nodes=MIN[-MAX]. None for anything else, never a
+    guess: a short option (-N1, a bundle such as -vN1), a word after the script (an
+    argument of the script, not of sbatch), a value with a space, two --nodes words."""
+    words = submit_line.split()
+    if len(words) < 2 or words[0] != "sbatch" or words[-1] != script:
+        return None
+    options = words[1:-1]
+    if not all(word.startswith("--") for word in options):
+        return None
+    values = [word.removeprefix("--nodes=") for word in options if word.startswith("--nodes")]
+    plain = NODE_RANGE.fullmatch(values[0]) if len(values) == 1 else None
     if plain is None:
         return None
     low, high = plain.groups()
     return int(low), int(high or low)
 
 
-def submitted_nodes(job_id: str, timeout: float = TIMEOUT) -> tuple[int, int] | None:
+def submitted_nodes(job_id: str, script: str, timeout: float = TIMEOUT) -> tuple[int, int] | None:
     """The node range job_id was submitted with, from Slurm's accounting (SubmitLine:
     what sbatch was given, which no one changes afterwards); None without accounting or
-    without one clear range. Slurm's job record loses the range once the job starts."""
+    without one clear range (parse_submitted_nodes). Slurm's job record loses the range
+    once the job starts."""
     argv = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}"]
     argv.append("--format=JobID,SubmitLine")
     try:
@@ -205,5 +228,5 @@ def submitted_nodes(job_id: str, timeout: float = TIMEOUT) -> tuple[int, int] | 
     except AgentError:
         return None
     lines = [line.partition("|") for line in out.splitlines()]
-    found = {parse_submitted_nodes(line) for job, _, line in lines if job == job_id}
+    found = {parse_submitted_nodes(line, script) for job, _, line in lines if job == job_id}
     return found.pop() if len(found) == 1 else None

@@ -32,6 +32,10 @@ class ClusterDefaults:
     checkpoint_signal_seconds: int = CHECKPOINT_SIGNAL_SECONDS
 
 
+# The batch script every job's sbatch runs, in its job directory.
+SCRIPT = "job.sh"
+
+
 def extra_options(options: dict[str, str]) -> list[str]:
     """The task's extra sbatch options as words; Rejected for one the agent sets, in any
     spelling sbatch reads (the instruction's own check already refused it: the client
@@ -102,4 +106,4 @@ def sbatch_argv(
     checkpoint_signal(options, config, task.runtime["launcher"] == "mpirun")
     words = [f"--{k}" if v is None else f"--{k}={v}" for k, v in options.items()]
     extra = extra_options(task.resources["sbatch"] or {})
-    return ["sbatch", *extra, "--parsable", *words, str(job_dir / "job.sh")]
+    return ["sbatch", *extra, "--parsable", *words, str(job_dir / SCRIPT)]

@@ -48,6 +48,7 @@ from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.self_command import AGENT
 from tacc_agent.tasks import job_tags, node_limits, node_ranges
 from tacc_agent.tasks.reasons import MAX_REASON_CHARS, checked_reason
+from tacc_contract.sbatch import SCRIPT
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
@@ -130,14 +131,15 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
 
 
 def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
-    """Slurm's record of one job (`scontrol show job -o JOB`); None when Slurm does not
-    know it (or cannot be asked: the tick goes on)."""
+    """Slurm's record of one job (`scontrol show job -o JOB`, one line: slurm.job_alone);
+    None when Slurm does not know it, prints more than one line for it, or cannot be asked
+    (the tick goes on)."""
     try:
-        found = slurm.show("job", job_id, config.slurm_timeout_seconds)
+        info = slurm.job_alone(job_id, config.slurm_timeout_seconds)
     except AgentError:
         return None
-    records = [r for r in (record_of(info) for info in found) if r and r.job_id == job_id]
-    return records[0] if len(records) == 1 else None
+    record = record_of(info) if info else None
+    return record if record and record.job_id == job_id else None
 
 
 def job_records(config: AgentConfig) -> dict[str, JobRecord]:
@@ -374,7 +376,8 @@ def recorded_range(
     key = (job.job_id, job.uid, str(job.job_dir))
     bounds = node_ranges.recorded(path, key)
     if bounds is None:
-        bounds = slurm.submitted_nodes(job.job_id, config.slurm_timeout_seconds)
+        script = str(job.job_dir / SCRIPT)
+        bounds = slurm.submitted_nodes(job.job_id, script, config.slurm_timeout_seconds)
     if bounds is None and job.state in WAITING_STATES and job.max_nodes:
         bounds = (min(claimed[0], job.max_nodes), min(claimed[1], job.max_nodes))
     if bounds is not None:

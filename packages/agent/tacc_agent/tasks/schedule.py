@@ -34,6 +34,7 @@ from tacc_contract.plugins import (
 )
 from tacc_contract.registry import PluginError, in_layer, select
 from tacc_contract.sbatch import (
+    SCRIPT,
     base_options,
     sbatch_argv,
     slurm_tasks_per_node,
@@ -219,7 +220,7 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         partition = submission.partition
         submission.options["comment"] = job_tags.new_tag(job_dir)
         argv = sbatch_argv(task, job_dir, config, submission.options)
-        script = job_dir / "job.sh"
+        script = job_dir / SCRIPT
         script.write_text(batch_script(task, job_dir, digest))
         trials = submission.data.get("sweep", {}).get("trials", 0)
         if trials:
