@@ -720,3 +720,40 @@ def test_a_node_exporter_unit_name_with_a_space_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "node_exporter_systemd_units" in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_a_monitoring_host_researchers_log_in_to_is_refused_unless_opted_in(tmp_path, opt_in):
+    """Prometheus answers any query on its host's loopback: on a login node, alice would
+    read every job's figures and owner there. The role refuses such a host first thing,
+    unless ops accept it (monitoring_on_user_hosts, the lab's choice)."""
+    hosts = tmp_path / "hosts.yml"
+    members = {"hosts": {"login1": None}}
+    hosts.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "hosts": {"login1": {"ansible_connection": "local"}},
+                    "children": {"login": members, "monitoring": members},
+                }
+            }
+        )
+    )
+    play = [
+        {
+            "name": "Monitoring on a login node",
+            "hosts": "monitoring",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "The role's first check",
+                    "ansible.builtin.include_role": {"name": "monitoring"},
+                }
+            ],
+        }
+    ]
+    proc = ansible_playbook(tmp_path, hosts, play, {"monitoring_on_user_hosts": opt_in})
+    refused = "anyone with a shell there can query Prometheus" in proc.stdout
+    assert refused is not opt_in, proc.stdout[-3000:]
+    assert proc.returncode != 0  # opted in, the play goes on and fails later without facts

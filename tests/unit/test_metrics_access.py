@@ -383,7 +383,8 @@ def test_serve_says_it_after_the_port_line(tmp_path):
     ("text", "mode", "why"),
     [
         (None, 0o600, "cannot read it: No such file or directory"),
-        (TOKEN, 0o644, "any user may read it (mode -rw-r--r--): make it root's only"),
+        (TOKEN, 0o644, "not root's alone (owner uid 0, mode -rw-r--r--): chown root"),
+        (TOKEN, 0o640, "not root's alone (owner uid 0, mode -rw-r-----): chown root"),
         ("short-" + TOKEN[:20], 0o600, "expected one token of at least 32 visible ASCII"),
         (TOKEN[:20] + " " + TOKEN[20:], 0o600, "expected one token of at least 32 visible"),
     ],
@@ -436,3 +437,13 @@ def test_a_remote_client_never_makes_the_agent_read_the_socket_tables(monkeypatc
     for agent, client in local:
         access.allows(agent, client)
     assert len(read) == 3
+
+
+@pytest.mark.security
+def test_a_token_file_that_is_a_link_is_not_followed(tmp_path):
+    """A link in the token file's place (to a file someone else wrote) is refused."""
+    real = token_file(tmp_path, TOKEN, 0o600)
+    link = tmp_path / "linked-token"
+    link.symlink_to(real)
+    access, notes = serve.job_series_access(job_config(tmp_path, metrics_job_token_file=str(link)))
+    assert access.token == b"" and "cannot read it" in notes[0], notes

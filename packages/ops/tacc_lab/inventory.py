@@ -99,6 +99,9 @@ def container_vars(head: str, image: ContainerImage | None) -> dict:
 
 
 MONITORING_VARS = {
+    # The lab's head node is also its login node (HEAD_GROUPS): a lab only, where users
+    # reading each other's job figures in Prometheus is accepted (docs/lab.md).
+    "monitoring_on_user_hosts": True,
     "monitoring_scrape_interval": "5s",
     "monitoring_scrape_timeout": "5s",
     "monitoring_evaluation_interval": "5s",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
 import socket
 import stat
 import sys
@@ -140,14 +141,16 @@ def read_token(path: str) -> bytes:
     """The scrapers' token from its file (surrounding whitespace dropped, as Prometheus
     drops it from its credentials_file)."""
     try:
-        info = Path(path).stat()
-        text = Path(path).read_bytes().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # never a link
     except OSError as exc:
         raise TokenFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    if info.st_mode & stat.S_IROTH:
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        text = handle.read(4096).strip()
+    if info.st_uid != 0 or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenFileError(
-            f"{path}: any user may read it (mode {stat.filemode(info.st_mode)}): "
-            "make it root's only (chmod 0600)"
+            f"{path}: not root's alone (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}): chown root and chmod 0600"
         )
     if len(text) < TOKEN_MIN_LENGTH or not all(0x21 <= byte <= 0x7E for byte in text):
         raise TokenFileError(
