@@ -20,7 +20,7 @@ from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import metrics
-from tacc_agent.health.checks import CHECKS
+from tacc_agent.health.catalog import CHECKS
 from tacc_agent.health.checks.base import FAIL, OK, Result, Sample
 from tacc_agent.health.registry import Check, CheckContext, Family, Registry
 from tacc_agent.serve import Daemon

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent.health.checks import CHECKS
+from tacc_agent.health.catalog import CHECKS
 from tacc_agent.health.job_usage import JOB_FAMILIES
 from tacc_agent.health.metrics import AGENT_FAMILIES, PREFIX
 from tests.conftest import ROOT

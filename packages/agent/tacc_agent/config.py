@@ -97,7 +97,7 @@ class AgentConfig:
     # --- health checks (`tacc-agent check`, issue [6]) ---
     # Checks turned on or off on this node by name, e.g. {gpu: false}: a check turned off
     # neither runs nor drains, and its figures leave /metrics; one not named keeps its
-    # default (every built-in check is on). The names: tacc_agent/health/checks/__init__.py.
+    # default (every built-in check is on). The names: tacc_agent/health/catalog.py.
     checks: dict | None = None
     # Upper bound of each external probe (nvidia-smi, systemctl, statfs of a mount).
     check_timeout_seconds: float = 5.0

@@ -1,4 +1,4 @@
-"""`tacc-agent check`: every enabled health check once (the registry in health.checks,
+"""`tacc-agent check`: every enabled health check once (the registry in health.catalog,
 less what the agent config's `checks` turns off), each bounded in time; on a failure the
 node is drained in Slurm with reason "tacc: <check>: <detail>", and only a node drained
 with that tag is resumed when the checks pass again: a node an admin drained is never
@@ -15,7 +15,7 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.health.checks import CHECKS
+from tacc_agent.health.catalog import CHECKS
 from tacc_agent.health.checks.base import Result
 from tacc_agent.health.registry import Check, CheckContext, Registry
 
