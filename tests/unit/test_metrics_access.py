@@ -13,7 +13,6 @@ an allowed address) and root on the node (health/metrics_access.py, serve.py).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -26,13 +25,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent import serve
+from tacc_agent import serve, tcp_sockets
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import metrics_access
 from tacc_agent.health.metrics_access import JobSeriesAccess
 from tests.conftest import ROOT
-from tests.unit.agent_fixtures import daemon_settings, fixture_config
+from tests.unit.agent_fixtures import daemon_settings, fixture_config, metrics_server
 from tests.unit.test_job_usage import ALICE, add_process
 
 JOB_LABELS = ('job="', 'user="')
@@ -142,18 +141,6 @@ def job_config(tmp_path: Path, **settings: object) -> AgentConfig:
         services=(),
         **settings,
     )
-
-
-@contextlib.contextmanager
-def metrics_server(config: AgentConfig) -> Iterator[int]:
-    daemon = serve.Daemon(config)
-    daemon.cycle()
-    server = serve.listen(daemon, "127.0.0.1", 0)
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def scrape(port: int, source: str = "127.0.0.1", source_port: int = 0, token: str = "") -> str:
@@ -298,15 +285,15 @@ def test_the_real_socket_table_names_the_client_owner():
 
 def test_socket_table_addresses_are_read_in_host_byte_order():
     address = metrics_access.plain_address
-    assert metrics_access.table_address(hex_endpoint("10.77.6.11", 977)) == (
+    assert tcp_sockets.table_address(hex_endpoint("10.77.6.11", 977)) == (
         address("10.77.6.11"),
         977,
     )
     mapped = hex_endpoint("127.0.0.1", 80).partition(":")[0]
     words = ("00000000", "00000000", "FFFF0000" if sys.byteorder == "little" else "0000FFFF")
     in_tcp6 = f"{''.join(words)}{mapped}:0050"  # ::ffff:127.0.0.1, a dual-stack socket's
-    assert metrics_access.table_address(in_tcp6) == (address("127.0.0.1"), 80)
-    assert metrics_access.table_address("zz:1") is None
+    assert tcp_sockets.table_address(in_tcp6) == (address("127.0.0.1"), 80)
+    assert tcp_sockets.table_address("zz:1") is None
 
 
 def test_scraper_names_are_resolved_and_unresolved_ones_reported():
@@ -423,7 +410,7 @@ def test_a_remote_client_never_makes_the_agent_read_the_socket_tables(monkeypatc
     the loopback or at the address it connected to (so on this node) is looked up."""
     read: list[str] = []
     monkeypatch.setattr(
-        metrics_access, "socket_owners", lambda proc_root: read.append(proc_root) or iter(())
+        metrics_access, "tcp_sockets", lambda proc_root: read.append(proc_root) or iter(())
     )
     access = JobSeriesAccess(proc_root="/proc")
     assert not access.allows(("10.0.0.1", 977), ("10.0.0.2", 40000))

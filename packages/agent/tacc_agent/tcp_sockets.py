@@ -47,15 +47,21 @@ def table_address(text: str) -> Endpoint | None:
     return (mapped or found, port)
 
 
-def endpoint(address: tuple) -> Endpoint | None:
-    """A socket module address ((host, port) or (host, port, flow, scope)) as an Endpoint,
-    an IPv4-mapped IPv6 address as IPv4."""
+def plain_address(text: str) -> IpAddress | None:
+    """An address, an IPv4-mapped IPv6 one as IPv4 (a dual-stack socket's view); None
+    for what is no address."""
     try:
-        found = ipaddress.ip_address(str(address[0]).split("%")[0])
+        found = ipaddress.ip_address(text.split("%")[0])
     except ValueError:
         return None
     mapped = getattr(found, "ipv4_mapped", None)
-    return (mapped or found, int(address[1]))
+    return mapped or found
+
+
+def endpoint(address: tuple) -> Endpoint | None:
+    """A socket module address ((host, port) or (host, port, flow, scope)) as an Endpoint."""
+    found = plain_address(str(address[0]))
+    return (found, int(address[1])) if found is not None else None
 
 
 def tcp_sockets(proc_root: str = "/proc") -> Iterator[TcpSocket]:

@@ -26,30 +26,14 @@ import ipaddress
 import os
 import socket
 import stat
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from tacc_agent.tcp_sockets import Endpoint, IpAddress, endpoint, plain_address, tcp_sockets
+
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-Endpoint = tuple[IpAddress, int]
-SOCKET_TABLES = ("net/tcp", "net/tcp6")
 # The scrapers' token: at least this many characters, each visible ASCII (an HTTP header's).
 TOKEN_MIN_LENGTH = 32
-# /proc/net/tcp columns (split on whitespace): local address, remote address, uid, inode.
-LOCAL, REMOTE, UID, INODE = 1, 2, 7, 9
-
-
-def plain_address(text: str) -> IpAddress | None:
-    """An address, an IPv4-mapped IPv6 one as IPv4 (a dual-stack socket's view); None
-    for what is no address."""
-    try:
-        found = ipaddress.ip_address(text.split("%")[0])
-    except ValueError:
-        return None
-    mapped = getattr(found, "ipv4_mapped", None)
-    return mapped or found
 
 
 Resolver = Callable[[str], Iterable[str]]
@@ -84,53 +68,13 @@ def scraper_networks(
     return tuple(networks), unresolved
 
 
-def table_address(text: str) -> Endpoint | None:
-    """One /proc/net/tcp{,6} address: hex of the address's 32-bit words in host byte
-    order, a colon, the port in hex ("0100007F:03D1" is 127.0.0.1:977)."""
-    hex_address, _, hex_port = text.partition(":")
-    try:
-        raw = bytes.fromhex(hex_address)
-        port = int(hex_port, 16)
-    except ValueError:
-        return None
-    if len(raw) not in (4, 16):
-        return None
-    if sys.byteorder == "little":
-        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    found = ipaddress.ip_address(raw)
-    mapped = getattr(found, "ipv4_mapped", None)
-    return (mapped or found, port)
-
-
-def socket_owners(proc_root: str) -> Iterator[tuple[Endpoint, Endpoint, int]]:
-    """(local end, remote end, owner uid) of each TCP socket a process holds on this node."""
-    for table in SOCKET_TABLES:
-        try:
-            with open(Path(proc_root) / table, encoding="ascii", errors="replace") as lines:
-                next(lines, None)  # the header
-                for line in lines:
-                    fields = line.split()
-                    if len(fields) <= INODE or fields[INODE] == "0":
-                        continue  # no process holds it (orphan, TIME_WAIT)
-                    local, remote = table_address(fields[LOCAL]), table_address(fields[REMOTE])
-                    if local and remote and fields[UID].isdigit():
-                        yield local, remote, int(fields[UID])
-        except OSError:  # no such table here (no IPv6), or no /proc
-            continue
-
-
 def client_uid(proc_root: str, agent_end: Endpoint, client_end: Endpoint) -> int | None:
-    """The uid owning the client's end of a connection, when the client is on this node."""
-    for local, remote, uid in socket_owners(proc_root):
-        if local == client_end and remote == agent_end:
-            return uid
+    """The uid owning the client's end of a connection, when the client is on this node
+    (a socket no process holds, TIME_WAIT or an orphan listed as uid 0, is nobody's)."""
+    for found in tcp_sockets(proc_root):
+        if found.held and found.local == client_end and found.remote == agent_end:
+            return found.uid
     return None
-
-
-def endpoint(address: tuple) -> Endpoint | None:
-    """A socket module address ((host, port) or (host, port, flow, scope)) as an Endpoint."""
-    found = plain_address(str(address[0]))
-    return (found, int(address[1])) if found is not None else None
 
 
 class TokenFileError(Exception):
