@@ -59,7 +59,7 @@ def inventory(tmp: Path, *, dns: bool) -> Path:
     return path
 
 
-def ansible_playbook(tmp: Path, inventory_path: Path, play: list[dict], extra: dict):
+def ansible_playbook(tmp: Path, inventory_path: Path, play: list[dict], extra: dict, *argv: str):
     path = tmp / "play.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
     env = {
@@ -77,6 +77,7 @@ def ansible_playbook(tmp: Path, inventory_path: Path, play: list[dict], extra: d
         str(path),
         "-e",
         json.dumps(extra),
+        *argv,
     ]
     return subprocess.run(
         argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False

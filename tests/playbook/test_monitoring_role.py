@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT
+from tests.conftest import ROOT
 from tests.playbook.monitoring_render import (
     ADDRESSES,
     NODE_ROLE,
@@ -303,27 +303,7 @@ def token_play(tmp: Path, *argv: str, **settings: object) -> subprocess.Complete
         }
     ]
     extra = {"tacc_agent_metrics_job_token_file": str(tmp / "etc/metrics-job-token"), **settings}
-    path = tmp / "token-play.yml"
-    path.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_STRATEGY": "linear",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    argv_all = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        str(inventory(tmp, dns=False)),
-        str(path),
-        "-e",
-        json.dumps(extra),
-        *argv,
-    ]
-    return subprocess.run(
-        argv_all, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False
-    )
+    return ansible_playbook(tmp, inventory(tmp, dns=False), play, extra, *argv)
 
 
 def recap_changed(proc: subprocess.CompletedProcess) -> int:

@@ -4,10 +4,13 @@ test_security_serve_logs.py) and tests/playbook/test_health_registry.py share th
 
 from __future__ import annotations
 
+import contextlib
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+from tacc_agent import serve
 from tacc_agent.config import AgentConfig
 
 
@@ -121,3 +124,16 @@ def fixture_config(tmp_path: Path) -> AgentConfig:
         drain=False,
         real_memory_mb=15000,
     )
+
+
+@contextlib.contextmanager
+def metrics_server(config: AgentConfig) -> Iterator[int]:
+    """The daemon's metrics server on a free loopback port, after one check cycle."""
+    daemon = serve.Daemon(config)
+    daemon.cycle()
+    server = serve.listen(daemon, "127.0.0.1", 0)
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -193,8 +193,14 @@ def halted(run: Runner, info: dict[str, str], slurm_max: int) -> Runner:
 @pytest.fixture
 def slurm_job(job_dir, monkeypatch):
     """Slurm's job 41: alice's, running in job_dir; the system knows alice by that uid."""
-    info = {"JobId": "41", "UserId": f"alice({owner_uid()})", "JobState": "RUNNING",
-            "WorkDir": str(job_dir), "NumNodes": "1", "Partition": "batch"}  # fmt: skip
+    info = {
+        "JobId": "41",
+        "UserId": f"alice({owner_uid()})",
+        "JobState": "RUNNING",
+        "WorkDir": str(job_dir),
+        "NumNodes": "1",
+        "Partition": "batch",
+    }
     partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
     monkeypatch.setattr(
         slurm,

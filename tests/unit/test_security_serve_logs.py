@@ -24,9 +24,13 @@ import pytest
 import yaml
 
 from tacc_agent import serve
-from tacc_agent.serve import Daemon
 from tacc_agent.tasks import logs, records
-from tests.unit.agent_fixtures import daemon_settings, fixture_config, parse_exposition
+from tests.unit.agent_fixtures import (
+    daemon_settings,
+    fixture_config,
+    metrics_server,
+    parse_exposition,
+)
 
 # ------------------------------------------------------------ 7: /metrics under slow clients
 SCRAPER = "127.0.0.2"  # the Prometheus server: another address than the slow clients'
@@ -49,18 +53,6 @@ def no_deadline(monkeypatch) -> None:
     """Stalled clients keep their connections for the whole case (the request deadline
     pushed out to an hour): a scrape served at all was not kept waiting behind them."""
     monkeypatch.setattr(serve, "REQUEST_DEADLINE_SECONDS", 3600.0)
-
-
-@contextlib.contextmanager
-def metrics_server(tmp_path: Path) -> Iterator[int]:
-    daemon = Daemon(fixture_config(tmp_path))
-    daemon.cycle()
-    server = serve.listen(daemon, "127.0.0.1", 0)
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def stalled_client(port: int, sent: bytes = b"GET /metr") -> socket.socket:
@@ -97,7 +89,7 @@ def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_o
 ):
     """A local user holds every slot from 127.0.0.2.., 127.0.0.9 (any of 127/8 is theirs):
     the scrape, from the same loopback or another address, cuts the oldest and is served."""
-    with metrics_server(tmp_path) as port:
+    with metrics_server(fixture_config(tmp_path)) as port:
         held = []
         for host in range(2, 2 + serve.CONNECTIONS // serve.CONNECTIONS_PER_CLIENT):
             for _ in range(serve.CONNECTIONS_PER_CLIENT):
@@ -114,7 +106,7 @@ def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_o
 
 @pytest.mark.security
 def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path, no_deadline):
-    with metrics_server(tmp_path) as port:
+    with metrics_server(fixture_config(tmp_path)) as port:
         slow = stalled_client(port)
         silent = socket.create_connection(("127.0.0.1", port), timeout=10)
         stop = threading.Event()
@@ -133,7 +125,7 @@ def test_p7_a_client_sending_a_byte_every_2s_does_not_delay_a_scrape(tmp_path, n
 @pytest.mark.security
 def test_p7_a_slow_or_silent_client_is_cut_after_the_request_deadline(tmp_path, monkeypatch):
     monkeypatch.setattr(serve, "REQUEST_DEADLINE_SECONDS", 1.0, raising=False)
-    with metrics_server(tmp_path) as port:
+    with metrics_server(fixture_config(tmp_path)) as port:
         slow = stalled_client(port)
         stop = threading.Event()
         threading.Thread(target=dribble, args=(slow, stop, 0.3), daemon=True).start()
@@ -151,7 +143,7 @@ def test_p7_a_slow_or_silent_client_is_cut_after_the_request_deadline(tmp_path, 
 def test_p7_hundreds_of_idle_connections_neither_block_scrapes_nor_pile_up_threads(
     tmp_path, no_deadline
 ):
-    with metrics_server(tmp_path) as port:
+    with metrics_server(fixture_config(tmp_path)) as port:
         before = threading.active_count()
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
         try:
@@ -176,7 +168,7 @@ def ask(port: int, method: str, path: str) -> tuple[int, str, str]:
 
 
 def test_p7_routes_and_the_exposition_are_unchanged(tmp_path):
-    with metrics_server(tmp_path) as port:
+    with metrics_server(fixture_config(tmp_path)) as port:
         status, kind, body = ask(port, "GET", "/metrics")
         assert status == 200 and kind.startswith("text/plain; version=0.0.4")
         families = parse_exposition(body)

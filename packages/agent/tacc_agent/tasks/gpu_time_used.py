@@ -156,8 +156,9 @@ def used_gpu_seconds(
     try:
         sums = series_sums(url, since, until, time.monotonic() + DEADLINE_SECONDS)
     except PrometheusUnavailable as exc:
-        return Measured(None, [f"Prometheus at {url} did not answer ({exc}): "
-                               "no GPU utilisation to show"])  # fmt: skip
+        return Measured(
+            None, [f"Prometheus at {url} did not answer ({exc}): no GPU utilisation to show"]
+        )
     used: dict[str, float] = {}
     for entry in sums.values():
         if entry.job_id in job_seconds and entry.samples > 0:
