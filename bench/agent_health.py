@@ -58,8 +58,11 @@ def timed(node: str, cmd: str, runs: int) -> list[float]:
 
 
 def show(label: str, values: list[float], unit: str = "s") -> None:
-    print(f"  {label:<44} median {statistics.median(values):7.3f} {unit}   "
-          f"max {max(values):7.3f} {unit}   (n={len(values)})", flush=True)  # fmt: skip
+    print(
+        f"  {label:<44} median {statistics.median(values):7.3f} {unit}   "
+        f"max {max(values):7.3f} {unit}   (n={len(values)})",
+        flush=True,
+    )
 
 
 def check_wall_time(runs: int) -> dict:
@@ -73,11 +76,21 @@ def check_wall_time(runs: int) -> dict:
     full = timed("n2", "tacc-agent check", runs)
     show("tacc-agent check (drain/resume logic)", full)
     ratio = statistics.median(full) / statistics.median(floor)
-    print(f"  ratio check / interpreter start: {ratio:.1f}x; "
-          f"target <= 0.5 s: {'met' if max(full) <= 0.5 else 'NOT met'}", flush=True)  # fmt: skip
-    return {"runs": runs, "python_start": summary(floor), "scontrol": summary(scontrol),
-            "check_no_slurm": summary(bare), "check": summary(full), "ratio": ratio,
-            "target_s": 0.5, "meets": max(full) <= 0.5}  # fmt: skip
+    print(
+        f"  ratio check / interpreter start: {ratio:.1f}x; "
+        f"target <= 0.5 s: {'met' if max(full) <= 0.5 else 'NOT met'}",
+        flush=True,
+    )
+    return {
+        "runs": runs,
+        "python_start": summary(floor),
+        "scontrol": summary(scontrol),
+        "check_no_slurm": summary(bare),
+        "check": summary(full),
+        "ratio": ratio,
+        "target_s": 0.5,
+        "meets": max(full) <= 0.5,
+    }
 
 
 def proc_figures(node: str) -> tuple[int, float]:
@@ -111,33 +124,53 @@ def daemon_footprint(minutes: float, address: str, other_work) -> dict:
     stop.set()
     rss1, cpu1 = proc_figures("n2")
     runs = int(minutes * 60 // 60) + 1  # a run at start, then one per 60 s interval
-    print(f"2. the daemon on n2 for {minutes:g} min (60 s interval, {len(sizes)} scrapes of "
-          f"~{statistics.mean(sizes or [0]) / 1024:.1f} KiB)")  # fmt: skip
-    print(f"  RSS at start {rss0 / 1024:.1f} MiB, after {minutes:g} min {rss1 / 1024:.1f} MiB "
-          f"(target <= 30 MiB: {'met' if rss1 <= 30 * 1024 else 'NOT met'}; "
-          "dcgm-exporter: 135-512 MiB)")  # fmt: skip
-    print(f"  CPU: {cpu1 - cpu0:.2f} s over {runs} check runs = "
-          f"{(cpu1 - cpu0) / runs * 1000:.0f} ms per interval (own + probes, scrapes included)",
-          flush=True)  # fmt: skip
-    return {"minutes": minutes, "interval_s": 60, "scrapes": len(sizes),
-            "scrape_kib": statistics.mean(sizes or [0]) / 1024, "rss_start_mib": rss0 / 1024,
-            "rss_end_mib": rss1 / 1024, "rss_target_mib": 30, "cpu_s": cpu1 - cpu0,
-            "check_runs": runs, "cpu_ms_per_interval": (cpu1 - cpu0) / runs * 1000}  # fmt: skip
+    print(
+        f"2. the daemon on n2 for {minutes:g} min (60 s interval, {len(sizes)} scrapes of "
+        f"~{statistics.mean(sizes or [0]) / 1024:.1f} KiB)"
+    )
+    print(
+        f"  RSS at start {rss0 / 1024:.1f} MiB, after {minutes:g} min {rss1 / 1024:.1f} MiB "
+        f"(target <= 30 MiB: {'met' if rss1 <= 30 * 1024 else 'NOT met'}; "
+        "dcgm-exporter: 135-512 MiB)"
+    )
+    print(
+        f"  CPU: {cpu1 - cpu0:.2f} s over {runs} check runs = "
+        f"{(cpu1 - cpu0) / runs * 1000:.0f} ms per interval (own + probes, scrapes included)",
+        flush=True,
+    )
+    return {
+        "minutes": minutes,
+        "interval_s": 60,
+        "scrapes": len(sizes),
+        "scrape_kib": statistics.mean(sizes or [0]) / 1024,
+        "rss_start_mib": rss0 / 1024,
+        "rss_end_mib": rss1 / 1024,
+        "rss_target_mib": 30,
+        "cpu_s": cpu1 - cpu0,
+        "check_runs": runs,
+        "cpu_ms_per_interval": (cpu1 - cpu0) / runs * 1000,
+    }
 
 
 def drain_latency(trials: int) -> dict:
     node = "n3"
-    node_sh(node, "systemctl stop tacc-agent; mkdir -p /mnt/bench-watch; "
-            f"printf '{WATCH}' > /tmp/watch.yaml")  # fmt: skip
+    node_sh(
+        node,
+        f"systemctl stop tacc-agent; mkdir -p /mnt/bench-watch; printf '{WATCH}' > /tmp/watch.yaml",
+    )
     daemon, reaction = [], []
     try:
-        node_sh(node, "systemd-run --unit tacc-agent-bench tacc-agent --config /tmp/watch.yaml "
-                "serve --port 19770 --interval 5")  # fmt: skip
+        node_sh(
+            node,
+            "systemd-run --unit tacc-agent-bench tacc-agent --config /tmp/watch.yaml "
+            "serve --port 19770 --interval 5",
+        )
         for _ in range(trials):
             node_sh(node, "mountpoint -q /mnt/bench-watch || mount -t tmpfs t /mnt/bench-watch")
             wait_idle(node)
-            s, e = node_sh(node, UNTIL_DRAIN.format(trigger="umount /mnt/bench-watch",
-                                                    node=node)).split()  # fmt: skip
+            s, e = node_sh(
+                node, UNTIL_DRAIN.format(trigger="umount /mnt/bench-watch", node=node)
+            ).split()
             daemon.append(float(e) - float(s))
         node_sh(node, "systemctl stop tacc-agent-bench")
         for _ in range(trials):
@@ -147,9 +180,12 @@ def drain_latency(trials: int) -> dict:
             s, e = node_sh(node, UNTIL_DRAIN.format(trigger=trigger, node=node)).split()
             reaction.append(float(e) - float(s))
     finally:
-        node_sh(node, "systemctl stop tacc-agent-bench 2>/dev/null; umount /mnt/bench-watch "
-                "2>/dev/null; scontrol update NodeName=n3 State=RESUME; "
-                "systemctl start tacc-agent")  # fmt: skip
+        node_sh(
+            node,
+            "systemctl stop tacc-agent-bench 2>/dev/null; umount /mnt/bench-watch "
+            "2>/dev/null; scontrol update NodeName=n3 State=RESUME; "
+            "systemctl start tacc-agent",
+        )
     print("3. time from a failing check to DRAIN in sinfo (n3)")
     show("daemon at a 5 s interval: umount -> drain", daemon)
     show(

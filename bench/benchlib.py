@@ -158,8 +158,17 @@ class Record(dict):
 def ticker(stop: threading.Event, log: dict, config: str = "/root/las.yaml") -> None:
     """The daemon's queue tick (the same `tick` function), every 2 s, as root on n1. A
     failed tick (ssh under load) is counted, never the end of the loop."""
-    argv = [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "n1", "tacc-agent", "--config",
-            config, "queue-tick"]  # fmt: skip
+    argv = [
+        str(BIN / "tacc-lab"),
+        "--name",
+        NAME,
+        "ssh",
+        "n1",
+        "tacc-agent",
+        "--config",
+        config,
+        "queue-tick",
+    ]
     while not stop.wait(2):
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         try:

@@ -53,8 +53,9 @@ class Tcloud:
         self.env = {**os.environ, **env}
 
     def run(self, *argv: str) -> str:
-        proc = subprocess.run([str(BIN / "tcloud"), *argv], env=self.env, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [str(BIN / "tcloud"), *argv], env=self.env, capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
         return proc.stdout
@@ -132,9 +133,12 @@ def first_pull(tcloud: Tcloud, work: Path, rounds: int) -> dict:
         by_hand.append(pull_by_hand(info["image"]["digest"]))
     row = {"tcloud": summary(ours), "by_hand": summary(by_hand), "bytes": max(sizes)}
     row["ratio"] = row["tcloud"]["median"] / row["by_hand"]["median"]
-    print(f"first pull + convert: tcloud {row['tcloud']['median']:.2f} s, by hand "
-          f"{row['by_hand']['median']:.2f} s = {row['ratio']:.2f}x "
-          f"({row['bytes'] / 2**20:.0f} MiB)", flush=True)  # fmt: skip
+    print(
+        f"first pull + convert: tcloud {row['tcloud']['median']:.2f} s, by hand "
+        f"{row['by_hand']['median']:.2f} s = {row['ratio']:.2f}x "
+        f"({row['bytes'] / 2**20:.0f} MiB)",
+        flush=True,
+    )
     return row
 
 
@@ -150,8 +154,12 @@ def build_task(root: Path, name: str) -> Path:
     (root / "env/data").mkdir(parents=True)
     (root / "env/Containerfile").write_text(BUILD_FILE)
     (root / "env/data/a.txt").write_text(f"{name} {time.time_ns()}\n")  # a new key
-    document = {"name": name, "image": {"build": "env/Containerfile"}, "run": ["true"],
-                "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"}}  # fmt: skip
+    document = {
+        "name": name,
+        "image": {"build": "env/Containerfile"},
+        "run": ["true"],
+        "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"},
+    }
     (root / "tcloud.yaml").write_text(json.dumps(document))
     return root
 
@@ -190,9 +198,12 @@ def first_build(tcloud: Tcloud, work: Path, rounds: int) -> dict:
             by_hand.append(build_by_hand(digest, project / "env/data/a.txt"))
     row = {"tcloud": summary(ours), "by_hand": summary(by_hand)}
     row["ratio"] = row["tcloud"]["median"] / row["by_hand"]["median"]
-    print(f"first build (copy of the base + WORKDIR, COPY, RUN): tcloud "
-          f"{row['tcloud']['median']:.2f} s, by hand {row['by_hand']['median']:.2f} s = "
-          f"{row['ratio']:.2f}x", flush=True)  # fmt: skip
+    print(
+        f"first build (copy of the base + WORKDIR, COPY, RUN): tcloud "
+        f"{row['tcloud']['median']:.2f} s, by hand {row['by_hand']['median']:.2f} s = "
+        f"{row['ratio']:.2f}x",
+        flush=True,
+    )
     return row
 
 
@@ -219,12 +230,18 @@ def cached_start(tcloud: Tcloud, work: Path, rounds: int) -> dict:
     row["rank_ratio"] = row["rank_image"]["median"] / row["rank_none"]["median"]
     row["rank_overhead_s"] = row["rank_image"]["median"] - row["rank_none"]["median"]
     row["submit_ratio"] = row["submit_image"]["median"] / row["submit_none"]["median"]
-    print(f"per rank, program -> first line: image {row['rank_image']['median']:.3f} s, none "
-          f"{row['rank_none']['median']:.3f} s = {row['rank_ratio']:.2f}x "
-          f"(+{row['rank_overhead_s']:.3f} s)", flush=True)  # fmt: skip
+    print(
+        f"per rank, program -> first line: image {row['rank_image']['median']:.3f} s, none "
+        f"{row['rank_none']['median']:.3f} s = {row['rank_ratio']:.2f}x "
+        f"(+{row['rank_overhead_s']:.3f} s)",
+        flush=True,
+    )
     image, none = row["submit_image"]["median"], row["submit_none"]["median"]
-    print(f"submit -> first line (2 nodes): image {image:.2f} s, none {none:.2f} s = "
-          f"{row['submit_ratio']:.2f}x", flush=True)  # fmt: skip
+    print(
+        f"submit -> first line (2 nodes): image {image:.2f} s, none {none:.2f} s = "
+        f"{row['submit_ratio']:.2f}x",
+        flush=True,
+    )
     return row
 
 
@@ -243,8 +260,21 @@ def main() -> int:
         inventory = work / "hosts.yml"
         if not args.lab:
             sh([str(BIN / "tacc-lab"), "--name", NAME, "down"])
-            sh([str(BIN / "tacc-lab"), "--name", NAME, "up", "--nodes", "3", "--subnet", SUBNET,
-                "--inventory", str(inventory), "--container-image"])  # fmt: skip
+            sh(
+                [
+                    str(BIN / "tacc-lab"),
+                    "--name",
+                    NAME,
+                    "up",
+                    "--nodes",
+                    "3",
+                    "--subnet",
+                    SUBNET,
+                    "--inventory",
+                    str(inventory),
+                    "--container-image",
+                ]
+            )
         try:
             if not args.lab:
                 out["converge_s"] = playbook(inventory, "playbooks/site.yml")[0]

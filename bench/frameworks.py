@@ -62,20 +62,26 @@ def timed_build(tool: str, tag: str) -> float:
     base = f"/tmp/bench-{tool}-{tag}"
     reqs = " ".join(shlex.quote(r) for r in requirements())
     if tool == "uv":
-        build = (f"{UV} venv -q --python /usr/bin/python3 {base}/env && "
-                 f"UV_CACHE_DIR={base}/cache {UV} pip install -q --python {base}/env/bin/python "
-                 f"--index-url {INDEX} {reqs}")  # fmt: skip
+        build = (
+            f"{UV} venv -q --python /usr/bin/python3 {base}/env && "
+            f"UV_CACHE_DIR={base}/cache {UV} pip install -q --python {base}/env/bin/python "
+            f"--index-url {INDEX} {reqs}"
+        )
     else:
-        build = (f"/usr/bin/python3 -m venv {base}/env && "
-                 f"PIP_CACHE_DIR={base}/cache {base}/env/bin/pip install -q "
-                 f"--disable-pip-version-check --index-url {INDEX} {reqs}")  # fmt: skip
+        build = (
+            f"/usr/bin/python3 -m venv {base}/env && "
+            f"PIP_CACHE_DIR={base}/cache {base}/env/bin/pip install -q "
+            f"--disable-pip-version-check --index-url {INDEX} {reqs}"
+        )
         # The lab's pip.conf names the egress proxy, which pip then uses even for n1
         # (pip reads no_proxy only without a configured proxy); the cache is plain HTTP.
         build = build.replace(" install -q ", " install -q --proxy= --trusted-host n1 ")
     # All as alice (the directory too, so the build can write it); a failed build fails
     # the bench with its output (sh() exits on a non-zero status).
-    script = (f"rm -rf {base}; mkdir -p {base}; s=$(date +%s.%N); {build} >&2 || exit 1; "
-              f"e=$(date +%s.%N); echo \"$s $e\"; rm -rf {base}")  # fmt: skip
+    script = (
+        f"rm -rf {base}; mkdir -p {base}; s=$(date +%s.%N); {build} >&2 || exit 1; "
+        f'e=$(date +%s.%N); echo "$s $e"; rm -rf {base}'
+    )
     command = f"cd /tmp && runuser -u alice -- sh -c {shlex.quote(script)}"
     started, ended = node_sh("n2", command).split()[-2:]
     return float(ended) - float(started)
@@ -90,8 +96,14 @@ def provision(inventory: Path, cache: Path) -> float:
 
 def first_step_seconds(env: dict[str, str], cwd: Path) -> tuple[float, str]:
     def tcloud(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "tcloud"), *argv], env=env, cwd=cwd,
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        return subprocess.run(
+            [str(BIN / "tcloud"), *argv],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
     start = time.monotonic()
     proc = tcloud("submit", "--json", str(EXAMPLE))
@@ -133,8 +145,11 @@ def main() -> None:
                 for tool in ("pip", "uv") if run % 2 else ("uv", "pip"):
                     times[tool].append(timed_build(tool, f"warm{run}"))
             uv, pip = statistics.median(times["uv"]), statistics.median(times["pip"])
-            record["env_build_warm"] = {"uv": summary(times["uv"]), "pip": summary(times["pip"]),
-                                        "pip_over_uv": round(pip / uv, 2)}  # fmt: skip
+            record["env_build_warm"] = {
+                "uv": summary(times["uv"]),
+                "pip": summary(times["pip"]),
+                "pip_over_uv": round(pip / uv, 2),
+            }
             print(
                 f"environment build, warm cache, fresh lab: pip {pip:7.1f} s | uv {uv:7.1f} s"
                 f" | ratio {pip / uv:.2f}x  (median of {args.runs})"

@@ -64,13 +64,23 @@ class Researcher:
         config = (home / "tcloud.yaml").read_text()
         self.login = next(line.split()[1] for line in config.splitlines() if "host:" in line)
         known = next(line.split()[1] for line in config.splitlines() if "known_hosts:" in line)
-        self.ssh = ["ssh", "-i", str(home / "id_ed25519"), "-o", f"UserKnownHostsFile={known}",
-                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-                    f"{USER}@{self.login}"]  # fmt: skip
+        self.ssh = [
+            "ssh",
+            "-i",
+            str(home / "id_ed25519"),
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"{USER}@{self.login}",
+        ]
 
     def tcloud(self, *argv: str) -> str:
-        proc = subprocess.run([str(BIN / "tcloud"), *argv], env=self.env, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [str(BIN / "tcloud"), *argv], env=self.env, capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
         return proc.stdout
@@ -80,8 +90,11 @@ def start_job(me: Researcher, work: Path, mib: int) -> str:
     project = work / "streamer"
     project.mkdir()
     (project / "streamer.py").write_text(STREAMER % STREAM_PORT)
-    task = {"name": "bench-interactive", "resources": {"nodes": 2, "mem": "200M", "time": "30"},
-            "run": [f"exec python3 streamer.py {mib}"]}  # fmt: skip
+    task = {
+        "name": "bench-interactive",
+        "resources": {"nodes": 2, "mem": "200M", "time": "30"},
+        "run": [f"exec python3 streamer.py {mib}"],
+    }
     (project / "tcloud.yaml").write_text(json.dumps(task))
     job = json.loads(me.tcloud("submit", "--json", str(project)))["job_id"]
     deadline = time.monotonic() + 120
@@ -138,8 +151,9 @@ def wait_listening(port: int, seconds: float = 30) -> None:
 
 def throughput(forwarder: list[str], port: int, env: dict[str, str], mib: int) -> float:
     """MiB/s of one stream of `mib` MiB read through the forwarder listening on `port`."""
-    proc = subprocess.Popen(forwarder, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        forwarder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_listening(port)
         start = time.monotonic()
@@ -166,8 +180,10 @@ def report(title: str, result: dict, unit: str, higher_is_better: bool = False) 
     mine, theirs = result["tcloud"]["median"], result["baseline"]["median"]
     result["ratio"] = mine / theirs
     better = "(higher is better)" if higher_is_better else ""
-    print(f"{title}: tcloud {mine:.3f} {unit}, baseline {theirs:.3f} {unit}, "
-          f"ratio {result['ratio']:.2f}x {better}")  # fmt: skip
+    print(
+        f"{title}: tcloud {mine:.3f} {unit}, baseline {theirs:.3f} {unit}, "
+        f"ratio {result['ratio']:.2f}x {better}"
+    )
 
 
 def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> None:
@@ -221,8 +237,20 @@ def main() -> int:
         inventory = work / "hosts.yml"
         if not args.lab:
             sh([str(BIN / "tacc-lab"), "--name", NAME, "down"])
-            sh([str(BIN / "tacc-lab"), "--name", NAME, "up", "--nodes", "3", "--subnet", SUBNET,
-                "--inventory", str(inventory)])  # fmt: skip
+            sh(
+                [
+                    str(BIN / "tacc-lab"),
+                    "--name",
+                    NAME,
+                    "up",
+                    "--nodes",
+                    "3",
+                    "--subnet",
+                    SUBNET,
+                    "--inventory",
+                    str(inventory),
+                ]
+            )
         job = ""
         try:
             if not args.lab:

@@ -73,8 +73,11 @@ print(json.dumps({
 def lab_sh(lab: str, node: str, script: str, check: bool = True) -> str:
     proc = subprocess.run(
         [str(BIN / "tacc-lab"), "--name", lab, "ssh", node, shlex.join(["sh", "-c", script])],
-        capture_output=True, text=True, check=False, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     if check and proc.returncode != 0:
         sys.exit(f"bench: on {node}: {script[:80]}: {proc.stderr[-2000:]}")
     return proc.stdout
@@ -82,8 +85,10 @@ def lab_sh(lab: str, node: str, script: str, check: bool = True) -> str:
 
 def cpu_seconds(lab: str, node: str, port: int) -> float:
     """utime + stime of the process listening on `port` on `node`."""
-    script = (f"pid=$(ss -Hltnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2); "
-              "cut -d' ' -f14,15 /proc/$pid/stat; getconf CLK_TCK")  # fmt: skip
+    script = (
+        f"pid=$(ss -Hltnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2); "
+        "cut -d' ' -f14,15 /proc/$pid/stat; getconf CLK_TCK"
+    )
     ticks, hz = lab_sh(lab, node, script).split("\n", 1)
     return sum(int(t) for t in ticks.split()) / int(hz)
 
@@ -146,8 +151,18 @@ def main() -> int:
     args = parser.parse_args()
     inventory = Path(f"/tmp/bench-operations-{args.lab}/hosts.yml")
     numbered = numbered_nodes(args.lab)
-    sh([str(BIN / "tacc-lab"), "--name", args.lab, "up", "--nodes", str(numbered),
-        "--inventory", str(inventory)])  # fmt: skip
+    sh(
+        [
+            str(BIN / "tacc-lab"),
+            "--name",
+            args.lab,
+            "up",
+            "--nodes",
+            str(numbered),
+            "--inventory",
+            str(inventory),
+        ]
+    )
     with Record(args.json, lab=args.lab, scrapes=args.scrapes) as out:
         print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         cost = scrape_cost(args.lab, "n2", args.scrapes)
@@ -182,8 +197,18 @@ def main() -> int:
         out["waves"] = waves
         if args.add_node:
             rerun, _ = playbook(inventory, "playbooks/site.yml")
-            sh([str(BIN / "tacc-lab"), "--name", args.lab, "up", "--nodes", str(numbered + 1),
-                "--inventory", str(inventory)])  # fmt: skip
+            sh(
+                [
+                    str(BIN / "tacc-lab"),
+                    "--name",
+                    args.lab,
+                    "up",
+                    "--nodes",
+                    str(numbered + 1),
+                    "--inventory",
+                    str(inventory),
+                ]
+            )
             added, changed = playbook(inventory, "playbooks/site.yml")
             out["add_node"] = {"seconds": added, "rerun_s": rerun, "changed": changed}
             print(

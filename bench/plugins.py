@@ -76,21 +76,42 @@ SETTINGS = {
     "slurm_node_cpus": CPUS,
     "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdParameters": "config_overrides"},
 }
-N2 = {"slurm_node_gres": ["gpu:h100:1"], "slurm_gpu_sharing": "shard",
-      "slurm_gpu_shards_per_gpu": 4}  # fmt: skip
+N2 = {
+    "slurm_node_gres": ["gpu:h100:1"],
+    "slurm_gpu_sharing": "shard",
+    "slurm_gpu_shards_per_gpu": 4,
+}
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # allox last: it gives n3 a FAKE L40S, which the sections before it do not expect.
-SECTIONS = ("duration", "las", "gpu_share", "elastic", "sweep", "tiresias", "fluid", "oort",
-            "elastic_resize", "elastic_resize_long", "allox")  # fmt: skip
+SECTIONS = (
+    "duration",
+    "las",
+    "gpu_share",
+    "elastic",
+    "sweep",
+    "tiresias",
+    "fluid",
+    "oort",
+    "elastic_resize",
+    "elastic_resize_long",
+    "allox",
+)
 # One threshold between what the short-job user attains (4 x 10 node-s) and the long-job
 # user (2 x 60 node-s by the first minute): Tiresias tunes its queues to the workload.
 LAS = "plugins: [las]\nlas_thresholds: [100]\nlas_nice_step: 1000\nstate_dir: /root/las-bench\n"
 # Tiresias per job: a long job (one node, 60 s) passes 30 node-s half-way and drops to
 # queue 1; a job that waits in queue 0 then preempts it (it checkpoints and resumes).
-TIRESIAS_SETTINGS = {"thresholds": [30], "promote_knob": 8, "nice_step": 1000,
-                     "min_run_seconds": 10}  # fmt: skip
-TIRESIAS = {"plugins": ["tiresias"], "state_dir": "/root/tiresias-bench",
-            "plugin_settings": {"tiresias": TIRESIAS_SETTINGS}}  # fmt: skip
+TIRESIAS_SETTINGS = {
+    "thresholds": [30],
+    "promote_knob": 8,
+    "nice_step": 1000,
+    "min_run_seconds": 10,
+}
+TIRESIAS = {
+    "plugins": ["tiresias"],
+    "state_dir": "/root/tiresias-bench",
+    "plugin_settings": {"tiresias": TIRESIAS_SETTINGS},
+}
 
 
 def project(root: Path, name: str, run: str, **fields) -> Path:
@@ -120,8 +141,12 @@ def completion_times(infos: list[dict]) -> list[float]:
 
 def bench_elastic_long(alice: Tcloud, work: Path, inventory: Path) -> dict:
     """The long stream on Slurm's default cred_expire (120 s), then the lab's again."""
-    default_cred = {**SETTINGS, "slurm_extra_config": {
-        k: v for k, v in SETTINGS["slurm_extra_config"].items() if k != "AuthInfo"}}  # fmt: skip
+    default_cred = {
+        **SETTINGS,
+        "slurm_extra_config": {
+            k: v for k, v in SETTINGS["slurm_extra_config"].items() if k != "AuthInfo"
+        },
+    }
     playbook(inventory, "playbooks/site.yml", "-e", json.dumps(default_cred))
     try:
         return bench_elastic_resize(alice, work, LONG)
@@ -133,20 +158,29 @@ def bench_elastic_long(alice: Tcloud, work: Path, inventory: Path) -> dict:
 def duration_mode(tcloud: Tcloud, work: Path, on: bool) -> dict:
     words = {} if on else {"plugins": ["-duration"]}
     tag = "on" if on else "off"
-    blocker = tcloud.submit(project(work / f"a-{tag}", "train", "sleep 150",
-                                    resources={"cpus": CPUS, "time": "10"}))[0]  # fmt: skip
+    blocker = tcloud.submit(
+        project(work / f"a-{tag}", "train", "sleep 150", resources={"cpus": CPUS, "time": "10"})
+    )[0]
     tcloud.wait(blocker, ("RUNNING",))
-    tcloud.submit(project(work / f"b-{tag}", "big", "sleep 5",
-                          resources={"nodes": 2, "cpus": CPUS, "time": "5"}))  # fmt: skip
+    tcloud.submit(
+        project(
+            work / f"b-{tag}", "big", "sleep 5", resources={"nodes": 2, "cpus": CPUS, "time": "5"}
+        )
+    )
     time.sleep(2)
-    short = [tcloud.submit(project(work / f"c-{tag}-{i}", "eval", "sleep 15", **words))[0]
-             for i in range(3)]  # fmt: skip
+    short = [
+        tcloud.submit(project(work / f"c-{tag}-{i}", "eval", "sleep 15", **words))[0]
+        for i in range(3)
+    ]
     infos = wait_all(tcloud, short)
     limits = [json.dumps(i.get("plugins", {}).get("duration", "default 01:00:00")) for i in infos]
     wait_all(tcloud, [blocker])
     delays = start_delays(infos)
-    return {"mean_start_delay_s": round(statistics.mean(delays), 1),
-            "start_delays_s": [round(d, 1) for d in delays], "limits": limits}  # fmt: skip
+    return {
+        "mean_start_delay_s": round(statistics.mean(delays), 1),
+        "start_delays_s": [round(d, 1) for d in delays],
+        "limits": limits,
+    }
 
 
 def bench_duration(tcloud: Tcloud, work: Path) -> dict:
@@ -154,9 +188,11 @@ def bench_duration(tcloud: Tcloud, work: Path) -> dict:
     wait_all(tcloud, [warm])
     off = duration_mode(tcloud, work, on=False)
     on = duration_mode(tcloud, work, on=True)
-    return {"off": off, "on": on,
-            "improvement": round(off["mean_start_delay_s"] / max(on["mean_start_delay_s"], 0.1),
-                                 2)}  # fmt: skip
+    return {
+        "off": off,
+        "on": on,
+        "improvement": round(off["mean_start_delay_s"] / max(on["mean_start_delay_s"], 0.1), 2),
+    }
 
 
 # ---------------------------------------------------------------- 2. LAS
@@ -170,30 +206,48 @@ def las_mode(alice: Tcloud, bob: Tcloud, work: Path, on: bool) -> dict:
     if on:
         thread.start()
     whole = {"cpus": CPUS, "time": "10"}
-    long = [alice.submit(project(work / f"{tag}-long-{i}", "long", "sleep 60", resources=whole))[0]
-            for i in range(4)]  # fmt: skip
+    long = [
+        alice.submit(project(work / f"{tag}-long-{i}", "long", "sleep 60", resources=whole))[0]
+        for i in range(4)
+    ]
     time.sleep(3)
-    short = [bob.submit(project(work / f"{tag}-short-{i}", "short", "sleep 10", resources=whole))[0]
-             for i in range(4)]  # fmt: skip
+    short = [
+        bob.submit(project(work / f"{tag}-short-{i}", "short", "sleep 10", resources=whole))[0]
+        for i in range(4)
+    ]
     infos_long, infos_short = wait_all(alice, long), wait_all(bob, short)
     stop.set()
     jct_long, jct_short = completion_times(infos_long), completion_times(infos_short)
-    starts = sorted((round(history_time(i, "RUNNING") - first, 1), who)
-                    for who, infos in (("long", infos_long), ("short", infos_short))
-                    for i in infos)  # fmt: skip
-    return {"mean_jct_s": round(statistics.mean(jct_long + jct_short), 1),
-            "mean_jct_long_s": round(statistics.mean(jct_long), 1),
-            "mean_jct_short_s": round(statistics.mean(jct_short), 1),
-            "start_order": starts,
-            **({"ticks": ticks["ticks"], "failed_ticks": ticks["failed_ticks"],
-                "nice_changes": len(ticks["changes"])} if on else {})}  # fmt: skip
+    starts = sorted(
+        (round(history_time(i, "RUNNING") - first, 1), who)
+        for who, infos in (("long", infos_long), ("short", infos_short))
+        for i in infos
+    )
+    return {
+        "mean_jct_s": round(statistics.mean(jct_long + jct_short), 1),
+        "mean_jct_long_s": round(statistics.mean(jct_long), 1),
+        "mean_jct_short_s": round(statistics.mean(jct_short), 1),
+        "start_order": starts,
+        **(
+            {
+                "ticks": ticks["ticks"],
+                "failed_ticks": ticks["failed_ticks"],
+                "nice_changes": len(ticks["changes"]),
+            }
+            if on
+            else {}
+        ),
+    }
 
 
 def bench_las(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
     fifo = las_mode(alice, bob, work, on=False)
     las = las_mode(alice, bob, work, on=True)
-    return {"fifo": fifo, "las": las,
-            "improvement": round(fifo["mean_jct_s"] / las["mean_jct_s"], 2)}  # fmt: skip
+    return {
+        "fifo": fifo,
+        "las": las,
+        "improvement": round(fifo["mean_jct_s"] / las["mean_jct_s"], 2),
+    }
 
 
 # ---------------------------------------------------------------- 6. tiresias
@@ -215,9 +269,14 @@ while count < int(os.environ["UNTIL"]):
 
 def counter(root: Path, name: str, seconds: int) -> Path:
     """A whole-node job of `seconds` of work that checkpoints and resumes (preemptible)."""
-    path = project(root, name, "python3 count.py", resources={"cpus": CPUS, "time": "10",
-                   "preemptible": True}, outputs=["outputs/"],
-                   environment={"env": {"UNTIL": str(seconds)}})  # fmt: skip
+    path = project(
+        root,
+        name,
+        "python3 count.py",
+        resources={"cpus": CPUS, "time": "10", "preemptible": True},
+        outputs=["outputs/"],
+        environment={"env": {"UNTIL": str(seconds)}},
+    )
     (path / "count.py").write_text(COUNTER)
     return path
 
@@ -225,8 +284,10 @@ def counter(root: Path, name: str, seconds: int) -> Path:
 def policy_mode(submitters: list[tuple[Tcloud, str, int, int]], work: Path, policy: str) -> dict:
     """One workload under one policy: (researcher, name, count, seconds) groups submitted
     3 s apart; with las or tiresias their tick runs every 2 s as the daemon's would."""
-    config = {"las": ("/root/las.yaml", LAS), "tiresias": (
-        "/root/tiresias.yaml", json.dumps(TIRESIAS))}.get(policy)  # fmt: skip
+    config = {
+        "las": ("/root/las.yaml", LAS),
+        "tiresias": ("/root/tiresias.yaml", json.dumps(TIRESIAS)),
+    }.get(policy)
     node_sh("n1", "rm -rf /root/las-bench /root/tiresias-bench")
     stop = threading.Event()
     ticks = {"ticks": 0, "failed_ticks": 0, "changes": []}
@@ -239,18 +300,27 @@ def policy_mode(submitters: list[tuple[Tcloud, str, int, int]], work: Path, poli
             time.sleep(3)
         jobs.setdefault(name, []).extend(
             (tcloud, tcloud.submit(counter(work / f"{policy}-{name}-{i}", name, seconds))[0])
-            for i in range(count))  # fmt: skip
-    infos = {name: [tcloud.wait(job, TERMINAL, 900) for tcloud, job in group]
-             for name, group in jobs.items()}  # fmt: skip
+            for i in range(count)
+        )
+    infos = {
+        name: [tcloud.wait(job, TERMINAL, 900) for tcloud, job in group]
+        for name, group in jobs.items()
+    }
     stop.set()
     jct = {name: completion_times(group) for name, group in infos.items()}
-    preempted = sum(1 for group in infos.values() for info in group
-                    for h in info["history"] if h["state"] == "HALTED")  # fmt: skip
-    return {"mean_jct_s": round(statistics.mean([t for ts in jct.values() for t in ts]), 1),
-            **{f"mean_jct_{name}_s": round(statistics.mean(ts), 1) for name, ts in jct.items()},
-            "preemptions": preempted,
-            **({"ticks": ticks["ticks"], "failed_ticks": ticks["failed_ticks"]}
-               if config else {})}  # fmt: skip
+    preempted = sum(
+        1
+        for group in infos.values()
+        for info in group
+        for h in info["history"]
+        if h["state"] == "HALTED"
+    )
+    return {
+        "mean_jct_s": round(statistics.mean([t for ts in jct.values() for t in ts]), 1),
+        **{f"mean_jct_{name}_s": round(statistics.mean(ts), 1) for name, ts in jct.items()},
+        "preemptions": preempted,
+        **({"ticks": ticks["ticks"], "failed_ticks": ticks["failed_ticks"]} if config else {}),
+    }
 
 
 def bench_tiresias(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
@@ -261,11 +331,14 @@ def bench_tiresias(alice: Tcloud, bob: Tcloud, work: Path) -> dict:
     }
     result = {}
     for label, submitters in workloads.items():
-        modes = {policy: policy_mode(submitters, work / label, policy)
-                 for policy in ("fifo", "las", "tiresias")}  # fmt: skip
+        modes = {
+            policy: policy_mode(submitters, work / label, policy)
+            for policy in ("fifo", "las", "tiresias")
+        }
         for policy in ("las", "tiresias"):
             modes[f"{policy}_improvement"] = round(
-                modes["fifo"]["mean_jct_s"] / modes[policy]["mean_jct_s"], 2)  # fmt: skip
+                modes["fifo"]["mean_jct_s"] / modes[policy]["mean_jct_s"], 2
+            )
         result[label] = modes
         print(f"tiresias {label}: {json.dumps(modes)}", flush=True)
     return result
@@ -276,16 +349,25 @@ def bench_gpu_share(tcloud: Tcloud, work: Path) -> dict:
     result = {}
     for label, gpus in (("whole", 1), ("quarter", 0.25)):
         start = time.time()
-        jobs = [tcloud.submit(project(work / f"gpu-{label}-{i}", "gpu", "sleep 20",
-                                      resources={"gpus_per_node": gpus, "time": "5"}))[0]
-                for i in range(4)]  # fmt: skip
+        jobs = [
+            tcloud.submit(
+                project(
+                    work / f"gpu-{label}-{i}",
+                    "gpu",
+                    "sleep 20",
+                    resources={"gpus_per_node": gpus, "time": "5"},
+                )
+            )[0]
+            for i in range(4)
+        ]
         infos = wait_all(tcloud, jobs)
         if not all(i["state"] == "COMPLETED" for i in infos):
             raise RuntimeError(f"gpu_share {label}: not every task completed: {infos}")
         end = max(history_time(i, "COMPLETED", last=True) for i in infos)
         result[label] = {"makespan_s": round(end - start, 1)}
-    result["improvement"] = round(result["whole"]["makespan_s"] / result["quarter"]["makespan_s"],
-                                  2)  # fmt: skip
+    result["improvement"] = round(
+        result["whole"]["makespan_s"] / result["quarter"]["makespan_s"], 2
+    )
     return result
 
 
@@ -293,8 +375,11 @@ def bench_gpu_share(tcloud: Tcloud, work: Path) -> dict:
 def bench_elastic(tcloud: Tcloud, work: Path) -> dict:
     result = {}
     for label, nodes in (("fixed", 2), ("range", "1-2")):
-        blocker = tcloud.submit(project(work / f"busy-{label}", "busy", "sleep 45",
-                                        resources={"cpus": CPUS, "time": "5"}))[0]  # fmt: skip
+        blocker = tcloud.submit(
+            project(
+                work / f"busy-{label}", "busy", "sleep 45", resources={"cpus": CPUS, "time": "5"}
+            )
+        )[0]
         tcloud.wait(blocker, ("RUNNING",))
         job = tcloud.submit(
             project(
@@ -306,8 +391,10 @@ def bench_elastic(tcloud: Tcloud, work: Path) -> dict:
         )[0]
         info = tcloud.wait(job, TERMINAL, 300)
         wait_all(tcloud, [blocker])
-        result[label] = {"start_delay_s": round(start_delays([info])[0], 1),
-                         "nodes": len(info["nodes"])}  # fmt: skip
+        result[label] = {
+            "start_delay_s": round(start_delays([info])[0], 1),
+            "nodes": len(info["nodes"]),
+        }
     return result
 
 
@@ -315,19 +402,35 @@ def bench_elastic(tcloud: Tcloud, work: Path) -> dict:
 def bench_sweep(tcloud: Tcloud, work: Path) -> dict:
     grid = {"parameters": {"LR": [0.1, 0.03, 0.01, 0.003], "SEED": [1, 2]}}
     start = time.monotonic()
-    sweep = json.loads(tcloud.run("submit", "--json", "--sweep", str(project(
-        work / "sweep", "grid", "echo $LR $SEED", sweep=grid))).stdout)["job_id"]  # fmt: skip
+    sweep = json.loads(
+        tcloud.run(
+            "submit",
+            "--json",
+            "--sweep",
+            str(project(work / "sweep", "grid", "echo $LR $SEED", sweep=grid)),
+        ).stdout
+    )["job_id"]
     one_submit = time.monotonic() - start
     start = time.monotonic()
     with ThreadPoolExecutor(1) as pool:  # one after the other, as a loop of submits would
-        separate = list(pool.map(lambda i: tcloud.submit(project(
-            work / f"single-{i}", "single", f"echo trial {i}"))[0], range(8)))  # fmt: skip
+        separate = list(
+            pool.map(
+                lambda i: tcloud.submit(project(work / f"single-{i}", "single", f"echo trial {i}"))[
+                    0
+                ],
+                range(8),
+            )
+        )
     eight_submits = time.monotonic() - start
     info = tcloud.wait(sweep, TERMINAL, 300)
     wait_all(tcloud, separate)
-    return {"sweep_submit_s": round(one_submit, 2), "separate_submits_s": round(eight_submits, 2),
-            "sweep_state": info["state"], "trials": len(info["trials"]),
-            "improvement": round(eight_submits / one_submit, 2)}  # fmt: skip
+    return {
+        "sweep_submit_s": round(one_submit, 2),
+        "separate_submits_s": round(eight_submits, 2),
+        "sweep_state": info["state"],
+        "trials": len(info["trials"]),
+        "improvement": round(eight_submits / one_submit, 2),
+    }
 
 
 def main() -> int:
@@ -347,25 +450,27 @@ def main() -> int:
             playbook(inventory, "playbooks/site.yml", "-e", json.dumps(SETTINGS))
             alice = Tcloud(researcher_env(NAME, "alice"))
             bob = Tcloud(researcher_env(NAME, "bob"))
-            for name, run in (("duration", lambda: bench_duration(alice, work / "d")),
-                              ("las", lambda: bench_las(alice, bob, work / "l")),
-                              ("gpu_share", lambda: bench_gpu_share(alice, work / "g")),
-                              ("elastic", lambda: bench_elastic(alice, work / "e")),
-                              ("sweep", lambda: bench_sweep(alice, work / "s")),
-                              ("tiresias", lambda: bench_tiresias(alice, bob, work / "t")),
-                              ("fluid", lambda: bench_fluid(alice, work / "f")),
-                              ("oort", lambda: bench_oort(alice, work / "o")),
-                              ("elastic_resize", lambda: bench_elastic_resize(alice, work / "r")),
-                              ("elastic_resize_long", lambda: bench_elastic_long(
-                                  alice, work / "rl", inventory)),
-                              ("allox", lambda: bench_allox(alice, work / "a", inventory,
-                                                            SETTINGS))):  # fmt: skip
+            for name, run in (
+                ("duration", lambda: bench_duration(alice, work / "d")),
+                ("las", lambda: bench_las(alice, bob, work / "l")),
+                ("gpu_share", lambda: bench_gpu_share(alice, work / "g")),
+                ("elastic", lambda: bench_elastic(alice, work / "e")),
+                ("sweep", lambda: bench_sweep(alice, work / "s")),
+                ("tiresias", lambda: bench_tiresias(alice, bob, work / "t")),
+                ("fluid", lambda: bench_fluid(alice, work / "f")),
+                ("oort", lambda: bench_oort(alice, work / "o")),
+                ("elastic_resize", lambda: bench_elastic_resize(alice, work / "r")),
+                ("elastic_resize_long", lambda: bench_elastic_long(alice, work / "rl", inventory)),
+                ("allox", lambda: bench_allox(alice, work / "a", inventory, SETTINGS)),
+            ):
                 if args.only and name not in args.only:
                     continue
                 started = time.monotonic()
                 record[name] = run()
-                print(f"{name} ({time.monotonic() - started:.0f} s): "
-                      f"{json.dumps(record[name])}", flush=True)  # fmt: skip
+                print(
+                    f"{name} ({time.monotonic() - started:.0f} s): {json.dumps(record[name])}",
+                    flush=True,
+                )
         finally:
             lab_down()
     return 0

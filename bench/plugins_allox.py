@@ -28,8 +28,10 @@ from pathlib import Path
 from benchlib import BIN, NAME, lab_up, node_sh, playbook, sh, ticker
 from task_workflow import Tcloud
 
-SECONDS = {"attention": {"h100": 8, "a100": 20, "l40s": 40},
-           "conv": {"h100": 10, "a100": 11, "l40s": 12}}  # fmt: skip
+SECONDS = {
+    "attention": {"h100": 8, "a100": 20, "l40s": 40},
+    "conv": {"h100": 10, "a100": 11, "l40s": 12},
+}
 TYPES = ["h100", "a100", "l40s"]
 GIVEN = {"n3": "l40s", "n4": "a100"}  # n2 has its H100 from bench/plugins.py
 JOBS = 18
@@ -41,16 +43,27 @@ SCHEDULER = ["batch_sched_delay=0", "bf_interval=5"]
 CONFIG = "/root/allox.yaml"
 ALLOX = {"plugins": ["allox"], "state_dir": "/root/allox-bench"}
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-RUN = ("python3 -c 'import json, os, time; e = os.environ; "
-       "time.sleep(json.loads(e[\"SECONDS_BY_TYPE\"])[e[\"TACC_GPU_TYPE\"]])'")  # fmt: skip
+RUN = (
+    "python3 -c 'import json, os, time; e = os.environ; "
+    'time.sleep(json.loads(e["SECONDS_BY_TYPE"])[e["TACC_GPU_TYPE"]])\''
+)
 
 
 def job_project(root: Path, kind: str, types: list[str]) -> Path:
     root.mkdir(parents=True)
-    task = {"name": kind, "run": [RUN],
-            "resources": {"nodes": 1, "cpus": 1, "mem": "50M", "gpus_per_node": 1,
-                          "gpu_types": types, "time": "10"},
-            "environment": {"env": {"SECONDS_BY_TYPE": json.dumps(SECONDS[kind])}}}  # fmt: skip
+    task = {
+        "name": kind,
+        "run": [RUN],
+        "resources": {
+            "nodes": 1,
+            "cpus": 1,
+            "mem": "50M",
+            "gpus_per_node": 1,
+            "gpu_types": types,
+            "time": "10",
+        },
+        "environment": {"env": {"SECONDS_BY_TYPE": json.dumps(SECONDS[kind])}},
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
@@ -61,8 +74,10 @@ def event(info: dict, state: str, last: bool = False) -> float:
 
 
 def run_jobs(alice: Tcloud, work: Path, kinds: list[tuple[str, list[str]]]) -> list[dict]:
-    jobs = [alice.submit(job_project(work / f"{i}-{kind}", kind, types))[0]
-            for i, (kind, types) in enumerate(kinds)]  # fmt: skip
+    jobs = [
+        alice.submit(job_project(work / f"{i}-{kind}", kind, types))[0]
+        for i, (kind, types) in enumerate(kinds)
+    ]
     return [alice.wait(job, TERMINAL, 900) for job in jobs]
 
 
@@ -72,10 +87,16 @@ def figures(infos: list[dict], kinds: list[str]) -> dict:
     for info, kind in zip(infos, kinds, strict=True):
         got = info.get("plugins", {}).get("gpu_types", "unknown")
         placed[kind][got] = placed[kind].get(got, 0) + 1
-    return {"mean_jct_s": round(statistics.mean(jct), 1),
-            "makespan_s": round(max(event(i, i["state"], last=True) for i in infos)
-                                - min(event(i, "QUEUED") for i in infos), 1),
-            "states": sorted({i["state"] for i in infos}), "placed": placed}  # fmt: skip
+    return {
+        "mean_jct_s": round(statistics.mean(jct), 1),
+        "makespan_s": round(
+            max(event(i, i["state"], last=True) for i in infos)
+            - min(event(i, "QUEUED") for i in infos),
+            1,
+        ),
+        "states": sorted({i["state"] for i in infos}),
+        "placed": placed,
+    }
 
 
 def with_ticks(run):
@@ -96,9 +117,21 @@ def bench_allox(alice: Tcloud, work: Path, inventory: Path, settings: dict) -> d
     lab_up(4, inventory)  # n4 joins the lab; the site.yml run below joins it to Slurm
     for node, kind in GIVEN.items():
         (inventory.parent / "host_vars" / f"{node}.yml").write_text(
-            json.dumps({"slurm_node_gres": [f"gpu:{kind}:1"]}))  # fmt: skip
-        sh([str(BIN / "tacc-lab"), "--name", NAME, "fake-hw", node, "--gpus", "1",
-            "--gpu-model", kind])  # fmt: skip
+            json.dumps({"slurm_node_gres": [f"gpu:{kind}:1"]})
+        )
+        sh(
+            [
+                str(BIN / "tacc-lab"),
+                "--name",
+                NAME,
+                "fake-hw",
+                node,
+                "--gpus",
+                "1",
+                "--gpu-model",
+                kind,
+            ]
+        )
     playbook(inventory, "playbooks/site.yml", "-e", json.dumps(settings))
     node_sh("n1", f"rm -rf {ALLOX['state_dir']}; printf '%s\\n' '{json.dumps(ALLOX)}' > {CONFIG}")
     # The history: each class once on each type (one type each, so Slurm has no choice).
@@ -111,8 +144,7 @@ def bench_allox(alice: Tcloud, work: Path, inventory: Path, settings: dict) -> d
     off = figures(run_jobs(alice, work / "off", kinds), order)
     on = ticked(alice, work / "on", kinds, order)
     # Placement at submit: the login node's agent runs allox's submit hook.
-    agent = {"plugins": ["allox"],
-             "plugin_settings": {"allox": {"submit_delay_seconds": DELAY}}}  # fmt: skip
+    agent = {"plugins": ["allox"], "plugin_settings": {"allox": {"submit_delay_seconds": DELAY}}}
     at_submit = {**settings, "tacc_agent_settings": agent}
     playbook(inventory, "playbooks/site.yml", "-e", json.dumps(at_submit))
     delayed = ticked(alice, work / "delayed", kinds, order)
@@ -128,12 +160,14 @@ def bench_allox(alice: Tcloud, work: Path, inventory: Path, settings: dict) -> d
     }
 
 
-def ticked(alice: Tcloud, work: Path, kinds: list[tuple[str, list[str]]],
-           order: list[str]) -> dict:  # fmt: skip
+def ticked(alice: Tcloud, work: Path, kinds: list[tuple[str, list[str]]], order: list[str]) -> dict:
     infos, log = with_ticks(lambda: run_jobs(alice, work, kinds))
     found = figures(infos, order)
     early = [c for c in log["changes"] if c.endswith("starts without its submit delay")]
-    found.update(ticks=log["ticks"], failed_ticks=log["failed_ticks"],
-                 narrowed=sum(1 for c in log["changes"] if "(est." in c),
-                 started_early=len(early))  # fmt: skip
+    found.update(
+        ticks=log["ticks"],
+        failed_ticks=log["failed_ticks"],
+        narrowed=sum(1 for c in log["changes"] if "(est." in c),
+        started_early=len(early),
+    )
     return found

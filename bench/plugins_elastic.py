@@ -48,9 +48,18 @@ class Stream:
 SHORT = Stream(60, 3, 25, 10, (12, 37))
 LONG = Stream(240, 3, 100, 40, (50, 150))
 CONFIG = "/root/elastic.yaml"
-RESIZE = {"state_dir": "/root/elastic-bench", "plugin_settings": {"elastic": {
-    "resize": True, "grow_after_seconds": 4, "shrink_after_seconds": 4,
-    "min_run_seconds": 5, "cooldown_seconds": 10}}}  # fmt: skip
+RESIZE = {
+    "state_dir": "/root/elastic-bench",
+    "plugin_settings": {
+        "elastic": {
+            "resize": True,
+            "grow_after_seconds": 4,
+            "shrink_after_seconds": 4,
+            "min_run_seconds": 5,
+            "cooldown_seconds": 10,
+        }
+    },
+}
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # `nodes` units of work a second; the count saved at the checkpoint signal, resumed.
 PROGRAM = """import os, pathlib, signal, sys, time
@@ -73,19 +82,32 @@ def train_project(root: Path, nodes: str, resize: bool, stream: Stream) -> Path:
     root.mkdir(parents=True)
     (root / "work.py").write_text(PROGRAM)
     size: int | str = int(nodes) if nodes.isdigit() else nodes  # a count, or a range "1-2"
-    resources = {"nodes": size, "cpus": 4, "mem": "50M", "time": "15",
-                 **({"resize": True} if resize else {})}  # fmt: skip
+    resources = {
+        "nodes": size,
+        "cpus": 4,
+        "mem": "50M",
+        "time": "15",
+        **({"resize": True} if resize else {}),
+    }
     env = {"WORK": str(stream.train_work)}
-    task = {"name": "train", "run": ["python3 work.py"], "outputs": ["outputs/"],
-            "resources": resources, "environment": {"env": env}}  # fmt: skip
+    task = {
+        "name": "train",
+        "run": ["python3 work.py"],
+        "outputs": ["outputs/"],
+        "resources": resources,
+        "environment": {"env": env},
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
 
 def eval_project(root: Path, stream: Stream) -> Path:
     root.mkdir(parents=True)
-    task = {"name": "eval", "run": [f"sleep {stream.eval_seconds}"],
-            "resources": {"nodes": 1, "cpus": 4, "mem": "50M", "time": "5"}}  # fmt: skip
+    task = {
+        "name": "eval",
+        "run": [f"sleep {stream.eval_seconds}"],
+        "resources": {"nodes": 1, "cpus": 4, "mem": "50M", "time": "5"},
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
@@ -110,35 +132,43 @@ def pending_seconds(info: dict) -> float:
 def run_mode(alice: Tcloud, work: Path, nodes: str, resize: bool, stream: Stream) -> dict:
     """The stream: each job submitted at its own time from its own thread (a slow
     submit does not push the next one), then every job waited for by one deadline."""
-    arrivals = sorted([(i * stream.arrival_gap, "train", i) for i in range(stream.train_jobs)]
-                      + [(at, "eval", i) for i, at in enumerate(stream.eval_at)])  # fmt: skip
+    arrivals = sorted(
+        [(i * stream.arrival_gap, "train", i) for i in range(stream.train_jobs)]
+        + [(at, "eval", i) for i, at in enumerate(stream.eval_at)]
+    )
     start = time.monotonic()
 
     def submit(at: float, kind: str, index: int) -> tuple[str, str]:
         root = work / f"{kind}-{index}"
-        project = (train_project(root, nodes, resize, stream) if kind == "train"
-                   else eval_project(root, stream))  # fmt: skip
+        project = (
+            train_project(root, nodes, resize, stream)
+            if kind == "train"
+            else eval_project(root, stream)
+        )
         time.sleep(max(0.0, at - (time.monotonic() - start)))
         return kind, alice.submit(project)[0]
 
     with ThreadPoolExecutor(len(arrivals)) as pool:
         jobs = list(pool.map(lambda a: submit(*a), arrivals))
     deadline = time.monotonic() + 900 + 4 * stream.train_work
-    infos = [(kind, alice.wait(job, TERMINAL, max(1.0, deadline - time.monotonic())))
-             for kind, job in jobs]  # fmt: skip
+    infos = [
+        (kind, alice.wait(job, TERMINAL, max(1.0, deadline - time.monotonic())))
+        for kind, job in jobs
+    ]
     first = min(event(info, "QUEUED") for _, info in infos)
     end = max(event(info, info["state"], last=True) for _, info in infos)
     makespan = end - first
     useful = stream.train_jobs * stream.train_work + len(stream.eval_at) * stream.eval_seconds
     waits = [pending_seconds(info) for _, info in infos]
     jct = [event(info, info["state"], last=True) - event(info, "QUEUED") for _, info in infos]
-    return {"makespan_s": round(makespan, 1),
-            "utilization": round(useful / (NODES * makespan), 3),
-            "mean_wait_s": round(statistics.mean(waits), 1),
-            "mean_jct_s": round(statistics.mean(jct), 1),
-            "states": sorted({info["state"] for _, info in infos}),
-            "halts": sum(1 for _, info in infos for h in info["history"]
-                         if h["state"] == "HALTED")}  # fmt: skip
+    return {
+        "makespan_s": round(makespan, 1),
+        "utilization": round(useful / (NODES * makespan), 3),
+        "mean_wait_s": round(statistics.mean(waits), 1),
+        "mean_jct_s": round(statistics.mean(jct), 1),
+        "states": sorted({info["state"] for _, info in infos}),
+        "halts": sum(1 for _, info in infos for h in info["history"] if h["state"] == "HALTED"),
+    }
 
 
 def bench_elastic_resize(alice: Tcloud, work: Path, stream: Stream = SHORT) -> dict:
@@ -163,7 +193,9 @@ def bench_elastic_resize(alice: Tcloud, work: Path, stream: Stream = SHORT) -> d
     result["resize"] = resized
     for mode in ("fixed_1", "fixed_2", "range_at_submit"):
         result[f"makespan_ratio_{mode}"] = round(
-            result[mode]["makespan_s"] / resized["makespan_s"], 2)  # fmt: skip
+            result[mode]["makespan_s"] / resized["makespan_s"], 2
+        )
         result[f"wait_ratio_{mode}"] = round(
-            result[mode]["mean_wait_s"] / max(resized["mean_wait_s"], 0.1), 2)  # fmt: skip
+            result[mode]["mean_wait_s"] / max(resized["mean_wait_s"], 0.1), 2
+        )
     return result

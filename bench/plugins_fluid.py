@@ -44,17 +44,23 @@ def figures(steps: list[list[dict]], spans: list[tuple[float, float]], start: fl
     finals = [s[-1] for s in steps if s and s[-1]["step"] == ADAPTIVE["max_steps"]]
     best = max(f["accuracy"] for f in finals)
     first_best = min(f["time"] for f in finals if f["accuracy"] == best)
-    return {"best": best, "time_to_best_s": round(first_best - start, 2),
-            "trial_seconds": round(sum(end - begin for begin, end in spans), 1),
-            "makespan_s": round(max(end for _, end in spans) - start, 2),
-            "stopped_early": sum(1 for s in steps if s and s[-1]["step"] < 9)}  # fmt: skip
+    return {
+        "best": best,
+        "time_to_best_s": round(first_best - start, 2),
+        "trial_seconds": round(sum(end - begin for begin, end in spans), 1),
+        "makespan_s": round(max(end for _, end in spans) - start, 2),
+        "stopped_early": sum(1 for s in steps if s and s[-1]["step"] < 9),
+    }
 
 
 def compare(plain: dict, adaptive: dict) -> dict:
-    return {"plain": plain, "adaptive": adaptive,
-            "time_to_best_ratio": round(plain["time_to_best_s"] / adaptive["time_to_best_s"], 2),
-            "trial_seconds_ratio": round(plain["trial_seconds"] / adaptive["trial_seconds"], 2),
-            "same_best": plain["best"] == adaptive["best"]}  # fmt: skip
+    return {
+        "plain": plain,
+        "adaptive": adaptive,
+        "time_to_best_ratio": round(plain["time_to_best_s"] / adaptive["time_to_best_s"], 2),
+        "trial_seconds_ratio": round(plain["trial_seconds"] / adaptive["trial_seconds"], 2),
+        "same_best": plain["best"] == adaptive["best"],
+    }
 
 
 # ---------------------------------------------------------------- local (no cluster)
@@ -73,14 +79,24 @@ def run_local(parallel: int, adaptive: bool, step_seconds: float) -> dict:
             env.pop("PYTHONPATH", None)
             env.update(trials()[index], STEP_SECONDS=str(step_seconds), STEPS="9")
             if adaptive:
-                env.update(PYTHONPATH=str(PROGRAMLIB), TACC_FLUID_RUNGS=RUNGS,
-                           TACC_FLUID_ETA=str(ADAPTIVE["eta"]), TACC_FLUID_MODE="max",
-                           TACC_FLUID_METRIC="accuracy", TACC_FLUID_DIR=str(shared),
-                           TACC_FLUID_TRIAL=str(index),
-                           TACC_FLUID_TRIAL_DIR=str(trial_dir / "fluid"))  # fmt: skip
+                env.update(
+                    PYTHONPATH=str(PROGRAMLIB),
+                    TACC_FLUID_RUNGS=RUNGS,
+                    TACC_FLUID_ETA=str(ADAPTIVE["eta"]),
+                    TACC_FLUID_MODE="max",
+                    TACC_FLUID_METRIC="accuracy",
+                    TACC_FLUID_DIR=str(shared),
+                    TACC_FLUID_TRIAL=str(index),
+                    TACC_FLUID_TRIAL_DIR=str(trial_dir / "fluid"),
+                )
             begin = time.time()
-            subprocess.run([sys.executable, "train.py"], cwd=trial_dir / "code", env=env,
-                           check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "train.py"],
+                cwd=trial_dir / "code",
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             end = time.time()
             progress = trial_dir / "code" / "outputs" / "progress.jsonl"
             return [json.loads(line) for line in progress.read_text().splitlines()], (begin, end)
@@ -102,12 +118,19 @@ def project(root: Path, adaptive: bool, parallel: int) -> Path:
     root.mkdir(parents=True)
     shutil.copy(EXAMPLE / "train.py", root / "train.py")
     # As the example writes them: numbers (SEED an int, which train.py reads with int()).
-    sweep: dict = {"parameters": {"LR": [float(v) for v in GRID["LR"]],
-                                  "SEED": [int(v) for v in GRID["SEED"]]},
-                   "parallel": parallel}  # fmt: skip
-    task: dict = {"name": "fluid-" + ("adaptive" if adaptive else "grid"),
-                  "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"},
-                  "sweep": sweep, "run": ["python3 train.py"]}  # fmt: skip
+    sweep: dict = {
+        "parameters": {
+            "LR": [float(v) for v in GRID["LR"]],
+            "SEED": [int(v) for v in GRID["SEED"]],
+        },
+        "parallel": parallel,
+    }
+    task: dict = {
+        "name": "fluid-" + ("adaptive" if adaptive else "grid"),
+        "resources": {"nodes": 1, "cpus": 1, "mem": "100M", "time": "5"},
+        "sweep": sweep,
+        "run": ["python3 train.py"],
+    }
     if adaptive:
         sweep["adaptive"] = ADAPTIVE
         task["plugins"] = ["fluid"]
@@ -131,8 +154,12 @@ def lab_mode(tcloud: object, work: Path, adaptive: bool, parallel: int) -> dict:
         queued += [h["time"] for h in trial["history"] if h["state"] == "QUEUED"]
         spans.append((times["RUNNING"], times.get("COMPLETED", times.get(trial["state"], 0.0))))
         log = run("logs", f"{job}_{index}").stdout
-        steps.append([{"step": int(m[1]), "accuracy": float(m[2]), "time": float(m[3])}
-                      for m in STEP_LINE.finditer(log)])  # fmt: skip
+        steps.append(
+            [
+                {"step": int(m[1]), "accuracy": float(m[2]), "time": float(m[3])}
+                for m in STEP_LINE.finditer(log)
+            ]
+        )
     # The sweep's own status lists its trials, not a history: it started when the first
     # trial was queued.
     start = min(queued or [begin for begin, _ in spans])
@@ -141,14 +168,20 @@ def lab_mode(tcloud: object, work: Path, adaptive: bool, parallel: int) -> dict:
 
 def bench_fluid(tcloud: object, work: Path, parallel: int = 2) -> dict:
     """The row for bench/plugins.py: the plain grid, then the adaptive sweep (~3 min)."""
-    return compare(lab_mode(tcloud, work / "grid", False, parallel),
-                   lab_mode(tcloud, work / "adaptive", True, parallel))  # fmt: skip
+    return compare(
+        lab_mode(tcloud, work / "grid", False, parallel),
+        lab_mode(tcloud, work / "adaptive", True, parallel),
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--local", action="store_true", required=True,
-                        help="run the trials as local processes (no cluster)")  # fmt: skip
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        required=True,
+        help="run the trials as local processes (no cluster)",
+    )
     parser.add_argument("--parallel", type=int, default=2, help="trials at once (slots)")
     parser.add_argument("--step-seconds", type=float, default=1.0, help="one step's time")
     args = parser.parse_args()

@@ -82,11 +82,15 @@ def inventory(
     as in inventory/example). added: that many more GPU nodes after the N (named as in
     the N-node inventory)."""
     shutil.copytree(ROOT / "inventory/example/group_vars", root / "group_vars")
-    hardware = {"slurm_node_cpus": 224, "slurm_node_memory_mb": 2_063_000,
-                "slurm_node_gres": [f"gpu:h100:{GPUS_PER_NODE}"]}  # fmt: skip
+    hardware = {
+        "slurm_node_cpus": 224,
+        "slurm_node_memory_mb": 2_063_000,
+        "slurm_node_gres": [f"gpu:h100:{GPUS_PER_NODE}"],
+    }
     (root / "group_vars/gpu_nodes/hardware.yml").write_text(yaml.safe_dump(hardware))
-    gpus = {gpu_name(i, nodes): {"ansible_host": gpu_address(i)}
-            for i in range(1, nodes + added + 1)}  # fmt: skip
+    gpus = {
+        gpu_name(i, nodes): {"ansible_host": gpu_address(i)} for i in range(1, nodes + added + 1)
+    }
     children = {
         "slurm_controller": {"hosts": {HOST: None}},
         "slurm_dbd": {"hosts": {HOST: None}},
@@ -100,19 +104,29 @@ def inventory(
         h200 = list(gpus)[nodes - max(1, nodes // 32) :]
         children["h200_nodes"] = {"hosts": dict.fromkeys(h200)}
         (root / "group_vars/h200_nodes").mkdir()
-        (root / "group_vars/h200_nodes/hardware.yml").write_text(yaml.safe_dump({
-            "slurm_node_memory_mb": 3_095_000,
-            "slurm_node_gres": [f"gpu:h200:{GPUS_PER_NODE}"]}))  # fmt: skip
+        (root / "group_vars/h200_nodes/hardware.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "slurm_node_memory_mb": 3_095_000,
+                    "slurm_node_gres": [f"gpu:h200:{GPUS_PER_NODE}"],
+                }
+            )
+        )
         cluster = yaml.safe_load((root / "group_vars/all/cluster.yml").read_text())
         partitions = [*cluster["slurm_partitions"], {"name": "h200", "nodes": ",".join(h200)}]
         (root / "group_vars/all/zz_bench.yml").write_text(  # read after cluster.yml
             yaml.safe_dump({"slurm_partitions": partitions})
         )
-    data = {"all": {
-        "hosts": {HOST: {"ansible_host": "10.10.0.10"},
-                  "login1": {"ansible_host": "10.10.0.11"}, **gpus},
-        "children": children,
-    }}  # fmt: skip
+    data = {
+        "all": {
+            "hosts": {
+                HOST: {"ansible_host": "10.10.0.10"},
+                "login1": {"ansible_host": "10.10.0.11"},
+                **gpus,
+            },
+            "children": children,
+        }
+    }
     path = root / "hosts.yml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -144,18 +158,28 @@ def render_in_process(hosts: Path, dest: Path) -> dict:
         return loader.load_from_file(str(ROOT / path), trusted_as_template=True) or {}
 
     # Precedence as in the play: role defaults < inventory < include_vars < extra vars.
-    variables = {**load("roles/slurm/defaults/main.yml"), **load("roles/common/defaults/main.yml"),
-                 **host_vars, **load("roles/slurm/vars/Debian.yml"),
-                 "vault_slurm_dbd_db_password": "bench"}  # fmt: skip
-    for name, src in (("slurm.conf", "roles/slurm/templates/slurm.conf.j2"),
-                      ("hosts", "roles/common/templates/hosts.j2")):  # fmt: skip
+    variables = {
+        **load("roles/slurm/defaults/main.yml"),
+        **load("roles/common/defaults/main.yml"),
+        **host_vars,
+        **load("roles/slurm/vars/Debian.yml"),
+        "vault_slurm_dbd_db_password": "bench",
+    }
+    for name, src in (
+        ("slurm.conf", "roles/slurm/templates/slurm.conf.j2"),
+        ("hosts", "roles/common/templates/hosts.j2"),
+    ):
         begin, begin_cpu = time.monotonic(), time.process_time()
         full = str(ROOT / src)
         templar = Templar(loader=loader).copy_with_new_env(
             searchpath=[str(Path(full).parent)],
-            available_variables={**variables, **generate_ansible_template_vars(
-                path=Path(src).name, fullpath=full, dest_path=str(dest / name))},
-        )  # fmt: skip
+            available_variables={
+                **variables,
+                **generate_ansible_template_vars(
+                    path=Path(src).name, fullpath=full, dest_path=str(dest / name)
+                ),
+            },
+        )
         text = templar.template(
             trust_as_template(Path(full).read_text()),
             escape_backslashes=False,
@@ -228,8 +252,10 @@ def as_other_node(
         rf"(?<![\w.]){re.escape(this[0])}(?!\w)|(?<![\d.]){re.escape(this[1])}(?![\d])"
     )
     swap = {this[0]: other[0], this[1]: other[1]}
-    return {path: pattern.sub(lambda m: swap[m.group(0)], text.decode()).encode()
-            for path, text in files.items()}  # fmt: skip
+    return {
+        path: pattern.sub(lambda m: swap[m.group(0)], text.decode()).encode()
+        for path, text in files.items()
+    }
 
 
 def unified_diff(a: dict[str, bytes], b: dict[str, bytes], a_name: str, b_name: str) -> list[str]:
@@ -257,24 +283,35 @@ def add_node(out: Record, tmp: Path, nodes: int, hetero: bool) -> None:
         renders[label] = tmp / label
         out[f"add_node_{label}_render_s"] = wall
         out[f"add_node_{label}_render_cpu_s"] = cpu
-        print(f"{label}: {nodes + added} GPU nodes, {len(limit)} hosts rendered in {wall:.1f} s "
-              f"({cpu:.1f} s CPU):\n  {command}", flush=True)  # fmt: skip
+        print(
+            f"{label}: {nodes + added} GPU nodes, {len(limit)} hosts rendered in {wall:.1f} s "
+            f"({cpu:.1f} s CPU):\n  {command}",
+            flush=True,
+        )
     changed = {}
     for host in [*old, new]:
         before, after = (written_files(renders[label], host) for label in ("before", "after"))
         if not after:
             sys.exit(f"bench: nothing was rendered for {host} (see the playbook's output)")
         paths = changed_paths(before, after)
-        print(f"  {host:8} {len(after):2} files, {len(paths):2} changed"
-              + (f": {', '.join(paths)}" if paths else ""), flush=True)  # fmt: skip
+        print(
+            f"  {host:8} {len(after):2} files, {len(paths):2} changed"
+            + (f": {', '.join(paths)}" if paths else ""),
+            flush=True,
+        )
         if paths:
             changed[host] = paths
     expected = {HOST, new}
-    out.update(add_node_sample=[*old, new], add_node_changed=changed,
-               add_node_as_expected=set(changed) == expected)  # fmt: skip
-    print(f"hosts a node addition changes: {{{', '.join(changed)}}} "
-          f"(expected {{{HOST}, {new}}}): {'PASS' if set(changed) == expected else 'FAIL'}",
-          flush=True)  # fmt: skip
+    out.update(
+        add_node_sample=[*old, new],
+        add_node_changed=changed,
+        add_node_as_expected=set(changed) == expected,
+    )
+    print(
+        f"hosts a node addition changes: {{{', '.join(changed)}}} "
+        f"(expected {{{HOST}, {new}}}): {'PASS' if set(changed) == expected else 'FAIL'}",
+        flush=True,
+    )
 
     # Why the sample is enough: in both inventories an old compute node's files are
     # another's with the name and address swapped, so every compute node changes
@@ -288,9 +325,12 @@ def add_node(out: Record, tmp: Path, nodes: int, hetero: bool) -> None:
         swapped = as_other_node(files_this, this, other)
         label_diff = unified_diff(swapped, files_other, f"{label}/{first} as {middle}", middle)
         diff += label_diff
-        print(f"{label}: {first} and {middle}: {len(raw)} of {len(files_this)} files differ "
-              f"({', '.join(raw)}); with {first}/{this[1]} replaced by {middle}/{other[1]}: "
-              f"{'identical' if not label_diff else 'STILL DIFFERENT'}", flush=True)  # fmt: skip
+        print(
+            f"{label}: {first} and {middle}: {len(raw)} of {len(files_this)} files differ "
+            f"({', '.join(raw)}); with {first}/{this[1]} replaced by {middle}/{other[1]}: "
+            f"{'identical' if not label_diff else 'STILL DIFFERENT'}",
+            flush=True,
+        )
         out[f"add_node_name_only_files_{label}"] = raw
     out["add_node_name_only"] = not diff
     for line in diff[:40]:

@@ -775,16 +775,31 @@ def section_scale(entry: dict | None) -> list[str]:
         verdict += ")"
     conf, hosts = r.get("slurm_conf_bytes"), r.get("hosts_bytes")
     lines += table(
-        ["nodes", "GPUs", "render s, wall / CPU (in-process)", "ansible-playbook s, wall / CPU",
-         "slurm.conf", "NodeName lines", "/etc/hosts", "target", "command"],
-        [[fmt(r.get("nodes")), fmt(r.get("gpus")), f"{fmt(render)} / {fmt(render_cpu)}",
-          f"{fmt(playbook, digits=1)} / {fmt(playbook_cpu, digits=1)}",
-          f"{conf / 1024:.0f} KiB, {fmt(r.get('slurm_conf_lines'))} lines" if conf else "n/a",
-          fmt(r.get("node_lines")),
-          f"{hosts / 1024:.0f} KiB, {fmt(r.get('hosts_lines'))} lines" if hosts else "n/a",
-          f"<= {target:g} s{verdict}" if target is not None else "n/a",
-          cmd(entry)]],
-    )  # fmt: skip
+        [
+            "nodes",
+            "GPUs",
+            "render s, wall / CPU (in-process)",
+            "ansible-playbook s, wall / CPU",
+            "slurm.conf",
+            "NodeName lines",
+            "/etc/hosts",
+            "target",
+            "command",
+        ],
+        [
+            [
+                fmt(r.get("nodes")),
+                fmt(r.get("gpus")),
+                f"{fmt(render)} / {fmt(render_cpu)}",
+                f"{fmt(playbook, digits=1)} / {fmt(playbook_cpu, digits=1)}",
+                f"{conf / 1024:.0f} KiB, {fmt(r.get('slurm_conf_lines'))} lines" if conf else "n/a",
+                fmt(r.get("node_lines")),
+                f"{hosts / 1024:.0f} KiB, {fmt(r.get('hosts_lines'))} lines" if hosts else "n/a",
+                f"<= {target:g} s{verdict}" if target is not None else "n/a",
+                cmd(entry),
+            ]
+        ],
+    )
     if r.get("playbook_matches_render") is False:
         lines += ["**The playbook rendered different files than the in-process render.**", ""]
     return lines
@@ -807,60 +822,169 @@ class PluginRow:
 
 
 PLUGIN_ROWS = (
-    PluginRow("duration", "mean start delay of 3 short jobs behind a waiting 2-node job",
-              "1 h default limit", ("off", "mean_start_delay_s"),
-              "predicted limit", ("on", "mean_start_delay_s")),
-    PluginRow("las", "mean job completion time, 4 long (alice) + 4 short (bob) jobs",
-              "FIFO", ("fifo", "mean_jct_s"), "LAS", ("las", "mean_jct_s")),
-    PluginRow("gpu_share", "makespan of 4 x 20 s tasks on one (FAKE) GPU",
-              "whole GPU each", ("whole", "makespan_s"),
-              "0.25 GPU each", ("quarter", "makespan_s")),
-    PluginRow("elastic", "start delay of a 2-node task with one node busy",
-              "nodes: 2", ("fixed", "start_delay_s"), "nodes: 1-2", ("range", "start_delay_s")),
-    PluginRow("sweep", "time to submit 8 trials",
-              "8 submits", ("separate_submits_s",), "1 sweep", ("sweep_submit_s",)),
-    PluginRow("tiresias", "mean JCT, las' trace (4 long alice, 4 short bob; long ones preemptible)",
-              "FIFO", ("las_trace", "fifo", "mean_jct_s"),
-              "tiresias", ("las_trace", "tiresias", "mean_jct_s")),
-    PluginRow("tiresias", "the same trace: per-user LAS against per-job tiresias",
-              "las", ("las_trace", "las", "mean_jct_s"),
-              "tiresias", ("las_trace", "tiresias", "mean_jct_s")),
-    PluginRow("tiresias", "mean JCT, one user's 2 long jobs then her 6 short ones",
-              "FIFO", ("short_behind_long", "fifo", "mean_jct_s"),
-              "tiresias", ("short_behind_long", "tiresias", "mean_jct_s")),
-    PluginRow("tiresias", "the same workload: per-user LAS against per-job tiresias",
-              "las", ("short_behind_long", "las", "mean_jct_s"),
-              "tiresias", ("short_behind_long", "tiresias", "mean_jct_s")),
-    PluginRow("fluid", "time to the best result, 9 trials x 9 steps of 1 s, 2 at once",
-              "plain grid", ("plain", "time_to_best_s"), "ASHA", ("adaptive", "time_to_best_s")),
-    PluginRow("fluid", "trial-seconds of the same grid and budget",
-              "plain grid", ("plain", "trial_seconds"), "ASHA", ("adaptive", "trial_seconds")),
-    PluginRow("oort", "simulated time to the target accuracy, median of 3 seeds",
-              "random", ("random", "median_seconds_to_target"),
-              "Oort", ("oort", "median_seconds_to_target")),
-    PluginRow("elastic_resize", "makespan, 3 jobs of 60 node-s and 2 short ones on 2 nodes",
-              "nodes: 1", ("fixed_1", "makespan_s"), "1-2 resized", ("resize", "makespan_s")),
-    PluginRow("elastic_resize", "mean wait (submit to start), the same stream",
-              "nodes: 2", ("fixed_2", "mean_wait_s"), "1-2 resized", ("resize", "mean_wait_s")),
-    PluginRow("elastic_resize_long",
-              "makespan, 3 jobs of 240 node-s and 2 of 40 s on 2 nodes, cred_expire 120 s",
-              "nodes: 1", ("fixed_1", "makespan_s"), "1-2 resized", ("resize", "makespan_s")),
-    PluginRow("elastic_resize_long", "makespan, the same stream",
-              "1-2 sized at submit", ("range_at_submit", "makespan_s"),
-              "1-2 resized", ("resize", "makespan_s")),
-    PluginRow("allox", "mean JCT, 12 one-GPU jobs of two classes that accept h100 or l40s",
-              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s"),
-              key="allox_two_types_stop32"),
-    PluginRow("allox", "mean JCT, 18 one-GPU jobs of two classes that accept h100, a100 or "
-              "l40s (bf_interval 5 s)",
-              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s")),
-    PluginRow("allox", "the same, allox with submit_delay_seconds 5",
-              "any type", ("any_type", "mean_jct_s"),
-              "allox + delay", ("allox_submit_delay", "mean_jct_s")),
-    PluginRow("allox", "the same on Slurm's default bf_interval (30 s)",
-              "any type", ("any_type", "mean_jct_s"), "allox", ("allox", "mean_jct_s"),
-              key="allox_bf_interval_30"),
-)  # fmt: skip
+    PluginRow(
+        "duration",
+        "mean start delay of 3 short jobs behind a waiting 2-node job",
+        "1 h default limit",
+        ("off", "mean_start_delay_s"),
+        "predicted limit",
+        ("on", "mean_start_delay_s"),
+    ),
+    PluginRow(
+        "las",
+        "mean job completion time, 4 long (alice) + 4 short (bob) jobs",
+        "FIFO",
+        ("fifo", "mean_jct_s"),
+        "LAS",
+        ("las", "mean_jct_s"),
+    ),
+    PluginRow(
+        "gpu_share",
+        "makespan of 4 x 20 s tasks on one (FAKE) GPU",
+        "whole GPU each",
+        ("whole", "makespan_s"),
+        "0.25 GPU each",
+        ("quarter", "makespan_s"),
+    ),
+    PluginRow(
+        "elastic",
+        "start delay of a 2-node task with one node busy",
+        "nodes: 2",
+        ("fixed", "start_delay_s"),
+        "nodes: 1-2",
+        ("range", "start_delay_s"),
+    ),
+    PluginRow(
+        "sweep",
+        "time to submit 8 trials",
+        "8 submits",
+        ("separate_submits_s",),
+        "1 sweep",
+        ("sweep_submit_s",),
+    ),
+    PluginRow(
+        "tiresias",
+        "mean JCT, las' trace (4 long alice, 4 short bob; long ones preemptible)",
+        "FIFO",
+        ("las_trace", "fifo", "mean_jct_s"),
+        "tiresias",
+        ("las_trace", "tiresias", "mean_jct_s"),
+    ),
+    PluginRow(
+        "tiresias",
+        "the same trace: per-user LAS against per-job tiresias",
+        "las",
+        ("las_trace", "las", "mean_jct_s"),
+        "tiresias",
+        ("las_trace", "tiresias", "mean_jct_s"),
+    ),
+    PluginRow(
+        "tiresias",
+        "mean JCT, one user's 2 long jobs then her 6 short ones",
+        "FIFO",
+        ("short_behind_long", "fifo", "mean_jct_s"),
+        "tiresias",
+        ("short_behind_long", "tiresias", "mean_jct_s"),
+    ),
+    PluginRow(
+        "tiresias",
+        "the same workload: per-user LAS against per-job tiresias",
+        "las",
+        ("short_behind_long", "las", "mean_jct_s"),
+        "tiresias",
+        ("short_behind_long", "tiresias", "mean_jct_s"),
+    ),
+    PluginRow(
+        "fluid",
+        "time to the best result, 9 trials x 9 steps of 1 s, 2 at once",
+        "plain grid",
+        ("plain", "time_to_best_s"),
+        "ASHA",
+        ("adaptive", "time_to_best_s"),
+    ),
+    PluginRow(
+        "fluid",
+        "trial-seconds of the same grid and budget",
+        "plain grid",
+        ("plain", "trial_seconds"),
+        "ASHA",
+        ("adaptive", "trial_seconds"),
+    ),
+    PluginRow(
+        "oort",
+        "simulated time to the target accuracy, median of 3 seeds",
+        "random",
+        ("random", "median_seconds_to_target"),
+        "Oort",
+        ("oort", "median_seconds_to_target"),
+    ),
+    PluginRow(
+        "elastic_resize",
+        "makespan, 3 jobs of 60 node-s and 2 short ones on 2 nodes",
+        "nodes: 1",
+        ("fixed_1", "makespan_s"),
+        "1-2 resized",
+        ("resize", "makespan_s"),
+    ),
+    PluginRow(
+        "elastic_resize",
+        "mean wait (submit to start), the same stream",
+        "nodes: 2",
+        ("fixed_2", "mean_wait_s"),
+        "1-2 resized",
+        ("resize", "mean_wait_s"),
+    ),
+    PluginRow(
+        "elastic_resize_long",
+        "makespan, 3 jobs of 240 node-s and 2 of 40 s on 2 nodes, cred_expire 120 s",
+        "nodes: 1",
+        ("fixed_1", "makespan_s"),
+        "1-2 resized",
+        ("resize", "makespan_s"),
+    ),
+    PluginRow(
+        "elastic_resize_long",
+        "makespan, the same stream",
+        "1-2 sized at submit",
+        ("range_at_submit", "makespan_s"),
+        "1-2 resized",
+        ("resize", "makespan_s"),
+    ),
+    PluginRow(
+        "allox",
+        "mean JCT, 12 one-GPU jobs of two classes that accept h100 or l40s",
+        "any type",
+        ("any_type", "mean_jct_s"),
+        "allox",
+        ("allox", "mean_jct_s"),
+        key="allox_two_types_stop32",
+    ),
+    PluginRow(
+        "allox",
+        "mean JCT, 18 one-GPU jobs of two classes that accept h100, a100 or l40s (bf_interval 5 s)",
+        "any type",
+        ("any_type", "mean_jct_s"),
+        "allox",
+        ("allox", "mean_jct_s"),
+    ),
+    PluginRow(
+        "allox",
+        "the same, allox with submit_delay_seconds 5",
+        "any type",
+        ("any_type", "mean_jct_s"),
+        "allox + delay",
+        ("allox_submit_delay", "mean_jct_s"),
+    ),
+    PluginRow(
+        "allox",
+        "the same on Slurm's default bf_interval (30 s)",
+        "any type",
+        ("any_type", "mean_jct_s"),
+        "allox",
+        ("allox", "mean_jct_s"),
+        key="allox_bf_interval_30",
+    ),
+)
 
 
 def dig(data: dict, path: tuple[str, ...]):
@@ -880,8 +1004,15 @@ def section_plugins(entry: dict | None) -> list[str]:
         off, on = dig(data, row.off_path), dig(data, row.on_path)
         ratio = f"{off / on:.2f}x" if off and on else "-"
         unit = " " + row.unit
-        rows.append([row.plugin, row.figure, f"{row.off_label}: {fmt(off, unit, 1)}",
-                     f"{row.on_label}: {fmt(on, unit, 1)}", ratio])  # fmt: skip
+        rows.append(
+            [
+                row.plugin,
+                row.figure,
+                f"{row.off_label}: {fmt(off, unit, 1)}",
+                f"{row.on_label}: {fmt(on, unit, 1)}",
+                ratio,
+            ]
+        )
     if rows:
         lines += table(["plug-in", "figure", "off", "on", "off / on"], rows)
         lines += [f"Reproduce: {cmd(entry)}", ""]
@@ -893,29 +1024,42 @@ def median_min(summary: dict) -> str:
 
 
 def section_cli_startup(entry: dict | None) -> list[str]:
-    lines = ["## Client start-up before and after issue [11] (bench/cli_startup.py)", "",
-             *missing(entry, "cli_startup")]  # fmt: skip
+    lines = [
+        "## Client start-up before and after issue [11] (bench/cli_startup.py)",
+        "",
+        *missing(entry, "cli_startup"),
+    ]
     result = (entry or {}).get("result") or {}
     times = result.get("times") or {}
-    labels = [label for label in ("before", "after", "client alone") if label in result.get(
-        "installs", {})]  # fmt: skip
+    labels = [
+        label
+        for label in ("before", "after", "client alone")
+        if label in result.get("installs", {})
+    ]
     rows = []
     for command, by_label in times.items():
         before = by_label.get("before") or {}
         cells = [median_min(by_label[label]) for label in labels]
         ratios = [
             f"{by_label[label]['median'] / before['median']:.2f}x"
-            if by_label[label].get("median") and before.get("median") else "-"
+            if by_label[label].get("median") and before.get("median")
+            else "-"
             for label in labels[1:]
-        ]  # fmt: skip
+        ]
         rows.append([f"`{command}`", *cells, *ratios])
     if rows:
         before_commit = result.get("before_commit", "n/a")
-        header = ["command", *(f"{label}, median (min)" for label in labels),
-                  *(f"{label} / before" for label in labels[1:])]  # fmt: skip
-        lines += [f"Before: commit {before_commit} (one distribution, tcloud imported the "
-                  "agent). After: this tree; client alone: tacc-contract, tacc-plugins and "
-                  "tacc-client in an empty venv.", ""]  # fmt: skip
+        header = [
+            "command",
+            *(f"{label}, median (min)" for label in labels),
+            *(f"{label} / before" for label in labels[1:]),
+        ]
+        lines += [
+            f"Before: commit {before_commit} (one distribution, tcloud imported the "
+            "agent). After: this tree; client alone: tacc-contract, tacc-plugins and "
+            "tacc-client in an empty venv.",
+            "",
+        ]
         lines += table(header, rows)
         for label, profile in (result.get("imports") or {}).items():
             if "total_us" in profile:
@@ -946,8 +1090,11 @@ def section_unit_timing(entry: dict | None) -> list[str]:
 
 
 def section_frameworks(entry: dict | None) -> list[str]:
-    lines = ["## Frameworks: the PyTorch task's environment and first step (bench/frameworks.py)",
-             "", *missing(entry, "frameworks")]  # fmt: skip
+    lines = [
+        "## Frameworks: the PyTorch task's environment and first step (bench/frameworks.py)",
+        "",
+        *missing(entry, "frameworks"),
+    ]
     r = (entry or {}).get("result") or {}
     if not r:
         return lines
@@ -955,23 +1102,42 @@ def section_frameworks(entry: dict | None) -> list[str]:
     pip, uv = dig(warm, ("pip", "median")), dig(warm, ("uv", "median"))
     first = dig(r, ("submit_to_first_step", "median"))
     rows = [
-        ["environment build, cold package cache (empty devpi; torch from the seeded wheel)",
-         "-", fmt(r.get("env_build_cold_uv_seconds"), " s", 1), "-"],
-        ["environment build, fresh lab, warm package cache (median)",
-         fmt(pip, " s", 1), fmt(uv, " s", 1), f"{pip / uv:.2f}x" if pip and uv else "-"],
-        ["tcloud submit -> first training step, environment being built", "-",
-         fmt(r.get("submit_to_first_step_uncached_seconds"), " s", 1), "-"],
-        ["tcloud submit -> first training step, environment cached (median)", "-",
-         fmt(first, " s", 1), "-"],
-    ]  # fmt: skip
+        [
+            "environment build, cold package cache (empty devpi; torch from the seeded wheel)",
+            "-",
+            fmt(r.get("env_build_cold_uv_seconds"), " s", 1),
+            "-",
+        ],
+        [
+            "environment build, fresh lab, warm package cache (median)",
+            fmt(pip, " s", 1),
+            fmt(uv, " s", 1),
+            f"{pip / uv:.2f}x" if pip and uv else "-",
+        ],
+        [
+            "tcloud submit -> first training step, environment being built",
+            "-",
+            fmt(r.get("submit_to_first_step_uncached_seconds"), " s", 1),
+            "-",
+        ],
+        [
+            "tcloud submit -> first training step, environment cached (median)",
+            "-",
+            fmt(first, " s", 1),
+            "-",
+        ],
+    ]
     lines += table(["measurement", "pip", "uv (what the agent uses)", "pip / uv"], rows)
     lines += [f"Reproduce: {cmd(entry)}", ""]
     return lines
 
 
 def section_containers(entry: dict | None) -> list[str]:
-    lines = ["## Containers: a task in an image against the same without one "
-             "(bench/containers.py)", "", *missing(entry, "containers")]  # fmt: skip
+    lines = [
+        "## Containers: a task in an image against the same without one (bench/containers.py)",
+        "",
+        *missing(entry, "containers"),
+    ]
     r = (entry or {}).get("result") or {}
     if not r:
         return lines
@@ -979,31 +1145,50 @@ def section_containers(entry: dict | None) -> list[str]:
     build = r.get("first_build") or {}
     mib = (pull.get("bytes") or 0) / 2**20
     rows = [
-        [f"first pull + unpack of the lab image ({mib:.0f} MiB unpacked; batch step / "
-         "skopeo + umoci by hand, same filesystem)", fmt(dig(pull, ("tcloud", "median")), " s"),
-         fmt(dig(pull, ("by_hand", "median")), " s"), fmt(pull.get("ratio"), "x")],
-        ["per rank: program start -> first output line (image cached / no image)",
-         fmt(dig(start, ("rank_image", "median")), " s", 3),
-         fmt(dig(start, ("rank_none", "median")), " s", 3), fmt(start.get("rank_ratio"), "x")],
-        ["submit -> rank 0's first output line, 2 nodes (image cached / no image)",
-         fmt(dig(start, ("submit_image", "median")), " s"),
-         fmt(dig(start, ("submit_none", "median")), " s"), fmt(start.get("submit_ratio"), "x")],
-        ["first build of image: {build: ...}: copy of the cached base, WORKDIR, COPY, one RUN "
-         "(batch step / the same steps by hand, same filesystem)",
-         fmt(dig(build, ("tcloud", "median")), " s"), fmt(dig(build, ("by_hand", "median")), " s"),
-         fmt(build.get("ratio"), "x")],
-    ]  # fmt: skip
+        [
+            f"first pull + unpack of the lab image ({mib:.0f} MiB unpacked; batch step / "
+            "skopeo + umoci by hand, same filesystem)",
+            fmt(dig(pull, ("tcloud", "median")), " s"),
+            fmt(dig(pull, ("by_hand", "median")), " s"),
+            fmt(pull.get("ratio"), "x"),
+        ],
+        [
+            "per rank: program start -> first output line (image cached / no image)",
+            fmt(dig(start, ("rank_image", "median")), " s", 3),
+            fmt(dig(start, ("rank_none", "median")), " s", 3),
+            fmt(start.get("rank_ratio"), "x"),
+        ],
+        [
+            "submit -> rank 0's first output line, 2 nodes (image cached / no image)",
+            fmt(dig(start, ("submit_image", "median")), " s"),
+            fmt(dig(start, ("submit_none", "median")), " s"),
+            fmt(start.get("submit_ratio"), "x"),
+        ],
+        [
+            "first build of image: {build: ...}: copy of the cached base, WORKDIR, COPY, one RUN "
+            "(batch step / the same steps by hand, same filesystem)",
+            fmt(dig(build, ("tcloud", "median")), " s"),
+            fmt(dig(build, ("by_hand", "median")), " s"),
+            fmt(build.get("ratio"), "x"),
+        ],
+    ]
     lines += table(["measurement", "ours", "baseline", "ratio"], rows)
     if build:
-        lines += ["The first build is the `cp -a` of the base's 280 MiB tree: 3.5 of its 3.7 s "
-                  "in a cProfile run of `ensure_build` on n2, the same command the by-hand "
-                  "side runs. One such copy onto /shared (NFS, Ganesha) took 1 to 7 s from run "
-                  "to run on this machine; why the batch step's copies are the slower ones in "
-                  "every round was not found (not the job's memory limit, not the order, not "
-                  "the server's pending writes: each was tried).", ""]  # fmt: skip
+        lines += [
+            "The first build is the `cp -a` of the base's 280 MiB tree: 3.5 of its 3.7 s "
+            "in a cProfile run of `ensure_build` on n2, the same command the by-hand "
+            "side runs. One such copy onto /shared (NFS, Ganesha) took 1 to 7 s from run "
+            "to run on this machine; why the batch step's copies are the slower ones in "
+            "every round was not found (not the job's memory limit, not the order, not "
+            "the server's pending writes: each was tried).",
+            "",
+        ]
     load = " ".join(f"{x:.1f}" for x in r.get("load_at_start") or [])
-    lines += [f"Medians of {r.get('rounds')} interleaved rounds; load at start {load}.",
-              f"Reproduce: {cmd(entry)}", ""]  # fmt: skip
+    lines += [
+        f"Medians of {r.get('rounds')} interleaved rounds; load at start {load}.",
+        f"Reproduce: {cmd(entry)}",
+        "",
+    ]
     return lines
 
 

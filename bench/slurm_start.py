@@ -35,9 +35,13 @@ CONTROLLER = "n1"
 
 
 def node_sh(lab: str, node: str, script: str, stdin: str | None = None) -> str:
-    proc = subprocess.run([str(BIN / "tacc-lab"), "--name", lab, "ssh", node,
-                           shlex.join(["sh", "-c", script])],
-                          input=stdin, capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(BIN / "tacc-lab"), "--name", lab, "ssh", node, shlex.join(["sh", "-c", script])],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         sys.exit(f"{node}: {script[:80]}: {proc.stderr.strip()}")
     return proc.stdout
@@ -85,12 +89,15 @@ def block(lab: str, gaps: list[float]) -> list[dict]:
     samples = []
     for job, t0, first in rows:
         times = ctld.get(job, {})
-        samples.append({
-            "job": job, "to_first_line": float(first) - float(t0),
-            "to_allocated": times.get("allocated", float("nan")) - float(t0),
-            "launch": float(first) - times.get("allocated", float("nan")),
-            "by": times.get("by", "?"),
-        })  # fmt: skip
+        samples.append(
+            {
+                "job": job,
+                "to_first_line": float(first) - float(t0),
+                "to_allocated": times.get("allocated", float("nan")) - float(t0),
+                "launch": float(first) - times.get("allocated", float("nan")),
+                "by": times.get("by", "?"),
+            }
+        )
     return samples
 
 
@@ -106,8 +113,12 @@ def main() -> int:
     parser.add_argument("--lab", required=True, help="a lab that is up (e.g. slurm)")
     parser.add_argument("--samples", type=int, default=20, help="jobs per setting and round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--setting", action="append", metavar="PARAMS",
-                        help="SchedulerParameters, or 'default' (none); repeatable")  # fmt: skip
+    parser.add_argument(
+        "--setting",
+        action="append",
+        metavar="PARAMS",
+        help="SchedulerParameters, or 'default' (none); repeatable",
+    )
     parser.add_argument("--seed", type=int, default=12)
     add_json_argument(parser)
     args = parser.parse_args()
@@ -124,25 +135,33 @@ def main() -> int:
                     results[setting] += block(args.lab, gaps)
         finally:
             for node in NODES:
-                node_sh(args.lab, node, f"cat > {CONF}.bench && mv {CONF}.bench {CONF}",
-                        stdin=original)  # fmt: skip
+                node_sh(
+                    args.lab, node, f"cat > {CONF}.bench && mv {CONF}.bench {CONF}", stdin=original
+                )
             node_sh(args.lab, CONTROLLER, "scontrol reconfigure")
         table = {}
-        print(f"plain sbatch, submit -> batch script's first line, {args.samples} x "
-              f"{args.rounds} per setting (gaps 0-4 s, the same for each):")  # fmt: skip
+        print(
+            f"plain sbatch, submit -> batch script's first line, {args.samples} x "
+            f"{args.rounds} per setting (gaps 0-4 s, the same for each):"
+        )
         for setting, samples in results.items():
             first = [s["to_first_line"] for s in samples]
             alloc = [s["to_allocated"] for s in samples]
             launch = [s["launch"] for s in samples]
             backfill = sum(s["by"] == "sched/backfill" for s in samples)
-            table[setting] = {"to_first_line": summary(first),
-                                        "to_allocated": summary(alloc),
-                                        "launch": summary(launch), "backfill": backfill,
-                                        "samples": samples}  # fmt: skip
-            print(f"  {setting:24s} median {statistics.median(first):.2f} s "
-                  f"(min {min(first):.2f}, max {max(first):.2f}); submit->allocated median "
-                  f"{statistics.median(alloc):.2f}, allocated->first line median "
-                  f"{statistics.median(launch):.3f}; backfill {backfill}/{len(first)}")  # fmt: skip
+            table[setting] = {
+                "to_first_line": summary(first),
+                "to_allocated": summary(alloc),
+                "launch": summary(launch),
+                "backfill": backfill,
+                "samples": samples,
+            }
+            print(
+                f"  {setting:24s} median {statistics.median(first):.2f} s "
+                f"(min {min(first):.2f}, max {max(first):.2f}); submit->allocated median "
+                f"{statistics.median(alloc):.2f}, allocated->first line median "
+                f"{statistics.median(launch):.3f}; backfill {backfill}/{len(first)}"
+            )
             print(f"  {'':24s} histogram: {histogram(first)}")
         out["settings"] = table
     return 0

@@ -57,16 +57,23 @@ class Tcloud:
 
         self.env = {**os.environ, **env}
 
-    def run(self, *argv: str, check: bool = True,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-        proc = subprocess.run([str(BIN / "tcloud"), *argv], env={**self.env, **(env or {})},
-                              capture_output=True, text=True, check=False)  # fmt: skip
+    def run(
+        self, *argv: str, check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [str(BIN / "tcloud"), *argv],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if check and proc.returncode != 0:
             raise RuntimeError(f"tcloud {' '.join(argv)}: {proc.stderr.strip()}")
         return proc
 
-    def submit(self, project: Path, retries: int = 3,
-               env: dict[str, str] | None = None) -> tuple[str, int]:  # fmt: skip
+    def submit(
+        self, project: Path, retries: int = 3, env: dict[str, str] | None = None
+    ) -> tuple[str, int]:
         """(job id, retries needed): sshd refuses some of many simultaneous logins."""
         for attempt in range(retries + 1):
             proc = self.run("submit", "--json", str(project), check=attempt == retries, env=env)
@@ -93,10 +100,15 @@ def event_time(info: dict, state: str) -> float:
 
 def task(root: Path, name: str, run: str, time_limit: str = "5") -> Path:
     root.mkdir(parents=True)
-    (root / "tcloud.yaml").write_text(json.dumps({
-        "name": name, "run": [run],
-        "resources": {"nodes": 1, "cpus": 1, "mem": "50M", "time": time_limit},
-    }))  # fmt: skip
+    (root / "tcloud.yaml").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "run": [run],
+                "resources": {"nodes": 1, "cpus": 1, "mem": "50M", "time": time_limit},
+            }
+        )
+    )
     return root
 
 
@@ -106,9 +118,19 @@ LAB = {"name": NAME}  # the lab the bench drives (--lab)
 def login_sh(script: str, retries: int = 3, node: str = "login1") -> str:
     """A command on the login node over ssh (retried if sshd drops the connection)."""
     for attempt in range(retries + 1):
-        proc = subprocess.run([str(BIN / "tacc-lab"), "--name", LAB["name"], "ssh", node,
-                               shlex.join(["sh", "-c", script])],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [
+                str(BIN / "tacc-lab"),
+                "--name",
+                LAB["name"],
+                "ssh",
+                node,
+                shlex.join(["sh", "-c", script]),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode == 0:
             return proc.stdout
         if attempt == retries:
@@ -146,11 +168,14 @@ def submit_to_running(tcloud: Tcloud, work: Path, samples: int) -> dict:
 
 
 def log_latency(tcloud: Tcloud, work: Path) -> dict:
-    run = "for i in $(seq 40); do python3 -c 'import time; print(\"tick\", time.time())'; " \
-          "sleep 0.25; done"  # fmt: skip
+    run = (
+        "for i in $(seq 40); do python3 -c 'import time; print(\"tick\", time.time())'; "
+        "sleep 0.25; done"
+    )
     job, _ = tcloud.submit(task(work / "ticks", "ticks", run))
-    follower = subprocess.Popen([str(BIN / "tcloud"), "logs", "-f", job], env=tcloud.env,
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    follower = subprocess.Popen(
+        [str(BIN / "tcloud"), "logs", "-f", job], env=tcloud.env, stdout=subprocess.PIPE, text=True
+    )
     delays = []
     for line in follower.stdout:  # type: ignore[union-attr]
         words = line.split()
@@ -160,10 +185,17 @@ def log_latency(tcloud: Tcloud, work: Path) -> dict:
     delays.sort()
     p95 = delays[int(len(delays) * 0.95) - 1]
     print(f"rank prints a line -> `tcloud logs -f` shows it ({len(delays)} lines):")
-    print(f"  median {statistics.median(delays):.3f} s, p95 {p95:.3f} s, max {max(delays):.3f} s"
-          "  (target <= 1 s)")  # fmt: skip
-    return {"lines": len(delays), "median_s": statistics.median(delays), "p95_s": p95,
-            "max_s": max(delays), "target_s": 1.0}  # fmt: skip
+    print(
+        f"  median {statistics.median(delays):.3f} s, p95 {p95:.3f} s, max {max(delays):.3f} s"
+        "  (target <= 1 s)"
+    )
+    return {
+        "lines": len(delays),
+        "median_s": statistics.median(delays),
+        "p95_s": p95,
+        "max_s": max(delays),
+        "target_s": 1.0,
+    }
 
 
 def concurrent(tcloud: Tcloud, work: Path, count: int) -> dict:
@@ -187,14 +219,22 @@ def concurrent(tcloud: Tcloud, work: Path, count: int) -> dict:
     times = [event_time(info, info["state"]) - starts[job] for job, info in done.items()]
     base = baseline_concurrent(count)
     ours, theirs = summary(times), summary(base)
-    print(f"{count:3d} concurrent 10 s tasks: tcloud mean {ours['mean']:6.2f} s "
-          f"min {ours['min']:6.2f} max {ours['max']:6.2f} stdev {ours['stdev']:5.2f}"
-          f"  | sbatch mean {theirs['mean']:6.2f} min {theirs['min']:6.2f} "
-          f"max {theirs['max']:6.2f} stdev {theirs['stdev']:5.2f}"
-          f"  | ratio {ours['mean'] / theirs['mean']:.2f}x"
-          f"  (failed {len(failed)}, ssh retries {sum(retries)})")  # fmt: skip
-    return {"k": count, "tcloud": ours, "sbatch": theirs, "ratio": ours["mean"] / theirs["mean"],
-            "failed": len(failed), "ssh_retries": sum(retries)}  # fmt: skip
+    print(
+        f"{count:3d} concurrent 10 s tasks: tcloud mean {ours['mean']:6.2f} s "
+        f"min {ours['min']:6.2f} max {ours['max']:6.2f} stdev {ours['stdev']:5.2f}"
+        f"  | sbatch mean {theirs['mean']:6.2f} min {theirs['min']:6.2f} "
+        f"max {theirs['max']:6.2f} stdev {theirs['stdev']:5.2f}"
+        f"  | ratio {ours['mean'] / theirs['mean']:.2f}x"
+        f"  (failed {len(failed)}, ssh retries {sum(retries)})"
+    )
+    return {
+        "k": count,
+        "tcloud": ours,
+        "sbatch": theirs,
+        "ratio": ours["mean"] / theirs["mean"],
+        "failed": len(failed),
+        "ssh_retries": sum(retries),
+    }
 
 
 def baseline_concurrent(count: int) -> list[float]:
@@ -240,15 +280,21 @@ def timed_submit(tcloud: Tcloud, project: Path, timing_file: Path) -> dict:
     job, retries = tcloud.submit(project, env={"TCLOUD_TIMING": str(timing_file)})
     end = time.time()
     lines = timing_file.read_text().splitlines() if timing_file.exists() else []
-    return {"job": job, "retries": retries, "points": {"launch": launch, "exit": end},
-            "client": [json.loads(line) for line in lines]}  # fmt: skip
+    return {
+        "job": job,
+        "retries": retries,
+        "points": {"launch": launch, "exit": end},
+        "client": [json.loads(line) for line in lines],
+    }
 
 
 def timed_sbatch(sleep: int) -> dict:
     """Plain sbatch over ssh; its batch script prints the time first."""
     launch = time.time()
-    job = login_sh(f"sbatch --parsable -N1 -c1 --mem=50M -o {BASELINE_OUT}/%j.out "
-                   f"--wrap 'date +%s.%N; sleep {sleep}'").strip()  # fmt: skip
+    job = login_sh(
+        f"sbatch --parsable -N1 -c1 --mem=50M -o {BASELINE_OUT}/%j.out "
+        f"--wrap 'date +%s.%N; sleep {sleep}'"
+    ).strip()
     return {"job": job, "points": {"launch": launch}}
 
 
@@ -259,11 +305,14 @@ def wait_sbatch(samples: list[dict]) -> None:
 
 
 def slurm_logs() -> dict[str, dict]:
-    ctld = login_sh(submit_steps.CTLD_GREP + "/var/log/slurm/slurmctld.log || true",
-                    node=CONTROLLER)  # fmt: skip
+    ctld = login_sh(
+        submit_steps.CTLD_GREP + "/var/log/slurm/slurmctld.log || true", node=CONTROLLER
+    )
     nodes = sorted(set(login_sh("sinfo -h -N -o %N", node=CONTROLLER).split()))
-    slurmd = "".join(login_sh(submit_steps.SLURMD_GREP + "/var/log/slurm/slurmd.log || true",
-                              node=node) for node in nodes)  # fmt: skip
+    slurmd = "".join(
+        login_sh(submit_steps.SLURMD_GREP + "/var/log/slurm/slurmd.log || true", node=node)
+        for node in nodes
+    )
     return submit_steps.slurm_points(ctld, slurmd)
 
 
@@ -295,11 +344,16 @@ def baseline_points(samples: list[dict], slurm: dict[str, dict]) -> None:
         sample["by"] = slurm.get(sample["job"], {}).get("by")
 
 
-def steps_run(tcloud: Tcloud, work: Path, count: int, sleep: int,
-              rounds: int = 1) -> tuple[list[dict], list[dict]]:  # fmt: skip
+def steps_run(
+    tcloud: Tcloud, work: Path, count: int, sleep: int, rounds: int = 1
+) -> tuple[list[dict], list[dict]]:
     """`count` submits at once (tcloud, then plain sbatch), `rounds` times."""
-    project = task(work / f"steps-{count}-{sleep}", f"steps{count}", f"echo first; sleep {sleep}",
-                   time_limit="5")  # fmt: skip
+    project = task(
+        work / f"steps-{count}-{sleep}",
+        f"steps{count}",
+        f"echo first; sleep {sleep}",
+        time_limit="5",
+    )
     ours: list[dict] = []
     theirs: list[dict] = []
     for round_ in range(rounds):
@@ -336,9 +390,12 @@ def steps(tcloud: Tcloud, work: Path, samples: int, concurrency: list[int]) -> d
         columns[f"sbatch, {label}"] = submit_steps.medians(
             [submit_steps.baseline_split(s) for s in theirs]
         )
-        result[count] = {"tcloud": ours, "sbatch": theirs,
-                         "ssh_retries": sum(s["retries"] for s in ours),
-                         "failed": sum(s["state"] != "COMPLETED" for s in ours)}  # fmt: skip
+        result[count] = {
+            "tcloud": ours,
+            "sbatch": theirs,
+            "ssh_retries": sum(s["retries"] for s in ours),
+            "failed": sum(s["state"] != "COMPLETED" for s in ours),
+        }
     print(f"where a submit's time goes, median seconds per step ({samples} single samples):")
     print(submit_steps.table(columns))
     for count, found in result.items():
@@ -352,10 +409,12 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--concurrency", type=int, nargs="*", default=[10, 20, 40])
     parser.add_argument("--keep", action="store_true", help="leave the bench lab up")
-    parser.add_argument("--steps", action="store_true",
-                        help="also the per-step split of a submit (1 and K at once)")  # fmt: skip
-    parser.add_argument("--only-steps", action="store_true",
-                        help="only the per-step split (no other rows)")  # fmt: skip
+    parser.add_argument(
+        "--steps", action="store_true", help="also the per-step split of a submit (1 and K at once)"
+    )
+    parser.add_argument(
+        "--only-steps", action="store_true", help="only the per-step split (no other rows)"
+    )
     parser.add_argument("--lab", help="use this lab, already up, instead of the bench lab")
     add_json_argument(parser)
     args = parser.parse_args()

@@ -147,9 +147,15 @@ def row(
         f"| time ratio {t_s / c_s:5.2f}x"
         + (f" | tcloud direct {direct[0]:7.2f} s" if direct else "")
     )
-    result = {"tcloud_s": t_s, "tcloud_bytes": t_b, "rsync_s": r_s, "rsync_bytes": r_b,
-              "ratio": t_s / r_s, "rsync_controlmaster_s": c_s,
-              "ratio_controlmaster": t_s / c_s}  # fmt: skip
+    result = {
+        "tcloud_s": t_s,
+        "tcloud_bytes": t_b,
+        "rsync_s": r_s,
+        "rsync_bytes": r_b,
+        "ratio": t_s / r_s,
+        "rsync_controlmaster_s": c_s,
+        "ratio_controlmaster": t_s / c_s,
+    }
     if direct:
         result["tcloud_direct_s"] = direct[0]
     return result

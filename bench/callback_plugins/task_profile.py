@@ -21,9 +21,18 @@ from ansible.plugins.callback import CallbackBase
 
 # Actions that never reach the node.
 CONTROLLER_ONLY = {
-    "assert", "debug", "fail", "include_vars", "meta", "set_fact",
-    "validate_argument_spec", "include_tasks", "import_tasks", "include_role", "import_role",
-}  # fmt: skip
+    "assert",
+    "debug",
+    "fail",
+    "include_vars",
+    "meta",
+    "set_fact",
+    "validate_argument_spec",
+    "include_tasks",
+    "import_tasks",
+    "include_role",
+    "import_role",
+}
 
 DOCUMENTATION = """
     name: task_profile

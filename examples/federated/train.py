@@ -32,8 +32,13 @@ try:
 except ImportError:  # the plug-in is off and the library is not installed
     tacc_oort = None
 
-DEFAULTS = {"clients": 200, "per_round": 10, "target_accuracy": 0.75,
-            "round_deadline_s": 10.0, "max_rounds": 300}  # fmt: skip
+DEFAULTS = {
+    "clients": 200,
+    "per_round": 10,
+    "target_accuracy": 0.75,
+    "round_deadline_s": 10.0,
+    "max_rounds": 300,
+}
 FEATURES, CLASSES = 32, 10
 LOCAL_EPOCHS, BATCH, LEARNING_RATE = 1, 20, 0.002
 
@@ -88,8 +93,12 @@ def make_population(clients: int, seed: int) -> dict:
     speed = rng.lognormal(np.log(50.0), 1.0, clients)  # samples per second
     latency = rng.lognormal(np.log(5.0), 0.8, clients)  # seconds per round trip
     test_labels = rng.integers(0, CLASSES, 2000)
-    return {"shards": shards, "speed": speed, "latency": latency,
-            "test": (draw(test_labels), test_labels)}  # fmt: skip
+    return {
+        "shards": shards,
+        "speed": speed,
+        "latency": latency,
+        "test": (draw(test_labels), test_labels),
+    }
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -124,18 +133,19 @@ def accuracy(weights: np.ndarray, test: tuple) -> float:
 def selector_for(args: argparse.Namespace, hints: dict[int, float]):
     ids = list(range(args.clients))
     if tacc_oort is None:
-        print("tacc_oort not found (the oort plug-in is off): seeded random selection",
-              flush=True)  # fmt: skip
+        print("tacc_oort not found (the oort plug-in is off): seeded random selection", flush=True)
         return OwnRandom(ids, args.per_round, args.seed)
-    return tacc_oort.selector_from_env(ids, args.per_round, args.round_deadline_s, args.seed,
-                                       duration_hints=hints)  # fmt: skip
+    return tacc_oort.selector_from_env(
+        ids, args.per_round, args.round_deadline_s, args.seed, duration_hints=hints
+    )
 
 
 def run(args: argparse.Namespace, quiet: bool = False) -> dict:
     population = make_population(args.clients, args.data_seed)
     shards, speed, latency = population["shards"], population["speed"], population["latency"]
-    duration = {i: len(shards[i][1]) * LOCAL_EPOCHS / speed[i] + latency[i]
-                for i in range(args.clients)}  # fmt: skip
+    duration = {
+        i: len(shards[i][1]) * LOCAL_EPOCHS / speed[i] + latency[i] for i in range(args.clients)
+    }
     selector = selector_for(args, duration)
     rng = np.random.default_rng(args.seed + 1000)
     weights = np.zeros((FEATURES + 1, CLASSES))
@@ -154,18 +164,28 @@ def run(args: argparse.Namespace, quiet: bool = False) -> dict:
         accuracy_now = accuracy(weights, population["test"])
         curve.append([round_number, round(clock, 1), round(accuracy_now, 4)])
         if not quiet:
-            print(f"round {round_number} time {clock:.1f}s accuracy {accuracy_now:.4f} "
-                  f"selector {selector.name}", flush=True)  # fmt: skip
+            print(
+                f"round {round_number} time {clock:.1f}s accuracy {accuracy_now:.4f} "
+                f"selector {selector.name}",
+                flush=True,
+            )
         if reached is None and accuracy_now >= args.target_accuracy:
             reached = {"round": round_number, "seconds": round(clock, 1)}
             break
-    return {"selector": selector.name, "seed": args.seed, "data_seed": args.data_seed,
-            "clients": args.clients, "per_round": args.per_round,
-            "target_accuracy": args.target_accuracy, "rounds": len(curve),
-            "simulated_seconds": round(clock, 1),
-            "round_to_target": reached and reached["round"],
-            "seconds_to_target": reached and reached["seconds"],
-            "final_accuracy": round(accuracy_now, 4), "curve": curve}  # fmt: skip
+    return {
+        "selector": selector.name,
+        "seed": args.seed,
+        "data_seed": args.data_seed,
+        "clients": args.clients,
+        "per_round": args.per_round,
+        "target_accuracy": args.target_accuracy,
+        "rounds": len(curve),
+        "simulated_seconds": round(clock, 1),
+        "round_to_target": reached and reached["round"],
+        "seconds_to_target": reached and reached["seconds"],
+        "final_accuracy": round(accuracy_now, 4),
+        "curve": curve,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result) + "\n")
     to_target = result["seconds_to_target"]
-    print(f"{result['selector']}: target {args.target_accuracy} "
-          + (f"reached at round {result['round_to_target']}, {to_target} s (simulated)"
-             if to_target is not None else f"not reached in {result['rounds']} rounds")
-          + f"; final accuracy {result['final_accuracy']}", flush=True)  # fmt: skip
+    print(
+        f"{result['selector']}: target {args.target_accuracy} "
+        + (
+            f"reached at round {result['round_to_target']}, {to_target} s (simulated)"
+            if to_target is not None
+            else f"not reached in {result['rounds']} rounds"
+        )
+        + f"; final accuracy {result['final_accuracy']}",
+        flush=True,
+    )
     return 0
 
 

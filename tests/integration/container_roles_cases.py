@@ -36,8 +36,10 @@ def seeded(inventory: Path) -> tuple[Path, str]:
 def archive_digest(archive: Path) -> str:
     raw = subprocess.run(
         ["skopeo", "inspect", "--raw", f"oci-archive:{archive}"],
-        capture_output=True, check=True, timeout=120,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
@@ -69,10 +71,18 @@ def test_pushing_the_seed_again_changes_nothing(cluster):
     archive, name = seeded(cluster)
     settings = lab_vars(cluster)
     seed = [
-        f"{SEED_DIR}/image_seed.py", "--registry", settings["tacc_image_registry"],
-        "--seed-registry", "127.0.0.1:5001", "--seed-command", "/usr/bin/docker-registry",
-        "--seed-config", "/etc/docker/registry/seed.yml", "--seed-user", "docker-registry",
-    ]  # fmt: skip
+        f"{SEED_DIR}/image_seed.py",
+        "--registry",
+        settings["tacc_image_registry"],
+        "--seed-registry",
+        "127.0.0.1:5001",
+        "--seed-command",
+        "/usr/bin/docker-registry",
+        "--seed-config",
+        "/etc/docker/registry/seed.yml",
+        "--seed-user",
+        "docker-registry",
+    ]
     out = sh("n1", shlex.join(["python3", *seed, "--", seeded_copy(name), name]))
     assert out.splitlines() == [f"present {name} {archive_digest(archive)}", "ok"]
 

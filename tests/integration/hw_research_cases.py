@@ -58,17 +58,23 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     assert fake.returncode == 0, fake.stderr
     site(inventory)
     assert "AvailableFeatures=l40s" in sh("scontrol show node n3 --oneliner")
-    settings = {"plugins": ["allox"], "state_dir": STATE_DIR,
-                "plugin_settings": {"allox": {"speed": {"h100": 3.0}}}}  # fmt: skip
+    settings = {
+        "plugins": ["allox"],
+        "state_dir": STATE_DIR,
+        "plugin_settings": {"allox": {"speed": {"h100": 3.0}}},
+    }
     runs = {"fast": {"h100": [10], "l40s": [400]}, "same": {"h100": [20], "l40s": [21]}}
-    seen = {"runs": {f"alice\x1f{name}": {"types": types, "at": 0}
-                     for name, types in runs.items()}}  # fmt: skip
-    sh(f"rm -rf {STATE_DIR} && mkdir -m 700 {STATE_DIR} && "
-       f"echo '{json.dumps(settings)}' > /root/allox.yaml && "
-       f"echo '{json.dumps(seen)}' > {STATE_DIR}/allox.json")  # fmt: skip
+    seen = {"runs": {f"alice\x1f{name}": {"types": types, "at": 0} for name, types in runs.items()}}
+    sh(
+        f"rm -rf {STATE_DIR} && mkdir -m 700 {STATE_DIR} && "
+        f"echo '{json.dumps(settings)}' > /root/allox.yaml && "
+        f"echo '{json.dumps(seen)}' > {STATE_DIR}/allox.json"
+    )
     sbatch = "sbatch --parsable -o /dev/null"
-    hogs = [as_alice(f"{sbatch} -J hog -t 3 --gres=gpu:h100:4 --wrap 'sleep 300'"),
-            as_alice(f"{sbatch} -J hog2 -t 1 --gres=gpu:l40s:1 --wrap 'sleep 300'")]  # fmt: skip
+    hogs = [
+        as_alice(f"{sbatch} -J hog -t 3 --gres=gpu:h100:4 --wrap 'sleep 300'"),
+        as_alice(f"{sbatch} -J hog2 -t 1 --gres=gpu:l40s:1 --wrap 'sleep 300'"),
+    ]
     jobs: list[str] = []
     try:
         for hog in hogs:
@@ -79,8 +85,9 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
         changes = tick()
         assert job_field(fast, "Features") == "h100", changes
         assert job_field(same, "Features") == "l40s", changes
-        assert any(c.startswith(f"allox: job {fast} -> h100 (est. 10 s; l40s 400 s)")
-                   for c in changes), changes  # fmt: skip
+        assert any(
+            c.startswith(f"allox: job {fast} -> h100 (est. 10 s; l40s 400 s)") for c in changes
+        ), changes
         # n3 free: same runs there (its constraint is l40s now), watched by a tick, and ends.
         sh(f"scancel {hogs[1]}")
         wait_for(same, "RUNNING")

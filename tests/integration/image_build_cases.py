@@ -41,8 +41,14 @@ INSIDE = (
 IMAGES_DIR = "/shared/tcloud/alice/images"
 
 
-def build_task(root: Path, name: str, run: list[str], nodes: int = 1, data: str = "one",
-               build_file: str = BUILD_FILE) -> Path:  # fmt: skip
+def build_task(
+    root: Path,
+    name: str,
+    run: list[str],
+    nodes: int = 1,
+    data: str = "one",
+    build_file: str = BUILD_FILE,
+) -> Path:
     (root / "env/data").mkdir(parents=True)
     (root / "env/Containerfile").write_text(build_file)
     (root / "env/data/a.txt").write_text(data + "\n")
@@ -112,8 +118,10 @@ def test_b1_a_two_node_task_runs_in_an_image_built_from_its_containerfile(alice,
 
 def test_b2_two_jobs_of_one_new_build_build_it_once(alice, tmp_path):
     data = f"twice-{time.time_ns()}"
-    jobs = [submit(alice, build_task(tmp_path / name, name, ["true"], data=data))
-            for name in ("first", "second")]  # fmt: skip
+    jobs = [
+        submit(alice, build_task(tmp_path / name, name, ["true"], data=data))
+        for name in ("first", "second")
+    ]
     logs = []
     for job in jobs:
         info, log = finished(alice, job, 600)

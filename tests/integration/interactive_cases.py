@@ -57,9 +57,13 @@ def tcloud_pty(user: str, *argv: str, timeout: int = 60) -> pexpect.spawn:
     """The real tcloud on a pseudo-terminal, as the researcher types it."""
     env = researcher_env(SLURM_LAB, user)
     return pexpect.spawn(
-        str(BIN / "tcloud"), list(argv), env=env, encoding="utf-8", timeout=timeout,
+        str(BIN / "tcloud"),
+        list(argv),
+        env=env,
+        encoding="utf-8",
+        timeout=timeout,
         dimensions=(24, 100),
-    )  # fmt: skip
+    )
 
 
 class TestIntoARunningJob:
@@ -115,8 +119,11 @@ class TestIntoARunningJob:
         env = researcher_env(SLURM_LAB, "alice")
         forward = subprocess.Popen(
             [str(BIN / "tcloud"), "forward", served_job, f"{JOB_PORT}:{local}", "--node", "1"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert forward.stdout is not None
             first = forward.stdout.readline()
@@ -200,16 +207,30 @@ def test_i6_an_idle_session_stops_itself_and_leaves_no_process_or_allocation(ali
 
 @pytest.mark.fault
 def test_i7_a_session_asked_to_stop_on_disconnect_ends_when_the_client_dies(alice, tmp_path):
-    project = serving_task(tmp_path / "dev2", "tethered", SESSION_PORT + 1,
-                           session={"ports": [SESSION_PORT + 1], "idle_timeout": "0"})  # fmt: skip
+    project = serving_task(
+        tmp_path / "dev2",
+        "tethered",
+        SESSION_PORT + 1,
+        session={"ports": [SESSION_PORT + 1], "idle_timeout": "0"},
+    )
     local = free_port()
     env = researcher_env(SLURM_LAB, "alice")
     client = subprocess.Popen(
-        [str(BIN / "tcloud"), "dev", str(project), "--stop-on-disconnect",
-         "--port", f"{SESSION_PORT + 1}:{local}"],
-        env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(BIN / "tcloud"),
+            "dev",
+            str(project),
+            "--stop-on-disconnect",
+            "--port",
+            f"{SESSION_PORT + 1}:{local}",
+        ],
+        env=env,
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     job = ""
     try:
         assert client.stdout is not None

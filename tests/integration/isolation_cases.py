@@ -32,16 +32,31 @@ def address(node: str) -> str:
 def ssh_as(user: str, node: str, command: str) -> subprocess.CompletedProcess:
     """`ssh USER@NODE COMMAND` from this machine with the lab researcher's own key."""
     key = LAB_DIR / "users" / user / "id_ed25519"
-    argv = ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={LAB_DIR / 'ssh/known_hosts'}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-            f"{user}@{address(node)}", command]  # fmt: skip
+    argv = [
+        "ssh",
+        "-i",
+        str(key),
+        "-o",
+        f"UserKnownHostsFile={LAB_DIR / 'ssh/known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        f"{user}@{address(node)}",
+        command,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
 def sleeper(root: Path, node_count: int = 2) -> Path:
     root.mkdir()
-    task = {"name": "sleeper", "resources": {"nodes": node_count, "mem": "50M", "time": "5"},
-            "run": ["sleep 300"]}  # fmt: skip
+    task = {
+        "name": "sleeper",
+        "resources": {"nodes": node_count, "mem": "50M", "time": "5"},
+        "run": ["sleep 300"],
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
@@ -115,8 +130,11 @@ def test_p1_root_on_an_nfs_client_is_nobody_on_shared():
     probe = f"/shared/tcloud/squash-probe-{uuid.uuid4().hex[:8]}"
     listing = node_sh(SLURM_LAB, "n2", "nfs-ls 'nfs://n1/shared/tcloud?version=4'")
     assert listing.returncode == 0, listing.stderr  # root may read: the export serves it
-    copy = node_sh(SLURM_LAB, "n2", "echo x > /root/probe && "
-                   f"nfs-cp /root/probe 'nfs://n1{probe}?version=4&uid=0&gid=0'")  # fmt: skip
+    copy = node_sh(
+        SLURM_LAB,
+        "n2",
+        f"echo x > /root/probe && nfs-cp /root/probe 'nfs://n1{probe}?version=4&uid=0&gid=0'",
+    )
     on_server = node_sh(SLURM_LAB, "n1", f"stat -c %U {probe}").stdout.strip()
     node_sh(SLURM_LAB, "n1", f"rm -f {probe}")
     # /shared/tcloud is root's, 0755: root squashed to nobody may not create in it.

@@ -80,7 +80,9 @@ def test_o1_prometheus_reports_every_agent_and_node_exporter_up(cluster):
     # The controller's agent exports the cluster-wide Slurm figures.
     series = prometheus("/api/v1/query?query=tacc_agent_slurm_up")["result"]
     assert {s["metric"]["daemon"]: s["value"][1] for s in series} == {
-        "slurmctld": "1", "slurmdbd": "1"}  # fmt: skip
+        "slurmctld": "1",
+        "slurmdbd": "1",
+    }
     nodes = prometheus("/api/v1/query?query=sum(tacc_agent_slurm_nodes)")["result"]
     assert nodes and float(nodes[0]["value"][1]) == 2  # n2 and n3
 
@@ -90,13 +92,20 @@ def test_o2_a_node_drained_by_a_failing_check_fires_its_alert_to_the_webhook(clu
     scrapes it); the tmpfs goes, the agent drains n3, TaccNodeDrainedByCheck fires and
     Alertmanager posts it to the webhook on n1."""
     hook = f"cat > /root/hook.py <<'EOF'\n{WEBHOOK}\nEOF\n"
-    node_sh(SLURM_LAB, "n1", f"rm -f /root/alerts.jsonl; {hook}"
-            "systemd-run --unit tacc-test-hook python3 /root/hook.py")  # fmt: skip
+    node_sh(
+        SLURM_LAB,
+        "n1",
+        f"rm -f /root/alerts.jsonl; {hook}systemd-run --unit tacc-test-hook python3 /root/hook.py",
+    )
     settings = "services: [munge, slurmd]\nmounts: [{path: /mnt/tacc-alert, fstype: tmpfs}]\n"
-    node_sh(SLURM_LAB, "n3", "systemctl stop tacc-agent; mkdir -p /mnt/tacc-alert && "
-            f"mount -t tmpfs tmpfs /mnt/tacc-alert && printf '{settings}' > /tmp/alert.yaml && "
-            "systemd-run --unit tacc-agent-alert tacc-agent --config /tmp/alert.yaml serve "
-            "--interval 1")  # fmt: skip
+    node_sh(
+        SLURM_LAB,
+        "n3",
+        "systemctl stop tacc-agent; mkdir -p /mnt/tacc-alert && "
+        f"mount -t tmpfs tmpfs /mnt/tacc-alert && printf '{settings}' > /tmp/alert.yaml && "
+        "systemd-run --unit tacc-agent-alert tacc-agent --config /tmp/alert.yaml serve "
+        "--interval 1",
+    )
     try:
         node_sh(SLURM_LAB, "n3", "umount /mnt/tacc-alert")
         deadline = time.monotonic() + 120
@@ -107,16 +116,24 @@ def test_o2_a_node_drained_by_a_failing_check_fires_its_alert_to_the_webhook(clu
             ).stdout
             time.sleep(3)
             lines = node_sh(SLURM_LAB, "n1", "cat /root/alerts.jsonl 2>/dev/null").stdout
-            fired = [alert for line in lines.splitlines() if line.strip()
-                     for alert in json.loads(line)["alerts"]
-                     if alert["labels"]["alertname"] == "TaccNodeDrainedByCheck"
-                     and alert["status"] == "firing"]  # fmt: skip
+            fired = [
+                alert
+                for line in lines.splitlines()
+                if line.strip()
+                for alert in json.loads(line)["alerts"]
+                if alert["labels"]["alertname"] == "TaccNodeDrainedByCheck"
+                and alert["status"] == "firing"
+            ]
         assert fired[0]["labels"]["instance"] == "n3", fired
         said = json.dumps(fired[0]["annotations"])
         assert "mounts" in said, said
     finally:
-        node_sh(SLURM_LAB, "n3", "systemctl stop tacc-agent-alert; umount /mnt/tacc-alert; "
-                "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent")  # fmt: skip
+        node_sh(
+            SLURM_LAB,
+            "n3",
+            "systemctl stop tacc-agent-alert; umount /mnt/tacc-alert; "
+            "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent",
+        )
         node_sh(SLURM_LAB, "n1", "systemctl stop tacc-test-hook")
     deadline = time.monotonic() + 30
     while "n3 idle" not in node_sh(SLURM_LAB, "n1", "sinfo -h -N -o '%N %t'").stdout:
@@ -131,10 +148,15 @@ def usage_total(tcloud, since: str) -> dict:
 
 
 def sacct_cpu_seconds(jobs: list[str]) -> int:
-    out = node_sh(SLURM_LAB, "n1", "sacct -X -n -P -D --format=JobIDRaw,AllocCPUS,ElapsedRaw "
-                  f"-j {','.join(jobs)}").stdout  # fmt: skip
-    return sum(int(cpus) * int(seconds) for _, cpus, seconds in
-               (line.split("|") for line in out.splitlines() if line))  # fmt: skip
+    out = node_sh(
+        SLURM_LAB,
+        "n1",
+        f"sacct -X -n -P -D --format=JobIDRaw,AllocCPUS,ElapsedRaw -j {','.join(jobs)}",
+    ).stdout
+    return sum(
+        int(cpus) * int(seconds)
+        for _, cpus, seconds in (line.split("|") for line in out.splitlines() if line)
+    )
 
 
 def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
@@ -144,8 +166,11 @@ def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
     for index, nodes in enumerate((1, 2)):
         root = tmp_path / f"u{index}"
         root.mkdir()
-        task = {"name": f"usage{index}", "resources": {"nodes": nodes, "mem": "100M", "time": "5"},
-                "run": ["sleep 3"]}  # fmt: skip
+        task = {
+            "name": f"usage{index}",
+            "resources": {"nodes": nodes, "mem": "100M", "time": "5"},
+            "run": ["sleep 3"],
+        }
         (root / "tcloud.yaml").write_text(json.dumps(task))
         jobs.append(submit(alice, root))
     for job in jobs:
@@ -163,8 +188,10 @@ def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
     report = node_sh(SLURM_LAB, "n1", f"tacc-agent report usage --since {today} --format json")
     assert report.returncode == 0, report.stderr
     assert "alice" in {row["user"] for row in json.loads(report.stdout)["rows"]}
-    assert node_sh(SLURM_LAB, "login1", "su -s /bin/sh alice -c 'tacc-agent report usage'"
-                   ).returncode == 4  # fmt: skip
+    assert (
+        node_sh(SLURM_LAB, "login1", "su -s /bin/sh alice -c 'tacc-agent report usage'").returncode
+        == 4
+    )
 
 
 @pytest.mark.fault
@@ -172,8 +199,11 @@ def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluste
     root = tmp_path / "counter"
     root.mkdir()
     (root / "count.py").write_text(CHECKPOINTING_COUNTER)
-    task = {"name": "counter", "resources": {"nodes": 1, "mem": "100M", "time": "30"},
-            "run": ["python3 count.py"]}  # fmt: skip
+    task = {
+        "name": "counter",
+        "resources": {"nodes": 1, "mem": "100M", "time": "30"},
+        "run": ["python3 count.py"],
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     job = submit(alice, root)
     wait_state(alice, job, ("RUNNING",), 120)
@@ -181,9 +211,18 @@ def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluste
     before = node_sh(SLURM_LAB, "n1", "cut -d' ' -f22 /proc/1/stat").stdout  # n1 stays up
     boots = {n: node_sh(SLURM_LAB, n, "cut -d' ' -f22 /proc/1/stat").stdout for n in ("n2", "n3")}
     started = time.monotonic()
-    run, changed = playbook(cluster, "playbooks/rolling.yml", "--limit", "n2,n3",
-                            "-e", "rolling_wave=1", "-e", "rolling_running_jobs=checkpoint",
-                            "-e", "rolling_checkpoint_grace=5")  # fmt: skip
+    run, changed = playbook(
+        cluster,
+        "playbooks/rolling.yml",
+        "--limit",
+        "n2,n3",
+        "-e",
+        "rolling_wave=1",
+        "-e",
+        "rolling_running_jobs=checkpoint",
+        "-e",
+        "rolling_checkpoint_grace=5",
+    )
     seconds = time.monotonic() - started
     # Two waves of one node each, both rebooted for real (their init started again).
     assert run.stdout.count("PLAY [Rolling maintenance of the compute nodes]") == 2, run.stdout
@@ -236,18 +275,28 @@ def installed_probe(node: str) -> str:
 
 
 def test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots(cluster):
-    setup = (f"VERSION=1.0; {BUILD_PROBE}\ndpkg -i {UPGRADE_REPO}/{UPGRADE_PROBE}_1.0_all.deb\n"
-             f"VERSION=2.0; {BUILD_PROBE}\n"
-             f"echo 'deb [trusted=yes] file:{UPGRADE_REPO} ./' "
-             f"> /etc/apt/sources.list.d/{UPGRADE_PROBE}.list")  # fmt: skip
+    setup = (
+        f"VERSION=1.0; {BUILD_PROBE}\ndpkg -i {UPGRADE_REPO}/{UPGRADE_PROBE}_1.0_all.deb\n"
+        f"VERSION=2.0; {BUILD_PROBE}\n"
+        f"echo 'deb [trusted=yes] file:{UPGRADE_REPO} ./' "
+        f"> /etc/apt/sources.list.d/{UPGRADE_PROBE}.list"
+    )
     proc = node_sh(SLURM_LAB, "n3", setup)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert installed_probe("n3") == "1.0"
     boot = node_sh(SLURM_LAB, "n3", "cut -d' ' -f22 /proc/1/stat").stdout
     try:
         packages = json.dumps({"rolling_upgrade_packages": [UPGRADE_PROBE]})
-        run, changed = playbook(cluster, "playbooks/rolling.yml", "--limit", "n3",
-                                "-e", "rolling_action=upgrade_reboot", "-e", packages)  # fmt: skip
+        run, changed = playbook(
+            cluster,
+            "playbooks/rolling.yml",
+            "--limit",
+            "n3",
+            "-e",
+            "rolling_action=upgrade_reboot",
+            "-e",
+            packages,
+        )
         # The node's package lists were read again: 2.0 is installed, then it rebooted.
         assert installed_probe("n3") == "2.0", run.stdout[-3000:]
         assert node_sh(SLURM_LAB, "n3", "cut -d' ' -f22 /proc/1/stat").stdout != boot
@@ -255,15 +304,29 @@ def test_o5_a_rolling_upgrade_brings_the_new_version_and_reboots(cluster):
         state = node_sh(SLURM_LAB, "n1", "sinfo -h -N -n n3 -o %t").stdout.strip()
         assert state in ("idle", "mix", "alloc"), state  # back in service
     finally:
-        node_sh(SLURM_LAB, "n3", f"rm -rf /etc/apt/sources.list.d/{UPGRADE_PROBE}.list "
-                                 f"{UPGRADE_REPO}; dpkg --purge {UPGRADE_PROBE}")  # fmt: skip
+        node_sh(
+            SLURM_LAB,
+            "n3",
+            f"rm -rf /etc/apt/sources.list.d/{UPGRADE_PROBE}.list "
+            f"{UPGRADE_REPO}; dpkg --purge {UPGRADE_PROBE}",
+        )
 
 
 def common_only(tmp_path: Path, cluster: Path, host: str) -> tuple[str, int]:
     """The common role alone on host (what sets the resolver); its output and changed=."""
     book = tmp_path / "common.yml"
-    book.write_text(json.dumps([{"hosts": host, "gather_facts": True, "gather_subset": ["min"],
-                                 "roles": [{"role": str(ROOT / "roles/common")}]}]))  # fmt: skip
+    book.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": host,
+                    "gather_facts": True,
+                    "gather_subset": ["min"],
+                    "roles": [{"role": str(ROOT / "roles/common")}],
+                }
+            ]
+        )
+    )
     run, changed = playbook(cluster, str(book))
     return run.stdout, changed[host]
 
@@ -273,8 +336,12 @@ def test_o6_the_cluster_dns_reaches_nodes_with_resolved_or_a_dhcp_client(cluster
     nm_conf = "/etc/NetworkManager/conf.d/90-tacc-cluster-dns.conf"
     dropin = "/etc/systemd/resolved.conf.d/90-tacc-cluster-dns.conf"
     # The node image has neither /etc/dhcp nor /etc/NetworkManager: both are removed after.
-    node_sh(SLURM_LAB, "login1", "cp /etc/resolv.conf /root/resolv.conf.saved && "
-            "mkdir -p /etc/dhcp/dhclient-enter-hooks.d /etc/NetworkManager/conf.d")  # fmt: skip
+    node_sh(
+        SLURM_LAB,
+        "login1",
+        "cp /etc/resolv.conf /root/resolv.conf.saved && "
+        "mkdir -p /etc/dhcp/dhclient-enter-hooks.d /etc/NetworkManager/conf.d",
+    )
     try:
         # A DHCP client and NetworkManager: told to leave the file alone.
         output, changed = common_only(tmp_path, cluster, "login1")

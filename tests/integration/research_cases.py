@@ -60,14 +60,24 @@ def test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end(ali
     assert owner[0] == "alice" and int(owner[1], 8) & 0o022 == 0, owner
 
 
-def counter_task(root: Path, name: str, nodes: int, cpus: int, preemptible: bool,
-                 until: int = 100000) -> Path:  # fmt: skip
+def counter_task(
+    root: Path, name: str, nodes: int, cpus: int, preemptible: bool, until: int = 100000
+) -> Path:
     root.mkdir(parents=True)
     (root / "count.py").write_text(CHECKPOINTING_COUNTER)
-    task = {"name": name, "run": ["python3 count.py"], "outputs": ["outputs/"],
-            "resources": {"nodes": nodes, "cpus": cpus, "mem": "100M", "time": "10",
-                          "preemptible": preemptible},
-            "environment": {"env": {"UNTIL": str(until), "STOP_AT_CHECKPOINT": "1"}}}  # fmt: skip
+    task = {
+        "name": name,
+        "run": ["python3 count.py"],
+        "outputs": ["outputs/"],
+        "resources": {
+            "nodes": nodes,
+            "cpus": cpus,
+            "mem": "100M",
+            "time": "10",
+            "preemptible": preemptible,
+        },
+        "environment": {"env": {"UNTIL": str(until), "STOP_AT_CHECKPOINT": "1"}},
+    }
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root
 
@@ -82,11 +92,18 @@ def test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_wa
     """Threshold 1 GPU-s (node-s here): alice's running job is in queue 1 after a second;
     bob's new job (queue 0) waits for her nodes; a tick checkpoints and requeues her job,
     bob's runs, and hers goes on from its count once the nodes are free again."""
-    settings = {"plugins": ["tiresias"], "state_dir": "/root/tiresias-test",
-                "plugin_settings": {"tiresias": {"thresholds": [1], "promote_knob": 0,
-                                                 "min_run_seconds": 3}}}  # fmt: skip
-    node_sh(SLURM_LAB, "n1", "rm -rf /root/tiresias-test && "
-            f"echo '{json.dumps(settings)}' > /root/tiresias.yaml")  # fmt: skip
+    settings = {
+        "plugins": ["tiresias"],
+        "state_dir": "/root/tiresias-test",
+        "plugin_settings": {
+            "tiresias": {"thresholds": [1], "promote_knob": 0, "min_run_seconds": 3}
+        },
+    }
+    node_sh(
+        SLURM_LAB,
+        "n1",
+        f"rm -rf /root/tiresias-test && echo '{json.dumps(settings)}' > /root/tiresias.yaml",
+    )
     cpus = node_sh(SLURM_LAB, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
     whole = int(cpus.split()[0])  # one job holds both nodes whole
     hog = submit(alice, counter_task(tmp_path / "hog", "hog", 2, whole, preemptible=True))
@@ -179,9 +196,18 @@ def test_r5_elastic_grows_a_running_job_onto_an_idle_node_and_shrinks_it_for_a_w
     bob's job ends, a node idles and a tick grows hers to 2 (checkpoint, requeue at 2
     nodes, on from her count); bob submits again, his job waits, and a tick shrinks hers
     back to 1 so his starts. Resizing is ops' choice (plugin_settings.elastic.resize)."""
-    settings = {"state_dir": "/root/elastic-test", "plugin_settings": {"elastic": {
-        "resize": True, "grow_after_seconds": 2, "shrink_after_seconds": 2,
-        "min_run_seconds": 3, "cooldown_seconds": 5}}}  # fmt: skip
+    settings = {
+        "state_dir": "/root/elastic-test",
+        "plugin_settings": {
+            "elastic": {
+                "resize": True,
+                "grow_after_seconds": 2,
+                "shrink_after_seconds": 2,
+                "min_run_seconds": 3,
+                "cooldown_seconds": 5,
+            }
+        },
+    }
     config = "/root/elastic.yaml"
     node_sh(
         SLURM_LAB, "n1", f"rm -rf /root/elastic-test && echo '{json.dumps(settings)}' > {config}"
@@ -218,8 +244,9 @@ def test_r5_elastic_grows_a_running_job_onto_an_idle_node_and_shrinks_it_for_a_w
         jobs.append((bob, late))
         time.sleep(4)  # past the cooldown and min_run_seconds of the grown job
         changes = tick_until(config, "shrink")
-        assert any(f"elastic: job {grower} shrink 2 -> 1 nodes (job {late} waits" in c
-                   for c in changes), changes  # fmt: skip
+        assert any(
+            f"elastic: job {grower} shrink 2 -> 1 nodes (job {late} waits" in c for c in changes
+        ), changes
         assert wait_state(bob, late, FINAL, 180)["state"] == "COMPLETED"
         deadline = time.monotonic() + 120
         while node_count(grower) != "RUNNING 1":

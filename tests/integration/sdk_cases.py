@@ -44,8 +44,12 @@ def test_sdk_submits_a_dict_task_streams_its_logs_waits_and_downloads(
         "print(f'sdk rank {rank} of', os.environ['WORLD_SIZE'])\n"
         "open(os.path.join(os.environ['TACC_WORKDIR'], 'outputs', f'r{rank}'), 'w').write(rank)\n"
     )
-    task = {"name": "sdk-dict", "resources": {"nodes": 2, "mem": "100M", "time": "5"},
-            "run": ["python3 train.py"], "outputs": ["outputs/"]}  # fmt: skip
+    task = {
+        "name": "sdk-dict",
+        "resources": {"nodes": 2, "mem": "100M", "time": "5"},
+        "run": ["python3 train.py"],
+        "outputs": ["outputs/"],
+    }
     with Cluster() as cluster:
         job = cluster.submit(task, base_dir=tmp_path / "code")
         session = cluster.client
@@ -62,8 +66,11 @@ def test_sdk_submits_a_dict_task_streams_its_logs_waits_and_downloads(
 
 def test_sdk_cancels_and_another_researcher_cannot_touch_the_job(alice, as_researcher, tmp_path):
     as_researcher("alice")
-    task = {"name": "sdk-sleeper", "resources": {"nodes": 1, "mem": "50M", "time": "5"},
-            "run": ["sleep 300"]}  # fmt: skip
+    task = {
+        "name": "sdk-sleeper",
+        "resources": {"nodes": 1, "mem": "50M", "time": "5"},
+        "run": ["sleep 300"],
+    }
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "notes.txt").write_text("a job with files\n")
     with Cluster() as cluster:
@@ -86,8 +93,13 @@ def test_the_sdk_example_runs_against_the_lab(alice, tmp_path):
     env = researcher_env(SLURM_LAB, "alice")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples/sdk/run.py"), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("[n2:0] hello from TACC: rank 0/2 on n2") for line in lines), lines

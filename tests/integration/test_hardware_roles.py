@@ -46,8 +46,21 @@ def sh(node: str, script: str) -> str:
 def runs(shaped_lab) -> dict:
     """The install-from-nothing proof (labs.HW boots the bare image): site.yml's runs."""
     inventory = shaped_lab.inventory
-    fake = lab_cli(NAME, "fake-hw", "n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1",
-                   "--rdma", "1", "--link-layer", "Ethernet")  # fmt: skip
+    fake = lab_cli(
+        NAME,
+        "fake-hw",
+        "n2",
+        "--gpus",
+        "4",
+        "--nvswitches",
+        "2",
+        "--nics",
+        "1",
+        "--rdma",
+        "1",
+        "--link-layer",
+        "Ethernet",
+    )
     assert fake.returncode == 0, fake.stderr
     # The first converge is killed (SIGKILL) just after slurm.conf was written and before
     # the restart it notified: the re-run must finish the job from there.
@@ -161,7 +174,10 @@ def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
     # the fake driver ships nvidia-smi and no libcuda, so bin/ has it and lib64/ is empty.
     driver_dir = "/usr/local/lib/tacc-nvidia"
     assert sh("n2", f"ls {driver_dir}/bin {driver_dir}/lib64").split() == [
-        f"{driver_dir}/bin:", "nvidia-smi", f"{driver_dir}/lib64:"]  # fmt: skip
+        f"{driver_dir}/bin:",
+        "nvidia-smi",
+        f"{driver_dir}/lib64:",
+    ]
     inodes = sh("n2", f"stat -c %i /usr/bin/nvidia-smi {driver_dir}/bin/nvidia-smi").split()
     assert inodes[0] == inodes[1]  # a hard link, not a copy
     assert node_sh(NAME, "n3", f"test -e {driver_dir}").returncode != 0  # no GPU, no directory
@@ -237,10 +253,20 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     record names the type the node had."""
     env = researcher_env(NAME, "alice")
     line = 'echo "GPU=${CUDA_VISIBLE_DEVICES:-} type=$TACC_GPU_TYPE on $(hostname)"'
-    (tmp_path / "tcloud.yaml").write_text(json.dumps({
-        "name": "half", "run": [line],
-        "resources": {"gpus_per_node": 0.5, "gpu_types": ["a100", "h100"], "mem": "50M",
-                      "time": "5"}}))  # fmt: skip
+    (tmp_path / "tcloud.yaml").write_text(
+        json.dumps(
+            {
+                "name": "half",
+                "run": [line],
+                "resources": {
+                    "gpus_per_node": 0.5,
+                    "gpu_types": ["a100", "h100"],
+                    "mem": "50M",
+                    "time": "5",
+                },
+            }
+        )
+    )
     proc = run_cli("tcloud", "submit", "--json", str(tmp_path), env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
@@ -288,8 +314,10 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
     metrics = sh("n2", SCRAPE).splitlines()
     assert len([m for m in metrics if m.startswith("tacc_agent_gpu_power_watts{")]) == 4
     assert "tacc_agent_healthy 1.0" in metrics and "tacc_agent_rdma_ports_active 1.0" in metrics
-    bare = {c["check"]: c["status"] for c in json.loads(sh("n3", "tacc-agent check --json "
-                                                             "--no-slurm"))["checks"]}  # fmt: skip
+    bare = {
+        c["check"]: c["status"]
+        for c in json.loads(sh("n3", "tacc-agent check --json --no-slurm"))["checks"]
+    }
     assert bare["gpu"] == "absent" and bare["rdma"] == "absent"
 
 

@@ -170,14 +170,18 @@ def task_dir(root: Path, name: str, run: list[str], nodes: int = 2, resources=No
 
 
 def test_two_node_job_reports_rank_and_host_and_outputs_download(alice, tmp_path):
-    line = ('echo "rank $RANK/$WORLD_SIZE on $(hostname) node $TACC_NODE_RANK/$TACC_NUM_NODES '
-            'master $MASTER_ADDR:$MASTER_PORT ips $TACC_NODE_IPS"; '
-            'echo "$RANK" > "$TACC_WORKDIR/outputs/rank$RANK"')  # fmt: skip
+    line = (
+        'echo "rank $RANK/$WORLD_SIZE on $(hostname) node $TACC_NODE_RANK/$TACC_NUM_NODES '
+        'master $MASTER_ADDR:$MASTER_PORT ips $TACC_NODE_IPS"; '
+        'echo "$RANK" > "$TACC_WORKDIR/outputs/rank$RANK"'
+    )
     job = submit(alice, task_dir(tmp_path / "t", "ranks", [line]))
     info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"))
     assert info["state"] == "COMPLETED", info
     assert [(n["host"], n["rank"], n["state"], n["exit_code"]) for n in info["nodes"]] == [
-        ("n2", 0, "COMPLETED", 0), ("n3", 1, "COMPLETED", 0)]  # fmt: skip
+        ("n2", 0, "COMPLETED", 0),
+        ("n3", 1, "COMPLETED", 0),
+    ]
     states = [h["state"] for h in info["history"]]
     assert states == ["QUEUED", "PROVISIONING", "RUNNING", "COMPLETED"], states
     log = alice("logs", job).stdout.splitlines()
@@ -187,15 +191,21 @@ def test_two_node_job_reports_rank_and_host_and_outputs_download(alice, tmp_path
     assert f"[n2:0] rank 0/2 on n2 node 0/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log
     assert f"[n3:1] rank 1/2 on n3 node 1/2 master 10.77.6.12:{20000 + int(job)} ips {ips}" in log
     # Fail-safe switching: the lab has no RDMA, so TCP, with the reason in the log.
-    assert "[n2:0] tacc: transport tcp: no active RDMA port on n2, n3 (fail-safe switching, " \
-        "NCCL_IB_DISABLE=1)" in log  # fmt: skip
+    assert (
+        "[n2:0] tacc: transport tcp: no active RDMA port on n2, n3 (fail-safe switching, "
+        "NCCL_IB_DISABLE=1)" in log
+    )
     assert alice("logs", job, "--node", "1").stdout.splitlines() == [
-        line for line in log if line.startswith("[n3:1]")]  # fmt: skip
+        line for line in log if line.startswith("[n3:1]")
+    ]
     fetched = alice("download", job, str(tmp_path / "got"))
     assert fetched.returncode == 0, fetched.stderr
     assert sorted(p.name for p in (tmp_path / "got/outputs").iterdir()) == ["rank0", "rank1"]
     assert {p.name for p in (tmp_path / "got/logs").iterdir()} >= {
-        "job.log", "rank-0-n2.log", "rank-1-n3.log"}  # fmt: skip
+        "job.log",
+        "rank-0-n2.log",
+        "rank-1-n3.log",
+    }
 
 
 def test_numpy_example_builds_its_environment_once_for_two_jobs(alice, tmp_path):
@@ -285,8 +295,10 @@ def test_impossible_requests_are_refused_at_submit_with_the_reason(alice, tmp_pa
 def test_halt_sends_the_checkpoint_signal_and_resume_runs_it_again(alice, tmp_path):
     # The signal goes to the line's whole process group, as Slurm's does: `sleep` dies of
     # it too, and under bash -e its status 138 could end the shell before the trap ran.
-    run = ['trap \'echo "checkpoint at $(date +%s)" >> "$TACC_WORKDIR/outputs/ckpt"; exit 0\' '
-           'USR1; echo "started"; while true; do sleep 1 || true; done']  # fmt: skip
+    run = [
+        'trap \'echo "checkpoint at $(date +%s)" >> "$TACC_WORKDIR/outputs/ckpt"; exit 0\' '
+        'USR1; echo "started"; while true; do sleep 1 || true; done'
+    ]
     job = submit(alice, task_dir(tmp_path / "t", "ckpt", run, nodes=1))
     try:
         halt_checkpoint_resume(alice, job, tmp_path)
@@ -341,7 +353,8 @@ def test_logs_follow_interleaves_every_node_and_ends_with_the_job(alice, tmp_pat
     lines = proc.stdout.splitlines()
     for prefix in ("[n2:0]", "[n3:1]"):
         assert [line for line in lines if line.startswith(f"{prefix} tick")] == [
-            f"{prefix} tick {i}" for i in range(1, 6)]  # fmt: skip
+            f"{prefix} tick {i}" for i in range(1, 6)
+        ]
     assert status(alice, job)["state"] == "COMPLETED"
 
 
@@ -362,14 +375,22 @@ def node_address(inventory: Path, node: str) -> str:
     return data["all"]["hosts"][node]["ansible_host"]
 
 
-SANDBOXED = ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict",
-             "Restart=on-failure"]  # fmt: skip
+SANDBOXED = [
+    "ActiveState=active",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "Restart=on-failure",
+]
 
 
 def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
     for node in ("login1", "n1", "n2", "n3"):
-        shown = node_sh(NAME, node, "systemctl show tacc-agent -p ActiveState -p ProtectSystem "
-                        "-p NoNewPrivileges -p Restart").stdout  # fmt: skip
+        shown = node_sh(
+            NAME,
+            node,
+            "systemctl show tacc-agent -p ActiveState -p ProtectSystem "
+            "-p NoNewPrivileges -p Restart",
+        ).stdout
         assert sorted(shown.split()) == SANDBOXED, node
     facts = json.loads(node_sh(NAME, "n2", "cat /run/tacc-agent/facts.json").stdout)
     assert facts["node"] == "n2" and facts["healthy"], facts
@@ -442,10 +463,14 @@ def test_the_daemon_drains_a_node_whose_mount_vanishes(cluster):
     """A tmpfs the agent watches is unmounted: the daemon (1 s interval here) drains the
     node, and resumes it when the mount is back."""
     settings = "services: [munge, slurmd]\nmounts: [{path: /mnt/tacc-watch, fstype: tmpfs}]\n"
-    node_sh(NAME, "n3", "systemctl stop tacc-agent; mkdir -p /mnt/tacc-watch && "
-            f"mount -t tmpfs tmpfs /mnt/tacc-watch && printf '{settings}' > /tmp/watch.yaml && "
-            "systemd-run --unit tacc-agent-test tacc-agent --config /tmp/watch.yaml serve "
-            "--port 19770 --interval 1")  # fmt: skip
+    node_sh(
+        NAME,
+        "n3",
+        "systemctl stop tacc-agent; mkdir -p /mnt/tacc-watch && "
+        f"mount -t tmpfs tmpfs /mnt/tacc-watch && printf '{settings}' > /tmp/watch.yaml && "
+        "systemd-run --unit tacc-agent-test tacc-agent --config /tmp/watch.yaml serve "
+        "--port 19770 --interval 1",
+    )
     try:
         time.sleep(2)
         assert sinfo_state("n3") == "idle|none"
@@ -463,8 +488,12 @@ def test_the_daemon_drains_a_node_whose_mount_vanishes(cluster):
         log = node_sh(NAME, "n3", "journalctl -u tacc-agent-test -o cat --no-pager").stdout
         assert "slurm: drained n3: tacc: mounts: /mnt/tacc-watch not mounted" in log
     finally:
-        node_sh(NAME, "n3", "systemctl stop tacc-agent-test; umount /mnt/tacc-watch; "
-                "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent")  # fmt: skip
+        node_sh(
+            NAME,
+            "n3",
+            "systemctl stop tacc-agent-test; umount /mnt/tacc-watch; "
+            "scontrol update NodeName=n3 State=RESUME; systemctl start tacc-agent",
+        )
 
 
 # ---------------------------------------------------------------- fault suite (issue [7])
@@ -503,9 +532,11 @@ def node_up(node: str, seconds: int = 90) -> None:
 def test_a_node_that_loses_power_mid_job_is_named_and_the_job_runs_again(alice, cluster, tmp_path):
     """Jobs are submitted with --requeue: Slurm requeues a job whose node died (after
     SlurmdTimeout, 30 s in the lab), and it runs again once the node is back."""
-    run = ['mark="$TACC_WORKDIR/outputs/rank$TACC_NODE_RANK"; '
-           'if [ -e "$mark" ]; then echo "second run on $(hostname)"; '
-           'else touch "$mark"; exec sleep 600; fi']  # fmt: skip
+    run = [
+        'mark="$TACC_WORKDIR/outputs/rank$TACC_NODE_RANK"; '
+        'if [ -e "$mark" ]; then echo "second run on $(hostname)"; '
+        'else touch "$mark"; exec sleep 600; fi'
+    ]
     job = submit(alice, task_dir(tmp_path / "t", "survivor", run))
     wait_state(alice, job, ("RUNNING",))
     deadline = time.monotonic() + 30
@@ -549,15 +580,27 @@ def test_an_upload_cut_mid_way_resumes_and_leaves_no_corrupt_blob(alice, tmp_pat
     # A root shell on the login node that is already connected, waiting for the word: the
     # cut lands the moment the first 4 MiB are there, not an ssh handshake later.
     killer = subprocess.Popen(
-        [str(BIN / "tacc-lab"), "--name", NAME, "ssh", "login1",
-         "read go && pkill -KILL -f '^sshd: alice'"],
-        stdin=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            str(BIN / "tacc-lab"),
+            "--name",
+            NAME,
+            "ssh",
+            "login1",
+            "read go && pkill -KILL -f '^sshd: alice'",
+        ],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
     # What other tests' cut uploads left there does not count.
     leftovers = set(partial.glob("*"))
     before = sum(p.stat().st_size for p in leftovers)
-    cut = subprocess.Popen([str(BIN / "tcloud"), "submit", str(project)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cut = subprocess.Popen(
+        [str(BIN / "tcloud"), "submit", str(project)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while sum(p.stat().st_size for p in partial.glob("*")) < before + (4 << 20):
         assert time.monotonic() < deadline and cut.poll() is None, cut.communicate()
@@ -618,9 +661,15 @@ def submit_args(tcloud, project: Path, *extra: str) -> str:
 
 def test_a_sweep_is_one_job_array_addressed_whole_or_by_trial(alice, tmp_path):
     line = 'echo "trial $TACC_TRIAL/$TACC_TRIALS LR=$LR SEED=$SEED on $(hostname)"'
-    project = plugin_task(tmp_path / "grid", {
-        "name": "grid", "resources": {"time": "5"}, "run": [line],
-        "sweep": {"parameters": {"LR": [0.1, 0.01], "SEED": [1, 2]}, "parallel": 2}})  # fmt: skip
+    project = plugin_task(
+        tmp_path / "grid",
+        {
+            "name": "grid",
+            "resources": {"time": "5"},
+            "run": [line],
+            "sweep": {"parameters": {"LR": [0.1, 0.01], "SEED": [1, 2]}, "parallel": 2},
+        },
+    )
     refused = alice("submit", str(project))
     assert refused.returncode == 3 and "submit it with --sweep" in refused.stderr
     job = submit_args(alice, project, "--sweep")
@@ -643,17 +692,27 @@ def test_sweep_trials_run_in_code_trees_of_their_own_and_download_by_trial(alice
     """What one trial writes where it runs is not another's (before, all trials ran in the
     sweep's one code/ directory); uploaded and cluster datasets reach every trial
     (/etc/slurm: a configless node has plugstack.conf there, not slurm.conf)."""
-    line = ('test ! -e result.txt || { echo "collision: $(cat result.txt)"; exit 1; }; '
-            'echo "$X" > result.txt; sleep 2; '
-            'echo "trial $TACC_TRIAL kept $(cat result.txt)," '
-            '"read $(cat "$TACC_DATASETS/words/w.txt")," '
-            '"cluster $(test -s "$TACC_DATASETS/etc_slurm/plugstack.conf" && echo ok)"; '
-            'echo "$X" > "$TACC_WORKDIR/outputs/x.txt"')  # fmt: skip
-    project = plugin_task(tmp_path / "own", {
-        "name": "own-trees", "resources": {"time": "5"}, "run": [line],
-        "datasets": [{"name": "words", "local": "data"},
-                     {"name": "etc_slurm", "cluster": "/etc/slurm"}],
-        "sweep": {"parameters": {"X": ["a", "b", "c"]}, "parallel": 3}})  # fmt: skip
+    line = (
+        'test ! -e result.txt || { echo "collision: $(cat result.txt)"; exit 1; }; '
+        'echo "$X" > result.txt; sleep 2; '
+        'echo "trial $TACC_TRIAL kept $(cat result.txt)," '
+        '"read $(cat "$TACC_DATASETS/words/w.txt")," '
+        '"cluster $(test -s "$TACC_DATASETS/etc_slurm/plugstack.conf" && echo ok)"; '
+        'echo "$X" > "$TACC_WORKDIR/outputs/x.txt"'
+    )
+    project = plugin_task(
+        tmp_path / "own",
+        {
+            "name": "own-trees",
+            "resources": {"time": "5"},
+            "run": [line],
+            "datasets": [
+                {"name": "words", "local": "data"},
+                {"name": "etc_slurm", "cluster": "/etc/slurm"},
+            ],
+            "sweep": {"parameters": {"X": ["a", "b", "c"]}, "parallel": 3},
+        },
+    )
     (project / "data").mkdir()
     (project / "data" / "w.txt").write_text("hello")
     job = submit_args(alice, project, "--sweep")
@@ -672,9 +731,15 @@ def test_sweep_trials_run_in_code_trees_of_their_own_and_download_by_trial(alice
 
 
 def test_a_sweep_trial_or_the_whole_sweep_can_be_cancelled(alice, tmp_path):
-    project = plugin_task(tmp_path / "long", {
-        "name": "long-grid", "resources": {"time": "5"}, "run": ["sleep 876"],
-        "sweep": {"parameters": {"X": [1, 2, 3]}}})  # fmt: skip
+    project = plugin_task(
+        tmp_path / "long",
+        {
+            "name": "long-grid",
+            "resources": {"time": "5"},
+            "run": ["sleep 876"],
+            "sweep": {"parameters": {"X": [1, 2, 3]}},
+        },
+    )
     job = submit_args(alice, project, "--sweep")
     deadline = time.monotonic() + 90
     while [t["state"] for t in status(alice, job)["trials"]].count("RUNNING") < 2:
@@ -736,8 +801,7 @@ def test_duration_prediction_tightens_the_limit_from_earlier_runs_and_can_be_off
 
 
 def test_las_gives_pending_jobs_of_the_user_with_less_service_more_priority(alice, bob, tmp_path):
-    las = ("plugins: [las]\nlas_thresholds: [1]\nlas_nice_step: 500\n"
-           "state_dir: /root/las-test\n")  # fmt: skip
+    las = "plugins: [las]\nlas_thresholds: [1]\nlas_nice_step: 500\nstate_dir: /root/las-test\n"
     node_sh(NAME, "n1", f"rm -rf /root/las-test; printf '{las}' > /root/las.yaml")
     cpus = node_sh(NAME, "n1", "scontrol show node n2 --oneliner").stdout.split("CPUTot=")[1]
     whole = {"cpus": int(cpus.split()[0])}  # the hog leaves no room on either node
@@ -755,8 +819,12 @@ def test_las_gives_pending_jobs_of_the_user_with_less_service_more_priority(alic
     # alice attained service (the hog): her job stays at nice 0; bob's moves up a queue.
     assert any(f"job {theirs} of bob" in c and "-> -500" in c for c in changes), changes
     assert not any(f"job {mine} " in c for c in changes), changes
-    nice = dict(line.split() for line in node_sh(
-        NAME, "n1", f"squeue -h -j {mine},{theirs} -o '%i %y'").stdout.splitlines())  # fmt: skip
+    nice = dict(
+        line.split()
+        for line in node_sh(
+            NAME, "n1", f"squeue -h -j {mine},{theirs} -o '%i %y'"
+        ).stdout.splitlines()
+    )
     assert nice == {mine: "0", theirs: "-500"}, nice
     for tcloud, job in ((alice, hog), (alice, mine), (bob, theirs)):
         tcloud("cancel", job)
@@ -800,8 +868,11 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster, tmp_path):
         -3000:
     ]
     reason = node_sh(NAME, "n1", "sinfo -h -n n4 -o '%t|%100E'").stdout.strip()
-    assert re.fullmatch(r"drain\|tacc: acceptance failed: mpi allreduce within node "
-                        r"[\d.]+ MB/s < [\d.e+]+ MB/s", reason), reason  # fmt: skip
+    assert re.fullmatch(
+        r"drain\|tacc: acceptance failed: mpi allreduce within node "
+        r"[\d.]+ MB/s < [\d.e+]+ MB/s",
+        reason,
+    ), reason
     assert accepted("n4")["passed"] is False
     state = node_sh(NAME, "n1", f"squeue -h -j {job} -o '%T %N'").stdout.strip()
     assert state == "RUNNING n2"

@@ -62,10 +62,25 @@ def lab(shaped_lab, tmp_path_factory):
 def firmware(lab, version, src, sha, *extra, expect_ok=True):
     inventory, tmp, _ = lab
     varfile = tmp / "fw-vars.json"
-    varfile.write_text(json.dumps({"smartnic_firmware_images": {
-        PSID: {"version": version, "src": str(src), "sha256": sha}}}))  # fmt: skip
-    return playbook(inventory, "playbooks/firmware.yml", "-e", f"@{varfile}",
-                    "-e", "smartnic_firmware_serial=1", *extra, expect_ok=expect_ok)  # fmt: skip
+    varfile.write_text(
+        json.dumps(
+            {
+                "smartnic_firmware_images": {
+                    PSID: {"version": version, "src": str(src), "sha256": sha}
+                }
+            }
+        )
+    )
+    return playbook(
+        inventory,
+        "playbooks/firmware.yml",
+        "-e",
+        f"@{varfile}",
+        "-e",
+        "smartnic_firmware_serial=1",
+        *extra,
+        expect_ok=expect_ok,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +100,15 @@ def history(lab):
     run, changed = firmware(lab, *good, "-e", "smartnic_firmware_burn=true", "--check")
     steps["check_after"] = (run, changed, {n: burns(n) for n in NODES})
     # The inventory names the genuine 22.40 image's checksum; the file is corrupted.
-    run, changed = firmware(lab, "22.40.1000", images["corrupt"], images["next_sha"],
-                            "-e", "smartnic_firmware_burn=true", expect_ok=False)  # fmt: skip
+    run, changed = firmware(
+        lab,
+        "22.40.1000",
+        images["corrupt"],
+        images["next_sha"],
+        "-e",
+        "smartnic_firmware_burn=true",
+        expect_ok=False,
+    )
     steps["bad"] = (run, changed, {n: burns(n) for n in NODES})
     for node in NODES:  # the burn log across all runs (shown with pytest -s)
         print(f"--- {node}:{BURN_LOG}\n" + node_sh(NAME, node, f"cat {BURN_LOG}").stdout)

@@ -49,8 +49,14 @@ class User:
 
     def __init__(self, cfg, **settings) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="mux", dir="/tmp"))
-        entry = {"host": NODE, "user": "root", "key": str(cfg.ssh_key),
-                 "known_hosts": str(cfg.known_hosts), "userdir": USERDIR, **settings}  # fmt: skip
+        entry = {
+            "host": NODE,
+            "user": "root",
+            "key": str(cfg.ssh_key),
+            "known_hosts": str(cfg.known_hosts),
+            "userdir": USERDIR,
+            **settings,
+        }
         config = self.home / "config.yaml"
         config.write_text(yaml.safe_dump({"current": NAME, "clusters": {NAME: entry}}))
         self.env = {**os.environ, "HOME": str(self.home), "TCLOUD_CONFIG": str(config)}
@@ -60,9 +66,12 @@ class User:
 
     def start(self, **env: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-c", COMMAND], env={**self.env, **env},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-c", COMMAND],
+            env={**self.env, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def command(self, **env: str) -> subprocess.CompletedProcess:
         process = self.start(**env)

@@ -93,8 +93,14 @@ def test_first_upload_sends_everything_then_only_the_change(lab, project):
 def test_workdir_is_hard_links_to_private_read_only_blobs(lab, project):
     result, instruction = push(lab, project)
     entry = instruction.manifest["code/run.sh"]
-    out = remote(lab, "stat", "-c", "%h %a %i", f"{result.workdir}/code/run.sh",
-                 f"{USERDIR}/store/{entry.sha256}-755")  # fmt: skip
+    out = remote(
+        lab,
+        "stat",
+        "-c",
+        "%h %a %i",
+        f"{result.workdir}/code/run.sh",
+        f"{USERDIR}/store/{entry.sha256}-755",
+    )
     job_file, blob = out.splitlines()
     assert job_file == blob  # same inode: a hard link, no copy
     links, mode, _ = job_file.split()
@@ -128,8 +134,9 @@ def test_cut_upload_leaves_no_blob_and_resumes(lab, project, monkeypatch):
     listing = remote(lab, "ls", f"{USERDIR}/store", f"{USERDIR}/store/.partial")
     assert listing.count(blob) == 1  # only in .partial, never visible in the store
     # The upload's own partial file: <blob>.<random> (two uploads never share one).
-    partial = int(remote(lab, "find", f"{USERDIR}/store/.partial", "-name", f"{blob}.*",
-                         "-printf", "%s"))  # fmt: skip
+    partial = int(
+        remote(lab, "find", f"{USERDIR}/store/.partial", "-name", f"{blob}.*", "-printf", "%s")
+    )
     # What reached the agent of the one chunk sent before the cut (sshd drops what it
     # still buffered when the channel closes): kept, and the rest is all the next run sends.
     assert 0 < partial <= upload_stream.CHUNK
@@ -153,8 +160,11 @@ def test_tampered_blob_is_refused_and_resent(lab, project):
     entry = instruction.manifest["code/src/file1.py"]
     blob = f"{entry.sha256}-644"
     bogus = "x" * entry.size  # the right size, so the client thinks it is complete
-    node_sh(NAME, "n1", f"mkdir -p {USERDIR}/store/.partial && "
-                        f"printf %s {bogus} > {USERDIR}/store/.partial/{blob}")  # fmt: skip
+    node_sh(
+        NAME,
+        "n1",
+        f"mkdir -p {USERDIR}/store/.partial && printf %s {bogus} > {USERDIR}/store/.partial/{blob}",
+    )
     with pytest.raises(TcloudError, match="failed verification"):
         push(lab, project)
     result, _ = push(lab, project)
@@ -166,8 +176,9 @@ def test_tampered_blob_is_refused_and_resent(lab, project):
 def test_changed_host_key_is_refused(lab, tmp_path):
     # Another ed25519 key for the node's address: what a reinstalled or impersonated
     # host looks like.
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True
+    )
     public = (tmp_path / "k.pub").read_text().split()
     known = tmp_path / "known_hosts"
     known.write_text(f"{NODE} {public[0]} {public[1]}\n")
@@ -178,8 +189,9 @@ def test_changed_host_key_is_refused(lab, tmp_path):
 
 def test_unknown_host_is_refused_without_a_terminal(lab, tmp_path, monkeypatch):
     monkeypatch.setattr("tcloud.ssh.USER_KNOWN_HOSTS", tmp_path / "none")
-    cluster = Cluster(name=NAME, host=NODE, user="root", key=lab.key,
-                      known_hosts=str(tmp_path / "empty"))  # fmt: skip
+    cluster = Cluster(
+        name=NAME, host=NODE, user="root", key=lab.key, known_hosts=str(tmp_path / "empty")
+    )
     with pytest.raises(TcloudError, match=r"unknown host: .* SHA256:"), session(cluster):
         pass
 
@@ -191,12 +203,29 @@ def test_unknown_host_is_refused_without_a_terminal(lab, tmp_path, monkeypatch):
 def cli(lab, tmp_path):
     """The tcloud console script configured for the lab node (its verified host key)."""
     config = tmp_path / "tcloud-config.yaml"
-    config.write_text(yaml.safe_dump({"current": NAME, "clusters": {NAME: {
-        "host": lab.host, "user": lab.user, "key": lab.key, "known_hosts": lab.known_hosts,
-        "userdir": USERDIR}}}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "current": NAME,
+                "clusters": {
+                    NAME: {
+                        "host": lab.host,
+                        "user": lab.user,
+                        "key": lab.key,
+                        "known_hosts": lab.known_hosts,
+                        "userdir": USERDIR,
+                    }
+                },
+            }
+        )
+    )
     (tmp_path / "home").mkdir()
-    env = {"TCLOUD_CONFIG": str(config), "TCLOUD_CLUSTER": NAME, "HOME": str(tmp_path / "home"),
-           "TCLOUD_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    env = {
+        "TCLOUD_CONFIG": str(config),
+        "TCLOUD_CLUSTER": NAME,
+        "HOME": str(tmp_path / "home"),
+        "TCLOUD_CACHE_DIR": str(tmp_path / "cache"),
+    }
 
     def tcloud(*argv: str) -> subprocess.CompletedProcess:
         return run_cli("tcloud", *argv, env=env, cwd=tmp_path, timeout=300)
@@ -223,8 +252,9 @@ def bad_project(root: Path, kind: str) -> Path:
     elif kind == "non-utf8-name":
         (root / os.fsdecode(b"caf\xe9.txt")).write_text("x\n")
     elif kind == "agent-owned-sbatch-option":
-        (root / "tcloud.yaml").write_text("name: bad\nrun: [x]\n"
-                                          "resources: {sbatch: {output: /tmp/x}}\n")  # fmt: skip
+        (root / "tcloud.yaml").write_text(
+            "name: bad\nrun: [x]\nresources: {sbatch: {output: /tmp/x}}\n"
+        )
     return root
 
 
@@ -265,17 +295,27 @@ def test_traversal_is_refused_and_download_stays_in_its_directory(lab, cli, tmp_
     assert node_sh(NAME, "n1", f"ls {USERDIR}/escaped.txt /root/escaped.txt").returncode != 0
     # A job's outputs holding links out of it: only the plain file comes down.
     workdir = f"{USERDIR}/jobs/bad-input-1"
-    node_sh(NAME, "n1", f"mkdir -p {workdir}/outputs/sub {workdir}/logs && "
-                        f"echo ok > {workdir}/outputs/ok.txt && "
-                        f"ln -sfn /etc/shadow {workdir}/outputs/shadow && "
-                        f"ln -sfn /etc {workdir}/outputs/sub/etc && "
-                        f"echo log > {workdir}/logs/job.log")  # fmt: skip
+    node_sh(
+        NAME,
+        "n1",
+        f"mkdir -p {workdir}/outputs/sub {workdir}/logs && "
+        f"echo ok > {workdir}/outputs/ok.txt && "
+        f"ln -sfn /etc/shadow {workdir}/outputs/shadow && "
+        f"ln -sfn /etc {workdir}/outputs/sub/etc && "
+        f"echo log > {workdir}/logs/job.log",
+    )
     dest = tmp_path / "download" / "dest"
     with session(lab) as client, closing(client.open_sftp()) as sftp:
         assert files.download(sftp, workdir, dest) == 2
     found = sorted(str(p.relative_to(tmp_path / "download")) for p in dest.parent.rglob("*"))
-    assert found == ["dest", "dest/logs", "dest/logs/job.log", "dest/outputs",
-                     "dest/outputs/ok.txt", "dest/outputs/sub"]  # fmt: skip
+    assert found == [
+        "dest",
+        "dest/logs",
+        "dest/logs/job.log",
+        "dest/outputs",
+        "dest/outputs/ok.txt",
+        "dest/outputs/sub",
+    ]
     # A name the cluster cannot give as UTF-8 is named, not a crash.
     node_sh(NAME, "n1", f"touch {workdir}/outputs/$(printf 'caf\\351')")
     with (

@@ -17,18 +17,25 @@ TICK = 0.011
 def test_a_two_node_job_marks_its_start_in_order_in_its_private_status(alice, tmp_path: Path):
     project = tmp_path / "marks"
     project.mkdir()
-    (project / "tcloud.yaml").write_text(json.dumps({
-        "name": "marks", "run": ["echo first; sleep 1"],
-        "resources": {"nodes": 2, "cpus": 1, "mem": "50M", "time": "5"},
-    }))  # fmt: skip
+    (project / "tcloud.yaml").write_text(
+        json.dumps(
+            {
+                "name": "marks",
+                "run": ["echo first; sleep 1"],
+                "resources": {"nodes": 2, "cpus": 1, "mem": "50M", "time": "5"},
+            }
+        )
+    )
     job = submit(alice, project)
     info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"), 180)
     assert info["state"] == "COMPLETED", info
     timing = f"{info['workdir']}/status/timing"
     listing = node_sh(SLURM_LAB, "n1", f"stat -c '%a %U' {shlex.quote(timing)}").stdout
     assert listing.split() == ["700", "alice"]
-    read = "import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) " \
-           "for p in pathlib.Path(sys.argv[1]).glob('*.json')}))"  # fmt: skip
+    read = (
+        "import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) "
+        "for p in pathlib.Path(sys.argv[1]).glob('*.json')}))"
+    )
     marks = json.loads(node_sh(SLURM_LAB, "n1", shlex.join(["python3", "-c", read, timing])).stdout)
     assert sorted(marks) == ["batch", "rank-0", "rank-1"]
     batch = marks["batch"]

@@ -52,7 +52,8 @@ def test_the_registry_holds_every_check_in_run_order_each_on_by_default():
     assert all(check.default_on for check in CHECKS)
     # A family belongs to one check (or the agent): no two declare the same name.
     names = [f.name for f in metrics.AGENT_FAMILIES] + [
-        f.name for check in CHECKS for f in check.families]  # fmt: skip
+        f.name for check in CHECKS for f in check.families
+    ]
     assert len(names) == len(set(names)), names
 
 
@@ -99,8 +100,9 @@ def test_a_check_cannot_emit_a_family_it_did_not_declare(tmp_path):
     honest = emitting(Sample("widgets", {"gpu": "0"}, 1), families=(per_gpu,))(ctx)
     assert honest.status == OK and honest.samples == [Sample("widgets", {"gpu": "0"}, 1)]
     # and the exposition has no family that was not declared, whoever hands it a sample
-    built = metrics.families([Sample("widgets", {"gpu": "0"}, 1), Sample("stray", {}, 1)],
-                             {"widgets": per_gpu})  # fmt: skip
+    built = metrics.families(
+        [Sample("widgets", {"gpu": "0"}, 1), Sample("stray", {}, 1)], {"widgets": per_gpu}
+    )
     assert [family.name for family in built] == ["tacc_agent_widgets"]
 
 
@@ -109,7 +111,8 @@ def test_the_exposition_comes_from_the_declarations(tmp_path):
     daemon.cycle()
     text = daemon.exposition().decode()
     declared = {metrics.PREFIX + f.name: f for f in metrics.AGENT_FAMILIES} | {
-        metrics.PREFIX + f.name: f for check in CHECKS for f in check.families}  # fmt: skip
+        metrics.PREFIX + f.name: f for check in CHECKS for f in check.families
+    }
     exposed = {name for name in parse_exposition(text) if name.startswith(metrics.PREFIX)}
     assert exposed <= set(declared), exposed - set(declared)
     assert {
@@ -128,8 +131,11 @@ def test_the_exposition_comes_from_the_declarations(tmp_path):
 def test_a_check_turned_off_in_the_config_file_neither_runs_nor_drains(tmp_path, monkeypatch):
     config = fixture_config(tmp_path)
     settings = daemon_settings(config) | {
-        "services": [], "proc_root": config.proc_root, "expected_gpus": 4,  # it would fail
-        "checks": {"gpu": False, "rdma": False}}  # fmt: skip
+        "services": [],
+        "proc_root": config.proc_root,
+        "expected_gpus": 4,  # it would fail
+        "checks": {"gpu": False, "rdma": False},
+    }
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     node = load_config(tmp_path / "agent.yaml")
     assert node.checks == {"gpu": False, "rdma": False}
@@ -148,8 +154,7 @@ def test_a_check_turned_off_in_the_config_file_neither_runs_nor_drains(tmp_path,
     daemon.cycle()
     families = parse_exposition(daemon.exposition().decode())
     assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 1.0"]
-    assert not [name for name in families if name.startswith(("tacc_agent_gpu",
-                                                               "tacc_agent_rdma"))]  # fmt: skip
+    assert not [name for name in families if name.startswith(("tacc_agent_gpu", "tacc_agent_rdma"))]
     statuses = "\n".join(families["tacc_agent_check_status"])
     assert 'check="gpu"' not in statuses and 'check="memory",status="ok"} 1.0' in statuses
     facts = json.loads(Path(node.facts_file).read_text())
@@ -168,8 +173,13 @@ def test_with_every_check_off_the_node_is_healthy_after_a_run(tmp_path):
 
 
 def agent(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tacc_agent", *argv], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tacc_agent", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.bad_input
@@ -198,15 +208,17 @@ def test_checks_that_are_not_a_mapping_of_names_to_booleans_are_refused(tmp_path
         match=rf"^{path}: checks: expected a mapping of check name "
         r"to true or false \(e\.g\. \{gpu: false\}\), not ",
     ):
-        load_config(path)  # fmt: skip
+        load_config(path)
 
 
 # ------------------------------------------------------------------ the role writes it
 def test_the_roles_argument_specs_know_exactly_the_registered_checks():
     spec = yaml.safe_load((ROOT / "roles/tacc_agent/meta/argument_specs.yml").read_text())
     options = spec["argument_specs"]["main"]["options"]
-    for where in (options["tacc_agent_checks"]["options"],
-                  options["tacc_agent_settings"]["options"]["checks"]["options"]):  # fmt: skip
+    for where in (
+        options["tacc_agent_checks"]["options"],
+        options["tacc_agent_settings"]["options"]["checks"]["options"],
+    ):
         assert list(where) == CHECKS.names
         assert {option["type"] for option in where.values()} == {"bool"}
     defaults = yaml.safe_load((ROOT / "roles/tacc_agent/defaults/main.yml").read_text())
@@ -216,22 +228,27 @@ def test_the_roles_argument_specs_know_exactly_the_registered_checks():
 
 @pytest.mark.bad_input
 def test_the_role_refuses_an_unknown_check_name_before_any_task(tmp_path):
-    hosts = {"bad": {**LOCAL, "tacc_agent_checks": {"gpuu": False}},
-             "good": {**LOCAL, "tacc_agent_checks": {"gpu": False}}}  # fmt: skip
+    hosts = {
+        "bad": {**LOCAL, "tacc_agent_checks": {"gpuu": False}},
+        "good": {**LOCAL, "tacc_agent_checks": {"gpu": False}},
+    }
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    play = [{"hosts": "all", "gather_facts": False,
-             "roles": [{"role": "tacc_agent"}]}]  # fmt: skip
+    play = [{"hosts": "all", "gather_facts": False, "roles": [{"role": "tacc_agent"}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     proc = ansible_playbook(tmp_path / "hosts.yml", tmp_path / "play.yml", tmp_path)
     assert failed_tasks(proc.stdout) == {
         "bad": "tacc_agent : Validating arguments against arg spec 'main' - The node agent "
-               "(tacc-agent) in a venv, its daemon, settings, users' workspaces"}  # fmt: skip
+        "(tacc-agent) in a venv, its daemon, settings, users' workspaces"
+    }
     assert "tacc_agent_checks.gpuu" in proc.stdout and "Traceback" not in proc.stdout
 
 
 # ------------------------------------------------------------------ no hidden imports
-@pytest.mark.parametrize("module", [AGENT / "serve.py", *sorted((AGENT / "health").rglob("*.py"))],
-                         ids=lambda p: str(p.relative_to(AGENT)))  # fmt: skip
+@pytest.mark.parametrize(
+    "module",
+    [AGENT / "serve.py", *sorted((AGENT / "health").rglob("*.py"))],
+    ids=lambda p: str(p.relative_to(AGENT)),
+)
 def test_health_and_the_daemon_import_at_the_top_only(module):
     """serve.py composes health and the task backend's queue ticks: no cycle to dodge."""
     tree = ast.parse(module.read_text())

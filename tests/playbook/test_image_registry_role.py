@@ -23,8 +23,16 @@ def playbook(tmp_path: Path, play: list[dict], *extra_vars: dict) -> subprocess.
     path = tmp_path / "play.yml"
     path.write_text(yaml.safe_dump(play))
     argv = [str(BIN / "ansible-playbook"), "-i", "n1,", str(path)]
-    argv += ["-e", json.dumps({"ansible_connection": "local", "ansible_host": "10.77.31.11",
-                               "ansible_python_interpreter": sys.executable})]  # fmt: skip
+    argv += [
+        "-e",
+        json.dumps(
+            {
+                "ansible_connection": "local",
+                "ansible_host": "10.77.31.11",
+                "ansible_python_interpreter": sys.executable,
+            }
+        ),
+    ]
     for extra in extra_vars:
         argv += ["-e", json.dumps(extra)]
     env = {
@@ -42,16 +50,28 @@ def playbook(tmp_path: Path, play: list[dict], *extra_vars: dict) -> subprocess.
 def render(tmp_path: Path, **settings: object) -> tuple[dict, dict]:
     """config.yml and seed.yml as the role writes them, from its defaults and vars."""
     tasks = [
-        {"name": f"render {name}", "ansible.builtin.template": {
-            "src": str(ROLE / "templates" / name), "dest": str(tmp_path / name), "mode": "0600"}}
+        {
+            "name": f"render {name}",
+            "ansible.builtin.template": {
+                "src": str(ROLE / "templates" / name),
+                "dest": str(tmp_path / name),
+                "mode": "0600",
+            },
+        }
         for name in ("config.yml.j2", "seed.yml.j2")
-    ]  # fmt: skip
-    play = [{
-        "hosts": "all", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml"),
-                       str(ROLE / "vars/Debian.yml")],
-        "tasks": tasks,
-    }]  # fmt: skip
+    ]
+    play = [
+        {
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": [
+                str(ROLE / "defaults/main.yml"),
+                str(ROLE / "vars/main.yml"),
+                str(ROLE / "vars/Debian.yml"),
+            ],
+            "tasks": tasks,
+        }
+    ]
     proc = playbook(tmp_path, play, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     return tuple(
@@ -91,25 +111,39 @@ def test_an_ipv6_listen_address_is_bracketed_and_tls_is_rendered(tmp_path: Path)
 def test_a_pull_through_cache_is_not_made_read_only(tmp_path: Path) -> None:
     """Distribution refuses pushes in proxy mode itself, and must write what it caches."""
     serving, _ = render(
-        tmp_path, image_registry_mode="pull_through",
+        tmp_path,
+        image_registry_mode="pull_through",
         image_registry_proxy_url="https://registry-1.docker.io",
-    )  # fmt: skip
+    )
     assert "maintenance" not in serving["storage"]
     assert serving["proxy"] == {"remoteurl": "https://registry-1.docker.io"}
 
 
 def validate(tmp_path: Path, **settings: object) -> subprocess.CompletedProcess:
-    play = [{
-        "hosts": "all", "gather_facts": False,
-        "tasks": [{"name": "validate", "ansible.builtin.include_role": {
-            "name": "image_registry", "tasks_from": "validate"}}],
-    }]  # fmt: skip
+    play = [
+        {
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "validate",
+                    "ansible.builtin.include_role": {
+                        "name": "image_registry",
+                        "tasks_from": "validate",
+                    },
+                }
+            ],
+        }
+    ]
     return playbook(tmp_path, play, settings)
 
 
 def seed_list(*names: str) -> dict:
-    return {"image_registry_seed": [{"archive": f"/a/{i}.oci.tar", "name": n}
-                                    for i, n in enumerate(names)]}  # fmt: skip
+    return {
+        "image_registry_seed": [
+            {"archive": f"/a/{i}.oci.tar", "name": n} for i, n in enumerate(names)
+        ]
+    }
 
 
 def test_good_seed_names_pass(tmp_path: Path) -> None:

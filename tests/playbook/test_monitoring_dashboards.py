@@ -26,18 +26,43 @@ CLUSTER_FAMILIES = ("slurm_up", "slurm_jobs", "slurm_gpus", "slurm_nodes", "slur
 # The node exporter's (Debian's prometheus-node-exporter 1.5) that the role uses, each
 # seen in its output on Debian 12.
 NODE_EXPORTER = (
-    "node_cpu_seconds_total", "node_memory_MemAvailable_bytes", "node_memory_MemTotal_bytes",
-    "node_load1", "node_network_receive_bytes_total", "node_network_transmit_bytes_total",
-    "node_filesystem_avail_bytes", "node_filesystem_size_bytes", "node_systemd_unit_state",
-)  # fmt: skip
+    "node_cpu_seconds_total",
+    "node_memory_MemAvailable_bytes",
+    "node_memory_MemTotal_bytes",
+    "node_load1",
+    "node_network_receive_bytes_total",
+    "node_network_transmit_bytes_total",
+    "node_filesystem_avail_bytes",
+    "node_filesystem_size_bytes",
+    "node_systemd_unit_state",
+)
 # Prometheus' own series for every target and alert, and the standard process_ figures
 # the agent's ProcessCollector exports.
 PROMETHEUS = (
-    "up", "scrape_duration_seconds", "scrape_samples_scraped", "ALERTS",
-    "process_cpu_seconds_total", "process_resident_memory_bytes",
-)  # fmt: skip
-KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-            "group_left", "group_right", "inf", "nan", "Inf", "NaN"}  # fmt: skip
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "ALERTS",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+)
+KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+    "Inf",
+    "NaN",
+}
 GRAFANA_VARIABLE = re.compile(r"\$(__\w+|\{\w+\}|\w+)")
 
 
@@ -79,17 +104,21 @@ def metric_names(expr: str) -> set[str]:
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
-    return [(f"{path.name} panel {panel['id']} {target['refId']}", target["expr"])
-            for path in DASHBOARDS for panel in json.loads(path.read_text())["panels"]
-            for target in panel.get("targets", [])]  # fmt: skip
+    return [
+        (f"{path.name} panel {panel['id']} {target['refId']}", target["expr"])
+        for path in DASHBOARDS
+        for panel in json.loads(path.read_text())["panels"]
+        for target in panel.get("targets", [])
+    ]
 
 
 def rule_exprs(rules: Path) -> list[tuple[str, str]]:
     found = []
     for name in ("tacc-alerts.yml", "tacc-records.yml"):
         for group in yaml.safe_load((rules / name).read_text())["groups"]:
-            found += [(f"{name} {r.get('alert') or r.get('record')}", r["expr"])
-                      for r in group["rules"]]  # fmt: skip
+            found += [
+                (f"{name} {r.get('alert') or r.get('record')}", r["expr"]) for r in group["rules"]
+            ]
     return found
 
 
@@ -132,9 +161,24 @@ def test_every_dashboard_expression_parses(rules, tmp_path):
     """promtool parses each expression as a recording rule's."""
     exprs = dashboard_exprs()
     rules_file = tmp_path / "dashboards.rules.yml"
-    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": [
-        {"record": f"dashboard:expr:{index}", "expr": without_grafana_variables(expr)}
-        for index, (_, expr) in enumerate(exprs)]}]}))  # fmt: skip
+    rules_file.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "dashboards",
+                        "rules": [
+                            {
+                                "record": f"dashboard:expr:{index}",
+                                "expr": without_grafana_variables(expr),
+                            }
+                            for index, (_, expr) in enumerate(exprs)
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     proc = run(tool("promtool"), "check", "rules", str(rules_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in proc.stdout
@@ -156,8 +200,15 @@ def test_the_agent_families_the_rules_rely_on_are_declared_by_the_agent():
     """The node-level figures the alerts read exist in the agent's registries (the
     cluster families come from the controller's agent, CLUSTER_FAMILIES)."""
     families = agent_families()
-    names = ("healthy", "check_status", "slurm_drained_by_agent", "gpu_critical_xids",
-             "disk_free_ratio", "job_gpu_utilization_ratio", "job_cpu_seconds_total")  # fmt: skip
+    names = (
+        "healthy",
+        "check_status",
+        "slurm_drained_by_agent",
+        "gpu_critical_xids",
+        "disk_free_ratio",
+        "job_gpu_utilization_ratio",
+        "job_cpu_seconds_total",
+    )
     for name in names:
         assert PREFIX + name in families, name
 

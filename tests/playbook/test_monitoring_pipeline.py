@@ -75,10 +75,14 @@ def daemons(tmp_path: Path) -> Iterator[dict]:
     out = render(
         tmp_path,
         monitoring_scrape_group="no_such_group",  # only the fake agent below
-        monitoring_extra_scrape_configs=[{
-            "job_name": "fake_agent",
-            "static_configs": [{"targets": [f"127.0.0.1:{agent.server_port}"],
-                                "labels": {"instance": "n2"}}]}],
+        monitoring_extra_scrape_configs=[
+            {
+                "job_name": "fake_agent",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{agent.server_port}"], "labels": {"instance": "n2"}}
+                ],
+            }
+        ],
         monitoring_prometheus_port=ports["prometheus"],
         monitoring_alertmanager_port=ports["alertmanager"],
         monitoring_scrape_interval="1s",
@@ -89,11 +93,13 @@ def daemons(tmp_path: Path) -> Iterator[dict]:
         monitoring_alert_webhook_url=f"http://127.0.0.1:{hook.server_port}/tacc-hook",
         monitoring_prometheus_extra_args=[f"--storage.tsdb.path={tmp_path}/tsdb"],
         monitoring_alertmanager_extra_args=[f"--storage.path={tmp_path}/am"],
-    )  # fmt: skip
+    )
     procs = []
     with (tmp_path / "daemons.log").open("w") as log:
-        started = (("prometheus", "prometheus.default"),
-                   ("prometheus-alertmanager", "alertmanager.default"))  # fmt: skip
+        started = (
+            ("prometheus", "prometheus.default"),
+            ("prometheus-alertmanager", "alertmanager.default"),
+        )
         for binary, defaults in started:
             argv = [tool(binary), *default_args(out / defaults)]
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
@@ -147,8 +153,11 @@ def test_a_node_drained_by_a_failing_check_reaches_the_webhook(daemons):
     wait_for(target_up, 30, "the fake agent's target up", daemons["log"])
     while True:
         message = wait_for(next_call, 60, "a webhook call", daemons["log"])
-        alerts = [a for a in message["body"]["alerts"]
-                  if a["labels"]["alertname"] == "TaccNodeDrainedByCheck"]  # fmt: skip
+        alerts = [
+            a
+            for a in message["body"]["alerts"]
+            if a["labels"]["alertname"] == "TaccNodeDrainedByCheck"
+        ]
         if alerts:
             break
     assert message["path"] == "/tacc-hook"

@@ -74,8 +74,13 @@ def test_rendered_files_pass_promtool_and_amtool(variant, request):
     proc = run(tool("promtool"), "check", "config", str(out / "prometheus.yml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 2 rule files found" in proc.stdout
-    proc = run(tool("promtool"), "check", "rules", str(out / "tacc-alerts.yml"),
-               str(out / "tacc-records.yml"))  # fmt: skip
+    proc = run(
+        tool("promtool"),
+        "check",
+        "rules",
+        str(out / "tacc-alerts.yml"),
+        str(out / "tacc-records.yml"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = run(tool("amtool"), "check-config", str(out / "alertmanager.yml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -86,21 +91,31 @@ def test_site_receivers_routes_and_webhook_pass_amtool(tmp_path):
         tmp_path,
         monitoring_alert_webhook_url=WEBHOOK,
         monitoring_alertmanager_receivers=[
-            {"name": "oncall", "email_configs": [{"to": "ops@example.org",
-                                                  "from": "am@example.org",
-                                                  "smarthost": "mail.example.org:25"}]}],
-        monitoring_alertmanager_routes=[{"receiver": "oncall",
-                                         "matchers": ['severity="critical"'],
-                                         "continue": True}],
-    )  # fmt: skip
+            {
+                "name": "oncall",
+                "email_configs": [
+                    {
+                        "to": "ops@example.org",
+                        "from": "am@example.org",
+                        "smarthost": "mail.example.org:25",
+                    }
+                ],
+            }
+        ],
+        monitoring_alertmanager_routes=[
+            {"receiver": "oncall", "matchers": ['severity="critical"'], "continue": True}
+        ],
+    )
     proc = run(tool("amtool"), "check-config", str(out / "alertmanager.yml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     config = yaml.safe_load((out / "alertmanager.yml").read_text())
     assert config["route"]["receiver"] == "tacc-webhook"
     assert config["route"]["routes"][0]["receiver"] == "oncall"
     webhook = config["receivers"][0]
-    assert webhook == {"name": "tacc-webhook",
-                       "webhook_configs": [{"url": WEBHOOK, "send_resolved": True}]}  # fmt: skip
+    assert webhook == {
+        "name": "tacc-webhook",
+        "webhook_configs": [{"url": WEBHOOK, "send_resolved": True}],
+    }
     assert WEBHOOK not in proc.stdout + proc.stderr
 
 
@@ -115,8 +130,9 @@ def test_without_a_webhook_alerts_stay_in_alertmanager(static):
 
 def test_static_targets_are_every_inventory_host_named_by_its_inventory_name(static):
     for job, port in (("tacc_agent", AGENT_PORT), ("node", 9100)):
-        found = {c["labels"]["instance"]: c["targets"]
-                 for c in scrape_job(static, job)["static_configs"]}  # fmt: skip
+        found = {
+            c["labels"]["instance"]: c["targets"] for c in scrape_job(static, job)["static_configs"]
+        }
         wanted = {host: [f"{address}:{port}"] for host, address in ADDRESSES.items()}
         if job == "tacc_agent":
             wanted["n2"] = ["10.77.6.12:9771"]  # the host's own tacc_agent_metrics_port
@@ -164,8 +180,9 @@ def test_prometheus_and_alertmanager_listen_on_the_loopback_by_default(static):
     for word in prometheus + alertmanager:
         assert not word.startswith(("--web.enable-admin-api", "--web.enable-lifecycle")), word
     config = yaml.safe_load((static / "prometheus.yml").read_text())
-    assert config["alerting"]["alertmanagers"] == [{"static_configs": [
-        {"targets": ["127.0.0.1:9093"]}]}]  # fmt: skip
+    assert config["alerting"]["alertmanagers"] == [
+        {"static_configs": [{"targets": ["127.0.0.1:9093"]}]}
+    ]
 
 
 @pytest.mark.security
@@ -188,9 +205,13 @@ def test_the_webhook_url_is_written_under_no_log_readable_by_the_daemon_only():
 
 def test_rendered_files_are_validated_before_they_are_installed():
     tasks = yaml.safe_load((ROLE / "tasks/main.yml").read_text())
-    validate = {t["ansible.builtin.template"]["dest"].rsplit("/", 1)[-1]:
-                t["ansible.builtin.template"].get("validate")
-                for t in tasks if "ansible.builtin.template" in t}  # fmt: skip
+    validate = {
+        t["ansible.builtin.template"]["dest"].rsplit("/", 1)[-1]: t["ansible.builtin.template"].get(
+            "validate"
+        )
+        for t in tasks
+        if "ansible.builtin.template" in t
+    }
     assert validate["tacc-alerts.yml"] == "{{ monitoring_promtool }} check rules %s"
     assert validate["tacc-records.yml"] == "{{ monitoring_promtool }} check rules %s"
     assert validate["prometheus.yml"] == "{{ monitoring_promtool }} check config %s"
@@ -358,171 +379,336 @@ class AlertCase:
 
 AGENT = 'job="tacc_agent"'
 NODE = 'job="node"'
-# fmt: off
+
+
+def check_status(check: str, status: str, instance: str = "n2") -> str:
+    labels = f'{AGENT},instance="{instance}",check="{check}",status="{status}"'
+    return f"tacc_agent_check_status{{{labels}}}"
+
+
 CASES = [
-    AlertCase("TaccNodeDrainedByCheck", {
-        f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n2"}}': "0 1x10",
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="gpu",status="fail"}}': "0 1x10",
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="gpu",status="ok"}}': "1 0x10",
-        f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n3"}}': "0x10",
-        f'tacc_agent_slurm_node_drained{{{AGENT},instance="n1",node="n2",'
-        'reason="tacc-agent: gpu: 3 GPUs, expected 4"}': "0 1x10",
-    }, "5m", [{
-        "exp_labels": {"severity": "warning", "instance": "n2", "job": "tacc_agent"},
-        "exp_annotations": {
-            "summary": "Node n2 drained by a failing health check",
-            "description": "The agent on n2 keeps it drained in Slurm. Failing checks: gpu "
-                           "(fail). Slurm's reason: tacc-agent: gpu: 3 GPUs, expected 4"},
-    }]),
-    AlertCase("TaccNodeDrainedByCheck", {
-        f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n2"}}': "0x10",
-    }, "5m", []),
-    AlertCase("TaccGpuCriticalXid", {
-        f'tacc_agent_gpu_critical_xids{{{AGENT},instance="n3"}}': "0 0 2x10",
-    }, "3m", [{
-        "exp_labels": {"severity": "critical", "instance": "n3", "job": "tacc_agent"},
-        "exp_annotations": {
-            "summary": "Critical GPU Xid on n3",
-            "description": "2 critical Xid event(s) on n3 since boot (the kernel log's NVRM "
-                           "Xid lines). The node stays drained until it reboots."},
-    }]),
-    AlertCase("TaccGpuCriticalXid", {
-        f'tacc_agent_gpu_critical_xids{{{AGENT},instance="n3"}}': "0x10",
-    }, "5m", []),
-    AlertCase("TaccMountStuck", {
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="mounts",status="stuck"}}':
-            "0 1x10",
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="mounts",status="ok"}}': "1 0x10",
-    }, "7m", [{
-        "exp_labels": {"severity": "critical", "instance": "n2", "job": "tacc_agent",
-                       "check": "mounts", "status": "stuck"},
-        "exp_annotations": {
-            "summary": "Mount check stuck on n2",
-            "description": "The agent's mounts check on n2 reports stuck: a shared file "
-                           "system is missing, has the wrong type or options (\"fail\"), or "
-                           "does not answer statfs() in time (\"stuck\", e.g. a hung NFS "
-                           "server)."},
-    }]),
-    AlertCase("TaccMountStuck", {  # stuck for less than its `for:`
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="mounts",status="stuck"}}':
-            "0 0 0 1 1 0x5",
-        f'tacc_agent_check_status{{{AGENT},instance="n2",check="mounts",status="ok"}}': "1x10",
-    }, "8m", []),
-    AlertCase("TaccDiskNearlyFull", {
-        f'node_filesystem_avail_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
-        'mountpoint="/var"}': "5x30",
-        f'node_filesystem_size_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
-        'mountpoint="/var"}': "100x30",
-        # Shared NFS space is the NFS server's disk: not an alert on every client.
-        f'node_filesystem_avail_bytes{{{NODE},instance="n2",device="n1:/srv",fstype="nfs4",'
-        'mountpoint="/shared"}': "1x30",
-        f'node_filesystem_size_bytes{{{NODE},instance="n2",device="n1:/srv",fstype="nfs4",'
-        'mountpoint="/shared"}': "100x30",
-        f'tacc_agent_disk_free_ratio{{{AGENT},instance="n3",path="/tmp"}}': "0.02x30",
-        f'tacc_agent_disk_free_ratio{{{AGENT},instance="n2",path="/tmp"}}': "0.5x30",
-    }, "20m", [{
-        "exp_labels": {"severity": "warning", "instance": "n1", "job": "node",
-                       "device": "/dev/sda1", "fstype": "ext4", "mountpoint": "/var"},
-        "exp_annotations": {"summary": "Disk nearly full on n1: /var",
-                            "description": "/var on n1 has 5% free (from node)."},
-    }, {
-        "exp_labels": {"severity": "warning", "instance": "n3", "job": "tacc_agent",
-                       "path": "/tmp", "mountpoint": "/tmp"},
-        "exp_annotations": {"summary": "Disk nearly full on n3: /tmp",
-                            "description": "/tmp on n3 has 2% free (from tacc_agent)."},
-    }]),
-    AlertCase("TaccDiskNearlyFull", {
-        f'node_filesystem_avail_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
-        'mountpoint="/var"}': "50x30",
-        f'node_filesystem_size_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
-        'mountpoint="/var"}': "100x30",
-        f'tacc_agent_disk_free_ratio{{{AGENT},instance="n3",path="/tmp"}}': "0.4x30",
-    }, "20m", []),
-    AlertCase("TaccSlurmctldDown", {
-        f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1 0x10",
-        f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
-        'state="active",type="simple"}': "1x10",
-    }, "4m", [{
-        "exp_labels": {"severity": "critical", "instance": "n1", "job": "tacc_agent",
-                       "daemon": "slurmctld"},
-        "exp_annotations": {
-            "summary": "slurmctld is down on n1",
-            "description": "The controller's agent on n1 gets no answer from slurmctld. "
-                           "Jobs are neither scheduled nor started."},
-    }]),
-    AlertCase("TaccSlurmctldDown", {  # systemd says the unit is not active
-        f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1x10",
-        f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
-        'state="active",type="simple"}': "1 0x10",
-    }, "4m", [{
-        "exp_labels": {"severity": "critical", "instance": "n1", "job": "node",
-                       "name": "slurmctld.service", "state": "active", "type": "simple"},
-        "exp_annotations": {
-            "summary": "slurmctld is down on n1",
-            "description": "systemd reports slurmctld.service not active on n1. Jobs are "
-                           "neither scheduled nor started."},
-    }]),
-    AlertCase("TaccSlurmctldDown", {  # no figure at all: the controller's agent is gone
-        f'tacc_agent_healthy{{{AGENT},instance="n2"}}': "1x10",
-    }, "4m", [{
-        "exp_labels": {"severity": "critical", "daemon": "slurmctld"},
-        "exp_annotations": {
-            "summary": "slurmctld is down",
-            "description": "No figure of slurmctld at all: the controller's agent is not "
-                           "scraped (see TaccScrapeTargetDown). Jobs are neither scheduled "
-                           "nor started."},
-    }]),
-    AlertCase("TaccSlurmctldDown", {
-        f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1x10",
-        f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
-        'state="active",type="simple"}': "1x10",
-    }, "4m", []),
-    AlertCase("TaccSlurmdbdDown", {
-        f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmdbd"}}': "1 1 0x10",
-    }, "8m", [{
-        "exp_labels": {"severity": "critical", "instance": "n1", "job": "tacc_agent",
-                       "daemon": "slurmdbd"},
-        "exp_annotations": {
-            "summary": "slurmdbd is down on n1",
-            "description": "The controller's agent on n1 gets no answer from slurmdbd. "
-                           "Accounting records queue up in slurmctld; sacct, sshare and "
-                           "fair-share priorities are stale."},
-    }]),
-    AlertCase("TaccSlurmdbdDown", {
-        f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmdbd"}}': "1x10",
-    }, "8m", []),
-    AlertCase("TaccGpusAllocatedIdle", {
-        f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
-        'user="alice",gpu="0"}': "0x70",
-        f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
-        'user="alice",gpu="1"}': "0.9x70",
-    }, "65m", [{
-        "exp_labels": {"severity": "info", "instance": "n2", "job": "tacc_agent",
-                       "exported_job": "42", "user": "alice", "gpu": "0"},
-        "exp_annotations": {
-            "summary": "Job 42 of alice leaves GPU 0 on n2 idle",
-            "description": "GPU 0 on n2, allocated to Slurm job 42 of user alice, has been "
-                           "at or under 5.0% utilization for 1h."},
-    }]),
-    AlertCase("TaccGpusAllocatedIdle", {  # idle for 50 minutes, then busy: quiet
-        f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
-        'user="alice",gpu="0"}': "0x50 0.6x20",
-    }, "65m", []),
-    AlertCase("TaccScrapeTargetDown", {
-        f'up{{{AGENT},instance="n3"}}': "1 0x10",
-        f'up{{{NODE},instance="n3"}}': "1x10",
-    }, "7m", [{
-        "exp_labels": {"severity": "warning", "instance": "n3", "job": "tacc_agent"},
-        "exp_annotations": {
-            "summary": "tacc_agent on n3 is not answering",
-            "description": "Prometheus cannot scrape the tacc_agent target of n3 (the daemon "
-                           "is down or the node unreachable): its alerts cannot fire."},
-    }]),
-    AlertCase("TaccScrapeTargetDown", {
-        f'up{{{AGENT},instance="n3"}}': "1x10",
-    }, "7m", []),
+    AlertCase(
+        "TaccNodeDrainedByCheck",
+        {
+            f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n2"}}': "0 1x10",
+            f'tacc_agent_check_status{{{AGENT},instance="n2",check="gpu",status="fail"}}': "0 1x10",
+            f'tacc_agent_check_status{{{AGENT},instance="n2",check="gpu",status="ok"}}': "1 0x10",
+            f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n3"}}': "0x10",
+            f'tacc_agent_slurm_node_drained{{{AGENT},instance="n1",node="n2",'
+            'reason="tacc-agent: gpu: 3 GPUs, expected 4"}': "0 1x10",
+        },
+        "5m",
+        [
+            {
+                "exp_labels": {"severity": "warning", "instance": "n2", "job": "tacc_agent"},
+                "exp_annotations": {
+                    "summary": "Node n2 drained by a failing health check",
+                    "description": "The agent on n2 keeps it drained in Slurm. Failing checks: gpu "
+                    "(fail). Slurm's reason: tacc-agent: gpu: 3 GPUs, expected 4",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccNodeDrainedByCheck",
+        {
+            f'tacc_agent_slurm_drained_by_agent{{{AGENT},instance="n2"}}': "0x10",
+        },
+        "5m",
+        [],
+    ),
+    AlertCase(
+        "TaccGpuCriticalXid",
+        {
+            f'tacc_agent_gpu_critical_xids{{{AGENT},instance="n3"}}': "0 0 2x10",
+        },
+        "3m",
+        [
+            {
+                "exp_labels": {"severity": "critical", "instance": "n3", "job": "tacc_agent"},
+                "exp_annotations": {
+                    "summary": "Critical GPU Xid on n3",
+                    "description": "2 critical Xid event(s) on n3 since boot "
+                    "(the kernel log's NVRM "
+                    "Xid lines). The node stays drained until it reboots.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccGpuCriticalXid",
+        {
+            f'tacc_agent_gpu_critical_xids{{{AGENT},instance="n3"}}': "0x10",
+        },
+        "5m",
+        [],
+    ),
+    AlertCase(
+        "TaccMountStuck",
+        {
+            check_status("mounts", "stuck"): "0 1x10",
+            check_status("mounts", "ok"): "1 0x10",
+        },
+        "7m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "critical",
+                    "instance": "n2",
+                    "job": "tacc_agent",
+                    "check": "mounts",
+                    "status": "stuck",
+                },
+                "exp_annotations": {
+                    "summary": "Mount check stuck on n2",
+                    "description": "The agent's mounts check on n2 reports stuck: a shared file "
+                    'system is missing, has the wrong type or options ("fail"), or '
+                    'does not answer statfs() in time ("stuck", e.g. a hung NFS '
+                    "server).",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccMountStuck",
+        {  # stuck for less than its `for:`
+            check_status("mounts", "stuck"): "0 0 0 1 1 0x5",
+            check_status("mounts", "ok"): "1x10",
+        },
+        "8m",
+        [],
+    ),
+    AlertCase(
+        "TaccDiskNearlyFull",
+        {
+            f'node_filesystem_avail_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
+            'mountpoint="/var"}': "5x30",
+            f'node_filesystem_size_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
+            'mountpoint="/var"}': "100x30",
+            # Shared NFS space is the NFS server's disk: not an alert on every client.
+            f'node_filesystem_avail_bytes{{{NODE},instance="n2",device="n1:/srv",fstype="nfs4",'
+            'mountpoint="/shared"}': "1x30",
+            f'node_filesystem_size_bytes{{{NODE},instance="n2",device="n1:/srv",fstype="nfs4",'
+            'mountpoint="/shared"}': "100x30",
+            f'tacc_agent_disk_free_ratio{{{AGENT},instance="n3",path="/tmp"}}': "0.02x30",
+            f'tacc_agent_disk_free_ratio{{{AGENT},instance="n2",path="/tmp"}}': "0.5x30",
+        },
+        "20m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "warning",
+                    "instance": "n1",
+                    "job": "node",
+                    "device": "/dev/sda1",
+                    "fstype": "ext4",
+                    "mountpoint": "/var",
+                },
+                "exp_annotations": {
+                    "summary": "Disk nearly full on n1: /var",
+                    "description": "/var on n1 has 5% free (from node).",
+                },
+            },
+            {
+                "exp_labels": {
+                    "severity": "warning",
+                    "instance": "n3",
+                    "job": "tacc_agent",
+                    "path": "/tmp",
+                    "mountpoint": "/tmp",
+                },
+                "exp_annotations": {
+                    "summary": "Disk nearly full on n3: /tmp",
+                    "description": "/tmp on n3 has 2% free (from tacc_agent).",
+                },
+            },
+        ],
+    ),
+    AlertCase(
+        "TaccDiskNearlyFull",
+        {
+            f'node_filesystem_avail_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
+            'mountpoint="/var"}': "50x30",
+            f'node_filesystem_size_bytes{{{NODE},instance="n1",device="/dev/sda1",fstype="ext4",'
+            'mountpoint="/var"}': "100x30",
+            f'tacc_agent_disk_free_ratio{{{AGENT},instance="n3",path="/tmp"}}': "0.4x30",
+        },
+        "20m",
+        [],
+    ),
+    AlertCase(
+        "TaccSlurmctldDown",
+        {
+            f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1 0x10",
+            f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
+            'state="active",type="simple"}': "1x10",
+        },
+        "4m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "critical",
+                    "instance": "n1",
+                    "job": "tacc_agent",
+                    "daemon": "slurmctld",
+                },
+                "exp_annotations": {
+                    "summary": "slurmctld is down on n1",
+                    "description": "The controller's agent on n1 gets no answer from slurmctld. "
+                    "Jobs are neither scheduled nor started.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccSlurmctldDown",
+        {  # systemd says the unit is not active
+            f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1x10",
+            f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
+            'state="active",type="simple"}': "1 0x10",
+        },
+        "4m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "critical",
+                    "instance": "n1",
+                    "job": "node",
+                    "name": "slurmctld.service",
+                    "state": "active",
+                    "type": "simple",
+                },
+                "exp_annotations": {
+                    "summary": "slurmctld is down on n1",
+                    "description": "systemd reports slurmctld.service not active on n1. Jobs are "
+                    "neither scheduled nor started.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccSlurmctldDown",
+        {  # no figure at all: the controller's agent is gone
+            f'tacc_agent_healthy{{{AGENT},instance="n2"}}': "1x10",
+        },
+        "4m",
+        [
+            {
+                "exp_labels": {"severity": "critical", "daemon": "slurmctld"},
+                "exp_annotations": {
+                    "summary": "slurmctld is down",
+                    "description": "No figure of slurmctld at all: the controller's agent is not "
+                    "scraped (see TaccScrapeTargetDown). Jobs are neither scheduled "
+                    "nor started.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccSlurmctldDown",
+        {
+            f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmctld"}}': "1x10",
+            f'node_systemd_unit_state{{{NODE},instance="n1",name="slurmctld.service",'
+            'state="active",type="simple"}': "1x10",
+        },
+        "4m",
+        [],
+    ),
+    AlertCase(
+        "TaccSlurmdbdDown",
+        {
+            f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmdbd"}}': "1 1 0x10",
+        },
+        "8m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "critical",
+                    "instance": "n1",
+                    "job": "tacc_agent",
+                    "daemon": "slurmdbd",
+                },
+                "exp_annotations": {
+                    "summary": "slurmdbd is down on n1",
+                    "description": "The controller's agent on n1 gets no answer from slurmdbd. "
+                    "Accounting records queue up in slurmctld; sacct, sshare and "
+                    "fair-share priorities are stale.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccSlurmdbdDown",
+        {
+            f'tacc_agent_slurm_up{{{AGENT},instance="n1",daemon="slurmdbd"}}': "1x10",
+        },
+        "8m",
+        [],
+    ),
+    AlertCase(
+        "TaccGpusAllocatedIdle",
+        {
+            f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
+            'user="alice",gpu="0"}': "0x70",
+            f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
+            'user="alice",gpu="1"}': "0.9x70",
+        },
+        "65m",
+        [
+            {
+                "exp_labels": {
+                    "severity": "info",
+                    "instance": "n2",
+                    "job": "tacc_agent",
+                    "exported_job": "42",
+                    "user": "alice",
+                    "gpu": "0",
+                },
+                "exp_annotations": {
+                    "summary": "Job 42 of alice leaves GPU 0 on n2 idle",
+                    "description": "GPU 0 on n2, allocated to Slurm job 42 of user alice, has been "
+                    "at or under 5.0% utilization for 1h.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccGpusAllocatedIdle",
+        {  # idle for 50 minutes, then busy: quiet
+            f'tacc_agent_job_gpu_utilization_ratio{{{AGENT},instance="n2",exported_job="42",'
+            'user="alice",gpu="0"}': "0x50 0.6x20",
+        },
+        "65m",
+        [],
+    ),
+    AlertCase(
+        "TaccScrapeTargetDown",
+        {
+            f'up{{{AGENT},instance="n3"}}': "1 0x10",
+            f'up{{{NODE},instance="n3"}}': "1x10",
+        },
+        "7m",
+        [
+            {
+                "exp_labels": {"severity": "warning", "instance": "n3", "job": "tacc_agent"},
+                "exp_annotations": {
+                    "summary": "tacc_agent on n3 is not answering",
+                    "description": "Prometheus cannot scrape the tacc_agent target of n3 "
+                    "(the daemon "
+                    "is down or the node unreachable): its alerts cannot fire.",
+                },
+            }
+        ],
+    ),
+    AlertCase(
+        "TaccScrapeTargetDown",
+        {
+            f'up{{{AGENT},instance="n3"}}': "1x10",
+        },
+        "7m",
+        [],
+    ),
 ]
-# fmt: on
 ALERTS = sorted({case.alert for case in CASES})
 
 
@@ -532,11 +718,16 @@ def case_id(case: AlertCase) -> str:
 
 def promtool_test(out: Path, name: str, tests: list[dict]) -> subprocess.CompletedProcess:
     path = out / f"{name}.test.yml"
-    path.write_text(yaml.safe_dump({
-        "rule_files": ["tacc-alerts.yml", "tacc-records.yml"],
-        "evaluation_interval": "1m",
-        "tests": tests,
-    }, sort_keys=False))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["tacc-alerts.yml", "tacc-records.yml"],
+                "evaluation_interval": "1m",
+                "tests": tests,
+            },
+            sort_keys=False,
+        )
+    )
     return run(tool("promtool"), "test", "rules", path.name, cwd=out)
 
 
@@ -545,9 +736,10 @@ def test_each_alert_fires_on_its_condition_and_stays_quiet_when_fine(static, cas
     test = {
         "interval": "1m",
         "input_series": [{"series": s, "values": v} for s, v in case.series.items()],
-        "alert_rule_test": [{"eval_time": case.eval_time, "alertname": case.alert,
-                             "exp_alerts": case.fires}],
-    }  # fmt: skip
+        "alert_rule_test": [
+            {"eval_time": case.eval_time, "alertname": case.alert, "exp_alerts": case.fires}
+        ],
+    }
     proc = promtool_test(static, f"case-{CASES.index(case)}", [test])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -568,8 +760,9 @@ def test_alert_rules_carry_severity_summary_and_description(static):
 
 
 def test_alert_durations_come_from_monitoring_alert_for(tmp_path):
-    out = render(tmp_path, monitoring_alert_for={"node_drained_by_check": "10s",
-                                                 "gpus_allocated_idle": "2m"})  # fmt: skip
+    out = render(
+        tmp_path, monitoring_alert_for={"node_drained_by_check": "10s", "gpus_allocated_idle": "2m"}
+    )
     rules = yaml.safe_load((out / "tacc-alerts.yml").read_text())["groups"][0]["rules"]
     durations = {rule["alert"]: rule["for"] for rule in rules}
     assert durations["TaccNodeDrainedByCheck"] == "10s"
@@ -588,34 +781,73 @@ def test_recording_rules_give_the_cluster_figures(static):
     test = {
         "interval": "1m",
         "input_series": [
-            {"series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="gpu",'
-                       'state="allocated"}', "values": "3x5"},
-            {"series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="gpu",'
-                       'state="total"}', "values": "4x5"},
-            {"series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="debug",'
-                       'state="allocated"}', "values": "0x5"},
-            {"series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="debug",'
-                       'state="total"}', "values": "0x5"},
-            {"series": f'tacc_agent_slurm_jobs{{{AGENT},instance="n1",partition="gpu",'
-                       'state="pending"}', "values": "7x5"},
-            {"series": f'tacc_agent_slurm_node_drained{{{AGENT},instance="n1",node="n2",'
-                       'reason="x"}', "values": "1x5"},
+            {
+                "series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="gpu",'
+                'state="allocated"}',
+                "values": "3x5",
+            },
+            {
+                "series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="gpu",'
+                'state="total"}',
+                "values": "4x5",
+            },
+            {
+                "series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="debug",'
+                'state="allocated"}',
+                "values": "0x5",
+            },
+            {
+                "series": f'tacc_agent_slurm_gpus{{{AGENT},instance="n1",partition="debug",'
+                'state="total"}',
+                "values": "0x5",
+            },
+            {
+                "series": f'tacc_agent_slurm_jobs{{{AGENT},instance="n1",partition="gpu",'
+                'state="pending"}',
+                "values": "7x5",
+            },
+            {
+                "series": f'tacc_agent_slurm_node_drained{{{AGENT},instance="n1",node="n2",'
+                'reason="x"}',
+                "values": "1x5",
+            },
         ],
         "promql_expr_test": [
-            {"expr": "partition:tacc_agent_slurm_gpus_allocated:ratio", "eval_time": "2m",
-             "exp_samples": [{"labels": 'partition:tacc_agent_slurm_gpus_allocated:ratio'
-                                        '{partition="gpu"}', "value": 0.75}]},
-            {"expr": "cluster:tacc_agent_slurm_gpus_total:sum", "eval_time": "2m",
-             "exp_samples": [{"labels": "cluster:tacc_agent_slurm_gpus_total:sum",
-                              "value": 4}]},
-            {"expr": "partition:tacc_agent_slurm_jobs_pending:sum", "eval_time": "2m",
-             "exp_samples": [{"labels": 'partition:tacc_agent_slurm_jobs_pending:sum'
-                                        '{partition="gpu"}', "value": 7}]},
-            {"expr": "cluster:tacc_agent_slurm_nodes_drained:count", "eval_time": "2m",
-             "exp_samples": [{"labels": "cluster:tacc_agent_slurm_nodes_drained:count",
-                              "value": 1}]},
+            {
+                "expr": "partition:tacc_agent_slurm_gpus_allocated:ratio",
+                "eval_time": "2m",
+                "exp_samples": [
+                    {
+                        "labels": "partition:tacc_agent_slurm_gpus_allocated:ratio"
+                        '{partition="gpu"}',
+                        "value": 0.75,
+                    }
+                ],
+            },
+            {
+                "expr": "cluster:tacc_agent_slurm_gpus_total:sum",
+                "eval_time": "2m",
+                "exp_samples": [{"labels": "cluster:tacc_agent_slurm_gpus_total:sum", "value": 4}],
+            },
+            {
+                "expr": "partition:tacc_agent_slurm_jobs_pending:sum",
+                "eval_time": "2m",
+                "exp_samples": [
+                    {
+                        "labels": 'partition:tacc_agent_slurm_jobs_pending:sum{partition="gpu"}',
+                        "value": 7,
+                    }
+                ],
+            },
+            {
+                "expr": "cluster:tacc_agent_slurm_nodes_drained:count",
+                "eval_time": "2m",
+                "exp_samples": [
+                    {"labels": "cluster:tacc_agent_slurm_nodes_drained:count", "value": 1}
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
     proc = promtool_test(static, "records", [test])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -625,10 +857,19 @@ def test_recording_rules_give_the_cluster_figures(static):
 
 def role_checks(tmp: Path, role: Path, settings: dict) -> subprocess.CompletedProcess:
     """The role's `Check ...` assert tasks alone, with its defaults and vars."""
-    tasks = [t for t in yaml.safe_load((role / "tasks/main.yml").read_text())
-             if t.get("name", "").startswith("Check ")]  # fmt: skip
-    play = [{"hosts": "monitoring", "gather_facts": False,
-             "vars_files": role_vars_files(role), "tasks": tasks}]  # fmt: skip
+    tasks = [
+        t
+        for t in yaml.safe_load((role / "tasks/main.yml").read_text())
+        if t.get("name", "").startswith("Check ")
+    ]
+    play = [
+        {
+            "hosts": "monitoring",
+            "gather_facts": False,
+            "vars_files": role_vars_files(role),
+            "tasks": tasks,
+        }
+    ]
     return ansible_playbook(tmp, inventory(tmp, dns=False), play, settings)
 
 
@@ -636,16 +877,22 @@ def role_checks(tmp: Path, role: Path, settings: dict) -> subprocess.CompletedPr
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
-        ({"monitoring_alert_for": {"mount_stuck": "five minutes"}},
-         "monitoring_alert_for: each key one of"),
+        (
+            {"monitoring_alert_for": {"mount_stuck": "five minutes"}},
+            "monitoring_alert_for: each key one of",
+        ),
         ({"monitoring_alert_for": {"disk_full": "5m"}}, "monitoring_alert_for: each key one of"),
-        ({"monitoring_prometheus_extra_args": ["--log.level=debug --web.enable-admin-api"]},
-         "monitoring_prometheus_extra_args"),
-        ({"monitoring_alert_webhook_url": "ftp://hooks/" + "s3cret"},
-         "monitoring_alert_webhook_url must be"),
+        (
+            {"monitoring_prometheus_extra_args": ["--log.level=debug --web.enable-admin-api"]},
+            "monitoring_prometheus_extra_args",
+        ),
+        (
+            {"monitoring_alert_webhook_url": "ftp://hooks/" + "s3cret"},
+            "monitoring_alert_webhook_url must be",
+        ),
     ],
     ids=["duration", "unknown-key", "extra-arg-with-space", "webhook-scheme"],
-)  # fmt: skip
+)
 def test_bad_monitoring_variables_are_refused_by_name(tmp_path, settings, expected):
     proc = role_checks(tmp_path, ROLE, settings)
     assert proc.returncode != 0
@@ -655,8 +902,11 @@ def test_bad_monitoring_variables_are_refused_by_name(tmp_path, settings, expect
 
 
 def test_good_monitoring_variables_pass_the_checks(tmp_path):
-    proc = role_checks(tmp_path, ROLE, {"monitoring_alert_for": {"mount_stuck": "1m30s"},
-                                        "monitoring_alert_webhook_url": WEBHOOK})  # fmt: skip
+    proc = role_checks(
+        tmp_path,
+        ROLE,
+        {"monitoring_alert_for": {"mount_stuck": "1m30s"}, "monitoring_alert_webhook_url": WEBHOOK},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
@@ -665,9 +915,16 @@ def test_good_monitoring_variables_pass_the_checks(tmp_path):
 
 def render_node_exporter(tmp: Path, **settings: object) -> list[str]:
     dest = tmp / "prometheus-node-exporter"
-    play = [{"hosts": "all", "gather_facts": False, "vars_files": role_vars_files(NODE_ROLE),
-             "tasks": [template_task(NODE_ROLE, "prometheus-node-exporter.default.j2", dest,
-                                     run_once=True)]}]  # fmt: skip
+    play = [
+        {
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": role_vars_files(NODE_ROLE),
+            "tasks": [
+                template_task(NODE_ROLE, "prometheus-node-exporter.default.j2", dest, run_once=True)
+            ],
+        }
+    ]
     proc = ansible_playbook(tmp, inventory(tmp, dns=False), play, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     return default_args(dest)
@@ -680,8 +937,15 @@ def test_node_exporter_reports_the_cluster_units_through_the_systemd_collector(t
     (include,) = [a for a in args if a.startswith("--collector.systemd.unit-include=")]
     pattern = include.split("=", 1)[1]
     assert "\\" not in pattern  # systemd's EnvironmentFile would eat it
-    for unit in ("slurmctld", "slurmd", "slurmdbd", "munge", "tacc-agent", "prometheus",
-                 "prometheus-alertmanager"):  # fmt: skip
+    for unit in (
+        "slurmctld",
+        "slurmd",
+        "slurmdbd",
+        "munge",
+        "tacc-agent",
+        "prometheus",
+        "prometheus-alertmanager",
+    ):
         assert re.fullmatch(pattern, f"{unit}.service"), unit
     assert not re.fullmatch(pattern, "sshd.service")
     assert not re.fullmatch(pattern, "slurmdXservice")
@@ -689,8 +953,9 @@ def test_node_exporter_reports_the_cluster_units_through_the_systemd_collector(t
 
 
 def test_node_exporter_listen_address_and_port(tmp_path):
-    args = render_node_exporter(tmp_path, node_exporter_listen_address="fd00::12",
-                                node_exporter_port=9200)  # fmt: skip
+    args = render_node_exporter(
+        tmp_path, node_exporter_listen_address="fd00::12", node_exporter_port=9200
+    )
     assert "--web.listen-address=[fd00::12]:9200" in args
 
 

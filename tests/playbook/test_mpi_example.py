@@ -191,11 +191,14 @@ def test_mca_params_file(tmp_path):
     hosts = {
         "debian": local,
         "lab": {**local, "mpi_tcp_networks": ["10.77.0.0/24"]},
-        "ib": {**local, "mpi_tcp_networks": ["ib0", "eth1"],
-               "mpi_mca_extra_params": {"pml": "ucx", "osc": "ucx"},
-               "mpi_pmix_env": {"PMIX_MCA_gds": "hash", "PMIX_DEBUG": 1}},
+        "ib": {
+            **local,
+            "mpi_tcp_networks": ["ib0", "eth1"],
+            "mpi_mca_extra_params": {"pml": "ucx", "osc": "ucx"},
+            "mpi_pmix_env": {"PMIX_MCA_gds": "hash", "PMIX_DEBUG": 1},
+        },
         "plain": {**local, "mpi_pmix_env": {}},
-    }  # fmt: skip
+    }
     # The role's defaults as group variables: host variables win over them, as over
     # role defaults.
     defaults = yaml.safe_load((ROOT / "roles/mpi/defaults/main.yml").read_text())
@@ -203,12 +206,23 @@ def test_mca_params_file(tmp_path):
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(MCA_PLAY.format(root=ROOT, out=tmp_path))
     proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-         str(tmp_path / "play.yml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts")},
-    )  # fmt: skip
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(tmp_path / "hosts.yml"),
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
+        },
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
 
     def params(host: str) -> list[str]:
@@ -223,10 +237,21 @@ def test_mca_params_file(tmp_path):
         "pml = ^ucx",
     ]
     assert params("debian") == debian
-    assert params("lab") == [*debian[:2], "btl_tcp_if_include = 10.77.0.0/24", "mtl = ^ofi",
-                             "oob_tcp_if_include = 10.77.0.0/24", *debian[3:]]  # fmt: skip
-    assert params("ib") == [*debian[:2], "btl_tcp_if_include = ib0,eth1", "mtl = ^ofi",
-                            "oob_tcp_if_include = ib0,eth1", "osc = ucx", "pml = ucx"]  # fmt: skip
+    assert params("lab") == [
+        *debian[:2],
+        "btl_tcp_if_include = 10.77.0.0/24",
+        "mtl = ^ofi",
+        "oob_tcp_if_include = 10.77.0.0/24",
+        *debian[3:],
+    ]
+    assert params("ib") == [
+        *debian[:2],
+        "btl_tcp_if_include = ib0,eth1",
+        "mtl = ^ofi",
+        "oob_tcp_if_include = ib0,eth1",
+        "osc = ucx",
+        "pml = ucx",
+    ]
     # mpi.conf: the PMIx data store workaround by default, several variables joined by ';'.
     assert params("debian.mpi") == ["PMIxEnv=PMIX_MCA_gds=hash"]
     assert params("ib.mpi") == ["PMIxEnv=PMIX_DEBUG=1;PMIX_MCA_gds=hash"]

@@ -28,8 +28,17 @@ from tests.conftest import ROOT
 from tests.playbook.argument_spec_runs import LOCAL, ansible_playbook, failed_tasks
 
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta").is_dir())
-GROUPS = ("slurm_controller", "slurm_compute", "login", "slurm_dbd", "nfs_server",
-          "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")  # fmt: skip
+GROUPS = (
+    "slurm_controller",
+    "slurm_compute",
+    "login",
+    "slurm_dbd",
+    "nfs_server",
+    "nfs_clients",
+    "gpu_nodes",
+    "rdma_nodes",
+    "smartnic_nodes",
+)
 SECRET = "s3cret-db-password-never-shown"  # noqa: S105 (a test value)
 
 
@@ -45,134 +54,320 @@ def recap(stdout: str) -> dict[str, dict[str, int]]:
 
 # (role, variables, expected fragments of the error, entry point or None for main)
 CASES = [
-    ("common", {"common_time_sync": "ntpd"},
-     ["common_time_sync must be one of: chrony, none, got: ntpd"], None),
-    ("common", {"common_manage_hosts": "maybe"},
-     ["common_manage_hosts", "bool"], None),
-    ("common", {"common_cluster_users": [{"name": "alice"}]},
-     ["missing required arguments: uid found in common_cluster_users"], None),
-    ("common", {"common_cluster_users": [{"name": "alice", "uid": "twenty"}]},
-     ["'uid'", "common_cluster_users", "int"], None),
-    ("common", {"common_service_accounts": [{"name": "x", "uid": 1, "gid": 1, "shel": "/bin/sh"}]},
-     ["common_service_accounts.shel", "Supported parameters include"], None),
-    ("common", {"common_limits": [{"domain": "*", "type": "-", "item": "memlock"}]},
-     ["missing required arguments: value found in common_limits"], None),
-    ("common", {"common_limits": [{"domain": "*", "type": "both", "item": "nofile", "value": 1}]},
-     ["type must be one of: soft, hard, -, got: both", "common_limits"], None),
-    ("common", {"common_ntp_servers": {"pool": "x"}},
-     ["common_ntp_servers", "list"], None),
-    ("cluster_dns", {"cluster_dns_upstream_servers": {"site": "9.9.9.9"}},
-     ["cluster_dns_upstream_servers", "list"], None),
-    ("cluster_dns", {"cluster_dns_agent_port": "http"},
-     ["cluster_dns_agent_port", "int"], None),
-    ("monitoring", {"monitoring_prometheus_port": "http"},
-     ["monitoring_prometheus_port", "int"], None),
-    ("monitoring", {"monitoring_prometheus_listen_on_host": "sometimes"},
-     ["monitoring_prometheus_listen_on_host", "bool"], None),
+    (
+        "common",
+        {"common_time_sync": "ntpd"},
+        ["common_time_sync must be one of: chrony, none, got: ntpd"],
+        None,
+    ),
+    ("common", {"common_manage_hosts": "maybe"}, ["common_manage_hosts", "bool"], None),
+    (
+        "common",
+        {"common_cluster_users": [{"name": "alice"}]},
+        ["missing required arguments: uid found in common_cluster_users"],
+        None,
+    ),
+    (
+        "common",
+        {"common_cluster_users": [{"name": "alice", "uid": "twenty"}]},
+        ["'uid'", "common_cluster_users", "int"],
+        None,
+    ),
+    (
+        "common",
+        {"common_service_accounts": [{"name": "x", "uid": 1, "gid": 1, "shel": "/bin/sh"}]},
+        ["common_service_accounts.shel", "Supported parameters include"],
+        None,
+    ),
+    (
+        "common",
+        {"common_limits": [{"domain": "*", "type": "-", "item": "memlock"}]},
+        ["missing required arguments: value found in common_limits"],
+        None,
+    ),
+    (
+        "common",
+        {"common_limits": [{"domain": "*", "type": "both", "item": "nofile", "value": 1}]},
+        ["type must be one of: soft, hard, -, got: both", "common_limits"],
+        None,
+    ),
+    ("common", {"common_ntp_servers": {"pool": "x"}}, ["common_ntp_servers", "list"], None),
+    (
+        "cluster_dns",
+        {"cluster_dns_upstream_servers": {"site": "9.9.9.9"}},
+        ["cluster_dns_upstream_servers", "list"],
+        None,
+    ),
+    ("cluster_dns", {"cluster_dns_agent_port": "http"}, ["cluster_dns_agent_port", "int"], None),
+    (
+        "monitoring",
+        {"monitoring_prometheus_port": "http"},
+        ["monitoring_prometheus_port", "int"],
+        None,
+    ),
+    (
+        "monitoring",
+        {"monitoring_prometheus_listen_on_host": "sometimes"},
+        ["monitoring_prometheus_listen_on_host", "bool"],
+        None,
+    ),
     ("node_exporter", {"node_exporter_port": "metrics"}, ["node_exporter_port", "int"], None),
-    ("node_exporter", {"node_exporter_disabled_collectors": {"rapl": True}},
-     ["node_exporter_disabled_collectors", "list"], None),
+    (
+        "node_exporter",
+        {"node_exporter_disabled_collectors": {"rapl": True}},
+        ["node_exporter_disabled_collectors", "list"],
+        None,
+    ),
     ("acceptance", {"acceptance_thresholds": "fast"}, ["acceptance_thresholds", "dict"], None),
-    ("rolling", {"rolling_action": "reimage"},
-     ["rolling_action", "reboot, upgrade, upgrade_reboot"], None),
-    ("rolling", {"rolling_checkpoint_grace": "a minute"},
-     ["rolling_checkpoint_grace", "int"], None),
-    ("munge", {"munge_key": "{{ vault_munge_key }}"},
-     ["'vault_munge_key' is undefined"], None),
-    ("nfs_client", {"nfs_client_mounts": [{"src": "ctl1:/srv/shared"}]},
-     ["missing required arguments: path found in nfs_client_mounts"], None),
-    ("nfs_client", {"nfs_client_automount": "sometimes"},
-     ["nfs_client_automount", "bool"], None),
-    ("nfs_client", {"nfs_client_automount_idle_seconds": "an hour"},
-     ["nfs_client_automount_idle_seconds", "int"], None),
-    ("nfs_server", {"nfs_server_implementation": "nfsd"},
-     ["nfs_server_implementation must be one of: kernel, ganesha, got: nfsd"], None),
-    ("nfs_server", {"nfs_server_exports": [{"clients": "*"}]},
-     ["missing required arguments: path found in nfs_server_exports"], None),
-    ("nfs_server", {"nfs_server_grace_period": "ninety"},
-     ["nfs_server_grace_period", "int"], None),
-    ("nvidia_gpu", {"nvidia_gpu_gres_mismatch": "ignore"},
-     ["nvidia_gpu_gres_mismatch must be one of: fail, warn, got: ignore"], None),
-    ("nvidia_gpu", {"nvidia_gpu_driver_packages": {"cuda-drivers": "latest"}},
-     ["nvidia_gpu_driver_packages", "list"], None),
-    ("nvidia_gpu", {"nvidia_gpu_dcgm": "perhaps"},
-     ["nvidia_gpu_dcgm", "bool"], None),
+    (
+        "rolling",
+        {"rolling_action": "reimage"},
+        ["rolling_action", "reboot, upgrade, upgrade_reboot"],
+        None,
+    ),
+    (
+        "rolling",
+        {"rolling_checkpoint_grace": "a minute"},
+        ["rolling_checkpoint_grace", "int"],
+        None,
+    ),
+    ("munge", {"munge_key": "{{ vault_munge_key }}"}, ["'vault_munge_key' is undefined"], None),
+    (
+        "nfs_client",
+        {"nfs_client_mounts": [{"src": "ctl1:/srv/shared"}]},
+        ["missing required arguments: path found in nfs_client_mounts"],
+        None,
+    ),
+    ("nfs_client", {"nfs_client_automount": "sometimes"}, ["nfs_client_automount", "bool"], None),
+    (
+        "nfs_client",
+        {"nfs_client_automount_idle_seconds": "an hour"},
+        ["nfs_client_automount_idle_seconds", "int"],
+        None,
+    ),
+    (
+        "nfs_server",
+        {"nfs_server_implementation": "nfsd"},
+        ["nfs_server_implementation must be one of: kernel, ganesha, got: nfsd"],
+        None,
+    ),
+    (
+        "nfs_server",
+        {"nfs_server_exports": [{"clients": "*"}]},
+        ["missing required arguments: path found in nfs_server_exports"],
+        None,
+    ),
+    ("nfs_server", {"nfs_server_grace_period": "ninety"}, ["nfs_server_grace_period", "int"], None),
+    (
+        "nvidia_gpu",
+        {"nvidia_gpu_gres_mismatch": "ignore"},
+        ["nvidia_gpu_gres_mismatch must be one of: fail, warn, got: ignore"],
+        None,
+    ),
+    (
+        "nvidia_gpu",
+        {"nvidia_gpu_driver_packages": {"cuda-drivers": "latest"}},
+        ["nvidia_gpu_driver_packages", "list"],
+        None,
+    ),
+    ("nvidia_gpu", {"nvidia_gpu_dcgm": "perhaps"}, ["nvidia_gpu_dcgm", "bool"], None),
     ("mpi", {"mpi_tcp_networks": {"include": "ib0"}}, ["mpi_tcp_networks", "list"], None),
     ("mpi", {"mpi_mca_params": ["pml=ucx"]}, ["mpi_mca_params", "dict"], None),
     ("mpi", {"mpi_slurm_pmix": "perhaps"}, ["mpi_slurm_pmix", "bool"], None),
-    ("package_cache", {"package_cache_port": "http"},
-     ["package_cache_port", "int"], None),
-    ("package_cache", {"package_cache_offline": "sometimes"},
-     ["package_cache_offline", "bool"], None),
-    ("package_cache", {"package_cache_wheels": {"torch": "/opt/wheels/torch.whl"}},
-     ["package_cache_wheels", "list"], None),
-    ("package_cache", {"package_cache_root_password": SECRET, "package_cache_service_uid": "pkg"},
-     ["package_cache_service_uid", "int"], None),
-    ("rdma", {"rdma_ipoib_interfaces": [{"name": "ib0", "address": "10.20.0.1/16",
-                                        "mode": "bonded"}]},
-     ["mode must be one of: datagram, connected, got: bonded", "rdma_ipoib_interfaces"], None),
-    ("rdma", {"rdma_ipoib_interfaces": [{"name": "ib0"}]},
-     ["missing required arguments: address found in rdma_ipoib_interfaces"], None),
-    ("rdma", {"rdma_roce_mode": "RoCE v3"},
-     ["rdma_roce_mode must be one of: RoCE v2, IB/RoCE v1, got: RoCE v3"], None),
-    ("rdma", {"rdma_roce_tos": "high"},
-     ["rdma_roce_tos", "int"], None),
-    ("slurm", {"slurm_partitions": [{"name": "batch", "defualt": True}]},
-     ["slurm_partitions.defualt", "Supported parameters include"], None),
-    ("slurm", {"slurm_partitions": [{"nodes": "ALL"}]},
-     ["missing required arguments: name found in slurm_partitions"], None),
-    ("slurm", {"slurm_qos": [{"name": "urgent", "priority": "high"}]},
-     ["'priority'", "slurm_qos", "int"], None),
-    ("slurm", {"slurm_gres_autodetect": "nvidia"},
-     ["slurm_gres_autodetect must be one of: off, nvml, got: nvidia"], None),
-    ("slurm", {"slurm_proctrack_type": "proctrack/cgrup"},
-     ["slurm_proctrack_type must be one of", "got: proctrack/cgrup"], None),
-    ("slurm", {"slurm_preempt_type": "preempt/partition-prio"},
-     ["slurm_preempt_type must be one of", "got: preempt/partition-prio"], None),
-    ("slurm", {"slurm_priority_type": "priority/fairshare"},
-     ["slurm_priority_type must be one of", "got: priority/fairshare"], None),
-    ("slurm", {"slurm_jobacct_gather_type": "jobacct_gather/cgroups"},
-     ["slurm_jobacct_gather_type must be one of", "got: jobacct_gather/cgroups"], None),
-    ("slurm", {"slurm_node_cpus": 8.5},
-     ["slurm_node_cpus", "int"], None),
-    ("slurm", {"slurm_memory_safety_factor": "most"},
-     ["slurm_memory_safety_factor", "float"], None),
-    ("slurm", {"slurm_dbd_db_password": SECRET, "slurm_gres_autodetect": "yes-please"},
-     ["slurm_gres_autodetect must be one of"], None),
-    ("slurm", {"slurm_render_os_family": "Windows"},
-     ["missing required arguments: slurm_render_dir",
-      "slurm_render_os_family must be one of: Debian, RedHat, got: Windows"], "render_local"),
-    ("slurm_pam_adopt", {"slurm_pam_adopt_options": {"action_generic_failure": "pass"}},
-     ["action_generic_failure must be one of: deny, allow, ignore, got: pass"], None),
-    ("smartnic_firmware", {"smartnic_firmware_mlxconfig_tool": "mft"},
-     ["smartnic_firmware_mlxconfig_tool must be one of: mlxconfig, mstconfig, got: mft"], None),
-    ("smartnic_firmware", {"smartnic_firmware_burn": "yes please"},
-     ["smartnic_firmware_burn", "bool"], None),
-    ("smartnic_firmware", {"smartnic_firmware_reboot_timeout": "soon"},
-     ["smartnic_firmware_reboot_timeout", "int"], None),
-    ("container_runtime", {"container_runtime_name": "docker"},
-     ["container_runtime_name must be one of: charliecloud, apptainer, enroot, got: docker"], None),
-    ("container_runtime", {"container_runtime_registries": [{"insecure": True}]},
-     ["missing required arguments: location found in container_runtime_registries"], None),
-    ("container_runtime", {"container_runtime_enabled": "sometimes"},
-     ["container_runtime_enabled", "bool"], None),
-    ("image_registry", {"image_registry_mode": "mirror"},
-     ["image_registry_mode must be one of: seeded, pull_through, got: mirror"], None),
-    ("image_registry", {"image_registry_seed": [{"archive": "/srv/images/base.oci.tar"}]},
-     ["missing required arguments: name found in image_registry_seed"], None),
-    ("image_registry", {"image_registry_proxy_password": SECRET, "image_registry_port": "http"},
-     ["image_registry_port", "int"], None),
-    ("tacc_agent", {"tacc_agent_workspace_users": [{"uid": 20001}]},
-     ["missing required arguments: name found in tacc_agent_workspace_users"], None),
-    ("tacc_agent", {"tacc_agent_mounts": [{"fstype": "nfs4"}]},
-     ["missing required arguments: path found in tacc_agent_mounts"], None),
-    ("tacc_agent", {"tacc_agent_settings": {"chek_interval_seconds": 5}},
-     ["tacc_agent_settings.chek_interval_seconds", "check_interval_seconds"], None),
-    ("tacc_agent", {"tacc_agent_settings": {"drain": "maybe"}},
-     ["drain", "tacc_agent_settings", "bool"], None),
-    ("tacc_agent", {"tacc_agent_metrics_port": "http"},
-     ["tacc_agent_metrics_port", "int"], None),
-]  # fmt: skip
+    ("package_cache", {"package_cache_port": "http"}, ["package_cache_port", "int"], None),
+    (
+        "package_cache",
+        {"package_cache_offline": "sometimes"},
+        ["package_cache_offline", "bool"],
+        None,
+    ),
+    (
+        "package_cache",
+        {"package_cache_wheels": {"torch": "/opt/wheels/torch.whl"}},
+        ["package_cache_wheels", "list"],
+        None,
+    ),
+    (
+        "package_cache",
+        {"package_cache_root_password": SECRET, "package_cache_service_uid": "pkg"},
+        ["package_cache_service_uid", "int"],
+        None,
+    ),
+    (
+        "rdma",
+        {"rdma_ipoib_interfaces": [{"name": "ib0", "address": "10.20.0.1/16", "mode": "bonded"}]},
+        ["mode must be one of: datagram, connected, got: bonded", "rdma_ipoib_interfaces"],
+        None,
+    ),
+    (
+        "rdma",
+        {"rdma_ipoib_interfaces": [{"name": "ib0"}]},
+        ["missing required arguments: address found in rdma_ipoib_interfaces"],
+        None,
+    ),
+    (
+        "rdma",
+        {"rdma_roce_mode": "RoCE v3"},
+        ["rdma_roce_mode must be one of: RoCE v2, IB/RoCE v1, got: RoCE v3"],
+        None,
+    ),
+    ("rdma", {"rdma_roce_tos": "high"}, ["rdma_roce_tos", "int"], None),
+    (
+        "slurm",
+        {"slurm_partitions": [{"name": "batch", "defualt": True}]},
+        ["slurm_partitions.defualt", "Supported parameters include"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_partitions": [{"nodes": "ALL"}]},
+        ["missing required arguments: name found in slurm_partitions"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_qos": [{"name": "urgent", "priority": "high"}]},
+        ["'priority'", "slurm_qos", "int"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_gres_autodetect": "nvidia"},
+        ["slurm_gres_autodetect must be one of: off, nvml, got: nvidia"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_proctrack_type": "proctrack/cgrup"},
+        ["slurm_proctrack_type must be one of", "got: proctrack/cgrup"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_preempt_type": "preempt/partition-prio"},
+        ["slurm_preempt_type must be one of", "got: preempt/partition-prio"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_priority_type": "priority/fairshare"},
+        ["slurm_priority_type must be one of", "got: priority/fairshare"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_jobacct_gather_type": "jobacct_gather/cgroups"},
+        ["slurm_jobacct_gather_type must be one of", "got: jobacct_gather/cgroups"],
+        None,
+    ),
+    ("slurm", {"slurm_node_cpus": 8.5}, ["slurm_node_cpus", "int"], None),
+    (
+        "slurm",
+        {"slurm_memory_safety_factor": "most"},
+        ["slurm_memory_safety_factor", "float"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_dbd_db_password": SECRET, "slurm_gres_autodetect": "yes-please"},
+        ["slurm_gres_autodetect must be one of"],
+        None,
+    ),
+    (
+        "slurm",
+        {"slurm_render_os_family": "Windows"},
+        [
+            "missing required arguments: slurm_render_dir",
+            "slurm_render_os_family must be one of: Debian, RedHat, got: Windows",
+        ],
+        "render_local",
+    ),
+    (
+        "slurm_pam_adopt",
+        {"slurm_pam_adopt_options": {"action_generic_failure": "pass"}},
+        ["action_generic_failure must be one of: deny, allow, ignore, got: pass"],
+        None,
+    ),
+    (
+        "smartnic_firmware",
+        {"smartnic_firmware_mlxconfig_tool": "mft"},
+        ["smartnic_firmware_mlxconfig_tool must be one of: mlxconfig, mstconfig, got: mft"],
+        None,
+    ),
+    (
+        "smartnic_firmware",
+        {"smartnic_firmware_burn": "yes please"},
+        ["smartnic_firmware_burn", "bool"],
+        None,
+    ),
+    (
+        "smartnic_firmware",
+        {"smartnic_firmware_reboot_timeout": "soon"},
+        ["smartnic_firmware_reboot_timeout", "int"],
+        None,
+    ),
+    (
+        "container_runtime",
+        {"container_runtime_name": "docker"},
+        ["container_runtime_name must be one of: charliecloud, apptainer, enroot, got: docker"],
+        None,
+    ),
+    (
+        "container_runtime",
+        {"container_runtime_registries": [{"insecure": True}]},
+        ["missing required arguments: location found in container_runtime_registries"],
+        None,
+    ),
+    (
+        "container_runtime",
+        {"container_runtime_enabled": "sometimes"},
+        ["container_runtime_enabled", "bool"],
+        None,
+    ),
+    (
+        "image_registry",
+        {"image_registry_mode": "mirror"},
+        ["image_registry_mode must be one of: seeded, pull_through, got: mirror"],
+        None,
+    ),
+    (
+        "image_registry",
+        {"image_registry_seed": [{"archive": "/srv/images/base.oci.tar"}]},
+        ["missing required arguments: name found in image_registry_seed"],
+        None,
+    ),
+    (
+        "image_registry",
+        {"image_registry_proxy_password": SECRET, "image_registry_port": "http"},
+        ["image_registry_port", "int"],
+        None,
+    ),
+    (
+        "tacc_agent",
+        {"tacc_agent_workspace_users": [{"uid": 20001}]},
+        ["missing required arguments: name found in tacc_agent_workspace_users"],
+        None,
+    ),
+    (
+        "tacc_agent",
+        {"tacc_agent_mounts": [{"fstype": "nfs4"}]},
+        ["missing required arguments: path found in tacc_agent_mounts"],
+        None,
+    ),
+    (
+        "tacc_agent",
+        {"tacc_agent_settings": {"chek_interval_seconds": 5}},
+        ["tacc_agent_settings.chek_interval_seconds", "check_interval_seconds"],
+        None,
+    ),
+    (
+        "tacc_agent",
+        {"tacc_agent_settings": {"drain": "maybe"}},
+        ["drain", "tacc_agent_settings", "bool"],
+        None,
+    ),
+    ("tacc_agent", {"tacc_agent_metrics_port": "http"}, ["tacc_agent_metrics_port", "int"], None),
+]
 
 
 def case_id(case: tuple) -> str:
@@ -240,8 +435,10 @@ def batch(tmp_path_factory) -> Batch:
     ]
     (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     results = tmp / "results"
-    env = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
-           "ANSIBLE_CALLBACK_TREE_DIR": str(results)}  # fmt: skip
+    env = {
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
+        "ANSIBLE_CALLBACK_TREE_DIR": str(results),
+    }
     proc = ansible_playbook(tmp / "hosts.yml", tmp / "play.yml", tmp, env=env)
     return Batch(proc, results, markers)
 
@@ -255,13 +452,16 @@ def test_bad_variables_stop_the_role_at_argument_validation(batch, index):
     assert batch.proc.returncode != 0, output[-3000:]
     # The task that failed is the role's argument validation, and it names the variable.
     task = failed_tasks(batch.proc.stdout).get(host, "(none: the host did not fail)")
-    assert task.startswith(f"{role} : Validating arguments against arg spec "
-                           f"'{entry or 'main'}'"), task  # fmt: skip
+    assert task.startswith(f"{role} : Validating arguments against arg spec '{entry or 'main'}'"), (
+        task
+    )
     result = batch.result(host)  # the host's last result: the failed validation
     assert result["changed"] is False, result
     context = result.get("validate_args_context")  # absent when templating failed first
     assert context is None or (context["name"], context["argument_spec_name"]) == (
-        role, entry or "main")  # fmt: skip
+        role,
+        entry or "main",
+    )
     for fragment in expected:
         assert fragment in result["msg"], (fragment, result["msg"])
     # Nothing ran after it: the host failed there, changed nothing, skipped the post task.
@@ -304,8 +504,9 @@ def validate_all_roles(inventory: Path, tmp: Path, *extra: str) -> None:
 
 
 def test_example_inventory_is_valid(tmp_path):
-    validate_all_roles(ROOT / "inventory/example", tmp_path,
-                       "-e", "vault_slurm_dbd_db_password=unit-test")  # fmt: skip
+    validate_all_roles(
+        ROOT / "inventory/example", tmp_path, "-e", "vault_slurm_dbd_db_password=unit-test"
+    )
 
 
 def lab_inventory(tmp: Path, group_vars: dict | None = None) -> Path:

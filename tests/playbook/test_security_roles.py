@@ -66,26 +66,39 @@ def ansible_playbook(
     }
     return subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), str(path), *extra],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
 
 
 def render_task(template: str, dest: str, **task: object) -> dict:
     """A play-level task rendering one role template into the output directory."""
     return {
         "name": f"Render {template}",
-        "ansible.builtin.template": {"src": str(ROOT / "roles" / template), "dest": dest,
-                                     "mode": "0644"},
+        "ansible.builtin.template": {
+            "src": str(ROOT / "roles" / template),
+            "dest": dest,
+            "mode": "0644",
+        },
         "delegate_to": "localhost",
         "tags": ["render"],
         **task,
-    }  # fmt: skip
+    }
 
 
 def render_play(hosts: str, role: str, tasks: list[dict]) -> dict:
     """The role's defaults and filters in scope; only its validation runs (--tags render)."""
-    return {"name": f"Render {role}", "hosts": hosts, "gather_facts": False,
-            "roles": [{"role": role}], "tasks": tasks}  # fmt: skip
+    return {
+        "name": f"Render {role}",
+        "hosts": hosts,
+        "gather_facts": False,
+        "roles": [{"role": role}],
+        "tasks": tasks,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -94,50 +107,89 @@ def rendered(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("security-roles")
     out = tmp / "out"
     host_dir = f"{out}/{{{{ inventory_hostname }}}}"
-    mkdir = {"name": "Output directory", "ansible.builtin.file": {"path": host_dir,
-             "state": "directory", "mode": "0755"}, "delegate_to": "localhost",
-             "tags": ["render"]}  # fmt: skip
+    mkdir = {
+        "name": "Output directory",
+        "ansible.builtin.file": {"path": host_dir, "state": "directory", "mode": "0755"},
+        "delegate_to": "localhost",
+        "tags": ["render"],
+    }
     plays = [
-        render_play("nfs_server", "nfs_server", [
-            mkdir,
-            render_task("nfs_server/templates/exports.j2", f"{host_dir}/exports"),
-            render_task("nfs_server/templates/ganesha.conf.j2", f"{host_dir}/ganesha.conf"),
-        ]),
-        render_play("nfs_clients", "nfs_client", [
-            mkdir,
-            render_task("nfs_client/templates/nfs.mount.j2",
-                        f"{host_dir}/{{{{ item.path | tacc_systemd_path_unit('mount') }}}}",
-                        loop="{{ nfs_client_mounts + [{'src': 'ctl1:/srv/scratch', "
-                             "'path': '/scratch', 'options': ['vers=3', 'hard']}] }}"),
-        ]),
-        render_play("login", "tacc_agent", [
-            mkdir,
-            {"name": "Where the workspaces are made",
-             "ansible.builtin.copy": {
-                 "content": "{{ {'server': tacc_agent_workspace_server,"
-                            " 'path': tacc_agent_workspace_server_path} | to_json }}",
-                 "dest": f"{host_dir}/workspace.json", "mode": "0644"},
-             "delegate_to": "localhost", "tags": ["render"]},
-        ]),
-        render_play("slurm_controller", "slurm", [
-            mkdir,
-            {"name": "OS names", "tags": ["render"],
-             "ansible.builtin.include_vars": str(ROOT / "roles/slurm/vars/Debian.yml")},
-            render_task("slurm/templates/slurm.conf.j2", f"{host_dir}/slurm.conf"),
-            render_task("slurm/templates/slurmdbd.conf.j2",
-                        f"{host_dir}/slurmdbd-{{{{ item.key }}}}.conf",
-                        loop="{{ test_passwords | dict2items }}",
-                        vars={"slurm_dbd_db_password": "{{ item.value }}"}, no_log=True),
-        ]),
-        render_play("slurm_compute[0]", "slurm_pam_adopt", [
-            mkdir,
-            render_task("slurm_pam_adopt/templates/access.conf.j2", f"{host_dir}/access.conf"),
-            render_task("slurm_pam_adopt/templates/sshd_config.conf.j2", f"{host_dir}/sshd.conf"),
-        ]),
-    ]  # fmt: skip
+        render_play(
+            "nfs_server",
+            "nfs_server",
+            [
+                mkdir,
+                render_task("nfs_server/templates/exports.j2", f"{host_dir}/exports"),
+                render_task("nfs_server/templates/ganesha.conf.j2", f"{host_dir}/ganesha.conf"),
+            ],
+        ),
+        render_play(
+            "nfs_clients",
+            "nfs_client",
+            [
+                mkdir,
+                render_task(
+                    "nfs_client/templates/nfs.mount.j2",
+                    f"{host_dir}/{{{{ item.path | tacc_systemd_path_unit('mount') }}}}",
+                    loop="{{ nfs_client_mounts + [{'src': 'ctl1:/srv/scratch', "
+                    "'path': '/scratch', 'options': ['vers=3', 'hard']}] }}",
+                ),
+            ],
+        ),
+        render_play(
+            "login",
+            "tacc_agent",
+            [
+                mkdir,
+                {
+                    "name": "Where the workspaces are made",
+                    "ansible.builtin.copy": {
+                        "content": "{{ {'server': tacc_agent_workspace_server,"
+                        " 'path': tacc_agent_workspace_server_path} | to_json }}",
+                        "dest": f"{host_dir}/workspace.json",
+                        "mode": "0644",
+                    },
+                    "delegate_to": "localhost",
+                    "tags": ["render"],
+                },
+            ],
+        ),
+        render_play(
+            "slurm_controller",
+            "slurm",
+            [
+                mkdir,
+                {
+                    "name": "OS names",
+                    "tags": ["render"],
+                    "ansible.builtin.include_vars": str(ROOT / "roles/slurm/vars/Debian.yml"),
+                },
+                render_task("slurm/templates/slurm.conf.j2", f"{host_dir}/slurm.conf"),
+                render_task(
+                    "slurm/templates/slurmdbd.conf.j2",
+                    f"{host_dir}/slurmdbd-{{{{ item.key }}}}.conf",
+                    loop="{{ test_passwords | dict2items }}",
+                    vars={"slurm_dbd_db_password": "{{ item.value }}"},
+                    no_log=True,
+                ),
+            ],
+        ),
+        render_play(
+            "slurm_compute[0]",
+            "slurm_pam_adopt",
+            [
+                mkdir,
+                render_task("slurm_pam_adopt/templates/access.conf.j2", f"{host_dir}/access.conf"),
+                render_task(
+                    "slurm_pam_adopt/templates/sshd_config.conf.j2", f"{host_dir}/sshd.conf"
+                ),
+            ],
+        ),
+    ]
     extra = tmp / "extra.json"
-    extra.write_text(json.dumps({"vault_slurm_dbd_db_password": "unit-test",
-                                 "test_passwords": PASSWORDS}))  # fmt: skip
+    extra.write_text(
+        json.dumps({"vault_slurm_dbd_db_password": "unit-test", "test_passwords": PASSWORDS})
+    )
     proc = ansible_playbook(EXAMPLE, plays, tmp, "--tags", "render", "-e", f"@{extra}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return out
@@ -158,8 +210,11 @@ def role_filter(role: str, name: str) -> ModuleType:
 
 @pytest.mark.security
 def test_p1_the_export_admits_only_the_cluster_hosts_with_root_squashed(rendered):
-    exports = [line for line in (rendered / "ctl1/exports").read_text().splitlines()
-               if line and not line.startswith("#")]  # fmt: skip
+    exports = [
+        line
+        for line in (rendered / "ctl1/exports").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert len(exports) == 1
     path, *clients = exports[0].split()
     assert path == "/srv/shared"
@@ -212,8 +267,11 @@ def test_p1_the_roles_default_export_is_root_squashed_to_inventory_hosts():
 def test_p1_clients_mount_shared_storage_nosuid_nodev(rendered):
     for host in ("gpu01", "login1"):
         for unit in ("shared.mount", "scratch.mount"):  # the default options, and a mount's own
-            options = next(line for line in (rendered / host / unit).read_text().splitlines()
-                           if line.startswith("Options="))  # fmt: skip
+            options = next(
+                line
+                for line in (rendered / host / unit).read_text().splitlines()
+                if line.startswith("Options=")
+            )
             assert {"nosuid", "nodev"} <= set(options.removeprefix("Options=").split(",")), (
                 host,
                 unit,
@@ -247,8 +305,10 @@ def test_p1_users_workspaces_are_made_on_the_nfs_server(rendered):
 
 def test_p1_the_workspace_server_follows_the_mount_that_holds_it():
     server = role_filter("tacc_agent", "workspace_server").tacc_workspace_server
-    mounts = [{"src": "ctl1:/srv/shared", "path": "/shared"},
-              {"src": "fs2:/export/tc", "path": "/shared/tcloud"}]  # fmt: skip
+    mounts = [
+        {"src": "ctl1:/srv/shared", "path": "/shared"},
+        {"src": "fs2:/export/tc", "path": "/shared/tcloud"},
+    ]
     assert server("/shared/tcloud", mounts, ["ctl1", "fs2"]) == {
         "host": "fs2",
         "path": "/export/tc",
@@ -287,11 +347,18 @@ def refused(tmp_path_factory) -> Refused:
     refusal comes before any task that installs or writes anything."""
     tmp = tmp_path_factory.mktemp("security-refused")
     hosts = {
-        "badpass": {**LOCAL, "refused_role": "slurm", "slurm_accounting_enabled": True,
-                    "slurm_dbd_db_password": UNREADABLE_PASSWORD},
-        "noclients": {**LOCAL, "refused_role": "nfs_server",
-                      "nfs_server_client_groups": ["nfs_clients"]},
-    }  # fmt: skip
+        "badpass": {
+            **LOCAL,
+            "refused_role": "slurm",
+            "slurm_accounting_enabled": True,
+            "slurm_dbd_db_password": UNREADABLE_PASSWORD,
+        },
+        "noclients": {
+            **LOCAL,
+            "refused_role": "nfs_server",
+            "nfs_server_client_groups": ["nfs_clients"],
+        },
+    }
     inventory = {
         "all": {
             "hosts": hosts,
@@ -306,8 +373,15 @@ def refused(tmp_path_factory) -> Refused:
         "name": "Apply the role",
         "ansible.builtin.include_role": {"name": "{{ refused_role }}"},
     }
-    plays = [{"name": "Apply each host's role", "hosts": "all", "gather_facts": True,
-              "gather_subset": ["min"], "tasks": [apply]}]  # fmt: skip
+    plays = [
+        {
+            "name": "Apply each host's role",
+            "hosts": "all",
+            "gather_facts": True,
+            "gather_subset": ["min"],
+            "tasks": [apply],
+        }
+    ]
     return Refused(ansible_playbook(tmp / "hosts.yml", plays, tmp, "--check"))
 
 
@@ -359,18 +433,33 @@ def pam_runs(tmp_path_factory) -> PamRuns:
     tmp = tmp_path_factory.mktemp("security-pam")
     pam_file, access_file = tmp / "sshd", tmp / "access.conf"
     shutil.copy(PAM_FILES / "debian12-pam.d-sshd", pam_file)
-    node = {**LOCAL, "slurm_pam_adopt_admit_users": ["opsbot"],
-            "slurm_pam_adopt_admit_groups": ["tacc_admins"],
-            "slurm_proctrack_type": "proctrack/linuxproc"}  # fmt: skip
+    node = {
+        **LOCAL,
+        "slurm_pam_adopt_admit_users": ["opsbot"],
+        "slurm_pam_adopt_admit_groups": ["tacc_admins"],
+        "slurm_proctrack_type": "proctrack/linuxproc",
+    }
     inventory = {
         "all": {"hosts": {"gpu01": node}, "children": {"slurm_compute": {"hosts": {"gpu01": None}}}}
     }
     (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    play = [{"name": "Apply slurm_pam_adopt", "hosts": "slurm_compute", "gather_facts": True,
-             "gather_subset": ["min"], "roles": [{"role": "slurm_pam_adopt"}]}]  # fmt: skip
-    common = ("-e", f"slurm_pam_adopt_pam_file={pam_file}", "-e",
-              f"slurm_pam_adopt_access_file={access_file}", "--skip-tags",
-              "slurm_pam_adopt_packages,slurm_pam_adopt_sshd")  # fmt: skip
+    play = [
+        {
+            "name": "Apply slurm_pam_adopt",
+            "hosts": "slurm_compute",
+            "gather_facts": True,
+            "gather_subset": ["min"],
+            "roles": [{"role": "slurm_pam_adopt"}],
+        }
+    ]
+    common = (
+        "-e",
+        f"slurm_pam_adopt_pam_file={pam_file}",
+        "-e",
+        f"slurm_pam_adopt_access_file={access_file}",
+        "--skip-tags",
+        "slurm_pam_adopt_packages,slurm_pam_adopt_sshd",
+    )
 
     def run(*extra: str) -> subprocess.CompletedProcess:
         proc = ansible_playbook(tmp / "hosts.yml", play, tmp, *common, *extra)
@@ -403,11 +492,15 @@ def test_p2_compute_nodes_admit_ssh_only_to_admins_and_users_with_a_job_there(pa
     idle_node = Login("bob", jobs_on_node=False)
     admitted = verdicts(
         pam_runs.pam_enabled,
-        Login("root"), Login("opsbot"), Login("carol", groups=("tacc_admins",)),
-        Login("alice", has_job_here=True), no_job, idle_node,
+        Login("root"),
+        Login("opsbot"),
+        Login("carol", groups=("tacc_admins",)),
+        Login("alice", has_job_here=True),
+        no_job,
+        idle_node,
         Login("root", jobs_on_node=False),
         Login("carol", groups=("tacc_admins",), jobs_on_node=False),
-    )  # fmt: skip
+    )
     assert admitted == [True, True, True, True, False, False, True, True]
     assert no_job.messages == [
         "Access denied by pam_slurm_adopt: you have no active jobs on this node"
@@ -446,8 +539,11 @@ def test_p2_pam_changes_work_in_check_mode_are_idempotent_and_reversible(pam_run
 @pytest.mark.security
 def test_p2_sshd_runs_pam_and_admins_are_named_in_the_access_rules(rendered):
     assert "UsePAM yes" in (rendered / "gpu01/sshd.conf").read_text().splitlines()
-    rules = [line for line in (rendered / "gpu01/access.conf").read_text().splitlines()
-             if line and not line.startswith("#")]  # fmt: skip
+    rules = [
+        line
+        for line in (rendered / "gpu01/access.conf").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert rules == ["+:root (tacc_admins):ALL", "-:ALL:ALL"]
 
 
@@ -513,13 +609,23 @@ def test_p2_the_account_ansible_logs_in_as_stays_admitted(login, admitted):
     """Ansible logging in as ssh's default user (no ansible_user set) must not be locked
     out by the rules it writes: the account the node saw (`id -un`) is admitted."""
     template = (ROOT / "roles/slurm_pam_adopt/templates/access.conf.j2").read_text()
-    text = jinja2.Environment(autoescape=False).from_string(template).render(  # noqa: S701
-        ansible_managed="managed", slurm_pam_adopt_login={"stdout": login},
-        slurm_pam_adopt_admit_users=["opsbot"], slurm_pam_adopt_admit_groups=["tacc_admins"],
-    )  # fmt: skip
+    text = (
+        jinja2.Environment(autoescape=False)  # noqa: S701
+        .from_string(template)
+        .render(
+            ansible_managed="managed",
+            slurm_pam_adopt_login={"stdout": login},
+            slurm_pam_adopt_admit_users=["opsbot"],
+            slurm_pam_adopt_admit_groups=["tacc_admins"],
+        )
+    )
     rules = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert rules[0].split(":")[1].split() == ["root", *([admitted] if admitted != "root" else []),
-                                              "opsbot", "(tacc_admins)"]  # fmt: skip
+    assert rules[0].split(":")[1].split() == [
+        "root",
+        *([admitted] if admitted != "root" else []),
+        "opsbot",
+        "(tacc_admins)",
+    ]
     assert rules[-1] == "-:ALL:ALL"
 
 

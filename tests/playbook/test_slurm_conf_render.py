@@ -199,12 +199,17 @@ def shared(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "inventory/example", inventory, dirs_exist_ok=True)
     host_vars = {
         **{f"gpu0{i}": {"slurm_gpu_sharing": "shard"} for i in range(1, 5)},
-        **{f"gpu0{i}": {"slurm_gpu_sharing": "mps", "slurm_node_gres": ["gpu:h100:4"]}
-           for i in (5, 6)},
-        "gpu07": {"slurm_gpu_sharing": "shard", "slurm_gpu_shards_per_gpu": 2,
-                  "slurm_node_features": ["ib", "nvme"]},
+        **{
+            f"gpu0{i}": {"slurm_gpu_sharing": "mps", "slurm_node_gres": ["gpu:h100:4"]}
+            for i in (5, 6)
+        },
+        "gpu07": {
+            "slurm_gpu_sharing": "shard",
+            "slurm_gpu_shards_per_gpu": 2,
+            "slurm_node_features": ["ib", "nvme"],
+        },
         "gpu08": {"slurm_node_gres": ["gpu:a100:2", "gpu:l40s:2"]},
-    }  # fmt: skip
+    }
     for host, values in host_vars.items():
         (inventory / f"host_vars/{host}.yml").write_text(yaml.safe_dump(values))
     cluster = yaml.safe_load((inventory / "group_vars/all/cluster.yml").read_text())
@@ -220,13 +225,16 @@ def shared(tmp_path_factory) -> Path:
 
 def test_shared_gpus_add_shard_and_mps_gres_per_node(shared):
     lines = (shared / "slurm.conf").read_text().splitlines()
-    assert [line.split(" CPUs=")[0].split(" NodeAddr=")[0] + " " + line.split(" RealMemory=")[1]
-            for line in lines if line.startswith("NodeName=")] == [
+    assert [
+        line.split(" CPUs=")[0].split(" NodeAddr=")[0] + " " + line.split(" RealMemory=")[1]
+        for line in lines
+        if line.startswith("NodeName=")
+    ] == [
         "NodeName=gpu[01-04] 489250 Gres=gpu:a100:8,shard:32 Features=a100,ib State=UNKNOWN",
         "NodeName=gpu[05-06] 489250 Gres=gpu:h100:4,mps:400 Features=h100,ib State=UNKNOWN",
         "NodeName=gpu07 489250 Gres=gpu:a100:8,shard:16 Features=a100,ib,nvme State=UNKNOWN",
         "NodeName=gpu08 489250 Gres=gpu:a100:2,gpu:l40s:2 Features=a100,l40s,ib State=UNKNOWN",
-    ]  # fmt: skip
+    ]
     assert "GresTypes=gpu,shard,mps" in lines
     # Every Gres type is tracked; no accounts: nothing enforced, so no association needed.
     assert "AccountingStorageTRES=gres/gpu,gres/shard,gres/mps" in lines

@@ -107,21 +107,25 @@ def test_rendered_conf_has_exactly_the_guarded_keys(tmp_path):
         ({"AuthInfo": "cred_expire=20", "SlurmdTimeout": 30}, []),
         (
             {"SelectTypeParameters": "CR_Core"},
-            ["SelectTypeParameters (the template writes SelectTypeParameters: "
-             "the role writes it fixed)"],
+            [
+                "SelectTypeParameters (the template writes SelectTypeParameters: "
+                "the role writes it fixed)"
+            ],
         ),
         (
             {"priorityweightage": 5, "AuthInfo": "x", "GRESTYPES": "gpu"},
-            ["priorityweightage (the template writes PriorityWeightAge: "
-             "set slurm_priority_weights instead)",
-             "GRESTYPES (the template writes GresTypes: set slurm_node_gres instead)"],
+            [
+                "priorityweightage (the template writes PriorityWeightAge: "
+                "set slurm_priority_weights instead)",
+                "GRESTYPES (the template writes GresTypes: set slurm_node_gres instead)",
+            ],
         ),
         (
             {"SlurmdTimeout": 30, "slurmdtimeout": 60},
             ["slurmdtimeout (the same key as SlurmdTimeout: keep one)"],
         ),
     ],
-)  # fmt: skip
+)
 def test_clashes_name_each_key_and_what_to_set_instead(extra, clashes):
     assert conf_keys().tacc_slurm_extra_config_clashes(extra, GUARD_KEYS) == clashes
 
@@ -169,10 +173,20 @@ def validate_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         "ANSIBLE_CALLBACK_TREE_DIR": str(tmp / "results"),
     }
     proc = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(tmp / "hosts.yml"), str(tmp / "play.yml"),
-         "--check"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(tmp / "hosts.yml"),
+            str(tmp / "play.yml"),
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     return proc, tmp / "results"
 
 

@@ -29,8 +29,12 @@ def make_job(tmp: Path, task: dict, files: dict[str, str] | None = None) -> tupl
 
 def agent_env(tmp: Path, **settings) -> dict[str, str]:
     config = tmp / "agent.yaml"
-    base = {"workspace": str(tmp / "workspace"), "rdma_sysfs_root": str(tmp / "no-sysfs"),
-            "facts_file": str(tmp / "facts.json"), "python": sys.executable}  # fmt: skip
+    base = {
+        "workspace": str(tmp / "workspace"),
+        "rdma_sysfs_root": str(tmp / "no-sysfs"),
+        "facts_file": str(tmp / "facts.json"),
+        "python": sys.executable,
+    }
     config.write_text(yaml.safe_dump({**base, **settings}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return {**env, "TACC_AGENT_CONFIG": str(config)}
@@ -39,5 +43,10 @@ def agent_env(tmp: Path, **settings) -> dict[str, str]:
 def agent(*argv: str, env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tacc_agent", *argv],
-        env=env, capture_output=True, text=True, check=False, timeout=120, **kwargs,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        **kwargs,
+    )

@@ -157,6 +157,12 @@ class FakeSlurm:
     def add_job(self, job_id: str, **job) -> None:
         """A job Slurm has, as another user's by default (bob, uid 4242)."""
         state = json.loads(self.state.read_text())
-        state["jobs"][job_id] = {"uid": 4242, "user": "bob", "state": "RUNNING",
-                                 "comment": "", "workdir": "/home/bob", **job}  # fmt: skip
+        state["jobs"][job_id] = {
+            "uid": 4242,
+            "user": "bob",
+            "state": "RUNNING",
+            "comment": "",
+            "workdir": "/home/bob",
+            **job,
+        }
         self.state.write_text(json.dumps(state))

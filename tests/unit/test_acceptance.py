@@ -26,11 +26,13 @@ NO_TOOLS = {"all_reduce_perf": None, "ib_write_bw": None}
 
 
 def node_line(name: str, node: dict) -> str:
-    return (f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc={node['alloc']} "
-            f"Gres={node['gres']} NodeAddr={node['addr']} NodeHostName={name} "
-            f"State={node['state']} Partitions={node['partitions']} "
-            f"Reason={node['reason'] or '(null)'}"
-            + (" [root@2026-11-24T20:17:33]" if node["reason"] else ""))  # fmt: skip
+    return (
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc={node['alloc']} "
+        f"Gres={node['gres']} NodeAddr={node['addr']} NodeHostName={name} "
+        f"State={node['state']} Partitions={node['partitions']} "
+        f"Reason={node['reason'] or '(null)'}"
+        + (" [root@2026-11-24T20:17:33]" if node["reason"] else "")
+    )
 
 
 class FakeSlurm:
@@ -51,16 +53,30 @@ class FakeSlurm:
         self.refuse_create = ""
         self.refuse_drain = False
 
-    def add(self, name: str, state: str = "IDLE", reason: str = "", partitions: str = "batch",
-            gres: str = "(null)", alloc: int = 0) -> None:  # fmt: skip
-        self.nodes[name] = {"state": state, "reason": reason, "partitions": partitions,
-                            "gres": gres, "addr": f"10.0.0.{len(self.nodes) + 2}",
-                            "alloc": alloc}  # fmt: skip
+    def add(
+        self,
+        name: str,
+        state: str = "IDLE",
+        reason: str = "",
+        partitions: str = "batch",
+        gres: str = "(null)",
+        alloc: int = 0,
+    ) -> None:
+        self.nodes[name] = {
+            "state": state,
+            "reason": reason,
+            "partitions": partitions,
+            "gres": gres,
+            "addr": f"10.0.0.{len(self.nodes) + 2}",
+            "alloc": alloc,
+        }
         self.facts[name] = {"gpus": 0, "rdma_devices": [], "tools": dict(NO_TOOLS)}
 
     def allreduce(self, argv: list[str]) -> Output:
-        return Output(0, json.dumps({"node": "n2", "mbps": 2500.0, "bytes": 32 << 20,
-                                     "iterations": 10}) + "\n")  # fmt: skip
+        return Output(
+            0,
+            json.dumps({"node": "n2", "mbps": 2500.0, "bytes": 32 << 20, "iterations": 10}) + "\n",
+        )
 
     def facts_answer(self, argv: list[str]) -> Output:
         nodes = option(argv, "--nodelist").split(",")
@@ -78,8 +94,11 @@ class FakeSlurm:
         if words[:2] == ["show", "reservation"]:
             name = words[2]
             if name in self.reservations:
-                return Output(0, f"ReservationName={name} StartTime=now Nodes="
-                                 f"{self.reservations[name]} Users=root\n")  # fmt: skip
+                return Output(
+                    0,
+                    f"ReservationName={name} StartTime=now Nodes="
+                    f"{self.reservations[name]} Users=root\n",
+                )
             return Output(1, "", f"Reservation {name} not found")
         if words[:2] == ["create", "reservation"]:
             fields = dict(word.split("=", 1) for word in words[2:])
@@ -111,10 +130,17 @@ class FakeSlurm:
         for name in option(argv, "--nodelist").split(","):
             assert name in self.reservations[reservation].split(",")
             if "DRAIN" in self.nodes[name]["state"]:
-                return Output(1, "", "srun: error: Unable to allocate resources: Requested "
-                                     "node configuration is not available")  # fmt: skip
-        kind = "check" if "check" in argv else next(
-            w for w in ("facts", "allreduce", "nccl", "rdma") if w in argv)  # fmt: skip
+                return Output(
+                    1,
+                    "",
+                    "srun: error: Unable to allocate resources: Requested "
+                    "node configuration is not available",
+                )
+        kind = (
+            "check"
+            if "check" in argv
+            else next(w for w in ("facts", "allreduce", "nccl", "rdma") if w in argv)
+        )
         answer = self.steps[kind]
         return answer(argv) if callable(answer) else answer
 
@@ -169,8 +195,13 @@ def test_a_node_that_passes_is_resumed_and_recorded(slurm, config, capsys):
     assert slurm.reservations == {}
     assert slurm.changes() == ["create n2,n3", "resume n2", "srun", "delete"]
     create = next(c for c in slurm.calls if c[1:3] == ["create", "reservation"])
-    assert create[3:8] == ["ReservationName=tacc-accept-n2", "Users=root",
-                           "Flags=MAINT,IGNORE_JOBS", "StartTime=now", "Duration=32"]  # fmt: skip
+    assert create[3:8] == [
+        "ReservationName=tacc-accept-n2",
+        "Users=root",
+        "Flags=MAINT,IGNORE_JOBS",
+        "StartTime=now",
+        "Duration=32",
+    ]
     found = record(config)
     assert found["passed"] is True and found["reason"] == "" and found["peer"] == "n3"
     assert found["time"] == "2026-11-24T20:16:47Z"
@@ -191,10 +222,21 @@ def test_a_node_that_passes_is_resumed_and_recorded(slurm, config, capsys):
 def test_every_step_is_bounded_in_the_reservation_with_pmix_for_mpi(slurm, config):
     assert accept(config, slurm) == 0
     within = slurm.sruns("allreduce")[0]
-    assert within[:13] == ["srun", "--reservation=tacc-accept-n2", "--partition=batch",
-                           "--nodelist=n2", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
-                           "--time=6", "--immediate=60", "--mem=1G", "--export=PATH,HOME",
-                           "--job-name=tacc-accept", "--mpi=pmix"]  # fmt: skip
+    assert within[:13] == [
+        "srun",
+        "--reservation=tacc-accept-n2",
+        "--partition=batch",
+        "--nodelist=n2",
+        "--nodes=1",
+        "--ntasks=2",
+        "--ntasks-per-node=2",
+        "--time=6",
+        "--immediate=60",
+        "--mem=1G",
+        "--export=PATH,HOME",
+        "--job-name=tacc-accept",
+        "--mpi=pmix",
+    ]
     assert within[13:16] == [config.python, "-I", accept_probe.__file__]
     assert Path(accept_probe.__file__) == acceptance.PROBE
     pair = slurm.sruns("allreduce")[1]
@@ -224,8 +266,9 @@ def test_a_figure_below_its_threshold_drains_the_node_with_it(slurm, config, cap
 
 
 def test_the_pair_threshold_from_the_command_line(slurm, config):
-    slurm.steps["allreduce"] = lambda argv: Output(0, json.dumps(
-        {"mbps": 300.0 if "n2,n3" in option(argv, "--nodelist") else 5000.0}) + "\n")  # fmt: skip
+    slurm.steps["allreduce"] = lambda argv: Output(
+        0, json.dumps({"mbps": 300.0 if "n2,n3" in option(argv, "--nodelist") else 5000.0}) + "\n"
+    )
     assert accept(config, slurm, thresholds='{"mpi_allreduce_pair_min_mbps": 400}') == 1
     assert slurm.nodes["n2"]["reason"] == (
         "tacc: acceptance failed: mpi allreduce with n3 300 MB/s < 400 MB/s"
@@ -242,17 +285,27 @@ def test_failing_agent_checks_name_the_check(slurm, config):
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize(("answer", "cause"), [
-    (Output(1, "", "srun: error: Unable to allocate resources: Invalid reservation"),
-     "mpi allreduce within node: srun: error: Unable to allocate resources: Invalid"),
-    (Output(None, "", "srun did not answer within 300 s"),
-     "mpi allreduce within node: srun did not answer within 300 s"),
-    (Output(1, '{"node": "n2", "error": "ImportError: No module named mpi4py"}\n', ""),
-     "mpi allreduce within node: ImportError: No module named mpi4py"),
-    (Output(0, "garbage\n", ""), "mpi allreduce within node: garbage"),
-])  # fmt: skip
-def test_a_step_slurm_refused_or_that_hung_is_a_failure_with_its_cause(slurm, config, answer,
-                                                                       cause):  # fmt: skip
+@pytest.mark.parametrize(
+    ("answer", "cause"),
+    [
+        (
+            Output(1, "", "srun: error: Unable to allocate resources: Invalid reservation"),
+            "mpi allreduce within node: srun: error: Unable to allocate resources: Invalid",
+        ),
+        (
+            Output(None, "", "srun did not answer within 300 s"),
+            "mpi allreduce within node: srun did not answer within 300 s",
+        ),
+        (
+            Output(1, '{"node": "n2", "error": "ImportError: No module named mpi4py"}\n', ""),
+            "mpi allreduce within node: ImportError: No module named mpi4py",
+        ),
+        (Output(0, "garbage\n", ""), "mpi allreduce within node: garbage"),
+    ],
+)
+def test_a_step_slurm_refused_or_that_hung_is_a_failure_with_its_cause(
+    slurm, config, answer, cause
+):
     slurm.steps["allreduce"] = answer
     assert accept(config, slurm) == 1
     assert slurm.nodes["n2"]["reason"].startswith(f"tacc: acceptance failed: {cause}")
@@ -367,8 +420,11 @@ def test_gpus_and_rdma_are_measured_where_the_hardware_and_tools_exist(slurm, co
     slurm.nodes["n2"]["gres"] = "gpu:h100:8(S:0-1)"
     perf = "/opt/nccl-tests/build/all_reduce_perf"
     for name in ("n2", "n3"):
-        slurm.facts[name] = {"gpus": 8, "rdma_devices": ["mlx5_0"],
-                             "tools": {perf: perf, "ib_write_bw": IB_WRITE_BW}}  # fmt: skip
+        slurm.facts[name] = {
+            "gpus": 8,
+            "rdma_devices": ["mlx5_0"],
+            "tools": {perf: perf, "ib_write_bw": IB_WRITE_BW},
+        }
     slurm.steps["nccl"] = Output(0, '{"node": "n2", "gpus": 8, "busbw_gbytes": 80.2}\n')
     slurm.steps["rdma"] = Output(0, '{"node": "n3", "device": "mlx5_0", "gbits": 180.5}\n')
     limits = {"all_reduce_perf": perf, "nccl_allreduce_min_gbps": 100, "rdma_write_min_gbps": 150}
@@ -404,17 +460,20 @@ def test_json_output_is_the_record(slurm, config, capsys):
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize(("thresholds", "message"), [
-    ('{"mpi_min": 1}', "--thresholds: unknown key(s) mpi_min; expected some of"),
-    ('{"rdma_write_min_gbps": "fast"}', "rdma_write_min_gbps: expected a number of at least 0"),
-    ('{"rdma_write_min_gbps": true}', "rdma_write_min_gbps: expected a number"),
-    ('{"rdma_write_min_gbps": -1}', "rdma_write_min_gbps: expected a number of at least 0"),
-    ('{"rdma_write_min_gbps": NaN}', "rdma_write_min_gbps: expected a number"),
-    ('{"test_timeout_seconds": 0}', "test_timeout_seconds: expected a number above 0"),
-    ('{"all_reduce_perf": 3}', "all_reduce_perf: expected a non-empty string"),
-    ("[1]", "--thresholds: expected a JSON object"),
-    ("{nope", "--thresholds: expected a JSON object"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("thresholds", "message"),
+    [
+        ('{"mpi_min": 1}', "--thresholds: unknown key(s) mpi_min; expected some of"),
+        ('{"rdma_write_min_gbps": "fast"}', "rdma_write_min_gbps: expected a number of at least 0"),
+        ('{"rdma_write_min_gbps": true}', "rdma_write_min_gbps: expected a number"),
+        ('{"rdma_write_min_gbps": -1}', "rdma_write_min_gbps: expected a number of at least 0"),
+        ('{"rdma_write_min_gbps": NaN}', "rdma_write_min_gbps: expected a number"),
+        ('{"test_timeout_seconds": 0}', "test_timeout_seconds: expected a number above 0"),
+        ('{"all_reduce_perf": 3}', "all_reduce_perf: expected a non-empty string"),
+        ("[1]", "--thresholds: expected a JSON object"),
+        ("{nope", "--thresholds: expected a JSON object"),
+    ],
+)
 def test_bad_thresholds_are_refused_before_anything(slurm, config, thresholds, message):
     with pytest.raises(AgentError) as refused:
         accept(config, slurm, thresholds=thresholds)
@@ -445,13 +504,16 @@ def test_a_bad_node_name_is_refused_before_slurm_is_asked(slurm, config, name):
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize(("node", "peer", "message"), [
-    ("n9", None, "n9: not a node of this Slurm cluster"),
-    ("n2", "n9", "--peer n9: not a node of this Slurm cluster"),
-    ("n2", "n2", "--peer: another node than the one under test"),
-    ("n2", "n4", "--peer n4: not in service (IDLE+DRAIN)"),
-    ("n3", None, "n3 runs jobs (MIXED): drain it and let them end first"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("node", "peer", "message"),
+    [
+        ("n9", None, "n9: not a node of this Slurm cluster"),
+        ("n2", "n9", "--peer n9: not a node of this Slurm cluster"),
+        ("n2", "n2", "--peer: another node than the one under test"),
+        ("n2", "n4", "--peer n4: not in service (IDLE+DRAIN)"),
+        ("n3", None, "n3 runs jobs (MIXED): drain it and let them end first"),
+    ],
+)
 def test_nodes_slurm_does_not_have_or_cannot_use_are_refused(slurm, config, node, peer, message):
     with pytest.raises(AgentError) as refused:
         accept(config, slurm, node=node, peer=peer)

@@ -68,7 +68,8 @@ def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
     assert check_gpus(two, 2, str(log), state, 5, "boot-2").status == OK  # the Xid is gone
     fallen = tool(tmp_path / "smi15", "exit 15\n")
     assert check_gpus(fallen, 2, str(log), state, 5).detail == (
-        "nvidia-smi exited 15 (GPU has fallen off the bus)")  # fmt: skip
+        "nvidia-smi exited 15 (GPU has fallen off the bus)"
+    )
     none = tool(tmp_path / "smi6", "echo 'No devices were found'; exit 6\n")
     assert check_gpus(none, 0, str(log), state, 5).status == ABSENT
     assert check_gpus(str(tmp_path / "nope"), 0, str(log), state, 5).status == ABSENT
@@ -79,8 +80,11 @@ def test_gpu_count_exit_codes_xids_and_absence(tmp_path):
 
 
 def test_services_from_systemctl(tmp_path, monkeypatch):
-    tool(tmp_path / "systemctl", "printf 'Id=munge.service\\nLoadState=loaded\\nActiveState=active"
-         "\\n\\nId=slurmd.service\\nLoadState=loaded\\nActiveState=failed\\n'\n")  # fmt: skip
+    tool(
+        tmp_path / "systemctl",
+        "printf 'Id=munge.service\\nLoadState=loaded\\nActiveState=active"
+        "\\n\\nId=slurmd.service\\nLoadState=loaded\\nActiveState=failed\\n'\n",
+    )
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     result = check_services(["munge", "slurmd"], 5)
     assert result.status == FAIL and result.detail == "slurmd.service failed"
@@ -109,12 +113,15 @@ def test_mountinfo_types_options_and_liveness(tmp_path):
     assert table["/with space"].fstype == "tmpfs"
     good = [{"path": str(shared), "fstype": "nfs4", "options": ["rw", "vers=4.2"]}]
     assert mounts.check_mounts(good, str(tmp_path), str(tmp_path / "st"), 2).status == OK
-    bad = [{"path": str(shared), "fstype": "nfs", "options": ["ro"]},
-           {"path": "/scratch", "fstype": "xfs"}]  # fmt: skip
+    bad = [
+        {"path": str(shared), "fstype": "nfs", "options": ["ro"]},
+        {"path": "/scratch", "fstype": "xfs"},
+    ]
     result = mounts.check_mounts(bad, str(tmp_path), str(tmp_path / "st"), 2)
     assert result.status == FAIL
-    assert result.detail == (f"{shared} is nfs4, expected nfs; {shared} lacks options ro; "
-                             "/scratch not mounted")  # fmt: skip
+    assert result.detail == (
+        f"{shared} is nfs4, expected nfs; {shared} lacks options ro; /scratch not mounted"
+    )
 
 
 def test_a_fuse_mount_whose_statfs_blocks_is_stuck_not_reprobed_then_failed(tmp_path, monkeypatch):
@@ -145,27 +152,61 @@ HEALTHY = [Result("gpu", OK), Result("rdma", ABSENT)]
 @pytest.mark.parametrize(
     ("state", "reason", "results", "calls", "said"),
     [
-        ("IDLE", "none", FAILED, [["scontrol", "update", "NodeName=n2", "State=DRAIN",
-                                   "Reason=tacc: gpu: 1 GPU(s), expected 2"]], "drained n2"),
+        (
+            "IDLE",
+            "none",
+            FAILED,
+            [
+                [
+                    "scontrol",
+                    "update",
+                    "NodeName=n2",
+                    "State=DRAIN",
+                    "Reason=tacc: gpu: 1 GPU(s), expected 2",
+                ]
+            ],
+            "drained n2",
+        ),
         ("IDLE+DRAIN", "tacc: gpu: 1 GPU(s), expected 2", FAILED, [], "already drained"),
-        ("IDLE+DRAIN", "tacc: gpu: 1 GPU(s), expected 2 [root@2026-11-22T20:10:00]", FAILED, [],
-         "already drained"),
+        (
+            "IDLE+DRAIN",
+            "tacc: gpu: 1 GPU(s), expected 2 [root@2026-11-22T20:10:00]",
+            FAILED,
+            [],
+            "already drained",
+        ),
         ("IDLE+DRAIN", "disk swap [admin@2026]", FAILED, [], "drained by an admin"),
-        ("IDLE+DRAIN", "tacc: gpu: old", HEALTHY,
-         [["scontrol", "update", "NodeName=n2", "State=RESUME"]], "resumed n2"),
+        (
+            "IDLE+DRAIN",
+            "tacc: gpu: old",
+            HEALTHY,
+            [["scontrol", "update", "NodeName=n2", "State=RESUME"]],
+            "resumed n2",
+        ),
         ("IDLE+DRAIN", "disk swap [admin@2026]", HEALTHY, [], "nothing to do"),
         # The acceptance gate's and rolling maintenance's drains: a passing run never
         # resumes them (a new node would take jobs before its acceptance).
         ("IDLE+DRAIN", "tacc: acceptance pending", HEALTHY, [], "nothing to do"),
-        ("IDLE+DRAIN", "tacc: acceptance failed: mpi allreduce within node 8 MB/s < 100 MB/s",
-         HEALTHY, [], "nothing to do"),
-        ("MIXED+DRAIN", "tacc: rolling reboot [root@2026-11-24T20:00:00]", HEALTHY, [],
-         "nothing to do"),
+        (
+            "IDLE+DRAIN",
+            "tacc: acceptance failed: mpi allreduce within node 8 MB/s < 100 MB/s",
+            HEALTHY,
+            [],
+            "nothing to do",
+        ),
+        (
+            "MIXED+DRAIN",
+            "tacc: rolling reboot [root@2026-11-24T20:00:00]",
+            HEALTHY,
+            [],
+            "nothing to do",
+        ),
         ("IDLE+DRAIN", "tacc: rolling reboot", FAILED, [], "drained by an admin"),
     ],
-)  # fmt: skip
-def test_drain_and_resume_only_what_the_agent_drained(monkeypatch, state, reason, results,
-                                                      calls, said):  # fmt: skip
+)
+def test_drain_and_resume_only_what_the_agent_drained(
+    monkeypatch, state, reason, results, calls, said
+):
     fake = FakeSlurm(state, reason)
     monkeypatch.setattr(slurm, "show", fake.show)
     monkeypatch.setattr(slurm, "slurm", fake.run)
@@ -208,7 +249,7 @@ def test_xids_from_kmsg_records_by_sequence_number(tmp_path):
         "4,102,6000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
         " SUBSYSTEM=pci\n"
         "4,103,7000,-;NVRM: Xid (PCI:0000:5e:00): 13, pid=9, Graphics Exception\n"
-    )  # fmt: skip
+    )
     state: dict = {}
     assert xid_lines(str(kmsg), state) == [
         "NVRM: loading NVIDIA UNIX x86_64 Kernel Module",
@@ -222,9 +263,11 @@ def test_xids_from_kmsg_records_by_sequence_number(tmp_path):
 
 
 def test_scontrol_values_with_spaces_are_kept_whole():
-    line = ("NodeName=n3 Arch=x86_64 CoresPerSocket=1 CfgTRES=cpu=2,mem=23G State=IDLE+DRAIN "
-            "OS=Linux 6.1.0-27-amd64 #1 SMP Debian Reason=tacc: mounts: /mnt/x not mounted "
-            "[root@2026-11-22T20:26:01]")  # fmt: skip
+    line = (
+        "NodeName=n3 Arch=x86_64 CoresPerSocket=1 CfgTRES=cpu=2,mem=23G State=IDLE+DRAIN "
+        "OS=Linux 6.1.0-27-amd64 #1 SMP Debian Reason=tacc: mounts: /mnt/x not mounted "
+        "[root@2026-11-22T20:26:01]"
+    )
     record = slurm.parse_oneliner(line)
     assert record["OS"] == "Linux 6.1.0-27-amd64 #1 SMP Debian"
     assert record["CfgTRES"] == "cpu=2,mem=23G" and record["State"] == "IDLE+DRAIN"

@@ -22,19 +22,22 @@ def rank_log(job_dir: Path) -> list[str]:
 
 
 def test_wrapper_sets_the_variables_and_records_the_exit(tmp_path):
-    line = ("echo $TACC_NODE_RANK/$TACC_NUM_NODES $RANK/$WORLD_SIZE $LOCAL_RANK $MASTER_ADDR "
-            "$TACC_TRANSPORT $NCCL_IB_DISABLE $GREETING $PYTHONUNBUFFERED; pwd")  # fmt: skip
+    line = (
+        "echo $TACC_NODE_RANK/$TACC_NUM_NODES $RANK/$WORLD_SIZE $LOCAL_RANK $MASTER_ADDR "
+        "$TACC_TRANSPORT $NCCL_IB_DISABLE $GREETING $PYTHONUNBUFFERED; pwd"
+    )
     task = {"name": "t", "run": [line], "environment": {"env": {"GREETING": "hi there"}}}
     _, job_dir = make_job(tmp_path, task)
     env = agent_env(tmp_path) | {"SSH_CLIENT": "10.0.0.1 50000 22"}  # as if over ssh
     proc = agent("exec", str(job_dir), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert rank_log(job_dir) == [
-        "tacc: transport tcp: no active RDMA port on " + os.uname().nodename
+        "tacc: transport tcp: no active RDMA port on "
+        + os.uname().nodename
         + " (fail-safe switching, NCCL_IB_DISABLE=1)",
         "0/1 0/1 0 127.0.0.1 tcp 1 hi there 1",
         f"{job_dir}/code",
-    ]  # fmt: skip
+    ]
     rank = records.ranks(job_dir)[0]
     assert (
         rank["state"] == "EXITED" and rank["exit_code"] == 0 and rank["rdma"]["active_ports"] == 0
@@ -71,8 +74,10 @@ def wait_for(predicate, seconds: float = 20) -> None:
 def test_sigterm_kills_the_whole_program_and_usr1_reaches_it(tmp_path):
     marker = tmp_path / "got-usr1"
     # A grandchild that ignores USR1 (so it outlives the checkpoint signal) must still go.
-    line = (f"trap 'touch {marker}' USR1; (trap '' USR1; exec sleep 861) & "
-            "while true; do sleep 0.1 || true; done")  # fmt: skip
+    line = (
+        f"trap 'touch {marker}' USR1; (trap '' USR1; exec sleep 861) & "
+        "while true; do sleep 0.1 || true; done"
+    )
     _, job_dir = make_job(tmp_path, {"name": "t", "run": [line]})
     wrapper = subprocess.Popen(
         [sys.executable, "-m", "tacc_agent", "exec", str(job_dir)], env=agent_env(tmp_path)
@@ -98,8 +103,13 @@ def test_log_stream_prefixes_each_rank_and_follows_until_the_end(tmp_path):
     (job_dir / "logs/rank-1-n3.log").write_text("c\npartial")
     out: list[str] = []
     logs.stream(job_dir, False, None, None, lambda: True, out.append)
-    assert out == ["[job] tacc: provisioning\n", "[n2:0] a\n", "[n2:0] b\n", "[n3:1] c\n",
-                   "[n3:1] partial\n"]  # fmt: skip
+    assert out == [
+        "[job] tacc: provisioning\n",
+        "[n2:0] a\n",
+        "[n2:0] b\n",
+        "[n3:1] c\n",
+        "[n3:1] partial\n",
+    ]
     out.clear()
     logs.stream(job_dir, False, 1, 0, lambda: True, out.append)
     assert out == ["[n2:0] b\n"]
@@ -158,10 +168,15 @@ def test_bad_store_requests_get_a_json_error_and_leave_nothing(tmp_path):
         {"op": "commit", "manifest": ["a"]},
         {"op": "missing", "blobs": 5},
         {"op": "commit", "blobs": [], "manifest": {"../../x": "0" * 64 + "-644"}},
-        {"op": "commit", "blobs": [], "manifest": {}, "digest": "0" * 64,
-         "files": {"instruction.json": "not json"}},
+        {
+            "op": "commit",
+            "blobs": [],
+            "manifest": {},
+            "digest": "0" * 64,
+            "files": {"instruction.json": "not json"},
+        },
         {"op": "explode"},
-    ):  # fmt: skip
+    ):
         proc = agent("store", env=env, input=json.dumps(request))
         assert proc.returncode in (2, 3), (request, proc)
         assert "error" in json.loads(proc.stdout) and "Traceback" not in proc.stderr

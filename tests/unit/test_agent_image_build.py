@@ -44,8 +44,9 @@ class StubPuller:
         (rootfs / "bin").symlink_to("usr/bin")
         (rootfs / "app").symlink_to("/opt/app")
         (rootfs / "etc" / "os-release").write_text("ID=debian\n")
-        spec = {"process": {"env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"],
-                            "cwd": "/srv"}}  # fmt: skip
+        spec = {
+            "process": {"env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"], "cwd": "/srv"}
+        }
         (bundle / "config.json").write_text(json.dumps(spec))
         return bundle
 
@@ -75,9 +76,14 @@ class HostRunner:
             with self.counter.open("a") as handle:
                 handle.write("run\n")
         time.sleep(self.delay)
-        proc = subprocess.run(list(argv), cwd=imagebuild.in_image(rootfs, cwd),
-                              env={**env, "ROOTFS": str(rootfs), "PATH": os.environ["PATH"]},
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            list(argv),
+            cwd=imagebuild.in_image(rootfs, cwd),
+            env={**env, "ROOTFS": str(rootfs), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         for line in (proc.stdout + proc.stderr).splitlines():
             sink(line)
         return proc.returncode
@@ -87,9 +93,14 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def make_job(tmp_path: Path, containerfile: str, files: dict[str, str] | None = None,
-             context: str = "", name: str = "Containerfile",
-             modes: dict[str, int] | None = None) -> tuple[Path, Path, dict]:  # fmt: skip
+def make_job(
+    tmp_path: Path,
+    containerfile: str,
+    files: dict[str, str] | None = None,
+    context: str = "",
+    name: str = "Containerfile",
+    modes: dict[str, int] | None = None,
+) -> tuple[Path, Path, dict]:
     """(user_dir, job_dir, task.image_build) as tcloud would have made them: the files
     under code/, the manifest in instruction.json, the key from the same files."""
     user_dir = tmp_path / "workspace" / "alice"
@@ -106,11 +117,18 @@ def make_job(tmp_path: Path, containerfile: str, files: dict[str, str] | None = 
     (job_dir / "instruction.json").write_text(json.dumps({"manifest": manifest}))
     build = buildfile.parse(containerfile, posixpath_join(context, name))
     prefix = f"{context}/" if context else ""
-    digests = {p[len(prefix) :]: (sha(t), bool((modes or {}).get(p, 0o644) & 0o111))
-               for p, t in everything.items() if p.startswith(prefix)}  # fmt: skip
+    digests = {
+        p[len(prefix) :]: (sha(t), bool((modes or {}).get(p, 0o644) & 0o111))
+        for p, t in everything.items()
+        if p.startswith(prefix)
+    }
     key = buildfile.build_key(build, BASE, digests)
-    image_build = {"file": posixpath_join(context, name), "context": context, "base": BASE,
-                   "key": key}  # fmt: skip
+    image_build = {
+        "file": posixpath_join(context, name),
+        "context": context,
+        "base": BASE,
+        "key": key,
+    }
     return user_dir, job_dir, image_build
 
 
@@ -126,11 +144,18 @@ def build(tmp_path, containerfile, files=None, runner=None, job_id="1", **job):
     user_dir, job_dir, image_build = make_job(tmp_path, containerfile, files, **job)
     lines: list[str] = []
     runner = runner or HostRunner()
-    marker = imagebuild.ensure_build(user_dir, job_dir, image_build, job_id, lines.append,
-                                     settings(), runner, StubPuller())  # fmt: skip
-    return SimpleNamespace(user_dir=user_dir, job_dir=job_dir, image_build=image_build,
-                           marker=marker, lines=lines, runner=runner,
-                           rootfs=Path(marker["path"]))  # fmt: skip
+    marker = imagebuild.ensure_build(
+        user_dir, job_dir, image_build, job_id, lines.append, settings(), runner, StubPuller()
+    )
+    return SimpleNamespace(
+        user_dir=user_dir,
+        job_dir=job_dir,
+        image_build=image_build,
+        marker=marker,
+        lines=lines,
+        runner=runner,
+        rootfs=Path(marker["path"]),
+    )
 
 
 CONTAINERFILE = """\
@@ -161,8 +186,12 @@ def test_an_image_is_built_once_per_key_and_reused(tmp_path, monkeypatch):
     assert marker["build"] == {"file": "Containerfile", "base": BASE}
     assert marker["built_by_job"] == "1" and marker["runtime"] == "charliecloud"
     # the image's own variables: the base's and ENV's, not ARG's nor the agent's
-    assert marker["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-                             "APP_HOME": "/opt/app", "GREETING": "hello world"}  # fmt: skip
+    assert marker["env"] == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "APP_HOME": "/opt/app",
+        "GREETING": "hello world",
+    }
     run_env = done.runner.calls[0]["env"]
     assert run_env["VERSION"] == "1.2" and run_env["GREETING"] == "hello world"
     assert run_env["PIP_INDEX_URL"] == INDEX and run_env["PIP_TRUSTED_HOST"] == "n1"
@@ -170,12 +199,14 @@ def test_an_image_is_built_once_per_key_and_reused(tmp_path, monkeypatch):
     assert done.runner.calls[0]["argv"][:2] == ["/bin/sh", "-c"]
     assert done.runner.calls[0]["cwd"] == "/srv/work"
     assert "build: done building" in done.lines
-    assert any(line.startswith("image build Containerfile ") and "built in" in line
-               for line in done.lines)  # fmt: skip
+    assert any(
+        line.startswith("image build Containerfile ") and "built in" in line for line in done.lines
+    )
     # a second job of the user reuses it without running anything
     lines: list[str] = []
-    again = imagebuild.ensure_build(done.user_dir, done.job_dir, done.image_build, "2",
-                                    lines.append, settings(), failing_runner)  # fmt: skip
+    again = imagebuild.ensure_build(
+        done.user_dir, done.job_dir, done.image_build, "2", lines.append, settings(), failing_runner
+    )
     assert again["built_by_job"] == "1"
     assert lines == [f"image build Containerfile {hex_key[:12]}: reused (built by job 1)"]
     listed = imagecache.listing(done.user_dir)
@@ -190,12 +221,22 @@ def failing_runner(*_args) -> int:
 
 
 def test_run_exec_form_and_shell_and_the_agents_index_only_when_set(tmp_path):
-    text = ('FROM n1:5000/tacc/base:bookworm\nSHELL ["/bin/bash", "-c"]\nRUN echo one\n'
-            'RUN ["/bin/sh", "-c", "echo two"]\n')  # fmt: skip
+    text = (
+        'FROM n1:5000/tacc/base:bookworm\nSHELL ["/bin/bash", "-c"]\nRUN echo one\n'
+        'RUN ["/bin/sh", "-c", "echo two"]\n'
+    )
     user_dir, job_dir, image_build = make_job(tmp_path, text)
     runner = HostRunner()
-    imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                            settings(package_index=""), runner, StubPuller())  # fmt: skip
+    imagebuild.ensure_build(
+        user_dir,
+        job_dir,
+        image_build,
+        "1",
+        lambda _l: None,
+        settings(package_index=""),
+        runner,
+        StubPuller(),
+    )
     assert runner.calls[0]["argv"] == ["/bin/bash", "-c", "echo one"]
     assert runner.calls[1]["argv"] == ["/bin/sh", "-c", "echo two"]
     assert "PIP_INDEX_URL" not in runner.calls[0]["env"]
@@ -213,8 +254,15 @@ WORKDIR /w
 COPY a.txt rel/
 COPY a.txt /bin
 """
-    files = {"src/x.py": "x\n", "src/pkg/y.py": "y\n", "tool.sh": "#!/bin/sh\n",
-             "a.txt": "a\n", "b.txt": "b\n", "one.cfg": "1\n", "two.cfg": "2\n"}  # fmt: skip
+    files = {
+        "src/x.py": "x\n",
+        "src/pkg/y.py": "y\n",
+        "tool.sh": "#!/bin/sh\n",
+        "a.txt": "a\n",
+        "b.txt": "b\n",
+        "one.cfg": "1\n",
+        "two.cfg": "2\n",
+    }
     done = build(tmp_path, text, files, modes={"tool.sh": 0o755})
     root = done.rootfs
     # a directory source copies its contents, not itself
@@ -237,8 +285,16 @@ def test_several_sources_need_a_destination_directory(tmp_path):
     text = "FROM n1:5000/tacc/base:bookworm\nCOPY *.txt /one\n"
     user_dir, job_dir, image_build = make_job(tmp_path, text, {"a.txt": "a\n", "b.txt": "b\n"})
     with pytest.raises(AgentError, match=r"Containerfile:2: COPY with several sources"):
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                                settings(), HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(),
+            HostRunner(),
+            StubPuller(),
+        )
     images = user_dir / "images"
     assert not (images / image_build["key"].split(":")[1]).exists()
     assert not list(images.glob(".build-*"))
@@ -254,8 +310,16 @@ def test_a_copy_source_linking_outside_the_context_is_refused(tmp_path):
     link.unlink()
     link.symlink_to(outside)
     with pytest.raises(AgentError, match="not a file inside the build context"):
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                                settings(), HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(),
+            HostRunner(),
+            StubPuller(),
+        )
 
 
 @pytest.mark.security
@@ -274,13 +338,23 @@ def test_paths_in_the_image_never_leave_the_rootfs(tmp_path):
 
 @pytest.mark.fault
 def test_a_failing_run_fails_the_build_and_leaves_nothing(tmp_path):
-    text = ("FROM n1:5000/tacc/base:bookworm\nRUN echo first\n"
-            "RUN echo trying && echo broke >&2 && exit 3\n")  # fmt: skip
+    text = (
+        "FROM n1:5000/tacc/base:bookworm\nRUN echo first\n"
+        "RUN echo trying && echo broke >&2 && exit 3\n"
+    )
     user_dir, job_dir, image_build = make_job(tmp_path, text)
     lines: list[str] = []
     with pytest.raises(AgentError) as caught:
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lines.append, settings(),
-                                HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lines.append,
+            settings(),
+            HostRunner(),
+            StubPuller(),
+        )
     assert str(caught.value) == "Containerfile:3: RUN exited 3: broke"
     assert "build: first" in lines
     images = user_dir / "images"
@@ -297,8 +371,16 @@ def test_a_step_past_the_timeout_says_so(tmp_path):
     text = "FROM n1:5000/tacc/base:bookworm\nRUN sleep 100\n"
     user_dir, job_dir, image_build = make_job(tmp_path, text)
     with pytest.raises(AgentError, match=r"Containerfile:2: RUN took longer than 7 s"):
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                                settings(step_timeout=7), slow, StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(step_timeout=7),
+            slow,
+            StubPuller(),
+        )
     assert not list((user_dir / "images").glob(".build-*"))
 
 
@@ -318,9 +400,20 @@ def test_the_real_runner_stops_a_step_at_its_timeout(tmp_path):
     # Stopped, not waited for: the step (its sleep) is gone when the runner gives up.
     assert not Path(f"/proc/{int((tmp_path / 'pid').read_text())}").exists()
     assert (tmp_path / "argv").read_text().split() == [
-        "-w", "--uid=0", "--gid=0", "--private-tmp", "--unset-env=*", "--env-no-expand",
-        f"--set-env={tmp_path / 'env'}", "--cd=/", str(tmp_path / "rootfs"), "--", "sh", "-c",
-        "x"]  # fmt: skip
+        "-w",
+        "--uid=0",
+        "--gid=0",
+        "--private-tmp",
+        "--unset-env=*",
+        "--env-no-expand",
+        f"--set-env={tmp_path / 'env'}",
+        "--cd=/",
+        str(tmp_path / "rootfs"),
+        "--",
+        "sh",
+        "-c",
+        "x",
+    ]
 
 
 @pytest.mark.security
@@ -330,8 +423,9 @@ def test_files_changed_since_submit_do_not_build(tmp_path):
     (job_dir / "code" / "app.py").write_text("print(2)\n")
     puller = StubPuller()
     with pytest.raises(AgentError, match="does not match its key"):
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                                settings(), HostRunner(), puller)  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir, job_dir, image_build, "1", lambda _l: None, settings(), HostRunner(), puller
+        )
     assert puller.pulls == 0
 
 
@@ -342,18 +436,34 @@ def test_files_outside_the_copies_and_the_context_do_not_change_the_key(tmp_path
     assert (done.rootfs / "app.py").read_text() == "print(1)\n"
     (done.job_dir / "code" / "docker" / "notes.md").write_text("changed\n")
     imagecache.remove_tree(done.user_dir / "images" / done.image_build["key"].split(":")[1])
-    imagebuild.ensure_build(done.user_dir, done.job_dir, done.image_build, "2", lambda _l: None,
-                            settings(), HostRunner(), StubPuller())  # fmt: skip
+    imagebuild.ensure_build(
+        done.user_dir,
+        done.job_dir,
+        done.image_build,
+        "2",
+        lambda _l: None,
+        settings(),
+        HostRunner(),
+        StubPuller(),
+    )
 
 
 @pytest.mark.bad_input
 def test_other_runtimes_are_refused_before_anything_is_done(tmp_path):
     user_dir, job_dir, image_build = make_job(tmp_path, "FROM n1:5000/tacc/base:bookworm\n")
     with pytest.raises(AgentError) as caught:
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None,
-                                settings(runtime="apptainer"), HostRunner())  # fmt: skip
-    assert str(caught.value) == ("local image builds need Charliecloud (container_runtime: "
-                                 "charliecloud) on the node")  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(runtime="apptainer"),
+            HostRunner(),
+        )
+    assert str(caught.value) == (
+        "local image builds need Charliecloud (container_runtime: charliecloud) on the node"
+    )
     assert not (user_dir / "images").exists()
 
 
@@ -363,8 +473,9 @@ def test_what_an_interrupted_build_left_is_cleared(tmp_path):
     images = user_dir / "images"
     (images / f".build-{hex_key}-999" / "bundle").mkdir(parents=True)
     (images / hex_key / "rootfs").mkdir(parents=True)  # no marker: never finished
-    imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None, settings(),
-                            HostRunner(), StubPuller())  # fmt: skip
+    imagebuild.ensure_build(
+        user_dir, job_dir, image_build, "1", lambda _l: None, settings(), HostRunner(), StubPuller()
+    )
     assert not (images / f".build-{hex_key}-999").exists()
     assert imagecache.ready(images / hex_key)["built_by_job"] == "1"
 
@@ -382,16 +493,26 @@ def test_the_env_file_passes_values_as_they_are(tmp_path):
 def concurrent_build(tmp_path: Path, image_build: dict, job_id: str) -> None:
     user_dir = tmp_path / "workspace" / "alice"
     runner = HostRunner(counter=tmp_path / "runs", delay=0.5)
-    imagebuild.ensure_build(user_dir, user_dir / "jobs" / "abc-1", image_build, job_id,
-                            lambda _l: None, settings(), runner, StubPuller())  # fmt: skip
+    imagebuild.ensure_build(
+        user_dir,
+        user_dir / "jobs" / "abc-1",
+        image_build,
+        job_id,
+        lambda _l: None,
+        settings(),
+        runner,
+        StubPuller(),
+    )
 
 
 def test_concurrent_jobs_build_once_and_wait(tmp_path):
     text = "FROM n1:5000/tacc/base:bookworm\nRUN echo built\n"
     _user_dir, _job_dir, image_build = make_job(tmp_path, text)
     context = multiprocessing.get_context("fork")
-    jobs = [context.Process(target=concurrent_build, args=(tmp_path, image_build, str(n)))
-            for n in (1, 2, 3)]  # fmt: skip
+    jobs = [
+        context.Process(target=concurrent_build, args=(tmp_path, image_build, str(n)))
+        for n in (1, 2, 3)
+    ]
     for job in jobs:
         job.start()
     for job in jobs:
@@ -401,8 +522,12 @@ def test_concurrent_jobs_build_once_and_wait(tmp_path):
 
 
 def task_with_build(image_build: dict) -> SimpleNamespace:
-    return SimpleNamespace(image=None, image_build=image_build, datasets=[],
-                           environment={"env": {"OMP_NUM_THREADS": "2"}})  # fmt: skip
+    return SimpleNamespace(
+        image=None,
+        image_build=image_build,
+        datasets=[],
+        environment={"env": {"OMP_NUM_THREADS": "2"}},
+    )
 
 
 def test_the_batch_step_builds_and_the_wrappers_find_the_build(tmp_path, monkeypatch):
@@ -411,8 +536,12 @@ def test_the_batch_step_builds_and_the_wrappers_find_the_build(tmp_path, monkeyp
     )
     monkeypatch.setattr(imagecache, "SkopeoUmoci", lambda *_a, **_k: StubPuller())
     monkeypatch.setattr(imagebuild, "ChRun", lambda *_a, **_k: HostRunner())
-    config = AgentConfig(workspace=str(tmp_path / "workspace"), container_binds=(),
-                         slurm_spool_dir="", container_gpu_driver_dir="")  # fmt: skip
+    config = AgentConfig(
+        workspace=str(tmp_path / "workspace"),
+        container_binds=(),
+        slurm_spool_dir="",
+        container_gpu_driver_dir="",
+    )
     task = task_with_build(image_build)
     container = execute.job_container(task, job_dir, config, prepare=True, job_id="7")
     hex_key = image_build["key"].split(":")[1]

@@ -65,11 +65,14 @@ def nul_build(tmp_path: Path, step: Step) -> tuple[Path, BuildFile]:
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("step", [
-    Step("WORKDIR", ("/a\0b",), 4),
-    Step("RUN", ("exec", ("echo", "a\0b")), 4),
-    Step("COPY", (("a",), "/a\0b"), 4),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "step",
+    [
+        Step("WORKDIR", ("/a\0b",), 4),
+        Step("RUN", ("exec", ("echo", "a\0b")), 4),
+        Step("COPY", (("a",), "/a\0b"), 4),
+    ],
+)
 def test_a_nul_byte_in_a_step_fails_with_its_line(tmp_path, step):
     rootfs, steps = nul_build(tmp_path, step)
     context_dir = tmp_path / "code"
@@ -78,18 +81,21 @@ def test_a_nul_byte_in_a_step_fails_with_its_line(tmp_path, step):
     context = imagebuild.Context(context_dir, {"a": 0o644})
     state = imagebuild.BuildState({}, {})
     with pytest.raises(AgentError) as caught:
-        imagebuild.apply_steps(steps, context, rootfs, tmp_path / "env", state, HostRunner(),
-                               5, lambda _l: None)  # fmt: skip
+        imagebuild.apply_steps(
+            steps, context, rootfs, tmp_path / "env", state, HostRunner(), 5, lambda _l: None
+        )
     assert str(caught.value) == f"Containerfile:4: {step.kind}: a NUL byte in a path or argument"
 
 
 @pytest.mark.bad_input
 def test_a_nul_byte_in_a_variable_is_named_as_such(tmp_path):
     path = tmp_path / "env"
-    cases = {("A", "x\0y"): "the variable 'A' has a NUL byte in its value",
-             ("A=B", "x"): "the variable 'A=B' has '=' in its name",
-             ("A\nB", "x"): "the variable 'A\\nB' has a newline in its name",
-             ("A\0", "x"): "the variable 'A\\x00' has a NUL byte in its name"}  # fmt: skip
+    cases = {
+        ("A", "x\0y"): "the variable 'A' has a NUL byte in its value",
+        ("A=B", "x"): "the variable 'A=B' has '=' in its name",
+        ("A\nB", "x"): "the variable 'A\\nB' has a newline in its name",
+        ("A\0", "x"): "the variable 'A\\x00' has a NUL byte in its name",
+    }
     for (key, value), message in cases.items():
         with pytest.raises(AgentError) as caught:
             imagebuild.write_env_file(path, {key: value}, "Containerfile:3")
@@ -100,16 +106,23 @@ def test_an_os_error_shows_the_path_in_the_image_or_the_context_never_the_node(t
     rootfs, context = tmp_path / "w" / "rootfs", imagebuild.Context(tmp_path / "code", {})
     failure = imagebuild.step_failure(
         PermissionError(13, "Permission denied", str(rootfs / "opt" / "d" / "e")),
-        "Containerfile:5", "COPY", rootfs, context,
-    )  # fmt: skip
+        "Containerfile:5",
+        "COPY",
+        rootfs,
+        context,
+    )
     assert str(failure) == "Containerfile:5: COPY: Permission denied: /opt/d/e"
     failure = imagebuild.step_failure(
         OSError(5, "Input/output error", str(tmp_path / "code" / "data" / "x")),
-        "Containerfile:6", "COPY", rootfs, context,
-    )  # fmt: skip
+        "Containerfile:6",
+        "COPY",
+        rootfs,
+        context,
+    )
     assert str(failure) == "Containerfile:6: COPY: Input/output error: /data/x in the build context"
-    failure = imagebuild.step_failure(OSError(28, "No space left on device", "/var/x"),
-                                      "Containerfile:7", "RUN", rootfs, context)  # fmt: skip
+    failure = imagebuild.step_failure(
+        OSError(28, "No space left on device", "/var/x"), "Containerfile:7", "RUN", rootfs, context
+    )
     assert str(failure) == "Containerfile:7: RUN: No space left on device"
 
 
@@ -123,8 +136,16 @@ def test_an_os_error_outside_the_steps_fails_the_job_and_leaves_nothing(tmp_path
 
     monkeypatch.setattr(imagebuild, "copy_rootfs", full_disk)
     with pytest.raises(AgentError) as caught:
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None, settings(),
-                                HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(),
+            HostRunner(),
+            StubPuller(),
+        )
     short = image_build["key"].split(":")[1][:12]
     assert str(caught.value) == f"image build Containerfile {short}: No space left on device"
     assert no_work_dirs(user_dir)
@@ -186,8 +207,13 @@ def test_what_a_run_step_leaves_running_is_stopped_with_it(tmp_path):
     fake = tmp_path / "ch-run"
     fake.write_text(FAKE_CH_RUN)
     fake.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-c", SUBREAPER_RUN, str(tmp_path)],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", SUBREAPER_RUN, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     pids = [int((tmp_path / name).read_text()) for name in ("background", "daemon")]
     try:
         assert proc.returncode == 0, proc.stderr
@@ -225,8 +251,16 @@ def test_interrupted_builds_of_other_keys_are_swept_unless_building(tmp_path):
     holder.start()
     try:
         assert ready.wait(10)
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lambda _l: None, settings(),
-                                HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lambda _l: None,
+            settings(),
+            HostRunner(),
+            StubPuller(),
+        )
     finally:
         release.set()
         holder.join(10)
@@ -255,8 +289,16 @@ def wait_for_holder(tmp_path: Path, hold: float, **changes) -> tuple[list[str], 
     failure = None
     try:
         assert ready.wait(10)
-        imagebuild.ensure_build(user_dir, job_dir, image_build, "1", lines.append,
-                                settings(**changes), HostRunner(), StubPuller())  # fmt: skip
+        imagebuild.ensure_build(
+            user_dir,
+            job_dir,
+            image_build,
+            "1",
+            lines.append,
+            settings(**changes),
+            HostRunner(),
+            StubPuller(),
+        )
     except AgentError as exc:
         failure = exc
     finally:

@@ -172,8 +172,7 @@ def test_an_image_is_pulled_once_and_reused(tmp_path):
     assert first["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     assert lines[0].endswith(f"pulling {PINNED} ...") and "pulled and unpacked in" in lines[1]
     assert lines[2].endswith("reused (pulled by job 11)")
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "rootfs",
-                                                        "tacc-image.json"]  # fmt: skip
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "rootfs", "tacc-image.json"]
     assert (target.stat().st_mode & 0o777) == 0o700
     assert ((user_dir / "images").stat().st_mode & 0o777) == 0o700
     assert [p.name for p in (user_dir / "images").iterdir() if p.name.startswith(".pull")] == []
@@ -226,8 +225,9 @@ def test_a_job_waits_for_the_one_pulling_the_same_image(tmp_path):
     user_dir = tmp_path / "alice"
     (user_dir / "images").mkdir(parents=True)
     lock = user_dir / "images" / f"{DIGEST.split(':')[1]}.lock"
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(lock)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         puller = StubPuller()

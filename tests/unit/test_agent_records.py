@@ -30,8 +30,12 @@ EXITED_3 = {"rank": 1, "host": "n3", "state": "EXITED", "exit_code": 3}
         (["QUEUED"], [], {"JobState": "PENDING", "Reason": "Resources"}, "QUEUED"),
         (["QUEUED"], [], {"JobState": "CONFIGURING"}, "PROVISIONING"),
         (["QUEUED", "PROVISIONING", "RUNNING"], [], {"JobState": "RUNNING"}, "RUNNING"),
-        (["QUEUED", "HALTED"], [], {"JobState": "PENDING",
-                                     "Reason": "job_requeued_in_held_state"}, "HALTED"),
+        (
+            ["QUEUED", "HALTED"],
+            [],
+            {"JobState": "PENDING", "Reason": "job_requeued_in_held_state"},
+            "HALTED",
+        ),
         (["QUEUED", "RUNNING"], [], {"JobState": "PENDING", "Reason": "JobHeldUser"}, "HALTED"),
         (["QUEUED", "RUNNING"], [EXITED_0], {"JobState": "COMPLETED"}, "COMPLETED"),
         (["QUEUED", "RUNNING"], [EXITED_0, EXITED_3], None, "FAILED"),
@@ -40,7 +44,7 @@ EXITED_3 = {"rank": 1, "host": "n3", "state": "EXITED", "exit_code": 3}
         (["QUEUED", "RUNNING"], [], None, "FAILED"),
         (["QUEUED", "RUNNING", "COMPLETED"], [], {"JobState": "RUNNING"}, "COMPLETED"),
     ],
-)  # fmt: skip
+)
 def test_reconcile(tmp_path, events, ranks, slurm, expected):
     job_dir = job(tmp_path, events, ranks)
     state, _ = reconcile(job_dir, slurm)
@@ -79,10 +83,18 @@ def test_a_job_that_finishes_while_being_halted_is_completed(tmp_path):
 
 
 RUNNING_ON_N3 = {"rank": 1, "host": "n3", "state": "RUNNING"}
-TERMINATED_ON_N2 = {"rank": 0, "host": "n2", "state": "EXITED", "exit_code": 143,
-                    "terminated": True}  # fmt: skip
-N3_DOWN = {"NodeName": "n3", "State": "DOWN+NOT_RESPONDING",
-           "Reason": "Not responding [slurm@2026-11-22T10:00:00]"}  # fmt: skip
+TERMINATED_ON_N2 = {
+    "rank": 0,
+    "host": "n2",
+    "state": "EXITED",
+    "exit_code": 143,
+    "terminated": True,
+}
+N3_DOWN = {
+    "NodeName": "n3",
+    "State": "DOWN+NOT_RESPONDING",
+    "Reason": "Not responding [slurm@2026-11-22T10:00:00]",
+}
 
 
 @pytest.fixture
@@ -104,8 +116,9 @@ def test_a_requeued_job_says_which_node_failed(tmp_path, slurm_nodes):
     pending = {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}
     state, reason = reconcile(job_dir, pending)
     assert (state, reason) == (
-        "QUEUED", "requeued: node n3 (DOWN+NOT_RESPONDING: Not responding) failed during the run"
-    )  # fmt: skip
+        "QUEUED",
+        "requeued: node n3 (DOWN+NOT_RESPONDING: Not responding) failed during the run",
+    )
     # Without a restart, a pending job's reason is Slurm's.
     assert reconcile(job_dir, {**pending, "Restarts": "0"}) == ("QUEUED", "BeginTime")
 

@@ -35,8 +35,10 @@ def shape():
 
 
 def task(**resources):
-    document = {"format": "tacc-instruction/1", "task": {"name": "t", "run": ["true"],
-                "resources": resources}}  # fmt: skip
+    document = {
+        "format": "tacc-instruction/1",
+        "task": {"name": "t", "run": ["true"], "resources": resources},
+    }
     return parse(json.dumps(document), "instruction.json")
 
 
@@ -48,9 +50,15 @@ def test_gres_strings_count_gpus():
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("5", 300), ("1:30", 90), ("02:00:00", 7200), ("1-0", 86400), ("1-2:03:04", 93784),
-     ("UNLIMITED", None)],
-)  # fmt: skip
+    [
+        ("5", 300),
+        ("1:30", 90),
+        ("02:00:00", 7200),
+        ("1-0", 86400),
+        ("1-2:03:04", 93784),
+        ("UNLIMITED", None),
+    ],
+)
 def test_slurm_time_formats(text, seconds):
     assert time_seconds(text) == seconds
 
@@ -63,17 +71,26 @@ def test_default_partition_and_fitting_request_pass():
 @pytest.mark.parametrize(
     ("resources", "field", "message"),
     [
-        ({"partition": "nope"}, "resources.partition",
-         "unknown partition 'nope'; this cluster has: gpu, cpu, all"),
-        ({"partition": "gpu", "gpus_per_node": 16}, "resources.gpus_per_node",
-         "16 GPUs per node requested, but the most any node in partition 'gpu' has is 8"),
+        (
+            {"partition": "nope"},
+            "resources.partition",
+            "unknown partition 'nope'; this cluster has: gpu, cpu, all",
+        ),
+        (
+            {"partition": "gpu", "gpus_per_node": 16},
+            "resources.gpus_per_node",
+            "16 GPUs per node requested, but the most any node in partition 'gpu' has is 8",
+        ),
         ({"gpus_per_node": 1}, "resources.gpus_per_node", "partition 'cpu' has is 0"),
-        ({"partition": "gpu", "gpus_per_node": 8, "nodes": 2}, "resources.nodes",
-         "2 nodes requested, but partition 'gpu' has 1 node(s) that fit"),
+        (
+            {"partition": "gpu", "gpus_per_node": 8, "nodes": 2},
+            "resources.nodes",
+            "2 nodes requested, but partition 'gpu' has 1 node(s) that fit",
+        ),
         ({"cpus": 65, "partition": "all"}, "resources.cpus", "65 CPUs per node"),
         ({"mem": "1T", "partition": "all"}, "resources.mem", "1.04858e+06 MB of memory"),
     ],
-)  # fmt: skip
+)
 def test_impossible_requests_name_the_field_and_reason(resources, field, message):
     with pytest.raises(Rejected) as caught:
         check_feasible(task(**resources), *shape())
@@ -90,8 +107,10 @@ def test_sbatch_argv_is_words_and_reserved_options_are_refused(tmp_path: Path):
 
 
 def test_the_cluster_revalidates_the_instruction_with_positions():
-    document = {"format": "tacc-instruction/1", "task": {"name": "x y", "run": [],
-                "resources": {"nodes": 0, "gpus_per_nod": 1}}}  # fmt: skip
+    document = {
+        "format": "tacc-instruction/1",
+        "task": {"name": "x y", "run": [], "resources": {"nodes": 0, "gpus_per_nod": 1}},
+    }
     with pytest.raises(InvalidInstruction) as caught:
         parse(json.dumps(document, indent=1), "instruction.json")
     text = str(caught.value)

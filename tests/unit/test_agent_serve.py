@@ -38,12 +38,16 @@ def test_one_run_writes_the_facts_file_and_a_valid_exposition(tmp_path):
     assert transport.local_rdma(config) == {"active_ports": 2, "source": "agent facts"}
     families = parse_exposition(daemon.exposition().decode())
     assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 1.0"]
-    assert 'tacc_agent_check_status{check="rdma",status="ok"} 1.0' in families[
-        "tacc_agent_check_status"]  # fmt: skip
+    assert (
+        'tacc_agent_check_status{check="rdma",status="ok"} 1.0'
+        in families["tacc_agent_check_status"]
+    )
     # prometheus_client's format: labels sorted, values as floats (2.5e+10 or, in the
     # 0.16 that Debian 12 ships, 2.5e+010)
-    assert ('tacc_agent_rdma_port_errors_total{counter="symbol_error",device="mlx5_0",port="1"} 3.0'
-            in families["tacc_agent_rdma_port_errors_total"])  # fmt: skip
+    assert (
+        'tacc_agent_rdma_port_errors_total{counter="symbol_error",device="mlx5_0",port="1"} 3.0'
+        in families["tacc_agent_rdma_port_errors_total"]
+    )
     rate = 'tacc_agent_rdma_port_rate_bytes_per_second{device="mlx5_1",port="1"} '
     rates = families["tacc_agent_rdma_port_rate_bytes_per_second"]
     assert [float(line.removeprefix(rate)) for line in rates if line.startswith(rate)] == [25e9]
@@ -57,8 +61,10 @@ def test_one_run_writes_the_facts_file_and_a_valid_exposition(tmp_path):
     daemon.cycle()
     families = parse_exposition(daemon.exposition().decode())
     assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 0.0"]
-    assert 'tacc_agent_check_status{check="gpu",status="fail"} 1.0' in families[
-        "tacc_agent_check_status"]  # fmt: skip
+    assert (
+        'tacc_agent_check_status{check="gpu",status="fail"} 1.0'
+        in families["tacc_agent_check_status"]
+    )
     facts = json.loads(Path(config.facts_file).read_text())
     assert facts["checks"]["gpu"] == {"status": "fail", "detail": "2 GPU(s), expected 4"}
     os.utime(config.facts_file, (0, 0))
@@ -78,15 +84,29 @@ def test_serve_answers_while_a_mount_hangs_and_stops_on_sigterm(tmp_path):
     point = tmp_path / "hung"
     point.mkdir()
     config = fixture_config(tmp_path)
-    settings = daemon_settings(config) | {"services": [], "check_timeout_seconds": 0.3,
-                 "mounts": [{"path": str(point), "fstype": FSTYPE}]}  # fmt: skip
+    settings = daemon_settings(config) | {
+        "services": [],
+        "check_timeout_seconds": 0.3,
+        "mounts": [{"path": str(point), "fstype": FSTYPE}],
+    }
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     with blocking_fuse(point):
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "tacc_agent", "serve", "--port", "0", "--interval", "0.5",
-             "--config", str(tmp_path / "agent.yaml")],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tacc_agent",
+                "serve",
+                "--port",
+                "0",
+                "--interval",
+                "0.5",
+                "--config",
+                str(tmp_path / "agent.yaml"),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             first = daemon.stdout.readline()
             port = int(re.search(r":(\d+)/metrics", first).group(1))
@@ -114,13 +134,18 @@ def test_the_drain_gauge_stays_at_one_while_the_agent_keeps_the_node_drained(tmp
     the TaccNodeDrainedByCheck alert reads) stayed at 1 for one run only before."""
     config = replace(fixture_config(tmp_path), drain=True, expected_gpus=4)
     daemon = Daemon(config)
-    said = iter([SlurmOutcome(f"slurm: drained {daemon.node}: tacc: gpu: 2 GPU(s)", True),
-                 SlurmOutcome(f"slurm: {daemon.node} already drained: tacc: gpu: 2", True),
-                 SlurmOutcome(f"slurm: {daemon.node} idle, nothing to do")])  # fmt: skip
+    said = iter(
+        [
+            SlurmOutcome(f"slurm: drained {daemon.node}: tacc: gpu: 2 GPU(s)", True),
+            SlurmOutcome(f"slurm: {daemon.node} already drained: tacc: gpu: 2", True),
+            SlurmOutcome(f"slurm: {daemon.node} idle, nothing to do"),
+        ]
+    )
     monkeypatch.setattr("tacc_agent.health.cycle.apply_to_slurm", lambda *_: next(said))
     gauges = []
     for _ in range(3):
         daemon.cycle()
         gauges += parse_exposition(daemon.exposition().decode())[
-            "tacc_agent_slurm_drained_by_agent"]  # fmt: skip
+            "tacc_agent_slurm_drained_by_agent"
+        ]
     assert gauges == [f"tacc_agent_slurm_drained_by_agent {v}" for v in ("1.0", "1.0", "0.0")]

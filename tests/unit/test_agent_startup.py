@@ -121,6 +121,10 @@ def test_the_cli_module_runs_as_the_console_script(tmp_path):
     """`python -m tacc_agent` and the console script reach the same main."""
     done = subprocess.run(
         [sys.executable, "-m", "tacc_agent", "exec"],
-        capture_output=True, text=True, check=False, timeout=60, cwd=Path(tmp_path),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=Path(tmp_path),
+    )
     assert done.returncode == 2 and "the following arguments are required: jobdir" in done.stderr

@@ -26,40 +26,69 @@ from tacc_plugins.matching import min_cost_assignment
 
 
 def gpu_node(name: str, kind: str, count: int = 1, state: str = "IDLE") -> Node:
-    return Node(name, 8, 1000, count, ("batch",), features=(kind,), state=state,
-                gpu_kinds=((kind, count),))  # fmt: skip
+    return Node(
+        name, 8, 1000, count, ("batch",), features=(kind,), state=state, gpu_kinds=((kind, count),)
+    )
 
 
 NODES = [gpu_node("g1", "h100"), gpu_node("g2", "l40s")]
 
 
-def job(job_id: str, user: str = "alice", state: str = "PENDING", name: str = "train",
-        features: str = "h100|l40s", elapsed: int = 0, nodes: tuple[str, ...] = (),
-        gpus: float = 1, limit: int = 600) -> QueuedJob:  # fmt: skip
-    return QueuedJob(job_id, user, state, 0, gpus, elapsed, name=name, features=features,
-                     node_names=nodes, time_limit_seconds=limit, details=True)  # fmt: skip
+def job(
+    job_id: str,
+    user: str = "alice",
+    state: str = "PENDING",
+    name: str = "train",
+    features: str = "h100|l40s",
+    elapsed: int = 0,
+    nodes: tuple[str, ...] = (),
+    gpus: float = 1,
+    limit: int = 600,
+) -> QueuedJob:
+    return QueuedJob(
+        job_id,
+        user,
+        state,
+        0,
+        gpus,
+        elapsed,
+        name=name,
+        features=features,
+        node_names=nodes,
+        time_limit_seconds=limit,
+        details=True,
+    )
 
 
 class Ticker:
     """Ticks the plug-in as the agent would, recording the constraints it set."""
 
-    def __init__(self, state_dir: Path, settings: dict | None = None,
-                 nodes: list[Node] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, state_dir: Path, settings: dict | None = None, nodes: list[Node] | None = None
+    ) -> None:
         self.config = AgentConfig(plugin_settings={"allox": settings or {}})
         self.state_dir = state_dir
         self.nodes = NODES if nodes is None else nodes
         self.set: dict[str, str] = {}
 
-    def __call__(self, *jobs: QueuedJob, now: float = 0.0,
-                 ended: dict[str, tuple[str, int]] | None = None) -> list[str]:  # fmt: skip
+    def __call__(
+        self, *jobs: QueuedJob, now: float = 0.0, ended: dict[str, tuple[str, int]] | None = None
+    ) -> list[str]:
         def set_features(job_id: str, features: str) -> bool:
             self.set[job_id] = features
             next(j for j in jobs if j.job_id == job_id).features = features
             return True
 
-        queue = Queue(list(jobs), lambda *_: None, now, self.state_dir, self.config,
-                      set_features=set_features, cluster_nodes=lambda: self.nodes,
-                      ended=ended or {})  # fmt: skip
+        queue = Queue(
+            list(jobs),
+            lambda *_: None,
+            now,
+            self.state_dir,
+            self.config,
+            set_features=set_features,
+            cluster_nodes=lambda: self.nodes,
+            ended=ended or {},
+        )
         Allox().tick(queue)
         return queue.notes
 
@@ -81,12 +110,16 @@ def test_the_assignment_is_the_least_cost_one_of_every_permutation():
     for _ in range(200):
         rows = rng.randint(1, 4)
         columns = rng.randint(rows, 6)
-        cost = [[rng.choice([rng.randint(0, 40), rng.random() * 9]) for _ in range(columns)]
-                for _ in range(rows)]  # fmt: skip
+        cost = [
+            [rng.choice([rng.randint(0, 40), rng.random() * 9]) for _ in range(columns)]
+            for _ in range(rows)
+        ]
         given = min_cost_assignment(cost)
         assert len(set(given)) == rows
-        best = min(sum(cost[r][c[r]] for r in range(rows))
-                   for c in itertools.permutations(range(columns), rows))  # fmt: skip
+        best = min(
+            sum(cost[r][c[r]] for r in range(rows))
+            for c in itertools.permutations(range(columns), rows)
+        )
         assert sum(cost[r][given[r]] for r in range(rows)) == pytest.approx(best)
 
 
@@ -102,8 +135,11 @@ def test_allox_spreads_jobs_where_the_fastest_type_for_each_would_pile_them_up()
     on l40s (12), sum 32, the least of all 8 placements."""
     devices = [Device("g1", "h100", 0.0), Device("g2", "l40s", 0.0)]
     jobs = [job("1"), job("2"), job("3")]
-    times = {"1": {"h100": 10, "l40s": 30}, "2": {"h100": 10, "l40s": 12},
-             "3": {"h100": 5, "l40s": 50}}  # fmt: skip
+    times = {
+        "1": {"h100": 10, "l40s": 30},
+        "2": {"h100": 10, "l40s": 12},
+        "3": {"h100": 5, "l40s": 50},
+    }
     placed = plan(jobs, times, devices)
     assert {j: d.kind for j, d in placed.items()} == {"1": "h100", "2": "l40s", "3": "h100"}
 
@@ -155,8 +191,10 @@ def test_a_run_that_did_not_complete_teaches_nothing(tmp_path, final):
 
 def test_a_job_of_one_type_is_never_moved_but_its_run_is_learned(tmp_path):
     tick = Ticker(tmp_path)
-    tick(job("5", features="h100"), job("6", state="RUNNING", features="h100", elapsed=9,
-                                          nodes=("g1",)))  # fmt: skip
+    tick(
+        job("5", features="h100"),
+        job("6", state="RUNNING", features="h100", elapsed=9, nodes=("g1",)),
+    )
     tick(job("5", features="h100"), ended={"6": ("COMPLETED", 9)})
     assert tick.set == {}
     assert tick.runs() == {"alice\x1ftrain": {"h100": [9]}}
@@ -178,23 +216,35 @@ def test_another_users_runs_of_the_same_name_do_not_change_your_estimate(tmp_pat
 
 def test_the_tick_narrows_each_job_to_its_planned_type_and_says_why(tmp_path):
     tick = Ticker(tmp_path)
-    tick.history({"alice\x1fa": {"h100": [10], "l40s": [30]},
-                  "alice\x1fb": {"h100": [10], "l40s": [12]},
-                  "alice\x1fc": {"h100": [5], "l40s": [50]}})  # fmt: skip
+    tick.history(
+        {
+            "alice\x1fa": {"h100": [10], "l40s": [30]},
+            "alice\x1fb": {"h100": [10], "l40s": [12]},
+            "alice\x1fc": {"h100": [5], "l40s": [50]},
+        }
+    )
     notes = tick(job("1", name="a"), job("2", name="b"), job("3", name="c"))
     assert tick.set == {"1": "h100", "2": "l40s", "3": "h100"}
     assert "allox: job 2 -> l40s (est. 12 s; h100 10 s), 0 s to its device" in notes, notes
     # The next tick, nothing changed: nothing is set again.
     tick.set.clear()
-    jobs = [job("1", name="a", features="h100"), job("2", name="b", features="l40s"),
-            job("3", name="c", features="h100")]  # fmt: skip
+    jobs = [
+        job("1", name="a", features="h100"),
+        job("2", name="b", features="l40s"),
+        job("3", name="c", features="h100"),
+    ]
     assert tick(*jobs) == [] and tick.set == {}
 
 
 def test_jobs_allox_does_not_model_are_left_as_they_are(tmp_path):
     tick = Ticker(tmp_path)
-    tick(job("1", gpus=2), job("2", features="h100"), job("3", features="h100&ib"),
-         job("4_[1-3]"), job("5", gpus=0.25))  # fmt: skip
+    tick(
+        job("1", gpus=2),
+        job("2", features="h100"),
+        job("3", features="h100&ib"),
+        job("4_[1-3]"),
+        job("5", gpus=0.25),
+    )
     held = job("6")
     held.reason = "JobHeldUser"
     tick(held)
@@ -202,8 +252,7 @@ def test_jobs_allox_does_not_model_are_left_as_they_are(tmp_path):
 
 
 def test_a_drained_node_is_no_device(tmp_path):
-    nodes = [NODES[0], Node("g2", 8, 1000, 1, ("batch",), features=("l40s",),
-                            state="IDLE+DRAIN")]  # fmt: skip
+    nodes = [NODES[0], Node("g2", 8, 1000, 1, ("batch",), features=("l40s",), state="IDLE+DRAIN")]
     tick = Ticker(tmp_path, nodes=nodes)
     tick(job("1"), job("2"))
     assert tick.set == {"1": "h100", "2": "h100"}
@@ -214,8 +263,7 @@ def test_a_running_job_holds_its_device_until_its_estimate_ends(tmp_path):
     faster on h100, 90 s vs 270 s) goes to the free l40s."""
     tick = Ticker(tmp_path, {"speed": {"h100": 3.0}})
     tick.history({"alice\x1ftrain": {"l40s": [270]}})
-    other = job("9", user="bob", state="RUNNING", elapsed=50, nodes=("g1",), features="",
-                limit=600)  # fmt: skip
+    other = job("9", user="bob", state="RUNNING", elapsed=50, nodes=("g1",), features="", limit=600)
     tick(other, job("1"))
     assert tick.set == {"1": "l40s"}
 
@@ -238,13 +286,15 @@ def test_alpha_matches_only_the_least_served_users_and_leaves_the_others_as_they
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [({"alpha": 0}, "plugin_settings.allox.alpha: expected a number above 0 and at most 1"),
-     ({"window": 0}, "plugin_settings.allox.window: expected an integer from 1 to 100"),
-     ({"speed": {"h100": -1}}, "plugin_settings.allox.speed: expected a mapping of GPU type"),
-     ({"speed": ["h100"]}, "plugin_settings.allox.speed: expected a mapping"),
-     ({"samples": True}, "plugin_settings.allox.samples: expected an integer from 1 to 100"),
-     ({"alhpa": 1}, "plugin_settings.allox: unknown key(s) alhpa (known: alpha, window")],
-)  # fmt: skip
+    [
+        ({"alpha": 0}, "plugin_settings.allox.alpha: expected a number above 0 and at most 1"),
+        ({"window": 0}, "plugin_settings.allox.window: expected an integer from 1 to 100"),
+        ({"speed": {"h100": -1}}, "plugin_settings.allox.speed: expected a mapping of GPU type"),
+        ({"speed": ["h100"]}, "plugin_settings.allox.speed: expected a mapping"),
+        ({"samples": True}, "plugin_settings.allox.samples: expected an integer from 1 to 100"),
+        ({"alhpa": 1}, "plugin_settings.allox: unknown key(s) alhpa (known: alpha, window"),
+    ],
+)
 def test_bad_settings_stop_the_tick_naming_the_key(tmp_path, settings, message):
     with pytest.raises(AgentError) as caught:
         Ticker(tmp_path, settings)(job("1"))
@@ -282,10 +332,16 @@ def test_the_agent_narrows_then_gives_back_what_the_owner_asked_for(tmp_path, sc
 @pytest.mark.security
 @pytest.mark.parametrize(
     ("features", "wanted"),
-    [("h100|l40s", "a100"), ("h100|l40s", "h100|a100"), ("h100&ib", "h100"),
-     ("h100|l40s", "h100&ib"), ("", "h100"), ("[h100|l40s]", "h100"),
-     ("h100|l40s", "h100,l40s")],
-)  # fmt: skip
+    [
+        ("h100|l40s", "a100"),
+        ("h100|l40s", "h100|a100"),
+        ("h100&ib", "h100"),
+        ("h100|l40s", "h100&ib"),
+        ("", "h100"),
+        ("[h100|l40s]", "h100"),
+        ("h100|l40s", "h100,l40s"),
+    ],
+)
 def test_the_agent_never_widens_a_constraint_beyond_what_its_owner_asked(
     tmp_path, scontrol, features, wanted
 ):
@@ -303,8 +359,10 @@ def test_the_agent_changes_no_running_job_and_no_job_it_did_not_read(tmp_path, s
 
 
 def test_squeue_details_keep_a_constraint_whole_and_a_name_with_spaces():
-    out = ("S 12 alice 10:00 n[2-3] 1795587794 1795587799 h100|l40s my job | name\n"
-           "S 13 bob UNLIMITED  1795587795 N/A (null) x\n")  # fmt: skip
+    out = (
+        "S 12 alice 10:00 n[2-3] 1795587794 1795587799 h100|l40s my job | name\n"
+        "S 13 bob UNLIMITED  1795587795 N/A (null) x\n"
+    )
     found = queue_ticks.parse_details(out, "S")
     at = 1795587794.0
     assert found["12"] == ("alice", "my job | name", "h100|l40s", 600, ("n2", "n3"), at, at + 5)
@@ -359,16 +417,30 @@ def test_allox_is_a_policy_off_by_default():
 def test_another_users_constraint_hides_no_gpu_the_node_has(tmp_path):
     """g1 has h100s and an `ib` feature; bob asks `ib|l40s`. The h100 is still an h100
     (typed Gres), so alice's job, 3x faster there, goes to it."""
-    nodes = [Node("g1", 8, 1000, 1, ("batch",), features=("h100", "ib"), state="IDLE",
-                  gpu_kinds=(("h100", 1),)), gpu_node("g2", "l40s")]  # fmt: skip
+    nodes = [
+        Node(
+            "g1",
+            8,
+            1000,
+            1,
+            ("batch",),
+            features=("h100", "ib"),
+            state="IDLE",
+            gpu_kinds=(("h100", 1),),
+        ),
+        gpu_node("g2", "l40s"),
+    ]
     tick = Ticker(tmp_path, {"speed": {"h100": 3.0}}, nodes=nodes)
     tick(job("1"), job("2", user="bob", features="ib|l40s"))
     assert tick.set["1"] == "h100"
 
 
 def test_a_job_past_its_estimate_holds_its_device_for_what_is_left_of_its_limit():
-    state = {"seen": {"9": ["bob\x1fx", "h100"]}, "asked": {},
-             "runs": {"bob\x1fx": {"types": {"h100": [5]}, "at": 0}}}  # fmt: skip
+    state = {
+        "seen": {"9": ["bob\x1fx", "h100"]},
+        "asked": {},
+        "runs": {"bob\x1fx": {"types": {"h100": [5]}, "at": 0}},
+    }
     late = job("9", user="bob", state="RUNNING", elapsed=7200, limit=86400, nodes=("g1",))
     assert allox_memory.remaining_of(late, state, Settings()) == 86400 - 7200
 
@@ -406,22 +478,38 @@ def test_one_user_with_many_job_names_forgets_only_her_own(monkeypatch):
         allox_memory.add_run(runs, f"mallory\x1fn{at}", "h100", 1, 5, now=at)
     assert "bob\x1fkeep" in runs
     assert sorted(k for k in runs if k.startswith("mallory")) == [
-        "mallory\x1fn7", "mallory\x1fn8", "mallory\x1fn9"]  # fmt: skip
+        "mallory\x1fn7",
+        "mallory\x1fn8",
+        "mallory\x1fn9",
+    ]
 
 
 def test_devices_are_the_earliest_free_and_only_as_many_as_jobs():
     nodes = [gpu_node("g1", "h100", count=8), gpu_node("g2", "l40s", count=8)]
     busy = job("9", state="RUNNING", nodes=("g1",), gpus=1, features="")
     found = allox.devices(nodes, [busy], ["h100", "l40s"], {"9": 50.0}, {}, wanted=2)
-    assert [(d.kind, d.free_in) for d in found] == [("h100", 0.0), ("h100", 0.0),
-                                                    ("l40s", 0.0), ("l40s", 0.0)]  # fmt: skip
+    assert [(d.kind, d.free_in) for d in found] == [
+        ("h100", 0.0),
+        ("h100", 0.0),
+        ("l40s", 0.0),
+        ("l40s", 0.0),
+    ]
 
 
 @pytest.mark.security
 def test_a_damaged_state_file_is_dropped_entry_by_entry_never_the_tick(tmp_path):
-    (tmp_path / "allox.json").write_text(json.dumps({
-        "asked": {"1": {"types": "h100"}, "2": {"types": ["h100", "l40s"], "set": None, "at": 0}},
-        "seen": {"3": ["x"]}, "runs": {"k": {"types": {"h100": ["x"]}, "at": 0}}}))  # fmt: skip
+    (tmp_path / "allox.json").write_text(
+        json.dumps(
+            {
+                "asked": {
+                    "1": {"types": "h100"},
+                    "2": {"types": ["h100", "l40s"], "set": None, "at": 0},
+                },
+                "seen": {"3": ["x"]},
+                "runs": {"k": {"types": {"h100": ["x"]}, "at": 0}},
+            }
+        )
+    )
     Ticker(tmp_path)(job("4"))
     state = json.loads((tmp_path / "allox.json").read_text())
     assert set(state["asked"]) == {"2", "4"} and state["seen"] == {} and state["runs"] == {}

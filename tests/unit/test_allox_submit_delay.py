@@ -25,27 +25,50 @@ from tacc_contract.plugins import (
 from tacc_plugins.allox import Allox
 
 SUBMIT = 1_800_000_000.0
-NODES = [Node(name, 8, 1000, 1, ("batch",), features=(kind,), state="IDLE",
-              gpu_kinds=((kind, 1),))
-         for name, kind in (("g1", "h100"), ("g2", "l40s"))]  # fmt: skip
+NODES = [
+    Node(name, 8, 1000, 1, ("batch",), features=(kind,), state="IDLE", gpu_kinds=((kind, 1),))
+    for name, kind in (("g1", "h100"), ("g2", "l40s"))
+]
 
 
 def config(delay: object = 5) -> AgentConfig:
     return AgentConfig(plugin_settings={"allox": {"submit_delay_seconds": delay}})
 
 
-def submission(delay: object = 5, nodes: object = 1, gpus: int = 1,
-               constraint: str = "h100|l40s", sbatch: dict | None = None,
-               **options: str) -> Submission:  # fmt: skip
+def submission(
+    delay: object = 5,
+    nodes: object = 1,
+    gpus: int = 1,
+    constraint: str = "h100|l40s",
+    sbatch: dict | None = None,
+    **options: str,
+) -> Submission:
     task = SimpleNamespace(resources={"nodes": nodes, "gpus_per_node": gpus, "sbatch": sbatch})
     return Submission(task, {"constraint": constraint, **options}, "batch", config=config(delay))
 
 
-def pending(job_id: str, reason: str = "BeginTime", begins_after: float = 5,
-            name: str = "train", user: str = "alice") -> QueuedJob:  # fmt: skip
-    return QueuedJob(job_id, user, "PENDING", 0, 1, 0, reason=reason, name=name,
-                     features="h100|l40s", time_limit_seconds=600, details=True,
-                     submit_time=SUBMIT, start_time=SUBMIT + begins_after)  # fmt: skip
+def pending(
+    job_id: str,
+    reason: str = "BeginTime",
+    begins_after: float = 5,
+    name: str = "train",
+    user: str = "alice",
+) -> QueuedJob:
+    return QueuedJob(
+        job_id,
+        user,
+        "PENDING",
+        0,
+        1,
+        0,
+        reason=reason,
+        name=name,
+        features="h100|l40s",
+        time_limit_seconds=600,
+        details=True,
+        submit_time=SUBMIT,
+        start_time=SUBMIT + begins_after,
+    )
 
 
 def test_a_job_that_accepts_several_types_begins_after_the_delay_for_a_tick_to_place_it():
@@ -100,9 +123,16 @@ def tick(tmp_path: Path, *jobs: QueuedJob) -> tuple[list[str], dict[str, str], l
         started.append(job_id)
         return True
 
-    queue = Queue(list(jobs), lambda *_: None, SUBMIT + 1, tmp_path, config(),
-                  set_features=set_features, cluster_nodes=lambda: NODES,
-                  start_now=start_now)  # fmt: skip
+    queue = Queue(
+        list(jobs),
+        lambda *_: None,
+        SUBMIT + 1,
+        tmp_path,
+        config(),
+        set_features=set_features,
+        cluster_nodes=lambda: NODES,
+        start_now=start_now,
+    )
     Allox().tick(queue)
     return queue.notes, set_to, started
 
@@ -125,14 +155,21 @@ def test_a_job_waiting_for_nodes_is_placed_and_has_nothing_to_start(tmp_path):
     assert set_to == {"7": "h100"} and started == []
 
 
-def record(user: str = "alice", restarts: int = 0, state: str = "PENDING",
-           reason: str = "BeginTime", begins_after: float = 5) -> str:  # fmt: skip
+def record(
+    user: str = "alice",
+    restarts: int = 0,
+    state: str = "PENDING",
+    reason: str = "BeginTime",
+    begins_after: float = 5,
+) -> str:
     """`scontrol show job 7 --oneliner` with SLURM_TIME_FORMAT=%s."""
-    return (f"JobId=7 JobName=train UserId={user}(1001) GroupId={user}(1001) Priority=1 "
-            f"JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
-            f"Restarts={restarts} SubmitTime={SUBMIT:.0f} "
-            f"EligibleTime={SUBMIT + begins_after:.0f} "
-            f"StartTime={SUBMIT + begins_after:.0f}\n")  # fmt: skip
+    return (
+        f"JobId=7 JobName=train UserId={user}(1001) GroupId={user}(1001) Priority=1 "
+        f"JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+        f"Restarts={restarts} SubmitTime={SUBMIT:.0f} "
+        f"EligibleTime={SUBMIT + begins_after:.0f} "
+        f"StartTime={SUBMIT + begins_after:.0f}\n"
+    )
 
 
 class Scontrol:
@@ -227,8 +264,9 @@ def test_the_agent_never_cuts_short_a_begin_time_that_is_no_placement_delay(monk
         ("", "its record is not its owner's as read"),
     ],
 )
-def test_the_agent_reads_the_job_again_and_starts_no_requeued_or_changed_one(monkeypatch, shown,
-                                                                             why):  # fmt: skip
+def test_the_agent_reads_the_job_again_and_starts_no_requeued_or_changed_one(
+    monkeypatch, shown, why
+):
     started, scontrol, notes = start(monkeypatch, pending("7", begins_after=21), shown)
     assert not started and scontrol.updates() == []
     assert notes[0].startswith(f"agent: job 7: start now refused: {why}"), notes
@@ -250,7 +288,10 @@ def test_the_details_read_times_as_epoch_seconds_whatever_the_callers_format(mon
     queue_ticks.read_details(jobs, AgentConfig())
     assert seen == [{"SLURM_TIME_FORMAT": "%s"}]
     assert (jobs[0].submit_time, jobs[0].start_time, jobs[0].features) == (
-        1795587794, 1795587799, "h100|l40s")  # fmt: skip
+        1795587794,
+        1795587799,
+        "h100|l40s",
+    )
 
 
 def test_slurm_times_read_as_epoch_seconds_and_none_as_zero():

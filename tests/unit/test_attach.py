@@ -66,12 +66,25 @@ def config(tmp_path: Path) -> AgentConfig:
 
 
 def slurm_record(job_id: str, state: str = "RUNNING", nodes: str = "n[2-3]", **more) -> dict:
-    return {"JobId": job_id, "UserId": ME, "JobState": state, "NodeList": nodes,
-            "Comment": TAG, "Reason": "None", **more}  # fmt: skip
+    return {
+        "JobId": job_id,
+        "UserId": ME,
+        "JobState": state,
+        "NodeList": nodes,
+        "Comment": TAG,
+        "Reason": "None",
+        **more,
+    }
 
 
-def a_job(tmp_path: Path, fake: FakeSlurm, state: str = "RUNNING", job_id: str = "42",
-          task: dict | None = None, **record) -> tuple[Path, Path]:  # fmt: skip
+def a_job(
+    tmp_path: Path,
+    fake: FakeSlurm,
+    state: str = "RUNNING",
+    job_id: str = "42",
+    task: dict | None = None,
+    **record,
+) -> tuple[Path, Path]:
     """A job of the caller's, registered as job_id, in `state` (record and Slurm)."""
     user_dir, job_dir = make_job(tmp_path, task or TASK, {"train.py": "print('hi')\n"})
     records.write_json(job_dir / "status" / "submit.json", {"tag": TAG, "name": "t"})
@@ -95,10 +108,14 @@ def test_target_names_the_nodes_in_slurms_order_with_their_addresses(tmp_path, f
     user_dir, _ = a_job(tmp_path, fake)
     answer = JOB_TARGET.check(attach.target(user_dir, "42", config))
     assert answer == {
-        "job_id": "42", "slurm_job_id": "42", "state": "RUNNING",
-        "nodes": [{"host": "n2", "rank": 0, "address": "10.0.0.2"},
-                  {"host": "n3", "rank": 1, "address": "10.0.0.3"}],
-    }  # fmt: skip
+        "job_id": "42",
+        "slurm_job_id": "42",
+        "state": "RUNNING",
+        "nodes": [
+            {"host": "n2", "rank": 0, "address": "10.0.0.2"},
+            {"host": "n3", "rank": 1, "address": "10.0.0.3"},
+        ],
+    }
     one = attach.target(user_dir, "42", config, rank=1)
     assert one["nodes"] == [{"host": "n3", "rank": 1, "address": "10.0.0.3"}]
 
@@ -163,9 +180,11 @@ def test_a_rank_out_of_range_names_the_jobs_node_count(tmp_path, fake, config, r
 def test_a_job_id_not_in_the_callers_workspace_is_not_theirs(tmp_path, fake, config):
     user_dir, _ = a_job(tmp_path, fake)
     fake.jobs["77"] = slurm_record("77", UserId="bob(4242)")
-    for verb in (lambda: attach.target(user_dir, "77", config),
-                 lambda: attach.attach(user_dir, "77", config, 0, [], False),
-                 lambda: attach.stop_on_disconnect(user_dir, "77", config)):  # fmt: skip
+    for verb in (
+        lambda: attach.target(user_dir, "77", config),
+        lambda: attach.attach(user_dir, "77", config, 0, [], False),
+        lambda: attach.stop_on_disconnect(user_dir, "77", config),
+    ):
         with pytest.raises(Rejected, match=r"no job 77 of yours"):
             verb()
     assert fake.calls == []  # nothing asked of Slurm, nothing started
@@ -178,9 +197,11 @@ def test_an_id_slurm_now_gives_another_users_job_is_refused(tmp_path, fake, conf
     fake.jobs["42"] = slurm_record("42", UserId="bob(4242)", Comment="tacc:bob:1")
     execs = []
     monkeypatch.setattr(attach.os, "execvp", lambda *a: execs.append(a))
-    for verb in (lambda: attach.target(user_dir, "42", config),
-                 lambda: attach.attach(user_dir, "42", config, 0, ["id"], False),
-                 lambda: attach.stop_on_disconnect(user_dir, "42", config)):  # fmt: skip
+    for verb in (
+        lambda: attach.target(user_dir, "42", config),
+        lambda: attach.attach(user_dir, "42", config, 0, ["id"], False),
+        lambda: attach.stop_on_disconnect(user_dir, "42", config),
+    ):
         with pytest.raises(Rejected, match=r"not this job of yours.*bob's"):
             verb()
     assert execs == [] and fake.calls == []
@@ -205,12 +226,31 @@ def test_attach_execs_srun_into_the_jobs_allocation_on_the_ranks_node(
     monkeypatch.setattr(attach.os, "execvp", lambda file, argv: execs.append((file, argv)))
     command = ["python3", "-c", "print('a b'); import os", "$HOME; rm -rf /", "--rank", "9"]
     attach.attach(user_dir, "42", config, 1, command, False)
-    assert execs == [("srun", [
-        "srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n3",
-        f"--chdir={job_dir}", "--quiet",
-        sys.executable, "-I", "-m", "tacc_agent", "enter", str(job_dir), "--rank", "1",
-        "--", *command,
-    ])]  # fmt: skip
+    assert execs == [
+        (
+            "srun",
+            [
+                "srun",
+                "--jobid=42",
+                "--overlap",
+                "--nodes=1",
+                "--ntasks=1",
+                "--nodelist=n3",
+                f"--chdir={job_dir}",
+                "--quiet",
+                sys.executable,
+                "-I",
+                "-m",
+                "tacc_agent",
+                "enter",
+                str(job_dir),
+                "--rank",
+                "1",
+                "--",
+                *command,
+            ],
+        )
+    ]
 
 
 def test_attach_with_a_pty_and_no_command_asks_srun_for_one_and_a_shell(
@@ -284,8 +324,9 @@ def test_enter_execs_the_command_in_the_jobs_environment_and_code_dir(
     assert not any(name.startswith("SSH_") for name in env)
 
 
-def test_enter_without_a_command_starts_the_users_shell(tmp_path, fake, config, caught_exec,
-                                                       monkeypatch):  # fmt: skip
+def test_enter_without_a_command_starts_the_users_shell(
+    tmp_path, fake, config, caught_exec, monkeypatch
+):
     _, job_dir = a_job(tmp_path, fake)
     monkeypatch.setattr(attach, "on_terminal", lambda: True)
     attach.enter(job_dir, 0, [], config)
@@ -307,8 +348,7 @@ def test_enter_falls_back_to_sh_where_there_is_no_bash(tmp_path):
 
 
 @pytest.mark.bad_input
-def test_enter_a_command_not_found_is_one_line_and_127(tmp_path, fake, config, caught_exec,
-                                                        capsys):  # fmt: skip
+def test_enter_a_command_not_found_is_one_line_and_127(tmp_path, fake, config, caught_exec, capsys):
     _, job_dir = a_job(tmp_path, fake)
     assert attach.enter(job_dir, 0, ["no-such-command-anywhere"], config) == 127
     assert capsys.readouterr().err == "tacc: no-such-command-anywhere: command not found\n"
@@ -391,8 +431,9 @@ def lines(capsys) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
-def test_stop_on_disconnect_cancels_the_job_when_stdin_ends(tmp_path, fake, config, capsys,
-                                                            monkeypatch):  # fmt: skip
+def test_stop_on_disconnect_cancels_the_job_when_stdin_ends(
+    tmp_path, fake, config, capsys, monkeypatch
+):
     monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)  # not the main thread
     user_dir, job_dir = a_job(tmp_path, fake)
     stdin = Stdin()
@@ -411,8 +452,9 @@ def test_stop_on_disconnect_cancels_the_job_when_stdin_ends(tmp_path, fake, conf
     ]
 
 
-def test_stop_on_disconnect_reports_a_job_that_ends_by_itself(tmp_path, fake, config, capsys,
-                                                              monkeypatch):  # fmt: skip
+def test_stop_on_disconnect_reports_a_job_that_ends_by_itself(
+    tmp_path, fake, config, capsys, monkeypatch
+):
     monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
     user_dir, job_dir = a_job(tmp_path, fake)
     stdin = Stdin()
@@ -424,8 +466,10 @@ def test_stop_on_disconnect_reports_a_job_that_ends_by_itself(tmp_path, fake, co
     stdin.close_it.set()
     assert result == [0]
     assert not any(call[0] == "scancel" for call in fake.calls)
-    assert lines(capsys) == [{"job_id": "42", "state": "WATCHING"},
-                             {"job_id": "42", "state": "COMPLETED"}]  # fmt: skip
+    assert lines(capsys) == [
+        {"job_id": "42", "state": "WATCHING"},
+        {"job_id": "42", "state": "COMPLETED"},
+    ]
 
 
 def test_stop_on_disconnect_cancels_on_sighup(tmp_path, fake, config, capsys):
@@ -521,8 +565,13 @@ class Beating(io.RawIOBase):
 
 def watch_with_heartbeat(user_dir, config, stdin, timeout) -> tuple[list[int], threading.Thread]:
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(attach.stop_on_disconnect(
-        user_dir, "42", config, stdin, poll_seconds=0.05, heartbeat_timeout=timeout)))  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: result.append(
+            attach.stop_on_disconnect(
+                user_dir, "42", config, stdin, poll_seconds=0.05, heartbeat_timeout=timeout
+            )
+        )
+    )
     return result, thread
 
 
@@ -571,8 +620,12 @@ def test_the_disconnect_cancel_is_tried_again_when_slurm_does_not_answer(
         return real(*args)
 
     monkeypatch.setattr(jobs, "cancel", fails_once)
-    assert attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
-                                     retry_delays=(0.01, 0.02)) == 0  # fmt: skip
+    assert (
+        attach.stop_on_disconnect(
+            user_dir, "42", config, io.BytesIO(b""), 0.05, retry_delays=(0.01, 0.02)
+        )
+        == 0
+    )
     assert len(tries) == 2
     assert fake.calls.count(["scancel", "42"]) == 1
     assert records.last_state(job_dir) == "CANCELLED"
@@ -597,8 +650,12 @@ def test_a_cancel_recorded_whose_scancel_failed_is_scancelled_on_the_next_try(
 
     monkeypatch.setattr(slurm, "slurm", scancel_fails_once)
     monkeypatch.setattr(attach.slurm, "slurm", scancel_fails_once)
-    assert attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
-                                     retry_delays=(0.01, 0.02)) == 0  # fmt: skip
+    assert (
+        attach.stop_on_disconnect(
+            user_dir, "42", config, io.BytesIO(b""), 0.05, retry_delays=(0.01, 0.02)
+        )
+        == 0
+    )
     assert failed and fake.calls.count(["scancel", "42"]) == 1
     assert fake.jobs["42"]["JobState"] == "CANCELLED"
     assert lines(capsys)[-1] == {"job_id": "42", "state": "CANCELLED", "cancelled": True}
@@ -617,8 +674,9 @@ def test_the_disconnect_cancel_gives_up_after_its_retries_with_the_error(
     tries = []
     monkeypatch.setattr(jobs, "cancel", lambda *_a: tries.append(1) or never())
     with pytest.raises(AgentError, match="did not answer"):
-        attach.stop_on_disconnect(user_dir, "42", config, io.BytesIO(b""), 0.05,
-                                  retry_delays=(0.01, 0.02, 0.04))  # fmt: skip
+        attach.stop_on_disconnect(
+            user_dir, "42", config, io.BytesIO(b""), 0.05, retry_delays=(0.01, 0.02, 0.04)
+        )
     assert len(tries) == 4
     delays = attach.CANCEL_RETRY_DELAYS  # backoff, about 3 minutes in all
     assert list(delays) == sorted(delays) and 120 <= sum(delays) <= 240

@@ -77,23 +77,45 @@ def refused(cluster, request: dict, field: str, *fragments: str) -> None:
 
 IMPOSSIBLE = [
     # (id, resources, field, fragments)
-    ("more-gpus-than-any-node", {"gpus_per_node": 16}, "resources.gpus_per_node",
-     ["16 GPUs per node requested, but the most any node in partition 'batch' has is 8"]),
-    ("more-cpus-than-any-node", {"cpus": 512}, "resources.cpus",
-     ["512 CPUs per node requested", "has is 64"]),
-    ("more-memory-than-any-node", {"mem": "2T"}, "resources.mem",
-     ["MB of memory per node requested"]),
-    ("more-nodes-than-the-partition", {"nodes": 5}, "resources.nodes",
-     ["5 nodes requested, but partition 'batch' has 3 node(s)"]),
-    ("unknown-partition", {"partition": "gpu"}, "resources.partition",
-     ["unknown partition 'gpu'; this cluster has: batch"]),
-]  # fmt: skip
+    (
+        "more-gpus-than-any-node",
+        {"gpus_per_node": 16},
+        "resources.gpus_per_node",
+        ["16 GPUs per node requested, but the most any node in partition 'batch' has is 8"],
+    ),
+    (
+        "more-cpus-than-any-node",
+        {"cpus": 512},
+        "resources.cpus",
+        ["512 CPUs per node requested", "has is 64"],
+    ),
+    (
+        "more-memory-than-any-node",
+        {"mem": "2T"},
+        "resources.mem",
+        ["MB of memory per node requested"],
+    ),
+    (
+        "more-nodes-than-the-partition",
+        {"nodes": 5},
+        "resources.nodes",
+        ["5 nodes requested, but partition 'batch' has 3 node(s)"],
+    ),
+    (
+        "unknown-partition",
+        {"partition": "gpu"},
+        "resources.partition",
+        ["unknown partition 'gpu'; this cluster has: batch"],
+    ),
+]
 
 
-@pytest.mark.parametrize(("resources", "field", "fragments"), [c[1:] for c in IMPOSSIBLE],
-                         ids=[c[0] for c in IMPOSSIBLE])  # fmt: skip
-def test_impossible_resources_are_refused_by_the_cluster(cluster, tmp_path, resources, field,
-                                                         fragments):  # fmt: skip
+@pytest.mark.parametrize(
+    ("resources", "field", "fragments"), [c[1:] for c in IMPOSSIBLE], ids=[c[0] for c in IMPOSSIBLE]
+)
+def test_impossible_resources_are_refused_by_the_cluster(
+    cluster, tmp_path, resources, field, fragments
+):
     request = first_round_trip(tmp_path, {"name": "t", "run": ["x"], "resources": resources})
     refused(cluster, request, field, *fragments)
 
@@ -110,20 +132,30 @@ def _set(path: list[str], value):
 
 TAMPERED = [
     # (id, tamper, what the refusal names)
-    ("nodes-zero", _set(["resources", "nodes"], 0),
-     "resources.nodes: expected a node count >= 1, or a range like 2-4"),
+    (
+        "nodes-zero",
+        _set(["resources", "nodes"], 0),
+        "resources.nodes: expected a node count >= 1, or a range like 2-4",
+    ),
     ("name-injection", _set(["name"], "x; rm -rf ~"), "name: expected a name of letters"),
-    ("env-name-injection", _set(["environment", "env"], {"A;B": "x"}),
-     "environment.env.A;B: expected a shell variable name"),
+    (
+        "env-name-injection",
+        _set(["environment", "env"], {"A;B": "x"}),
+        "environment.env.A;B: expected a shell variable name",
+    ),
     ("unknown-key", _set(["evil"], True), "evil: unknown key"),
     ("time-zero", _set(["resources", "time"], "0"), "resources.time: expected a Slurm time > 0"),
-    ("outputs-traversal", _set(["outputs"], ["../../.ssh"]),
-     "outputs[0]: expected a path relative to the directory"),
-]  # fmt: skip
+    (
+        "outputs-traversal",
+        _set(["outputs"], ["../../.ssh"]),
+        "outputs[0]: expected a path relative to the directory",
+    ),
+]
 
 
-@pytest.mark.parametrize(("tamper", "fragment"), [c[1:] for c in TAMPERED],
-                         ids=[c[0] for c in TAMPERED])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tamper", "fragment"), [c[1:] for c in TAMPERED], ids=[c[0] for c in TAMPERED]
+)
 def test_an_instruction_that_skipped_tclouds_checks_is_refused(cluster, tmp_path, tamper, fragment):
     request = first_round_trip(tmp_path, {"name": "t", "run": ["x"]}, tamper)
     refused(cluster, request, "instruction", fragment)
@@ -132,8 +164,11 @@ def test_an_instruction_that_skipped_tclouds_checks_is_refused(cluster, tmp_path
 def test_metacharacters_in_env_values_reach_the_program_as_data(tmp_path):
     canary = tmp_path / "PWNED"
     danger = f"$(touch {canary}); `touch {canary}` | & > < * ? ' \" \\ # \n second line"
-    task = {"name": "t", "run": ['printf "%s|" "$DANGER"'],
-            "environment": {"env": {"DANGER": danger}}}  # fmt: skip
+    task = {
+        "name": "t",
+        "run": ['printf "%s|" "$DANGER"'],
+        "environment": {"env": {"DANGER": danger}},
+    }
     _, job_dir = make_job(tmp_path, task)
     proc = agent("exec", str(job_dir), env=agent_env(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr

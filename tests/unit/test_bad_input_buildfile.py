@@ -44,73 +44,172 @@ def project(root: Path, task: str = BUILD_HERE, build: str | bytes | None = GOOD
 
 # (id, task file, build file or None, fragments stderr must hold)
 TASK_CASES = [
-    ("parent-path", HEAD + "image:\n  build: ../Containerfile\n", GOOD,
-     [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got '../Containerfile'"]),
-    ("absolute-path", HEAD + "image:\n  build: /etc\n", GOOD,
-     [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got '/etc'"]),
-    ("empty-path", HEAD + "image:\n  build: ''\n", GOOD,
-     [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got ''"]),
-    ("a-mapping-without-build", HEAD + "image: {file: Containerfile}\n", GOOD,
-     ["tcloud.yaml:3:8: image: expected an image reference with its registry",
-      "got a mapping without 'build' (a build file is image: {build: PATH})"]),
-    ("an-unknown-key", HEAD + "image: {build: ., pull: always}\n", GOOD,
-     ["tcloud.yaml:3:19: image.pull: unknown key; known keys: build"]),
-    ("build-a-list", HEAD + "image: {build: [a, b]}\n", GOOD,
-     ["tcloud.yaml:3:16: image.build: expected a path relative", "got a list"]),
-    ("no-such-path", HEAD + "image:\n  build: env\n", GOOD,
-     ["tcloud.yaml:4:10: image.build: env: no such file or directory in the task directory"]),
-    ("no-build-file-in-the-directory", BUILD_HERE, None,
-     ["tcloud.yaml:4:10: image.build: .: the directory holds no Containerfile or Dockerfile"]),
-    ("with-requirements", BUILD_HERE + "environment:\n  requirements: [numpy]\n", GOOD,
-     ["tcloud.yaml:6:17: environment.requirements: not with 'image'"]),
-    ("with-modules", BUILD_HERE + "environment:\n  modules: [gcc]\n", GOOD,
-     ["tcloud.yaml:6:12: environment.modules: not with 'image'"]),
-    ("build-file-excluded", BUILD_HERE + "code:\n  exclude: [Containerfile]\n", GOOD,
-     ["tcloud.yaml:4:10: image.build: Containerfile is left out of the upload by code.include, "
-      "code.exclude or .tcloudignore"]),
-    ("outside-the-code-directory",
-     HEAD + "code:\n  workdir: src\nimage:\n  build: .\n", GOOD,
-     ["tcloud.yaml:6:10: image.build: Containerfile is outside the code directory tcloud "
-      "uploads (code.workdir 'src')"]),
-]  # fmt: skip
+    (
+        "parent-path",
+        HEAD + "image:\n  build: ../Containerfile\n",
+        GOOD,
+        [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got '../Containerfile'"],
+    ),
+    (
+        "absolute-path",
+        HEAD + "image:\n  build: /etc\n",
+        GOOD,
+        [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got '/etc'"],
+    ),
+    (
+        "empty-path",
+        HEAD + "image:\n  build: ''\n",
+        GOOD,
+        [f"tcloud.yaml:4:10: image.build: {RELATIVE}, got ''"],
+    ),
+    (
+        "a-mapping-without-build",
+        HEAD + "image: {file: Containerfile}\n",
+        GOOD,
+        [
+            "tcloud.yaml:3:8: image: expected an image reference with its registry",
+            "got a mapping without 'build' (a build file is image: {build: PATH})",
+        ],
+    ),
+    (
+        "an-unknown-key",
+        HEAD + "image: {build: ., pull: always}\n",
+        GOOD,
+        ["tcloud.yaml:3:19: image.pull: unknown key; known keys: build"],
+    ),
+    (
+        "build-a-list",
+        HEAD + "image: {build: [a, b]}\n",
+        GOOD,
+        ["tcloud.yaml:3:16: image.build: expected a path relative", "got a list"],
+    ),
+    (
+        "no-such-path",
+        HEAD + "image:\n  build: env\n",
+        GOOD,
+        ["tcloud.yaml:4:10: image.build: env: no such file or directory in the task directory"],
+    ),
+    (
+        "no-build-file-in-the-directory",
+        BUILD_HERE,
+        None,
+        ["tcloud.yaml:4:10: image.build: .: the directory holds no Containerfile or Dockerfile"],
+    ),
+    (
+        "with-requirements",
+        BUILD_HERE + "environment:\n  requirements: [numpy]\n",
+        GOOD,
+        ["tcloud.yaml:6:17: environment.requirements: not with 'image'"],
+    ),
+    (
+        "with-modules",
+        BUILD_HERE + "environment:\n  modules: [gcc]\n",
+        GOOD,
+        ["tcloud.yaml:6:12: environment.modules: not with 'image'"],
+    ),
+    (
+        "build-file-excluded",
+        BUILD_HERE + "code:\n  exclude: [Containerfile]\n",
+        GOOD,
+        [
+            "tcloud.yaml:4:10: image.build: Containerfile is left out of the upload by "
+            "code.include, code.exclude or .tcloudignore"
+        ],
+    ),
+    (
+        "outside-the-code-directory",
+        HEAD + "code:\n  workdir: src\nimage:\n  build: .\n",
+        GOOD,
+        [
+            "tcloud.yaml:6:10: image.build: Containerfile is outside the code directory tcloud "
+            "uploads (code.workdir 'src')"
+        ],
+    ),
+]
 
 # (id, build file, fragments): problems inside the build file name `Containerfile:<line>`.
 BUILD_CASES = [
     ("empty", "", ["Containerfile: empty build file: expected FROM <image reference>"]),
     ("comments-only", "# nothing\n\n", ["Containerfile: empty build file"]),
     ("no-from", "RUN true\n", ["Containerfile:1: RUN: expected FROM <image reference> first"]),
-    ("short-name", "FROM ubuntu:24.04\n",
-     ["Containerfile:1: FROM: expected an image reference with its registry", "'ubuntu:24.04'"]),
-    ("platform", f"FROM --platform=linux/arm64 {BASE}\n",
-     ["Containerfile:1: FROM: flags (--platform) are not supported"]),
-    ("multi-stage", f"FROM {BASE} AS a\nRUN true\nFROM {BASE}\n",
-     ["Containerfile:3: FROM: a second FROM (line 1 is the first): multi-stage builds are not "
-      "supported"]),
-    ("user", f"FROM {BASE}\nUSER 1000\n",
-     ["Containerfile:2: USER: not supported: the container runs as the job's user"]),
-    ("add", f"FROM {BASE}\nADD https://example.org/x.tgz /opt/\n",
-     ["Containerfile:2: ADD: not supported: use COPY; ADD's URLs and archive unpacking are not "
-      "supported"]),
+    (
+        "short-name",
+        "FROM ubuntu:24.04\n",
+        ["Containerfile:1: FROM: expected an image reference with its registry", "'ubuntu:24.04'"],
+    ),
+    (
+        "platform",
+        f"FROM --platform=linux/arm64 {BASE}\n",
+        ["Containerfile:1: FROM: flags (--platform) are not supported"],
+    ),
+    (
+        "multi-stage",
+        f"FROM {BASE} AS a\nRUN true\nFROM {BASE}\n",
+        [
+            "Containerfile:3: FROM: a second FROM (line 1 is the first): multi-stage builds "
+            "are not supported"
+        ],
+    ),
+    (
+        "user",
+        f"FROM {BASE}\nUSER 1000\n",
+        ["Containerfile:2: USER: not supported: the container runs as the job's user"],
+    ),
+    (
+        "add",
+        f"FROM {BASE}\nADD https://example.org/x.tgz /opt/\n",
+        [
+            "Containerfile:2: ADD: not supported: use COPY; ADD's URLs and archive unpacking "
+            "are not supported"
+        ],
+    ),
     ("onbuild", f"FROM {BASE}\nONBUILD RUN true\n", ["Containerfile:2: ONBUILD: not supported"]),
-    ("run-mount", f"FROM {BASE}\nRUN --mount=type=secret,id=k cat /run/secrets/k\n",
-     ["Containerfile:2: RUN: flags (--mount=type=secret,id=k) are not supported"]),
-    ("copy-from", f"FROM {BASE}\nCOPY --from=other /x /x\n",
-     ["Containerfile:2: COPY: flags (--from=other) are not supported"]),
-    ("copy-chown", f"FROM {BASE}\nCOPY --chown=root requirements.txt /x\n",
-     ["Containerfile:2: COPY: flags (--chown=root) are not supported"]),
-    ("unknown-instruction", f"FROM {BASE}\nRUNN true\n",
-     ["Containerfile:2: RUNN: unknown instruction RUNN"]),
-    ("shell-not-json", f"FROM {BASE}\nSHELL bash -c\n",
-     ["Containerfile:2: SHELL: expected a JSON list of strings"]),
-    ("several-sources-no-slash", f"FROM {BASE}\nCOPY requirements.txt Containerfile /opt\n",
-     ["Containerfile:2: COPY: several sources need a destination ending in '/'"]),
-    ("copy-matches-nothing", f"FROM {BASE}\nRUN true\nCOPY data/*.csv /data/\n",
-     ["Containerfile:3: COPY: source 'data/*.csv' matches no file in the build context"]),
-    ("every-problem", f"FROM {BASE}\nUSER x\nADD a b\nHEALTHCHECK NONE\nVOLUME /v\nFOO\n",
-     ["Containerfile:2: USER", "Containerfile:3: ADD", "Containerfile:6: FOO"]),
-    ("over-256-kib", f"FROM {BASE}\n" + "RUN true\n" * 30000,
-     ["Containerfile: over 256 KiB: not a build file"]),
-]  # fmt: skip
+    (
+        "run-mount",
+        f"FROM {BASE}\nRUN --mount=type=secret,id=k cat /run/secrets/k\n",
+        ["Containerfile:2: RUN: flags (--mount=type=secret,id=k) are not supported"],
+    ),
+    (
+        "copy-from",
+        f"FROM {BASE}\nCOPY --from=other /x /x\n",
+        ["Containerfile:2: COPY: flags (--from=other) are not supported"],
+    ),
+    (
+        "copy-chown",
+        f"FROM {BASE}\nCOPY --chown=root requirements.txt /x\n",
+        ["Containerfile:2: COPY: flags (--chown=root) are not supported"],
+    ),
+    (
+        "unknown-instruction",
+        f"FROM {BASE}\nRUNN true\n",
+        ["Containerfile:2: RUNN: unknown instruction RUNN"],
+    ),
+    (
+        "shell-not-json",
+        f"FROM {BASE}\nSHELL bash -c\n",
+        ["Containerfile:2: SHELL: expected a JSON list of strings"],
+    ),
+    (
+        "several-sources-no-slash",
+        f"FROM {BASE}\nCOPY requirements.txt Containerfile /opt\n",
+        ["Containerfile:2: COPY: several sources need a destination ending in '/'"],
+    ),
+    (
+        "copy-matches-nothing",
+        f"FROM {BASE}\nRUN true\nCOPY data/*.csv /data/\n",
+        ["Containerfile:3: COPY: source 'data/*.csv' matches no file in the build context"],
+    ),
+    (
+        "every-problem",
+        f"FROM {BASE}\nUSER x\nADD a b\nHEALTHCHECK NONE\nVOLUME /v\nFOO\n",
+        ["Containerfile:2: USER", "Containerfile:3: ADD", "Containerfile:6: FOO"],
+    ),
+    (
+        "over-256-kib",
+        f"FROM {BASE}\n" + "RUN true\n" * 30000,
+        ["Containerfile: over 256 KiB: not a build file"],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -139,18 +238,20 @@ def test_a_bad_build_file_is_refused_with_its_line(tcloud, tmp_path, build, frag
 def test_a_build_file_that_is_not_utf8(tcloud, tmp_path):
     root = project(tmp_path / "p", build=f"FROM {BASE}\nRUN echo \xff\n".encode("latin-1"))
     tcloud.refused(
-        tcloud("submit", str(root)), 3,
+        tcloud("submit", str(root)),
+        3,
         "Containerfile:2: not UTF-8 text; save the build file as UTF-8",
-    )  # fmt: skip
+    )
 
 
 def test_a_copy_source_left_out_by_the_ignore_file(tcloud, tmp_path):
     root = project(tmp_path / "p")
     (root / ".tcloudignore").write_text("requirements.txt\n")
     tcloud.refused(
-        tcloud("submit", str(root)), 3,
+        tcloud("submit", str(root)),
+        3,
         "Containerfile:2: COPY: source 'requirements.txt': its files are left out of the upload",
-    )  # fmt: skip
+    )
 
 
 def test_validate_reports_the_build_files_problems_too(tcloud, tmp_path):
@@ -166,9 +267,10 @@ def test_a_build_path_through_a_symlink_out_of_the_task_directory(tcloud, tmp_pa
     root = project(tmp_path / "p", HEAD + "image:\n  build: env\n", None)
     os.symlink(outside, root / "env")
     tcloud.refused(
-        tcloud("submit", str(root)), 3,
+        tcloud("submit", str(root)),
+        3,
         f"tcloud.yaml:4:10: image.build: env resolves to {outside}, outside the task directory",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.security
@@ -181,9 +283,10 @@ def test_a_copy_source_out_of_the_context(tcloud, tmp_path, source):
     root = project(tmp_path / "p", build=build)
     shown = source.replace("${UP}", "..")
     tcloud.refused(
-        tcloud("submit", str(root)), 3,
+        tcloud("submit", str(root)),
+        3,
         f"Containerfile:3: COPY: source '{shown}': expected a path inside the build context",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.security
@@ -200,7 +303,8 @@ def test_a_build_file_found_in_the_directory_linking_out_of_the_task_directory(
     os.symlink(outside, root / name)
     result = tcloud("submit", str(root))
     tcloud.refused(
-        result, 3,
+        result,
+        3,
         f"tcloud.yaml:4:10: image.build: ./{name} resolves outside the task directory",
-    )  # fmt: skip
+    )
     assert "s3cret" not in (result.stderr + result.stdout).lower()

@@ -29,34 +29,72 @@ WITH_IMAGE = HEAD + "image: n1:5000/tacc/base:bookworm\n"
 
 # (id, task file, fragments stderr must hold: file:line:column: field: what is expected)
 CASES = [
-    ("no-registry-host", HEAD + "image: tacc/base:bookworm\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'tacc/base:bookworm'"]),
-    ("docker-hub-short-name", HEAD + "image: ubuntu\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'ubuntu'"]),
-    ("uppercase-path", HEAD + "image: n1:5000/Tacc/Base:bookworm\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/Tacc/Base:bookworm'"]),
-    ("bad-digest", HEAD + "image: n1:5000/tacc/base@sha256:abc\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/tacc/base@sha256:abc'"]),
-    ("md5-digest", HEAD + "image: n1:5000/tacc/base@md5:" + "0" * 32 + "\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/tacc/base@md5:"]),
-    ("port-out-of-range", HEAD + "image: n1:99999/tacc/base\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:99999/tacc/base'"]),
-    ("a-list", HEAD + "image: [n1:5000/tacc/base:bookworm]\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got a list"]),
-    ("a-mapping", HEAD + "image: {ref: n1:5000/tacc/base}\n",
-     [f"tcloud.yaml:3:8: {EXPECTED}, got a mapping"]),
-    ("with-requirements", WITH_IMAGE + "environment:\n  requirements: [numpy]\n",
-     [f"tcloud.yaml:5:17: environment.requirements: {NOT_WITH_IMAGE}"]),
-    ("with-lock", WITH_IMAGE + "environment:\n  lock: [numpy==2.0.0]\n",
-     [f"tcloud.yaml:5:9: environment.lock: {NOT_WITH_IMAGE}"]),
-    ("with-modules", WITH_IMAGE + "environment:\n  modules: [gcc]\n",
-     [f"tcloud.yaml:5:12: environment.modules: {NOT_WITH_IMAGE}"]),
-    ("with-all-three", WITH_IMAGE + "environment:\n  requirements: [numpy]\n  lock: [numpy==2.0.0]"
-     "\n  modules: [gcc]\n",
-     ["tcloud.yaml:5:17: environment.requirements: not with 'image'",
-      "tcloud.yaml:6:9: environment.lock: not with 'image'",
-      "tcloud.yaml:7:12: environment.modules: not with 'image'"]),
-]  # fmt: skip
+    (
+        "no-registry-host",
+        HEAD + "image: tacc/base:bookworm\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'tacc/base:bookworm'"],
+    ),
+    (
+        "docker-hub-short-name",
+        HEAD + "image: ubuntu\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'ubuntu'"],
+    ),
+    (
+        "uppercase-path",
+        HEAD + "image: n1:5000/Tacc/Base:bookworm\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/Tacc/Base:bookworm'"],
+    ),
+    (
+        "bad-digest",
+        HEAD + "image: n1:5000/tacc/base@sha256:abc\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/tacc/base@sha256:abc'"],
+    ),
+    (
+        "md5-digest",
+        HEAD + "image: n1:5000/tacc/base@md5:" + "0" * 32 + "\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:5000/tacc/base@md5:"],
+    ),
+    (
+        "port-out-of-range",
+        HEAD + "image: n1:99999/tacc/base\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got 'n1:99999/tacc/base'"],
+    ),
+    (
+        "a-list",
+        HEAD + "image: [n1:5000/tacc/base:bookworm]\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got a list"],
+    ),
+    (
+        "a-mapping",
+        HEAD + "image: {ref: n1:5000/tacc/base}\n",
+        [f"tcloud.yaml:3:8: {EXPECTED}, got a mapping"],
+    ),
+    (
+        "with-requirements",
+        WITH_IMAGE + "environment:\n  requirements: [numpy]\n",
+        [f"tcloud.yaml:5:17: environment.requirements: {NOT_WITH_IMAGE}"],
+    ),
+    (
+        "with-lock",
+        WITH_IMAGE + "environment:\n  lock: [numpy==2.0.0]\n",
+        [f"tcloud.yaml:5:9: environment.lock: {NOT_WITH_IMAGE}"],
+    ),
+    (
+        "with-modules",
+        WITH_IMAGE + "environment:\n  modules: [gcc]\n",
+        [f"tcloud.yaml:5:12: environment.modules: {NOT_WITH_IMAGE}"],
+    ),
+    (
+        "with-all-three",
+        WITH_IMAGE + "environment:\n  requirements: [numpy]\n  lock: [numpy==2.0.0]"
+        "\n  modules: [gcc]\n",
+        [
+            "tcloud.yaml:5:17: environment.requirements: not with 'image'",
+            "tcloud.yaml:6:9: environment.lock: not with 'image'",
+            "tcloud.yaml:7:12: environment.modules: not with 'image'",
+        ],
+    ),
+]
 
 
 @pytest.fixture
@@ -87,11 +125,14 @@ def test_env_goes_with_an_image(tmp_path: Path):
     [
         ("tacc/base", {}, f"task: {EXPECTED}, got 'tacc/base'"),
         (["n1:5000/tacc/base"], {}, f"task: {EXPECTED}, got a list"),
-        ("n1:5000/tacc/base", {"requirements": ["numpy"]},
-         f"task: environment.requirements: {NOT_WITH_IMAGE}"),
+        (
+            "n1:5000/tacc/base",
+            {"requirements": ["numpy"]},
+            f"task: environment.requirements: {NOT_WITH_IMAGE}",
+        ),
     ],
     ids=["no-registry-host", "a-list", "with-requirements"],
-)  # fmt: skip
+)
 def test_a_dict_tasks_bad_image_names_the_field_without_a_line(
     tmp_path, image, environment, message
 ):

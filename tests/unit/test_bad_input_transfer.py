@@ -38,8 +38,10 @@ class FakeSFTP:
             raise names
         if names is None:
             names = [p[len(path) + 1 :] for p in self.tree if p.rpartition("/")[0] == path]
-        return [SimpleNamespace(filename=name, st_mode=self.mode(f"{path}/{name}"), st_size=0)
-                for name in names]  # fmt: skip
+        return [
+            SimpleNamespace(filename=name, st_mode=self.mode(f"{path}/{name}"), st_size=0)
+            for name in names
+        ]
 
     def mode(self, path: str) -> int:
         value = self.tree.get(path, b"")
@@ -89,8 +91,9 @@ def everything_under(root: Path) -> list[str]:
 WORKDIR = "/w/job"
 
 
-@pytest.mark.parametrize("name", ["../escape.txt", "../../etc/cron.d/x", "..", ".", "a/../../b",
-                                  "x\0y"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["../escape.txt", "../../etc/cron.d/x", "..", ".", "a/../../b", "x\0y"]
+)
 def test_download_refuses_names_that_leave_the_directory(tmp_path, name):
     sftp = FakeSFTP({f"{WORKDIR}/outputs": None}, listing={f"{WORKDIR}/outputs": [name]})
     dest = tmp_path / "dest"
@@ -117,16 +120,26 @@ def test_download_does_not_descend_a_local_directory_symlink(tmp_path):
     dest = tmp_path / "dest"
     (dest / "outputs").mkdir(parents=True)
     (dest / "outputs/sub").symlink_to(elsewhere)
-    sftp = FakeSFTP({f"{WORKDIR}/outputs": None, f"{WORKDIR}/outputs/sub": None,
-                     f"{WORKDIR}/outputs/sub/x": b"evil"})  # fmt: skip
+    sftp = FakeSFTP(
+        {
+            f"{WORKDIR}/outputs": None,
+            f"{WORKDIR}/outputs/sub": None,
+            f"{WORKDIR}/outputs/sub/x": b"evil",
+        }
+    )
     with pytest.raises(TcloudError, match="sub is a symlink"):
         files.download(sftp, WORKDIR, dest)
     assert list(elsewhere.iterdir()) == []
 
 
 def test_download_skips_remote_symlinks(tmp_path):
-    sftp = FakeSFTP({f"{WORKDIR}/outputs": None, f"{WORKDIR}/outputs/ok.txt": b"ok\n",
-                     f"{WORKDIR}/outputs/key": ("link", "/root/.ssh/id_ed25519")})  # fmt: skip
+    sftp = FakeSFTP(
+        {
+            f"{WORKDIR}/outputs": None,
+            f"{WORKDIR}/outputs/ok.txt": b"ok\n",
+            f"{WORKDIR}/outputs/key": ("link", "/root/.ssh/id_ed25519"),
+        }
+    )
     assert files.download(sftp, WORKDIR, tmp_path / "dest") == 1
     assert everything_under(tmp_path / "dest") == ["outputs", "outputs/ok.txt"]
 
@@ -139,8 +152,9 @@ def test_download_of_a_non_utf8_remote_name_is_named(tmp_path):
 
 
 def test_a_cut_download_leaves_no_partial_file(tmp_path):
-    sftp = FakeSFTP({f"{WORKDIR}/outputs": None, f"{WORKDIR}/outputs/model.pt": b"x" * 1000},
-                    fail_after=100)  # fmt: skip
+    sftp = FakeSFTP(
+        {f"{WORKDIR}/outputs": None, f"{WORKDIR}/outputs/model.pt": b"x" * 1000}, fail_after=100
+    )
     with pytest.raises(TcloudError, match=r"download of .*model\.pt failed: connection reset"):
         files.download(sftp, WORKDIR, tmp_path / "dest")
     assert everything_under(tmp_path / "dest") == ["outputs"]

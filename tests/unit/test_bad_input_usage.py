@@ -29,16 +29,25 @@ USAGE_CASES = [
     ("rerun-space", ["rerun", "1 2"], "not a job id: 1 2"),
     ("validate-missing-path", ["validate", "{tmp}/nowhere"], "path {tmp}/nowhere: no such file"),
     ("submit-missing-path", ["submit", "{tmp}/nowhere"], "path {tmp}/nowhere: no such file"),
-    ("dry-run-missing-path", ["submit", "--dry-run", "{tmp}/nowhere/tcloud.yaml"],
-     "path {tmp}/nowhere/tcloud.yaml: no such file or directory"),
+    (
+        "dry-run-missing-path",
+        ["submit", "--dry-run", "{tmp}/nowhere/tcloud.yaml"],
+        "path {tmp}/nowhere/tcloud.yaml: no such file or directory",
+    ),
     ("plugins-missing-path", ["plugins", "{tmp}/nowhere"], "path {tmp}/nowhere: no such file"),
-    ("download-dest-parent-missing", ["download", "12", "{tmp}/no/such/dir"],
-     "{tmp}/no/such/dir: no such directory {tmp}/no/such"),
-    ("download-dest-is-a-file", ["download", "12", "{tmp}/a-file"],
-     "{tmp}/a-file: exists and is not a directory"),
+    (
+        "download-dest-parent-missing",
+        ["download", "12", "{tmp}/no/such/dir"],
+        "{tmp}/no/such/dir: no such directory {tmp}/no/such",
+    ),
+    (
+        "download-dest-is-a-file",
+        ["download", "12", "{tmp}/a-file"],
+        "{tmp}/a-file: exists and is not a directory",
+    ),
     ("upload-missing-path", ["upload", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),
     ("cat-outside", ["cat", "../x"], "path '../x' is outside your cluster directory"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

@@ -74,11 +74,15 @@ def test_notes_follow_their_section_and_survive_a_rerun(report, tmp_path) -> Non
 def test_scripts_report_py_does_not_run_keep_their_recorded_section(report, tmp_path) -> None:
     base = results()
     base["scripts"] = {
-        "interactive": {"script": "interactive.py", "command": "c", "ok": True,
-                        "section": ["## Into a running job", "", "| a | b |"],
-                        "notes": ["Why."]},
+        "interactive": {
+            "script": "interactive.py",
+            "command": "c",
+            "ok": True,
+            "section": ["## Into a running job", "", "| a | b |"],
+            "notes": ["Why."],
+        },
         "operations": {"script": "operations.py", "command": "c", "ok": True},
-    }  # fmt: skip
+    }
     text = report.render(base, tmp_path)[0].read_text()
     assert "## Into a running job\n\n| a | b |\n\nWhy.\n" in text
     assert "_No section recorded for operations.py._" in text

@@ -218,8 +218,11 @@ def test_a_copy_source_matching_nothing_names_its_line() -> None:
 
 
 def test_build_key_covers_content_not_layout() -> None:
-    files = {"Containerfile": ("0" * 64, False), "req.txt": ("1" * 64, False),
-             "other": ("2" * 64, False)}  # fmt: skip
+    files = {
+        "Containerfile": ("0" * 64, False),
+        "req.txt": ("1" * 64, False),
+        "other": ("2" * 64, False),
+    }
     text = f"FROM {BASE}\nCOPY req.txt /r\nRUN pip install -r /r\n"
     key = build_key(parse(text, SRC), PINNED, files)
     assert key.startswith("sha256:") and len(key) == 71

@@ -114,9 +114,14 @@ def test_text_that_is_not_utf8_is_refused_with_its_line(body: str) -> None:
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     "body",
-    ["RUN " + "[" * 100000, "SHELL " + "[" * 100000, "COPY " + "[" * 100000,
-     "ENV A=" + "${X:-" * 30000 + "}" * 30000, "WORKDIR /" + "${X:-" * 30000 + "}" * 30000],
-)  # fmt: skip
+    [
+        "RUN " + "[" * 100000,
+        "SHELL " + "[" * 100000,
+        "COPY " + "[" * 100000,
+        "ENV A=" + "${X:-" * 30000 + "}" * 30000,
+        "WORKDIR /" + "${X:-" * 30000 + "}" * 30000,
+    ],
+)
 def test_deep_nesting_is_a_problem_of_its_line_not_a_crash(body: str) -> None:
     try:
         build = parse(f"FROM {BASE}\n{body}\n", SRC)

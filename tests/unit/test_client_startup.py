@@ -34,7 +34,11 @@ LOCAL_COMMANDS = [
 @pytest.mark.parametrize("argv", LOCAL_COMMANDS)
 def test_local_commands_do_not_load_the_ssh_stack(argv):
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
-        check=True, timeout=60,
-    ).stdout  # fmt: skip
+        [sys.executable, "-c", PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert out.strip() == "0 []", out

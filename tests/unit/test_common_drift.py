@@ -28,8 +28,15 @@ def file_spec(path, content="a\n", mode="0644", owner=None, group=None) -> dict:
 
 
 def params(**kinds) -> dict:
-    empty = {"hostname": None, "files": [], "links": [], "dirs": [], "groups": [], "users": [],
-             "probe": []}  # fmt: skip
+    empty = {
+        "hostname": None,
+        "files": [],
+        "links": [],
+        "dirs": [],
+        "groups": [],
+        "users": [],
+        "probe": [],
+    }
     return {**empty, **kinds}
 
 

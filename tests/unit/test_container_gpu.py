@@ -31,12 +31,20 @@ def driver_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def binds_for(tmp_path: Path, environ: dict[str, str], gpu_driver_dir: str | None,
-              extra: tuple[str, ...] = ()) -> containers.JobBinds:  # fmt: skip
+def binds_for(
+    tmp_path: Path, environ: dict[str, str], gpu_driver_dir: str | None, extra: tuple[str, ...] = ()
+) -> containers.JobBinds:
     user_dir = tmp_path / "tcloud" / "alice"
     user_dir.mkdir(parents=True, exist_ok=True)
-    return containers.job_binds(user_dir, str(tmp_path / "tcloud"), [], list(extra), "",
-                                gpu_driver_dir=gpu_driver_dir, environ=environ)  # fmt: skip
+    return containers.job_binds(
+        user_dir,
+        str(tmp_path / "tcloud"),
+        [],
+        list(extra),
+        "",
+        gpu_driver_dir=gpu_driver_dir,
+        environ=environ,
+    )
 
 
 def test_a_gpu_job_gets_the_driver_directory_at_usr_local_nvidia(tmp_path):
@@ -48,23 +56,29 @@ def test_a_gpu_job_gets_the_driver_directory_at_usr_local_nvidia(tmp_path):
     assert job.search_paths == {"PATH": f"{TARGET}/bin", "LD_LIBRARY_PATH": f"{TARGET}/lib64"}
 
 
-@pytest.mark.parametrize("environ", [
-    {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"},  # a step's GPUs (srun)
-    {"SLURM_STEP_GPUS": "1"},
-    {"SLURM_JOB_GPUS": "0,1"},  # the batch step
-    {"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": "3"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"},  # a step's GPUs (srun)
+        {"SLURM_STEP_GPUS": "1"},
+        {"SLURM_JOB_GPUS": "0,1"},  # the batch step
+        {"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": "3"},
+    ],
+)
 def test_either_of_slurms_gpu_variables_means_gpus(environ):
     assert containers.given_gpus(environ)
 
 
-@pytest.mark.parametrize("environ", [
-    {},
-    {"CUDA_VISIBLE_DEVICES": ""},
-    {"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": ""},  # a Gres without devices
-    {"GPU_DEVICE_ORDINAL": "0"},  # not Slurm's word for the job's GPUs
-    {"SLURM_JOB_GPUS": "NoDevFiles", "SLURM_STEP_GPUS": ""},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"CUDA_VISIBLE_DEVICES": ""},
+        {"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": ""},  # a Gres without devices
+        {"GPU_DEVICE_ORDINAL": "0"},  # not Slurm's word for the job's GPUs
+        {"SLURM_JOB_GPUS": "NoDevFiles", "SLURM_STEP_GPUS": ""},
+    ],
+)
 def test_a_job_without_gpus_gets_nothing_of_the_driver(tmp_path, environ):
     driver = driver_dir(tmp_path)
     assert not containers.given_gpus(environ)
@@ -137,8 +151,10 @@ SEARCH = {"PATH": f"{TARGET}/bin", "LD_LIBRARY_PATH": f"{TARGET}/lib64"}
 def test_the_driver_goes_after_the_images_own_search_paths():
     image = {"PATH": "/opt/conda/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/conda/lib"}
     env = containers.container_env(image, {}, None, SEARCH)
-    assert env == {"PATH": f"/opt/conda/bin:/usr/bin:/bin:{TARGET}/bin",
-                   "LD_LIBRARY_PATH": f"/opt/conda/lib:{TARGET}/lib64"}  # fmt: skip
+    assert env == {
+        "PATH": f"/opt/conda/bin:/usr/bin:/bin:{TARGET}/bin",
+        "LD_LIBRARY_PATH": f"/opt/conda/lib:{TARGET}/lib64",
+    }
 
 
 def test_an_image_without_the_variables_gets_the_default_path_and_the_driver():
@@ -150,21 +166,27 @@ def test_an_image_without_the_variables_gets_the_default_path_and_the_driver():
 def test_a_cuda_image_that_already_names_the_driver_is_left_as_it_is():
     """nvidia/cuda images set LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64
     and PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:...: nothing added twice."""
-    image = {"PATH": f"{TARGET}/bin:/usr/local/cuda/bin:/usr/bin",
-             "LD_LIBRARY_PATH": f"{TARGET}/lib:{TARGET}/lib64"}  # fmt: skip
+    image = {
+        "PATH": f"{TARGET}/bin:/usr/local/cuda/bin:/usr/bin",
+        "LD_LIBRARY_PATH": f"{TARGET}/lib:{TARGET}/lib64",
+    }
     assert containers.container_env(image, {}, None, SEARCH) == image
 
 
 def test_the_driver_goes_after_the_tasks_own_search_paths_too():
     """DECIDED (review of issue 19): a task that sets LD_LIBRARY_PATH or PATH keeps its
     value first, and the driver's directory still comes at its end."""
-    env = containers.container_env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/img"},
-                                   {"LD_LIBRARY_PATH": "/mine"}, None, SEARCH)  # fmt: skip
+    env = containers.container_env(
+        {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/img"}, {"LD_LIBRARY_PATH": "/mine"}, None, SEARCH
+    )
     assert env == {"PATH": f"/usr/bin:{TARGET}/bin", "LD_LIBRARY_PATH": f"/mine:{TARGET}/lib64"}
-    env = containers.container_env({}, {"PATH": "/opt/x/bin:/usr/bin", "LD_LIBRARY_PATH": ""},
-                                   None, SEARCH)  # fmt: skip
-    assert env == {"PATH": f"/opt/x/bin:/usr/bin:{TARGET}/bin",
-                   "LD_LIBRARY_PATH": f"{TARGET}/lib64"}  # fmt: skip
+    env = containers.container_env(
+        {}, {"PATH": "/opt/x/bin:/usr/bin", "LD_LIBRARY_PATH": ""}, None, SEARCH
+    )
+    assert env == {
+        "PATH": f"/opt/x/bin:/usr/bin:{TARGET}/bin",
+        "LD_LIBRARY_PATH": f"{TARGET}/lib64",
+    }
 
 
 def test_a_task_value_that_already_names_the_driver_is_inherited_as_it_is():
@@ -192,8 +214,9 @@ def test_the_charliecloud_line_carries_the_bind_and_the_variables(tmp_path):
     driver = driver_dir(tmp_path)
     job = binds_for(tmp_path, GPU_JOB, str(driver))
     env = containers.container_env({"PATH": "/usr/bin"}, {}, None, job.search_paths)
-    argv = containers.Charliecloud().command(tmp_path / "rootfs", ["nvidia-smi"], tmp_path,
-                                             job.binds, env)  # fmt: skip
+    argv = containers.Charliecloud().command(
+        tmp_path / "rootfs", ["nvidia-smi"], tmp_path, job.binds, env
+    )
     assert f"--bind={driver}:{TARGET}" in argv
     assert f"--set-env=LD_LIBRARY_PATH={TARGET}/lib64" in argv
     assert f"--set-env=PATH=/usr/bin:{TARGET}/bin" in argv
@@ -214,8 +237,9 @@ def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     driver = driver_dir(tmp_path / "node")
     env = gpu_agent_env(tmp_path, driver)
-    proc = agent("batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0",
-                                             "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    proc = agent(
+        "batch", str(job_dir), env={**env, "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     image = imagecache.rootfs_at(user_dir, imagecache.digest_hex(parse_reference(PINNED)))
     assert (image / "usr/local/nvidia").is_dir()  # the batch step made the mount point
@@ -228,10 +252,13 @@ def test_a_gpu_jobs_lines_get_the_driver_and_the_search_paths(tmp_path):
 
 
 @pytest.mark.security
-@pytest.mark.parametrize("environ", [
-    {"CUDA_VISIBLE_DEVICES": "0"},  # from the user's shell through sbatch --export=ALL
-    {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "", "SLURM_STEP_GPUS": "NoDevFiles"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"CUDA_VISIBLE_DEVICES": "0"},  # from the user's shell through sbatch --export=ALL
+        {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "", "SLURM_STEP_GPUS": "NoDevFiles"},
+    ],
+)
 def test_cuda_visible_devices_alone_is_not_slurms_word_for_gpus(tmp_path, environ):
     """A user's shell may export CUDA_VISIBLE_DEVICES and sbatch brings it into any job:
     it says nothing about what Slurm gave, so no driver directory for it."""
@@ -243,10 +270,14 @@ def test_cuda_visible_devices_alone_is_not_slurms_word_for_gpus(tmp_path, enviro
 
 
 def test_a_gpu_tasks_own_library_path_gets_the_driver_at_its_end(tmp_path):
-    user_dir, job_dir = make_image_job(tmp_path, {
-        "name": "t", "run": ["echo $LD_LIBRARY_PATH"],
-        "environment": {"env": {"LD_LIBRARY_PATH": "/opt/mine/lib"}},
-    })  # fmt: skip
+    user_dir, job_dir = make_image_job(
+        tmp_path,
+        {
+            "name": "t",
+            "run": ["echo $LD_LIBRARY_PATH"],
+            "environment": {"env": {"LD_LIBRARY_PATH": "/opt/mine/lib"}},
+        },
+    )
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     driver = driver_dir(tmp_path / "node")
     env = gpu_agent_env(tmp_path, driver)

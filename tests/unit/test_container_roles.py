@@ -118,12 +118,30 @@ def seed_address(fake: Path) -> str:
 def seed(fake: Path, registry: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake)}
     return subprocess.run(
-        [sys.executable, str(SEED), "--registry", registry, "--wait", "5",
-         "--seed-registry", seed_address(fake), "--seed-command", str(fake / "bin/docker-registry"),
-         "--seed-config", str(fake / "seed.yml"), *extra, "--",
-         str(fake / "base.oci.tar"), "tacc/base:bookworm"],
-        capture_output=True, text=True, env=env, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SEED),
+            "--registry",
+            registry,
+            "--wait",
+            "5",
+            "--seed-registry",
+            seed_address(fake),
+            "--seed-command",
+            str(fake / "bin/docker-registry"),
+            "--seed-config",
+            str(fake / "seed.yml"),
+            *extra,
+            "--",
+            str(fake / "base.oci.tar"),
+            "tacc/base:bookworm",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
 
 
 def listening(address: str) -> bool:
@@ -168,16 +186,35 @@ def test_an_absent_image_is_pushed_once_through_the_loopback_instance_then_left_
 def test_a_killed_seeding_leaves_no_writable_listener(fake: Path, registry: str) -> None:
     """SIGKILL while it pushes (an Ansible timeout, an operator's ^C): the loopback
     instance stops with it instead of staying up writable."""
-    env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake),
-           "FAKE_HANG": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{fake / 'bin'}:{os.environ['PATH']}",
+        "FAKE_DIR": str(fake),
+        "FAKE_HANG": "1",
+    }
     seeding = seed_address(fake)
     proc = subprocess.Popen(
-        [sys.executable, str(SEED), "--registry", registry, "--wait", "5",
-         "--seed-registry", seeding, "--seed-command", str(fake / "bin/docker-registry"),
-         "--seed-config", str(fake / "seed.yml"), "--",
-         str(fake / "base.oci.tar"), "tacc/base:bookworm"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SEED),
+            "--registry",
+            registry,
+            "--wait",
+            "5",
+            "--seed-registry",
+            seeding,
+            "--seed-command",
+            str(fake / "bin/docker-registry"),
+            "--seed-config",
+            str(fake / "seed.yml"),
+            "--",
+            str(fake / "base.oci.tar"),
+            "tacc/base:bookworm",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while not [c for c in calls(fake) if c.startswith("copy")]:
@@ -199,10 +236,23 @@ def test_a_killed_seeding_leaves_no_writable_listener(fake: Path, registry: str)
 def test_a_seeding_instance_off_the_loopback_is_refused(fake: Path, registry: str) -> None:
     env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE_DIR": str(fake)}
     proc = subprocess.run(
-        [sys.executable, str(SEED), "--registry", registry, "--seed-registry", "10.0.0.1:5001",
-         "--", str(fake / "base.oci.tar"), "tacc/base:bookworm"],
-        capture_output=True, text=True, env=env, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SEED),
+            "--registry",
+            registry,
+            "--seed-registry",
+            "10.0.0.1:5001",
+            "--",
+            str(fake / "base.oci.tar"),
+            "tacc/base:bookworm",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "--seed-registry must be on the loopback" in proc.stderr
     assert not calls(fake)
@@ -255,9 +305,14 @@ def test_the_registries_file_names_the_cluster_registry() -> None:
 
 def test_an_air_gapped_mirror_entry_renders() -> None:
     parsed = render_registries(
-        [{"prefix": "docker.io", "location": "docker.io",
-          "mirrors": [{"location": "reg1:5000/docker.io", "insecure": True}]}]
-    )  # fmt: skip
+        [
+            {
+                "prefix": "docker.io",
+                "location": "docker.io",
+                "mirrors": [{"location": "reg1:5000/docker.io", "insecure": True}],
+            }
+        ]
+    )
     entry = parsed["registry"][0]
     assert entry["prefix"] == "docker.io"
     assert entry["mirror"] == [{"location": "reg1:5000/docker.io", "insecure": True}]

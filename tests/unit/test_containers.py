@@ -23,38 +23,65 @@ from tcloud.task_file import load_task
 from tests.unit.agent_jobs import agent, agent_env
 from tests.unit.test_agent_images import PINNED, StubPuller
 
-BINDS = [Bind("/shared", "/shared"), Bind("/u/images/.mask", "/shared/tcloud"),
-         Bind("/shared/tcloud/alice", "/shared/tcloud/alice")]  # fmt: skip
+BINDS = [
+    Bind("/shared", "/shared"),
+    Bind("/u/images/.mask", "/shared/tcloud"),
+    Bind("/shared/tcloud/alice", "/shared/tcloud/alice"),
+]
 ROOTFS = Path("/shared/tcloud/alice/images/abc/rootfs")
 CWD = Path("/shared/tcloud/alice/jobs/j1/code")
 IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
 def test_charliecloud_argv():
-    argv = containers.Charliecloud().command(ROOTFS, ["bash", "-c", "echo hi"], CWD, BINDS,
-                                             IMAGE_ENV)  # fmt: skip
+    argv = containers.Charliecloud().command(
+        ROOTFS, ["bash", "-c", "echo hi"], CWD, BINDS, IMAGE_ENV
+    )
     assert argv == [
-        "ch-run", "--env-no-expand", "--set-env=PATH=/usr/local/bin:/usr/bin:/bin",
-        "--bind=/shared:/shared", "--bind=/u/images/.mask:/shared/tcloud",
-        "--bind=/shared/tcloud/alice:/shared/tcloud/alice", f"--cd={CWD}", str(ROOTFS),
-        "--", "bash", "-c", "echo hi",
-    ]  # fmt: skip
+        "ch-run",
+        "--env-no-expand",
+        "--set-env=PATH=/usr/local/bin:/usr/bin:/bin",
+        "--bind=/shared:/shared",
+        "--bind=/u/images/.mask:/shared/tcloud",
+        "--bind=/shared/tcloud/alice:/shared/tcloud/alice",
+        f"--cd={CWD}",
+        str(ROOTFS),
+        "--",
+        "bash",
+        "-c",
+        "echo hi",
+    ]
 
 
 def test_apptainer_argv():
     argv = containers.Apptainer().command(ROOTFS, ["python3", "x.py"], CWD, BINDS[:1], IMAGE_ENV)
     assert argv == [
-        "apptainer", "exec", "--no-home", "--env=PATH=/usr/local/bin:/usr/bin:/bin",
-        "--bind=/shared:/shared", f"--pwd={CWD}", str(ROOTFS), "python3", "x.py",
-    ]  # fmt: skip
+        "apptainer",
+        "exec",
+        "--no-home",
+        "--env=PATH=/usr/local/bin:/usr/bin:/bin",
+        "--bind=/shared:/shared",
+        f"--pwd={CWD}",
+        str(ROOTFS),
+        "python3",
+        "x.py",
+    ]
 
 
 def test_enroot_argv_changes_into_the_directory_itself():
     argv = containers.Enroot().command(ROOTFS, ["python3", "x y.py"], CWD, BINDS[:1], {})
     assert argv == [
-        "enroot", "start", "--mount=/shared:/shared", str(ROOTFS),
-        "sh", "-c", f'cd {CWD} && exec "$@"', "sh", "python3", "x y.py",
-    ]  # fmt: skip
+        "enroot",
+        "start",
+        "--mount=/shared:/shared",
+        str(ROOTFS),
+        "sh",
+        "-c",
+        f'cd {CWD} && exec "$@"',
+        "sh",
+        "python3",
+        "x y.py",
+    ]
 
 
 @pytest.mark.bad_input
@@ -81,10 +108,14 @@ def test_the_workspace_root_is_masked_where_an_extra_bind_shows_it(tmp_path):
     (shared / "data" / "imagenet").mkdir(parents=True)
     spool = tmp_path / "spool"
     spool.mkdir()
-    datasets = [str(shared / "data" / "imagenet"), str(user_dir / "mine"),
-                str(shared / "tcloud" / "bob" / "public")]  # fmt: skip
-    job = containers.job_binds(user_dir, str(shared / "tcloud"), datasets,
-                               [str(shared), "/no/such/dir"], str(spool))  # fmt: skip
+    datasets = [
+        str(shared / "data" / "imagenet"),
+        str(user_dir / "mine"),
+        str(shared / "tcloud" / "bob" / "public"),
+    ]
+    job = containers.job_binds(
+        user_dir, str(shared / "tcloud"), datasets, [str(shared), "/no/such/dir"], str(spool)
+    )
     mask = user_dir / "images" / containers.MASK
     assert job.binds == [
         Bind(str(shared), str(shared)),  # /no/such/dir: not on this node, left out
@@ -111,9 +142,16 @@ def test_a_dataset_path_the_bind_syntax_cannot_carry_is_refused(tmp_path, path):
 
 @pytest.mark.bad_input
 def test_an_unbindable_dataset_of_an_image_task_is_refused_at_submit(tmp_path):
-    task = execute.load(make_image_job(tmp_path, {
-        "name": "t", "run": ["true"], "datasets": [{"name": "d", "cluster": "/data/a:b"}],
-    })[1])  # fmt: skip
+    task = execute.load(
+        make_image_job(
+            tmp_path,
+            {
+                "name": "t",
+                "run": ["true"],
+                "datasets": [{"name": "d", "cluster": "/data/a:b"}],
+            },
+        )[1]
+    )
     with pytest.raises(Rejected, match="'/data/a:b' cannot be bound") as caught:
         schedule.check_container(task)
     assert caught.value.field == "datasets"
@@ -229,8 +267,9 @@ def make_image_job(tmp_path: Path, task: dict) -> tuple[Path, Path]:
     """(user_dir, job_dir) of `task` with its image resolved to PINNED, as at submit."""
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    (project / "tcloud.yaml").write_text(yaml.safe_dump({"image": "n1:5000/tacc/base:bookworm",
-                                                         **task}))  # fmt: skip
+    (project / "tcloud.yaml").write_text(
+        yaml.safe_dump({"image": "n1:5000/tacc/base:bookworm", **task})
+    )
     instruction = compile_task(load_task(project / "tcloud.yaml"), resolve_image=lambda _r: PINNED)
     user_dir = tmp_path / "workspace" / "user"
     user_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -240,8 +279,12 @@ def make_image_job(tmp_path: Path, task: dict) -> tuple[Path, Path]:
 def image_agent_env(tmp_path: Path) -> dict[str, str]:
     spool = tmp_path / "spool"
     spool.mkdir(exist_ok=True)
-    env = agent_env(tmp_path, container_binds=[str(tmp_path)], slurm_spool_dir=str(spool),
-                    image_lock_timeout_seconds=5)  # fmt: skip
+    env = agent_env(
+        tmp_path,
+        container_binds=[str(tmp_path)],
+        slurm_spool_dir=str(spool),
+        image_lock_timeout_seconds=5,
+    )
     env["PATH"] = f"{fake_tools(tmp_path)}{os.pathsep}{env['PATH']}"
     env["FAKE_CH_RUN_LOG"] = str(tmp_path / "ch-run.log")
     return env
@@ -253,10 +296,15 @@ def ch_runs(tmp_path: Path) -> list[dict]:
 
 
 def test_the_batch_step_runs_setup_and_run_lines_in_the_image(tmp_path):
-    user_dir, job_dir = make_image_job(tmp_path, {
-        "name": "t", "setup": ["echo setup in $PATH"], "run": ["echo run in $PWD as $USER"],
-        "environment": {"env": {"GREETING": "hi"}},
-    })  # fmt: skip
+    user_dir, job_dir = make_image_job(
+        tmp_path,
+        {
+            "name": "t",
+            "setup": ["echo setup in $PATH"],
+            "run": ["echo run in $PWD as $USER"],
+            "environment": {"env": {"GREETING": "hi"}},
+        },
+    )
     image = imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     env = image_agent_env(tmp_path)
     env.pop("USER", None)  # the wrapper gives ch-run the user's name itself
@@ -269,13 +317,18 @@ def test_the_batch_step_runs_setup_and_run_lines_in_the_image(tmp_path):
     setup, run = ch_runs(tmp_path)
     assert setup["rootfs"] == run["rootfs"] == image["path"]
     assert setup["cwd"] == run["cwd"] == str(job_dir / "code")
-    assert run["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-                          "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}  # fmt: skip
+    assert run["env"] == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    }
     mask = user_dir / "images" / containers.MASK
-    assert run["binds"] == [[str(tmp_path), str(tmp_path)],
-                            [str(mask), str(tmp_path / "workspace")],
-                            [str(user_dir), str(user_dir)],
-                            [str(tmp_path / "spool"), str(tmp_path / "spool")]]  # fmt: skip
+    assert run["binds"] == [
+        [str(tmp_path), str(tmp_path)],
+        [str(mask), str(tmp_path / "workspace")],
+        [str(user_dir), str(user_dir)],
+        [str(tmp_path / "spool"), str(tmp_path / "spool")],
+    ]
     assert run["argv"] == ["bash", "-euo", "pipefail", "-c", "echo run in $PWD as $USER"]
     recorded = imagecache.job_image(job_dir)
     assert recorded["reference"] == PINNED and recorded["runtime"] == "charliecloud"
@@ -301,15 +354,24 @@ def test_a_failed_pull_is_a_failed_job_with_the_reason(tmp_path):
 
 
 def test_the_wrapper_runs_a_rank_in_the_image_with_the_tasks_variables(tmp_path):
-    user_dir, job_dir = make_image_job(tmp_path, {
-        "name": "t", "run": ["echo $RANK/$WORLD_SIZE $GREETING $TACC_WORKDIR; exit 3"],
-        "environment": {"env": {"GREETING": "hi"}},
-    })  # fmt: skip
+    user_dir, job_dir = make_image_job(
+        tmp_path,
+        {
+            "name": "t",
+            "run": ["echo $RANK/$WORLD_SIZE $GREETING $TACC_WORKDIR; exit 3"],
+            "environment": {"env": {"GREETING": "hi"}},
+        },
+    )
     imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
     env = image_agent_env(tmp_path)
     # the batch step made the mount points; the wrapper finds them in place
-    execute.job_container(execute.load(job_dir), job_dir, load_config(
-        Path(env["TACC_AGENT_CONFIG"])), prepare=True, job_id="1")  # fmt: skip
+    execute.job_container(
+        execute.load(job_dir),
+        job_dir,
+        load_config(Path(env["TACC_AGENT_CONFIG"])),
+        prepare=True,
+        job_id="1",
+    )
     proc = agent("exec", str(job_dir), env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     log = next((job_dir / "logs").glob("rank-0-*.log")).read_text().splitlines()

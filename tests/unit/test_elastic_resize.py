@@ -14,8 +14,13 @@ from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Node, Queue, QueuedJob
 from tacc_plugins.elastic import Elastic
 
-SETTINGS = {"resize": True, "grow_after_seconds": 10, "shrink_after_seconds": 10,
-            "min_run_seconds": 20, "cooldown_seconds": 60}  # fmt: skip
+SETTINGS = {
+    "resize": True,
+    "grow_after_seconds": 10,
+    "shrink_after_seconds": 10,
+    "min_run_seconds": 20,
+    "cooldown_seconds": 60,
+}
 RESIZE = frozenset({"resize"})
 
 
@@ -23,19 +28,35 @@ def node(name: str, state: str = "ALLOCATED") -> Node:
     return Node(name, 4, 1000, 0, ("batch",), state=state)
 
 
-def job(job_id: str, state: str = "RUNNING", nodes: int = 1, elapsed: int = 100,
-        node_range: tuple[int, int] | None = (1, 3), opted_in: frozenset[str] = RESIZE,
-        reason: str = "") -> QueuedJob:  # fmt: skip
-    return QueuedJob(job_id, "alice", state, 0, 0, elapsed, nodes, "batch",
-                     reason if state == "PENDING" else "", opted_in,
-                     node_range=node_range)  # fmt: skip
+def job(
+    job_id: str,
+    state: str = "RUNNING",
+    nodes: int = 1,
+    elapsed: int = 100,
+    node_range: tuple[int, int] | None = (1, 3),
+    opted_in: frozenset[str] = RESIZE,
+    reason: str = "",
+) -> QueuedJob:
+    return QueuedJob(
+        job_id,
+        "alice",
+        state,
+        0,
+        0,
+        elapsed,
+        nodes,
+        "batch",
+        reason if state == "PENDING" else "",
+        opted_in,
+        node_range=node_range,
+    )
 
 
 class Ticker:
-    def __init__(self, state_dir: Path, settings: dict | None = None,
-                 answer: bool = True) -> None:  # fmt: skip
-        self.config = AgentConfig(plugin_settings={"elastic": SETTINGS if settings is None
-                                                   else settings})  # fmt: skip
+    def __init__(self, state_dir: Path, settings: dict | None = None, answer: bool = True) -> None:
+        self.config = AgentConfig(
+            plugin_settings={"elastic": SETTINGS if settings is None else settings}
+        )
         self.state_dir = state_dir
         self.resized: list[tuple[str, int, str]] = []
         self.answer = answer
@@ -45,8 +66,15 @@ class Ticker:
         return self.answer
 
     def __call__(self, now: float, nodes: list[Node], *jobs: QueuedJob) -> list[str]:
-        queue = Queue(list(jobs), lambda *_: None, now, self.state_dir, self.config,
-                      resize=self.resize, cluster_nodes=lambda: nodes)  # fmt: skip
+        queue = Queue(
+            list(jobs),
+            lambda *_: None,
+            now,
+            self.state_dir,
+            self.config,
+            resize=self.resize,
+            cluster_nodes=lambda: nodes,
+        )
         Elastic().tick(queue)
         return queue.notes
 
@@ -75,15 +103,16 @@ def test_a_job_never_grows_past_its_maximum(tmp_path):
 
 def test_a_job_shrinks_for_one_that_waits_but_never_below_its_minimum(tmp_path):
     busy = [node("n1"), node("n2"), node("n3")]
-    waiting = job("9", state="PENDING", nodes=2, opted_in=frozenset(), node_range=None,
-                  reason="Resources")  # fmt: skip
+    waiting = job(
+        "9", state="PENDING", nodes=2, opted_in=frozenset(), node_range=None, reason="Resources"
+    )
     tick = Ticker(tmp_path)
     tick(0, busy, job("7", nodes=3), waiting)
     tick(10, busy, job("7", nodes=3), waiting)
-    assert tick.resized == [("7", 1, "resized by elastic: shrink 3 -> 1 nodes "
-                                     "(job 9 waits 10 s)")]  # fmt: skip
-    one = job("9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None,
-              reason="Resources")  # fmt: skip
+    assert tick.resized == [("7", 1, "resized by elastic: shrink 3 -> 1 nodes (job 9 waits 10 s)")]
+    one = job(
+        "9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None, reason="Resources"
+    )
     tick2 = Ticker(tmp_path / "b")
     tick2(0, busy, job("7", nodes=3, node_range=(2, 3)), one)
     tick2(10, busy, job("7", nodes=3, node_range=(2, 3)), one)
@@ -118,11 +147,13 @@ def test_only_a_job_pending_for_nodes_shrinks_another(tmp_path):
 
 @pytest.mark.parametrize(
     "running",
-    [job("7", opted_in=frozenset()),  # its task did not say resize
-     job("7", node_range=None),  # no range read
-     job("7", elapsed=5),  # started 5 s ago (min_run_seconds 20)
-     job("7", state="PENDING")],
-)  # fmt: skip
+    [
+        job("7", opted_in=frozenset()),  # its task did not say resize
+        job("7", node_range=None),  # no range read
+        job("7", elapsed=5),  # started 5 s ago (min_run_seconds 20)
+        job("7", state="PENDING"),
+    ],
+)
 def test_jobs_that_may_not_be_resized_now_are_left_alone(tmp_path, running):
     tick = Ticker(tmp_path)
     tick(0, IDLE_ONE, running)
@@ -167,11 +198,15 @@ def test_a_gap_between_ticks_starts_the_stretch_again(tmp_path):
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [({"resize": "yes"}, "plugin_settings.elastic.resize: expected true or false"),
-     ({"resize": True, "grow_after_seconds": -1},
-      "plugin_settings.elastic.grow_after_seconds: expected a number of seconds >= 0"),
-     ({"resize": True, "shrink": 1}, "plugin_settings.elastic: unknown key(s) shrink")],
-)  # fmt: skip
+    [
+        ({"resize": "yes"}, "plugin_settings.elastic.resize: expected true or false"),
+        (
+            {"resize": True, "grow_after_seconds": -1},
+            "plugin_settings.elastic.grow_after_seconds: expected a number of seconds >= 0",
+        ),
+        ({"resize": True, "shrink": 1}, "plugin_settings.elastic: unknown key(s) shrink"),
+    ],
+)
 def test_bad_settings_stop_the_tick_naming_the_key(tmp_path, settings, message):
     with pytest.raises(AgentError) as caught:
         Ticker(tmp_path, settings)(0, IDLE_ONE, job("7"))
@@ -180,8 +215,9 @@ def test_bad_settings_stop_the_tick_naming_the_key(tmp_path, settings, message):
 
 def test_no_shrink_when_the_idle_nodes_would_do(tmp_path):
     """The waiting job needs one node and one idles: it waits for something else."""
-    waiting = job("9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None,
-                  reason="Resources")  # fmt: skip
+    waiting = job(
+        "9", state="PENDING", nodes=1, opted_in=frozenset(), node_range=None, reason="Resources"
+    )
     tick = Ticker(tmp_path)
     tick(0, IDLE_ONE[:2], job("7", nodes=3), waiting)
     tick(20, IDLE_ONE[:2], job("7", nodes=3), waiting)
@@ -223,8 +259,7 @@ def test_a_resized_job_that_never_gets_its_nodes_goes_back_to_its_old_size(tmp_p
 def test_a_job_of_two_partitions_counts_in_the_first_and_ids_compare_as_numbers(tmp_path):
     tick = Ticker(tmp_path)
     nine, ten = job("9"), job("10")
-    pending = job("11", state="PENDING", opted_in=frozenset(), node_range=None,
-                  reason="Resources")  # fmt: skip
+    pending = job("11", state="PENDING", opted_in=frozenset(), node_range=None, reason="Resources")
     pending.partition = "other,batch"  # it waits in "other": shrinks nothing in batch
     tick(0, IDLE_ONE, nine, ten, pending)
     tick(10, IDLE_ONE, nine, ten, pending)
@@ -233,9 +268,16 @@ def test_a_job_of_two_partitions_counts_in_the_first_and_ids_compare_as_numbers(
 
 @pytest.mark.fault
 def test_a_damaged_state_file_is_dropped_entry_by_entry(tmp_path):
-    (tmp_path / "elastic.json").write_text(json.dumps({
-        "since": {"idle:batch": "yesterday"}, "ticked_at": "x",
-        "in_flight": {"7": {"partition": "batch"}}, "resized": {"7": None}}))  # fmt: skip
+    (tmp_path / "elastic.json").write_text(
+        json.dumps(
+            {
+                "since": {"idle:batch": "yesterday"},
+                "ticked_at": "x",
+                "in_flight": {"7": {"partition": "batch"}},
+                "resized": {"7": None},
+            }
+        )
+    )
     tick = Ticker(tmp_path)
     tick(0, IDLE_ONE, job("7"))
     tick(10, IDLE_ONE, job("7"))

@@ -74,8 +74,9 @@ def index(tmp_path) -> tuple[str, Path]:
 
 
 def builder(url: str, tmp_path: Path) -> envcache.Builder:
-    return envcache.Builder(python=sys.executable, uv=envcache.uv_binary(""), index=url,
-                            cache_dir=tmp_path / "uv-cache")  # fmt: skip
+    return envcache.Builder(
+        python=sys.executable, uv=envcache.uv_binary(""), index=url, cache_dir=tmp_path / "uv-cache"
+    )
 
 
 def test_an_environment_is_locked_keyed_by_interpreter_and_recorded(index, tmp_path):
@@ -90,8 +91,12 @@ def test_an_environment_is_locked_keyed_by_interpreter_and_recorded(index, tmp_p
     assert (env["python"], env["platform"]) == (here.version, here.platform)
     assert env["digest"] == envcache.env_digest(["tacc-probe"], [], here)
     python = Path(env["path"]) / "bin" / "python"
-    out = subprocess.run([python, "-c", "import tacc_probe; print(tacc_probe.VERSION)"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [python, "-c", "import tacc_probe; print(tacc_probe.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "1.0"
     assert (Path(env["path"]) / envcache.LOCK_FILE).read_text().split() == env["lock"]
     # Another interpreter (or platform) is another environment.
@@ -130,8 +135,9 @@ def test_a_lock_builds_exactly_its_versions_even_when_newer_ones_exist(index, tm
     simple_index(tmp_path / "index", [wheel(files, "tacc-probe", "1.1", ("tacc-dep",))])
     fresh = envcache.ensure(user_dir, ["tacc-probe==1.1"], builder(url, tmp_path), "2", print, 60)
     assert "tacc-probe==1.1" in fresh["lock"]
-    again = envcache.ensure(user_dir, ["tacc-probe"], builder(url, tmp_path), "3", print, 60,
-                            lock=first["lock"])  # fmt: skip
+    again = envcache.ensure(
+        user_dir, ["tacc-probe"], builder(url, tmp_path), "3", print, 60, lock=first["lock"]
+    )
     assert again["lock"] == first["lock"] == ["tacc-dep==2.0", "tacc-probe==1.0"]
     assert again["digest"] != first["digest"]  # locked: its own environment
 
@@ -140,15 +146,19 @@ def test_a_failed_build_leaves_nothing_that_looks_ready(index, tmp_path):
     url, _ = index
     lines: list[str] = []
     with pytest.raises(AgentError, match="building the environment failed"):
-        envcache.ensure(tmp_path, ["surely-not-a-package-xyz"], builder(url, tmp_path), "1",
-                        lines.append, 60)  # fmt: skip
+        envcache.ensure(
+            tmp_path, ["surely-not-a-package-xyz"], builder(url, tmp_path), "1", lines.append, 60
+        )
     assert envcache.listing(tmp_path) == []
     assert [p.name for p in (tmp_path / "envs").iterdir() if p.is_dir()] == []
 
 
 def test_a_rerun_keeps_the_files_and_pins_the_locked_versions(tmp_path):
-    task = {"name": "t", "run": ["python -c 'import tacc_probe'"],
-            "environment": {"requirements": ["tacc-probe"]}}  # fmt: skip
+    task = {
+        "name": "t",
+        "run": ["python -c 'import tacc_probe'"],
+        "environment": {"requirements": ["tacc-probe"]},
+    }
     _, job_dir = make_job(tmp_path, task, {"train.py": "print(1)\n"})
     with pytest.raises(Rejected, match="never built its environment"):
         rerun.rerun_document("5", job_dir)

@@ -56,9 +56,10 @@ def test_the_examples_are_there():
     lab = load_task(EXAMPLES / "pytorch-ddp" / "tcloud.yaml")
     gpus = load_task(EXAMPLES / "pytorch-ddp" / "gpu-cluster.yaml")
     assert lab.runtime["launcher"] == gpus.runtime["launcher"] == "torchrun"
-    assert lab.run == [line.replace("--epochs 20 --batch-size 256",
-                                    "--epochs 8 --samples 16384 --batch-size 128")
-                       for line in gpus.run]  # the same train.py  # fmt: skip
+    assert lab.run == [
+        line.replace("--epochs 20 --batch-size 256", "--epochs 8 --samples 16384 --batch-size 128")
+        for line in gpus.run
+    ]  # the same train.py
     assert (lab.resources["nodes"], processes_per_node(lab.resources)) == (2, 2)
     assert lab.resources["gpus_per_node"] == 0
     assert gpus.resources["gpus_per_node"] == 8 and processes_per_node(gpus.resources) == 8

@@ -194,8 +194,10 @@ def test_nvidia_smi_figures_and_health_fields_feed_the_agent(tmp_path):
         "1, 0 %, 70.00 W, No",
     ]
     smi = tmp_path / "nvidia-smi"  # the agent's GPU check, run against the fake
-    smi.write_text(f"#!/bin/sh\nTACC_FAKE_HW_STATE={lab.state_file} exec {sys.executable} "
-                   f"-m tacc_lab.fakes.nvidia_smi \"$@\"\n")  # fmt: skip
+    smi.write_text(
+        f"#!/bin/sh\nTACC_FAKE_HW_STATE={lab.state_file} exec {sys.executable} "
+        f'-m tacc_lab.fakes.nvidia_smi "$@"\n'
+    )
     smi.chmod(0o755)
     result = check_gpus(str(smi), 2, str(tmp_path / "kern.log"), {}, 10)
     assert result.status == "fail" and re.fullmatch(

@@ -31,10 +31,15 @@ def adaptive_task(**adaptive) -> dict:
 
 
 def fluid_env(tmp: Path, trial: int, mode: str = "max") -> dict[str, str]:
-    return {"TACC_FLUID_RUNGS": "1,3,9", "TACC_FLUID_ETA": "3", "TACC_FLUID_MODE": mode,
-            "TACC_FLUID_METRIC": "accuracy", "TACC_FLUID_DIR": str(tmp / "sweep" / "fluid"),
-            "TACC_FLUID_TRIAL": str(trial),
-            "TACC_FLUID_TRIAL_DIR": str(tmp / "trials" / str(trial) / "fluid")}  # fmt: skip
+    return {
+        "TACC_FLUID_RUNGS": "1,3,9",
+        "TACC_FLUID_ETA": "3",
+        "TACC_FLUID_MODE": mode,
+        "TACC_FLUID_METRIC": "accuracy",
+        "TACC_FLUID_DIR": str(tmp / "sweep" / "fluid"),
+        "TACC_FLUID_TRIAL": str(trial),
+        "TACC_FLUID_TRIAL_DIR": str(tmp / "trials" / str(trial) / "fluid"),
+    }
 
 
 def spec(tmp: Path, task: dict):
@@ -59,14 +64,16 @@ def test_rungs_are_min_times_eta_powers_up_to_max():
 
 def test_the_asha_rule_on_a_hand_made_sequence(tmp_path, monkeypatch):
     """eta 3: top floor(n/3) of the rung's values go on; below 3 values, the best so far."""
-    expected = [(0.5, True),    # n=1: the best so far
-                (0.4, False),   # n=2: not the best
-                (0.6, True),    # n=3, keep 1: the best
-                (0.55, False),  # n=4, keep 1
-                (0.3, False),   # n=5, keep 1
-                (0.58, True),   # n=6, keep 2: 0.6, 0.58
-                (0.58, True),   # n=7, keep 2: a tie with the second goes on
-                (0.57, False)]  # n=8, keep 2  # fmt: skip
+    expected = [
+        (0.5, True),  # n=1: the best so far
+        (0.4, False),  # n=2: not the best
+        (0.6, True),  # n=3, keep 1: the best
+        (0.55, False),  # n=4, keep 1
+        (0.3, False),  # n=5, keep 1
+        (0.58, True),  # n=6, keep 2: 0.6, 0.58
+        (0.58, True),  # n=7, keep 2: a tie with the second goes on
+        (0.57, False),
+    ]  # n=8, keep 2
     for trial, (value, goes_on) in enumerate(expected):
         for key, text in fluid_env(tmp_path, trial).items():
             monkeypatch.setenv(key, text)
@@ -74,8 +81,15 @@ def test_the_asha_rule_on_a_hand_made_sequence(tmp_path, monkeypatch):
     state = json.loads((tmp_path / "sweep/fluid/rungs.json").read_text())
     assert len(state["rungs"]["1"]) == len(expected)
     result = json.loads((tmp_path / "trials/7/fluid/result.json").read_text())
-    assert result == {"rung": 1, "rungs": 3, "step": 1, "value": 0.57, "best": 0.6,
-                      "stopped": True, "metric": "accuracy"}  # fmt: skip
+    assert result == {
+        "rung": 1,
+        "rungs": 3,
+        "step": 1,
+        "value": 0.57,
+        "best": 0.6,
+        "stopped": True,
+        "metric": "accuracy",
+    }
 
 
 def test_min_mode_keeps_the_smallest_and_the_last_rung_always_goes_on(tmp_path, monkeypatch):
@@ -112,8 +126,10 @@ for trial in range(first, first + 40):
 def test_two_processes_reporting_at_once_lose_no_value(tmp_path):
     env = {**os.environ, **fluid_env(tmp_path, 0)}
     library = str(Path(programlib.HERE))
-    reporters = [subprocess.Popen([sys.executable, "-c", REPORTER, library, str(first)], env=env)
-                 for first in (0, 1000)]  # fmt: skip
+    reporters = [
+        subprocess.Popen([sys.executable, "-c", REPORTER, library, str(first)], env=env)
+        for first in (0, 1000)
+    ]
     assert [p.wait(timeout=30) for p in reporters] == [0, 0]
     rung = json.loads((tmp_path / "sweep/fluid/rungs.json").read_text())["rungs"]["1"]
     assert len(rung) == 80 and rung["1039"] == 10.39
@@ -156,7 +172,8 @@ def test_a_damaged_rungs_file_starts_the_rung_afresh(tmp_path, monkeypatch):
         monkeypatch.setenv(key, text)
     assert tacc_fluid.report(1, 0.2) is True
     assert json.loads((tmp_path / "sweep/fluid/rungs.json").read_text()) == {
-        "rungs": {"1": {"0": 0.2}}}  # fmt: skip
+        "rungs": {"1": {"0": 0.2}}
+    }
 
 
 # ------------------------------------------------------------------ the task fields
@@ -206,8 +223,12 @@ def test_schedule_records_the_plan_and_packs_shared_trials(tmp_path):
     task = spec(tmp_path, adaptive_task())
     submission = planned(task)
     assert submission.options["array"] == "0-2%2"  # whole trials: the user's throttle
-    assert submission.data["fluid"] == {"rungs": [1, 3, 9], "eta": 3, "metric": "accuracy",
-                                        "mode": "max"}  # fmt: skip
+    assert submission.data["fluid"] == {
+        "rungs": [1, 3, 9],
+        "eta": 3,
+        "metric": "accuracy",
+        "mode": "max",
+    }
     shared = {**adaptive_task(), "resources": {"gpus_per_node": 0.25, "partition": "gpu"}}
     task = spec(tmp_path, shared)
     submission = planned(task)
@@ -218,8 +239,7 @@ def test_schedule_records_the_plan_and_packs_shared_trials(tmp_path):
 def test_execute_sets_the_env_for_an_adaptive_sweeps_trials_only(tmp_path):
     task = spec(tmp_path, adaptive_task())
     trial = trial_dir(tmp_path)
-    launch = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"},
-                    job_dir=trial)  # fmt: skip
+    launch = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"}, job_dir=trial)
     fluid.Fluid().execute(launch)
     assert launch.env["TACC_FLUID_RUNGS"] == "1,3,9" and launch.env["TACC_FLUID_ETA"] == "3"
     assert launch.env["TACC_FLUID_MODE"] == "max" and launch.env["TACC_FLUID_TRIAL"] == "4"
@@ -227,8 +247,7 @@ def test_execute_sets_the_env_for_an_adaptive_sweeps_trials_only(tmp_path):
     assert (trial / ".tacc/lib/tacc_fluid.py").is_file()
     assert launch.env["PYTHONPATH"] == str(trial / ".tacc/lib")
     plain = spec(tmp_path, base(sweep={"parameters": GRID}, plugins=["fluid"]))
-    other = Launch(plain, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"},
-                   job_dir=trial)  # fmt: skip
+    other = Launch(plain, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"}, job_dir=trial)
     fluid.Fluid().execute(other)
     assert not any(key.startswith("TACC_FLUID") for key in other.env)
 
@@ -242,8 +261,15 @@ def test_the_shared_dir_comes_from_the_job_dir_never_from_the_task_or_env(tmp_pa
     fluid.Fluid().execute(launch)
     assert launch.env["TACC_FLUID_DIR"] == str(tmp_path / "jobs/abc-1/fluid")
     assert (tmp_path / "jobs/abc-1/fluid").stat().st_mode & 0o077 == 0
-    not_a_trial = Launch(task, 0, ["c1"], ["10.0.0.1"], "7", {"SLURM_ARRAY_TASK_ID": "4"},
-                         job_dir=tmp_path / "jobs" / "abc-1")  # fmt: skip
+    not_a_trial = Launch(
+        task,
+        0,
+        ["c1"],
+        ["10.0.0.1"],
+        "7",
+        {"SLURM_ARRAY_TASK_ID": "4"},
+        job_dir=tmp_path / "jobs" / "abc-1",
+    )
     fluid.Fluid().execute(not_a_trial)
     assert "TACC_FLUID_DIR" not in not_a_trial.env
 
@@ -260,15 +286,17 @@ def test_finish_says_where_the_trial_stopped(tmp_path):
     (trial / "fluid/result.json").write_text(json.dumps(result))
     line = fluid.Fluid().finish(outcome_of(tmp_path, trial))
     assert line == "fluid: stopped at rung 2 of 3 (step 3), value 0.71 (best 0.83)"
-    (trial / "fluid/result.json").write_text(json.dumps(
-        {**result, "rung": 3, "step": 9, "stopped": False}))  # fmt: skip
+    (trial / "fluid/result.json").write_text(
+        json.dumps({**result, "rung": 3, "step": 9, "stopped": False})
+    )
     line = fluid.Fluid().finish(outcome_of(tmp_path, trial))
     assert line == "fluid: ran to the last rung (step 9), value 0.71 (best 0.83)"
 
 
 @pytest.mark.security
-@pytest.mark.parametrize("kind", ["missing", "garbage", "wrong types", "too big", "link",
-                                  "linked dir", "fifo"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind", ["missing", "garbage", "wrong types", "too big", "link", "linked dir", "fifo"]
+)
 def test_finish_tolerates_missing_garbage_and_linked_results(tmp_path, kind):
     trial = trial_dir(tmp_path)
     secret = tmp_path / "secret.json"

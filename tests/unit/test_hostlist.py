@@ -133,9 +133,16 @@ def pairs(groups: list[dict]) -> dict[str, str]:
 def test_the_lab_compute_nodes_share_one_line():
     hostvars = {"n2": {"ansible_host": "10.77.10.12"}, "n3": {"ansible_host": "10.77.10.13"}}
     assert nodes(hostvars) == [
-        {"names": "n[2-3]", "addrs": "10.77.10.[12-13]", "cpus": "1", "real_memory": 972,
-         "gres": "", "features": "", "hosts": ["n2", "n3"]}
-    ]  # fmt: skip
+        {
+            "names": "n[2-3]",
+            "addrs": "10.77.10.[12-13]",
+            "cpus": "1",
+            "real_memory": 972,
+            "gres": "",
+            "features": "",
+            "hosts": ["n2", "n3"],
+        }
+    ]
 
 
 def test_nodes_group_by_hardware_and_pair_addresses():
@@ -145,13 +152,31 @@ def test_nodes_group_by_hardware_and_pair_addresses():
     hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
     groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
     assert [{k: v for k, v in g.items() if k != "hosts"} for g in groups] == [
-        {"names": "gpu[01-02,04-05,08]", "addrs": "10.10.1.[1-2,4-5,8]", "cpus": "64",
-         "real_memory": 972, "gres": "gpu:h100:8", "features": "h100"},
-        {"names": "gpu[03,07]", "addrs": "10.10.1.[3,7]", "cpus": "64", "real_memory": 972,
-         "gres": "gpu:h100:4", "features": "h100"},
-        {"names": "gpu06", "addrs": "10.10.1.6", "cpus": "64", "real_memory": 1945,
-         "gres": "gpu:h100:8", "features": "h100"},
-    ]  # fmt: skip
+        {
+            "names": "gpu[01-02,04-05,08]",
+            "addrs": "10.10.1.[1-2,4-5,8]",
+            "cpus": "64",
+            "real_memory": 972,
+            "gres": "gpu:h100:8",
+            "features": "h100",
+        },
+        {
+            "names": "gpu[03,07]",
+            "addrs": "10.10.1.[3,7]",
+            "cpus": "64",
+            "real_memory": 972,
+            "gres": "gpu:h100:4",
+            "features": "h100",
+        },
+        {
+            "names": "gpu06",
+            "addrs": "10.10.1.6",
+            "cpus": "64",
+            "real_memory": 1945,
+            "gres": "gpu:h100:8",
+            "features": "h100",
+        },
+    ]
     assert groups[1]["hosts"] == ["gpu03", "gpu07"]
     assert pairs(groups) == {host: v["ansible_host"] for host, v in hostvars.items()}
 
@@ -218,8 +243,10 @@ def test_node_gres_adds_the_gpus_shares(gres, sharing, expected):
     assert hostlist.node_gres(gres, sharing, 4, 100) == expected
 
 
-@pytest.mark.parametrize(("gres", "sharing"), [(["gpu:h100:4"], "mig"), (["gpu:h100:x"], "none"),
-                                               (["gpu:a:b:4"], "none")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("gres", "sharing"),
+    [(["gpu:h100:4"], "mig"), (["gpu:h100:x"], "none"), (["gpu:a:b:4"], "none")],
+)
 def test_node_gres_refuses_what_slurm_would_not_read(gres, sharing):
     with pytest.raises(ValueError, match=r"slurm_gpu_sharing|not a Gres"):
         hostlist.node_gres(gres, sharing, 4, 100)

@@ -149,8 +149,14 @@ def test_a_missing_or_failing_ss_stops_the_watch_rather_than_cancel_blind():
 
 
 # ---------------------------------------------------------------- the job's processes
-def stat_line(pid: int, name: str = "python3", tty_nr: int = 0, utime: int = 0,
-              stime: int = 0, start: int = 1000) -> str:  # fmt: skip
+def stat_line(
+    pid: int,
+    name: str = "python3",
+    tty_nr: int = 0,
+    utime: int = 0,
+    stime: int = 0,
+    start: int = 1000,
+) -> str:
     # Fields 1-22 of proc(5) stat: pid (comm) state ppid pgrp session tty_nr tpgid flags
     # minflt cminflt majflt cmajflt utime stime cutime cstime priority nice threads
     # itrealvalue starttime, then the rest.
@@ -274,9 +280,15 @@ def watchdog(idle_for: float, busy_until: float = -1.0) -> tuple[Watchdog, list[
             ticks["n"] += 100  # a whole CPU while busy
         return Sample(now, {}, {(10, 1): ticks["n"]}, {})
 
-    dog = Watchdog(idle=idle_for, take_sample=take, cancel=lambda s: cancels.append(s) or True,
-                   clock=fake.clock,
-                   wait=fake.wait, ticks_per_second=TICKS, say=lambda _m: None)  # fmt: skip
+    dog = Watchdog(
+        idle=idle_for,
+        take_sample=take,
+        cancel=lambda s: cancels.append(s) or True,
+        clock=fake.clock,
+        wait=fake.wait,
+        ticks_per_second=TICKS,
+        say=lambda _m: None,
+    )
     return dog, cancels, fake
 
 
@@ -298,8 +310,14 @@ def test_activity_resets_the_idle_count():
 
 def test_a_stopped_watchdog_never_cancels():
     fake, cancels = FakeClock(), []
-    dog = Watchdog(idle=1800, take_sample=lambda now: Sample(now), cancel=cancels.append,
-                   clock=fake.clock, wait=lambda _s: True, say=lambda _m: None)  # fmt: skip
+    dog = Watchdog(
+        idle=1800,
+        take_sample=lambda now: Sample(now),
+        cancel=cancels.append,
+        clock=fake.clock,
+        wait=lambda _s: True,
+        say=lambda _m: None,
+    )
     assert dog.run() is False and cancels == []
 
 
@@ -310,8 +328,14 @@ def test_a_sampler_that_cannot_read_stops_the_watch_without_a_cancel():
     def take(_now: float) -> Sample:
         raise WatchError("cannot list connections with ss: not found")
 
-    dog = Watchdog(idle=20, take_sample=take, cancel=cancels.append, clock=fake.clock,
-                   wait=fake.wait, say=said.append)  # fmt: skip
+    dog = Watchdog(
+        idle=20,
+        take_sample=take,
+        cancel=cancels.append,
+        clock=fake.clock,
+        wait=fake.wait,
+        say=said.append,
+    )
     assert dog.run() is False and cancels == []
     assert "not stopped when idle" in said[0]
 
@@ -353,8 +377,7 @@ def test_a_failing_scancel_is_tried_again_and_recorded_only_after_it_succeeded(
         return ""
 
     monkeypatch.setattr(idle.slurm, "slurm", fails_once)
-    cancel = idle.canceller(tmp_path, "42", 5, said.append,
-                            wait=lambda s: waits.append(s) or False)  # fmt: skip
+    cancel = idle.canceller(tmp_path, "42", 5, said.append, wait=lambda s: waits.append(s) or False)
     assert cancel(1805.0) is True
     assert calls == [["scancel", "42"]] * 2 and waits == [idle.SCANCEL_RETRY_DELAYS[0]]
     events = records.history(tmp_path)
@@ -382,9 +405,15 @@ def test_a_scancel_that_never_succeeds_records_nothing_and_says_so(tmp_path, mon
 
 def test_the_watch_goes_on_after_a_cancel_that_failed_and_tries_again():
     fake, tries = FakeClock(), []
-    dog = Watchdog(idle=20, take_sample=lambda now: Sample(now, {}, {(10, 1): 0}, {}),
-                   cancel=lambda s: tries.append(s) or len(tries) == 2, clock=fake.clock,
-                   wait=fake.wait, ticks_per_second=TICKS, say=lambda _m: None)  # fmt: skip
+    dog = Watchdog(
+        idle=20,
+        take_sample=lambda now: Sample(now, {}, {(10, 1): 0}, {}),
+        cancel=lambda s: tries.append(s) or len(tries) == 2,
+        clock=fake.clock,
+        wait=fake.wait,
+        ticks_per_second=TICKS,
+        say=lambda _m: None,
+    )
     assert dog.run() is True
     assert len(tries) == 2 and tries[1] > tries[0]
 
@@ -417,8 +446,10 @@ def test_ps_kind_is_session_for_a_session_and_job_otherwise(tmp_path):
 
 def test_status_session_is_the_tasks_settings_with_defaults_or_null():
     assert jobs.session_settings({"task": {"session": {"ports": [8888]}}}) == {
-        "ports": [8888], "idle_timeout": "30", "stop_on_disconnect": False,
-    }  # fmt: skip
+        "ports": [8888],
+        "idle_timeout": "30",
+        "stop_on_disconnect": False,
+    }
     assert jobs.session_settings({"task": {"name": "j"}}) is None
     assert jobs.session_settings({}) is None
 
@@ -470,8 +501,11 @@ def session_job(tmp_path: Path, idle_timeout: str) -> Path:
     """A committed job whose instruction (as tcloud writes it) holds a session."""
     _user_dir, job_dir = make_job(tmp_path, {"name": "lab", "run": ["sleep infinity"]})
     document = json.loads((job_dir / "instruction.json").read_text())
-    document["task"]["session"] = {"ports": [18888], "idle_timeout": idle_timeout,
-                                   "stop_on_disconnect": False}  # fmt: skip
+    document["task"]["session"] = {
+        "ports": [18888],
+        "idle_timeout": idle_timeout,
+        "stop_on_disconnect": False,
+    }
     (job_dir / "instruction.json").write_text(json.dumps(document))
     return job_dir
 

@@ -18,18 +18,27 @@ from tacc_agent.tasks import jobs, preempt, queue_ticks
 from tacc_contract.plugins import Queue, QueuedJob
 
 
-def line(job_id: str, name: str, user: str, uid: int, state: str = "RUNNING",
-         work_dir: str = "", comment: str = "") -> str:  # fmt: skip
+def line(
+    job_id: str,
+    name: str,
+    user: str,
+    uid: int,
+    state: str = "RUNNING",
+    work_dir: str = "",
+    comment: str = "",
+) -> str:
     """One record as scontrol 22.05 prints it (the keys the agent reads, in its order)."""
     work_dir = work_dir or f"/shared/tcloud/{user}/jobs/{job_id}"
-    return (f"JobId={job_id} JobName={name} UserId={user}({uid}) GroupId={user}({uid}) "
-            f"MCS_label=N/A Priority=1 Nice=0 Account=(null) QOS=normal JobState={state} "
-            f"Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 "
-            f"RunTime=00:01:00 TimeLimit=01:00:00 SubmitTime=1795587794 "
-            f"EligibleTime=1795587794 NodeList=n2 NumNodes=1 NumCPUs=1 NumTasks=1 "
-            f"CPUs/Task=1 NtasksPerN:B:S:C=1:0:*:* Features=(null) Command=(null) "
-            f"WorkDir={work_dir} Comment={comment or 'tacc:' + job_id + ':00'} "
-            f"StdOut={work_dir}/out")  # fmt: skip
+    return (
+        f"JobId={job_id} JobName={name} UserId={user}({uid}) GroupId={user}({uid}) "
+        f"MCS_label=N/A Priority=1 Nice=0 Account=(null) QOS=normal JobState={state} "
+        f"Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 "
+        f"RunTime=00:01:00 TimeLimit=01:00:00 SubmitTime=1795587794 "
+        f"EligibleTime=1795587794 NodeList=n2 NumNodes=1 NumCPUs=1 NumTasks=1 "
+        f"CPUs/Task=1 NtasksPerN:B:S:C=1:0:*:* Features=(null) Command=(null) "
+        f"WorkDir={work_dir} Comment={comment or 'tacc:' + job_id + ':00'} "
+        f"StdOut={work_dir}/out"
+    )
 
 
 def scontrol_prints(monkeypatch, by_name: dict[str, str]) -> list[list[str]]:
@@ -102,8 +111,9 @@ def test_ids_claimed_twice_are_read_again_at_most_a_few_a_tick(monkeypatch):
 def test_a_running_jobs_record_counts_only_when_its_owner_is_squeues(monkeypatch):
     """The tick's squeue read (no name in it) says who owns a job; a record that says
     otherwise lends the job nobody's opt-ins."""
-    forged = preempt.JobRecord("7", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/12"),
-                               False)  # fmt: skip
+    forged = preempt.JobRecord(
+        "7", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/12"), False
+    )
     monkeypatch.setattr(preempt, "job_records", lambda config: {"7": forged})
     asked: list[preempt.JobRecord] = []
 

@@ -106,15 +106,30 @@ def test_slurms_logs_give_submission_allocation_and_launch_times():
 
 def test_a_sample_splits_into_client_and_cluster_steps_and_medians_are_per_step():
     steps = load_bench("submit_steps")
-    points = {"launch": 0.0, "exit": 2.0, "queued": 1.7, "submitted": 1.75, "allocated": 2.5,
-              "slurmd_launch": 2.55, "batch.process": 2.6, "batch.batch": 3.0,
-              "batch.environment": 3.01, "batch.srun": 3.02, "rank-0.process": 3.2,
-              "rank-0.wrapper": 3.6, "rank-0.rendezvous": 3.7, "rank-0.program": 3.71,
-              "rank-0.first_output": 3.72, "running": 3.705}  # fmt: skip
-    client = [{"step": "connect", "start": 0.8, "end": 1.0},
-              {"step": "session", "start": 1.0, "end": 1.4},
-              {"step": "store", "start": 1.4, "end": 1.5},
-              {"step": "store", "start": 1.6, "end": 1.9}]  # fmt: skip
+    points = {
+        "launch": 0.0,
+        "exit": 2.0,
+        "queued": 1.7,
+        "submitted": 1.75,
+        "allocated": 2.5,
+        "slurmd_launch": 2.55,
+        "batch.process": 2.6,
+        "batch.batch": 3.0,
+        "batch.environment": 3.01,
+        "batch.srun": 3.02,
+        "rank-0.process": 3.2,
+        "rank-0.wrapper": 3.6,
+        "rank-0.rendezvous": 3.7,
+        "rank-0.program": 3.71,
+        "rank-0.first_output": 3.72,
+        "running": 3.705,
+    }
+    client = [
+        {"step": "connect", "start": 0.8, "end": 1.0},
+        {"step": "session", "start": 1.0, "end": 1.4},
+        {"step": "store", "start": 1.4, "end": 1.5},
+        {"step": "store", "start": 1.6, "end": 1.9},
+    ]
     one = steps.split({"points": points, "client": client})
     assert one["client: start (Python + imports + task compile)"] == pytest.approx(0.8)
     assert one["client: store (2)"] == pytest.approx(0.3)
@@ -133,16 +148,18 @@ def test_a_sample_splits_into_client_and_cluster_steps_and_medians_are_per_step(
 
 def test_a_sample_without_marks_keeps_the_steps_it_has():
     steps = load_bench("submit_steps")
-    one = steps.split({"points": {"launch": 0.0, "exit": 1.0, "submitted": 0.5,
-                                  "allocated": 1.5}})  # fmt: skip
-    assert one == {"Slurm schedules (submit -> allocated)": 1.0,
-                   "TOTAL submit command (launch -> exit)": 1.0}  # fmt: skip
+    one = steps.split({"points": {"launch": 0.0, "exit": 1.0, "submitted": 0.5, "allocated": 1.5}})
+    assert one == {
+        "Slurm schedules (submit -> allocated)": 1.0,
+        "TOTAL submit command (launch -> exit)": 1.0,
+    }
 
 
 def test_a_plain_node_list_needs_no_scontrol_and_a_hostlist_expression_does(monkeypatch):
     asked: list[str] = []
-    monkeypatch.setattr(slurm, "hostnames", lambda nodelist, _timeout: asked.append(nodelist)
-                        or ["n2", "n3"])  # fmt: skip
+    monkeypatch.setattr(
+        slurm, "hostnames", lambda nodelist, _timeout: asked.append(nodelist) or ["n2", "n3"]
+    )
     assert step_hostnames("n2", 5) == ["n2"]
     assert step_hostnames("n3,n2", 5) == ["n3", "n2"]
     assert asked == []

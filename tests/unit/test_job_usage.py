@@ -31,17 +31,27 @@ ALICE = 65534  # not root (the tests may run as root); named "nobody" where it e
 ALICE_NAME = job_usage.user_name(ALICE)
 
 
-def add_process(proc: Path, pid: int, ppid: int, uid: int, title: bytes, *,
-                ticks: tuple[int, int, int, int] = (0, 0, 0, 0), pss_kb: int | None = None,
-                rss_kb: int = 0, environ: dict[str, str] | None = None) -> None:  # fmt: skip
+def add_process(
+    proc: Path,
+    pid: int,
+    ppid: int,
+    uid: int,
+    title: bytes,
+    *,
+    ticks: tuple[int, int, int, int] = (0, 0, 0, 0),
+    pss_kb: int | None = None,
+    rss_kb: int = 0,
+    environ: dict[str, str] | None = None,
+) -> None:
     base = proc / str(pid)
     base.mkdir(parents=True)
     utime, stime, cutime, cstime = ticks
     name = title.split(b"\0")[0].decode()[:15] or "x"
     rest = f"S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 {utime} {stime} {cutime} {cstime} 20 0 1 0"
     (base / "stat").write_text(f"{pid} ({name}) {rest}\n")
-    (base / "status").write_text(f"Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
-                                 f"VmRSS:\t{rss_kb} kB\n")  # fmt: skip
+    (base / "status").write_text(
+        f"Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nVmRSS:\t{rss_kb} kB\n"
+    )
     (base / "cmdline").write_bytes(title)
     if pss_kb is not None:
         (base / "smaps_rollup").write_text(f"Rss:  {rss_kb} kB\nPss:  {pss_kb} kB\n")
@@ -60,19 +70,46 @@ def proc(tmp_path: Path) -> Path:
     add_process(root, 101, 100, 0, b"sleep\x00100000000\0")
     add_process(root, 110, 1, 0, b"slurmstepd: [41.0]\0", ticks=(900, 900, 0, 0))
     env41 = {"SLURM_JOB_ID": "41", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_GPUS": "1"}
-    add_process(root, 111, 110, ALICE, b"python\0train.py\0", ticks=(2 * TICKS, TICKS, TICKS, 0),
-                pss_kb=1000, rss_kb=3000, environ=env41)  # fmt: skip
-    add_process(root, 112, 110, ALICE, b"python\0train.py\0", ticks=(TICKS, 0, 0, 0),
-                pss_kb=500, rss_kb=2500, environ=env41)  # fmt: skip
+    add_process(
+        root,
+        111,
+        110,
+        ALICE,
+        b"python\0train.py\0",
+        ticks=(2 * TICKS, TICKS, TICKS, 0),
+        pss_kb=1000,
+        rss_kb=3000,
+        environ=env41,
+    )
+    add_process(
+        root,
+        112,
+        110,
+        ALICE,
+        b"python\0train.py\0",
+        ticks=(TICKS, 0, 0, 0),
+        pss_kb=500,
+        rss_kb=2500,
+        environ=env41,
+    )
     add_process(root, 113, 111, ALICE, b"worker\0", ticks=(TICKS, 0, 0, 0), rss_kb=200)
     add_process(root, 200, 1, 0, b"slurmstepd: [42.batch]\0")
     env42 = {"SLURM_JOB_ID": "42", "SLURM_CPUS_ON_NODE": "2"}
-    add_process(root, 201, 200, ALICE, b"bash\0job.sh\0", ticks=(TICKS, 0, 0, 0), pss_kb=100,
-                environ=env42)  # fmt: skip
+    add_process(
+        root, 201, 200, ALICE, b"bash\0job.sh\0", ticks=(TICKS, 0, 0, 0), pss_kb=100, environ=env42
+    )
     # Not a job's: a login shell, and a process naming job 41 in its own environment
     # (anyone can write SLURM_JOB_ID=41): membership comes from the step daemon only.
-    add_process(root, 300, 1, ALICE, b"bash\0", ticks=(50 * TICKS, 0, 0, 0), pss_kb=9000,
-                environ={"SLURM_JOB_ID": "41", "SLURM_JOB_GPUS": "0"})  # fmt: skip
+    add_process(
+        root,
+        300,
+        1,
+        ALICE,
+        b"bash\0",
+        ticks=(50 * TICKS, 0, 0, 0),
+        pss_kb=9000,
+        environ={"SLURM_JOB_ID": "41", "SLURM_JOB_GPUS": "0"},
+    )
     # A user process titled like a step daemon is not one (it is not root's).
     add_process(root, 400, 1, ALICE, b"slurmstepd: [41.0]\0")
     add_process(root, 401, 400, ALICE, b"miner\0", ticks=(99 * TICKS, 0, 0, 0), pss_kb=99)
@@ -92,11 +129,23 @@ def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list[dict]) 
 
 def two_gpus(processes1: list[dict] | None = None, processes0: list[dict] | None = None) -> list:
     return [
-        {"pci": "0000:17:00.0", "name": "NVIDIA H100 80GB HBM3", "uuid": UUID0,
-         "memory_mib": 81559, "utilization_percent": 10, "processes": processes0 or []},
-        {"pci": "0000:2a:00.0", "name": "NVIDIA H100 80GB HBM3", "uuid": UUID1,
-         "memory_mib": 81559, "utilization_percent": 75, "processes": processes1 or []},
-    ]  # fmt: skip
+        {
+            "pci": "0000:17:00.0",
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": UUID0,
+            "memory_mib": 81559,
+            "utilization_percent": 10,
+            "processes": processes0 or [],
+        },
+        {
+            "pci": "0000:2a:00.0",
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": UUID1,
+            "memory_mib": 81559,
+            "utilization_percent": 75,
+            "processes": processes1 or [],
+        },
+    ]
 
 
 def by_name(samples: list) -> dict[tuple[str, tuple], float]:
@@ -137,10 +186,17 @@ def test_a_process_that_ends_while_read_is_skipped(proc: Path):
     assert jobs["41"].pids == {101, 111}
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("0,1", {0, 1}), ("0-3", {0, 1, 2, 3}), ("2,4-5", {2, 4, 5}), ("", set()),
-    ("N/A", set()), ("gpu:1", set()),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0,1", {0, 1}),
+        ("0-3", {0, 1, 2, 3}),
+        ("2,4-5", {2, 4, 5}),
+        ("", set()),
+        ("N/A", set()),
+        ("gpu:1", set()),
+    ],
+)
 def test_slurm_gpu_index_lists(text: str, expected: set[int]):
     assert job_usage.indices(text) == expected
 
@@ -178,11 +234,17 @@ def test_cgroup_v1_figures(proc: Path, tmp_path: Path):
 def test_gpu_figures_of_the_gpus_slurm_gave_and_of_shared_gpus(proc, tmp_path, monkeypatch):
     # GPU 1 is job 41's (SLURM_JOB_GPUS=1); job 42 runs a process on GPU 0 (a shard: no
     # variable), next to a process of no job.
-    smi = fake_smi(tmp_path, monkeypatch, two_gpus(
-        processes1=[{"pid": 111, "name": "python", "used_mib": 2048}],
-        processes0=[{"pid": 201, "name": "python", "used_mib": 512},
-                    {"pid": 300, "name": "python", "used_mib": 1024}],
-    ))  # fmt: skip
+    smi = fake_smi(
+        tmp_path,
+        monkeypatch,
+        two_gpus(
+            processes1=[{"pid": 111, "name": "python", "used_mib": 2048}],
+            processes0=[
+                {"pid": 201, "name": "python", "used_mib": 512},
+                {"pid": 300, "name": "python", "used_mib": 1024},
+            ],
+        ),
+    )
     sources = Sources(str(proc), str(tmp_path / "no-cgroups"), smi)
     found = by_name(job_usage.collect(sources))
     assert found["job_gpu_utilization_ratio", labels("41", "1")] == 0.75
@@ -193,12 +255,14 @@ def test_gpu_figures_of_the_gpus_slurm_gave_and_of_shared_gpus(proc, tmp_path, m
     assert found["job_gpu_memory_used_bytes", labels("42", "0")] == 512 << 20  # its own only
 
 
-def test_no_nvidia_smi_or_no_gpus_means_no_gpu_families_and_no_error(proc, tmp_path,
-                                                                      monkeypatch):  # fmt: skip
+def test_no_nvidia_smi_or_no_gpus_means_no_gpu_families_and_no_error(proc, tmp_path, monkeypatch):
     for smi in (str(tmp_path / "absent"), fake_smi(tmp_path, monkeypatch, [])):
         samples = job_usage.collect(Sources(str(proc), str(tmp_path), smi))
-        assert {s.name for s in samples} == {"job_cpu_seconds_total", "job_memory_bytes",
-                                             "job_cpus"}  # fmt: skip
+        assert {s.name for s in samples} == {
+            "job_cpu_seconds_total",
+            "job_memory_bytes",
+            "job_cpus",
+        }
 
 
 def test_a_stuck_nvidia_smi_is_cut_off(proc, tmp_path):
@@ -210,29 +274,39 @@ def test_a_stuck_nvidia_smi_is_cut_off(proc, tmp_path):
 
 
 def test_fake_nvidia_smi_query_compute_apps(tmp_path, monkeypatch):
-    smi = fake_smi(tmp_path, monkeypatch, two_gpus(
-        processes1=[{"pid": 111, "name": "python", "used_mib": 2048}]))  # fmt: skip
-    out = job_usage.command([smi, "--query-compute-apps=pid,gpu_uuid,used_memory",
-                             "--format=csv,noheader,nounits"], 10)  # fmt: skip
+    smi = fake_smi(
+        tmp_path,
+        monkeypatch,
+        two_gpus(processes1=[{"pid": 111, "name": "python", "used_mib": 2048}]),
+    )
+    out = job_usage.command(
+        [smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"], 10
+    )
     assert (out.code, out.stdout) == (0, f"111, {UUID1}, 2048\n")
-    out = job_usage.command([smi, "--query-compute-apps=pid,process_name,used_gpu_memory",
-                             "--format=csv"], 10)  # fmt: skip
-    assert out.stdout.splitlines() == ["pid, process_name, used_gpu_memory [MiB]",
-                                       "111, python, 2048 MiB"]  # fmt: skip
-    out = job_usage.command([smi, "--query-gpu=index,utilization.gpu,memory.used",
-                             "--format=csv,noheader,nounits"], 10)  # fmt: skip
+    out = job_usage.command(
+        [smi, "--query-compute-apps=pid,process_name,used_gpu_memory", "--format=csv"], 10
+    )
+    assert out.stdout.splitlines() == [
+        "pid, process_name, used_gpu_memory [MiB]",
+        "111, python, 2048 MiB",
+    ]
+    out = job_usage.command(
+        [smi, "--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"], 10
+    )
     assert out.stdout.splitlines() == ["0, 10, 0", "1, 75, 2048"]
 
 
 def test_fake_nvidia_smi_with_no_compute_process_prints_nothing(tmp_path, monkeypatch):
     smi = fake_smi(tmp_path, monkeypatch, two_gpus())
-    out = job_usage.command([smi, "--query-compute-apps=pid,used_memory",
-                             "--format=csv,noheader"], 10)  # fmt: skip
+    out = job_usage.command(
+        [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"], 10
+    )
     assert (out.code, out.stdout) == (0, "")
     out = job_usage.command([smi, "--query-compute-apps=pid,fan", "--format=csv"], 10)
     assert out.code == 2 and 'Field "fan" is not a valid field to query.' in out.problem
-    out = job_usage.command([smi, "--query-compute-apps=pid", "--query-gpu=index",
-                             "--format=csv"], 10)  # fmt: skip
+    out = job_usage.command(
+        [smi, "--query-compute-apps=pid", "--query-gpu=index", "--format=csv"], 10
+    )
     assert out.code == 2
 
 
@@ -280,8 +354,9 @@ def test_an_unreadable_proc_gives_no_job_figures(tmp_path):
 
 
 def test_the_daemon_serves_the_job_families(proc, tmp_path):
-    config = AgentConfig(proc_root=str(proc), nvidia_smi=str(tmp_path / "absent"),
-                         checks={}, drain=False)  # fmt: skip
+    config = AgentConfig(
+        proc_root=str(proc), nvidia_smi=str(tmp_path / "absent"), checks={}, drain=False
+    )
     daemon = serve.Daemon(config)
     text = daemon.exposition().decode()
     assert 'tacc_agent_job_memory_bytes{job="41",user=' in text
@@ -312,18 +387,23 @@ def scontrol_line(job: str, groups: str, job_gres: str = "(null)") -> str:
     return HEAD.format(job=job, job_gres=job_gres) + groups + TAIL.format(job=job)
 
 
-@pytest.mark.parametrize(("node", "groups", "expected"), [
-    ("n2", LAB_GROUPS, (2, set())),
-    ("n3", LAB_GROUPS, (1, set())),
-    ("n3.cluster.example", LAB_GROUPS, (1, set())),  # an FQDN host name: its short name
-    ("n1", LAB_GROUPS, (None, set())),  # not one of the job's nodes
-    ("n3", " Nodes=n[2-3] CPU_IDs=0,2-3 Mem=100 GRES=gpu:2(IDX:0-1)", (3, {0, 1})),
-    ("n2", " Nodes=n2 CPU_IDs=0-7 Mem=100 GRES=gpu:a100:1(IDX:3),shard:2(2/10,0/10)",
-     (8, {3})),
-    ("n2", " Nodes=n2 CPU_IDs=0-3 Mem=100 GRES=shard:2(2/10,0/10,0/10)", (4, set())),
-    ("gpu-02", " Nodes=gpu-[01-03] CPU_IDs=4-5 Mem=1 GRES=gpu:tesla:2(IDX:1,3),mps:100(0/100)",
-     (2, {1, 3})),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("node", "groups", "expected"),
+    [
+        ("n2", LAB_GROUPS, (2, set())),
+        ("n3", LAB_GROUPS, (1, set())),
+        ("n3.cluster.example", LAB_GROUPS, (1, set())),  # an FQDN host name: its short name
+        ("n1", LAB_GROUPS, (None, set())),  # not one of the job's nodes
+        ("n3", " Nodes=n[2-3] CPU_IDs=0,2-3 Mem=100 GRES=gpu:2(IDX:0-1)", (3, {0, 1})),
+        ("n2", " Nodes=n2 CPU_IDs=0-7 Mem=100 GRES=gpu:a100:1(IDX:3),shard:2(2/10,0/10)", (8, {3})),
+        ("n2", " Nodes=n2 CPU_IDs=0-3 Mem=100 GRES=shard:2(2/10,0/10,0/10)", (4, set())),
+        (
+            "gpu-02",
+            " Nodes=gpu-[01-03] CPU_IDs=4-5 Mem=1 GRES=gpu:tesla:2(IDX:1,3),mps:100(0/100)",
+            (2, {1, 3}),
+        ),
+    ],
+)
 def test_the_node_group_naming_this_node(node: str, groups: str, expected: tuple):
     found = job_usage.allocation_here(scontrol_line("29", groups), node)
     assert (found.cpus, set(found.gpus)) == expected
@@ -344,17 +424,23 @@ def test_a_group_forged_in_a_job_name_or_comment_is_not_trusted():
     assert job_usage.allocation_here(line, "n2") == job_usage.Allocation(2)
 
 
-@pytest.mark.parametrize(("hostlist", "expected"), [
-    ("n2", ["n2"]),
-    ("n[2-3,5]", ["n2", "n3", "n5"]),
-    ("n[01-03]", ["n01", "n02", "n03"]),
-    ("a,b", ["a", "b"]),
-    ("gpu-[1-2]x", ["gpu-1x", "gpu-2x"]),
-    ("n[2-3],login1", ["n2", "n3", "login1"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("n[008-010]", ["n008", "n009", "n010"]),
-    ("", []), ("n[2-", []), ("n[a-b]", []), ("n[1-999999999]", []),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("hostlist", "expected"),
+    [
+        ("n2", ["n2"]),
+        ("n[2-3,5]", ["n2", "n3", "n5"]),
+        ("n[01-03]", ["n01", "n02", "n03"]),
+        ("a,b", ["a", "b"]),
+        ("gpu-[1-2]x", ["gpu-1x", "gpu-2x"]),
+        ("n[2-3],login1", ["n2", "n3", "login1"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("n[008-010]", ["n008", "n009", "n010"]),
+        ("", []),
+        ("n[2-", []),
+        ("n[a-b]", []),
+        ("n[1-999999999]", []),
+    ],
+)
 def test_slurm_hostlists_expand(hostlist: str, expected: list[str]):
     assert expand_hostlist(hostlist) == expected
 
@@ -397,13 +483,22 @@ def unreadable_environ(proc: Path) -> None:
 
 def test_collect_takes_cpus_and_gpus_from_slurm_without_environ(proc, tmp_path, monkeypatch):
     unreadable_environ(proc)
-    scontrol = fake_scontrol(tmp_path, {
-        "41": scontrol_line("41", " Nodes=n[2-3] CPU_IDs=0-5 Mem=100 GRES=gpu:1(IDX:1)"),
-        "42": scontrol_line("42", " Nodes=n[1-3] CPU_IDs=6-7 Mem=100 GRES="),
-    })  # fmt: skip
+    scontrol = fake_scontrol(
+        tmp_path,
+        {
+            "41": scontrol_line("41", " Nodes=n[2-3] CPU_IDs=0-5 Mem=100 GRES=gpu:1(IDX:1)"),
+            "42": scontrol_line("42", " Nodes=n[1-3] CPU_IDs=6-7 Mem=100 GRES="),
+        },
+    )
     smi = fake_smi(tmp_path, monkeypatch, two_gpus())
-    sources = Sources(str(proc), str(tmp_path / "no-cgroups"), smi, scontrol=str(scontrol),
-                      scontrol_wait_seconds=10, node="n3")  # fmt: skip
+    sources = Sources(
+        str(proc),
+        str(tmp_path / "no-cgroups"),
+        smi,
+        scontrol=str(scontrol),
+        scontrol_wait_seconds=10,
+        node="n3",
+    )
     found = by_name(job_usage.collect(sources))
     assert found["job_cpus", labels("41")] == 6
     assert found["job_cpus", labels("42")] == 2
@@ -417,19 +512,32 @@ def test_collect_takes_cpus_and_gpus_from_slurm_without_environ(proc, tmp_path, 
 def test_slurms_answer_wins_over_a_tasks_environment(proc, tmp_path):
     # Job 41's tasks say SLURM_JOB_GPUS=1 and 4 CPUs; Slurm gave it 2 CPUs and no GPU.
     scontrol = fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS)})
-    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
-                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    sources = Sources(
+        str(proc),
+        str(tmp_path),
+        "absent",
+        scontrol=str(scontrol),
+        scontrol_wait_seconds=10,
+        node="n2",
+    )
     jobs = {s.labels["job"]: s.value for s in job_usage.collect(sources) if s.name == "job_cpus"}
     assert jobs == {"41": 2, "42": 2}  # 42: Slurm printed nothing, its environment stays
 
 
 def test_one_scontrol_per_job_for_its_life(proc, tmp_path):
     unreadable_environ(proc)
-    scontrol = fake_scontrol(tmp_path, {"41": scontrol_line("41", LAB_GROUPS),
-                                        "42": scontrol_line("42", LAB_GROUPS)})  # fmt: skip
+    scontrol = fake_scontrol(
+        tmp_path, {"41": scontrol_line("41", LAB_GROUPS), "42": scontrol_line("42", LAB_GROUPS)}
+    )
     now = [100.0]
-    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
-                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    sources = Sources(
+        str(proc),
+        str(tmp_path),
+        "absent",
+        scontrol=str(scontrol),
+        scontrol_wait_seconds=10,
+        node="n2",
+    )
     collector = JobUsageCollector(sources, lambda: now[0])
     for _ in range(3):
         cpus = {s.labels["job"]: s.value for s in collector.current() if s.name == "job_cpus"}
@@ -454,11 +562,18 @@ def test_a_failing_scontrol_gives_no_cpus_and_is_asked_again_later(proc, tmp_pat
         scontrol = tmp_path / "no-scontrol"
     else:
         line = "slurm_load_jobs error: Socket timed out" if failure == "exit 1" else "JobId="
-        scontrol = fake_scontrol(tmp_path, {"41": line, "42": line},
-                                 code=1 if failure == "exit 1" else 0)  # fmt: skip
+        scontrol = fake_scontrol(
+            tmp_path, {"41": line, "42": line}, code=1 if failure == "exit 1" else 0
+        )
     now = [100.0]
-    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
-                      scontrol_wait_seconds=10, node="n2")  # fmt: skip
+    sources = Sources(
+        str(proc),
+        str(tmp_path),
+        "absent",
+        scontrol=str(scontrol),
+        scontrol_wait_seconds=10,
+        node="n2",
+    )
     collector = JobUsageCollector(sources, lambda: now[0])
     assert collector.current() and not any(s.name == "job_cpus" for s in collector.current())
     asked = len(calls(tmp_path))
@@ -504,8 +619,15 @@ def test_a_slow_scontrol_never_holds_a_scrape_until_it_answers(proc, tmp_path):
 @pytest.mark.fault
 def test_a_hung_scontrol_is_cut_off_and_never_raises(proc, tmp_path):
     scontrol = fake_scontrol(tmp_path, {}, gate=tmp_path / "never")
-    sources = Sources(str(proc), str(tmp_path), "absent", scontrol=str(scontrol),
-                      scontrol_seconds=0.3, scontrol_wait_seconds=2, node="n2")  # fmt: skip
+    sources = Sources(
+        str(proc),
+        str(tmp_path),
+        "absent",
+        scontrol=str(scontrol),
+        scontrol_seconds=0.3,
+        scontrol_wait_seconds=2,
+        node="n2",
+    )
     assert job_usage.lookup(sources, "41") is None
     # Cut off, not waited for: it never answered, and nothing of it runs on.
     assert not (tmp_path / "answered.log").exists()

@@ -141,8 +141,15 @@ def test_bad_inventory_path_is_a_usage_error(tmp_path, inventory, message):
     (tmp_path / "a-file").write_text("")
     path = inventory.format(tmp=tmp_path)
     state = tmp_path / "state"
-    proc = run_cli("tacc-lab", "up", "--nodes", "1", "--inventory", path,
-                   env={"TACC_LAB_STATE_ROOT": str(state)})  # fmt: skip
+    proc = run_cli(
+        "tacc-lab",
+        "up",
+        "--nodes",
+        "1",
+        "--inventory",
+        path,
+        env={"TACC_LAB_STATE_ROOT": str(state)},
+    )
     assert_usage_error(proc, message, state)
     assert "argument --inventory:" in proc.stderr
     assert not state.exists()  # refused before anything, not even the lab's directory
@@ -150,6 +157,7 @@ def test_bad_inventory_path_is_a_usage_error(tmp_path, inventory, message):
 
 def test_lab_that_is_not_up_is_not_a_usage_error(tmp_path):
     """Not a bad argument but a state to fix (`tacc-lab up`): exit 1, as before."""
-    proc = run_cli("tacc-lab", "ssh", "n1", "true",
-                   env={"TACC_LAB_STATE_ROOT": str(tmp_path / "state")})  # fmt: skip
+    proc = run_cli(
+        "tacc-lab", "ssh", "n1", "true", env={"TACC_LAB_STATE_ROOT": str(tmp_path / "state")}
+    )
     assert proc.returncode == 1 and "is not up" in proc.stderr

@@ -18,9 +18,12 @@ OPS = Path(__file__).resolve().parents[2] / "packages" / "ops"
 def run_image_main(cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TACC_LAB_IMAGE_CACHE": str(cache), "PYTHONPATH": str(OPS)}
     return subprocess.run(
-        [sys.executable, "-m", "tacc_lab.image"], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "tacc_lab.image"],
+        capture_output=True,
+        text=True,
+        env=env,
         check=False,
-    )  # fmt: skip
+    )
 
 
 def test_cached_image_is_reported_without_a_build(tmp_path: Path) -> None:

@@ -56,8 +56,11 @@ def test_sigterm_reaches_the_node_and_ends_the_bmc(tmp_path):
         "print('up', flush=True)\n"
         "time.sleep(60)\n"
     )
-    bmc = subprocess.Popen([sys.executable, "-m", "tacc_lab.bmc", "--", sys.executable, str(node)],
-                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    bmc = subprocess.Popen(
+        [sys.executable, "-m", "tacc_lab.bmc", "--", sys.executable, str(node)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert bmc.stdout is not None and bmc.stdout.readline() == "up\n"
     bmc.send_signal(signal.SIGTERM)
     assert bmc.wait(timeout=10) == REBOOT_STATUS  # (a guard against a hang)

@@ -29,27 +29,38 @@ from tests.unit.agent_jobs import agent, agent_env, make_job
 
 def task_of(tmp_path: Path, resources: dict, launcher: str = "srun", name="t.yaml"):
     path = tmp_path / name
-    body = {"name": "t", "run": ["train.py"], "resources": resources,
-            "runtime": {"launcher": launcher}}  # fmt: skip
+    body = {
+        "name": "t",
+        "run": ["train.py"],
+        "resources": resources,
+        "runtime": {"launcher": launcher},
+    }
     path.write_text(yaml.safe_dump(body))
     return parse(json.dumps(compile_task(load_task(path)).document), "instruction")
 
 
 @pytest.mark.parametrize(
     ("resources", "expected"),
-    [({}, 1), ({"gpus_per_node": 4}, 4), ({"gpus_per_node": 4, "processes_per_node": 2}, 2),
-     ({"processes_per_node": 3}, 3)],
-)  # fmt: skip
+    [
+        ({}, 1),
+        ({"gpus_per_node": 4}, 4),
+        ({"gpus_per_node": 4, "processes_per_node": 2}, 2),
+        ({"processes_per_node": 3}, 3),
+    ],
+)
 def test_processes_per_node_defaults_to_the_gpus_or_one(tmp_path, resources, expected):
     assert processes_per_node(task_of(tmp_path, resources).resources) == expected
 
 
 @pytest.mark.parametrize(
     ("launcher", "tasks", "srun_tasks"),
-    [("srun", 2, ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"]),
-     ("torchrun", 1, ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]),
-     ("mpirun", 2, None), ("none", 1, ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1"])],
-)  # fmt: skip
+    [
+        ("srun", 2, ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"]),
+        ("torchrun", 1, ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]),
+        ("mpirun", 2, None),
+        ("none", 1, ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]),
+    ],
+)
 def test_each_launcher_lays_out_its_processes(tmp_path, launcher, tasks, srun_tasks):
     task = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2}, launcher)
     assert f"--ntasks-per-node={tasks}" in sbatch_argv(task, Path("/j"), AgentConfig())
@@ -65,14 +76,35 @@ def test_wrapper_ranks_and_variables_per_launcher(tmp_path):
     torch = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2}, "torchrun", "b.yaml")
     assert [wrapper_rank(srun, node, local) for node in (0, 1) for local in (0, 1)] == [0, 1, 2, 3]
     assert [wrapper_rank(torch, node, 0) for node in (0, 1)] == [0, 2]
-    launch = Launch(srun, 3, ["n2", "n3"], ["10.0.0.2", "10.0.0.3"], "41", {}, node_rank=1,
-                    local_rank=1, wrappers=4)  # fmt: skip
+    launch = Launch(
+        srun,
+        3,
+        ["n2", "n3"],
+        ["10.0.0.2", "10.0.0.3"],
+        "41",
+        {},
+        node_rank=1,
+        local_rank=1,
+        wrappers=4,
+    )
     env = framework_env(srun, launch)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["TACC_NODE_RANK"]) == (
-        "3", "1", "4", "1")  # fmt: skip
+        "3",
+        "1",
+        "4",
+        "1",
+    )
     assert env["LOCAL_WORLD_SIZE"] == env["TACC_PROCESSES_PER_NODE"] == "2"
-    launch = Launch(torch, 2, ["n2", "n3"], ["10.0.0.2", "10.0.0.3"], "41",
-                    {"TACC_JOB_DIR": "/j"}, node_rank=1, wrappers=2)  # fmt: skip
+    launch = Launch(
+        torch,
+        2,
+        ["n2", "n3"],
+        ["10.0.0.2", "10.0.0.3"],
+        "41",
+        {"TACC_JOB_DIR": "/j"},
+        node_rank=1,
+        wrappers=2,
+    )
     env = {"TACC_JOB_DIR": "/j", **framework_env(torch, launch)}
     line = command_for(torch, "train.py --epochs 2", env)[-1]
     # torchrun ignores Slurm's checkpoint signal (it would die of it); its workers get it.
@@ -85,16 +117,23 @@ def test_torchrun_lines_are_filed_under_their_global_rank(tmp_path):
     (tmp_path / "logs").mkdir()
     own = io.BytesIO()
     with RankLogs(tmp_path, "n3", own, range(2, 4)) as logs:
-        for raw in (b"[tacc-rank 2] hello from 2\n", b"W torchrun says\n",
-                    b"[tacc-rank 3] hello from 3\n", b"[tacc-rank 0] not on this node\n",
-                    b"[tacc-rank 99999] nor this\n"):  # fmt: skip
+        for raw in (
+            b"[tacc-rank 2] hello from 2\n",
+            b"W torchrun says\n",
+            b"[tacc-rank 3] hello from 3\n",
+            b"[tacc-rank 0] not on this node\n",
+            b"[tacc-rank 99999] nor this\n",
+        ):
             logs.write(raw)
     assert (tmp_path / "logs/rank-2-n3.log").read_bytes() == b"hello from 2\n"
     assert (tmp_path / "logs/rank-3-n3.log").read_bytes() == b"hello from 3\n"
-    assert own.getvalue() == (b"W torchrun says\n[tacc-rank 0] not on this node\n"
-                              b"[tacc-rank 99999] nor this\n")  # fmt: skip
+    assert own.getvalue() == (
+        b"W torchrun says\n[tacc-rank 0] not on this node\n[tacc-rank 99999] nor this\n"
+    )
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
-        "rank-2-n3.log", "rank-3-n3.log"]  # fmt: skip
+        "rank-2-n3.log",
+        "rank-3-n3.log",
+    ]
 
 
 def test_a_node_with_several_ranks_is_named_once_in_the_transport_reason():
@@ -130,8 +169,11 @@ def test_a_legacy_file_maps_ntasks_and_runs_with_the_code_as_workdir(tmp_path):
     assert task.resources["processes_per_node"] == 2 and task.runtime["workdir"] == "code"
     user = tmp_path / "u"
     user.mkdir()
-    body = {"name": "legacy", "run": ["python3 ${TACC_WORKDIR}/train.py"],
-            "runtime": {"workdir": "code"}}  # fmt: skip
+    body = {
+        "name": "legacy",
+        "run": ["python3 ${TACC_WORKDIR}/train.py"],
+        "runtime": {"workdir": "code"},
+    }
     _, job_dir = make_job(user, body, {"train.py": "import os; print(os.getcwd())\n"})
     proc = agent("exec", str(job_dir), env=agent_env(user))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -262,9 +262,11 @@ class StandInMaster:
         assert json.loads(reader.readline()) == {"op": "session"}
         self.sessions += 1
         agent = subprocess.Popen(
-            [sys.executable, "-m", "tacc_agent", "session"], env=self.env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
+            [sys.executable, "-m", "tacc_agent", "session"],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
 
         def upstream() -> None:
             while data := reader.read1(65536):
@@ -299,9 +301,12 @@ def test_a_command_the_master_serves_never_loads_paramiko(home, tmp_path, monkey
     master = StandInMaster(mux.socket_path(config.cluster()), agent_env(tmp_path))
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", PROBE, "env", "ls", "--json"], capture_output=True,
-            text=True, timeout=120, env={**os.environ},
-        )  # fmt: skip
+            [sys.executable, "-c", PROBE, "env", "ls", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ},
+        )
     finally:
         master.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -375,8 +380,9 @@ def test_a_master_of_another_uid_is_never_used(home):
     path = mux.socket_path(SETTINGS)
     listener = subprocess.Popen(
         [sys.executable, "-c", OTHER_UID_LISTENER, str(path), str(OTHER_UID)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert listener.stdout.readline() == "listening\n"
         with pytest.raises(mux.InsecureDirectory, match=f"process of uid {OTHER_UID}"):

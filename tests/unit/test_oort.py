@@ -20,8 +20,13 @@ from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError
 from tcloud.task_file import load_task
 
-FEDERATED = {"clients": 200, "per_round": 10, "target_accuracy": 0.75,
-             "round_deadline_s": 10, "max_rounds": 300}  # fmt: skip
+FEDERATED = {
+    "clients": 200,
+    "per_round": 10,
+    "target_accuracy": 0.75,
+    "round_deadline_s": 10,
+    "max_rounds": 300,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -113,15 +118,20 @@ def test_execute_offers_the_library_and_the_settings_to_a_federated_task(tmp_pat
     assert launch.env["PYTHONPATH"] == f"{lib}{os.pathsep}/mine"
     assert launch.env["TACC_PARTICIPANT_SELECTION"] == "oort"
     assert {k: v for k, v in launch.env.items() if k.startswith("TACC_FL_")} == {
-        "TACC_FL_CLIENTS": "200", "TACC_FL_PER_ROUND": "10", "TACC_FL_TARGET_ACCURACY": "0.75",
-        "TACC_FL_ROUND_DEADLINE_S": "10", "TACC_FL_MAX_ROUNDS": "300",
-        "TACC_FL_ROUND_PENALTY": "2"}  # fmt: skip
+        "TACC_FL_CLIENTS": "200",
+        "TACC_FL_PER_ROUND": "10",
+        "TACC_FL_TARGET_ACCURACY": "0.75",
+        "TACC_FL_ROUND_DEADLINE_S": "10",
+        "TACC_FL_MAX_ROUNDS": "300",
+        "TACC_FL_ROUND_PENALTY": "2",
+    }
     assert "10 of 200 clients" in launch.notes["oort"]
 
 
 def test_large_and_fractional_settings_reach_the_program_exactly(tmp_path):
-    launch = launch_of(federated_task(tmp_path, clients=1000000, round_deadline_s=12.3456789),
-                       tmp_path / "job")  # fmt: skip
+    launch = launch_of(
+        federated_task(tmp_path, clients=1000000, round_deadline_s=12.3456789), tmp_path / "job"
+    )
     oort.Oort().execute(launch)
     assert launch.env["TACC_FL_CLIENTS"] == "1000000"
     assert launch.env["TACC_FL_ROUND_DEADLINE_S"] == "12.3456789"
@@ -140,16 +150,24 @@ def outcome_of(task, job_dir: Path) -> Outcome:
     return Outcome(task, job_dir, 0, 12.0, {})
 
 
-RESULT = {"selector": "oort", "rounds": 41, "round_to_target": 41, "seconds_to_target": 576.3,
-          "final_accuracy": 0.751, "simulated_seconds": 576.3}  # fmt: skip
+RESULT = {
+    "selector": "oort",
+    "rounds": 41,
+    "round_to_target": 41,
+    "seconds_to_target": 576.3,
+    "final_accuracy": 0.751,
+    "simulated_seconds": 576.3,
+}
 
 
 def test_finish_reports_the_time_to_target(tmp_path):
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs" / "fl.json").write_text(json.dumps(RESULT))
     line = oort.Oort().finish(outcome_of(federated_task(tmp_path), tmp_path))
-    assert line == ("oort: target 0.75 reached at round 41, 576 s (simulated); "
-                    "final accuracy 0.751 (oort selection)")  # fmt: skip
+    assert line == (
+        "oort: target 0.75 reached at round 41, 576 s (simulated); "
+        "final accuracy 0.751 (oort selection)"
+    )
 
 
 def test_finish_reports_a_target_not_reached(tmp_path):
@@ -177,8 +195,12 @@ def test_finish_tolerates_a_missing_or_garbled_result(tmp_path, content):
 @pytest.mark.fault
 def test_finish_tolerates_wrong_types_inside_the_result(tmp_path):
     (tmp_path / "outputs").mkdir()
-    result = {"selector": ["x"], "round_to_target": "41", "seconds_to_target": True,
-              "final_accuracy": "high"}  # fmt: skip
+    result = {
+        "selector": ["x"],
+        "round_to_target": "41",
+        "seconds_to_target": True,
+        "final_accuracy": "high",
+    }
     (tmp_path / "outputs" / "fl.json").write_text(json.dumps(result))
     line = oort.Oort().finish(outcome_of(federated_task(tmp_path), tmp_path))
     assert line is not None and "target 0.75 not reached" in line

@@ -50,9 +50,12 @@ def test_exploitation_prefers_high_loss_and_fast_clients():
     selector = OortSelector(ids, 8, 10.0, seed=3, exploration=0.0, exploration_min=0.0)
     selector.exploration = 1.0  # round 1: try everyone we can
     for round_number in range(1, 6):
-        feed(selector, selector.select(round_number),
-             utility=lambda c: 50.0 if c % 4 == 0 else 5.0,
-             duration=lambda c: 40.0 if c % 2 else 2.0)  # fmt: skip
+        feed(
+            selector,
+            selector.select(round_number),
+            utility=lambda c: 50.0 if c % 4 == 0 else 5.0,
+            duration=lambda c: 40.0 if c % 2 else 2.0,
+        )
     picked = selector.select(6)
     assert sum(1 for c in picked if c % 4 == 0) >= 6  # the fast clients with much to learn
 
@@ -118,13 +121,15 @@ def test_clients_picked_too_often_are_blacklisted_up_to_a_share():
 
 def test_the_same_seed_gives_the_same_rounds():
     def rounds(seed: int) -> list[list[int]]:
-        selector = OortSelector(list(range(50)), 5, 10.0, seed=seed,
-                                duration_hints={c: c % 7 + 1.0 for c in range(50)})  # fmt: skip
+        selector = OortSelector(
+            list(range(50)), 5, 10.0, seed=seed, duration_hints={c: c % 7 + 1.0 for c in range(50)}
+        )
         out = []
         for round_number in range(1, 25):
             picked = selector.select(round_number)
-            feed(selector, picked, utility=lambda c: float(c % 5 + 1),
-                 duration=lambda c: c % 7 * 4.0)  # fmt: skip
+            feed(
+                selector, picked, utility=lambda c: float(c % 5 + 1), duration=lambda c: c % 7 * 4.0
+            )
             out.append(picked)
         return out
 
@@ -152,9 +157,13 @@ def test_without_the_plugins_env_the_selector_is_random():
 
 
 def test_the_plugins_env_gives_oort_with_its_settings():
-    env = {"TACC_PARTICIPANT_SELECTION": "oort", "TACC_FL_PER_ROUND": "4",
-           "TACC_FL_ROUND_DEADLINE_S": "12.5", "TACC_FL_ROUND_PENALTY": "1",
-           "TACC_FL_BLACKLIST_ROUNDS": "3"}  # fmt: skip
+    env = {
+        "TACC_PARTICIPANT_SELECTION": "oort",
+        "TACC_FL_PER_ROUND": "4",
+        "TACC_FL_ROUND_DEADLINE_S": "12.5",
+        "TACC_FL_ROUND_PENALTY": "1",
+        "TACC_FL_BLACKLIST_ROUNDS": "3",
+    }
     selector = selector_from_env(list(range(10)), env=env)
     assert isinstance(selector, OortSelector)
     assert (selector.per_round, selector.deadline_s, selector.alpha) == (4, 12.5, 1.0)

@@ -197,8 +197,21 @@ def creds(tmp_path) -> Path:
 
 
 def seed(devpi, creds: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(SEED), "--url", devpi.url, "--credentials", str(creds),
-            "--user", "tacc", "--index", "cluster", "--wait", "5", *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(SEED),
+        "--url",
+        devpi.url,
+        "--credentials",
+        str(creds),
+        "--user",
+        "tacc",
+        "--index",
+        "cluster",
+        "--wait",
+        "5",
+        *extra,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -213,8 +226,12 @@ def test_seeding_creates_user_index_and_uploads_once(devpi, creds, tmp_path):
     assert devpi.users["tacc"] == USER_PW
     # Only its owner uploads, packages and tox results alike.
     assert devpi.indexes["tacc/cluster"] == {
-        "type": "stage", "bases": ["root/pypi"], "volatile": False,
-        "acl_upload": ["tacc"], "acl_toxresult_upload": ["tacc"]}  # fmt: skip
+        "type": "stage",
+        "bases": ["root/pypi"],
+        "volatile": False,
+        "acl_upload": ["tacc"],
+        "acl_toxresult_upload": ["tacc"],
+    }
     project, _digest, content = devpi.files["tacc/cluster"][TORCH]
     assert project == "torch" and content == wheel.read_bytes()
     assert ("GET", "/tacc/cluster/+simple/pip/") in devpi.log  # the mirror's warm-up
@@ -299,10 +316,25 @@ def test_bad_credentials_files_are_one_clear_error(devpi, tmp_path, content, exp
 @pytest.mark.bad_input
 def test_a_server_that_never_answers_is_one_clear_error(creds):
     proc = subprocess.run(
-        [sys.executable, str(SEED), "--url", "http://127.0.0.1:9", "--credentials", str(creds),
-         "--user", "tacc", "--index", "cluster", "--wait", "1"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SEED),
+            "--url",
+            "http://127.0.0.1:9",
+            "--credentials",
+            str(creds),
+            "--user",
+            "tacc",
+            "--index",
+            "cluster",
+            "--wait",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
     assert "did not answer within 1 s" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -415,15 +447,23 @@ def test_the_agent_builds_from_the_cache_when_the_inventory_has_one():
 
 
 def test_the_cache_directory_is_per_lab_and_outside_the_state_directory(tmp_path):
-    cfg = LabConfig.create("pcache", "10.77.11.0/24", state_root=tmp_path / "state",
-                           package_cache_root=tmp_path / "cache")  # fmt: skip
+    cfg = LabConfig.create(
+        "pcache",
+        "10.77.11.0/24",
+        state_root=tmp_path / "state",
+        package_cache_root=tmp_path / "cache",
+    )
     assert cfg.package_cache_dir == tmp_path / "cache/pcache"
     assert not cfg.package_cache_dir.is_relative_to(cfg.state_dir)  # `down` removes that
 
 
 def test_only_the_head_node_mounts_the_cache(tmp_path, monkeypatch):
-    cfg = LabConfig(name="lab", subnet=ipaddress.IPv4Network("10.77.0.0/24"),
-                    state_root=tmp_path, package_cache_root=tmp_path / "cache")  # fmt: skip
+    cfg = LabConfig(
+        name="lab",
+        subnet=ipaddress.IPv4Network("10.77.0.0/24"),
+        state_root=tmp_path,
+        package_cache_root=tmp_path / "cache",
+    )
     started = []
 
     class Popen:

@@ -102,8 +102,9 @@ class FakeSlurm:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def __call__(self, argv: list[str], timeout: float = 0, check: bool = True,
-                 env: dict | None = None) -> str:  # fmt: skip
+    def __call__(
+        self, argv: list[str], timeout: float = 0, check: bool = True, env: dict | None = None
+    ) -> str:
         self.calls.append(argv)
         if argv[:3] == ["scontrol", "show", "node"]:
             return "\n".join(NODES)
@@ -114,8 +115,10 @@ class FakeSlurm:
         if argv[0] == "squeue" and "--states=PENDING" in argv:  # the partition's load
             return "31|Resources\n32|JobHeldUser\n33|Priority\n"
         if argv[0] == "squeue":  # the queue tick
-            return ("41|greedy|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
-                    "42|modest|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n")  # fmt: skip
+            return (
+                "41|greedy|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
+                "42|modest|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
+            )
         if argv[:2] == ["scontrol", "update"]:
             return ""
         if argv[:4] == ["scontrol", "show", "job", "--oneliner"]:  # the tick's job records
@@ -151,8 +154,11 @@ def project_imports(path: Path) -> list[tuple[int, str]]:
 
 def foreign_imports(path: Path, own: str) -> list[str]:
     allowed = {"tacc_contract", own, "."} | set(sys.stdlib_module_names)
-    return [f"{path}:{line}: imports {module}" for line, module in project_imports(path)
-            if module not in allowed]  # fmt: skip
+    return [
+        f"{path}:{line}: imports {module}"
+        for line, module in project_imports(path)
+        if module not in allowed
+    ]
 
 
 def test_every_builtin_plugin_imports_only_the_contract_and_the_standard_library():
@@ -198,7 +204,8 @@ def test_schedule_sees_node_features_load_and_history_and_refuses_with_rejected(
     # sinfo: 3 idle; squeue: 2 of 3 pending jobs wait for nodes (a held one does not)
     assert submission.notes["scratch"] == "3 idle, 2 waiting, earlier: first"
     assert ["sinfo", "--noheader", "--partition=gpu", "--states=idle", "--format=%D|%T"] in (
-        fake.calls)  # fmt: skip
+        fake.calls
+    )
     with pytest.raises(Rejected, match=r"no node in partition 'cpu' has NVMe scratch") as caught:
         schedule.plan(task_for("cpu"), Path("/w/job"), config, user_dir)
     assert caught.value.field == "resources.partition"
@@ -247,10 +254,18 @@ def test_rank_zero_decides_from_every_ranks_facts_and_the_others_use_its_answer(
     answers: dict[int, dict | None] = {}
 
     def rank(number: int) -> None:
-        launch = Launch(None, number, ["n1", "n2"], [], "7", {},
-                        agree=Agreement(tmp_path, number, 2, timeout=20))  # fmt: skip
-        answers[number] = launch.agree("transport", lambda ranks: vars(
-            transport.choose("auto", ranks)))  # fmt: skip
+        launch = Launch(
+            None,
+            number,
+            ["n1", "n2"],
+            [],
+            "7",
+            {},
+            agree=Agreement(tmp_path, number, 2, timeout=20),
+        )
+        answers[number] = launch.agree(
+            "transport", lambda ranks: vars(transport.choose("auto", ranks))
+        )
 
     second = threading.Thread(target=rank, args=(1,))
     second.start()
@@ -265,8 +280,9 @@ def test_rank_zero_decides_from_every_ranks_facts_and_the_others_use_its_answer(
 
 
 def test_a_rank_that_never_hears_the_answer_falls_back_to_tcp(tmp_path):
-    launch = Launch(None, 1, ["n1", "n2"], [], "7", {},
-                    agree=Agreement(tmp_path, 1, 2, timeout=0, grace=0.2))  # fmt: skip
+    launch = Launch(
+        None, 1, ["n1", "n2"], [], "7", {}, agree=Agreement(tmp_path, 1, 2, timeout=0, grace=0.2)
+    )
     launch.task = task_for()
     assert transport.agreed(launch) == transport.choose("tcp", [])
 

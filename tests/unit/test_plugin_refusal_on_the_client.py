@@ -53,8 +53,12 @@ def test_a_plugins_refusal_is_a_task_problem(tmp_path, words, field):
     env = {"PYTHONPATH": str(tmp_path), "TACC_PLUGINS": words, "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
         [sys.executable, "-m", "tcloud.cli", "submit", "--dry-run", str(project)],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 3, proc.stderr
     assert f": {field}: expected" in proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

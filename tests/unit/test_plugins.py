@@ -79,8 +79,16 @@ def base(**extra) -> dict:
 # ------------------------------------------------------------------ the seam
 def test_defaults_are_on_and_las_is_off():
     on = {p.name for p in select()}
-    assert on == {"gpu_share", "elastic", "gpu_types", "sweep", "duration", "oort",
-                  "launcher", "transport"}  # fmt: skip
+    assert on == {
+        "gpu_share",
+        "elastic",
+        "gpu_types",
+        "sweep",
+        "duration",
+        "oort",
+        "launcher",
+        "transport",
+    }
     assert {p.name for p in select(["las", "-duration"])} == on - {"duration"} | {"las"}
 
 
@@ -101,8 +109,11 @@ def test_a_task_file_names_its_plugins_and_bad_words_point_at_the_line(tmp_path)
     with pytest.raises(TaskFileError) as caught:
         load_task(path, [])
     assert f"{path}:6:3: plugins[1]: unknown plug-in 'bogus'; available:" in str(caught.value)
-    with pytest.raises(TaskFileError, match=r"tcloud.yaml:1:1: plugins \(\$TACC_PLUGINS\): "
-                       "unknown plug-in 'nope'"):  # fmt: skip
+    with pytest.raises(
+        TaskFileError,
+        match=r"tcloud.yaml:1:1: plugins \(\$TACC_PLUGINS\): "
+        "unknown plug-in 'nope'",
+    ):
         load_task(write_task(tmp_path, base()), ["nope"])
 
 
@@ -200,8 +211,12 @@ def test_gpu_share_off_makes_a_fraction_an_error(tmp_path):
         load_task(path, ["-gpu_share"])
     with pytest.raises(TaskFileError, match=r"expected whole GPUs .* got 1.5"):
         load_task(write_task(tmp_path, base(resources={"gpus_per_node": 1.5})), [])
-    assert load_task(write_task(tmp_path, base(resources={"gpus_per_node": 2.0})),
-                     []).resources["gpus_per_node"] == 2  # fmt: skip
+    assert (
+        load_task(write_task(tmp_path, base(resources={"gpus_per_node": 2.0})), []).resources[
+            "gpus_per_node"
+        ]
+        == 2
+    )
 
 
 # ------------------------------------------------------------------ elastic + GPU types
@@ -224,10 +239,17 @@ def test_a_node_range_grows_when_idle_shrinks_when_jobs_wait(tmp_path, monkeypat
 
 
 def test_only_jobs_that_wait_for_nodes_shrink_a_node_range():
-    squeue = "\n".join([
-        "31|Resources", "32|Priority", "33|JobHeldUser", "34|JobHeldAdmin",
-        "35|Dependency", "36|BeginTime", "37|QOSMaxGRESPerUser",
-    ])  # fmt: skip
+    squeue = "\n".join(
+        [
+            "31|Resources",
+            "32|Priority",
+            "33|JobHeldUser",
+            "34|JobHeldAdmin",
+            "35|Dependency",
+            "36|BeginTime",
+            "37|QOSMaxGRESPerUser",
+        ]
+    )
     # a halted job (held), one after another's end, one for later: none waits for nodes
     assert schedule.waiting_jobs(squeue) == 3
     assert schedule.waiting_jobs("") == 0
@@ -249,8 +271,11 @@ def test_a_resizable_range_records_its_opt_in_and_range_for_the_tick(tmp_path):
 
 @pytest.mark.bad_input
 def test_resizing_a_fixed_size_is_refused_with_the_field(tmp_path):
-    with pytest.raises(TaskFileError, match=r"resources.resize: resizing needs a node range: "
-                       r"set nodes: MIN-MAX"):  # fmt: skip
+    with pytest.raises(
+        TaskFileError,
+        match=r"resources.resize: resizing needs a node range: "
+        r"set nodes: MIN-MAX",
+    ):
         load_task(write_task(tmp_path, base(resources={"nodes": 2, "resize": True})), [])
 
 
@@ -270,8 +295,11 @@ def test_acceptable_gpu_types_become_a_constraint(tmp_path):
     assert partly.options["constraint"] == "a100"
     assert partly.notes["gpu_types"] == "constraint a100 (no l40s node in partition 'gpu')"
     _, none = compiled(tmp_path, base(resources={**res, "gpu_types": ["l40s"]}))
-    with pytest.raises(Rejected, match=r"no node in partition 'gpu' has a GPU of type l40s; "
-                       "the types there: a100, h100"):  # fmt: skip
+    with pytest.raises(
+        Rejected,
+        match=r"no node in partition 'gpu' has a GPU of type l40s; "
+        "the types there: a100, h100",
+    ):
         planned(none)
     with pytest.raises(TaskFileError, match=r"GPU types need GPUs"):
         load_task(write_task(tmp_path, base(resources={"gpu_types": ["h100"]})), [])
@@ -401,10 +429,16 @@ def test_no_time_limit_and_earlier_runs_give_a_tighter_predicted_one(tmp_path):
     submission = planned(task, user_dir=user, digest="d1")
     # longest 140 s x 1.5 + 60 s = 270 s -> 5 minutes
     assert submission.options["time"] == "00:05:00"
-    assert submission.data["duration"] == {"limit_seconds": 300, "basis": "digest", "runs": 2,
-                                           "longest": 140.0}  # fmt: skip
-    assert "predicted 00:05:00 from 2 earlier run(s) of the same digest" in (
-        submission.notes["duration"])  # fmt: skip
+    assert submission.data["duration"] == {
+        "limit_seconds": 300,
+        "basis": "digest",
+        "runs": 2,
+        "longest": 140.0,
+    }
+    assert (
+        "predicted 00:05:00 from 2 earlier run(s) of the same digest"
+        in (submission.notes["duration"])
+    )
     # Another digest of the same entry point still predicts; the cap holds.
     capped = planned(task, AgentConfig(default_time_limit="00:04:00"), user, "other")
     assert capped.options["time"] == "00:04:00"
@@ -432,8 +466,10 @@ def test_the_job_log_gets_prediction_versus_actual(tmp_path):
 def test_squeue_lines_become_queued_jobs():
     from tacc_agent.tasks.queue_ticks import parse_queue
 
-    jobs = parse_queue("12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
-                       "13_1|bob|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n")  # fmt: skip
+    jobs = parse_queue(
+        "12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
+        "13_1|bob|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n"
+    )
     assert (jobs[0].gpus, jobs[0].elapsed_seconds, jobs[0].nodes) == (8, 3723, 2)
     assert (jobs[1].job_id, jobs[1].gpus, jobs[1].state) == ("13_1", 0, "PENDING")
 
@@ -443,16 +479,19 @@ def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
     changed: dict[str, int] = {}
 
     def tick(jobs):
-        queue = Queue(jobs, lambda job, nice: changed.__setitem__(job, nice), 0.0, tmp_path,
-                      config)  # fmt: skip
+        queue = Queue(jobs, lambda job, nice: changed.__setitem__(job, nice), 0.0, tmp_path, config)
         las.LeastAttainedService().tick(queue)
         return queue.notes
 
     # alice ran 2 GPUs for 60 s, then 600 s: 1200 GPU-s attained, past both thresholds.
     tick([QueuedJob("1", "alice", "RUNNING", 0, 2, 60)])
-    notes = tick([QueuedJob("1", "alice", "RUNNING", 0, 2, 600),
-                  QueuedJob("2", "alice", "PENDING", 0, 1, 0),
-                  QueuedJob("3", "bob", "PENDING", 0, 1, 0)])  # fmt: skip
+    notes = tick(
+        [
+            QueuedJob("1", "alice", "RUNNING", 0, 2, 600),
+            QueuedJob("2", "alice", "PENDING", 0, 1, 0),
+            QueuedJob("3", "bob", "PENDING", 0, 1, 0),
+        ]
+    )
     # alice is in the most attained queue (nice 0); bob attained nothing: two queues up.
     assert changed == {"3": -1000}
     assert notes == ["las: job 3 of bob (0 GPU-s) nice 0 -> -1000"]
@@ -461,8 +500,12 @@ def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
     # No change is made twice (the nice is already right), and node-time stands in for
     # GPU time on CPU-only jobs.
     changed.clear()
-    tick([QueuedJob("3", "bob", "PENDING", -1000, 1, 0),
-          QueuedJob("4", "bob", "RUNNING", 0, 0, 200, nodes=1)])  # fmt: skip
+    tick(
+        [
+            QueuedJob("3", "bob", "PENDING", -1000, 1, 0),
+            QueuedJob("4", "bob", "RUNNING", 0, 0, 200, nodes=1),
+        ]
+    )
     assert changed == {"3": -500}  # bob passed the first threshold: one queue down
     assert json.loads((tmp_path / "las.json").read_text())["attained"]["bob"] == 200.0
 
@@ -471,8 +514,7 @@ def test_las_lowers_pending_jobs_of_users_with_more_attained_service(tmp_path):
 def test_halt_says_whether_the_program_exited_in_its_grace_period():
     from tcloud.cli import halt_text
 
-    done = {"job_id": "7", "checkpoint_signal": True, "exited_in_grace": True,
-            "grace_seconds": 10}  # fmt: skip
+    done = {"job_id": "7", "checkpoint_signal": True, "exited_in_grace": True, "grace_seconds": 10}
     assert halt_text(done).startswith("job 7: the program exited within the 10 s grace")
     late = halt_text({**done, "exited_in_grace": False, "grace_seconds": 2.5})
     assert "still running 2.5 s after the checkpoint signal; Slurm stopped it" in late
@@ -485,15 +527,34 @@ def test_quota_text_shows_limits_fair_share_and_usage():
     from tcloud.cli import quota_text
 
     info = {
-        "user": "alice", "running_jobs": 1, "pending_jobs": 2, "gpus_in_use": 4,
+        "user": "alice",
+        "running_jobs": 1,
+        "pending_jobs": 2,
+        "gpus_in_use": 4,
         "accounting": True,
-        "associations": [{"Account": "vision", "Fairshare": "10", "QOS": "normal,scavenger",
-                          "DefaultQOS": "normal"}],
-        "fairshare": [{"Account": "vision", "User": "alice", "FairShare": "0.5",
-                       "EffectvUsage": "0.25"}],
-        "qos": [{"Name": "normal", "Priority": "10", "MaxTRESPU": "gres/gpu=8", "MaxJobsPU": "",
-                 "MaxWall": "2-00:00:00", "Preempt": "scavenger", "UsageFactor": "1.000000"}],
-    }  # fmt: skip
+        "associations": [
+            {
+                "Account": "vision",
+                "Fairshare": "10",
+                "QOS": "normal,scavenger",
+                "DefaultQOS": "normal",
+            }
+        ],
+        "fairshare": [
+            {"Account": "vision", "User": "alice", "FairShare": "0.5", "EffectvUsage": "0.25"}
+        ],
+        "qos": [
+            {
+                "Name": "normal",
+                "Priority": "10",
+                "MaxTRESPU": "gres/gpu=8",
+                "MaxJobsPU": "",
+                "MaxWall": "2-00:00:00",
+                "Preempt": "scavenger",
+                "UsageFactor": "1.000000",
+            }
+        ],
+    }
     text = quota_text(info)
     assert "alice: 1 running job(s) holding 4 GPU(s), 2 pending" in text
     assert "account vision: fair share 0.5 (shares 10, usage 0.25)" in text
@@ -509,8 +570,10 @@ def test_quota_counts_the_callers_queue(monkeypatch):
 
     def squeue(argv, timeout):
         seen.append(argv)
-        return ("7|alice|RUNNING|0|2|2|cpu=2,node=2,gres/gpu=8|N/A|gres/gpu:4|N/A|1:00|\n"
-                "8|alice|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n")  # fmt: skip
+        return (
+            "7|alice|RUNNING|0|2|2|cpu=2,node=2,gres/gpu=8|N/A|gres/gpu:4|N/A|1:00|\n"
+            "8|alice|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n"
+        )
 
     monkeypatch.setattr(slurm, "slurm", squeue)
     counts = quota.in_queue("alice", AgentConfig())

@@ -45,8 +45,9 @@ def job_dir(tmp_path) -> Path:
 
 
 def record(job_dir: Path, state: str = "RUNNING", uid: int | None = None) -> preempt.JobRecord:
-    return preempt.JobRecord("41", owner_uid() if uid is None else uid, "alice", state, job_dir,
-                             False)  # fmt: skip
+    return preempt.JobRecord(
+        "41", owner_uid() if uid is None else uid, "alice", state, job_dir, False
+    )
 
 
 def write_submit(job_dir: Path, data: bytes) -> None:
@@ -57,10 +58,19 @@ def write_submit(job_dir: Path, data: bytes) -> None:
 
 
 def test_the_known_opt_in_words_of_every_plugin_are_read(job_dir):
-    write_submit(job_dir, json.dumps({"plugin_data": {
-        "tiresias": {"opt_in": ["preemptible", "root", 3]},
-        "elastic": {"opt_in": ["resize"], "min": 1}, "sweep": [], "x": {"opt_in": "resize"},
-    }}).encode())  # fmt: skip
+    write_submit(
+        job_dir,
+        json.dumps(
+            {
+                "plugin_data": {
+                    "tiresias": {"opt_in": ["preemptible", "root", 3]},
+                    "elastic": {"opt_in": ["resize"], "min": 1},
+                    "sweep": [],
+                    "x": {"opt_in": "resize"},
+                }
+            }
+        ).encode(),
+    )
     assert preempt.opted_in_job(record(job_dir)) == {"preemptible", "resize"}
 
 
@@ -70,8 +80,13 @@ def oneliner(record: dict[str, str]) -> str:
 
 
 def test_slurms_record_gives_owner_state_and_directory(monkeypatch):
-    info = {"JobId": "41", "UserId": "alice(1001)", "JobState": "RUNNING",
-            "WorkDir": "/shared/tcloud/alice/jobs/abc-1", "Comment": "tacc:abc-1:00"}  # fmt: skip
+    info = {
+        "JobId": "41",
+        "UserId": "alice(1001)",
+        "JobState": "RUNNING",
+        "WorkDir": "/shared/tcloud/alice/jobs/abc-1",
+        "Comment": "tacc:abc-1:00",
+    }
     trial = {**info, "JobId": "52", "ArrayJobId": "50", "ArrayTaskId": "2"}
     lines = {"41": oneliner(info), "52": oneliner(trial)}
     monkeypatch.setattr(
@@ -140,7 +155,7 @@ def test_a_submit_record_of_another_uid_in_the_owners_directory_is_ignored(job_d
         + b'"}',
     ],
     ids=["garbage", "not-utf8", "a-list", "plugin-data-a-list", "opt-in-a-string", "huge"],
-)  # fmt: skip
+)
 def test_a_bad_or_huge_submit_record_opts_in_to_nothing(job_dir, data):
     write_submit(job_dir, data)
     assert preempt.opted_in_job(record(job_dir)) == frozenset()
@@ -223,11 +238,26 @@ def test_a_requeue_runs_the_owners_halt_then_resume(job_dir, slurm_job):
     assert preempt.requeue("41", reason, config, notes.append, run) is True
     agent = [sys.executable, "-I", "-m", "tacc_agent", f"--userdir={job_dir.parent.parent}"]
     assert run.calls == [
-        (["runuser", "-u", "alice", "--", *agent, "job", "halt", "41", "--grace=10",
-          f"--reason={reason}"], 10 + 60 + 30),
-        (["runuser", "-u", "alice", "--", *agent, "job", "resume", "41", f"--reason={reason}"],
-         60 + 30),
-    ]  # fmt: skip
+        (
+            [
+                "runuser",
+                "-u",
+                "alice",
+                "--",
+                *agent,
+                "job",
+                "halt",
+                "41",
+                "--grace=10",
+                f"--reason={reason}",
+            ],
+            10 + 60 + 30,
+        ),
+        (
+            ["runuser", "-u", "alice", "--", *agent, "job", "resume", "41", f"--reason={reason}"],
+            60 + 30,
+        ),
+    ]
     assert notes == [f"agent: job 41 of alice checkpointed and requeued ({reason})"]
 
 
@@ -271,9 +301,16 @@ def test_an_owner_name_the_system_does_not_give_that_uid_is_refused(slurm_job, m
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("job_id", "reason"),
-    [("41", "two\nlines"), ("41", "x" * 121), ("41", ""), ("41", "--userdir=/tmp"),
-     ("41", None), ("41_1", "preempted"), ("41 42", "preempted")],
-)  # fmt: skip
+    [
+        ("41", "two\nlines"),
+        ("41", "x" * 121),
+        ("41", ""),
+        ("41", "--userdir=/tmp"),
+        ("41", None),
+        ("41_1", "preempted"),
+        ("41 42", "preempted"),
+    ],
+)
 def test_a_bad_reason_or_job_id_is_refused_before_anything_runs(slurm_job, job_id, reason):
     run, notes = Runner([0, 0]), []
     assert preempt.requeue(job_id, reason, AgentConfig(), notes.append, run) is False
@@ -286,8 +323,10 @@ def test_a_failing_halt_is_a_note_and_no_resume(slurm_job):
     run, notes = Runner([3], failed), []
     assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
     assert len(run.calls) == 1 and run.calls[0][0][-4:-2] == ["halt", "41"]
-    assert notes == ["agent: job 41 not requeued: its halt failed: job 41 ended (COMPLETED) "
-                     "during its checkpoint grace period"]  # fmt: skip
+    assert notes == [
+        "agent: job 41 not requeued: its halt failed: job 41 ended (COMPLETED) "
+        "during its checkpoint grace period"
+    ]
 
 
 @pytest.mark.fault
@@ -344,8 +383,10 @@ def test_halt_and_resume_record_the_reason_they_were_given(running_job):
     info.update(JobState="PENDING", Reason="job_requeued_in_held_state")
     jobs.resume(user_dir, "41", AgentConfig(), "preempted by tiresias: queue 1")
     reasons = [e.get("reason") for e in records.history(job)][-2:]
-    assert reasons == ["halted: preempted by tiresias: queue 1",
-                       "resumed: preempted by tiresias: queue 1"]  # fmt: skip
+    assert reasons == [
+        "halted: preempted by tiresias: queue 1",
+        "resumed: preempted by tiresias: queue 1",
+    ]
 
 
 @pytest.mark.bad_input
@@ -360,8 +401,9 @@ def test_a_bad_reason_is_refused_before_anything_is_done(running_job, reason):
 
 
 @pytest.mark.bad_input
-def test_the_command_line_answers_a_bad_reason_with_a_clear_error(running_job, monkeypatch,
-                                                                   capsys, tmp_path):  # fmt: skip
+def test_the_command_line_answers_a_bad_reason_with_a_clear_error(
+    running_job, monkeypatch, capsys, tmp_path
+):
     user_dir, _, _ = running_job
     monkeypatch.setenv("TACC_AGENT_CONFIG", str(tmp_path / "none.yaml"))
     umask = os.umask(0o022)  # main sets the agent's 077: given back for the next tests
@@ -404,8 +446,10 @@ def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, sl
     reason = "resized by elastic: grow 1 -> 3 nodes (2 idle for 30 s)"
     assert preempt.requeue("41", reason, config, notes.append, run, nodes=3) is True
     assert [argv[:3] for argv, _ in run.calls] == [
-        ["runuser", "-u", "alice"], ["scontrol", "update", "JobId=41"],
-        ["runuser", "-u", "alice"]]  # fmt: skip
+        ["runuser", "-u", "alice"],
+        ["scontrol", "update", "JobId=41"],
+        ["runuser", "-u", "alice"],
+    ]
     assert run.calls[1] == (
         ["scontrol", "update", "JobId=41", "NumNodes=3-3", "NumTasks=6", "NumCPUs=24"],
         15,
@@ -416,18 +460,25 @@ def test_a_resize_halts_sets_the_held_jobs_size_as_root_then_resumes(job_dir, sl
 @pytest.mark.security
 @pytest.mark.parametrize(
     ("record", "nodes", "why"),
-    [(OPTED_IN, 2, "did not opt in (resize)"),  # preemptible is not resizable
-     (RESIZABLE, 4, "4 node(s) is outside its task's range (1-3)"),
-     (RESIZABLE, 0, "0 node(s) is outside its task's range (1-3)"),
-     ({"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, True]}}}, 1,
-      "outside its task's range (none)"),
-     ({"plugin_data": {"elastic": {"opt_in": ["resize"]}}}, 1, "range (none)")],
-)  # fmt: skip
+    [
+        (OPTED_IN, 2, "did not opt in (resize)"),  # preemptible is not resizable
+        (RESIZABLE, 4, "4 node(s) is outside its task's range (1-3)"),
+        (RESIZABLE, 0, "0 node(s) is outside its task's range (1-3)"),
+        (
+            {"plugin_data": {"elastic": {"opt_in": ["resize"], "range": [1, True]}}},
+            1,
+            "outside its task's range (none)",
+        ),
+        ({"plugin_data": {"elastic": {"opt_in": ["resize"]}}}, 1, "range (none)"),
+    ],
+)
 def test_a_resize_the_task_did_not_allow_runs_nothing(job_dir, slurm_job, record, nodes, why):
     write_submit(job_dir, json.dumps(record).encode())
     run, notes = Runner([0, 0, 0]), []
-    assert preempt.requeue("41", "resized by test", AgentConfig(), notes.append, run,
-                           nodes=nodes) is False  # fmt: skip
+    assert (
+        preempt.requeue("41", "resized by test", AgentConfig(), notes.append, run, nodes=nodes)
+        is False
+    )
     assert run.calls == [] and why in notes[0], notes
 
 
@@ -463,8 +514,9 @@ def test_where_root_may_not_read_the_record_is_read_as_its_owner(job_dir, monkey
 
 
 @pytest.mark.security
-@pytest.mark.parametrize(("code", "output"), [(1, "Traceback"), (0, "x" * (2 << 20)),
-                                              (0, "[1]"), (0, "not json")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("code", "output"), [(1, "Traceback"), (0, "x" * (2 << 20)), (0, "[1]"), (0, "not json")]
+)
 def test_an_owners_read_that_fails_or_is_not_a_record_opts_in_to_nothing(
     job_dir, monkeypatch, code, output
 ):
@@ -488,8 +540,13 @@ def test_the_owners_read_takes_a_regular_file_only_and_follows_no_link(tmp_path)
     os.mkfifo(tmp_path / "fifo.json")
 
     def read(path: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-I", "-c", preempt.OWNER_READ, str(path), "100"],
-                              capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-I", "-c", preempt.OWNER_READ, str(path), "100"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
 
     assert read(record_file).stdout == '{"opt_in": ["resize"]}'
     assert read(tmp_path / "link.json").returncode != 0  # ELOOP

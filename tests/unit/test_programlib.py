@@ -64,7 +64,10 @@ def test_a_link_planted_at_the_copys_path_is_replaced_not_written_through(tmp_pa
 
 def test_every_program_library_imports_only_the_standard_library():
     libraries = sorted(p for p in Path(programlib.HERE).glob("*.py") if p.name != "__init__.py")
-    problems = [f"{path}:{line}: imports {module}" for path in libraries
-                for line, module in project_imports(path)
-                if module not in sys.stdlib_module_names]  # fmt: skip
+    problems = [
+        f"{path}:{line}: imports {module}"
+        for path in libraries
+        for line, module in project_imports(path)
+        if module not in sys.stdlib_module_names
+    ]
     assert not problems, "\n".join(problems)

@@ -123,12 +123,18 @@ def test_the_store_requests():
     check = {"task": {"name": "t"}}
     assert protocol.missing_request(["b", "a"]) == {"op": "missing", "blobs": ["a", "b"]}
     assert protocol.missing_request(["a"], check)["check"] == check
-    request = protocol.commit_request(["a"], {"code/x": "a"}, {"a": "u1"}, "d" * 64,
-                                      {"instruction.json": "{}"}, submit=True)  # fmt: skip
+    request = protocol.commit_request(
+        ["a"], {"code/x": "a"}, {"a": "u1"}, "d" * 64, {"instruction.json": "{}"}, submit=True
+    )
     assert request == {
-        "op": "commit", "blobs": ["a"], "manifest": {"code/x": "a"}, "uploads": {"a": "u1"},
-        "submit": True, "digest": "d" * 64, "files": {"instruction.json": "{}"},
-    }  # fmt: skip
+        "op": "commit",
+        "blobs": ["a"],
+        "manifest": {"code/x": "a"},
+        "uploads": {"a": "u1"},
+        "submit": True,
+        "digest": "d" * 64,
+        "files": {"instruction.json": "{}"},
+    }
     assert protocol.blob_name("ab" * 32, 0o755) == "ab" * 32 + "-755"
     assert protocol.BLOB_NAME.fullmatch(protocol.blob_name("ab" * 32, 0o644))
     assert upload.blob_name is protocol.blob_name  # still importable where tests look
@@ -136,8 +142,13 @@ def test_the_store_requests():
 
 # --- shapes -----------------------------------------------------------------------------
 
-SUBMITTED = {"job_id": "12", "name": "t", "workdir": "/u/jobs/x", "partition": "gpu",
-             "plugins": {"sweep": "4 trials"}}  # fmt: skip
+SUBMITTED = {
+    "job_id": "12",
+    "name": "t",
+    "workdir": "/u/jobs/x",
+    "partition": "gpu",
+    "plugins": {"sweep": "4 trials"},
+}
 ANSWERS = {
     ("hello",): {"protocol": 1, "agent_version": "0.2.0"},
     ("whoami",): {"user": "alice", "userdir": "/shared/alice"},
@@ -266,15 +277,37 @@ ANSWERS = {
     },
 }
 SWEEP_STATUS = {
-    "job_id": "20", "name": "s", "state": "RUNNING", "reason": "1 COMPLETED, 1 RUNNING",
-    "exit_code": None, "workdir": "/u/jobs/s", "sweep": True, "history": [], "nodes": [],
-    "plugins": {}, "trials": [
-        {"trial": 0, "job_id": "20_0", "state": "COMPLETED", "reason": None, "exit_code": 0,
-         "parameters": {"lr": 0.1}, "nodes": "n1"},
-        {"trial": 1, "job_id": "20_1", "state": "RUNNING", "reason": None, "exit_code": None,
-         "parameters": {"lr": 0.2}, "nodes": ""},
+    "job_id": "20",
+    "name": "s",
+    "state": "RUNNING",
+    "reason": "1 COMPLETED, 1 RUNNING",
+    "exit_code": None,
+    "workdir": "/u/jobs/s",
+    "sweep": True,
+    "history": [],
+    "nodes": [],
+    "plugins": {},
+    "trials": [
+        {
+            "trial": 0,
+            "job_id": "20_0",
+            "state": "COMPLETED",
+            "reason": None,
+            "exit_code": 0,
+            "parameters": {"lr": 0.1},
+            "nodes": "n1",
+        },
+        {
+            "trial": 1,
+            "job_id": "20_1",
+            "state": "RUNNING",
+            "reason": None,
+            "exit_code": None,
+            "parameters": {"lr": 0.2},
+            "nodes": "",
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
@@ -283,8 +316,15 @@ def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
 
 @pytest.mark.parametrize("words", sorted(ANSWERS), ids=" ".join)
 def test_each_shape_takes_what_the_agent_answers(words):
-    extra = {"status": "12", "halt": "12", "resume": "12", "rerun": "12", "resolve": "h:1/a",
-             "target": "12", "top": "12"}  # fmt: skip
+    extra = {
+        "status": "12",
+        "halt": "12",
+        "resume": "12",
+        "rerun": "12",
+        "resolve": "h:1/a",
+        "target": "12",
+        "top": "12",
+    }
     verb = [*words, extra[words[-1]]] if words[-1] in extra else list(words)
     answer = ANSWERS[words]
     assert protocol.parse_answer(verb, json.loads(json.dumps(answer))) == answer
@@ -337,24 +377,45 @@ def test_an_answer_with_a_mistyped_key_is_a_protocol_error_naming_it(words, key)
 
 
 MISFITS = [
-    ("status-node-host", ["job", "status", "1"],
-     {**ANSWERS[("job", "status")], "nodes": [{"rank": 0, "state": "RUNNING"}]},
-     "nodes[0]: the key 'host' is missing"),
-    ("status-trial-state", ["job", "status", "1"],
-     {**SWEEP_STATUS, "trials": [{"job_id": "1_0", "state": 3}]},
-     "trials[0].state: expected text, got a whole number 3"),
+    (
+        "status-node-host",
+        ["job", "status", "1"],
+        {**ANSWERS[("job", "status")], "nodes": [{"rank": 0, "state": "RUNNING"}]},
+        "nodes[0]: the key 'host' is missing",
+    ),
+    (
+        "status-trial-state",
+        ["job", "status", "1"],
+        {**SWEEP_STATUS, "trials": [{"job_id": "1_0", "state": 3}]},
+        "trials[0].state: expected text, got a whole number 3",
+    ),
     ("ps-not-a-list", ["job", "ps"], {"job": "1"}, "the answer: expected a list, got an object"),
     ("whoami-a-list", ["whoami"], [], "the answer: expected an object, got a list []"),
-    ("hello-bool", ["hello"], {"protocol": True, "agent_version": "1"},
-     "protocol: expected a whole number, got true"),
-    ("cancel-int", ["job", "cancel", "1"],
-     [{"job_id": "1", "state": "X", "cancelled": 1}], "[0].cancelled: expected true or false"),
-    ("halt-grace", ["job", "halt", "1"],
-     {**ANSWERS[("job", "halt")], "grace_seconds": "30"}, "grace_seconds: expected a number"),
-    ("exit-code-float", ["job", "status", "1"],
-     {**ANSWERS[("job", "status")], "exit_code": 1.5},
-     "exit_code: expected a whole number or null, got a number 1.5"),
-]  # fmt: skip
+    (
+        "hello-bool",
+        ["hello"],
+        {"protocol": True, "agent_version": "1"},
+        "protocol: expected a whole number, got true",
+    ),
+    (
+        "cancel-int",
+        ["job", "cancel", "1"],
+        [{"job_id": "1", "state": "X", "cancelled": 1}],
+        "[0].cancelled: expected true or false",
+    ),
+    (
+        "halt-grace",
+        ["job", "halt", "1"],
+        {**ANSWERS[("job", "halt")], "grace_seconds": "30"},
+        "grace_seconds: expected a number",
+    ),
+    (
+        "exit-code-float",
+        ["job", "status", "1"],
+        {**ANSWERS[("job", "status")], "exit_code": 1.5},
+        "exit_code: expected a whole number or null, got a number 1.5",
+    ),
+]
 
 
 @pytest.mark.bad_input
@@ -438,8 +499,9 @@ def test_the_agent_whoami_is_the_protocols_shape(tmp_path):
 def test_the_agent_error_line_is_the_contracts(tmp_path):
     settings = tmp_path / "config.yaml"
     settings.write_text(f"workspace: {tmp_path / 'ws'}\n")
-    rc, out = agent_says(["--config", str(settings), "--userdir", str(tmp_path / "u"),
-                          "job", "status", "99"])  # fmt: skip
+    rc, out = agent_says(
+        ["--config", str(settings), "--userdir", str(tmp_path / "u"), "job", "status", "99"]
+    )
     assert rc != 0
     assert protocol.ERROR.check(json.loads(out))
     assert out.startswith(agent.ERROR_LINE.decode())
@@ -523,8 +585,11 @@ class FakeAgent:
     `session` first says (rc, stdout, stderr), answers verb -> (rc, answer, stderr).
     Records every command line it is asked to run, and each session request."""
 
-    def __init__(self, hello=(0, {"protocol": PROTOCOL_VERSION, "agent_version": "9"}, ""),
-                 answers: dict | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hello=(0, {"protocol": PROTOCOL_VERSION, "agent_version": "9"}, ""),
+        answers: dict | None = None,
+    ) -> None:
         self.hello = hello
         self.answers = answers or {}
         self.commands: list[list[str]] = []
@@ -561,8 +626,11 @@ def test_the_real_agents_session_hello_passes_the_handshake():
         def exec_command(self, line: str):
             real = subprocess.run(  # the real session, its stdin at EOF at once
                 [sys.executable, "-m", "tacc_agent", *shlex.split(line)[1:]],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert real.returncode == 0 and real.stdout.count("\n") == 1, real
             self.hello = (real.returncode, real.stdout.strip(), real.stderr)
             return super().exec_command(line)

@@ -81,8 +81,14 @@ def ticking(monkeypatch):
 
     def show(kind, name="", timeout=0):
         shown.append(name)
-        return [{"JobId": "41", "UserId": "alice(1001)", "JobState": "RUNNING",
-                 "WorkDir": "/shared/tcloud/alice/jobs/abc-1"}]  # fmt: skip
+        return [
+            {
+                "JobId": "41",
+                "UserId": "alice(1001)",
+                "JobState": "RUNNING",
+                "WorkDir": "/shared/tcloud/alice/jobs/abc-1",
+            }
+        ]
 
     def requeue(job_id, reason, config, note):
         requeued.append((job_id, reason))
@@ -100,8 +106,12 @@ def test_the_tick_gives_running_jobs_their_opt_ins_from_one_scontrol_call(tickin
     plugin, shown, requeued = ticking
     notes = queue_ticks.tick(AgentConfig(state_dir=str(tmp_path)))
     assert shown == [""]  # one `scontrol show job` for every job, not one per job
-    assert plugin.seen == [("41", frozenset({"preemptible"})), ("42", frozenset()),
-                           ("43_2", frozenset()), ("44", frozenset())]  # fmt: skip
+    assert plugin.seen == [
+        ("41", frozenset({"preemptible"})),
+        ("42", frozenset()),
+        ("43_2", frozenset()),
+        ("44", frozenset()),
+    ]
     assert requeued == [("41", "preempted by test")] and plugin.answers == [True]
     assert notes == ["requeued 41"]
 
@@ -166,8 +176,10 @@ def test_one_tick_at_a_time(ticking, tmp_path):
     held = os.open(tmp_path / queue_ticks.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (queue_ticks.tick(AgentConfig(
-        state_dir=str(tmp_path))), done.set()), daemon=True)  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: (queue_ticks.tick(AgentConfig(state_dir=str(tmp_path))), done.set()),
+        daemon=True,
+    )
     thread.start()
     assert not done.wait(0.5)  # waits for the lock
     os.close(held)

@@ -29,13 +29,41 @@ ROLES_DIR = ROOT / "roles"
 ROLES = sorted(p.name for p in ROLES_DIR.iterdir() if (p / "tasks").is_dir())
 # Ansible's magic variables and Jinja globals a role may read without declaring them
 # (https://docs.ansible.com/ansible/latest/reference_appendices/special_variables.html).
-ANSIBLE_NAMES = frozenset({
-    "hostvars", "groups", "group_names", "inventory_hostname", "inventory_hostname_short",
-    "inventory_dir", "inventory_file", "play_hosts", "playbook_dir", "role_name", "role_path",
-    "role_names", "omit", "environment", "lookup", "query", "q", "now", "undef", "range",
-    "dict", "lipsum", "cycler", "joiner", "namespace", "true", "false", "none", "True",
-    "False", "None",
-})  # fmt: skip
+ANSIBLE_NAMES = frozenset(
+    {
+        "hostvars",
+        "groups",
+        "group_names",
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "inventory_dir",
+        "inventory_file",
+        "play_hosts",
+        "playbook_dir",
+        "role_name",
+        "role_path",
+        "role_names",
+        "omit",
+        "environment",
+        "lookup",
+        "query",
+        "q",
+        "now",
+        "undef",
+        "range",
+        "dict",
+        "lipsum",
+        "cycler",
+        "joiner",
+        "namespace",
+        "true",
+        "false",
+        "none",
+        "True",
+        "False",
+        "None",
+    }
+)
 # Task keys whose value is a bare Jinja expression (no braces).
 CONDITIONAL_KEYS = ("when", "changed_when", "failed_when", "until")
 ASSERT_ACTIONS = ("assert", "ansible.builtin.assert")
@@ -118,11 +146,34 @@ def strings(value: object) -> Iterator[str]:
 def task_action(task: dict) -> tuple[str, object]:
     """The module (or action) key of a task and its arguments."""
     meta_keys = {
-        "name", "vars", "when", "register", "loop", "loop_control", "tags", "notify",
-        "listen", "changed_when", "failed_when", "until", "retries", "delay", "become",
-        "become_user", "check_mode", "diff", "no_log", "ignore_errors", "delegate_to",
-        "run_once", "environment", "args", "throttle", "timeout", "any_errors_fatal",
-    }  # fmt: skip
+        "name",
+        "vars",
+        "when",
+        "register",
+        "loop",
+        "loop_control",
+        "tags",
+        "notify",
+        "listen",
+        "changed_when",
+        "failed_when",
+        "until",
+        "retries",
+        "delay",
+        "become",
+        "become_user",
+        "check_mode",
+        "diff",
+        "no_log",
+        "ignore_errors",
+        "delegate_to",
+        "run_once",
+        "environment",
+        "args",
+        "throttle",
+        "timeout",
+        "any_errors_fatal",
+    }
     for key, value in task.items():
         if key not in meta_keys and not key.startswith("with_") and key not in BLOCK_KEYS:
             return key, value
@@ -154,8 +205,7 @@ def walk_tasks(tasks: list | None, found: RoleVariables, where: str) -> None:
             found.read_values({k: v for k, v in args.items() if k != "that"}, here)
         else:
             found.read_values(args, here)
-        rest = {k: v for k, v in task.items()
-                if k not in (*CONDITIONAL_KEYS, *BLOCK_KEYS, action)}  # fmt: skip
+        rest = {k: v for k, v in task.items() if k not in (*CONDITIONAL_KEYS, *BLOCK_KEYS, action)}
         found.read_values(rest, here)
 
 

@@ -71,9 +71,11 @@ class LocalChannel:
 
     def exec_command(self, cmdline: str) -> None:
         self.process = subprocess.Popen(
-            self.client.local_argv(cmdline), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            self.client.local_argv(cmdline),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=self.client.env,
-        )  # fmt: skip
+        )
 
     def recv(self, size: int) -> bytes:
         return self.process.stdout.read1(size)
@@ -106,9 +108,12 @@ class LocalSession:
     def __init__(self, client: FakeSSH, argv: list[str]) -> None:
         self.client, self.channel = client, self
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=client.env,
-        )  # fmt: skip
+        )
         self.stderr = Stderr(self)
 
     def sendall(self, data: bytes) -> None:
@@ -259,8 +264,11 @@ class FakeCluster:
 
     def verbs(self) -> list[list[str]]:
         """Every agent verb run, without `tacc-agent --userdir DIR`."""
-        return [argv[3:] if "--userdir" in argv else argv[1:] for s in self.sessions
-                for argv in s.commands]  # fmt: skip
+        return [
+            argv[3:] if "--userdir" in argv else argv[1:]
+            for s in self.sessions
+            for argv in s.commands
+        ]
 
     def finish(self, job: Job, state: str = "COMPLETED", exit_code: int = 0) -> Path:
         """The job ends as its batch step would record it; its job directory."""

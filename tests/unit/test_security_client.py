@@ -106,8 +106,11 @@ def test_p4_venv_main_in_a_task_file_creates_nothing(tcloud, tmp_path):
 
 def test_p4_load_task_refuses_a_module_path_before_importing_it(tmp_path, canary):
     path = write_task(tmp_path / "p", base(plugins=["-duration", "+canary_pkg.plugin"]))
-    with pytest.raises(TaskFileError, match=r"tcloud.yaml:\d+:\d+: plugins\[1\]: unknown "
-                       r"plug-in 'canary_pkg.plugin'; available: allox, duration"):  # fmt: skip
+    with pytest.raises(
+        TaskFileError,
+        match=r"tcloud.yaml:\d+:\d+: plugins\[1\]: unknown "
+        r"plug-in 'canary_pkg.plugin'; available: allox, duration",
+    ):
         load_task(path, [])
     assert not canary.exists() and "canary_pkg.plugin" not in sys.modules
 

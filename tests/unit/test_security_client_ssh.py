@@ -139,8 +139,9 @@ def test_p6_accepting_a_new_host_appends_one_line_and_keeps_the_rest(home, monke
     known_hosts = home / ".ssh" / "known_hosts"
     key = paramiko.ECDSAKey.generate()
     with ssh_server(key) as port:
-        before = hostile_known_hosts(known_hosts, port, paramiko.ECDSAKey.generate(),
-                                     paramiko.ECDSAKey.generate())  # fmt: skip
+        before = hostile_known_hosts(
+            known_hosts, port, paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
+        )
         asked = []
         monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
         monkeypatch.setattr(builtins, "input", lambda prompt="": asked.append(prompt) or "yes")

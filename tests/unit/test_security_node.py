@@ -77,8 +77,15 @@ def test_p16_a_forged_xid_line_does_not_drain_the_node(tmp_path, line):
 
 
 def journal_entry(message: str, transport: str, cursor: str, **more: str) -> str:
-    return json.dumps({"__CURSOR": cursor, "MESSAGE": message, "_TRANSPORT": transport,
-                       "SYSLOG_FACILITY": "0", **more})  # fmt: skip
+    return json.dumps(
+        {
+            "__CURSOR": cursor,
+            "MESSAGE": message,
+            "_TRANSPORT": transport,
+            "SYSLOG_FACILITY": "0",
+            **more,
+        }
+    )
 
 
 @pytest.mark.security
@@ -88,9 +95,11 @@ def test_p16_only_the_kernels_own_xid_line_drains_from_the_journal_and_ring_buff
     smi, hw = fake_smi(tmp_path)
     entries = tmp_path / "journal.jsonl"
     entries.write_text(
-        journal_entry(XID_79, "syslog", "c1", SYSLOG_IDENTIFIER="kernel") + "\n"
-        + journal_entry(XID_79, "stdout", "c2") + "\n"
-    )  # fmt: skip
+        journal_entry(XID_79, "syslog", "c1", SYSLOG_IDENTIFIER="kernel")
+        + "\n"
+        + journal_entry(XID_79, "stdout", "c2")
+        + "\n"
+    )
     args = tmp_path / "journalctl.args"
     tool(tmp_path / "bin/journalctl", f'echo "$@" >> {args}\ncat {entries}\n')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
@@ -118,29 +127,71 @@ def test_p16_only_the_kernels_own_xid_line_drains_from_the_journal_and_ring_buff
 # (-o letters or -O names), so the test holds for any choice of fields.
 SQUEUE_JOBS = [
     # sbatch --gpus=4 (tres-per-job), running
-    {"JobArrayID": "21", "UserName": "alice", "State": "RUNNING", "Nice": "0", "NumNodes": "1",
-     "NumTasks": "1", "tres-alloc": "cpu=4,mem=4G,node=1,billing=4,gres/gpu=4",
-     "tres-per-job": "gres:gpu:4", "tres-per-node": "N/A", "tres-per-task": "N/A",
-     "TimeUsed": "10:00"},
+    {
+        "JobArrayID": "21",
+        "UserName": "alice",
+        "State": "RUNNING",
+        "Nice": "0",
+        "NumNodes": "1",
+        "NumTasks": "1",
+        "tres-alloc": "cpu=4,mem=4G,node=1,billing=4,gres/gpu=4",
+        "tres-per-job": "gres:gpu:4",
+        "tres-per-node": "N/A",
+        "tres-per-task": "N/A",
+        "TimeUsed": "10:00",
+    },
     # sbatch --gpus-per-task=2 --ntasks=3, running
-    {"JobArrayID": "22", "UserName": "bob", "State": "RUNNING", "Nice": "0", "NumNodes": "1",
-     "NumTasks": "3", "tres-alloc": "cpu=3,mem=3G,node=1,billing=3,gres/gpu=6",
-     "tres-per-job": "N/A", "tres-per-node": "N/A", "tres-per-task": "gres:gpu:2",
-     "TimeUsed": "10:00"},
+    {
+        "JobArrayID": "22",
+        "UserName": "bob",
+        "State": "RUNNING",
+        "Nice": "0",
+        "NumNodes": "1",
+        "NumTasks": "3",
+        "tres-alloc": "cpu=3,mem=3G,node=1,billing=3,gres/gpu=6",
+        "tres-per-job": "N/A",
+        "tres-per-node": "N/A",
+        "tres-per-task": "gres:gpu:2",
+        "TimeUsed": "10:00",
+    },
     # sbatch --gres=gpu:a100:2 --nodes=2: typed GPUs are listed beside the total
-    {"JobArrayID": "23", "UserName": "carol", "State": "RUNNING", "Nice": "0",
-     "NumNodes": "2", "NumTasks": "2",
-     "tres-alloc": "cpu=2,mem=2G,node=2,billing=2,gres/gpu=4,gres/gpu:a100=4",
-     "tres-per-job": "N/A", "tres-per-node": "gres:gpu:a100:2", "tres-per-task": "N/A",
-     "TimeUsed": "10:00"},
+    {
+        "JobArrayID": "23",
+        "UserName": "carol",
+        "State": "RUNNING",
+        "Nice": "0",
+        "NumNodes": "2",
+        "NumTasks": "2",
+        "tres-alloc": "cpu=2,mem=2G,node=2,billing=2,gres/gpu=4,gres/gpu:a100=4",
+        "tres-per-job": "N/A",
+        "tres-per-node": "gres:gpu:a100:2",
+        "tres-per-task": "N/A",
+        "TimeUsed": "10:00",
+    },
     # sbatch --gpus-per-task=1 --ntasks=5 on a cluster that does not account gres/gpu
-    {"JobArrayID": "24_1", "UserName": "dave", "State": "PENDING", "Nice": "0",
-     "NumNodes": "1", "NumTasks": "5", "tres-alloc": "cpu=5,node=1,billing=5",
-     "tres-per-job": "N/A", "tres-per-node": "N/A", "tres-per-task": "gres/gpu:1",
-     "TimeUsed": "0:00"},
-]  # fmt: skip
-LETTERS = {"i": "JobArrayID", "u": "UserName", "T": "State", "y": "Nice", "D": "NumNodes",
-           "b": "tres-per-node", "M": "TimeUsed"}  # fmt: skip
+    {
+        "JobArrayID": "24_1",
+        "UserName": "dave",
+        "State": "PENDING",
+        "Nice": "0",
+        "NumNodes": "1",
+        "NumTasks": "5",
+        "tres-alloc": "cpu=5,node=1,billing=5",
+        "tres-per-job": "N/A",
+        "tres-per-node": "N/A",
+        "tres-per-task": "gres/gpu:1",
+        "TimeUsed": "0:00",
+    },
+]
+LETTERS = {
+    "i": "JobArrayID",
+    "u": "UserName",
+    "T": "State",
+    "y": "Nice",
+    "D": "NumNodes",
+    "b": "tres-per-node",
+    "M": "TimeUsed",
+}
 
 
 def fake_squeue(argv: list[str], timeout: float = 0) -> str:
@@ -152,8 +203,9 @@ def fake_squeue(argv: list[str], timeout: float = 0) -> str:
             break
         if arg.startswith("--Format="):
             specs = [spec.partition(":") for spec in arg[9:].split(",")]
-            columns = [(lookup[name.lower()], rest.lstrip(".0123456789"))
-                       for name, _, rest in specs]  # fmt: skip
+            columns = [
+                (lookup[name.lower()], rest.lstrip(".0123456789")) for name, _, rest in specs
+            ]
             break
     else:
         raise AssertionError(f"no format in {argv}")
@@ -166,7 +218,11 @@ def test_p17_gpus_count_whichever_way_a_job_asked_for_them(monkeypatch):
     monkeypatch.setattr(slurm, "slurm", fake_squeue)
     jobs = queue_ticks.read_queue(AgentConfig())
     assert [(job.job_id, job.gpus) for job in jobs] == [
-        ("21", 4), ("22", 6), ("23", 4), ("24_1", 5)]  # fmt: skip
+        ("21", 4),
+        ("22", 6),
+        ("23", 4),
+        ("24_1", 5),
+    ]
     # LAS accounts each running job's GPU-seconds (600 s each), not node-seconds
     queue = Queue(jobs, lambda job, nice: None, 0.0, None, AgentConfig())
     state = {"attained": {}, "counted": {}}
@@ -187,17 +243,18 @@ def attained(tmp_path: Path) -> dict:
 
 @pytest.mark.security
 def test_p17_attained_service_halves_every_configured_half_life(tmp_path):
-    config = AgentConfig(las_thresholds=(1000.0,), las_nice_step=100,
-                         las_half_life_seconds=3600.0)  # fmt: skip
+    config = AgentConfig(las_thresholds=(1000.0,), las_nice_step=100, las_half_life_seconds=3600.0)
     las_tick(tmp_path, config, 0.0, [QueuedJob("1", "alice", "RUNNING", 0, 4, 0)])
     las_tick(tmp_path, config, 1000.0, [QueuedJob("1", "alice", "RUNNING", 0, 4, 1000)])
     assert attained(tmp_path) == {"alice": 4000.0}
-    changed, _ = las_tick(tmp_path, config, 1000.0 + 3600,
-                          [QueuedJob("2", "alice", "PENDING", 0, 4, 0)])  # fmt: skip
+    changed, _ = las_tick(
+        tmp_path, config, 1000.0 + 3600, [QueuedJob("2", "alice", "PENDING", 0, 4, 0)]
+    )
     assert attained(tmp_path)["alice"] == pytest.approx(2000.0) and changed == {}
     # Three half-lives on alice is below the threshold: her job is favoured again.
-    changed, _ = las_tick(tmp_path, config, 1000.0 + 3 * 3600,
-                          [QueuedJob("2", "alice", "PENDING", 0, 4, 0)])  # fmt: skip
+    changed, _ = las_tick(
+        tmp_path, config, 1000.0 + 3 * 3600, [QueuedJob("2", "alice", "PENDING", 0, 4, 0)]
+    )
     assert attained(tmp_path)["alice"] == pytest.approx(500.0) and changed == {"2": -100}
     # 0 keeps service forever
     keep = AgentConfig(las_thresholds=(1000.0,), las_nice_step=100, las_half_life_seconds=0)
@@ -210,8 +267,10 @@ def test_p17_attained_service_halves_every_configured_half_life(tmp_path):
 @pytest.mark.bad_input
 def test_p17_a_negative_half_life_is_a_clear_config_error(tmp_path):
     config = AgentConfig(las_half_life_seconds=-5)
-    expected = ("agent config: las_half_life_seconds: expected 0 (no decay) or a number of "
-                "seconds above 0, got -5")  # fmt: skip
+    expected = (
+        "agent config: las_half_life_seconds: expected 0 (no decay) or a number of "
+        "seconds above 0, got -5"
+    )
     with pytest.raises(AgentError) as caught:
         las_tick(tmp_path, config, 0.0, [])
     assert str(caught.value) == expected
@@ -222,15 +281,24 @@ def test_p17_las_adds_to_the_users_own_nice_instead_of_replacing_it(tmp_path):
     config = AgentConfig(las_thresholds=(100.0,), las_nice_step=1000)
     las_tick(tmp_path, config, 0.0, [QueuedJob("1", "alice", "RUNNING", 0, 1, 500)])
     # bob (no service) submitted with --nice=300; alice (past the threshold) with --nice=50
-    changed, notes = las_tick(tmp_path, config, 0.0, [
-        QueuedJob("2", "bob", "PENDING", 300, 1, 0),
-        QueuedJob("3", "alice", "PENDING", 50, 1, 0)])  # fmt: skip
+    changed, notes = las_tick(
+        tmp_path,
+        config,
+        0.0,
+        [QueuedJob("2", "bob", "PENDING", 300, 1, 0), QueuedJob("3", "alice", "PENDING", 50, 1, 0)],
+    )
     assert changed == {"2": -700}  # alice's own nice is left as she set it
     assert notes == ["las: job 2 of bob (0 GPU-s) nice 300 -> -700, its own nice 300 kept"]
     # The next tick sees the nice LAS set and changes nothing.
-    changed, _ = las_tick(tmp_path, config, 0.0, [
-        QueuedJob("2", "bob", "PENDING", -700, 1, 0),
-        QueuedJob("3", "alice", "PENDING", 50, 1, 0)])  # fmt: skip
+    changed, _ = las_tick(
+        tmp_path,
+        config,
+        0.0,
+        [
+            QueuedJob("2", "bob", "PENDING", -700, 1, 0),
+            QueuedJob("3", "alice", "PENDING", 50, 1, 0),
+        ],
+    )
     assert changed == {}
     # bob lowers his job further (scontrol update JobId=2 Nice=900): LAS builds on that.
     changed, _ = las_tick(tmp_path, config, 0.0, [QueuedJob("2", "bob", "PENDING", 900, 1, 0)])
@@ -269,9 +337,13 @@ def test_p18_a_full_tmp_is_watched_even_when_the_root_filesystem_has_room(tmp_pa
     proc = tmp_path / "proc"  # no process readable: nothing may be removed from the real /tmp
     proc.mkdir()
     (proc / "meminfo").write_text("MemTotal:       16384000 kB\n")
-    config = AgentConfig(proc_root=str(proc), services=(), nvidia_smi=str(tmp_path / "none"),
-                         rdma_sysfs_root=str(tmp_path),
-                         state_dir=str(tmp_path / "state"))  # fmt: skip
+    config = AgentConfig(
+        proc_root=str(proc),
+        services=(),
+        nvidia_smi=str(tmp_path / "none"),
+        rdma_sysfs_root=str(tmp_path),
+        state_dir=str(tmp_path / "state"),
+    )
     disk = next(r for r in health.run_checks(config) if r.check == "disk")
     assert disk.status == FAIL
     assert disk.detail.startswith("/tmp 2.0% free < 5%")
@@ -286,9 +358,16 @@ def leftovers(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
     (scratch / "alice-run/ckpt").mkdir(parents=True)
     (scratch / "bob-run").mkdir()
     outside.mkdir()
-    files = {"alice-big": 3001, "alice-run/ckpt/model.pt": 3001, "alice-run/log": 3001,
-             "bob-run/out": 2001, "bob-run/alice-gift": 3001, "carol-data": 2002,
-             "root-socket-dir-file": 0, "nobody-file": 65534}  # fmt: skip
+    files = {
+        "alice-big": 3001,
+        "alice-run/ckpt/model.pt": 3001,
+        "alice-run/log": 3001,
+        "bob-run/out": 2001,
+        "bob-run/alice-gift": 3001,
+        "carol-data": 2002,
+        "root-socket-dir-file": 0,
+        "nobody-file": 65534,
+    }
     for name, uid in files.items():
         (scratch / name).write_bytes(b"x" * 64)
         os.chown(scratch / name, uid, uid)
@@ -317,8 +396,7 @@ def test_p18_what_departed_users_left_in_tmp_is_removed_and_the_node_recovers(
     assert result.status == OK, result.detail
     assert f"removed 8 leftover(s) of departed users from {scratch}" in result.detail
     left = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*"))
-    assert left == ["bob-run", "bob-run/out", "carol-data", "nobody-file",
-                    "root-socket-dir-file"]  # fmt: skip
+    assert left == ["bob-run", "bob-run/out", "carol-data", "nobody-file", "root-socket-dir-file"]
     assert (outside / "precious").read_text() == "not in a tmp dir"  # links were not followed
 
 
@@ -331,8 +409,9 @@ def test_p18_nothing_is_removed_when_slurm_does_not_say_whose_jobs_run_here(tmp_
     proc = proc_tree(tmp_path / "proc", [0, 2001])
     result = system.check_disk({str(scratch): 5.0}, [str(scratch)], proc, 5)
     assert result.status == FAIL
-    assert result.detail == (f"{scratch} 2.0% free < 5%; leftovers kept: squeue did not say "
-                             "whose jobs run here")  # fmt: skip
+    assert result.detail == (
+        f"{scratch} 2.0% free < 5%; leftovers kept: squeue did not say whose jobs run here"
+    )
     assert all((scratch / name).exists() for name in files)
 
 

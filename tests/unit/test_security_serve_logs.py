@@ -39,8 +39,9 @@ SCRAPER = "127.0.0.2"  # the Prometheus server: another address than the slow cl
 def scrape(port: int, source: str = SCRAPER) -> str:
     """One scrape from `source`: the whole answer. A socket timeout (5 s, a guard against
     a hang) when it is not served."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5,
-                                  source_address=(source, 0)) as conn:  # fmt: skip
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=5, source_address=(source, 0)
+    ) as conn:
         conn.sendall(b"GET /metrics HTTP/1.0\r\nHost: node\r\n\r\n")
         answer = b""
         while chunk := conn.recv(65536):
@@ -93,8 +94,9 @@ def test_p7_stalled_connections_from_many_local_addresses_do_not_keep_a_scrape_o
         held = []
         for host in range(2, 2 + serve.CONNECTIONS // serve.CONNECTIONS_PER_CLIENT):
             for _ in range(serve.CONNECTIONS_PER_CLIENT):
-                conn = socket.create_connection(("127.0.0.1", port), timeout=10,
-                                                source_address=(f"127.0.0.{host}", 0))  # fmt: skip
+                conn = socket.create_connection(
+                    ("127.0.0.1", port), timeout=10, source_address=(f"127.0.0.{host}", 0)
+                )
                 conn.sendall(b"GET /metrics HTTP/1.1\r\n")
                 held.append(conn)
         time.sleep(0.3)
@@ -176,10 +178,15 @@ def test_p7_routes_and_the_exposition_are_unchanged(tmp_path):
         assert ask(port, "GET", "/")[0] == 200 and "/metrics" in ask(port, "GET", "/")[2]
         assert ask(port, "GET", "/nope")[0] == 404
         assert ask(port, "POST", "/metrics")[0] == 405
-    assert {"tacc_agent_healthy", "tacc_agent_check_status", "tacc_agent_check_runs_total",
-            "tacc_agent_rdma_port_errors_total", "process_resident_memory_bytes",
-            "process_cpu_seconds_total", "tacc_agent_children_cpu_seconds_total"} <= set(
-        families)  # fmt: skip
+    assert {
+        "tacc_agent_healthy",
+        "tacc_agent_check_status",
+        "tacc_agent_check_runs_total",
+        "tacc_agent_rdma_port_errors_total",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "tacc_agent_children_cpu_seconds_total",
+    } <= set(families)
 
 
 def test_p7_the_serve_process_stays_within_its_30_mib_budget(tmp_path):
@@ -188,10 +195,21 @@ def test_p7_the_serve_process_stays_within_its_30_mib_budget(tmp_path):
     settings = daemon_settings(config) | {"services": []}
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump(settings))
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "tacc_agent", "serve", "--port", "0", "--interval", "0.5",
-         "--config", str(tmp_path / "agent.yaml")],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tacc_agent",
+            "serve",
+            "--port",
+            "0",
+            "--interval",
+            "0.5",
+            "--config",
+            str(tmp_path / "agent.yaml"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = int(re.search(r":(\d+)/metrics", daemon.stdout.readline()).group(1))
         for _ in range(20):
@@ -237,8 +255,10 @@ def write_big_log(path: Path, size: int) -> tuple[str, int]:
     expected, lines, written = hashlib.sha256(), 0, 0
     with path.open("wb") as handle:
         while written < size:
-            block = b"".join(b"step %09d loss 0.%06d %s\n" % (lines + i, i, b"w" * (60 + i % 17))
-                             for i in range(10000))  # fmt: skip
+            block = b"".join(
+                b"step %09d loss 0.%06d %s\n" % (lines + i, i, b"w" * (60 + i % 17))
+                for i in range(10000)
+            )
             handle.write(block)
             for line in block.splitlines():
                 expected.update(b"[n2:0] " + line + b"\n")
@@ -396,8 +416,14 @@ def write_old_events(job_dir: Path, events: list[tuple[str, float]]) -> None:
 
 def test_p15_job_directories_written_before_the_sequence_still_read_in_time_order(tmp_path):
     job_dir = new_job(tmp_path)
-    write_old_events(job_dir, [("RUNNING", 1_700_000_020.0), ("QUEUED", 1_700_000_000.0),
-                               ("PROVISIONING", 1_700_000_010.0)])  # fmt: skip
+    write_old_events(
+        job_dir,
+        [
+            ("RUNNING", 1_700_000_020.0),
+            ("QUEUED", 1_700_000_000.0),
+            ("PROVISIONING", 1_700_000_010.0),
+        ],
+    )
     assert [e["state"] for e in records.history(job_dir)] == ["QUEUED", "PROVISIONING", "RUNNING"]
     assert records.history(job_dir)[0]["time"] == 1_700_000_000.0
 
@@ -406,8 +432,9 @@ def test_p15_job_directories_written_before_the_sequence_still_read_in_time_orde
 def test_p15_an_event_added_to_an_old_job_directory_comes_after_its_old_events(tmp_path):
     job_dir = new_job(tmp_path)
     now = time.time()
-    write_old_events(job_dir, [("QUEUED", now - 20), ("PROVISIONING", now - 10),
-                               ("RUNNING", now - 5)])  # fmt: skip
+    write_old_events(
+        job_dir, [("QUEUED", now - 20), ("PROVISIONING", now - 10), ("RUNNING", now - 5)]
+    )
     with clock_off_by(-3600):
         records.add_event(job_dir, "HALTED")
     states = [e["state"] for e in records.history(job_dir)]
@@ -422,8 +449,10 @@ def add_events(job_dir: str, count: int) -> None:
 def test_p15_writers_racing_on_one_job_each_get_their_own_place(tmp_path):
     job_dir = new_job(tmp_path)
     code = f"from {__name__} import add_events; add_events({str(job_dir)!r}, 25)"
-    writers = [subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[2])
-               for _ in range(4)]  # fmt: skip
+    writers = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[2])
+        for _ in range(4)
+    ]
     assert [w.wait(timeout=60) for w in writers] == [0, 0, 0, 0]
     entries = records.history(job_dir)
     assert len(entries) == 100

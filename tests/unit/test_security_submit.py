@@ -273,10 +273,19 @@ def submit_in_agent(tmp_path: Path, slurm: FakeSlurm, job_dir: Path, sbatch: str
     # 8 s: the hanging sbatch must still hang while the test looks at ps on a loaded host.
     env = agent_env(tmp_path, slurm_timeout_seconds=8) | slurm.env(sbatch)
     user_dir = job_dir.parent.parent
-    argv = [sys.executable, "-m", "tacc_agent", "--userdir", str(user_dir), "job", "submit",
-            str(job_dir)]  # fmt: skip
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kwargs)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "tacc_agent",
+        "--userdir",
+        str(user_dir),
+        "job",
+        "submit",
+        str(job_dir),
+    ]
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
 
 
 def rows(user_dir: Path, tmp_path: Path) -> list[tuple[str, str]]:
@@ -352,14 +361,58 @@ def test_p10_every_job_is_tagged_with_its_directory(tmp_path, slurm):
 
 # Options the agent sets, or must own, in spellings sbatch reads: names and abbreviations.
 OVERRIDES = [
-    "nodes", "nod", "no", "n", "ntasks", "tasks-per-node", "ntasks-per-core", "gres", "gr",
-    "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "cpus-per-gpu",
-    "mem-per-cpu", "mem-per-gpu", "time", "t", "ti", "time-min", "export", "export-file",
-    "exp", "chdir", "ch", "output", "o", "error", "uid", "gid", "comment", "wrap", "array",
-    "partition", "par", "qos", "account", "nice", "priority", "job-name", "signal",
-    "parsable", "test-only", "wait", "version", "help", "usage", "clusters", "requeue",
-    "open-mode", "get-user-env",
-]  # fmt: skip
+    "nodes",
+    "nod",
+    "no",
+    "n",
+    "ntasks",
+    "tasks-per-node",
+    "ntasks-per-core",
+    "gres",
+    "gr",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-task",
+    "gpus-per-socket",
+    "cpus-per-gpu",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "time",
+    "t",
+    "ti",
+    "time-min",
+    "export",
+    "export-file",
+    "exp",
+    "chdir",
+    "ch",
+    "output",
+    "o",
+    "error",
+    "uid",
+    "gid",
+    "comment",
+    "wrap",
+    "array",
+    "partition",
+    "par",
+    "qos",
+    "account",
+    "nice",
+    "priority",
+    "job-name",
+    "signal",
+    "parsable",
+    "test-only",
+    "wait",
+    "version",
+    "help",
+    "usage",
+    "clusters",
+    "requeue",
+    "open-mode",
+    "get-user-env",
+]
 
 
 def instruction_text(sbatch: dict[str, str]) -> str:
@@ -390,8 +443,18 @@ def test_p13_an_extra_sbatch_option_the_agent_sets_is_refused_on_both_sides(tmp_
 def test_p13_legacy_spellings_never_reach_sbatch_and_validate_names_the_line(tmp_path):
     """Point 13: a tuxiv.conf's general lines in sbatch's other spellings (-N2, -N 2,
     --nodes 2, --nod=2, -G1, -t 5) are refused, never passed on as extras."""
-    lines = ["-N2", "-N 2", "--nodes 2", "--nod=2", "-G1", "-t 5", "--gpus=1", "-D=/tmp",
-             "--gres=nic:1", "-o=x.log"]  # fmt: skip
+    lines = [
+        "-N2",
+        "-N 2",
+        "--nodes 2",
+        "--nod=2",
+        "-G1",
+        "-t 5",
+        "--gpus=1",
+        "-D=/tmp",
+        "--gres=nic:1",
+        "-o=x.log",
+    ]
     resources, problems = general_to_resources(lines)
     assert resources["sbatch"] == {} and len(problems) == len(lines), problems
     task = tmp_path / "tcloud.yaml"
@@ -460,8 +523,11 @@ def test_p14_cancel_halt_resume_of_another_users_slurm_job_are_refused(tmp_path,
     user_dir, job_dir = queued_job(tmp_path, "42")
     slurm.add_job("42")
     cfg = config(tmp_path)
-    for act in (lambda: jobs.cancel(user_dir, ["42"], cfg), lambda: jobs.halt(user_dir, "42", cfg),
-                lambda: jobs.resume(user_dir, "42", cfg)):  # fmt: skip
+    for act in (
+        lambda: jobs.cancel(user_dir, ["42"], cfg),
+        lambda: jobs.halt(user_dir, "42", cfg),
+        lambda: jobs.resume(user_dir, "42", cfg),
+    ):
         with pytest.raises(
             Rejected, match=r"Slurm's job 42 is not this job of yours \(it is bob's"
         ):
@@ -479,11 +545,21 @@ def test_p9_an_upload_from_a_tcloud_before_per_upload_files_still_commits(tmp_pa
     blob = hashlib.sha256(data).hexdigest() + "-644"
     assert store.handle(user, {"op": "missing", "blobs": [blob]})["missing"] == [blob]
     (user / "store" / ".partial" / blob).write_bytes(data)
-    doc = {"format": "tacc-instruction/1", "task": {"name": "t", "run": ["python x.py"]},
-           "manifest": {}}  # fmt: skip
-    answer = store.handle(user, {"op": "commit", "blobs": [blob],
-                                 "manifest": {"code/x.py": blob}, "digest": digest_of(doc),
-                                 "files": {"instruction.json": json.dumps(doc)}})  # fmt: skip
+    doc = {
+        "format": "tacc-instruction/1",
+        "task": {"name": "t", "run": ["python x.py"]},
+        "manifest": {},
+    }
+    answer = store.handle(
+        user,
+        {
+            "op": "commit",
+            "blobs": [blob],
+            "manifest": {"code/x.py": blob},
+            "digest": digest_of(doc),
+            "files": {"instruction.json": json.dumps(doc)},
+        },
+    )
     assert answer["bad"] == [] and answer["workdir"], answer
     assert (Path(answer["workdir"]) / "code/x.py").read_bytes() == data
 
@@ -514,9 +590,11 @@ def test_p9_cut_uploads_do_not_pile_copies_up(tmp_path):
 def test_p14_a_comment_cannot_forge_the_owner_or_workdir_scontrol_shows():
     """A user's own free text (Comment, printed after UserId and WorkDir) that holds
     `UserId=...` or `WorkDir=...` words does not replace the real fields."""
-    line = ("JobId=7 JobName=x UserId=bob(2002) GroupId=bob(2002) JobState=RUNNING "
-            "WorkDir=/shared/tcloud/bob Comment=hi UserId=alice(2001) "
-            "WorkDir=/shared/tcloud/alice/jobs/a-1 StdOut=/dev/null")  # fmt: skip
+    line = (
+        "JobId=7 JobName=x UserId=bob(2002) GroupId=bob(2002) JobState=RUNNING "
+        "WorkDir=/shared/tcloud/bob Comment=hi UserId=alice(2001) "
+        "WorkDir=/shared/tcloud/alice/jobs/a-1 StdOut=/dev/null"
+    )
     fields = parse_oneliner(line)
     assert fields["UserId"] == "bob(2002)"
     assert fields["WorkDir"] == "/shared/tcloud/bob"

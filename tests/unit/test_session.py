@@ -30,8 +30,11 @@ class AgentSession:
         options = ["--userdir", str(userdir)] if userdir else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tacc_agent", *options, "session"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         self.hello = self.line()
 
     def line(self) -> dict:
@@ -229,13 +232,21 @@ def test_a_refused_stream_ends_the_session_after_its_answer(session, tmp_path):
 def test_store_receive_one_shot_reads_stdin(env, tmp_path):
     user_dir = tmp_path / "workspace" / "user"
     name = blob(b"one shot\n")
-    missing = agent("--userdir", str(user_dir), *protocol.store(), env=env,
-                    input=json.dumps(protocol.missing_request([name])))  # fmt: skip
+    missing = agent(
+        "--userdir",
+        str(user_dir),
+        *protocol.store(),
+        env=env,
+        input=json.dumps(protocol.missing_request([name])),
+    )
     upload = json.loads(missing.stdout)["uploads"][name]
     received = subprocess.run(
         [sys.executable, "-m", "tacc_agent", "--userdir", str(user_dir), *protocol.store_receive()],
-        input=frames({name: (upload, b"one shot\n")}), capture_output=True, env=env, timeout=60,
-    )  # fmt: skip
+        input=frames({name: (upload, b"one shot\n")}),
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
     assert received.returncode == 0, received
     assert (user_dir / "store" / name).read_bytes() == b"one shot\n"
 
@@ -259,8 +270,9 @@ def test_a_child_reads_no_request_bytes_and_a_print_goes_to_stderr():
     requests = b"".join(
         json.dumps({"verb": [str(n)], "stdin": None}).encode() + b"\n" for n in range(3)
     )
-    done = subprocess.run([sys.executable, "-c", STRAY], input=requests, capture_output=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", STRAY], input=requests, capture_output=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert lines[0] == {"protocol": 0, "agent_version": "t"}

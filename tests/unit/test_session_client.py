@@ -187,15 +187,17 @@ def stream_of(name: str, upload: str, data: bytes):
 def test_call_streaming_sends_the_stream_between_request_and_answer(client, workspace):
     data = b"streamed bytes\n" * 500
     name = blob(data)
-    missing = agent.call(client, protocol.store(), None,
-                         json.dumps(protocol.missing_request([name])).encode())  # fmt: skip
+    missing = agent.call(
+        client, protocol.store(), None, json.dumps(protocol.missing_request([name])).encode()
+    )
     produce = stream_of(name, missing["uploads"][name], data)
     answer = agent.call_streaming(client, protocol.store_receive(), None, produce)
     assert isinstance(answer, dict)
     user_dir = Path(missing["userdir"])
     assert (user_dir / "store" / name).read_bytes() == data
-    after = agent.call(client, protocol.store(), None,
-                       json.dumps(protocol.missing_request([name])).encode())  # fmt: skip
+    after = agent.call(
+        client, protocol.store(), None, json.dumps(protocol.missing_request([name])).encode()
+    )
     assert after["missing"] == []
     assert len(client.channels) == 1
 

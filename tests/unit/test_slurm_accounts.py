@@ -25,8 +25,15 @@ handmade|||parent||normal
 
 
 def account(name: str, **settings) -> dict:
-    return {"name": name, "description": "", "fairshare": 1, "users": [], "default_qos": "",
-            "qos": [], **settings}  # fmt: skip
+    return {
+        "name": name,
+        "description": "",
+        "fairshare": 1,
+        "users": [],
+        "default_qos": "",
+        "qos": [],
+        **settings,
+    }
 
 
 def plan(specs: list[dict], shown: str = SHOW_ASSOC) -> list[str]:
@@ -34,15 +41,22 @@ def plan(specs: list[dict], shown: str = SHOW_ASSOC) -> list[str]:
     return [" ".join(c) for c in slurm_accounts.plan(specs, current, "tacc")]
 
 
-VISION = account("vision", fairshare=200, users=["alice", "carol"],
-                 qos=["scavenger", "normal"], default_qos="normal")  # fmt: skip
+VISION = account(
+    "vision",
+    fairshare=200,
+    users=["alice", "carol"],
+    qos=["scavenger", "normal"],
+    default_qos="normal",
+)
 
 
 def test_parse_assocs_reads_accounts_users_and_parent_shares():
     table = slurm_accounts.parse_assocs(SHOW_ASSOC)
     assert table[("vision", "")] == {
-        "fairshare": 200, "default_qos": "normal", "qos": ["normal", "scavenger"],
-    }  # fmt: skip
+        "fairshare": 200,
+        "default_qos": "normal",
+        "qos": ["normal", "scavenger"],
+    }
     assert table[("root", "root")]["default_qos"] == "normal"
     assert table[("handmade", "")]["fairshare"] == "parent"
     # carol's per-partition association is not her account association.
@@ -50,8 +64,9 @@ def test_parse_assocs_reads_accounts_users_and_parent_shares():
     assert len(table) == 6
 
 
-@pytest.mark.parametrize(("text", "shares"), [("1", 1), ("200", 200), ("parent", "parent"),
-                                              ("Parent", "parent")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "shares"), [("1", 1), ("200", 200), ("parent", "parent"), ("Parent", "parent")]
+)
 def test_fairshare_reads_numbers_and_parent(text, shares):
     assert slurm_accounts.fairshare(text) == shares
 
@@ -76,10 +91,15 @@ def test_an_empty_database_gets_accounts_before_users():
 
 def test_only_differences_are_modified():
     specs = [
-        account("vision", fairshare=300, users=["alice", "carol", "dave"],
-                qos=["normal"], default_qos="normal"),
+        account(
+            "vision",
+            fairshare=300,
+            users=["alice", "carol", "dave"],
+            qos=["normal"],
+            default_qos="normal",
+        ),
         account("handmade", fairshare=5),
-    ]  # fmt: skip
+    ]
     assert plan(specs) == [
         "sacctmgr --immediate modify account where Name=vision Cluster=tacc set "
         "Fairshare=300 QOS=normal",

@@ -132,46 +132,80 @@ def test_gpus_states_and_jobs_per_partition():
     assert (gpus("batch", "total"), gpus("batch", "allocated")) == (4, 2)  # n2 (+ n4: 0)
     assert (jobs("gpu", "running"), jobs("gpu", "pending")) == (1, 3)
     assert (jobs("batch", "running"), jobs("batch", "pending")) == (1, 1)
-    states = {dict(labels)["state"]: value for (name, labels), value in found.items()
-              if name == "tacc_agent_slurm_nodes"}  # fmt: skip
+    states = {
+        dict(labels)["state"]: value
+        for (name, labels), value in found.items()
+        if name == "tacc_agent_slurm_nodes"
+    }
     assert states == {"mixed": 1, "draining": 1, "idle": 1}
 
 
 @pytest.mark.security
 def test_a_reason_with_quotes_newlines_and_separators_stays_one_label():
     found = scrape(FakeSlurm(sinfo=Output(0, gpu_cluster())))
-    drained = [dict(labels) for (name, labels), _ in found.items()
-               if name == "tacc_agent_slurm_node_drained"]  # fmt: skip
+    drained = [
+        dict(labels)
+        for (name, labels), _ in found.items()
+        if name == "tacc_agent_slurm_node_drained"
+    ]
     assert drained == [{"node": "n3", "reason": 'disk "bad" slot=3 | x'}]
 
 
-@pytest.mark.parametrize(("flags", "base", "word"), [
-    ([], "idle", "idle"), ([], "mixed", "mixed"), (["DRAIN"], "idle", "drained"),
-    (["DRAIN"], "down", "drained"), (["DRAIN"], "mixed", "draining"),
-    (["DRAIN", "COMPLETING"], "idle", "draining"), (["NOT_RESPONDING"], "down", "down"),
-    (["FAIL"], "allocated", "failing"), (["COMPLETING"], "idle", "completing"),
-    ([], "", "unknown"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "base", "word"),
+    [
+        ([], "idle", "idle"),
+        ([], "mixed", "mixed"),
+        (["DRAIN"], "idle", "drained"),
+        (["DRAIN"], "down", "drained"),
+        (["DRAIN"], "mixed", "draining"),
+        (["DRAIN", "COMPLETING"], "idle", "draining"),
+        (["NOT_RESPONDING"], "down", "down"),
+        (["FAIL"], "allocated", "failing"),
+        (["COMPLETING"], "idle", "completing"),
+        ([], "", "unknown"),
+    ],
+)
 def test_state_words_are_sinfos(flags, base, word):
     assert slurm_cluster.state_word(base, flags) == word
 
 
-@pytest.mark.parametrize(("gres", "count"), [
-    ("", 0), ("gpu:4", 4), ("gpu:a100:4(S:0-1)", 4), ("gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3)", 3),
-    ("shard:8,gpu:2", 2), ("gpu", 1), ("gpu:a100", 1), ("mps:100", 0), ("(null)", 0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("gres", "count"),
+    [
+        ("", 0),
+        ("gpu:4", 4),
+        ("gpu:a100:4(S:0-1)", 4),
+        ("gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3)", 3),
+        ("shard:8,gpu:2", 2),
+        ("gpu", 1),
+        ("gpu:a100", 1),
+        ("mps:100", 0),
+        ("(null)", 0),
+    ],
+)
 def test_gpus_from_gres(gres, count):
     assert slurm_cluster.gres_gpus(gres) == count
 
 
 def test_controller_up_through_a_backup_down_when_none_answers():
-    assert scrape(FakeSlurm(scontrol_ping=Output(0, PING_BACKUP)))[
-        "tacc_agent_slurm_up", (("daemon", "slurmctld"),)] == 1  # fmt: skip
-    assert scrape(FakeSlurm(scontrol_ping=Output(1, PING_DOWN)))[
-        "tacc_agent_slurm_up", (("daemon", "slurmctld"),)] == 0  # fmt: skip
+    assert (
+        scrape(FakeSlurm(scontrol_ping=Output(0, PING_BACKUP)))[
+            "tacc_agent_slurm_up", (("daemon", "slurmctld"),)
+        ]
+        == 1
+    )
+    assert (
+        scrape(FakeSlurm(scontrol_ping=Output(1, PING_DOWN)))[
+            "tacc_agent_slurm_up", (("daemon", "slurmctld"),)
+        ]
+        == 0
+    )
     hung = Output(None, "", "scontrol did not answer within 2 s")
-    assert scrape(FakeSlurm(scontrol_ping=hung))[
-        "tacc_agent_slurm_up", (("daemon", "slurmctld"),)] == 0  # fmt: skip
+    assert (
+        scrape(FakeSlurm(scontrol_ping=hung))["tacc_agent_slurm_up", (("daemon", "slurmctld"),)]
+        == 0
+    )
 
 
 def test_slurmdbd_where_accounting_uses_it():
@@ -201,17 +235,26 @@ def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
     fake = FakeSlurm(squeue=Output(0, "batch RUNNING\n"))
     said: list[str] = []
     collector = ClusterCollector(Sources(2.0, fake), lambda: now[0], log=said.append)
-    assert figures(collector)["tacc_agent_slurm_jobs", (("partition", "batch"),
-                                                       ("state", "running"))] == 1  # fmt: skip
+    assert (
+        figures(collector)["tacc_agent_slurm_jobs", (("partition", "batch"), ("state", "running"))]
+        == 1
+    )
     fake.answers["sinfo"] = Output(
         1, "", "slurm_load_node error: Unable to contact slurm controller"
     )
     fake.answers["squeue"] = Output(None, "", "squeue did not answer within 2 s")
     now[0] = 100.0
     found = figures(collector)
-    assert not any(name in ("tacc_agent_slurm_jobs", "tacc_agent_slurm_nodes",
-                            "tacc_agent_slurm_gpus", "tacc_agent_slurm_node_drained")
-                   for name, _ in found)  # fmt: skip
+    assert not any(
+        name
+        in (
+            "tacc_agent_slurm_jobs",
+            "tacc_agent_slurm_nodes",
+            "tacc_agent_slurm_gpus",
+            "tacc_agent_slurm_node_drained",
+        )
+        for name, _ in found
+    )
     for query in ("nodes", "jobs"):
         assert found["tacc_agent_slurm_query_error", (("query", query),)] == 1
         assert found["tacc_agent_slurm_query_errors_total", (("query", query),)] == 1
@@ -231,10 +274,16 @@ def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("answer", [
-    Output(0, "not json"), Output(0, '{"nodes": 3}'), Output(0, '[]'),
-    Output(0, '{"errors": [{"error": "x"}], "nodes": []}'), Output(None, "", "sinfo not found"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Output(0, "not json"),
+        Output(0, '{"nodes": 3}'),
+        Output(0, "[]"),
+        Output(0, '{"errors": [{"error": "x"}], "nodes": []}'),
+        Output(None, "", "sinfo not found"),
+    ],
+)
 def test_nonsense_from_sinfo_is_an_error(answer):
     found = scrape(FakeSlurm(sinfo=answer))
     assert found["tacc_agent_slurm_query_error", (("query", "nodes"),)] == 1

@@ -40,9 +40,13 @@ def test_parse_table_reads_sacctmgr_parsable_output():
     table = slurm_qos.parse_table("normal|0||\nurgent|100|normal,low|12:00:00\n")
     assert table == {
         "normal": {**slurm_qos.NEW_QOS, "priority": 0, "preempt": [], "max_wall": None},
-        "urgent": {**slurm_qos.NEW_QOS, "priority": 100, "preempt": ["low", "normal"],
-                   "max_wall": 720},
-    }  # fmt: skip
+        "urgent": {
+            **slurm_qos.NEW_QOS,
+            "priority": 100,
+            "preempt": ["low", "normal"],
+            "max_wall": 720,
+        },
+    }
 
 
 def test_plan_adds_everything_before_modifying():
@@ -51,10 +55,20 @@ def test_plan_adds_everything_before_modifying():
     assert commands == [
         ["sacctmgr", "--immediate", "add", "qos", "urgent"],
         ["sacctmgr", "--immediate", "add", "qos", "low"],
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=urgent", "set",
-         "Priority=100", "Preempt=low", "MaxWall=12:00:00"],
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=urgent",
+            "set",
+            "Priority=100",
+            "Preempt=low",
+            "MaxWall=12:00:00",
+        ],
         ["sacctmgr", "--immediate", "modify", "qos", "where", "name=low", "set", "Priority=1"],
-    ]  # fmt: skip
+    ]
 
 
 def test_plan_is_empty_when_the_database_already_matches():
@@ -65,9 +79,18 @@ def test_plan_is_empty_when_the_database_already_matches():
 def test_plan_changes_only_what_differs_and_clears_limits():
     current = slurm_qos.parse_table("urgent|100|normal|12:00:00\n")
     assert slurm_qos.plan([spec("urgent", 100)], current) == [
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=urgent", "set",
-         "Preempt=", "MaxWall=-1"],
-    ]  # fmt: skip
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=urgent",
+            "set",
+            "Preempt=",
+            "MaxWall=-1",
+        ],
+    ]
 
 
 # `sacctmgr -n -P show qos format=Name,Priority,Preempt,MaxWall,MaxTRESPU,MaxJobsPU,
@@ -81,16 +104,27 @@ urgent|100|normal|12:00:00|||cluster|1.000000
 
 
 def full_spec(name: str, **settings) -> dict:
-    return {**spec(name), "max_gpus_per_user": None, "max_jobs_per_user": None,
-            "preempt_mode": "", "usage_factor": 1.0, **settings}  # fmt: skip
+    return {
+        **spec(name),
+        "max_gpus_per_user": None,
+        "max_jobs_per_user": None,
+        "preempt_mode": "",
+        "usage_factor": 1.0,
+        **settings,
+    }
 
 
 def test_parse_table_reads_limits_modes_and_usage_factors():
     table = slurm_qos.parse_table(SHOW_QOS)
     assert table["normal"] == {
-        "priority": 0, "preempt": ["scavenger"], "max_wall": None, "max_gpus_per_user": 8,
-        "max_jobs_per_user": 4, "preempt_mode": "cluster", "usage_factor": 1.0,
-    }  # fmt: skip
+        "priority": 0,
+        "preempt": ["scavenger"],
+        "max_wall": None,
+        "max_gpus_per_user": 8,
+        "max_jobs_per_user": 4,
+        "preempt_mode": "cluster",
+        "usage_factor": 1.0,
+    }
     assert table["scavenger"]["preempt_mode"] == "requeue"
     assert table["scavenger"]["usage_factor"] == 0.0
     assert table["scavenger"]["max_gpus_per_user"] is None
@@ -99,9 +133,14 @@ def test_parse_table_reads_limits_modes_and_usage_factors():
 
 @pytest.mark.parametrize(
     ("text", "limit"),
-    [("", None), ("cpu=64", None), ("gres/gpu=8", 8), ("cpu=2,gres/gpu=0,mem=4G", 0),
-     ("gres/gpu:a100=2", None)],  # a typed GPU limit is not the gres/gpu limit
-)  # fmt: skip
+    [
+        ("", None),
+        ("cpu=64", None),
+        ("gres/gpu=8", 8),
+        ("cpu=2,gres/gpu=0,mem=4G", 0),
+        ("gres/gpu:a100=2", None),
+    ],  # a typed GPU limit is not the gres/gpu limit
+)
 def test_tres_limit_reads_only_the_gpu_limit(text, limit):
     assert slurm_qos.tres_limit(text) == limit
 
@@ -129,33 +168,84 @@ def test_plan_sets_only_the_new_fields_that_differ():
         full_spec("scavenger", preempt_mode="cancel", usage_factor=0.0),
     ]
     assert slurm_qos.plan(specs, slurm_qos.parse_table(SHOW_QOS)) == [
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=normal", "set",
-         "MaxTRESPerUser=gres/gpu=16"],
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=scavenger", "set",
-         "PreemptMode=cancel"],
-    ]  # fmt: skip
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=normal",
+            "set",
+            "MaxTRESPerUser=gres/gpu=16",
+        ],
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=scavenger",
+            "set",
+            "PreemptMode=cancel",
+        ],
+    ]
 
 
 def test_plan_clears_limits_that_are_no_longer_wanted():
     """Unset max_* means no limit: -1 clears it; an empty preempt_mode is the cluster's."""
     specs = [full_spec("normal", preempt=["scavenger"]), full_spec("scavenger", usage_factor=0.5)]
     assert slurm_qos.plan(specs, slurm_qos.parse_table(SHOW_QOS)) == [
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=normal", "set",
-         "MaxTRESPerUser=gres/gpu=-1", "MaxJobsPerUser=-1"],
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=scavenger", "set",
-         "PreemptMode=cluster", "UsageFactor=0.5"],
-    ]  # fmt: skip
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=normal",
+            "set",
+            "MaxTRESPerUser=gres/gpu=-1",
+            "MaxJobsPerUser=-1",
+        ],
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=scavenger",
+            "set",
+            "PreemptMode=cluster",
+            "UsageFactor=0.5",
+        ],
+    ]
 
 
 def test_a_new_free_preemptible_qos_gets_every_setting_in_one_modify():
-    specs = [full_spec("scavenger", preempt_mode="requeue", usage_factor=0.0,
-                       max_gpus_per_user=2, max_jobs_per_user=10)]  # fmt: skip
+    specs = [
+        full_spec(
+            "scavenger",
+            preempt_mode="requeue",
+            usage_factor=0.0,
+            max_gpus_per_user=2,
+            max_jobs_per_user=10,
+        )
+    ]
     assert slurm_qos.plan(specs, {}) == [
         ["sacctmgr", "--immediate", "add", "qos", "scavenger"],
-        ["sacctmgr", "--immediate", "modify", "qos", "where", "name=scavenger", "set",
-         "MaxTRESPerUser=gres/gpu=2", "MaxJobsPerUser=10", "PreemptMode=requeue",
-         "UsageFactor=0"],
-    ]  # fmt: skip
+        [
+            "sacctmgr",
+            "--immediate",
+            "modify",
+            "qos",
+            "where",
+            "name=scavenger",
+            "set",
+            "MaxTRESPerUser=gres/gpu=2",
+            "MaxJobsPerUser=10",
+            "PreemptMode=requeue",
+            "UsageFactor=0",
+        ],
+    ]
 
 
 def test_gpu_limits_wait_for_the_gres_gpu_tres():
@@ -165,7 +255,7 @@ def test_gpu_limits_wait_for_the_gres_gpu_tres():
     assert slurm_qos.plan(specs, current, gpu_tres=False) == [
         ["sacctmgr", "--immediate", "add", "qos", "free"],
         ["sacctmgr", "--immediate", "modify", "qos", "where", "name=free", "set", "UsageFactor=0"],
-    ]  # fmt: skip
+    ]
     assert slurm_qos.deferred_gpu_limits(specs, current) == ["normal"]
     assert slurm_qos.deferred_gpu_limits([full_spec("free")], current) == []
 

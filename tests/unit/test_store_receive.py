@@ -104,8 +104,7 @@ def test_the_commit_after_a_stream_reads_no_blob_again(user_dir, source, monkeyp
         raise AssertionError("the commit hashed a streamed blob again")
 
     monkeypatch.setattr(store, "sha256", no_rehash)
-    assert store.commit_blob(user_dir / "store", user_dir / "store/.partial", name,
-                             blobs[0].upload)  # fmt: skip
+    assert store.commit_blob(user_dir / "store", user_dir / "store/.partial", name, blobs[0].upload)
 
 
 def test_an_empty_stream_is_just_the_end_frame(user_dir):
@@ -258,8 +257,10 @@ def test_two_concurrent_streams_of_the_same_blob_both_succeed(user_dir, source):
             writer.close()
             thread.join()
 
-    threads = [threading.Thread(target=over_pipe, args=(label, blob))
-               for label, blob in (("a", first), ("b", second))]  # fmt: skip
+    threads = [
+        threading.Thread(target=over_pipe, args=(label, blob))
+        for label, blob in (("a", first), ("b", second))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -96,9 +96,18 @@ def test_the_cluster_accepts_what_the_compiler_writes(tmp_path):
 def test_sbatch_line_is_argv_with_every_option(tmp_path):
     task = parse(json.dumps(compile_task(load_task(project(tmp_path))).document), "i")
     argv = sbatch_argv(task, Path("/w/job"), AgentConfig())
-    for option in ("--nodes=2", "--gres=gpu:4", "--partition=batch", "--qos=urgent",
-                   "--nice=5", "--job-name=t", "--requeue", "--ntasks-per-node=4",
-                   "--output=/w/job/logs/job.log", "--signal=USR1@60"):  # fmt: skip
+    for option in (
+        "--nodes=2",
+        "--gres=gpu:4",
+        "--partition=batch",
+        "--qos=urgent",
+        "--nice=5",
+        "--job-name=t",
+        "--requeue",
+        "--ntasks-per-node=4",
+        "--output=/w/job/logs/job.log",
+        "--signal=USR1@60",
+    ):
         assert option in argv
     assert argv[0] == "sbatch" and argv[-1] == "/w/job/job.sh"
 

@@ -54,8 +54,9 @@ def fake(tmp_path, monkeypatch) -> FakeCluster:
     states = iter(["PENDING", "PENDING", "RUNNING"])
     cluster.session.answers[("job", "status")] = lambda: (0, status(next(states, "RUNNING")))
     cluster.session.answers[("job", "cancel")] = (
-        0, [{"job_id": "42", "cancelled": True, "state": "CANCELLED"}],
-    )  # fmt: skip
+        0,
+        [{"job_id": "42", "cancelled": True, "state": "CANCELLED"}],
+    )
     cluster.submitted = []
 
     def submit(self, task, *, base_dir=None, allow_outside=False, sweep=False):
@@ -82,8 +83,11 @@ def test_cluster_dev_lays_the_flags_over_the_tasks_session_block(fake, tmp_path)
     with fake.cluster() as cluster:
         cluster.dev(root, ports=[6006, 8888], idle_timeout="0", stop_on_disconnect=True)
     task, base_dir = fake.submitted[0]
-    assert task["session"] == {"ports": [8888, 6006], "idle_timeout": "0",
-                               "stop_on_disconnect": True}  # fmt: skip
+    assert task["session"] == {
+        "ports": [8888, 6006],
+        "idle_timeout": "0",
+        "stop_on_disconnect": True,
+    }
     assert Path(base_dir) == root.resolve() and task["run"] == ["jupyter lab --port 8888"]
 
 
@@ -128,8 +132,9 @@ def test_stop_on_disconnect_holds_a_channel_while_it_forwards(fake, tmp_path, mo
         raise KeyboardInterrupt
 
     monkeypatch.setattr(portforward, "hold", hold)
-    code, out, _ = cli_run("dev", str(root), "--port", f"8888:{free_port()}",
-                           "--stop-on-disconnect")  # fmt: skip
+    code, out, _ = cli_run(
+        "dev", str(root), "--port", f"8888:{free_port()}", "--stop-on-disconnect"
+    )
     assert code == 0
     (channel,) = held_channels(fake)
     assert argv_verb(shlex.split(channel.command)) == ["job", "stop-on-disconnect", "42"]
@@ -215,10 +220,16 @@ def test_cli_wiring_has_every_interactive_command():
 
 def test_ps_shows_a_kind_column_when_the_agent_says_it(fake):
     rows = [
-        {"job": "42", "name": "nb", "state": "RUNNING", "submitted": "t", "nodes": "n2",
-         "kind": "session"},
+        {
+            "job": "42",
+            "name": "nb",
+            "state": "RUNNING",
+            "submitted": "t",
+            "nodes": "n2",
+            "kind": "session",
+        },
         {"job": "41", "name": "train", "state": "COMPLETED", "submitted": "t", "nodes": "n3"},
-    ]  # fmt: skip
+    ]
     fake.answer(("job", "ps"), 0, rows)
     code, out, _ = cli_run("ps")
     lines = out.splitlines()

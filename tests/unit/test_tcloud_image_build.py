@@ -190,22 +190,39 @@ def test_validate_and_dry_run_do_not_connect_and_show_the_build(fake, tmp_path, 
 
 
 BUILT = {
-    "digest": "sha256:" + "ef" * 32, "reference": "build env/Containerfile",
-    "path": "/w/alice/images/" + "ef" * 32, "build": {"file": "env/Containerfile", "base": PINNED},
-    "built_by_job": "31", "bytes": 2 * 1024 * 1024, "runtime": "charliecloud",
-}  # fmt: skip
+    "digest": "sha256:" + "ef" * 32,
+    "reference": "build env/Containerfile",
+    "path": "/w/alice/images/" + "ef" * 32,
+    "build": {"file": "env/Containerfile", "base": PINNED},
+    "built_by_job": "31",
+    "bytes": 2 * 1024 * 1024,
+    "runtime": "charliecloud",
+}
 
 
 def test_images_shows_a_build_with_its_file_base_and_job(fake):
-    pulled = {"digest": DIGEST, "reference": PINNED, "path": "/w/alice/images/" + "ab" * 32,
-              "pulled_by_job": "12"}  # fmt: skip
+    pulled = {
+        "digest": DIGEST,
+        "reference": PINNED,
+        "path": "/w/alice/images/" + "ab" * 32,
+        "pulled_by_job": "12",
+    }
     fake.answer(("image", "ls"), 0, [pulled, BUILT])
     code, out, _ = cli_run("images")
     assert code == 0
     _, first, second = out.splitlines()
     assert first.split() == [DIGEST, REFERENCE, "12", pulled["path"]]
-    assert second.split() == [BUILT["digest"], "build", "env/Containerfile", "FROM", REFERENCE,
-                              "charliecloud", "31", "2.0M", BUILT["path"]]  # fmt: skip
+    assert second.split() == [
+        BUILT["digest"],
+        "build",
+        "env/Containerfile",
+        "FROM",
+        REFERENCE,
+        "charliecloud",
+        "31",
+        "2.0M",
+        BUILT["path"],
+    ]
     assert images.by_job(BUILT) == "31"
 
 

@@ -146,8 +146,9 @@ def test_another_digest_for_the_same_reference_is_another_instruction_digest(fak
     with fake.cluster() as cluster:
         cluster.submit(task)
         other = "sha256:" + "cd" * 32
-        fake.answer(("image", "resolve"), 0, {**RESOLVED, "pinned": f"{REFERENCE}@{other}",
-                                              "digest": other})  # fmt: skip
+        fake.answer(
+            ("image", "resolve"), 0, {**RESOLVED, "pinned": f"{REFERENCE}@{other}", "digest": other}
+        )
         cluster.submit(task)
     first, second = fake.uploaded
     assert first.digest != second.digest
@@ -186,11 +187,14 @@ def test_a_dict_task_is_resolved_too(fake, tmp_path):
     ("rc", "said"),
     [
         (2, NO_SUCH_IMAGE),
-        (3, "pinging container registry n1:5000: Get \"http://n1:5000/v2/\": dial tcp "
-            "10.77.0.11:5000: connect: connection refused"),
+        (
+            3,
+            'pinging container registry n1:5000: Get "http://n1:5000/v2/": dial tcp '
+            "10.77.0.11:5000: connect: connection refused",
+        ),
     ],
     ids=["unknown-reference", "registry-unreachable"],
-)  # fmt: skip
+)
 def test_an_agent_refusal_is_a_positioned_task_file_error_and_nothing_is_uploaded(
     fake, tmp_path, rc, said
 ):
@@ -266,9 +270,10 @@ def test_an_answer_that_replaces_the_digest_the_user_pinned_is_refused(fake, tmp
     same name must not change what runs."""
     other = "sha256:" + "cd" * 32
     fake.answer(
-        ("image", "resolve"), 0,
+        ("image", "resolve"),
+        0,
         {"reference": PINNED, "pinned": f"{REFERENCE}@{other}", "digest": other},
-    )  # fmt: skip
+    )
     with fake.cluster() as cluster, pytest.raises(TcloudError, match="not that image pinned"):
         cluster.submit(project(tmp_path / "p", TASK_TEXT.replace(REFERENCE, PINNED)))
     assert fake.uploaded == []
@@ -305,12 +310,22 @@ def test_validate_and_dry_run_do_not_connect_and_show_the_reference_as_written(
 # --- tcloud images, tcloud status ---------------------------------------------------------
 
 IMAGES = [
-    {"digest": DIGEST, "reference": PINNED, "path": "/w/alice/images/" + "ab" * 32,
-     "pulled_by_job": "12", "seconds": 41.5, "bytes": 312 * 1024 * 1024, "runtime": "charliecloud",
-     "time": 1764000000.0},
-    {"digest": "sha256:" + "cd" * 32, "reference": "n1:5000/tacc/tiny@sha256:" + "cd" * 32,
-     "path": "/w/alice/images/" + "cd" * 32},
-]  # fmt: skip
+    {
+        "digest": DIGEST,
+        "reference": PINNED,
+        "path": "/w/alice/images/" + "ab" * 32,
+        "pulled_by_job": "12",
+        "seconds": 41.5,
+        "bytes": 312 * 1024 * 1024,
+        "runtime": "charliecloud",
+        "time": 1764000000.0,
+    },
+    {
+        "digest": "sha256:" + "cd" * 32,
+        "reference": "n1:5000/tacc/tiny@sha256:" + "cd" * 32,
+        "path": "/w/alice/images/" + "cd" * 32,
+    },
+]
 
 
 def test_images_lists_the_cached_images_as_a_table_and_as_json(fake):
@@ -332,8 +347,10 @@ def test_images_lists_the_cached_images_as_a_table_and_as_json(fake):
 def test_images_with_none_cached_prints_the_header_only(fake):
     fake.answer(("image", "ls"), 0, [])
     code, out, _ = cli_run("images")
-    assert (code, out.split()) == (0, ["DIGEST", "REFERENCE", "RUNTIME", "PULLED_BY_JOB",
-                                       "SIZE", "PATH"])  # fmt: skip
+    assert (code, out.split()) == (
+        0,
+        ["DIGEST", "REFERENCE", "RUNTIME", "PULLED_BY_JOB", "SIZE", "PATH"],
+    )
 
 
 def test_an_images_answer_of_the_wrong_shape_is_a_cluster_error(fake):
@@ -342,19 +359,26 @@ def test_an_images_answer_of_the_wrong_shape_is_a_cluster_error(fake):
     assert code == EXIT_CLUSTER and "reference" in err and "Traceback" not in err
 
 
-STATUS = {"job_id": "7", "name": "t", "state": "COMPLETED", "workdir": "/w/alice/jobs/7",
-          "exit_code": 0}  # fmt: skip
+STATUS = {
+    "job_id": "7",
+    "name": "t",
+    "state": "COMPLETED",
+    "workdir": "/w/alice/jobs/7",
+    "exit_code": 0,
+}
 
 
 @pytest.mark.parametrize(
     ("image", "line"),
     [
-        ({"reference": PINNED, "digest": DIGEST, "path": "/w/alice/images/x"},
-         f"image: {PINNED} (cached in /w/alice/images/x)"),
+        (
+            {"reference": PINNED, "digest": DIGEST, "path": "/w/alice/images/x"},
+            f"image: {PINNED} (cached in /w/alice/images/x)",
+        ),
         ({"reference": REFERENCE, "digest": DIGEST}, f"image: {PINNED}"),
     ],
     ids=["pinned", "tag-and-digest-apart"],
-)  # fmt: skip
+)
 def test_status_shows_the_jobs_pinned_image(fake, image, line):
     fake.answer(("job", "status"), 0, {**STATUS, "image": image})
     code, out, _ = cli_run("status", "7")
@@ -366,9 +390,15 @@ def test_status_shows_the_jobs_pinned_image(fake, image, line):
 
 @pytest.mark.parametrize(
     ("count", "shown"),
-    [(None, ""), (0, "0B"), (1023, "1023B"), (1024, "1.0K"), (int(1.5 * 1024**3), "1.5G"),
-     (3 * 1024**5, "3072.0T")],
-)  # fmt: skip
+    [
+        (None, ""),
+        (0, "0B"),
+        (1023, "1023B"),
+        (1024, "1.0K"),
+        (int(1.5 * 1024**3), "1.5G"),
+        (3 * 1024**5, "3072.0T"),
+    ],
+)
 def test_sizes_are_shown_for_people(count, shown):
     assert images.size(count) == shown
 

@@ -70,8 +70,10 @@ def test_the_submitted_instruction_holds_the_image_pinned_by_the_agent(fake, tmp
     assert verbs[0] == ["image", "resolve", REFERENCE]
     assert [verb[:2] for verb in verbs].count(["image", "resolve"]) == 1
     assert (tmp_path / "skopeo.calls").read_text().split() == [
-        "inspect", "--raw", f"docker://{REFERENCE}",
-    ]  # fmt: skip
+        "inspect",
+        "--raw",
+        f"docker://{REFERENCE}",
+    ]
 
 
 def test_a_reference_the_registry_does_not_know_is_refused_before_any_upload(fake, tmp_path):

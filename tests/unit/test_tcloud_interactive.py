@@ -55,8 +55,16 @@ def test_exec_on_one_node_prefixes_whole_lines_and_exits_with_its_status(fake):
     (channel,) = fake.transport.channels
     argv = shlex.split(channel.command)
     assert argv_verb(argv) == [
-        "job", "attach", "42", "--rank", "0", "--", "python", "-c", "print('a b')"
-    ]  # fmt: skip
+        "job",
+        "attach",
+        "42",
+        "--rank",
+        "0",
+        "--",
+        "python",
+        "-c",
+        "print('a b')",
+    ]
     assert channel.pty is None and channel.write_shut and channel.closed
     assert fake.session.verbs[0][:3] == ["job", "target", "42"]
 
@@ -94,10 +102,15 @@ def test_sdk_exec_captures_each_nodes_output(fake):
     with fake.cluster() as cluster:
         results = cluster.job(42).exec(["hostname"], ranks="all")
     assert results == [
-        {"host": "n2", "rank": 0, "exit_code": 0, "stdout": "hello\nworld\npartial\n",
-         "stderr": "warning\n"},
+        {
+            "host": "n2",
+            "rank": 0,
+            "exit_code": 0,
+            "stdout": "hello\nworld\npartial\n",
+            "stderr": "warning\n",
+        },
         {"host": "n3", "rank": 1, "exit_code": 3, "stdout": "from n3\n", "stderr": ""},
-    ]  # fmt: skip
+    ]
 
 
 def test_a_channel_without_an_exit_status_reads_255(tmp_path, monkeypatch):
@@ -318,8 +331,11 @@ def test_exec_waits_for_a_channel_to_close_when_sshd_refuses_more_sessions(tmp_p
     node's channel closes; both run."""
     import paramiko
 
-    fake = FakeCluster(tmp_path, monkeypatch, per_rank({
-        0: FakeChannel([b"a\n"], [], 0), 1: FakeChannel([b"b\n"], [], 0)}))  # fmt: skip
+    fake = FakeCluster(
+        tmp_path,
+        monkeypatch,
+        per_rank({0: FakeChannel([b"a\n"], [], 0), 1: FakeChannel([b"b\n"], [], 0)}),
+    )
     transport = fake.transport
     opened = transport.open_session
     refused = []

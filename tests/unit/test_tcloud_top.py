@@ -24,13 +24,25 @@ def answer(cpu: float, sampled: float, state: str = "RUNNING") -> dict:
         "state": state,
         "time": sampled,
         "nodes": [
-            {"host": "n2", "rank": 0, "cpu_seconds": cpu, "sampled": sampled, "cpus": 4,
-             "memory_bytes": 3 * GIB // 2,
-             "gpus": [{"index": 0, "utilization_ratio": 0.87, "memory_used_bytes": 10 * GIB,
-                       "memory_total_bytes": 80 * GIB}]},
+            {
+                "host": "n2",
+                "rank": 0,
+                "cpu_seconds": cpu,
+                "sampled": sampled,
+                "cpus": 4,
+                "memory_bytes": 3 * GIB // 2,
+                "gpus": [
+                    {
+                        "index": 0,
+                        "utilization_ratio": 0.87,
+                        "memory_used_bytes": 10 * GIB,
+                        "memory_total_bytes": 80 * GIB,
+                    }
+                ],
+            },
             {"host": "n3", "rank": 1, "error": "node daemon on n3 did not answer"},
         ],
-    }  # fmt: skip
+    }
 
 
 def test_cpu_percent_is_the_rate_between_two_answers():
@@ -69,8 +81,9 @@ def test_in_place_only_on_a_terminal():
 @pytest.fixture
 def fake(tmp_path, monkeypatch) -> FakeCluster:
     cluster = FakeCluster(tmp_path, monkeypatch)
-    answers = iter([answer(100.0, 1000.0), answer(101.0, 1001.0),
-                    answer(103.0, 1002.0, "COMPLETED")])  # fmt: skip
+    answers = iter(
+        [answer(100.0, 1000.0), answer(101.0, 1001.0), answer(103.0, 1002.0, "COMPLETED")]
+    )
     cluster.session.answers[("job", "top")] = lambda: (0, next(answers))
     monkeypatch.setattr(cli.time, "sleep", lambda _s: None)
     return cluster

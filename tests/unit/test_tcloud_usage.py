@@ -28,16 +28,44 @@ ANSWER = {
     "since": "2025-10-01T00:00:00",
     "until": "2025-12-01T00:00:00",
     "rows": [
-        {"month": "2025-10", "account": "physics", "partition": "gpu", "jobs": 1, "running": 0,
-         "cpu_seconds": 16 * HOUR, "gpu_seconds": 4 * HOUR},
-        {"month": "2025-11", "account": "ml", "partition": "gpu", "jobs": 1, "running": 1,
-         "cpu_seconds": 144 * HOUR, "gpu_seconds": 36 * HOUR},
-        {"month": "2025-11", "account": "physics", "partition": "batch", "jobs": 1,
-         "running": 0, "cpu_seconds": HOUR, "gpu_seconds": 0},
-        {"month": "2025-11", "account": "physics", "partition": "gpu", "jobs": 2, "running": 0,
-         "cpu_seconds": 28 * HOUR, "gpu_seconds": 8 * HOUR},
+        {
+            "month": "2025-10",
+            "account": "physics",
+            "partition": "gpu",
+            "jobs": 1,
+            "running": 0,
+            "cpu_seconds": 16 * HOUR,
+            "gpu_seconds": 4 * HOUR,
+        },
+        {
+            "month": "2025-11",
+            "account": "ml",
+            "partition": "gpu",
+            "jobs": 1,
+            "running": 1,
+            "cpu_seconds": 144 * HOUR,
+            "gpu_seconds": 36 * HOUR,
+        },
+        {
+            "month": "2025-11",
+            "account": "physics",
+            "partition": "batch",
+            "jobs": 1,
+            "running": 0,
+            "cpu_seconds": HOUR,
+            "gpu_seconds": 0,
+        },
+        {
+            "month": "2025-11",
+            "account": "physics",
+            "partition": "gpu",
+            "jobs": 2,
+            "running": 0,
+            "cpu_seconds": 28 * HOUR,
+            "gpu_seconds": 8 * HOUR,
+        },
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -86,8 +114,9 @@ def test_csv_has_a_header_row_and_the_groups_in_the_order_asked(fake):
 
 
 def test_csv_quotes_what_needs_quoting(fake):
-    fake.session.answers = defaultdict(lambda: (0, {**ANSWER, "rows": [
-        {**ANSWER["rows"][0], "account": 'a,"b"'}]}))  # fmt: skip
+    fake.session.answers = defaultdict(
+        lambda: (0, {**ANSWER, "rows": [{**ANSWER["rows"][0], "account": 'a,"b"'}]})
+    )
     rows = list(csv.reader(io.StringIO(cli_run("usage", "--by", "account", "--format", "csv")[1])))
     assert rows[1][0] == 'a,"b"'
 
@@ -100,24 +129,38 @@ def test_json_has_stable_keys_hours_and_seconds(fake, flags):
     assert sorted(data) == ["by", "rows", "since", "total", "until", "user"]
     assert data["by"] == ["month"]
     assert data["rows"][1] == {
-        "month": "2025-11", "jobs": 4, "running": 1, "cpu_seconds": 173 * HOUR,
-        "gpu_seconds": 44 * HOUR, "cpu_hours": 173.0, "gpu_hours": 44.0,
-    }  # fmt: skip
+        "month": "2025-11",
+        "jobs": 4,
+        "running": 1,
+        "cpu_seconds": 173 * HOUR,
+        "gpu_seconds": 44 * HOUR,
+        "cpu_hours": 173.0,
+        "gpu_hours": 44.0,
+    }
     assert data["total"]["jobs"] == 5 and data["total"]["gpu_hours"] == 48.0
 
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--since", "2025-13"], "--since: expected a month YYYY-MM or a day YYYY-MM-DD, got "
-                               "'2025-13'"),
-     (["--until", "yesterday"], "--until: expected a month YYYY-MM or a day YYYY-MM-DD"),
-     (["--since", "2025-11-02", "--until", "2025-11-01"],
-      "--since 2025-11-02 comes after --until 2025-11-01"),
-     (["--by", "month,user"], "--by: unknown group 'user' (expected one or more of month, "
-                              "account, partition, comma-separated)"),
-     (["--by", ""], "--by: unknown group ''")],
-)  # fmt: skip
+    [
+        (
+            ["--since", "2025-13"],
+            "--since: expected a month YYYY-MM or a day YYYY-MM-DD, got '2025-13'",
+        ),
+        (["--until", "yesterday"], "--until: expected a month YYYY-MM or a day YYYY-MM-DD"),
+        (
+            ["--since", "2025-11-02", "--until", "2025-11-01"],
+            "--since 2025-11-02 comes after --until 2025-11-01",
+        ),
+        (
+            ["--by", "month,user"],
+            "--by: unknown group 'user' (expected one or more of month, "
+            "account, partition, comma-separated)",
+        ),
+        (["--by", ""], "--by: unknown group ''"),
+    ],
+)
 def test_bad_dates_and_groups_are_usage_errors_before_anything_is_asked(fake, argv, message):
     code, out, err = cli_run("usage", *argv)
     assert code == EXIT_USAGE and out == "" and "Traceback" not in err
@@ -150,7 +193,10 @@ def test_the_sdk_returns_the_report_as_data(fake):
     report = fake.cluster().usage(since="2025-10", by=["account", "partition"])
     assert report["by"] == ["account", "partition"]
     assert [(r["account"], r["partition"], r["jobs"]) for r in report["rows"]] == [
-        ("ml", "gpu", 1), ("physics", "batch", 1), ("physics", "gpu", 3)]  # fmt: skip
+        ("ml", "gpu", 1),
+        ("physics", "batch", 1),
+        ("physics", "gpu", 3),
+    ]
     assert fake.session.verbs == [["usage", "--since", "2025-10"]]
     with pytest.raises(UsageError, match="unknown group 'user'"):
         fake.cluster().usage(by="user")

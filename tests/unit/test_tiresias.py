@@ -24,8 +24,13 @@ PREEMPTIBLE = frozenset({"preemptible"})
 class Ticker:
     """Ticks the plug-in as the agent would, recording what it did to Slurm."""
 
-    def __init__(self, state_dir: Path, settings: dict | None = None, requeue_ok: bool = True,
-                 nodes: list[Node] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        state_dir: Path,
+        settings: dict | None = None,
+        requeue_ok: bool = True,
+        nodes: list[Node] | None = None,
+    ):
         self.config = AgentConfig(plugin_settings={"tiresias": settings or SETTINGS})
         self.nodes = nodes or []
         self.state_dir = state_dir
@@ -38,8 +43,15 @@ class Ticker:
         return self.requeue_ok
 
     def __call__(self, now: float, *jobs: QueuedJob) -> list[str]:
-        queue = Queue(list(jobs), self.nices.__setitem__, now, self.state_dir, self.config,
-                      requeue=self.requeue, cluster_nodes=lambda: self.nodes)  # fmt: skip
+        queue = Queue(
+            list(jobs),
+            self.nices.__setitem__,
+            now,
+            self.state_dir,
+            self.config,
+            requeue=self.requeue,
+            cluster_nodes=lambda: self.nodes,
+        )
         Tiresias().tick(queue)
         return queue.notes
 
@@ -47,11 +59,30 @@ class Ticker:
         return json.loads((self.state_dir / "tiresias.json").read_text())["jobs"]
 
 
-def job(job_id: str, user: str, state: str, elapsed: int = 0, gpus: float = 0, nodes: int = 1,
-        nice: int = 0, reason: str = "", opted_in: frozenset[str] = frozenset(),
-        partition: str = "batch") -> QueuedJob:  # fmt: skip
-    return QueuedJob(job_id, user, state, nice, gpus, elapsed, nodes, partition,
-                     reason if state == "PENDING" else "", opted_in)  # fmt: skip
+def job(
+    job_id: str,
+    user: str,
+    state: str,
+    elapsed: int = 0,
+    gpus: float = 0,
+    nodes: int = 1,
+    nice: int = 0,
+    reason: str = "",
+    opted_in: frozenset[str] = frozenset(),
+    partition: str = "batch",
+) -> QueuedJob:
+    return QueuedJob(
+        job_id,
+        user,
+        state,
+        nice,
+        gpus,
+        elapsed,
+        nodes,
+        partition,
+        reason if state == "PENDING" else "",
+        opted_in,
+    )
 
 
 def test_service_is_per_job_so_one_users_short_job_goes_before_her_long_one(tmp_path):
@@ -63,8 +94,11 @@ def test_service_is_per_job_so_one_users_short_job_goes_before_her_long_one(tmp_
     assert notes == ["tiresias: job 1 of alice demoted to queue 1 (120 GPU-s)"]
     # Requeued (its elapsed time starts again): still queue 1, service kept; the new job
     # of the same user waits in queue 0, with nice_step more priority.
-    tick(70, job("1", "alice", "PENDING", 0, gpus=2, reason="Priority"),
-         job("2", "alice", "PENDING", 0, gpus=2, reason="Priority"))  # fmt: skip
+    tick(
+        70,
+        job("1", "alice", "PENDING", 0, gpus=2, reason="Priority"),
+        job("2", "alice", "PENDING", 0, gpus=2, reason="Priority"),
+    )
     assert tick.nices == {"2": -500}
     state = tick.state()
     assert state["1"]["queue"] == 1 and state["1"]["attained"] == 120.0
@@ -152,10 +186,12 @@ def test_only_opted_in_jobs_are_preempted(tmp_path):
         (job("2", "bob", "PENDING", nodes=3, reason="Resources"), "needs more than it holds"),
         (job("2", "bob", "PENDING", nodes=1, reason="Dependency"), "waits for a dependency"),
         (job("2", "bob", "PENDING", nodes=1, reason="JobHeldUser"), "held by its owner"),
-        (job("2", "bob", "PENDING", nodes=1, reason="Resources", partition="gpu"),
-         "another partition"),
+        (
+            job("2", "bob", "PENDING", nodes=1, reason="Resources", partition="gpu"),
+            "another partition",
+        ),
     ],
-)  # fmt: skip
+)
 def test_no_preemption_that_cannot_start_the_waiting_job(tmp_path, waiting, why):
     tick = Ticker(tmp_path)
     tick(0, long_job(0))
@@ -177,14 +213,18 @@ def test_a_job_is_not_preempted_before_min_run_seconds_since_its_start(tmp_path)
 
 def test_the_lowest_queue_and_latest_arrival_go_first_and_only_as_many_as_needed(tmp_path):
     tick = Ticker(tmp_path, {**SETTINGS, "thresholds": [100, 1000], "max_preempt_per_tick": 2})
-    jobs = [job("5", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
-            job("6", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
-            job("7", "carol", "RUNNING", 0, opted_in=PREEMPTIBLE)]  # fmt: skip
+    jobs = [
+        job("5", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
+        job("6", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
+        job("7", "carol", "RUNNING", 0, opted_in=PREEMPTIBLE),
+    ]
     tick(0, *jobs)
     # 5 and 6 run 1500 s (queue 2), 7 runs 150 s (queue 1, started later).
-    later = [job("5", "alice", "RUNNING", 1500, opted_in=PREEMPTIBLE),
-             job("6", "alice", "RUNNING", 1500, opted_in=PREEMPTIBLE),
-             job("7", "carol", "RUNNING", 150, opted_in=PREEMPTIBLE)]  # fmt: skip
+    later = [
+        job("5", "alice", "RUNNING", 1500, opted_in=PREEMPTIBLE),
+        job("6", "alice", "RUNNING", 1500, opted_in=PREEMPTIBLE),
+        job("7", "carol", "RUNNING", 150, opted_in=PREEMPTIBLE),
+    ]
     tick(1500, *later)
     tick(1501, *later, job("8", "bob", "PENDING", nodes=2, reason="Resources"))
     assert [j for j, _ in tick.requeued] == ["6", "5"]
@@ -202,15 +242,21 @@ def test_a_failed_requeue_is_said_and_the_tick_goes_on(tmp_path):
 def test_an_idle_node_counts_so_only_as_many_jobs_as_lacking_are_preempted(tmp_path):
     """bob's 2-node job waits; one node idles (held back for it, as Slurm does) and two
     1-node jobs of queue 1 run: one is requeued, not both."""
-    nodes = [Node("n1", 4, 1000, 0, ("batch",), state="IDLE"),
-             Node("n2", 4, 1000, 0, ("batch",), state="ALLOCATED"),
-             Node("n3", 4, 1000, 0, ("other",), state="IDLE")]  # fmt: skip
+    nodes = [
+        Node("n1", 4, 1000, 0, ("batch",), state="IDLE"),
+        Node("n2", 4, 1000, 0, ("batch",), state="ALLOCATED"),
+        Node("n3", 4, 1000, 0, ("other",), state="IDLE"),
+    ]
     tick = Ticker(tmp_path, {**SETTINGS, "max_preempt_per_tick": 2}, nodes=nodes)
-    two = [job("5", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
-           job("6", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE)]  # fmt: skip
+    two = [
+        job("5", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
+        job("6", "alice", "RUNNING", 0, opted_in=PREEMPTIBLE),
+    ]
     tick(0, *two)
-    later = [job("5", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE),
-             job("6", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE)]  # fmt: skip
+    later = [
+        job("5", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE),
+        job("6", "alice", "RUNNING", 200, opted_in=PREEMPTIBLE),
+    ]
     tick(200, *later)
     tick(201, *later, job("8", "bob", "PENDING", nodes=2, reason="Resources"))
     assert [j for j, _ in tick.requeued] == ["6"]
@@ -260,7 +306,7 @@ def test_one_users_jobs_never_change_anothers_service(tmp_path):
         ({"max_preempt_per_tick": 1.5}, "plugin_settings.tiresias.max_preempt_per_tick"),
         ({"thresold": [10]}, "plugin_settings.tiresias: unknown key(s) thresold"),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_name_the_key_and_what_is_expected(tmp_path, settings, message):
     tick = Ticker(tmp_path, settings)
     with pytest.raises(AgentError, match=re.escape(message)):
@@ -311,9 +357,17 @@ def test_a_job_gone_before_its_nice_is_set_leaves_the_rest_of_the_tick(tmp_path)
         tick.nices[job_id] = nice
 
     tick.nices = {}
-    queue = Queue([job("2", "bob", "PENDING", reason="Priority"),
-                   job("3", "carol", "PENDING", reason="Priority")], set_nice, 0.0,
-                  tmp_path, tick.config, requeue=tick.requeue)  # fmt: skip
+    queue = Queue(
+        [
+            job("2", "bob", "PENDING", reason="Priority"),
+            job("3", "carol", "PENDING", reason="Priority"),
+        ],
+        set_nice,
+        0.0,
+        tmp_path,
+        tick.config,
+        requeue=tick.requeue,
+    )
     Tiresias().tick(queue)
     assert tick.nices == {"3": -500}
     assert any(n.startswith("tiresias: job 2: nice not set") for n in queue.notes)
@@ -333,6 +387,9 @@ def test_a_job_submitted_to_several_partitions_can_preempt_in_any(tmp_path):
     tick = Ticker(tmp_path)
     tick(0, long_job(0))
     tick(60, long_job(60))
-    tick(61, long_job(61), job("2", "bob", "PENDING", nodes=2, reason="Resources",
-                               partition="gpu,batch"))  # fmt: skip
+    tick(
+        61,
+        long_job(61),
+        job("2", "bob", "PENDING", nodes=2, reason="Resources", partition="gpu,batch"),
+    )
     assert [j for j, _ in tick.requeued] == ["1"]

@@ -64,9 +64,15 @@ def test_recorded_lines_become_runs_and_jobs_that_never_started_are_left_out():
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     "line",
-    ["", "garbage", "1|2|3", "x|me|a|p|COMPLETED|2025-11-01T00:00:00|Unknown|1|cpu=1",
-     "1|me|a|p|COMPLETED|yesterday|Unknown|1|cpu=1", "1|me|a|p|S|2025-11-01T00:00:00|E|1|c|extra"],
-)  # fmt: skip
+    [
+        "",
+        "garbage",
+        "1|2|3",
+        "x|me|a|p|COMPLETED|2025-11-01T00:00:00|Unknown|1|cpu=1",
+        "1|me|a|p|COMPLETED|yesterday|Unknown|1|cpu=1",
+        "1|me|a|p|S|2025-11-01T00:00:00|E|1|c|extra",
+    ],
+)
 def test_a_line_that_is_not_a_run_is_skipped_not_a_crash(line):
     assert usage.parse_line(line) is None
 
@@ -99,11 +105,13 @@ def test_the_window_takes_both_ends_whole_and_never_passes_now():
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("since", "until", "message"),
-    [("2025-13", None, "--since: expected a month YYYY-MM or a day YYYY-MM-DD, got '2025-13'"),
-     (None, "last week", "--until: expected a month YYYY-MM or a day YYYY-MM-DD"),
-     ("2025-02-30", None, "got '2025-02-30'"),
-     ("2025-11", "2025-10", "--since 2025-11 comes after --until 2025-10")],
-)  # fmt: skip
+    [
+        ("2025-13", None, "--since: expected a month YYYY-MM or a day YYYY-MM-DD, got '2025-13'"),
+        (None, "last week", "--until: expected a month YYYY-MM or a day YYYY-MM-DD"),
+        ("2025-02-30", None, "got '2025-02-30'"),
+        ("2025-11", "2025-10", "--since 2025-11 comes after --until 2025-10"),
+    ],
+)
 def test_a_bad_window_is_refused_with_exit_2(since, until, message):
     with pytest.raises(Rejected) as caught:
         usage.window(since, until, NOW)
@@ -116,9 +124,15 @@ def test_rows_are_sums_by_month_account_partition_and_each_job_counts_once():
     by_key = {(r["month"], r["account"], r["partition"]): r for r in rows}
     assert [(r["month"], r["account"], r["partition"]) for r in rows] == sorted(by_key)
     october = by_key["2025-10", "physics", "gpu"]
-    assert october == {"month": "2025-10", "account": "physics", "partition": "gpu",
-                       "jobs": 1, "running": 0, "cpu_seconds": 8 * 2 * HOUR,
-                       "gpu_seconds": 2 * 2 * HOUR}  # fmt: skip
+    assert october == {
+        "month": "2025-10",
+        "account": "physics",
+        "partition": "gpu",
+        "jobs": 1,
+        "running": 0,
+        "cpu_seconds": 8 * 2 * HOUR,
+        "gpu_seconds": 2 * 2 * HOUR,
+    }
     november = by_key["2025-11", "physics", "gpu"]
     # 101's second half (no new job), 105's two runs (one job), 106's typed GPUs
     assert november["jobs"] == 2
@@ -151,7 +165,10 @@ def test_the_answer_has_the_protocols_shape_and_asks_for_the_callers_own_jobs(fa
     answer = usage.usage(AgentConfig(), "2025-10", "2025-11", NOW)
     assert protocol.USAGE.check(answer) is answer
     assert (answer["user"], answer["since"], answer["until"]) == (
-        ME, "2025-10-01T00:00:00", "2025-12-01T00:00:00")  # fmt: skip
+        ME,
+        "2025-10-01T00:00:00",
+        "2025-12-01T00:00:00",
+    )
     [call] = calls(fake_sacct)
     assert call["time_format"] == "standard"  # never the user's own SLURM_TIME_FORMAT
     argv = call["argv"]
@@ -183,12 +200,18 @@ def test_a_row_naming_the_callers_uid_is_the_callers(fake_sacct, tmp_path):
 @pytest.mark.security
 @pytest.mark.parametrize(
     "words",
-    [["usage", "--user", "bob"], ["usage", "-a"], ["usage", "--allusers"],
-     ["usage", "-u", "bob"], ["usage", "--since", "--user=bob"],
-     ["usage", "--since", "2025-10 --allusers"], ["usage", "--until", "-a"],
-     ["usage", "--since=2025-10", "--", "--allusers"]],
+    [
+        ["usage", "--user", "bob"],
+        ["usage", "-a"],
+        ["usage", "--allusers"],
+        ["usage", "-u", "bob"],
+        ["usage", "--since", "--user=bob"],
+        ["usage", "--since", "2025-10 --allusers"],
+        ["usage", "--until", "-a"],
+        ["usage", "--since=2025-10", "--", "--allusers"],
+    ],
     ids=["user", "a", "allusers", "u", "since-option", "since-words", "until-a", "after-dashes"],
-)  # fmt: skip
+)
 def test_no_request_can_widen_the_report_to_other_users(fake_sacct, words):
     """Every spelling of "someone else" a request might carry is refused (exit 2) and
     sacct is never asked; the builder has no such argument either."""
@@ -220,10 +243,12 @@ def test_the_ops_report_is_not_a_session_request(fake_sacct):
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("words", "message"),
-    [(["usage", "--since", "2025-1"], "--since: expected a month YYYY-MM"),
-     (["usage", "--until", "soon"], "--until: expected a month YYYY-MM"),
-     (["usage", "--since", "2025-11", "--until", "2025-10"], "comes after --until 2025-10")],
-)  # fmt: skip
+    [
+        (["usage", "--since", "2025-1"], "--since: expected a month YYYY-MM"),
+        (["usage", "--until", "soon"], "--until: expected a month YYYY-MM"),
+        (["usage", "--since", "2025-11", "--until", "2025-10"], "comes after --until 2025-10"),
+    ],
+)
 def test_the_command_refuses_bad_dates_with_exit_2_and_one_error_line(
     fake_sacct, tmp_path, words, message
 ):

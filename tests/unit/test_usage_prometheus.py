@@ -23,14 +23,23 @@ METRIC = "tacc_agent_job_gpu_utilization_ratio"
 SCRAPE = 15
 START = (int(time.time()) - 6 * 3600) // SCRAPE * SCRAPE  # within any retention
 SERIES = {  # labels -> (first sample, last sample, value)
-    'exported_job="101",gpu="0",instance="n2",job="tacc_agent",user="alice"':
-        (START, START + 4 * 3600, 0.5),
-    'exported_job="101",gpu="1",instance="n2",job="tacc_agent",user="alice"':
-        (START, START + 4 * 3600, 1.0),
+    'exported_job="101",gpu="0",instance="n2",job="tacc_agent",user="alice"': (
+        START,
+        START + 4 * 3600,
+        0.5,
+    ),
+    'exported_job="101",gpu="1",instance="n2",job="tacc_agent",user="alice"': (
+        START,
+        START + 4 * 3600,
+        1.0,
+    ),
     'gpu="0",instance="n3",job="105",user="bob"': (START + 3600, START + 2 * 3600, 0.25),
-    'exported_job="7",gpu="0",instance="n3",job="tacc_agent",user="eve"':
-        (START, START + 3600, 1.0),
-}  # fmt: skip
+    'exported_job="7",gpu="0",instance="n3",job="tacc_agent",user="eve"': (
+        START,
+        START + 3600,
+        1.0,
+    ),
+}
 
 
 def openmetrics() -> str:
@@ -60,15 +69,25 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
     (home / "samples.om").write_text(openmetrics())
     subprocess.run(
         ["promtool", "tsdb", "create-blocks-from", "openmetrics", "samples.om", "data"],
-        cwd=home, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        cwd=home,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     (home / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
     url = f"http://127.0.0.1:{free_port()}"
     server = subprocess.Popen(
-        ["prometheus", "--config.file=prometheus.yml", "--storage.tsdb.path=data",
-         "--storage.tsdb.retention.time=3650d", f"--web.listen-address={url[7:]}"],
-        cwd=home, stdout=subprocess.DEVNULL, stderr=(home / "log").open("w"),
-    )  # fmt: skip
+        [
+            "prometheus",
+            "--config.file=prometheus.yml",
+            "--storage.tsdb.path=data",
+            "--storage.tsdb.retention.time=3650d",
+            f"--web.listen-address={url[7:]}",
+        ],
+        cwd=home,
+        stdout=subprocess.DEVNULL,
+        stderr=(home / "log").open("w"),
+    )
     try:
         deadline = time.monotonic() + 60
         while not ready(url):
@@ -89,8 +108,12 @@ def test_every_sample_counts_once_however_the_window_is_cut(prometheus, monkeypa
     )
     found = {(e.job_id, e.samples, e.total) for e in sums.values()}
     samples = 4 * 3600 // SCRAPE + 1
-    assert found == {("101", samples, samples * 0.5), ("101", samples, samples * 1.0),
-                     ("105", 241, 241 * 0.25), ("7", 241, 241.0)}  # fmt: skip
+    assert found == {
+        ("101", samples, samples * 0.5),
+        ("101", samples, samples * 1.0),
+        ("105", 241, 241 * 0.25),
+        ("7", 241, 241.0),
+    }
 
 
 def test_used_time_is_the_average_times_the_wall_time(prometheus):

@@ -88,8 +88,9 @@ def test_accounts_and_users_come_from_inventory(host):
 
 def test_associations_limits_and_fair_share_are_enforced(host):
     config = host.check_output("scontrol show config")
-    assert re.search(r"^AccountingStorageEnforce\s*=\s*associations,limits,qos,safe$",
-                     config, re.M), config  # fmt: skip
+    assert re.search(
+        r"^AccountingStorageEnforce\s*=\s*associations,limits,qos,safe$", config, re.M
+    ), config
     assert re.search(r"^AccountingStorageTRES\s*=.*gres/gpu", config, re.M), config
     # scontrol spells it PriorityWeightFairShare.
     assert re.search(r"^PriorityWeightFairshare\s*=\s*10000$", config, re.M | re.I), config
@@ -112,18 +113,21 @@ def test_a_researcher_sees_their_limits_and_fair_share_with_tcloud_quota(host):
 
     env = {**os.environ, **researcher_env("mcluster", "alice")}
     tcloud = str(Path(sys.executable).parent / "tcloud")
-    proc = subprocess.run([tcloud, "quota", "--json"], env=env, capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [tcloud, "quota", "--json"], env=env, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["user"] == "alice" and info["accounting"] is True, info
     # Her own association in the account (a user's share within it is 1 by default).
     assert [(a["Account"], a["DefaultQOS"]) for a in info["associations"]] == [
-        ("physics", "normal")]  # fmt: skip
+        ("physics", "normal")
+    ]
     assert [s["Account"].strip() for s in info["fairshare"]] == ["physics"], info
     normal = next(q for q in info["qos"] if q["Name"] == "normal")
     assert normal["MaxTRESPU"] == "gres/gpu=2" and normal["MaxJobsPU"] == "10", normal
-    text = subprocess.run([tcloud, "quota"], env=env, capture_output=True, text=True,
-                          check=False).stdout  # fmt: skip
+    text = subprocess.run(
+        [tcloud, "quota"], env=env, capture_output=True, text=True, check=False
+    ).stdout
     assert "account physics: fair share" in text and "QoS normal,scavenger" in text, text
     assert "qos normal: priority 0, MaxTRESPU gres/gpu=2, MaxJobsPU 10" in text, text

@@ -17,8 +17,9 @@ def test_slurm_conf_is_the_controllers_everywhere(host):
     every other node has no local copy (it would hide the controller's). A compute node
     runs the one its slurmd fetched from the controller, the same bytes; the login node
     (no slurmd) finds the controller through the cluster DNS, and its commands work."""
-    controller = testinfra.get_host(f"ansible://{CONTROLLER}",
-                                    ansible_inventory=host.backend.ansible_inventory)  # fmt: skip
+    controller = testinfra.get_host(
+        f"ansible://{CONTROLLER}", ansible_inventory=host.backend.ansible_inventory
+    )
     conf = controller.file("/etc/slurm/slurm.conf")
     assert conf.mode == 0o644
     # n2 and n3 have the same hardware: one hostlist line, addresses paired by position.

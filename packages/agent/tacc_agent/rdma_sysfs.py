@@ -8,8 +8,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ERROR_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors", "link_error_recovery",
-                  "local_link_integrity_errors", "excessive_buffer_overrun_errors")  # fmt: skip
+ERROR_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "port_rcv_errors",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
 RATE = re.compile(r"([\d.]+)\s*Gb/sec")
 
 
@@ -29,11 +35,13 @@ def ports(sysfs_root: str) -> list[dict]:
             text = read(port / "counters" / name)
             if text.isdigit():
                 counters[name] = int(text)
-        found.append({
-            "name": f"{port.parents[1].name}/{port.name}",
-            "state": read(port / "state"),
-            "phys_state": read(port / "phys_state"),
-            "rate_gbps": float(rate.group(1)) if rate else 0.0,
-            "counters": counters,
-        })  # fmt: skip
+        found.append(
+            {
+                "name": f"{port.parents[1].name}/{port.name}",
+                "state": read(port / "state"),
+                "phys_state": read(port / "phys_state"),
+                "rate_gbps": float(rate.group(1)) if rate else 0.0,
+                "counters": counters,
+            }
+        )
     return found

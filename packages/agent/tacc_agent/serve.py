@@ -101,11 +101,13 @@ class Daemon:
         action, drained = outcome.said, outcome.drained_by_agent
         now = time.time()
         tasks = node_facts.running_tasks(self.config.proc_root)
-        node_facts.write(Path(self.config.facts_file),
-                         node_facts.build(self.node, results, tasks, now))  # fmt: skip
+        node_facts.write(
+            Path(self.config.facts_file), node_facts.build(self.node, results, tasks, now)
+        )
         declared = tuple(family for check in checks for family in check.families)
-        self.snapshot = metrics.Snapshot(results, self.snapshot.runs + 1, now, tasks, drained,
-                                         declared)  # fmt: skip
+        self.snapshot = metrics.Snapshot(
+            results, self.snapshot.runs + 1, now, tasks, drained, declared
+        )
         failing = "; ".join(f"{r.check}: {r.detail}" for r in results if r.failed) or "healthy"
         said = (failing, action.replace("already ", ""))
         if said != self.last_said:  # the journal gets changes, not every run
@@ -211,8 +213,10 @@ class MetricsServer(ThreadingWSGIServer):
                 over = held.most_common(1)[0][0]
             evict = None
             if over is not None:
-                evict = min((c for c, (p, _) in self.deadlines.items() if p == over),
-                            key=lambda c: self.deadlines[c][1])  # fmt: skip
+                evict = min(
+                    (c for c, (p, _) in self.deadlines.items() if p == over),
+                    key=lambda c: self.deadlines[c][1],
+                )
                 self.deadlines.pop(evict)
             self.deadlines[request] = (peer, time.monotonic() + REQUEST_DEADLINE_SECONDS)
         if evict is not None:
@@ -334,8 +338,10 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    log(f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
-        f"checks every {interval:g} s: {', '.join(c.name for c in checks) or 'none'}")  # fmt: skip
+    log(
+        f"metrics on {config.metrics_address}:{server.server_address[1]}/metrics, "
+        f"checks every {interval:g} s: {', '.join(c.name for c in checks) or 'none'}"
+    )
     if warning := open_to_users(config, port):
         log(warning)
     for note in server.notes:

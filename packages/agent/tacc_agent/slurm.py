@@ -19,15 +19,22 @@ SET_BY = re.compile(r"\s*\[[^\]\s]+@[^\]\s]+\]$")
 EPOCH_TIMES = {"SLURM_TIME_FORMAT": "%s"}
 
 
-def slurm(argv: list[str], timeout: float = TIMEOUT, check: bool = True,
-          env: dict[str, str] | None = None) -> str:  # fmt: skip
+def slurm(
+    argv: list[str], timeout: float = TIMEOUT, check: bool = True, env: dict[str, str] | None = None
+) -> str:
     """stdout of a Slurm command (with `env` added to the environment); AgentError when
     it fails, hangs or is missing."""
     try:
         # Free text users write (job names, comments) may hold any byte: never a crash.
-        proc = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace",
-                              timeout=timeout, check=False,
-                              env={**os.environ, **env} if env else None)  # fmt: skip
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            check=False,
+            env={**os.environ, **env} if env else None,
+        )
     except FileNotFoundError:
         raise AgentError(f"{argv[0]} not found: is this a Slurm node?", EXIT_CLUSTER) from None
     except subprocess.TimeoutExpired:

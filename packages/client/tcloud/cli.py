@@ -151,10 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_outside_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        local_paths.ALLOW_FLAG, dest="allow_outside", action="store_true",
+        local_paths.ALLOW_FLAG,
+        dest="allow_outside",
+        action="store_true",
         help="let code.workdir and datasets[].local name paths outside the task's directory "
         "(places of secrets such as ~/.ssh are refused still)",
-    )  # fmt: skip
+    )
 
 
 def add_cluster_commands(sub) -> None:
@@ -178,14 +180,17 @@ def add_cluster_commands(sub) -> None:
     p_halt = command("halt", "checkpoint signal, then keep the job queued on hold")
     p_halt.add_argument("job")
     p_halt.add_argument(
-        "--grace", type=grace_seconds, metavar="SECONDS",
+        "--grace",
+        type=grace_seconds,
+        metavar="SECONDS",
         help="how long the program may take to checkpoint and exit (default: the cluster's)",
-    )  # fmt: skip
+    )
     command("resume", "let a halted job run again").add_argument("job")
     command(
-        "rerun", "submit a past job again: the same files and the same locked versions",
+        "rerun",
+        "submit a past job again: the same files and the same locked versions",
         listing=True,
-    ).add_argument("job")  # fmt: skip
+    ).add_argument("job")
     p_up = command("upload", "copy local files to your cluster directory (files/)")
     p_up.add_argument("local", type=Path)
     p_up.add_argument("remote", nargs="?", help="name under files/ (default: the local name)")
@@ -199,9 +204,11 @@ def add_cluster_commands(sub) -> None:
     p_usage.add_argument("--since", metavar="YYYY-MM[-DD]", help="first month or day")
     p_usage.add_argument("--until", metavar="YYYY-MM[-DD]", help="last month or day (included)")
     p_usage.add_argument(
-        "--by", default="month,account,partition", metavar="WORDS",
+        "--by",
+        default="month,account,partition",
+        metavar="WORDS",
         help="group by these, comma-separated: month, account, partition (default: all three)",
-    )  # fmt: skip
+    )
     p_usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p_usage.add_argument("--json", action="store_true", help="the same as --format json")
     command("disconnect", "stop the shared connection to the cluster (its connection master)")
@@ -234,16 +241,22 @@ def add_interactive_commands(command) -> None:
     p_dev = command("dev", "start an interactive session: submit, wait, forward or shell")
     p_dev.add_argument("path", nargs="?", type=Path)
     p_dev.add_argument(
-        "--port", action="append", default=[], metavar="P[:L]",
+        "--port",
+        action="append",
+        default=[],
+        metavar="P[:L]",
         help="a port of the session, forwarded to local port L (default P); repeatable",
-    )  # fmt: skip
+    )
     p_dev.add_argument(
         "--idle", type=idle_time, metavar="T", help="idle timeout (a Slurm time; 0: never)"
     )
     p_dev.add_argument(
-        "--stop-on-disconnect", dest="stop_on_disconnect", action="store_true", default=None,
+        "--stop-on-disconnect",
+        dest="stop_on_disconnect",
+        action="store_true",
+        default=None,
         help="cancel the session when this command's connection closes",
-    )  # fmt: skip
+    )
     p_dev.add_argument("--detach", action="store_true", help="print how to connect and exit")
     add_outside_flag(p_dev)
     p_top = command("top", "live CPU, memory and GPU use per node of your running job")
@@ -435,11 +448,16 @@ def run_usage(cluster: Cluster, args: argparse.Namespace) -> None:
 
 def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
     rows = [
-        {"env": e["digest"], "requirements": " ".join(e["requirements"]),
-         "python": e.get("python", ""), "locked": len(e.get("lock", [])),
-         "built_by_job": e["built_by_job"], "path": e["path"]}
+        {
+            "env": e["digest"],
+            "requirements": " ".join(e["requirements"]),
+            "python": e.get("python", ""),
+            "locked": len(e.get("lock", [])),
+            "built_by_job": e["built_by_job"],
+            "path": e["path"],
+        }
         for e in cluster.environments()
-    ]  # fmt: skip
+    ]
     columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
     print_rows(rows, args.json, columns)
 
@@ -531,13 +549,18 @@ def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
     from tcloud import dev, portforward  # lazy verb import
 
     if args.detach and args.stop_on_disconnect:
-        raise UsageError("dev: --detach and --stop-on-disconnect exclude each other "
-                         "(a detached session has no connection to watch)")  # fmt: skip
+        raise UsageError(
+            "dev: --detach and --stop-on-disconnect exclude each other "
+            "(a detached session has no connection to watch)"
+        )
     asked = [portforward.parse_pair(text) for text in args.port]
     job = cluster.dev(
-        args.path or Path("."), ports=[p.remote for p in asked], idle_timeout=args.idle,
-        stop_on_disconnect=args.stop_on_disconnect, allow_outside=args.allow_outside,
-    )  # fmt: skip
+        args.path or Path("."),
+        ports=[p.remote for p in asked],
+        idle_timeout=args.idle,
+        stop_on_disconnect=args.stop_on_disconnect,
+        allow_outside=args.allow_outside,
+    )
     print(f"submitted session {job.id}", flush=True)
     dev.wait_running(job, lambda line: print(line, flush=True))
     session = job.target().get("session") or {}
@@ -666,8 +689,9 @@ def halt_text(result: dict) -> str:
     if result.get("exited_in_grace"):
         done = f"the program exited within the {grace} grace period after the checkpoint signal"
     else:
-        done = (f"the program was still running {grace} after the checkpoint signal; "
-                "Slurm stopped it")  # fmt: skip
+        done = (
+            f"the program was still running {grace} after the checkpoint signal; Slurm stopped it"
+        )
     return f"job {job}: {done}; halted and held; {again}"
 
 
@@ -693,8 +717,10 @@ def quota_text(info: dict) -> str:
         limits = [f"{k} {q[k]}" for k in ("MaxTRESPU", "MaxJobsPU", "MaxWall") if q.get(k)]
         extra = f", preempts {q['Preempt']}" if q.get("Preempt") else ""
         factor = f", usage factor {q['UsageFactor']}" if q.get("UsageFactor") else ""
-        lines.append(f"  qos {name}: priority {q['Priority']}, "
-                     f"{', '.join(limits) or 'no limits'}{extra}{factor}")  # fmt: skip
+        lines.append(
+            f"  qos {name}: priority {q['Priority']}, "
+            f"{', '.join(limits) or 'no limits'}{extra}{factor}"
+        )
     return "\n".join(lines)
 
 

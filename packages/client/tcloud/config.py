@@ -24,9 +24,16 @@ import yaml
 from tcloud.errors import TcloudError
 
 FIELDS = (
-    "host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir",
-    "multiplex", "multiplex_idle",
-)  # fmt: skip
+    "host",
+    "user",
+    "port",
+    "key",
+    "proxy_jump",
+    "known_hosts",
+    "userdir",
+    "multiplex",
+    "multiplex_idle",
+)
 NOT_TEXT = ("port", "multiplex", "multiplex_idle")
 
 

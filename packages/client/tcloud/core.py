@@ -224,9 +224,11 @@ class Cluster:
         return jobs.quota(self.client, self.userdir)
 
     def usage(
-        self, since: str | None = None, until: str | None = None,
+        self,
+        since: str | None = None,
+        until: str | None = None,
         by: str | Sequence[str] = usage_report.GROUPS,
-    ) -> dict:  # fmt: skip
+    ) -> dict:
         """Your CPU- and GPU-hours from the cluster's accounting (`tcloud usage`), from
         the month or day `since` to `until`, both included (YYYY-MM or YYYY-MM-DD; the
         cluster's default: this month and the two before it), grouped by `by` (month,
@@ -345,9 +347,13 @@ class Job:
         else:
             chosen = [whole_number(rank, "rank") for rank in ranks]
         results = interactive.execute(
-            self.cluster.client, self.cluster.userdir, self.id, list(command), chosen,
+            self.cluster.client,
+            self.cluster.userdir,
+            self.id,
+            list(command),
+            chosen,
             interactive.capture,
-        )  # fmt: skip
+        )
         return [result.as_dict() for result in results]
 
     @contextmanager

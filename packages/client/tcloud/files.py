@@ -190,8 +190,9 @@ def download_job(sftp: paramiko.SFTPClient, info: dict, dest: Path) -> int:
         raise TcloudError("refusing the cluster's answer: a sweep without its list of trials")
     names = [trial_name(trial) for trial in trials]  # all checked before anything is written
     for name in names:
-        total += download(sftp, posixpath.join(info["workdir"], "trials", name),
-                          trial_target(dest, name))  # fmt: skip
+        total += download(
+            sftp, posixpath.join(info["workdir"], "trials", name), trial_target(dest, name)
+        )
     return total
 
 

@@ -74,9 +74,10 @@ def locate(task: TaskSpec, source: str) -> LocalBuild:
         raise refused(source, f"{text}: no such file or directory in the task directory") from None
     if not local_paths.is_inside(real, base):
         raise refused(
-            source, f"{text} resolves to {real}, outside the task directory {base}: the build "
+            source,
+            f"{text} resolves to {real}, outside the task directory {base}: the build "
             "file and its context must be inside it",
-        )  # fmt: skip
+        )
     if real.is_dir():
         found = find_build_file(name for name in os.listdir(real) if (real / name).is_file())
         if found is None:
@@ -101,9 +102,10 @@ def inside(path: Path, base: Path, shown: str, source: str) -> Path:
         raise refused(source, f"{shown}: no such file in the task directory") from None
     if not local_paths.is_inside(real, base) or not real.is_file():
         raise refused(
-            source, f"{shown} resolves outside the task directory {base} (or to no file): "
+            source,
+            f"{shown} resolves outside the task directory {base} (or to no file): "
             "the build file must be a file inside it",
-        )  # fmt: skip
+        )
     return real
 
 
@@ -113,15 +115,17 @@ def uploaded_path(task: TaskSpec, file_path: Path, shown: str, source: str) -> s
     workdir = local_paths.resolve(task.base_dir, task.code["workdir"])
     if not local_paths.is_inside(file_path, workdir):
         raise refused(
-            source, f"{shown} is outside the code directory tcloud uploads "
+            source,
+            f"{shown} is outside the code directory tcloud uploads "
             f"(code.workdir {task.code['workdir']!r}): the cluster builds from the uploaded files",
-        )  # fmt: skip
+        )
     relative = file_path.relative_to(workdir).as_posix()
     if is_left_out(task, workdir, relative):
         raise refused(
-            source, f"{shown} is left out of the upload by code.include, code.exclude or "
+            source,
+            f"{shown} is left out of the upload by code.include, code.exclude or "
             ".tcloudignore: the cluster builds from the uploaded files; upload it",
-        )  # fmt: skip
+        )
     return relative
 
 

@@ -16,14 +16,34 @@ from pathlib import Path
 ALLOW_FLAG = "--allow-outside-paths"
 # Refused even with ALLOW_FLAG: the path itself, anything under it, anything holding it.
 SECRET_PATHS = (
-    "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker",
-    "~/.netrc", "~/.pgpass", "~/.git-credentials", "~/.pypirc", "~/.npmrc",
-    "~/.password-store", "~/.local/share/keyrings", "~/.vault-token", "~/.terraform.d",
-    "~/.config/gh", "/etc", "/proc", "/sys", "/dev", "/boot",
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.aws",
+    "~/.azure",
+    "~/.config/gcloud",
+    "~/.kube",
+    "~/.docker",
+    "~/.netrc",
+    "~/.pgpass",
+    "~/.git-credentials",
+    "~/.pypirc",
+    "~/.npmrc",
+    "~/.password-store",
+    "~/.local/share/keyrings",
+    "~/.vault-token",
+    "~/.terraform.d",
+    "~/.config/gh",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
     # Under /run: session keyrings and agents, container and Kubernetes secrets; not
     # /run/media, where removable drives (datasets) are mounted.
-    "/run/user", "/run/secrets", "/var/run/secrets",
-)  # fmt: skip
+    "/run/user",
+    "/run/secrets",
+    "/var/run/secrets",
+)
 # macOS and Windows file systems ignore case: ~/.SSH is ~/.ssh there.
 CASE_BLIND = sys.platform in ("darwin", "win32")
 

@@ -186,8 +186,10 @@ def upload(
                 "upload no file of its own): ask the cluster's operators to upgrade the agent"
             )
         uploads = {name: answer["uploads"][name] for name in missing}
-        blobs = [missing_blob(instruction, first_path[name], name, uploads[name], partial)
-                 for name in missing]  # fmt: skip
+        blobs = [
+            missing_blob(instruction, first_path[name], name, uploads[name], partial)
+            for name in missing
+        ]
         progress = Progress(sum(blob.size - min(blob.offset, blob.size) for blob in blobs))
         try:
             if blobs and answer.get("receive") is True:

@@ -35,8 +35,12 @@ class Blob:
     source: Path
 
     def header(self) -> bytes:
-        fields = {"blob": self.name, "upload": self.upload, "offset": self.offset,
-                  "size": self.size}  # fmt: skip
+        fields = {
+            "blob": self.name,
+            "upload": self.upload,
+            "offset": self.offset,
+            "size": self.size,
+        }
         return json.dumps(fields).encode() + b"\n"
 
 

@@ -81,8 +81,14 @@ def total(rows: Iterable[dict]) -> dict:
 def build(answer: dict, by: Sequence[str]) -> dict:
     """The report as data (what --format json prints and Cluster.usage returns)."""
     rows = answer["rows"]
-    return {"user": answer["user"], "since": answer["since"], "until": answer["until"],
-            "by": list(by), "rows": grouped(rows, by), "total": total(rows)}  # fmt: skip
+    return {
+        "user": answer["user"],
+        "since": answer["since"],
+        "until": answer["until"],
+        "by": list(by),
+        "rows": grouped(rows, by),
+        "total": total(rows),
+    }
 
 
 def ask(client: paramiko.SSHClient, userdir: str | None, verb: list[str]) -> dict:
@@ -116,8 +122,11 @@ def table_text(data: dict) -> str:
             for t, w, right in zip(texts, widths, numeric, strict=True)
         ).rstrip()
 
-    text = [f"{data['user']}: CPU and GPU hours from {data['since']} to {data['until']}",
-            line(head), *(line(row) for row in lines)]  # fmt: skip
+    text = [
+        f"{data['user']}: CPU and GPU hours from {data['since']} to {data['until']}",
+        line(head),
+        *(line(row) for row in lines),
+    ]
     if running := data["total"]["running"]:
         text.append(f"{running} job(s) still running: counted up to {data['until']}")
     return "\n".join(text) + "\n"

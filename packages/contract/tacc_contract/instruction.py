@@ -97,8 +97,12 @@ def check_with_plugins(
         validator.problem(node_at(task_node, "plugins"), "task.plugins", str(exc))
         return
     for plugin in in_layer(plugins, "schema"):
-        plugin.check(task, lambda name, message: validator.problem(
-            node_at(task_node, name), f"task.{name}", message))  # fmt: skip
+        plugin.check(
+            task,
+            lambda name, message: validator.problem(
+                node_at(task_node, name), f"task.{name}", message
+            ),
+        )
 
 
 def parse(
@@ -152,15 +156,17 @@ def check_image_build(validator: Validator, task_node: yaml.Node, task: dict) ->
         return
     if task.get("image"):
         validator.problem(
-            node_at(task_node, "image_build"), "task.image_build",
+            node_at(task_node, "image_build"),
+            "task.image_build",
             "not with task.image: a task runs in one image, pulled or built",
-        )  # fmt: skip
+        )
     if build.get("file") and posixpath.dirname(build["file"]) != (build.get("context") or ""):
         validator.problem(
-            node_at(task_node, "image_build.context"), "task.image_build.context",
+            node_at(task_node, "image_build.context"),
+            "task.image_build.context",
             f"expected the build file's directory {posixpath.dirname(build['file'])!r}, "
             f"got {build.get('context') or ''!r}",
-        )  # fmt: skip
+        )
 
 
 def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskSpec:

@@ -11,8 +11,10 @@ from tacc_contract.plugins import settings_of
 
 
 def bad_setting(plugin: str, key: str, expected: str, value: object) -> AgentError:
-    return AgentError(f"agent config: plugin_settings.{plugin}.{key}: expected {expected}, "
-                      f"got {value!r}", AGENT_CLUSTER)  # fmt: skip
+    return AgentError(
+        f"agent config: plugin_settings.{plugin}.{key}: expected {expected}, got {value!r}",
+        AGENT_CLUSTER,
+    )
 
 
 def known_settings(config: object, plugin: str, known: Iterable[str]) -> dict:
@@ -21,9 +23,11 @@ def known_settings(config: object, plugin: str, known: Iterable[str]) -> dict:
     known = tuple(known)
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise AgentError(f"agent config: plugin_settings.{plugin}: unknown key(s) "
-                         f"{', '.join(unknown)} (known: {', '.join(known)})",
-                         AGENT_CLUSTER)  # fmt: skip
+        raise AgentError(
+            f"agent config: plugin_settings.{plugin}: unknown key(s) "
+            f"{', '.join(unknown)} (known: {', '.join(known)})",
+            AGENT_CLUSTER,
+        )
     return given
 
 

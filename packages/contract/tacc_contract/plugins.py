@@ -77,10 +77,29 @@ class Plugin:
 
 # Slurm node state words of a node that runs no new job.
 # (A POWERED_DOWN node is in service: Slurm powers it up for a job.)
-OUT_OF_SERVICE = frozenset({
-    "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINTENANCE", "MAINT",
-    "NOT_RESPONDING", "POWER_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED",
-    "RESERVED", "FUTURE", "UNKNOWN", "INVALID_REG", "INVALID", "ERROR"})  # fmt: skip
+OUT_OF_SERVICE = frozenset(
+    {
+        "DOWN",
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "MAINTENANCE",
+        "MAINT",
+        "NOT_RESPONDING",
+        "POWER_DOWN",
+        "POWERING_DOWN",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "RESERVED",
+        "FUTURE",
+        "UNKNOWN",
+        "INVALID_REG",
+        "INVALID",
+        "ERROR",
+    }
+)
 # Slurm's reasons of a pending job that no node could end (held, as a halted job is; a
 # dependency; a start time): such a job does not wait for nodes.
 NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
@@ -127,8 +146,11 @@ class Node:
     def idle(self) -> bool:
         """Idle and awake: a powered-down node is no idle capacity to grow into."""
         words = self.state.split("+")
-        return (self.in_service() and words[0] == "IDLE"
-                and not {"POWERED_DOWN", "POWERING_UP"} & set(words))  # fmt: skip
+        return (
+            self.in_service()
+            and words[0] == "IDLE"
+            and not {"POWERED_DOWN", "POWERING_UP"} & set(words)
+        )
 
 
 @dataclass(frozen=True)
@@ -226,9 +248,13 @@ def delayed_for_placement(job: QueuedJob) -> bool:
     may cut short. (A requeued job waits for a begin time too, Slurm's requeue delay
     that lets its old run's credential expire: the agent reads the job again before it
     starts one, and never starts a requeued job early.)"""
-    return (job.state == "PENDING" and job.reason == "BeginTime" and job.details
-            and job.submit_time > 0
-            and 0 < job.start_time - job.submit_time <= PLACEMENT_DELAY_LIMIT)  # fmt: skip
+    return (
+        job.state == "PENDING"
+        and job.reason == "BeginTime"
+        and job.details
+        and job.submit_time > 0
+        and 0 < job.start_time - job.submit_time <= PLACEMENT_DELAY_LIMIT
+    )
 
 
 def arrival(job: QueuedJob) -> tuple[int, int]:

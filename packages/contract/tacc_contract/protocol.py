@@ -345,8 +345,15 @@ def session_stdin(request: Mapping) -> bytes:
 
 NULL = type(None)
 NUMBER = (int, float)
-TYPE_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false",
-              list: "a list", dict: "an object", NULL: "null"}  # fmt: skip
+TYPE_NAMES = {
+    str: "text",
+    int: "a whole number",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "an object",
+    NULL: "null",
+}
 
 
 @dataclass(frozen=True)
@@ -437,25 +444,42 @@ WHOAMI = Shape("whoami", {"user": str, "userdir": str})
 QUOTA = Shape(
     "quota",
     {"user": str, "running_jobs": int, "pending_jobs": int, "gpus_in_use": int},
-    {"accounting": bool, "message": str, "associations": ListOf(dict), "qos": ListOf(dict),
-     "fairshare": ListOf(dict)},
-)  # fmt: skip
+    {
+        "accounting": bool,
+        "message": str,
+        "associations": ListOf(dict),
+        "qos": ListOf(dict),
+        "fairshare": ListOf(dict),
+    },
+)
 ENVIRONMENT = Shape(
     "env",
     {"digest": str, "requirements": ListOf(str), "path": str},
-    {"lock": ListOf(str), "python": str, "built_by_job": (str, int, NULL), "platform": str,
-     "installer": str, "index": str},
-)  # fmt: skip
+    {
+        "lock": ListOf(str),
+        "python": str,
+        "built_by_job": (str, int, NULL),
+        "platform": str,
+        "installer": str,
+        "index": str,
+    },
+)
 ENV = ListOf(ENVIRONMENT)
 IMAGE_RESOLVED = Shape("image resolve", {"reference": str, "pinned": str, "digest": str})
 IMAGE = Shape(
     "image ls",
     {"digest": str, "reference": str, "path": str},
-    {"pulled_by_job": (str, int, NULL), "seconds": NUMBER, "bytes": int, "time": NUMBER,
-     "runtime": str,
-     # An image built from a task's build file: {"file", "base"}, and the job that built it.
-     "build": Shape("image ls", {"file": str, "base": str}), "built_by_job": (str, int, NULL)},
-)  # fmt: skip
+    {
+        "pulled_by_job": (str, int, NULL),
+        "seconds": NUMBER,
+        "bytes": int,
+        "time": NUMBER,
+        "runtime": str,
+        # An image built from a task's build file: {"file", "base"}, and the job that built it.
+        "build": Shape("image ls", {"file": str, "base": str}),
+        "built_by_job": (str, int, NULL),
+    },
+)
 IMAGES = ListOf(IMAGE)
 JOB_CHECK = Shape("job check", {"ok": bool, "partition": str})
 JOB_SUBMIT = Shape(
@@ -477,19 +501,35 @@ NODE = Shape(
 TRIAL = Shape(
     "job status",
     {"job_id": str, "state": str},
-    {"trial": int, "exit_code": WHOLE_OR_NULL, "parameters": dict, "nodes": str,
-     "reason": TEXT_OR_NULL},
-)  # fmt: skip
+    {
+        "trial": int,
+        "exit_code": WHOLE_OR_NULL,
+        "parameters": dict,
+        "nodes": str,
+        "reason": TEXT_OR_NULL,
+    },
+)
 EVENT = Shape("job status", {"state": str}, {"time": NUMBER, "lost": (str, dict, list)})
 JOB_STATUS = Shape(
     "job status",
     {"job_id": str, "name": str, "state": str, "workdir": str},
-    {"reason": TEXT_OR_NULL, "exit_code": WHOLE_OR_NULL, "slurm_state": TEXT_OR_NULL,
-     "sweep": bool, "trials": ListOf(TRIAL), "history": ListOf(EVENT), "nodes": ListOf(NODE),
-     "plugins": dict, "environment": (dict, NULL), "image": (dict, NULL),
-     "code_digest": TEXT_OR_NULL,
-     "rerun_of": TEXT_OR_NULL, "last_lines": dict, "session": (dict, NULL)},
-)  # fmt: skip
+    {
+        "reason": TEXT_OR_NULL,
+        "exit_code": WHOLE_OR_NULL,
+        "slurm_state": TEXT_OR_NULL,
+        "sweep": bool,
+        "trials": ListOf(TRIAL),
+        "history": ListOf(EVENT),
+        "nodes": ListOf(NODE),
+        "plugins": dict,
+        "environment": (dict, NULL),
+        "image": (dict, NULL),
+        "code_digest": TEXT_OR_NULL,
+        "rerun_of": TEXT_OR_NULL,
+        "last_lines": dict,
+        "session": (dict, NULL),
+    },
+)
 CANCELLED = Shape("job cancel", {"job_id": str, "state": str, "cancelled": bool}, {"trials": int})
 JOB_CANCEL = ListOf(CANCELLED)
 JOB_HALT = Shape(
@@ -522,18 +562,27 @@ JOB_TARGET = Shape(
 GPU_USAGE = Shape(
     "job top",
     {"index": int},
-    {"utilization_ratio": (*NUMBER, NULL), "memory_used_bytes": WHOLE_OR_NULL,
-     "memory_total_bytes": WHOLE_OR_NULL},
-)  # fmt: skip
+    {
+        "utilization_ratio": (*NUMBER, NULL),
+        "memory_used_bytes": WHOLE_OR_NULL,
+        "memory_total_bytes": WHOLE_OR_NULL,
+    },
+)
 USAGE_NODE = Shape(
     "job top",
     {"host": str, "rank": int},
     # A node that gave no figures (its task of the step did not run) has "error". cpu_seconds is the
     # job's CPU time on the node so far (a counter): the client's rate between two
     # answers is its CPU use; `sampled` is when the node read it (Unix time).
-    {"cpu_seconds": (*NUMBER, NULL), "memory_bytes": WHOLE_OR_NULL, "cpus": WHOLE_OR_NULL,
-     "sampled": (*NUMBER, NULL), "gpus": ListOf(GPU_USAGE), "error": TEXT_OR_NULL},
-)  # fmt: skip
+    {
+        "cpu_seconds": (*NUMBER, NULL),
+        "memory_bytes": WHOLE_OR_NULL,
+        "cpus": WHOLE_OR_NULL,
+        "sampled": (*NUMBER, NULL),
+        "gpus": ListOf(GPU_USAGE),
+        "error": TEXT_OR_NULL,
+    },
+)
 JOB_TOP = Shape(
     "job top", {"job_id": str, "state": str, "time": NUMBER, "nodes": ListOf(USAGE_NODE)}
 )
@@ -543,10 +592,16 @@ USAGE_ROW = Shape(
     # allocated CPU and GPU seconds of the caller's jobs in it (a job that crosses a month
     # is split by its time in each), and the jobs counted there: each job once, in the
     # first month of the window it ran in (summed over rows, they are the jobs).
-    {"month": str, "account": str, "partition": str, "jobs": int, "cpu_seconds": NUMBER,
-     "gpu_seconds": NUMBER},
+    {
+        "month": str,
+        "account": str,
+        "partition": str,
+        "jobs": int,
+        "cpu_seconds": NUMBER,
+        "gpu_seconds": NUMBER,
+    },
     {"running": int},  # of those jobs, the ones still running (counted up to now)
-)  # fmt: skip
+)
 USAGE = Shape(
     "usage",
     # since/until: the window the rows cover, ISO local times (until is at most now).

@@ -87,9 +87,11 @@ def checkpoint_signal(
     """The checkpoint signal reaches every rank's program before the time limit (set
     last: a plug-in may have changed the limit)."""
     limit = time_seconds(options["time"] or config.default_time_limit)
-    warn = config.checkpoint_signal_seconds if limit is None else min(
-        config.checkpoint_signal_seconds, max(limit // 2, 1)
-    )  # fmt: skip
+    warn = (
+        config.checkpoint_signal_seconds
+        if limit is None
+        else min(config.checkpoint_signal_seconds, max(limit // 2, 1))
+    )
     # mpirun runs in the batch step (B:), and passes the signal on to its ranks.
     batch = "B:" if mpirun_task else ""
     options["signal"] = f"{batch}USR1@{warn}"

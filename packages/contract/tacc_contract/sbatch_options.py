@@ -49,10 +49,30 @@ FROM_FIELDS = {
 # The agent's own: where the job runs and logs, its environment and signals, its tag
 # (comment), its user, and an sbatch that answers with the job id and nothing else.
 AGENT_OWNED = (
-    "chdir", "output", "error", "input", "open-mode", "export", "export-file",
-    "get-user-env", "uid", "gid", "comment", "wrap", "signal", "requeue", "no-requeue",
-    "parsable", "test-only", "wait", "help", "usage", "version", "cluster", "clusters",
-)  # fmt: skip
+    "chdir",
+    "output",
+    "error",
+    "input",
+    "open-mode",
+    "export",
+    "export-file",
+    "get-user-env",
+    "uid",
+    "gid",
+    "comment",
+    "wrap",
+    "signal",
+    "requeue",
+    "no-requeue",
+    "parsable",
+    "test-only",
+    "wait",
+    "help",
+    "usage",
+    "version",
+    "cluster",
+    "clusters",
+)
 RESERVED = (*FROM_FIELDS, *AGENT_OWNED)
 OPTION_NAME = re.compile(r"[a-z][a-z0-9-]*")
 SHAPE = "an sbatch option name such as exclusive or mail-type (lowercase, no leading --)"

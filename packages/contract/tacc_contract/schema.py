@@ -469,10 +469,11 @@ def check_image(validator: Validator, root: yaml.Node, data: dict, prefix: str =
         if environment.get(key):
             name = f"environment.{key}"
             validator.problem(
-                node_at(root, name), f"{prefix}{name}",
+                node_at(root, name),
+                f"{prefix}{name}",
                 "not with 'image': the image holds the task's software (install these "
                 "in the image, or remove 'image' to build a venv on the node)",
-            )  # fmt: skip
+            )
 
 
 def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
@@ -492,8 +493,10 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
             data[section] = fill_defaults(data[section], table[section].children)
         for plugin in in_layer(plugins, "schema"):
             try:
-                plugin.check(data, lambda name, message: validator.problem(
-                    node_at(root, name), name, message))  # fmt: skip
+                plugin.check(
+                    data,
+                    lambda name, message: validator.problem(node_at(root, name), name, message),
+                )
             except Rejected as exc:  # a plug-in that refuses instead of naming a problem
                 validator.problem(node_at(root, exc.field), exc.field, str(exc))
     if validator.problems:

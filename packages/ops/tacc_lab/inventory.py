@@ -28,9 +28,14 @@ EXPORT_OPTIONS = ("rw", "sync", "no_subtree_check", "root_squash")
 
 # The head node also serves the cluster's names (cluster_dns) and runs its monitoring.
 HEAD_GROUPS = (
-    "slurm_controller", "login", "slurm_dbd", "nfs_server", "package_cache", "cluster_dns",
+    "slurm_controller",
+    "login",
+    "slurm_dbd",
+    "nfs_server",
+    "package_cache",
+    "cluster_dns",
     "monitoring",
-)  # fmt: skip
+)
 LOGIN_GROUPS = ("login", "nfs_clients")
 COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "smartnic_nodes")
 # The head node also runs the cluster's image registry in a lab with a container image
@@ -106,8 +111,12 @@ MONITORING_VARS = {
     "monitoring_scrape_timeout": "5s",
     "monitoring_evaluation_interval": "5s",
     "monitoring_alert_for": {
-        "node_drained_by_check": "10s", "mount_stuck": "30s", "disk_nearly_full": "1m",
-        "slurmctld_down": "30s", "slurmdbd_down": "30s", "gpus_allocated_idle": "2m",
+        "node_drained_by_check": "10s",
+        "mount_stuck": "30s",
+        "disk_nearly_full": "1m",
+        "slurmctld_down": "30s",
+        "slurmdbd_down": "30s",
+        "gpus_allocated_idle": "2m",
         "target_down": "30s",
     },
     "monitoring_alertmanager_group_wait": "1s",
@@ -115,7 +124,7 @@ MONITORING_VARS = {
     "monitoring_alert_webhook_url": f"http://127.0.0.1:{ALERT_WEBHOOK_PORT}/tacc-hook",
     # Collectors with nothing to read in an nspawn node.
     "node_exporter_disabled_collectors": ["rapl", "hwmon", "nvme", "infiniband", "mdadm"],
-}  # fmt: skip
+}
 
 
 def accounting_vars(password: str | None, users: list[str]) -> dict:

@@ -128,13 +128,32 @@ def umoci_argvs(layout: Path, layer: Path) -> list[list[str]]:
     return [
         ["umoci", "init", "--layout", str(layout)],
         ["umoci", "new", "--image", image],
-        ["umoci", "raw", "add-layer", "--image", image,
-         "--history.created_by", "tacc-lab oci_image (mmdebstrap)", str(layer)],
-        ["umoci", "config", "--image", image, "--config.env", f"PATH={IMAGE_PATH}",
-         "--config.cmd", "/bin/bash", "--config.workingdir", "/",
-         "--author", "tacc-lab"],
+        [
+            "umoci",
+            "raw",
+            "add-layer",
+            "--image",
+            image,
+            "--history.created_by",
+            "tacc-lab oci_image (mmdebstrap)",
+            str(layer),
+        ],
+        [
+            "umoci",
+            "config",
+            "--image",
+            image,
+            "--config.env",
+            f"PATH={IMAGE_PATH}",
+            "--config.cmd",
+            "/bin/bash",
+            "--config.workingdir",
+            "/",
+            "--author",
+            "tacc-lab",
+        ],
         ["umoci", "gc", "--layout", str(layout)],
-    ]  # fmt: skip
+    ]
 
 
 def skopeo_archive_argv(layout: Path, archive: Path) -> list[str]:

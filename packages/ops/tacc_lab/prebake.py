@@ -62,9 +62,14 @@ ROLE_PACKAGES = (
 # kill through their read-only cgroups) twice, and the server never came up. The same
 # race, once, also costs bare-image converges a minute (roles/nfs_server's rescue).
 LEFT_TO_ROLES = (
-    "slurmdbd", "mariadb-server", "nfs-ganesha", "nfs-ganesha-vfs", "dnsmasq", "prometheus",
+    "slurmdbd",
+    "mariadb-server",
+    "nfs-ganesha",
+    "nfs-ganesha-vfs",
+    "dnsmasq",
+    "prometheus",
     "prometheus-alertmanager",
-)  # fmt: skip
+)
 
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
 # created before the packages that would otherwise pick other IDs (the role cannot move

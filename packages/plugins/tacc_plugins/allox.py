@@ -106,8 +106,9 @@ def settings_from(config: object) -> Settings:
         isinstance(k, str) and FEATURE.fullmatch(k) and is_number(v) and v > 0
         for k, v in speed.items()
     ):
-        raise bad_setting("speed", "a mapping of GPU type to a number above 0 "
-                          "({h100: 3.0, a100: 1.0})", speed)  # fmt: skip
+        raise bad_setting(
+            "speed", "a mapping of GPU type to a number above 0 ({h100: 3.0, a100: 1.0})", speed
+        )
     default = given.get("default_seconds", found.default_seconds)
     if not is_number(default) or default <= 0:
         raise bad_setting("default_seconds", "a number of seconds above 0", default)
@@ -121,8 +122,14 @@ def settings_from(config: object) -> Settings:
             "the controller's queue_tick_seconds)"
         )
         raise bad_setting("submit_delay_seconds", expected, delay)
-    return Settings(float(alpha), window, {k: float(v) for k, v in speed.items()},
-                    float(default), samples, delay)  # fmt: skip
+    return Settings(
+        float(alpha),
+        window,
+        {k: float(v) for k, v in speed.items()},
+        float(default),
+        samples,
+        delay,
+    )
 
 
 @dataclass(frozen=True)
@@ -141,9 +148,14 @@ def node_gpus(node: Node, types: list[str]) -> list[tuple[str, int]]:
     return [(named[0], node.gpus)] if len(named) == 1 and node.gpus else []
 
 
-def devices(nodes: list[Node], running: list[QueuedJob], types: list[str],
-            remaining: dict[str, float], kinds: dict[str, str],
-            wanted: int) -> list[Device]:  # fmt: skip
+def devices(
+    nodes: list[Node],
+    running: list[QueuedJob],
+    types: list[str],
+    remaining: dict[str, float],
+    kinds: dict[str, str],
+    wanted: int,
+) -> list[Device]:
     """Each GPU of `types` on a node in service and when it is free; per type the
     `wanted` earliest free. A running job's GPUs are counted on its type where allox
     knows it (`kinds`), else on the node's first types."""
@@ -153,8 +165,9 @@ def devices(nodes: list[Node], running: list[QueuedJob], types: list[str],
             continue
         per_node = math.ceil(job.gpus / len(job.node_names))
         for name in job.node_names:
-            busy.setdefault(name, []).extend([(kinds.get(job.job_id), remaining[job.job_id])]
-                                             * per_node)  # fmt: skip
+            busy.setdefault(name, []).extend(
+                [(kinds.get(job.job_id), remaining[job.job_id])] * per_node
+            )
     by_kind: dict[str, list[Device]] = {}
     for node in nodes:
         if not node.in_service():
@@ -170,12 +183,20 @@ def devices(nodes: list[Node], running: list[QueuedJob], types: list[str],
             frees = sorted(free_in for _, free_in in mine + rest)
             frees += [0.0] * (count - len(frees))
             by_kind.setdefault(kind, []).extend(Device(node.name, kind, f) for f in frees)
-    return [device for kind in sorted(by_kind)
-            for device in sorted(by_kind[kind], key=lambda d: d.free_in)[:wanted]]  # fmt: skip
+    return [
+        device
+        for kind in sorted(by_kind)
+        for device in sorted(by_kind[kind], key=lambda d: d.free_in)[:wanted]
+    ]
 
 
-def chosen_users(candidates: list[QueuedJob], running: list[QueuedJob], state: dict,
-                 total_gpus: int, found: Settings) -> set[str]:  # fmt: skip
+def chosen_users(
+    candidates: list[QueuedJob],
+    running: list[QueuedJob],
+    state: dict,
+    total_gpus: int,
+    found: Settings,
+) -> set[str]:
     """The ceil(alpha x users) candidate owners holding the least (AlloX's fairness)."""
     users = sorted({job.user for job in candidates})
     if found.alpha >= 1:
@@ -198,8 +219,9 @@ def chosen_users(candidates: list[QueuedJob], running: list[QueuedJob], state: d
     return set(ranked[: math.ceil(found.alpha * len(ranked))])
 
 
-def plan(jobs: list[QueuedJob], times: dict[str, dict[str, float]],
-         found_devices: list[Device]) -> dict[str, Device]:  # fmt: skip
+def plan(
+    jobs: list[QueuedJob], times: dict[str, dict[str, float]], found_devices: list[Device]
+) -> dict[str, Device]:
     """Each job's device by AlloX's matching (jobs x (device, k-th from last)); a job
     no device of its types can take is left out."""
     places = len(jobs)
@@ -214,13 +236,20 @@ def plan(jobs: list[QueuedJob], times: dict[str, dict[str, float]],
     ]
     # Larger than any assignment of real costs can sum to: never chosen over one.
     never = (max(real, default=0.0) + 1.0) * (len(jobs) + 1)
-    cost = [[device.free_in + k * times[job.job_id][device.kind]
-             if device.kind in times[job.job_id] else never
-             for device, k in columns] for job in jobs]  # fmt: skip
+    cost = [
+        [
+            device.free_in + k * times[job.job_id][device.kind]
+            if device.kind in times[job.job_id]
+            else never
+            for device, k in columns
+        ]
+        for job in jobs
+    ]
     given = min_cost_assignment(cost)
     pairs = enumerate(zip(jobs, given, strict=True))
-    return {job.job_id: columns[column][0] for row, (job, column) in pairs
-            if cost[row][column] < never}  # fmt: skip
+    return {
+        job.job_id: columns[column][0] for row, (job, column) in pairs if cost[row][column] < never
+    }
 
 
 class Allox(Plugin):
@@ -262,31 +291,42 @@ class Allox(Plugin):
     def place(self, queue: Queue, state: dict, nodes: list[Node], found: Settings) -> None:
         asked = state["asked"]
         candidates = sorted(
-            (job for job in queue.jobs
-             if job.state == "PENDING" and modeled(job) and job.job_id in asked
-             and len(asked[job.job_id]["types"]) >= 2
-             and (not job.reason.startswith(NOT_WAITING_FOR_NODES)
-                  or delayed_for_placement(job))),
-            key=arrival)  # fmt: skip
+            (
+                job
+                for job in queue.jobs
+                if job.state == "PENDING"
+                and modeled(job)
+                and job.job_id in asked
+                and len(asked[job.job_id]["types"]) >= 2
+                and (not job.reason.startswith(NOT_WAITING_FOR_NODES) or delayed_for_placement(job))
+            ),
+            key=arrival,
+        )
         if not candidates:
             return
         running = [job for job in queue.jobs if job.state == "RUNNING"]
         types = sorted({t for job in candidates for t in asked[job.job_id]["types"]})
         remaining = {job.job_id: remaining_of(job, state, found) for job in running}
         kinds = {job_id: kind for job_id, (_, kind) in state["seen"].items()}
-        total = sum(count for node in nodes if node.in_service()
-                    for _, count in node_gpus(node, types))  # fmt: skip
+        total = sum(
+            count for node in nodes if node.in_service() for _, count in node_gpus(node, types)
+        )
         users = chosen_users(candidates, running, state, total, found)
         matched = [job for job in candidates if job.user in users][: found.window]
         found_devices = devices(nodes, running, types, remaining, kinds, wanted=len(matched))
         times = {
             job.job_id: {
-                kind: estimate(runs_of(state, key_of(job)), kind,
-                               asked[job.job_id]["types"], job.time_limit_seconds, found)
+                kind: estimate(
+                    runs_of(state, key_of(job)),
+                    kind,
+                    asked[job.job_id]["types"],
+                    job.time_limit_seconds,
+                    found,
+                )
                 for kind in asked[job.job_id]["types"]
             }
             for job in matched
-        }  # fmt: skip
+        }
         placed = plan(matched, times, found_devices)
         for job in matched:
             entry = asked[job.job_id]
@@ -298,17 +338,27 @@ class Allox(Plugin):
                 entry["set"] = wanted
                 self.note_placed(queue, job, device, wanted, times[job.job_id], entry["types"])
             if device is not None and delayed_for_placement(job) and queue.start_now(job.job_id):
-                queue.notes.append(f"allox: job {job.job_id} placed: starts without its "
-                                   "submit delay")  # fmt: skip
+                queue.notes.append(
+                    f"allox: job {job.job_id} placed: starts without its submit delay"
+                )
 
     @staticmethod
-    def note_placed(queue: Queue, job: QueuedJob, device: Device | None, wanted: str,
-                    times: dict[str, float], types: list[str]) -> None:  # fmt: skip
+    def note_placed(
+        queue: Queue,
+        job: QueuedJob,
+        device: Device | None,
+        wanted: str,
+        times: dict[str, float],
+        types: list[str],
+    ) -> None:
         if device is None:
-            queue.notes.append(f"allox: job {job.job_id} -> {wanted} as asked "
-                               "(no device of its types to plan on)")  # fmt: skip
+            queue.notes.append(
+                f"allox: job {job.job_id} -> {wanted} as asked (no device of its types to plan on)"
+            )
             return
         others = ", ".join(f"{t} {times[t]:.0f} s" for t in types if t != device.kind)
-        queue.notes.append(f"allox: job {job.job_id} -> {device.kind} (est. "
-                           f"{times[device.kind]:.0f} s; {others}), "
-                           f"{device.free_in:.0f} s to its device")  # fmt: skip
+        queue.notes.append(
+            f"allox: job {job.job_id} -> {device.kind} (est. "
+            f"{times[device.kind]:.0f} s; {others}), "
+            f"{device.free_in:.0f} s to its device"
+        )

@@ -41,8 +41,14 @@ class Settings:
     samples: int = 5
     submit_delay_seconds: int = 0
 
-    KEYS: ClassVar[tuple[str, ...]] = ("alpha", "window", "speed", "default_seconds", "samples",
-                                       "submit_delay_seconds")  # fmt: skip
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "alpha",
+        "window",
+        "speed",
+        "default_seconds",
+        "samples",
+        "submit_delay_seconds",
+    )
 
 
 def key_of(job: QueuedJob) -> str:
@@ -58,22 +64,32 @@ def modeled(job: QueuedJob) -> bool:
 
 
 def valid_asked(entry: object) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("types"), list)
-            and len(entry["types"]) >= 1 and all(isinstance(t, str) for t in entry["types"])
-            and isinstance(entry.get("set"), str | None)
-            and is_number(entry.get("at")))  # fmt: skip
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("types"), list)
+        and len(entry["types"]) >= 1
+        and all(isinstance(t, str) for t in entry["types"])
+        and isinstance(entry.get("set"), str | None)
+        and is_number(entry.get("at"))
+    )
 
 
 def valid_seen(entry: object) -> bool:
-    return (isinstance(entry, list) and len(entry) == 2
-            and all(isinstance(part, str) for part in entry))  # fmt: skip
+    return (
+        isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)
+    )
 
 
 def valid_runs(entry: object) -> bool:
-    return (isinstance(entry, dict) and is_number(entry.get("at"))
-            and isinstance(entry.get("types"), dict)
-            and all(isinstance(seconds, list) and all(is_number(s) for s in seconds)
-                    for seconds in entry["types"].values()))  # fmt: skip
+    return (
+        isinstance(entry, dict)
+        and is_number(entry.get("at"))
+        and isinstance(entry.get("types"), dict)
+        and all(
+            isinstance(seconds, list) and all(is_number(s) for s in seconds)
+            for seconds in entry["types"].values()
+        )
+    )
 
 
 def load_state(path: Path) -> dict:
@@ -85,8 +101,9 @@ def load_state(path: Path) -> dict:
     state = {}
     for part, valid in checks.items():
         found = data.get(part)
-        state[part] = {str(k): v for k, v in (found if isinstance(found, dict) else {}).items()
-                       if valid(v)}  # fmt: skip
+        state[part] = {
+            str(k): v for k, v in (found if isinstance(found, dict) else {}).items() if valid(v)
+        }
     return state
 
 
@@ -174,8 +191,11 @@ def estimate(runs: dict, kind: str, types: list[str], limit: int, found: Setting
     speed = found.speed
     if runs.get(kind):
         return float(statistics.median(runs[kind]))
-    converted = [statistics.median(seconds) * speed.get(seen, 1.0) / speed.get(kind, 1.0)
-                 for seen, seconds in runs.items() if seconds]  # fmt: skip
+    converted = [
+        statistics.median(seconds) * speed.get(seen, 1.0) / speed.get(kind, 1.0)
+        for seen, seconds in runs.items()
+        if seconds
+    ]
     if converted:
         return float(statistics.median(converted))
     slowest = min(speed.get(t, 1.0) for t in types)

@@ -57,8 +57,14 @@ def past_runs(jobs: list[PastJob]) -> list[PastRun]:
         entries = job.events
         timed_out = next((e for e in entries if "TIMEOUT" in str(e.get("reason", ""))), None)
         limit = (submit.get("plugin_data") or {}).get("duration", {}).get("limit_seconds")
-        found.append(PastRun(submit.get("digest", ""), submit["entrypoint"],
-                             run_seconds(entries), limit if timed_out else None))  # fmt: skip
+        found.append(
+            PastRun(
+                submit.get("digest", ""),
+                submit["entrypoint"],
+                run_seconds(entries),
+                limit if timed_out else None,
+            )
+        )
     return found
 
 
@@ -71,8 +77,10 @@ class Prediction:
 
 
 def predict(runs: list[PastRun], digest: str, entrypoint: str, config) -> Prediction | None:
-    for basis, same in (("digest", lambda r: r.digest == digest and digest),
-                        ("entrypoint", lambda r: r.entrypoint == entrypoint)):  # fmt: skip
+    for basis, same in (
+        ("digest", lambda r: r.digest == digest and digest),
+        ("entrypoint", lambda r: r.entrypoint == entrypoint),
+    ):
         matching = [r for r in runs if same(r)][: config.duration_history]
         done = [r.seconds for r in matching if r.seconds is not None]
         floors = [2 * r.timed_out_at for r in matching if r.timed_out_at]
@@ -125,5 +133,7 @@ class DurationPrediction(Plugin):
         if not predicted:
             return None
         limit = predicted["limit_seconds"]
-        return (f"duration: ran {outcome.seconds:.0f} s; predicted limit {limit} s "
-                f"({outcome.seconds / limit:.0%} of it used)")  # fmt: skip
+        return (
+            f"duration: ran {outcome.seconds:.0f} s; predicted limit {limit} s "
+            f"({outcome.seconds / limit:.0%} of it used)"
+        )

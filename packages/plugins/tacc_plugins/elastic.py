@@ -79,8 +79,7 @@ class Elastic(Plugin):
         submission.options["nodes"] = f"{size}-{high}"
         submission.options["use-min-nodes"] = None  # else Slurm gives as many as are free
         if submission.task.resources.get("resize"):
-            submission.data[self.name] = {"opt_in": [elastic_resize.RESIZE],
-                                          "range": [low, high]}  # fmt: skip
+            submission.data[self.name] = {"opt_in": [elastic_resize.RESIZE], "range": [low, high]}
         why = f"{pending} job(s) waiting" if pending else f"{idle} idle node(s)"
         submission.note(self.name, f"{size} of {nodes} nodes ({why})")
 

@@ -58,9 +58,14 @@ class Settings:
     cooldown_seconds: float = 120.0
     revert_after_seconds: float = 180.0
 
-    KEYS: ClassVar[tuple[str, ...]] = ("resize", "grow_after_seconds", "shrink_after_seconds",
-                                       "min_run_seconds", "cooldown_seconds",
-                                       "revert_after_seconds")  # fmt: skip
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "resize",
+        "grow_after_seconds",
+        "shrink_after_seconds",
+        "min_run_seconds",
+        "cooldown_seconds",
+        "revert_after_seconds",
+    )
 
 
 def settings_from(config: object) -> Settings:
@@ -85,8 +90,11 @@ def home(job: QueuedJob) -> str:
 
 
 def valid_flight(entry: object) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("partition"), str)
-            and all(is_number(entry.get(k)) for k in ("size", "old", "at")))  # fmt: skip
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("partition"), str)
+        and all(is_number(entry.get(k)) for k in ("size", "old", "at"))
+    )
 
 
 def load_state(path: Path, present: set[str], now: float) -> dict:
@@ -98,18 +106,23 @@ def load_state(path: Path, present: set[str], now: float) -> dict:
 
     def numbers(part: str) -> dict:
         found = data.get(part)
-        return {str(k): v for k, v in (found if isinstance(found, dict) else {}).items()
-                if is_number(v)}  # fmt: skip
+        return {
+            str(k): v for k, v in (found if isinstance(found, dict) else {}).items() if is_number(v)
+        }
 
     flights = data.get("in_flight")
     return {
         "since": numbers("since"),
-        "resized": {k: v for k, v in numbers("resized").items()
-                    if k in present or now - v < FORGET_SECONDS},
-        "in_flight": {str(k): v for k, v in (flights if isinstance(flights, dict) else {}).items()
-                      if valid_flight(v) and (k in present or now - v["at"] < FORGET_SECONDS)},
+        "resized": {
+            k: v for k, v in numbers("resized").items() if k in present or now - v < FORGET_SECONDS
+        },
+        "in_flight": {
+            str(k): v
+            for k, v in (flights if isinstance(flights, dict) else {}).items()
+            if valid_flight(v) and (k in present or now - v["at"] < FORGET_SECONDS)
+        },
         "ticked_at": data.get("ticked_at") if is_number(data.get("ticked_at")) else None,
-    }  # fmt: skip
+    }
 
 
 def stretch(state: dict, key: str, on: bool, now: float) -> float:
@@ -139,16 +152,23 @@ def idle_nodes(nodes: list[Node], partition: str) -> int:
 
 def waiting_jobs(jobs: list[QueuedJob], partition: str) -> list[QueuedJob]:
     """Jobs of the partition pending for nodes, the one Slurm starts next first."""
-    found = [job for job in jobs if job.state == "PENDING" and home(job) == partition
-             and job.reason in WAITS_FOR_NODES]  # fmt: skip
+    found = [
+        job
+        for job in jobs
+        if job.state == "PENDING" and home(job) == partition and job.reason in WAITS_FOR_NODES
+    ]
     return sorted(found, key=lambda job: (job.reason != "Resources", arrival(job)))
 
 
 def resizable(job: QueuedJob, state: dict, found: Settings, now: float) -> bool:
     last = state["resized"].get(job.job_id)
-    return (job.state == "RUNNING" and RESIZE in job.opted_in and job.node_range is not None
-            and job.elapsed_seconds >= found.min_run_seconds
-            and (last is None or now - last >= found.cooldown_seconds))  # fmt: skip
+    return (
+        job.state == "RUNNING"
+        and RESIZE in job.opted_in
+        and job.node_range is not None
+        and job.elapsed_seconds >= found.min_run_seconds
+        and (last is None or now - last >= found.cooldown_seconds)
+    )
 
 
 def shrink(mine: list[QueuedJob], first: QueuedJob, idle: int, waited: float) -> Resize | None:
@@ -158,11 +178,13 @@ def shrink(mine: list[QueuedJob], first: QueuedJob, idle: int, waited: float) ->
     shrinkable = [job for job in mine if job.nodes > job.node_range[0]]
     if sum(job.nodes - job.node_range[0] for job in shrinkable) < need:
         return None  # shrinking everything could not make it fit
-    job = max(shrinkable, key=lambda j: (j.nodes - j.node_range[0],
-                                         tuple(-n for n in arrival(j))))  # fmt: skip
+    job = max(shrinkable, key=lambda j: (j.nodes - j.node_range[0], tuple(-n for n in arrival(j))))
     size = max(job.node_range[0], job.nodes - need)
-    return Resize(job, size, f"{PREFIX}shrink {job.nodes} -> {size} nodes "
-                             f"(job {first.job_id} waits {waited:.0f} s)")  # fmt: skip
+    return Resize(
+        job,
+        size,
+        f"{PREFIX}shrink {job.nodes} -> {size} nodes (job {first.job_id} waits {waited:.0f} s)",
+    )
 
 
 def grow(mine: list[QueuedJob], idle: int, idled: float) -> Resize | None:
@@ -171,8 +193,9 @@ def grow(mine: list[QueuedJob], idle: int, idled: float) -> Resize | None:
         return None
     job = min(growable, key=lambda j: (j.nodes, arrival(j)))
     size = min(job.node_range[1], job.nodes + idle)
-    return Resize(job, size, f"{PREFIX}grow {job.nodes} -> {size} nodes "
-                             f"({idle} idle for {idled:.0f} s)")  # fmt: skip
+    return Resize(
+        job, size, f"{PREFIX}grow {job.nodes} -> {size} nodes ({idle} idle for {idled:.0f} s)"
+    )
 
 
 def decide(queue: Queue, nodes: list[Node], state: dict, found: Settings) -> Resize | None:
@@ -189,8 +212,11 @@ def decide(queue: Queue, nodes: list[Node], state: dict, found: Settings) -> Res
         waited = stretch(state, f"waiting:{partition}", calm and bool(waiting), now)
         if not calm:
             continue  # a resize in flight: its nodes are spoken for
-        mine = [job for job in queue.jobs
-                if home(job) == partition and resizable(job, state, found, now)]  # fmt: skip
+        mine = [
+            job
+            for job in queue.jobs
+            if home(job) == partition and resizable(job, state, found, now)
+        ]
         if waiting and waited >= found.shrink_after_seconds:
             choices.append(shrink(mine, waiting[0], idle, waited))
         elif idle and not waiting and idled >= found.grow_after_seconds:
@@ -238,8 +264,12 @@ def tick(queue: Queue) -> None:
         job = choice.job
         partition = home(job)
         state["resized"][job.job_id] = queue.now
-        state["in_flight"][job.job_id] = {"partition": partition, "size": choice.size,
-                                          "old": job.nodes, "at": queue.now}  # fmt: skip
+        state["in_flight"][job.job_id] = {
+            "partition": partition,
+            "size": choice.size,
+            "old": job.nodes,
+            "at": queue.now,
+        }
         for key in (f"idle:{partition}", f"waiting:{partition}"):
             state["since"].pop(key, None)
         save(path, state)  # before the requeue: a tick killed in it keeps the cooldown

@@ -37,16 +37,28 @@ MAX_RESULT_BYTES = 4096
 METRIC = r"[A-Za-z_][A-Za-z0-9_.-]{0,63}"
 
 ADAPTIVE = {
-    "metric": Field("str", required=True, check=pattern(METRIC, "a metric name "
-                    "(letters, digits, _ . -; at most 64)"), expected="the reported value's name"),
+    "metric": Field(
+        "str",
+        required=True,
+        check=pattern(METRIC, "a metric name (letters, digits, _ . -; at most 64)"),
+        expected="the reported value's name",
+    ),
     "mode": Field("str", default="max", check=one_of("max", "min")),
-    "min_steps": Field("int", default=1, check=at_least(1),
-                       expected="the first rung, in the program's steps (>= 1)"),
-    "max_steps": Field("int", required=True, check=at_least(1),
-                       expected="the steps of a trial that runs to the end (>= 1)"),
+    "min_steps": Field(
+        "int",
+        default=1,
+        check=at_least(1),
+        expected="the first rung, in the program's steps (>= 1)",
+    ),
+    "max_steps": Field(
+        "int",
+        required=True,
+        check=at_least(1),
+        expected="the steps of a trial that runs to the end (>= 1)",
+    ),
     "eta": Field("int", default=3, check=at_least(2), expected="keep the top 1/eta (>= 2)"),
     "pack": Field("bool", default=True),
-}  # fmt: skip
+}
 DEFAULTS = {key: spec.default for key, spec in ADAPTIVE.items()}
 
 
@@ -132,8 +144,11 @@ class Fluid(Plugin):
             return  # a problem was already named
         first_decision = settings["min_steps"] * settings["eta"]
         if settings["max_steps"] < first_decision:
-            problem("sweep.adaptive.max_steps", f"at least min_steps x eta ({first_decision}), "
-                    "so that trials are compared once before the last step")  # fmt: skip
+            problem(
+                "sweep.adaptive.max_steps",
+                f"at least min_steps x eta ({first_decision}), "
+                "so that trials are compared once before the last step",
+            )
 
     def compile(self, document: dict) -> str | None:
         """A sweep without `adaptive` leaves no `adaptive: null` in the instruction: the
@@ -149,11 +164,17 @@ class Fluid(Plugin):
             return
         rungs = rungs_for(adaptive)
         eta = adaptive["eta"]
-        submission.data["fluid"] = {"rungs": rungs, "eta": eta, "metric": adaptive["metric"],
-                                    "mode": adaptive["mode"]}  # fmt: skip
+        submission.data["fluid"] = {
+            "rungs": rungs,
+            "eta": eta,
+            "metric": adaptive["metric"],
+            "mode": adaptive["mode"],
+        }
         steps = ",".join(map(str, rungs))
-        said = (f"ASHA on {adaptive['metric']} ({adaptive['mode']}) at steps {steps}: "
-                f"a trial goes on when in the top 1/{eta}")  # fmt: skip
+        said = (
+            f"ASHA on {adaptive['metric']} ({adaptive['mode']}) at steps {steps}: "
+            f"a trial goes on when in the top 1/{eta}"
+        )
         array = submission.options.get("array") or ""
         trials = len((submission.task.extensions.get("sweep") or {}).get("trials") or [])
         shared = submission.task.resources.get("gpu_share")
@@ -175,12 +196,18 @@ class Fluid(Plugin):
         programlib.install(launch, LIBRARY)
         rungs = rungs_for(adaptive)
         launch.env.update(
-            TACC_FLUID_RUNGS=",".join(map(str, rungs)), TACC_FLUID_ETA=str(adaptive["eta"]),
-            TACC_FLUID_METRIC=adaptive["metric"], TACC_FLUID_MODE=adaptive["mode"],
-            TACC_FLUID_DIR=str(shared), TACC_FLUID_TRIAL=trial, TACC_FLUID_TRIAL_DIR=str(own),
-        )  # fmt: skip
-        launch.note(self.name, f"trial {trial}: rungs {','.join(map(str, rungs))}, "
-                    f"top 1/{adaptive['eta']} goes on")  # fmt: skip
+            TACC_FLUID_RUNGS=",".join(map(str, rungs)),
+            TACC_FLUID_ETA=str(adaptive["eta"]),
+            TACC_FLUID_METRIC=adaptive["metric"],
+            TACC_FLUID_MODE=adaptive["mode"],
+            TACC_FLUID_DIR=str(shared),
+            TACC_FLUID_TRIAL=trial,
+            TACC_FLUID_TRIAL_DIR=str(own),
+        )
+        launch.note(
+            self.name,
+            f"trial {trial}: rungs {','.join(map(str, rungs))}, top 1/{adaptive['eta']} goes on",
+        )
 
     def finish(self, outcome: Outcome) -> str | None:
         if not adaptive_of(outcome.task) or sweep_dir_of(outcome.job_dir) is None:

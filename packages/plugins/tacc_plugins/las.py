@@ -36,8 +36,12 @@ NICE_LIMIT = 2147483645  # Slurm's nice range is -NICE_LIMIT..NICE_LIMIT
 
 def load_state(path: Path) -> dict:
     data = read_json(path) or {}
-    return {"attained": dict(data.get("attained", {})), "counted": dict(data.get("counted", {})),
-            "decayed_at": data.get("decayed_at"), "niced": dict(data.get("niced", {}))}  # fmt: skip
+    return {
+        "attained": dict(data.get("attained", {})),
+        "counted": dict(data.get("counted", {})),
+        "decayed_at": data.get("decayed_at"),
+        "niced": dict(data.get("niced", {})),
+    }
 
 
 def save_state(path: Path, state: dict) -> None:
@@ -76,8 +80,11 @@ def decay(state: dict, now: float, half_life: float) -> None:
 def half_life_of(config: object) -> float:
     value = getattr(config, "las_half_life_seconds", 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise AgentError(f"agent config: las_half_life_seconds: expected 0 (no decay) or a "
-                         f"number of seconds above 0, got {value!r}", AGENT_CLUSTER)  # fmt: skip
+        raise AgentError(
+            f"agent config: las_half_life_seconds: expected 0 (no decay) or a "
+            f"number of seconds above 0, got {value!r}",
+            AGENT_CLUSTER,
+        )
     return float(value)
 
 
@@ -127,6 +134,8 @@ class LeastAttainedService(Plugin):
             if nice != job.nice:
                 queue.set_nice(job.job_id, nice)
                 kept = f", its own nice {own} kept" if own else ""
-                queue.notes.append(f"las: job {job.job_id} of {job.user} ({service:.0f} "
-                                   f"GPU-s) nice {job.nice} -> {nice}{kept}")  # fmt: skip
+                queue.notes.append(
+                    f"las: job {job.job_id} of {job.user} ({service:.0f} "
+                    f"GPU-s) nice {job.nice} -> {nice}{kept}"
+                )
         save_state(path, state)

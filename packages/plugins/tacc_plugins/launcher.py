@@ -88,13 +88,22 @@ def command_for(task, line: str, env: dict[str, str]) -> list[str]:
         # Slurm's checkpoint signal (halt, --signal=USR1@T) reaches every process of the
         # step, torchrun too, which it would kill: torchrun ignores it (inherited through
         # exec); the workers get it, for a handler they install (train.py does).
-        line = "trap '' USR1 && exec " + shlex.join([
-            "torchrun", f"--nnodes={env['TACC_NUM_NODES']}",
-            f"--nproc-per-node={env['TACC_PROCESSES_PER_NODE']}",
-            f"--node-rank={env['TACC_NODE_RANK']}", f"--master-addr={env['MASTER_ADDR']}",
-            f"--master-port={env['MASTER_PORT']}", "--tee=3",
-            f"--log-dir={env['TACC_JOB_DIR']}/logs/torchrun",
-        ]) + f" {line}"  # fmt: skip
+        line = (
+            "trap '' USR1 && exec "
+            + shlex.join(
+                [
+                    "torchrun",
+                    f"--nnodes={env['TACC_NUM_NODES']}",
+                    f"--nproc-per-node={env['TACC_PROCESSES_PER_NODE']}",
+                    f"--node-rank={env['TACC_NODE_RANK']}",
+                    f"--master-addr={env['MASTER_ADDR']}",
+                    f"--master-port={env['MASTER_PORT']}",
+                    "--tee=3",
+                    f"--log-dir={env['TACC_JOB_DIR']}/logs/torchrun",
+                ]
+            )
+            + f" {line}"
+        )
     return ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
 
 

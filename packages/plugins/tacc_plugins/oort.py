@@ -39,19 +39,27 @@ FEDERATED = {
     "clients": Field("int", required=True, check=at_least(2), expected="an integer >= 2"),
     "per_round": Field("int", required=True, check=at_least(1), expected="an integer >= 1"),
     "target_accuracy": Field("number", required=True, check=fraction),
-    "round_deadline_s": Field("number", required=True, check=deadline,
-                              expected="the preferred round duration T in seconds, > 0"),
+    "round_deadline_s": Field(
+        "number",
+        required=True,
+        check=deadline,
+        expected="the preferred round duration T in seconds, > 0",
+    ),
     "max_rounds": Field("int", required=True, check=at_least(1), expected="an integer >= 1"),
     # Oort's system-utility exponent alpha: (T / t)^alpha for a client slower than T.
     "round_penalty": Field("number", default=2.0, check=non_negative),
     # Leave out clients picked more than this many times (Oort's code: off).
     "blacklist_rounds": Field("int", check=at_least(1), expected="an integer >= 1"),
-}  # fmt: skip
-ENV = {"clients": "TACC_FL_CLIENTS", "per_round": "TACC_FL_PER_ROUND",
-       "target_accuracy": "TACC_FL_TARGET_ACCURACY",
-       "round_deadline_s": "TACC_FL_ROUND_DEADLINE_S", "max_rounds": "TACC_FL_MAX_ROUNDS",
-       "round_penalty": "TACC_FL_ROUND_PENALTY",
-       "blacklist_rounds": "TACC_FL_BLACKLIST_ROUNDS"}  # fmt: skip
+}
+ENV = {
+    "clients": "TACC_FL_CLIENTS",
+    "per_round": "TACC_FL_PER_ROUND",
+    "target_accuracy": "TACC_FL_TARGET_ACCURACY",
+    "round_deadline_s": "TACC_FL_ROUND_DEADLINE_S",
+    "max_rounds": "TACC_FL_MAX_ROUNDS",
+    "round_penalty": "TACC_FL_ROUND_PENALTY",
+    "blacklist_rounds": "TACC_FL_BLACKLIST_ROUNDS",
+}
 
 
 def env_text(value: float) -> str:
@@ -115,8 +123,11 @@ class Oort(Plugin):
                 launch.env[variable] = env_text(federated[key])
         launch.env["TACC_PARTICIPANT_SELECTION"] = "oort"
         deadline = federated["round_deadline_s"]
-        launch.note(self.name, f"tacc_oort: {federated['per_round']} of "
-                    f"{federated['clients']} clients per round, T {deadline:g} s")  # fmt: skip
+        launch.note(
+            self.name,
+            f"tacc_oort: {federated['per_round']} of "
+            f"{federated['clients']} clients per round, T {deadline:g} s",
+        )
 
     def finish(self, outcome: Outcome) -> str | None:
         federated = federated_of(outcome.task)

@@ -63,11 +63,15 @@ def trials_fit(trials: list[dict], parameters: dict[str, list]) -> bool:
 
 
 SWEEP = {
-    "parameters": Field("any", required=True, check=grid_problem,
-                        expected="a mapping of variable names to lists of values"),
+    "parameters": Field(
+        "any",
+        required=True,
+        check=grid_problem,
+        expected="a mapping of variable names to lists of values",
+    ),
     "parallel": Field("int", check=at_least(1), expected="trials at once (>= 1)"),
     "trials": Field("any", check=trials_problem),
-}  # fmt: skip
+}
 
 
 class Sweep(Plugin):
@@ -87,8 +91,11 @@ class Sweep(Plugin):
         # The compiler writes the trials; the cluster re-checks them, as it trusts no client.
         trials = sweep.get("trials")
         if trials is not None and not trials_fit(trials, sweep["parameters"]):
-            problem("sweep.trials", f"the {count} trial(s) of sweep.parameters, as tcloud "
-                    "writes them: each names every parameter once, with a text value")  # fmt: skip
+            problem(
+                "sweep.trials",
+                f"the {count} trial(s) of sweep.parameters, as tcloud "
+                "writes them: each names every parameter once, with a text value",
+            )
         clash = sorted(set(sweep["parameters"]) & set(task["environment"]["env"]))
         if clash:
             problem("sweep.parameters", f"{', '.join(clash)} also set in environment.env")
@@ -119,5 +126,7 @@ class Sweep(Plugin):
         if not trials or not index.isdigit() or int(index) >= len(trials):
             return
         launch.env.update(trials[int(index)], TACC_TRIAL=index, TACC_TRIALS=str(len(trials)))
-        launch.note(self.name, f"trial {index}: " + " ".join(
-            f"{k}={v}" for k, v in trials[int(index)].items()))  # fmt: skip
+        launch.note(
+            self.name,
+            f"trial {index}: " + " ".join(f"{k}={v}" for k, v in trials[int(index)].items()),
+        )

@@ -56,8 +56,14 @@ class Settings:
     min_run_seconds: float = 60.0
     max_preempt_per_tick: int = 1
 
-    KEYS: ClassVar[tuple[str, ...]] = ("thresholds", "promote_knob", "nice_step", "preempt",
-                                       "min_run_seconds", "max_preempt_per_tick")  # fmt: skip
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "thresholds",
+        "promote_knob",
+        "nice_step",
+        "preempt",
+        "min_run_seconds",
+        "max_preempt_per_tick",
+    )
 
 
 def bad_setting(key: str, expected: str, value: object) -> AgentError:
@@ -68,8 +74,11 @@ def settings_from(config: object) -> Settings:
     given = known_settings(config, "tiresias", Settings.KEYS)
     found = Settings()
     thresholds = given.get("thresholds", list(found.thresholds))
-    if (not isinstance(thresholds, list | tuple) or not thresholds
-            or not all(is_number(t) and t > 0 for t in thresholds)):  # fmt: skip
+    if (
+        not isinstance(thresholds, list | tuple)
+        or not thresholds
+        or not all(is_number(t) and t > 0 for t in thresholds)
+    ):
         raise bad_setting("thresholds", "a list of GPU-seconds above 0", thresholds)
     knob = given.get("promote_knob", found.promote_knob)
     if not is_number(knob) or knob < 0:
@@ -86,8 +95,14 @@ def settings_from(config: object) -> Settings:
     most = given.get("max_preempt_per_tick", found.max_preempt_per_tick)
     if not isinstance(most, int) or isinstance(most, bool) or most < 0:
         raise bad_setting("max_preempt_per_tick", "an integer >= 0", most)
-    return Settings(tuple(sorted(float(t) for t in thresholds)), float(knob), step, preempt,
-                    float(min_run), most)  # fmt: skip
+    return Settings(
+        tuple(sorted(float(t) for t in thresholds)),
+        float(knob),
+        step,
+        preempt,
+        float(min_run),
+        most,
+    )
 
 
 # --- the state of each job ---------------------------------------------------------------
@@ -96,8 +111,10 @@ def settings_from(config: object) -> Settings:
 def load_state(path: Path) -> dict:
     data = read_json(path) or {}
     jobs = data.get("jobs") if isinstance(data.get("jobs"), dict) else {}
-    return {"jobs": {str(k): v for k, v in jobs.items() if isinstance(v, dict)},
-            "ticked_at": data.get("ticked_at")}  # fmt: skip
+    return {
+        "jobs": {str(k): v for k, v in jobs.items() if isinstance(v, dict)},
+        "ticked_at": data.get("ticked_at"),
+    }
 
 
 def save_state(path: Path, state: dict) -> None:
@@ -106,8 +123,15 @@ def save_state(path: Path, state: dict) -> None:
 
 
 def fresh() -> dict:
-    return {"executed": 0.0, "attained": 0.0, "total": 0.0, "counted": 0, "waited": 0.0,
-            "queue": 0, "niced": None}  # fmt: skip
+    return {
+        "executed": 0.0,
+        "attained": 0.0,
+        "total": 0.0,
+        "counted": 0,
+        "waited": 0.0,
+        "queue": 0,
+        "niced": None,
+    }
 
 
 def weight(job: QueuedJob) -> float:
@@ -118,8 +142,9 @@ def run_since_last_tick(record: dict, job: QueuedJob) -> float:
     """Seconds the job ran since the last count (its elapsed time grows; one requeued
     since then starts again from 0)."""
     before = int(record.get("counted", 0))
-    return float(job.elapsed_seconds - before if job.elapsed_seconds >= before
-                 else job.elapsed_seconds)  # fmt: skip
+    return float(
+        job.elapsed_seconds - before if job.elapsed_seconds >= before else job.elapsed_seconds
+    )
 
 
 def account(record: dict, job: QueuedJob, since_tick: float, found: Settings) -> str | None:
@@ -156,21 +181,29 @@ def nice_of(queue: int, queues: int, step: int) -> int:
 # --- preemption --------------------------------------------------------------------------
 
 
-def victims_for(waiting: QueuedJob, running: list[QueuedJob], queues: dict[str, int],
-                found: Settings,
-                free: tuple[int, float] = (0, 0.0)) -> list[QueuedJob]:  # fmt: skip
+def victims_for(
+    waiting: QueuedJob,
+    running: list[QueuedJob],
+    queues: dict[str, int],
+    found: Settings,
+    free: tuple[int, float] = (0, 0.0),
+) -> list[QueuedJob]:
     """The running jobs to preempt for `waiting`: preemptible, of a lower queue, in its
     partition, started at least min_run_seconds ago; the lowest queue and the latest
     arrival first, as few as hold, with the `free` (idle nodes, their GPUs) of its
     partitions, its nodes and GPUs ([] when they cannot, or when none is needed)."""
     mine = queues[waiting.job_id]
     candidates = sorted(
-        (job for job in running
-         if PREEMPTIBLE in job.opted_in and queues[job.job_id] > mine
-         and job.partition in waiting.partition.split(",")
-         and job.elapsed_seconds >= found.min_run_seconds),
+        (
+            job
+            for job in running
+            if PREEMPTIBLE in job.opted_in
+            and queues[job.job_id] > mine
+            and job.partition in waiting.partition.split(",")
+            and job.elapsed_seconds >= found.min_run_seconds
+        ),
         key=lambda job: (-queues[job.job_id], tuple(-n for n in arrival(job))),
-    )  # fmt: skip
+    )
     chosen, (nodes, gpus) = [], free
     for job in candidates:
         if nodes >= waiting.nodes and gpus >= waiting.gpus:
@@ -184,8 +217,10 @@ class Tiresias(Plugin):
     name = "tiresias"
     order = 62
     layers = ("schedule",)
-    summary = ("Tiresias per job: attained GPU x time picks a queue (nice), starved jobs "
-               "are promoted, preemptible jobs of lower queues are requeued")  # fmt: skip
+    summary = (
+        "Tiresias per job: attained GPU x time picks a queue (nice), starved jobs "
+        "are promoted, preemptible jobs of lower queues are requeued"
+    )
     default_on = False
     policy = True
 
@@ -194,8 +229,9 @@ class Tiresias(Plugin):
         record, status/submit.json plugin_data)."""
         if submission.task.resources.get("preemptible"):
             submission.data[self.name] = {"opt_in": [PREEMPTIBLE]}
-            submission.note(self.name, "preemptible: checkpointed and requeued for a job "
-                                       "of a higher queue")  # fmt: skip
+            submission.note(
+                self.name, "preemptible: checkpointed and requeued for a job of a higher queue"
+            )
 
     def tick(self, queue: Queue) -> None:
         found = settings_from(queue.config)
@@ -238,19 +274,25 @@ class Tiresias(Plugin):
             except AgentError as exc:  # it ended or was cancelled since squeue: go on
                 queue.notes.append(f"tiresias: job {job.job_id}: nice not set ({exc})")
                 continue
-            queue.notes.append(f"tiresias: job {job.job_id} of {job.user} in queue "
-                               f"{record['queue']}: nice {job.nice} -> {nice}")  # fmt: skip
+            queue.notes.append(
+                f"tiresias: job {job.job_id} of {job.user} in queue "
+                f"{record['queue']}: nice {job.nice} -> {nice}"
+            )
 
-    def preempt(self, queue: Queue, queues: dict[str, int], records: dict,
-                found: Settings) -> None:  # fmt: skip
+    def preempt(self, queue: Queue, queues: dict[str, int], records: dict, found: Settings) -> None:
         # A job whose requeue failed (its halt found it ending, Slurm did not answer) is
         # not chosen again for a while: not the same failure at every tick.
-        running = [job for job in queue.jobs if job.state == "RUNNING"
-                   and queue.now - records[job.job_id].get("requeue_failed_at", -1e18)
-                   >= RETRY_FAILED_REQUEUE_SECONDS]  # fmt: skip
-        waiting = sorted((job for job in queue.jobs if job.state == "PENDING"
-                          and job.reason in WAITS_FOR_NODES),
-                         key=lambda job: (queues[job.job_id], arrival(job)))  # fmt: skip
+        running = [
+            job
+            for job in queue.jobs
+            if job.state == "RUNNING"
+            and queue.now - records[job.job_id].get("requeue_failed_at", -1e18)
+            >= RETRY_FAILED_REQUEUE_SECONDS
+        ]
+        waiting = sorted(
+            (job for job in queue.jobs if job.state == "PENDING" and job.reason in WAITS_FOR_NODES),
+            key=lambda job: (queues[job.job_id], arrival(job)),
+        )
         budget = found.max_preempt_per_tick
         idle = [node for node in queue.cluster_nodes() if node.idle()] if waiting else []
         for job in waiting:
@@ -260,13 +302,17 @@ class Tiresias(Plugin):
             if not victims or len(victims) > budget:
                 continue
             for victim in victims:
-                why = (f"preempted by tiresias: queue {queues[victim.job_id]}, for job "
-                       f"{job.job_id} of queue {queues[job.job_id]}")  # fmt: skip
+                why = (
+                    f"preempted by tiresias: queue {queues[victim.job_id]}, for job "
+                    f"{job.job_id} of queue {queues[job.job_id]}"
+                )
                 done = queue.requeue(victim.job_id, why)
                 if not done:
                     records[victim.job_id]["requeue_failed_at"] = queue.now
-                queue.notes.append(f"tiresias: job {victim.job_id} of {victim.user} "
-                                   f"{'requeued' if done else 'not requeued'}: {why}")  # fmt: skip
+                queue.notes.append(
+                    f"tiresias: job {victim.job_id} of {victim.user} "
+                    f"{'requeued' if done else 'not requeued'}: {why}"
+                )
                 running.remove(victim)
                 budget -= 1
             if budget <= 0:

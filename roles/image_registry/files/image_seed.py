@@ -87,9 +87,13 @@ def wait_for(
 
 def push(archive: str, target: str) -> None:
     proc = skopeo(
-        "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
-        f"oci-archive:{archive}", target,
-    )  # fmt: skip
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--dest-tls-verify=false",
+        f"oci-archive:{archive}",
+        target,
+    )
     if proc.returncode != 0:
         raise SeedError(f"skopeo copy {archive} {target}: {proc.stderr.decode().strip()}")
 
@@ -120,9 +124,13 @@ def seeding_instance(args: argparse.Namespace) -> Iterator[None]:
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [args.seed_command, "serve", args.seed_config],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/", **as_user,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+            **as_user,
             preexec_fn=functools.partial(stop_with_parent, os.getpid()),  # single-threaded
-        )  # fmt: skip
+        )
         try:
             try:
                 wait_for(args.seed_registry, args.wait, alive=proc)

@@ -110,8 +110,9 @@ def library_named(name: str, libraries: list[str]) -> bool:
     return any(name == f"{lib}.so" or name.startswith(f"{lib}.so.") for lib in libraries)
 
 
-def wanted_libraries(entries: list[tuple[str, str]], libraries: list[str],
-                     lib_dirs: list[str]) -> list[Entry]:  # fmt: skip
+def wanted_libraries(
+    entries: list[tuple[str, str]], libraries: list[str], lib_dirs: list[str]
+) -> list[Entry]:
     """lib64/'s entries: each library's real file once, and each name ldconfig lists
     for it as a link to that file."""
     dirs = {os.path.realpath(d) for d in lib_dirs}
@@ -130,8 +131,9 @@ def wanted_libraries(entries: list[tuple[str, str]], libraries: list[str],
         if name != base and files[base] == real:
             links.setdefault(name, base)
     wanted = [Entry(f"{LIB64}/{base}", source=real) for base, real in files.items()]
-    wanted += [Entry(f"{LIB64}/{name}", link=base) for name, base in links.items()
-               if name not in files]  # fmt: skip
+    wanted += [
+        Entry(f"{LIB64}/{name}", link=base) for name, base in links.items() if name not in files
+    ]
     return sorted(wanted, key=lambda e: e.name)
 
 
@@ -170,9 +172,12 @@ def up_to_date(root: str, entry: Entry) -> bool:
     if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
         return True
     # a copy (another filesystem): the same size, time and mode
-    return (here.st_dev != there.st_dev and here.st_size == there.st_size
-            and here.st_mtime_ns == there.st_mtime_ns
-            and stat.S_IMODE(here.st_mode) == stat.S_IMODE(there.st_mode))  # fmt: skip
+    return (
+        here.st_dev != there.st_dev
+        and here.st_size == there.st_size
+        and here.st_mtime_ns == there.st_mtime_ns
+        and stat.S_IMODE(here.st_mode) == stat.S_IMODE(there.st_mode)
+    )
 
 
 def present(root: str) -> list[str]:
@@ -278,8 +283,9 @@ def main() -> None:
     params = module.params
     root = os.path.normpath(params["path"])
     if not os.path.isabs(root) or root == "/":
-        module.fail_json(msg=f"path: expected an absolute directory below /, not "
-                             f"{params['path']!r}")  # fmt: skip
+        module.fail_json(
+            msg=f"path: expected an absolute directory below /, not {params['path']!r}"
+        )
     ldconfig = module.get_bin_path("ldconfig", required=True)  # PATH, then the sbin dirs
     rc, out, err = module.run_command([ldconfig, "-p"])
     if rc != 0:
@@ -289,8 +295,10 @@ def main() -> None:
     version = version_of(libraries, params["driver_version"].strip())
     if not any(os.path.basename(e.name).startswith("libcuda.so") for e in libraries):
         where = ", ".join(params["lib_dirs"])
-        module.warn(f"nvidia_gpu_driver_dir: no libcuda in `ldconfig -p` under {where}: "
-                    "containers on this node get no CUDA driver")  # fmt: skip
+        module.warn(
+            f"nvidia_gpu_driver_dir: no libcuda in `ldconfig -p` under {where}: "
+            "containers on this node get no CUDA driver"
+        )
     make, remove, dirs = plan(root, libraries + binaries, version)
     changed = bool(make or remove or dirs)
     if changed and not module.check_mode:

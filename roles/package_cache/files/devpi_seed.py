@@ -157,14 +157,25 @@ def read_credentials(path: Path) -> dict[str, str]:
 def index_config(bases: list[str], user: str) -> dict:
     """The index as it must be: only its owner uploads (packages and tox results: devpi
     lets anyone post tox results by default, which could fill the cache's disk)."""
-    return {"type": "stage", "bases": bases, "volatile": False,
-            "acl_upload": [user], "acl_toxresult_upload": [user]}  # fmt: skip
+    return {
+        "type": "stage",
+        "bases": bases,
+        "volatile": False,
+        "acl_upload": [user],
+        "acl_toxresult_upload": [user],
+    }
 
 
 def seed(
-    server: Devpi, creds: dict, user: str, index: str, bases: list[str], wheels: list[Path],
-    check: bool, log,
-) -> bool:  # fmt: skip
+    server: Devpi,
+    creds: dict,
+    user: str,
+    index: str,
+    bases: list[str],
+    wheels: list[Path],
+    check: bool,
+    log,
+) -> bool:
     """Bring the server to the wanted state; True if anything changed (or would)."""
     changed = False
     if not server.login("root", creds["root"]):

@@ -245,8 +245,13 @@ def tacc_slurm_nodes(
     lookup. Groups come in the order of their first node, so the result does not depend
     on the order of `hosts`.
     """
-    defaults = {"gres": gres, "sharing": sharing, "shards_per_gpu": shards_per_gpu,
-                "mps_per_gpu": mps_per_gpu, "features": features}  # fmt: skip
+    defaults = {
+        "gres": gres,
+        "sharing": sharing,
+        "shards_per_gpu": shards_per_gpu,
+        "mps_per_gpu": mps_per_gpu,
+        "features": features,
+    }
     groups: dict[tuple[str, int, str, str], list[tuple[str, str]]] = {}
     for host in hosts:
         values = hostvars[host]  # the costly part: all of the host's variables

@@ -149,8 +149,17 @@ def rdma(server_node: str, server_address: str) -> dict | None:
     devices = rdma_devices()
     if not devices:
         raise ProbeError(f"{node_name()}: no RDMA device")
-    argv = ["ib_write_bw", "-d", devices[0], "-F", "--report_gbits", "-D", str(RDMA_SECONDS),
-            "-p", str(RDMA_PORT)]  # fmt: skip
+    argv = [
+        "ib_write_bw",
+        "-d",
+        devices[0],
+        "-F",
+        "--report_gbits",
+        "-D",
+        str(RDMA_SECONDS),
+        "-p",
+        str(RDMA_PORT),
+    ]
     if node_name() == server_node:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
@@ -158,8 +167,9 @@ def rdma(server_node: str, server_address: str) -> dict | None:
         return None
     for _ in range(CONNECT_TRIES):  # the server may not listen yet
         time.sleep(1)
-        proc = subprocess.run([*argv, server_address], capture_output=True, text=True,
-                              timeout=120, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [*argv, server_address], capture_output=True, text=True, timeout=120, check=False
+        )
         figure = rdma_bandwidth(proc.stdout)
         if proc.returncode == 0 and figure is not None:
             return {"device": devices[0], "gbits": figure}

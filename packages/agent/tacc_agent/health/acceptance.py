@@ -64,18 +64,39 @@ DEFAULTS: dict[str, float | int | str] = {
     "mpi_iterations": 10,
     "all_reduce_perf": "all_reduce_perf",  # nccl-tests' binary: a path, or a name on PATH
 }
-THRESHOLDS = ("mpi_allreduce_node_min_mbps", "mpi_allreduce_pair_min_mbps",
-              "nccl_allreduce_min_gbps", "rdma_write_min_gbps")  # fmt: skip
+THRESHOLDS = (
+    "mpi_allreduce_node_min_mbps",
+    "mpi_allreduce_pair_min_mbps",
+    "nccl_allreduce_min_gbps",
+    "rdma_write_min_gbps",
+)
 # The program the steps run on the nodes, by its path (the agent sits at the same path on
 # every node); not imported here, it is the OS python3's.
 PROBE = Path(__file__).with_name("accept_probe.py")
 IMMEDIATE_SECONDS = 60  # srun gives up when the reservation cannot start the step by then
 STEP_MEMORY = "1G"  # per node of a step (the peer may run other jobs: ask for little)
 AVAILABLE = ("IDLE", "MIXED")
-OUT_OF_SERVICE = {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING",
-                  "MAINT", "MAINTENANCE", "RESERVED", "POWERED_DOWN", "POWERING_DOWN",
-                  "POWER_DOWN", "POWERING_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED",
-                  "INVALID_REG", "COMPLETING", "PLANNED"}  # fmt: skip
+OUT_OF_SERVICE = {
+    "DRAIN",
+    "DRAINING",
+    "DRAINED",
+    "DOWN",
+    "FAIL",
+    "FAILING",
+    "NOT_RESPONDING",
+    "MAINT",
+    "MAINTENANCE",
+    "RESERVED",
+    "POWERED_DOWN",
+    "POWERING_DOWN",
+    "POWER_DOWN",
+    "POWERING_UP",
+    "REBOOT_REQUESTED",
+    "REBOOT_ISSUED",
+    "INVALID_REG",
+    "COMPLETING",
+    "PLANNED",
+}
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
 Runner = Callable[[list[str], float], Output]
@@ -106,8 +127,11 @@ def settings(configured: dict | None, overrides: str | None) -> dict:
 def checked(given: dict, where: str, code: int) -> dict:
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
-        raise AgentError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; expected "
-                         f"some of {', '.join(DEFAULTS)}", code)  # fmt: skip
+        raise AgentError(
+            f"{where}: unknown key(s) {', '.join(map(str, unknown))}; expected "
+            f"some of {', '.join(DEFAULTS)}",
+            code,
+        )
     for key, value in given.items():
         default = DEFAULTS[key]
         if isinstance(default, str):
@@ -201,9 +225,19 @@ class Slurm:
         raise AgentError(f"scontrol show reservation: {one_line(out.problem)}", EXIT_CLUSTER)
 
     def create_reservation(self, name: str, nodes: list[str], minutes: int) -> None:
-        self.ok(["scontrol", "create", "reservation", f"ReservationName={name}", "Users=root",
-                 "Flags=MAINT,IGNORE_JOBS", "StartTime=now", f"Duration={minutes}",
-                 f"Nodes={','.join(nodes)}"])  # fmt: skip
+        self.ok(
+            [
+                "scontrol",
+                "create",
+                "reservation",
+                f"ReservationName={name}",
+                "Users=root",
+                "Flags=MAINT,IGNORE_JOBS",
+                "StartTime=now",
+                f"Duration={minutes}",
+                f"Nodes={','.join(nodes)}",
+            ]
+        )
 
     def delete_reservation(self, name: str) -> None:
         self.ok(["scontrol", "delete", f"ReservationName={name}"])
@@ -234,8 +268,9 @@ class Plan:
 
 def check_name(name: str, what: str) -> None:
     if not NODE_NAME.fullmatch(name):
-        raise Rejected(f"{what}: {name!r} is not a node name (letters, digits, '.', '_', "
-                       "'-'; at most 63)")  # fmt: skip
+        raise Rejected(
+            f"{what}: {name!r} is not a node name (letters, digits, '.', '_', '-'; at most 63)"
+        )
 
 
 def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
@@ -261,8 +296,9 @@ def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
             raise Rejected(f"--peer {peer_name}: shares no partition with {name}")
         return Plan(node, peer, shared[0])
     for partition in node.partitions:
-        candidates = [c for c in nodes if c.name != name and c.in_service
-                      and partition in c.partitions]  # fmt: skip
+        candidates = [
+            c for c in nodes if c.name != name and c.in_service and partition in c.partitions
+        ]
         if candidates:
             # The least busy: its one-rank step starts at once and disturbs the fewest jobs.
             return Plan(node, min(candidates, key=lambda c: c.cpus_allocated), partition)
@@ -284,8 +320,7 @@ class Test:
     def failure(self) -> str:
         """The drain reason's part: "<test> <figure> < <threshold>" or "<test>: <cause>"."""
         if self.figure is not None and self.threshold:
-            return (f"{self.name} {self.figure:.0f} {self.unit} < {self.threshold:g} "
-                    f"{self.unit}")  # fmt: skip
+            return f"{self.name} {self.figure:.0f} {self.unit} < {self.threshold:g} {self.unit}"
         return f"{self.name}: {self.detail}"
 
 
@@ -311,8 +346,14 @@ def json_lines(text: str) -> list[dict]:
 class Steps:
     """The tests as Slurm steps in the plan's reservation."""
 
-    def __init__(self, plan: Plan, limits: dict, config: AgentConfig, run: Runner,
-                 progress: Callable[[Test], None] = lambda test: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plan: Plan,
+        limits: dict,
+        config: AgentConfig,
+        run: Runner,
+        progress: Callable[[Test], None] = lambda test: None,
+    ) -> None:
         self.plan = plan
         self.progress = progress
         self.limits = limits
@@ -320,15 +361,31 @@ class Steps:
         self.run = run
         self.timeout = float(limits["test_timeout_seconds"])
 
-    def srun(self, nodes: list[str], tasks_per_node: int, program: list[str],
-             memory: str = STEP_MEMORY, extra: tuple[str, ...] = ()) -> Output:  # fmt: skip
+    def srun(
+        self,
+        nodes: list[str],
+        tasks_per_node: int,
+        program: list[str],
+        memory: str = STEP_MEMORY,
+        extra: tuple[str, ...] = (),
+    ) -> Output:
         minutes = math.ceil(self.timeout / 60) + 1
-        argv = ["srun", f"--reservation={self.plan.reservation}",
-                f"--partition={self.plan.partition}", f"--nodelist={','.join(nodes)}",
-                f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * tasks_per_node}",
-                f"--ntasks-per-node={tasks_per_node}", f"--time={minutes}",
-                f"--immediate={IMMEDIATE_SECONDS}", f"--mem={memory}", "--export=PATH,HOME",
-                "--job-name=tacc-accept", *extra, *program]  # fmt: skip
+        argv = [
+            "srun",
+            f"--reservation={self.plan.reservation}",
+            f"--partition={self.plan.partition}",
+            f"--nodelist={','.join(nodes)}",
+            f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes) * tasks_per_node}",
+            f"--ntasks-per-node={tasks_per_node}",
+            f"--time={minutes}",
+            f"--immediate={IMMEDIATE_SECONDS}",
+            f"--mem={memory}",
+            "--export=PATH,HOME",
+            "--job-name=tacc-accept",
+            *extra,
+            *program,
+        ]
         return self.run(argv, self.timeout)
 
     def probe(self, *words: str) -> list[str]:
@@ -356,16 +413,22 @@ class Steps:
     def facts(self) -> dict[str, dict]:
         """Each node's facts (GPUs, RDMA devices, tools); AgentError when the step fails."""
         binary = str(self.limits["all_reduce_perf"])
-        out = self.srun(self.plan.nodes, 1,
-                        self.probe("facts", "--tool", binary, "--tool", "ib_write_bw"))  # fmt: skip
+        out = self.srun(
+            self.plan.nodes, 1, self.probe("facts", "--tool", binary, "--tool", "ib_write_bw")
+        )
         found = {d.get("node"): d for d in json_lines(out.stdout) if "error" not in d}
         if out.code != 0 or set(found) != set(self.plan.nodes):
             raise AgentError(f"node facts: {self.cause(out)}", EXIT_CLUSTER)
         return found
 
     def mpi(self, nodes: list[str], per_node: int, name: str, threshold: float) -> Test:
-        words = ("allreduce", "--mib", f"{self.limits['mpi_message_mib']:g}",
-                 "--iterations", str(int(self.limits["mpi_iterations"])))  # fmt: skip
+        words = (
+            "allreduce",
+            "--mib",
+            f"{self.limits['mpi_message_mib']:g}",
+            "--iterations",
+            str(int(self.limits["mpi_iterations"])),
+        )
         out = self.srun(nodes, per_node, self.probe(*words), extra=("--mpi=pmix",))
         found = next((d for d in json_lines(out.stdout) if "mbps" in d), None)
         if out.code != 0 or found is None or not isinstance(found["mbps"], int | float):
@@ -380,12 +443,19 @@ class Steps:
         if gpus <= 0:
             return Test(name, SKIPPED, "skipped: no GPUs")
         if not binary:
-            return Test(name, SKIPPED,
-                        f"skipped: {self.limits['all_reduce_perf']} not installed")  # fmt: skip
-        program = self.probe("nccl", "--gpus", str(gpus), "--binary", binary,
-                             "--timeout", f"{max(1.0, self.timeout - 10):g}")  # fmt: skip
-        out = self.srun([self.plan.node.name], 1, program, memory="0",
-                        extra=(f"--gres=gpu:{gpus}",))  # fmt: skip
+            return Test(name, SKIPPED, f"skipped: {self.limits['all_reduce_perf']} not installed")
+        program = self.probe(
+            "nccl",
+            "--gpus",
+            str(gpus),
+            "--binary",
+            binary,
+            "--timeout",
+            f"{max(1.0, self.timeout - 10):g}",
+        )
+        out = self.srun(
+            [self.plan.node.name], 1, program, memory="0", extra=(f"--gres=gpu:{gpus}",)
+        )
         found = next((d for d in json_lines(out.stdout) if "busbw_gbytes" in d), None)
         if out.code != 0 or found is None:
             return Test(name, FAILED, self.cause(out), unit="GB/s", threshold=threshold)
@@ -402,8 +472,9 @@ class Steps:
                 return Test(name, SKIPPED, f"skipped: no RDMA device on {node}")
             if not facts[node].get("tools", {}).get("ib_write_bw"):
                 return Test(name, SKIPPED, f"skipped: ib_write_bw not installed on {node}")
-        program = self.probe("rdma", "--server-node", self.plan.node.name,
-                             "--server-address", self.plan.node.address)  # fmt: skip
+        program = self.probe(
+            "rdma", "--server-node", self.plan.node.name, "--server-address", self.plan.node.address
+        )
         out = self.srun(self.plan.nodes, 1, program)
         found = next((d for d in json_lines(out.stdout) if "gbits" in d), None)
         if out.code != 0 or found is None:
@@ -420,8 +491,9 @@ class Steps:
         tests.append(self.said(self.mpi([node], 2, "mpi allreduce within node", node_threshold)))
         pair_threshold = float(self.limits["mpi_allreduce_pair_min_mbps"])
         if self.plan.peer:
-            pair = self.mpi(self.plan.nodes, 1, f"mpi allreduce with {self.plan.peer.name}",
-                            pair_threshold)  # fmt: skip
+            pair = self.mpi(
+                self.plan.nodes, 1, f"mpi allreduce with {self.plan.peer.name}", pair_threshold
+            )
         else:
             pair = Test("mpi allreduce with a peer", SKIPPED, f"skipped: {self.plan.peer_note}")
         tests.append(self.said(pair))
@@ -498,10 +570,23 @@ def reservation_minutes(timeout: float) -> int:
     return math.ceil((6 * timeout + 120) / 60)
 
 
-def run_gate(plan: Plan, limits: dict, config: AgentConfig, admin: Slurm, run: Runner,
-             clock: Callable[[], float], progress: Callable[[Test], None]) -> Record:  # fmt: skip
-    record = Record(plan.node.name, plan.peer.name if plan.peer else None, plan.partition,
-                    plan.reservation, limits, clock())  # fmt: skip
+def run_gate(
+    plan: Plan,
+    limits: dict,
+    config: AgentConfig,
+    admin: Slurm,
+    run: Runner,
+    clock: Callable[[], float],
+    progress: Callable[[Test], None],
+) -> Record:
+    record = Record(
+        plan.node.name,
+        plan.peer.name if plan.peer else None,
+        plan.partition,
+        plan.reservation,
+        limits,
+        clock(),
+    )
     failure: str | None = None  # None: stopped by an unexpected error (a bug): not a pass
     with interrupts_raise():  # until cleanup holds them off: no window for SIGTERM to kill
         try:
@@ -544,8 +629,10 @@ def clean_up(plan: Plan, admin: Slurm, record: Record) -> None:
             problem = f"could not drain {plan.node.name}: {exc}"
             with contextlib.suppress(AgentError):
                 if admin.reservation_exists(plan.reservation):
-                    problem += (f"; reservation {plan.reservation} kept to keep jobs off it: "
-                                "drain the node, then delete the reservation")  # fmt: skip
+                    problem += (
+                        f"; reservation {plan.reservation} kept to keep jobs off it: "
+                        "drain the node, then delete the reservation"
+                    )
                     record.cleanup.append(problem)
                     return
             record.cleanup.append(problem)
@@ -568,14 +655,17 @@ def as_dict(record: Record) -> dict:
 
 
 def table(record: Record, path: Path) -> str:
-    lines = [f"acceptance of {record.node} (peer {record.peer or 'none'}, partition "
-             f"{record.partition}, reservation {record.reservation})",
-             f"{'test':<28} {'result':<8} {'figure':>14} {'threshold':>14}  detail"]  # fmt: skip
+    lines = [
+        f"acceptance of {record.node} (peer {record.peer or 'none'}, partition "
+        f"{record.partition}, reservation {record.reservation})",
+        f"{'test':<28} {'result':<8} {'figure':>14} {'threshold':>14}  detail",
+    ]
     for test in record.tests:
         figure = f"{test.figure:.1f} {test.unit}" if test.figure is not None else "-"
         threshold = f"{test.threshold:g} {test.unit}" if test.threshold else "-"
-        lines.append(f"{test.name:<28} {test.status:<8} {figure:>14} {threshold:>14}  "
-                     f"{test.detail}")  # fmt: skip
+        lines.append(
+            f"{test.name:<28} {test.status:<8} {figure:>14} {threshold:>14}  {test.detail}"
+        )
     if record.passed:
         lines.append(f"{record.node}: accepted, resumed (in service)")
     else:
@@ -592,9 +682,15 @@ def say_progress(test: Test) -> None:
     print(f"{test.name}: {test.status}{figure} ({detail})", file=sys.stderr, flush=True)
 
 
-def accept(config: AgentConfig, node: str, peer: str | None = None,
-           thresholds: str | None = None, as_json: bool = False, run: Runner = command,
-           clock: Callable[[], float] = time.time) -> int:  # fmt: skip
+def accept(
+    config: AgentConfig,
+    node: str,
+    peer: str | None = None,
+    thresholds: str | None = None,
+    as_json: bool = False,
+    run: Runner = command,
+    clock: Callable[[], float] = time.time,
+) -> int:
     """The gate; 0 when NODE passed, 1 when it did not (it stays drained), 2 for a bad
     request (nothing done), 3 when Slurm could not be asked (nothing done)."""
     check_name(node, "NODE")

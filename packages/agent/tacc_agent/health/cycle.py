@@ -33,8 +33,9 @@ def boot_id(proc_root: str) -> str:
 
 
 def context(config: AgentConfig) -> CheckContext:
-    return CheckContext(config, Path(config.state_dir), config.check_timeout_seconds,
-                        boot_id(config.proc_root))  # fmt: skip
+    return CheckContext(
+        config, Path(config.state_dir), config.check_timeout_seconds, boot_id(config.proc_root)
+    )
 
 
 def enabled(config: AgentConfig, registry: Registry = CHECKS) -> list[Check]:
@@ -83,8 +84,9 @@ def apply_to_slurm(results: list[Result], node: str, timeout: float) -> SlurmOut
         wanted = drain_reason(results)
         if drained and reason == wanted:
             return SlurmOutcome(f"slurm: {node} already drained: {wanted}", drained_by_agent=True)
-        slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
-                     f"Reason={wanted}"], timeout)  # fmt: skip
+        slurm.slurm(
+            ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={wanted}"], timeout
+        )
         return SlurmOutcome(f"slurm: drained {node}: {wanted}", drained_by_agent=True)
     if drained and ours:
         slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout)
@@ -95,12 +97,24 @@ def apply_to_slurm(results: list[Result], node: str, timeout: float) -> SlurmOut
 def check(config: AgentConfig, as_json: bool, use_slurm: bool) -> int:
     results = run_checks(config)
     node = socket.gethostname()
-    action = apply_to_slurm(results, node, config.slurm_timeout_seconds).said if (
-        use_slurm and config.drain) else "slurm: not asked"  # fmt: skip
+    action = (
+        apply_to_slurm(results, node, config.slurm_timeout_seconds).said
+        if (use_slurm and config.drain)
+        else "slurm: not asked"
+    )
     failed = any(r.failed for r in results)
     if as_json:
-        print(json.dumps({"node": node, "healthy": not failed, "slurm": action,
-                          "checks": [asdict(r) for r in results]}, indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "node": node,
+                    "healthy": not failed,
+                    "slurm": action,
+                    "checks": [asdict(r) for r in results],
+                },
+                indent=1,
+            )
+        )
     else:
         for r in results:
             print(f"{r.check:<9} {r.status:<7} {r.seconds:6.3f}s  {r.detail}")

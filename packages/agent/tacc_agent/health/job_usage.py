@@ -52,20 +52,35 @@ from tacc_agent.health.registry import Family
 from tacc_agent.hostlist import expand_hostlist, split_top_level
 
 JOB_FAMILIES = (
-    Family("job_cpu_seconds_total", "counter",
-           "CPU time of a Slurm job's processes on this node", ("job", "user")),
-    Family("job_memory_bytes", "gauge",
-           "Memory of a Slurm job on this node (cgroup, else the sum of its processes' Pss)",
-           ("job", "user")),
+    Family(
+        "job_cpu_seconds_total",
+        "counter",
+        "CPU time of a Slurm job's processes on this node",
+        ("job", "user"),
+    ),
+    Family(
+        "job_memory_bytes",
+        "gauge",
+        "Memory of a Slurm job on this node (cgroup, else the sum of its processes' Pss)",
+        ("job", "user"),
+    ),
     Family("job_cpus", "gauge", "CPUs Slurm allocated to a job on this node", ("job", "user")),
-    Family("job_gpu_utilization_ratio", "gauge", "Utilization of a GPU of a job (0..1)",
-           ("job", "user", "gpu")),
-    Family("job_gpu_memory_used_bytes", "gauge",
-           "GPU memory in use on a GPU of a job (its processes' where it shares the GPU)",
-           ("job", "user", "gpu")),
-    Family("job_gpu_memory_total_bytes", "gauge", "Memory of a GPU of a job",
-           ("job", "user", "gpu")),
-)  # fmt: skip
+    Family(
+        "job_gpu_utilization_ratio",
+        "gauge",
+        "Utilization of a GPU of a job (0..1)",
+        ("job", "user", "gpu"),
+    ),
+    Family(
+        "job_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use on a GPU of a job (its processes' where it shares the GPU)",
+        ("job", "user", "gpu"),
+    ),
+    Family(
+        "job_gpu_memory_total_bytes", "gauge", "Memory of a GPU of a job", ("job", "user", "gpu")
+    ),
+)
 DECLARED = {family.name: family for family in JOB_FAMILIES}
 
 CACHE_SECONDS = 1.0
@@ -128,8 +143,12 @@ class Sources:
     def of(cls, config: AgentConfig) -> Sources:
         timeout = min(NVIDIA_SMI_SECONDS, config.check_timeout_seconds)
         scontrol_seconds = min(SCONTROL_SECONDS, config.slurm_timeout_seconds)
-        return cls(config.proc_root, nvidia_smi=config.nvidia_smi, nvidia_smi_seconds=timeout,
-                   scontrol_seconds=scontrol_seconds)  # fmt: skip
+        return cls(
+            config.proc_root,
+            nvidia_smi=config.nvidia_smi,
+            nvidia_smi_seconds=timeout,
+            scontrol_seconds=scontrol_seconds,
+        )
 
 
 # --- /proc ------------------------------------------------------------------------------
@@ -166,8 +185,9 @@ def process(proc_root: str, pid: int, ticks: int) -> Process | None:
         return None
     utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
     title = read_bytes(f"{base}/cmdline", TITLE_BYTES) or b""
-    return Process(pid, int(fields[1]), int(uid.group(1)),
-                   (utime + stime + cutime + cstime) / ticks, title)  # fmt: skip
+    return Process(
+        pid, int(fields[1]), int(uid.group(1)), (utime + stime + cutime + cstime) / ticks, title
+    )
 
 
 def processes(proc_root: str) -> dict[int, Process]:
@@ -345,8 +365,9 @@ def gpus(sources: Sources) -> tuple[dict[int, Gpu], dict[str, dict[int, int]]]:
     return found, apps
 
 
-def job_gpus(usage: JobUsage, node_gpus: dict[int, Gpu], apps: dict[str, dict[int, int]]
-             ) -> list[Gpu]:  # fmt: skip
+def job_gpus(
+    usage: JobUsage, node_gpus: dict[int, Gpu], apps: dict[str, dict[int, int]]
+) -> list[Gpu]:
     """The job's GPUs: those Slurm named, with the node's figures; those where only its
     processes appear (a shared GPU), with its processes' memory."""
     found = []
@@ -355,8 +376,15 @@ def job_gpus(usage: JobUsage, node_gpus: dict[int, Gpu], apps: dict[str, dict[in
         if gpu.index in usage.gpu_indices:
             found.append(gpu)
         elif own:
-            found.append(Gpu(gpu.index, gpu.uuid, gpu.utilization_ratio, sum(own.values()),
-                             gpu.memory_total_bytes))  # fmt: skip
+            found.append(
+                Gpu(
+                    gpu.index,
+                    gpu.uuid,
+                    gpu.utilization_ratio,
+                    sum(own.values()),
+                    gpu.memory_total_bytes,
+                )
+            )
     return found
 
 
@@ -496,8 +524,10 @@ def samples_of(sources: Sources, allocations: Allocations, only: str | None = No
         if from_cgroup:
             usage.cpu_seconds, usage.memory_bytes = round(from_cgroup[0], 3), from_cgroup[1]
         labels = {"job": job, "user": usage.user}
-        samples += [Sample("job_cpu_seconds_total", labels, usage.cpu_seconds),
-                    Sample("job_memory_bytes", labels, usage.memory_bytes)]  # fmt: skip
+        samples += [
+            Sample("job_cpu_seconds_total", labels, usage.cpu_seconds),
+            Sample("job_memory_bytes", labels, usage.memory_bytes),
+        ]
         if usage.cpus is not None:
             samples.append(Sample("job_cpus", labels, usage.cpus))
         for gpu in job_gpus(usage, node_gpus, apps):

@@ -26,18 +26,22 @@ PREFIX = "tacc_agent_"
 # only the families of the checks that ran are exposed. Process figures use the standard
 # process_ names (ProcessCollector).
 AGENT_FAMILIES = (
-    Family("healthy", "gauge",
-           "1 when every check passed (or found its hardware absent) last run"),
-    Family("check_status", "gauge", "1 for the status each check had in the last run",
-           ("check", "status")),
-    Family("check_duration_seconds", "gauge", "How long each check took in the last run",
-           ("check",)),
+    Family("healthy", "gauge", "1 when every check passed (or found its hardware absent) last run"),
+    Family(
+        "check_status",
+        "gauge",
+        "1 for the status each check had in the last run",
+        ("check", "status"),
+    ),
+    Family(
+        "check_duration_seconds", "gauge", "How long each check took in the last run", ("check",)
+    ),
     Family("check_runs_total", "counter", "Check runs since the daemon started"),
     Family("last_run_timestamp_seconds", "gauge", "When the last check run ended (Unix time)"),
     Family("running_tasks", "gauge", "TACC task wrappers (tacc-agent exec) running on this node"),
     Family("slurm_drained_by_agent", "gauge", "1 while the agent keeps this node drained in Slurm"),
     Family("children_cpu_seconds_total", "counter", "CPU time of the probes the agent ran"),
-)  # fmt: skip
+)
 FAMILY_TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
@@ -60,8 +64,11 @@ class Snapshot:
 def children_samples() -> list[Sample]:
     """CPU time of the probes the agent ran (ProcessCollector counts the agent's own)."""
     times = os.times()
-    return [Sample("children_cpu_seconds_total", {},
-                   round(times.children_user + times.children_system, 3))]  # fmt: skip
+    return [
+        Sample(
+            "children_cpu_seconds_total", {}, round(times.children_user + times.children_system, 3)
+        )
+    ]
 
 
 def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
@@ -74,8 +81,14 @@ def snapshot_samples(snapshot: Snapshot) -> list[Sample]:
         Sample("slurm_drained_by_agent", {}, int(snapshot.drained_by_agent)),
     ]
     for result in snapshot.results:
-        samples += [Sample("check_status", {"check": result.check, "status": status},
-                           int(result.status == status)) for status in STATUSES]  # fmt: skip
+        samples += [
+            Sample(
+                "check_status",
+                {"check": result.check, "status": status},
+                int(result.status == status),
+            )
+            for status in STATUSES
+        ]
         samples.append(Sample("check_duration_seconds", {"check": result.check}, result.seconds))
         samples += result.samples
     return samples

@@ -48,21 +48,44 @@ from tacc_agent.health.metrics import families
 from tacc_agent.health.registry import Family
 
 CLUSTER_FAMILIES = (
-    Family("slurm_up", "gauge", "1 when the Slurm daemon answers (scontrol ping; sacctmgr)",
-           ("daemon",)),
-    Family("slurm_jobs", "gauge", "Slurm jobs per partition and state (pending, running)",
-           ("partition", "state")),
-    Family("slurm_gpus", "gauge", "GPUs per partition: allocated to jobs, and in all",
-           ("partition", "state")),
-    Family("slurm_nodes", "gauge", "Slurm nodes per state (idle, mixed, drained, down, ...)",
-           ("state",)),
-    Family("slurm_node_drained", "gauge", "1 for each drained or draining node, with its reason",
-           ("node", "reason")),
-    Family("slurm_query_error", "gauge",
-           "1 when the last read of these Slurm figures failed (its figures are left out)",
-           ("query",)),
+    Family(
+        "slurm_up",
+        "gauge",
+        "1 when the Slurm daemon answers (scontrol ping; sacctmgr)",
+        ("daemon",),
+    ),
+    Family(
+        "slurm_jobs",
+        "gauge",
+        "Slurm jobs per partition and state (pending, running)",
+        ("partition", "state"),
+    ),
+    Family(
+        "slurm_gpus",
+        "gauge",
+        "GPUs per partition: allocated to jobs, and in all",
+        ("partition", "state"),
+    ),
+    Family(
+        "slurm_nodes",
+        "gauge",
+        "Slurm nodes per state (idle, mixed, drained, down, ...)",
+        ("state",),
+    ),
+    Family(
+        "slurm_node_drained",
+        "gauge",
+        "1 for each drained or draining node, with its reason",
+        ("node", "reason"),
+    ),
+    Family(
+        "slurm_query_error",
+        "gauge",
+        "1 when the last read of these Slurm figures failed (its figures are left out)",
+        ("query",),
+    ),
     Family("slurm_query_errors_total", "counter", "Failed reads of Slurm figures", ("query",)),
-)  # fmt: skip
+)
 DECLARED = {family.name: family for family in CLUSTER_FAMILIES}
 
 QUERIES = ("slurmctld", "slurmdbd", "nodes", "jobs")
@@ -148,8 +171,9 @@ class SlurmdbdReader:
                 raise
         if self.storage != SLURMDBD_STORAGE:
             return []
-        out = sources.run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
-                          sources.timeout)  # fmt: skip
+        out = sources.run(
+            ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], sources.timeout
+        )
         if out.code is None and "not found" in out.problem:
             raise QueryError(out.problem)
         return [Sample("slurm_up", {"daemon": "slurmdbd"}, int(out.code == 0))]
@@ -222,15 +246,18 @@ def node_samples(nodes: list[dict]) -> list[Sample]:
             if isinstance(partition, str):
                 total[partition] += gres_gpus(text(node.get("gres")))
                 used[partition] += gres_gpus(text(node.get("gres_used")))
-    samples = [Sample("slurm_nodes", {"state": state}, count)
-               for state, count in sorted(states.items())]  # fmt: skip
+    samples = [
+        Sample("slurm_nodes", {"state": state}, count) for state, count in sorted(states.items())
+    ]
     for partition in sorted(total):
-        samples += [Sample("slurm_gpus", {"partition": partition, "state": "allocated"},
-                           used[partition]),
-                    Sample("slurm_gpus", {"partition": partition, "state": "total"},
-                           total[partition])]  # fmt: skip
-    samples += [Sample("slurm_node_drained", {"node": name, "reason": reason}, 1)
-                for name, reason in sorted(drained)]  # fmt: skip
+        samples += [
+            Sample("slurm_gpus", {"partition": partition, "state": "allocated"}, used[partition]),
+            Sample("slurm_gpus", {"partition": partition, "state": "total"}, total[partition]),
+        ]
+    samples += [
+        Sample("slurm_node_drained", {"node": name, "reason": reason}, 1)
+        for name, reason in sorted(drained)
+    ]
     return samples
 
 
@@ -257,8 +284,11 @@ def job_counts(text: str) -> Counter[tuple[str, str]]:
 def job_samples(counts: Counter[tuple[str, str]], partitions: set[str]) -> list[Sample]:
     """Each partition's pending and running jobs, 0 included for the partitions known."""
     known = partitions | {partition for partition, _ in counts}
-    return [Sample("slurm_jobs", {"partition": partition, "state": state}, counts[partition, state])
-            for partition in sorted(known) for state in JOB_STATES.values()]  # fmt: skip
+    return [
+        Sample("slurm_jobs", {"partition": partition, "state": state}, counts[partition, state])
+        for partition in sorted(known)
+        for state in JOB_STATES.values()
+    ]
 
 
 def read_jobs(sources: Sources) -> Counter[tuple[str, str]]:
@@ -279,18 +309,24 @@ class Reading:
 class ClusterCollector:
     """A prometheus_client collector of the cluster's Slurm figures (see the module)."""
 
-    def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic,
-                 wait_seconds: float = SCRAPE_WAIT_SECONDS,
-                 log: Callable[[str], None] = lambda line: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sources: Sources,
+        clock: Callable[[], float] = time.monotonic,
+        wait_seconds: float = SCRAPE_WAIT_SECONDS,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
         self.sources = sources
         self.log = log  # the journal gets a query's failure and its recovery, once each
         self.clock = clock
         self.wait_seconds = wait_seconds
         self.lock = threading.Lock()
         self.readers: dict[str, Callable[[Sources], object]] = {
-            "slurmctld": read_slurmctld, "slurmdbd": SlurmdbdReader(),
-            "nodes": read_nodes, "jobs": read_jobs,
-        }  # fmt: skip
+            "slurmctld": read_slurmctld,
+            "slurmdbd": SlurmdbdReader(),
+            "nodes": read_nodes,
+            "jobs": read_jobs,
+        }
         self.running: dict[str, Future] = {}
         self.readings: dict[str, Reading] = {}
         self.errors: Counter[str] = Counter()
@@ -337,8 +373,9 @@ class ClusterCollector:
             for query in QUERIES:
                 found = self.fresh(query)
                 samples.append(Sample("slurm_query_error", {"query": query}, int(found is None)))
-                samples.append(Sample("slurm_query_errors_total", {"query": query},
-                                      self.errors[query]))  # fmt: skip
+                samples.append(
+                    Sample("slurm_query_errors_total", {"query": query}, self.errors[query])
+                )
             for query in ("slurmctld", "slurmdbd", "nodes"):
                 found = self.fresh(query)
                 samples += found.value if found else []
@@ -346,9 +383,10 @@ class ClusterCollector:
             if jobs:
                 nodes = self.fresh("nodes")
                 partitions = {
-                    s.labels["partition"] for s in (nodes.value if nodes else [])
+                    s.labels["partition"]
+                    for s in (nodes.value if nodes else [])
                     if s.name == "slurm_gpus"
-                }  # fmt: skip
+                }
                 samples += job_samples(jobs.value, partitions)
             return samples
 

@@ -50,8 +50,14 @@ def rendezvous(job_dir: Path, count: int, timeout: float) -> list[dict]:
 class Agreement:
     """`agree(topic, decide)` for one rank of a job of `count` ranks."""
 
-    def __init__(self, job_dir: Path, rank: int, count: int, timeout: float,
-                 grace: float = ANSWER_GRACE_SECONDS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job_dir: Path,
+        rank: int,
+        count: int,
+        timeout: float,
+        grace: float = ANSWER_GRACE_SECONDS,
+    ) -> None:
         self.job_dir, self.rank, self.count = job_dir, rank, count
         self.timeout, self.grace = timeout, grace
         self.used: set[str] = set()

@@ -104,8 +104,9 @@ def running_job(user_dir: Path, job_id: str, config: AgentConfig) -> RunningJob:
         else execute.step_hostnames(nodelist, config.slurm_timeout_seconds)
     )
     if not hosts:
-        raise AgentError(f"job {job_id}: Slurm names no nodes for it (NodeList={nodelist})",
-                         EXIT_CLUSTER)  # fmt: skip
+        raise AgentError(
+            f"job {job_id}: Slurm names no nodes for it (NodeList={nodelist})", EXIT_CLUSTER
+        )
     session = getattr(load(job_dir), "session", None)
     return RunningJob(job_id, job_dir, info.get("JobId") or job_id, hosts, session)
 
@@ -124,8 +125,12 @@ def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = 
     job = running_job(user_dir, job_id, config)
     ranks = range(len(job.hosts)) if rank is None else [rank]
     nodes = [{"host": job.host(r), "rank": r, "address": address_of(job.host(r))} for r in ranks]
-    answer = {"job_id": job_id, "slurm_job_id": job.slurm_job_id, "state": "RUNNING",
-              "nodes": nodes}  # fmt: skip
+    answer = {
+        "job_id": job_id,
+        "slurm_job_id": job.slurm_job_id,
+        "state": "RUNNING",
+        "nodes": nodes,
+    }
     if job.session is not None:
         answer["session"] = job.session
     return answer
@@ -135,10 +140,18 @@ def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool)
     """A step of one task on the rank's node, beside the job's own steps (--overlap),
     that runs `tacc-agent AGENT_WORDS` there; every word an argv word, never a shell line."""
     return [
-        "srun", f"--jobid={job.slurm_job_id}", "--overlap", "--nodes=1", "--ntasks=1",
-        f"--nodelist={job.host(rank)}", f"--chdir={job.job_dir}", "--quiet",
-        *(["--pty"] if pty else []), *execute.AGENT, *agent_words,
-    ]  # fmt: skip
+        "srun",
+        f"--jobid={job.slurm_job_id}",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={job.host(rank)}",
+        f"--chdir={job.job_dir}",
+        "--quiet",
+        *(["--pty"] if pty else []),
+        *execute.AGENT,
+        *agent_words,
+    ]
 
 
 def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> list[str]:
@@ -187,8 +200,9 @@ def connect(
     return 0  # only when exec is replaced (tests)
 
 
-def attach(user_dir: Path, job_id: str, config: AgentConfig, rank: int, command: list[str],
-           pty: bool) -> int:  # fmt: skip
+def attach(
+    user_dir: Path, job_id: str, config: AgentConfig, rank: int, command: list[str], pty: bool
+) -> int:
     """Checks, then execs `srun --jobid --overlap ... tacc-agent enter JOBDIR` (no return:
     stdin, stdout, stderr, signals and the exit status are srun's, the command's)."""
     job = running_job(user_dir, job_id, config)
@@ -258,8 +272,9 @@ def on_terminal() -> bool:
     return os.isatty(0)
 
 
-def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
-               config: AgentConfig) -> tuple[list[str], int]:  # fmt: skip
+def enter_argv(
+    task, job_dir: Path, env: dict[str, str], command: Sequence[str], config: AgentConfig
+) -> tuple[list[str], int]:
     """(the argv to exec: the command, or a shell, inside the job's container if it has
     one; 0, or the shell's status when the command cannot be run there)."""
     container: containers.Container | None = execute.job_container(task, job_dir, config)
@@ -272,8 +287,9 @@ def enter_argv(task, job_dir: Path, env: dict[str, str], command: Sequence[str],
     inner = list(command) or shell_argv(image_path, container.rootfs, on_terminal())
     argv = container.wrap(inner)
     if command_status(argv[0], host_path):
-        raise AgentError(f"the container runtime {argv[0]} is not on this node's PATH",
-                         EXIT_CLUSTER)  # fmt: skip
+        raise AgentError(
+            f"the container runtime {argv[0]} is not on this node's PATH", EXIT_CLUSTER
+        )
     return argv, command_status(inner[0], image_path, container.rootfs)
 
 
@@ -339,8 +355,10 @@ def slurm_still_has(job_id: str, job_dir: Path, config: AgentConfig) -> bool:
     it or the id names another job)."""
     info = jobs.own_info(job_id, job_dir, config)
     return info is not None and info.get("JobState", "") not in (
-        "CANCELLED", "COMPLETED", *jobs.SLURM_FAILED,
-    )  # fmt: skip
+        "CANCELLED",
+        "COMPLETED",
+        *jobs.SLURM_FAILED,
+    )
 
 
 def cancel_once(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig) -> list[dict]:
@@ -356,8 +374,13 @@ def cancel_once(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig)
     return [{"job_id": job_id, "state": state, "cancelled": False}]
 
 
-def cancel_with_retries(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig,
-                        delays: Sequence[float] = CANCEL_RETRY_DELAYS) -> list[dict]:  # fmt: skip
+def cancel_with_retries(
+    user_dir: Path,
+    job_id: str,
+    job_dir: Path,
+    config: AgentConfig,
+    delays: Sequence[float] = CANCEL_RETRY_DELAYS,
+) -> list[dict]:
     """The disconnect's cancel, tried again after each of `delays` (1, 2, 4 .. s: about
     3 minutes in all) while Slurm or the record cannot be reached; the last failure is
     raised (the agent's error line, its exit status)."""
@@ -367,17 +390,24 @@ def cancel_with_retries(user_dir: Path, job_id: str, job_dir: Path, config: Agen
         except AgentError as exc:
             if delay is None:
                 raise
-            print(f"tacc-agent: cancel of job {job_id} failed ({exc}); again in {delay:g} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"tacc-agent: cancel of job {job_id} failed ({exc}); again in {delay:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(delay)
     return []  # not reached: the last try returns or raises
 
 
-def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
-                       stdin: BinaryIO | None = None,
-                       poll_seconds: float = POLL_SECONDS,
-                       heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECONDS,
-                       retry_delays: Sequence[float] = CANCEL_RETRY_DELAYS) -> int:  # fmt: skip
+def stop_on_disconnect(
+    user_dir: Path,
+    job_id: str,
+    config: AgentConfig,
+    stdin: BinaryIO | None = None,
+    poll_seconds: float = POLL_SECONDS,
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECONDS,
+    retry_delays: Sequence[float] = CANCEL_RETRY_DELAYS,
+) -> int:
     """Cancel the caller's job when the client goes away (stdin ends, no byte on it for
     heartbeat_timeout, or SIGHUP, SIGTERM, SIGPIPE), unless it ends by itself first; one
     JSON line each: watching, then the cancel's answer or the job's final state."""
@@ -388,8 +418,9 @@ def stop_on_disconnect(user_dir: Path, job_id: str, config: AgentConfig,
     gone = heartbeat.ended
     for number in DISCONNECT_SIGNALS:
         signal.signal(number, lambda _n, _f: gone.set())
-    reader = threading.Thread(target=watch_stdin, args=(stdin or sys.stdin.buffer, heartbeat),
-                              daemon=True)  # fmt: skip
+    reader = threading.Thread(
+        target=watch_stdin, args=(stdin or sys.stdin.buffer, heartbeat), daemon=True
+    )
     reader.start()
     print_line({"job_id": job_id, "state": "WATCHING"})
     while not gone.wait(min(poll_seconds, heartbeat_timeout)):

@@ -18,8 +18,11 @@ def gres_items(gres: str) -> list[list[str]]:
 def gpu_count(gres: str, name: str = "gpu") -> int:
     """GPUs (or shards, with name="shard") in a node's Gres= (gpu:a100:8(S:0-1),gpu:2,
     shard:16 ...); 0 for (null)."""
-    return sum(int(parts[-1]) for parts in gres_items(gres)
-               if parts[0] == name and len(parts) > 1 and parts[-1].isdigit())  # fmt: skip
+    return sum(
+        int(parts[-1])
+        for parts in gres_items(gres)
+        if parts[0] == name and len(parts) > 1 and parts[-1].isdigit()
+    )
 
 
 def gpu_kinds(gres: str) -> tuple[tuple[str, int], ...]:

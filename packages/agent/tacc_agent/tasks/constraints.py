@@ -29,8 +29,14 @@ class Narrowing:
     """`set_features` for one tick: the queue as read, the originals kept across ticks
     (read at the first narrowing of the tick: a tick that narrows nothing reads nothing)."""
 
-    def __init__(self, jobs: list[QueuedJob], state_dir: Path, timeout: float,
-                 note: Callable[[str], None], now: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        jobs: list[QueuedJob],
+        state_dir: Path,
+        timeout: float,
+        note: Callable[[str], None],
+        now: float = 0.0,
+    ) -> None:
         self.jobs = {job.job_id: job for job in jobs}
         self.path = state_dir / STATE_FILE
         self.timeout = timeout
@@ -49,9 +55,12 @@ class Narrowing:
         kept = found.get("originals") if isinstance(found, dict) else None
         originals: dict[str, dict] = {}
         for job_id, entry in (kept if isinstance(kept, dict) else {}).items():
-            if not (isinstance(entry, dict) and isinstance(entry.get("original"), str)
-                    and isinstance(entry.get("set"), str)
-                    and isinstance(entry.get("at"), int | float)):  # fmt: skip
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("original"), str)
+                and isinstance(entry.get("set"), str)
+                and isinstance(entry.get("at"), int | float)
+            ):
                 continue
             job = self.jobs.get(job_id)
             if job is None and self.now - entry["at"] <= FORGET_SECONDS:
@@ -68,16 +77,19 @@ class Narrowing:
         original = self.originals.get(job_id, {}).get("original", job.features)
         allowed, wanted = either_or(original), either_or(features)
         if not allowed or not wanted or not set(wanted) <= set(allowed):
-            self.note(f"agent: job {job_id}: constraint {features!r} refused: not within "
-                      f"what its owner asked for ({original or 'none'})")  # fmt: skip
+            self.note(
+                f"agent: job {job_id}: constraint {features!r} refused: not within "
+                f"what its owner asked for ({original or 'none'})"
+            )
             return False
         if features == job.features:
             return True
         self.originals[job_id] = {"original": original, "set": features, "at": self.now}
         self.save()  # before Slurm changes it: a tick killed between keeps the original
         try:
-            slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Features={features}"],
-                        self.timeout)  # fmt: skip
+            slurm.slurm(
+                ["scontrol", "update", f"JobId={job_id}", f"Features={features}"], self.timeout
+            )
         except AgentError as exc:  # it started meanwhile, or Slurm did not answer
             self.note(f"agent: job {job_id}: constraint not changed: {exc}")
             return False

@@ -53,8 +53,10 @@ MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
 # Where the node's NVIDIA driver directory appears in the container, and what of it goes
 # at the end of the image's search paths (nvidia-docker 1.0's layout).
 GPU_DRIVER_TARGET = "/usr/local/nvidia"
-GPU_SEARCH_PATHS = {"PATH": f"{GPU_DRIVER_TARGET}/bin",
-                    "LD_LIBRARY_PATH": f"{GPU_DRIVER_TARGET}/lib64"}  # fmt: skip
+GPU_SEARCH_PATHS = {
+    "PATH": f"{GPU_DRIVER_TARGET}/bin",
+    "LD_LIBRARY_PATH": f"{GPU_DRIVER_TARGET}/lib64",
+}
 # Slurm's variables naming the GPUs it gave the job or step; "NoDevFiles": a Gres without
 # devices. Not CUDA_VISIBLE_DEVICES: a user's shell may set it, and sbatch's
 # --export=ALL brings it into the job whatever Slurm gave.
@@ -84,8 +86,14 @@ class Runtime(Protocol):
     # sets them itself.
     defaults: dict[str, str]
 
-    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
-                env: dict[str, str]) -> list[str]: ...  # fmt: skip
+    def command(
+        self,
+        rootfs: Path,
+        argv: Sequence[str],
+        cwd: Path,
+        binds: Sequence[Bind],
+        env: dict[str, str],
+    ) -> list[str]: ...
 
 
 class Charliecloud:
@@ -102,8 +110,14 @@ class Charliecloud:
     def __init__(self, binary: str = "ch-run") -> None:
         self.binary = binary
 
-    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
-                env: dict[str, str]) -> list[str]:  # fmt: skip
+    def command(
+        self,
+        rootfs: Path,
+        argv: Sequence[str],
+        cwd: Path,
+        binds: Sequence[Bind],
+        env: dict[str, str],
+    ) -> list[str]:
         return [
             self.binary,
             "--env-no-expand",  # the image's values as they are, no $ expansion
@@ -128,14 +142,24 @@ class Apptainer:
     def __init__(self, binary: str = "apptainer") -> None:
         self.binary = binary
 
-    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
-                env: dict[str, str]) -> list[str]:  # fmt: skip
+    def command(
+        self,
+        rootfs: Path,
+        argv: Sequence[str],
+        cwd: Path,
+        binds: Sequence[Bind],
+        env: dict[str, str],
+    ) -> list[str]:
         return [
-            self.binary, "exec", "--no-home",
+            self.binary,
+            "exec",
+            "--no-home",
             *(f"--env={key}={value}" for key, value in sorted(env.items())),
             *(f"--bind={b.source}:{b.target}" for b in binds),
-            f"--pwd={cwd}", str(rootfs), *argv,
-        ]  # fmt: skip
+            f"--pwd={cwd}",
+            str(rootfs),
+            *argv,
+        ]
 
 
 class Enroot:
@@ -152,25 +176,37 @@ class Enroot:
     def __init__(self, binary: str = "enroot") -> None:
         self.binary = binary
 
-    def command(self, rootfs: Path, argv: Sequence[str], cwd: Path, binds: Sequence[Bind],
-                env: dict[str, str]) -> list[str]:  # fmt: skip
+    def command(
+        self,
+        rootfs: Path,
+        argv: Sequence[str],
+        cwd: Path,
+        binds: Sequence[Bind],
+        env: dict[str, str],
+    ) -> list[str]:
         enter = f'cd {shlex.quote(str(cwd))} && exec "$@"'
         return [
-            self.binary, "start",
+            self.binary,
+            "start",
             *(f"--env={key}={value}" for key, value in sorted(env.items())),
             *(f"--mount={b.source}:{b.target}" for b in binds),
-            str(rootfs), "sh", "-c", enter, "sh", *argv,
-        ]  # fmt: skip
+            str(rootfs),
+            "sh",
+            "-c",
+            enter,
+            "sh",
+            *argv,
+        ]
 
 
-RUNTIMES: dict[str, type] = {"charliecloud": Charliecloud, "apptainer": Apptainer,
-                             "enroot": Enroot}  # fmt: skip
+RUNTIMES: dict[str, type] = {"charliecloud": Charliecloud, "apptainer": Apptainer, "enroot": Enroot}
 
 
 def runtime_named(name: str) -> Runtime:
     if name not in RUNTIMES:
-        raise AgentError(f"container_runtime: expected one of {', '.join(RUNTIMES)}, not "
-                         f"{name!r}", EXIT_CLUSTER)  # fmt: skip
+        raise AgentError(
+            f"container_runtime: expected one of {', '.join(RUNTIMES)}, not {name!r}", EXIT_CLUSTER
+        )
     return RUNTIMES[name]()
 
 
@@ -214,8 +250,12 @@ def gpu_driver_source(directory: str | None) -> str | None:
     if not directory:
         return None
     normal = os.path.normpath(directory)
-    if (not normal.startswith("/") or normal == "/" or not normal.isprintable()
-            or any(c in normal for c in BIND_SEPARATORS)):  # fmt: skip
+    if (
+        not normal.startswith("/")
+        or normal == "/"
+        or not normal.isprintable()
+        or any(c in normal for c in BIND_SEPARATORS)
+    ):
         raise AgentError(
             f"container_gpu_driver_dir: expected an absolute directory below / without ':' "
             f"or ',', not {directory!r}",
@@ -224,9 +264,16 @@ def gpu_driver_source(directory: str | None) -> str | None:
     return normal
 
 
-def job_binds(user_dir: Path, workspace: str, datasets: Sequence[str], extra: Sequence[str],
-              spool_dir: str, *, gpu_driver_dir: str | None = None,
-              environ: Mapping[str, str] | None = None) -> JobBinds:  # fmt: skip
+def job_binds(
+    user_dir: Path,
+    workspace: str,
+    datasets: Sequence[str],
+    extra: Sequence[str],
+    spool_dir: str,
+    *,
+    gpu_driver_dir: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> JobBinds:
     """The job's binds, in mount order: ops' extra binds that exist on this node, the
     mask over the workspace root when an extra bind shows it, the user's directory,
     the datasets' cluster paths, Slurm's spool directory, and for a job given GPUs
@@ -274,9 +321,12 @@ def prepare_mask(job: JobBinds, mask: Path) -> None:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def container_env(image_env: dict[str, str], task_env: dict[str, str],
-                  runtime_defaults: dict[str, str] | None = None,
-                  search_paths: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+def container_env(
+    image_env: dict[str, str],
+    task_env: dict[str, str],
+    runtime_defaults: dict[str, str] | None = None,
+    search_paths: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The image's own variables (PATH of the image, not the node's) and the runtime's
     defaults, except those the task sets itself (environment.env wins, as it would on
     the node, and is inherited). Each of `search_paths` ({variable: directory}: the

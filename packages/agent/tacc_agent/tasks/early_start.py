@@ -13,8 +13,9 @@ from tacc_agent.errors import AgentError
 from tacc_contract.plugins import PLACEMENT_DELAY_LIMIT, QueuedJob, delayed_for_placement
 
 
-def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], None]
-            ) -> Callable[[str], bool]:  # fmt: skip
+def starter(
+    jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], None]
+) -> Callable[[str], bool]:
     """`Queue.start_now` for one tick: only a job `delayed_for_placement` as read this
     tick and still so in its own record, read again just before (`fresh_delay`)."""
     by_id = {job.job_id: job for job in jobs}
@@ -31,8 +32,10 @@ def starter(jobs: list[QueuedJob], config: AgentConfig, note: Callable[[str], No
             note(f"agent: job {job_id}: start now refused: {why}")
             return False
         try:
-            slurm.slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                        config.slurm_timeout_seconds)  # fmt: skip
+            slurm.slurm(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                config.slurm_timeout_seconds,
+            )
         except AgentError as exc:
             note(f"agent: job {job_id}: start now failed: {exc}")
             return False
@@ -49,8 +52,11 @@ def fresh_delay(job: QueuedJob, config: AgentConfig) -> str:
     neither held nor waiting on a dependency, never requeued (a requeued job
     waits out Slurm's requeue delay, which lets its old run's credential expire)."""
     try:
-        out = slurm.slurm(["scontrol", "show", "job", job.job_id, "--oneliner"],
-                          config.slurm_timeout_seconds, env=slurm.EPOCH_TIMES)  # fmt: skip
+        out = slurm.slurm(
+            ["scontrol", "show", "job", job.job_id, "--oneliner"],
+            config.slurm_timeout_seconds,
+            env=slurm.EPOCH_TIMES,
+        )
     except AgentError as exc:
         return f"its record could not be read ({exc})"
     lines = [line for line in out.splitlines() if line.strip()]

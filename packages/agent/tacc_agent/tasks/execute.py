@@ -142,9 +142,14 @@ def run_line(argv: list[str], cwd: Path, env: dict, forwarder: Forwarder, sink) 
     line ends when its program exits: what it left running in the background (holding
     the output pipe open) is stopped then, as Slurm does at the end of a step."""
     child = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     forwarder.child = child
     if forwarder.terminated:  # the signal came while it was starting
         forwarder.forward(child.pid, signal.SIGTERM)
@@ -255,10 +260,14 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         link_datasets(task, job_dir)
         if task.environment["requirements"] or task.environment.get("lock"):
             environment = envcache.ensure(
-                user_dir_of(job_dir), task.environment["requirements"],
-                environment_builder(config, user_dir_of(job_dir)), job_id, say,
-                config.env_lock_timeout_seconds, task.environment.get("lock"),
-            )  # fmt: skip
+                user_dir_of(job_dir),
+                task.environment["requirements"],
+                environment_builder(config, user_dir_of(job_dir)),
+                job_id,
+                say,
+                config.env_lock_timeout_seconds,
+                task.environment.get("lock"),
+            )
             envcache.record_for_job(job_dir, environment)
             envcache.activate(Path(environment["path"]), env)
         container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
@@ -275,8 +284,9 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         say(f"setup {number}/{len(task.setup)}: {line}")
         argv = ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         argv = container.wrap(argv) if container else argv
-        code = run_line(argv, job_dir / "code", program_env(task, env), forwarder,
-                        sys.stdout.buffer.write)  # fmt: skip
+        code = run_line(
+            argv, job_dir / "code", program_env(task, env), forwarder, sys.stdout.buffer.write
+        )
         sys.stdout.flush()
         if code != 0 or forwarder.terminated:
             reason = f"setup line {number} exited {code}"
@@ -293,8 +303,13 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     # An interactive session: stopped once idle for its idle_timeout (tasks/idle.py).
     watchdog = idle.start(task.session, job_dir, job_id, config.slurm_timeout_seconds, say)
     try:
-        code = run_line(argv, job_dir, env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")},
-                        forwarder, sys.stdout.buffer.write)  # fmt: skip
+        code = run_line(
+            argv,
+            job_dir,
+            env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")},
+            forwarder,
+            sys.stdout.buffer.write,
+        )
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -304,8 +319,9 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     return code
 
 
-def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare: bool = False,
-                  job_id: str = "") -> containers.Container | None:  # fmt: skip
+def job_container(
+    task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare: bool = False, job_id: str = ""
+) -> containers.Container | None:
     """The job's container (None for a task without an image). `prepare` (the batch
     step): pull the image, or build it from the task's build file, if this user's cache
     lacks it, record it in the job, and make the mount points the binds need; the
@@ -325,27 +341,37 @@ def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare
         puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds)
         if task.image_build:
             settings = imagebuild.BuildSettings(
-                lock_timeout, config.image_build_timeout_seconds, config.package_index,
+                lock_timeout,
+                config.image_build_timeout_seconds,
+                config.package_index,
                 config.container_runtime,
-            )  # fmt: skip
-            marker = imagebuild.ensure_build(user_dir, job_dir, task.image_build, job_id, say,
-                                             settings, puller=puller)  # fmt: skip
+            )
+            marker = imagebuild.ensure_build(
+                user_dir, job_dir, task.image_build, job_id, say, settings, puller=puller
+            )
         else:
-            marker = imagecache.ensure(user_dir, task.image, job_id, say, lock_timeout, puller,
-                                       config.container_runtime)  # fmt: skip
+            marker = imagecache.ensure(
+                user_dir, task.image, job_id, say, lock_timeout, puller, config.container_runtime
+            )
         imagecache.record_for_job(job_dir, {**marker, "runtime": config.container_runtime})
     else:  # a wrapper: the batch step pulled or built it
         marker = imagecache.marker_at(user_dir, hex_key, name)
     datasets = [d.cluster for d in task.datasets if d.cluster]
-    job = containers.job_binds(user_dir, config.workspace, datasets, config.container_binds,
-                               config.slurm_spool_dir,
-                               gpu_driver_dir=config.container_gpu_driver_dir)  # fmt: skip
+    job = containers.job_binds(
+        user_dir,
+        config.workspace,
+        datasets,
+        config.container_binds,
+        config.slurm_spool_dir,
+        gpu_driver_dir=config.container_gpu_driver_dir,
+    )
     if prepare:
         containers.prepare_mask(job, user_dir / imagecache.IMAGES / containers.MASK)
         imagecache.make_mount_points_at(user_dir, hex_key, name, job.mount_points, lock_timeout)
     runtime = containers.runtime_named(config.container_runtime)
-    env = containers.container_env(marker.get("env") or {}, task.environment["env"],
-                                   runtime.defaults, job.search_paths)  # fmt: skip
+    env = containers.container_env(
+        marker.get("env") or {}, task.environment["env"], runtime.defaults, job.search_paths
+    )
     return containers.Container(
         runtime=runtime,
         rootfs=imagecache.rootfs_at(user_dir, hex_key),
@@ -355,8 +381,9 @@ def job_container(task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare
     )
 
 
-def in_container(command: Callable[[str], list[str]], container: containers.Container | None,
-                 launcher: str) -> Callable[[str], list[str]]:  # fmt: skip
+def in_container(
+    command: Callable[[str], list[str]], container: containers.Container | None, launcher: str
+) -> Callable[[str], list[str]]:
     """A run line's command inside the container: the whole command (srun's rank, the
     torchrun of a node, `none`), or, for mpirun, which stays on the host and starts its
     ranks itself, each rank's line."""
@@ -395,14 +422,23 @@ def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
     # Slurm 22.05's srun no longer takes the job's cpus-per-task from the environment:
     # each wrapper (and what it starts: torchrun's workers) gets the CPUs the task asked.
     return [
-        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
-        f"--ntasks-per-node={per_node}", f"--cpus-per-task={task.resources['cpus']}",
-        f"--mpi={task.runtime['mpi']}", "--export=ALL", *AGENT, "exec", str(job_dir),
-    ]  # fmt: skip
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes * per_node}",
+        f"--ntasks-per-node={per_node}",
+        f"--cpus-per-task={task.resources['cpus']}",
+        f"--mpi={task.runtime['mpi']}",
+        "--export=ALL",
+        *AGENT,
+        "exec",
+        str(job_dir),
+    ]
 
 
-def report_outcome(task: TaskSpec, job_dir: Path, code: int, seconds: float,
-                   config: AgentConfig) -> None:  # fmt: skip
+def report_outcome(
+    task: TaskSpec, job_dir: Path, code: int, seconds: float, config: AgentConfig
+) -> None:
     """Each execution plug-in's line about the finished run (e.g. predicted vs actual)."""
     submitted = records.read_json(job_dir / "status" / "submit.json") or {}
     outcome = Outcome(task, job_dir, code, seconds, submitted)
@@ -557,16 +593,28 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
 
         become_subreaper()
         forwarder = Forwarder(on_signal, workers_only=task.runtime["launcher"] == "torchrun")
-        facts = {"host": host, "ip": ips[node_rank] if ips else "",
-                 "rdma": transport.local_rdma(config)}  # fmt: skip
+        facts = {
+            "host": host,
+            "ip": ips[node_rank] if ips else "",
+            "rdma": transport.local_rdma(config),
+        }
         records.write_rank(job_dir, rank, **facts, state="PROVISIONING", pid=os.getpid())
-        launch = Launch(task, rank, nodes, ips, job_id,
-                        program_env(task, base_env(job_dir, task)), job_dir=job_dir,
-                        config=config, node_rank=node_rank, local_rank=local_rank,
-                        wrappers=wrappers, facts=facts,
-                        node_features=lambda: node_features(host, config),
-                        agree=Agreement(job_dir, rank, wrappers,
-                                        config.rendezvous_timeout_seconds))  # fmt: skip
+        launch = Launch(
+            task,
+            rank,
+            nodes,
+            ips,
+            job_id,
+            program_env(task, base_env(job_dir, task)),
+            job_dir=job_dir,
+            config=config,
+            node_rank=node_rank,
+            local_rank=local_rank,
+            wrappers=wrappers,
+            facts=facts,
+            node_features=lambda: node_features(host, config),
+            agree=Agreement(job_dir, rank, wrappers, config.rendezvous_timeout_seconds),
+        )
         for plugin in in_layer(cluster_plugins(task, config), "execute"):
             plugin.execute(launch)
         marks.mark("rendezvous")
@@ -585,9 +633,13 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
         if rank == 0:
             shaped = {k: v for k, v in launch.notes.items() if k != "transport"}
-            records.add_event(job_dir, "RUNNING", nodes=nodes,
-                              transport=choice.name if choice else "none",
-                              **({"plugins": shaped} if shaped else {}))  # fmt: skip
+            records.add_event(
+                job_dir,
+                "RUNNING",
+                nodes=nodes,
+                transport=choice.name if choice else "none",
+                **({"plugins": shaped} if shaped else {}),
+            )
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]
         )

@@ -121,8 +121,9 @@ def series_sums(base_url: str, since: float, until: float, deadline: float) -> d
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PrometheusUnavailable(f"no answer within {DEADLINE_SECONDS:g} s in all")
-            for item in query(base_url, f"{function}({METRIC}{span})", end,
-                              min(QUERY_TIMEOUT_SECONDS, left)):  # fmt: skip
+            for item in query(
+                base_url, f"{function}({METRIC}{span})", end, min(QUERY_TIMEOUT_SECONDS, left)
+            ):
                 labels = item.get("metric") if isinstance(item, dict) else None
                 job_id = slurm_job(labels) if isinstance(labels, dict) else None
                 value = sample_value(item)

@@ -334,8 +334,10 @@ def canceller(
                 slurm.slurm(["scancel", job_id], timeout)
             except AgentError as exc:
                 if delay is None:
-                    say(f"idle watchdog: scancel failed ({exc}); the session keeps running, "
-                        "tried again at the next sample")  # fmt: skip
+                    say(
+                        f"idle watchdog: scancel failed ({exc}); the session keeps running, "
+                        "tried again at the next sample"
+                    )
                     return False
                 say(f"idle watchdog: scancel failed ({exc}); again in {delay:g} s")
                 if pause(delay):

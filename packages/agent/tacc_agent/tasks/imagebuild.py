@@ -62,8 +62,7 @@ NEEDS_CHARLIECLOUD = (
 )
 DEFAULT_SHELL = ("/bin/sh", "-c")
 # The agent's own variables a RUN step gets (the cluster's way out and its package index).
-PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                   "NO_PROXY")  # fmt: skip
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 MAX_SYMLINKS = 40  # as the kernel's ELOOP limit
 LAST_LINE_CHARS = 300
 
@@ -80,8 +79,9 @@ class Runner(Protocol):
     `cwd` (a path in the image), with exactly the variables of `env_file` (KEY='VALUE'
     lines); every output line goes to `sink`; returns the exit status."""
 
-    def __call__(self, rootfs: Path, argv: Sequence[str], cwd: str, env_file: Path,
-                 sink: Sink) -> int: ...  # fmt: skip
+    def __call__(
+        self, rootfs: Path, argv: Sequence[str], cwd: str, env_file: Path, sink: Sink
+    ) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -96,21 +96,36 @@ class ChRun:
     binary: str = "ch-run"
 
     def argv(self, rootfs: Path, argv: Sequence[str], cwd: str, env_file: Path) -> list[str]:
-        return [self.binary, "-w", "--uid=0", "--gid=0", "--private-tmp", "--unset-env=*",
-                "--env-no-expand", f"--set-env={env_file}", f"--cd={cwd}", str(rootfs), "--",
-                *argv]  # fmt: skip
+        return [
+            self.binary,
+            "-w",
+            "--uid=0",
+            "--gid=0",
+            "--private-tmp",
+            "--unset-env=*",
+            "--env-no-expand",
+            f"--set-env={env_file}",
+            f"--cd={cwd}",
+            str(rootfs),
+            "--",
+            *argv,
+        ]
 
-    def __call__(self, rootfs: Path, argv: Sequence[str], cwd: str, env_file: Path,
-                 sink: Sink) -> int:  # fmt: skip
+    def __call__(
+        self, rootfs: Path, argv: Sequence[str], cwd: str, env_file: Path, sink: Sink
+    ) -> int:
         environ = dict(os.environ)
         environ.setdefault("USER", getpass.getuser())  # ch-run wants $USER
         before = set(proctree.descendants(os.getpid()))
         try:
             child = subprocess.Popen(
-                self.argv(rootfs, argv, cwd, env_file), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
+                self.argv(rootfs, argv, cwd, env_file),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environ,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         except FileNotFoundError:
             missing = f"{self.binary} is not installed on this node (container_runtime role)"
             raise AgentError(missing, EXIT_FAILED) from None
@@ -160,8 +175,14 @@ class BuildState:
     env: dict[str, str] = field(default_factory=dict)
 
     def run_env(self) -> dict[str, str]:
-        return {"PATH": DEFAULT_PATH, "HOME": "/root", **self.args, **self.base_env,
-                **self.agent_env, **self.env}  # fmt: skip
+        return {
+            "PATH": DEFAULT_PATH,
+            "HOME": "/root",
+            **self.args,
+            **self.base_env,
+            **self.agent_env,
+            **self.env,
+        }
 
     def image_env(self) -> dict[str, str]:
         """The result's own variables (what container_env uses): ARGs and the agent's
@@ -172,8 +193,9 @@ class BuildState:
 def key_hex(image_build: Mapping) -> str:
     key = str(image_build.get("key", ""))
     if not buildfile.KEY.fullmatch(key):
-        raise AgentError(f"task.image_build.key: expected sha256:<64 hex>, not {key!r}",
-                         EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"task.image_build.key: expected sha256:<64 hex>, not {key!r}", EXIT_FAILED
+        )
     return key.split(":", 1)[1]
 
 
@@ -200,8 +222,9 @@ def write_env_file(path: Path, env: Mapping[str, str], where: str) -> None:
     for key, value in sorted(env.items()):
         problem = env_file_problem(key, value)
         if problem:
-            raise AgentError(f"{where}: the variable {key!r} {problem}; a RUN step cannot "
-                             "get it", EXIT_FAILED)  # fmt: skip
+            raise AgentError(
+                f"{where}: the variable {key!r} {problem}; a RUN step cannot get it", EXIT_FAILED
+            )
         lines.append(f"{key}='{value}'\n")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -276,8 +299,10 @@ def make_dirs(rootfs: Path, path: str, where: str) -> Path:
         if here.is_dir():
             continue
         if here.exists():
-            raise AgentError(f"{where}: {'/' + '/'.join(parts[:count])} is not a directory "
-                             "in the image", EXIT_FAILED)  # fmt: skip
+            raise AgentError(
+                f"{where}: {'/' + '/'.join(parts[:count])} is not a directory in the image",
+                EXIT_FAILED,
+            )
         with writable(here.parent):
             here.mkdir(mode=0o755)
     return in_image(rootfs, path)
@@ -291,8 +316,11 @@ def place_file(source: Path, rootfs: Path, dest: str, mode: int, where: str) -> 
     if target.is_symlink() and in_image(rootfs, dest).is_dir():
         parent, target = in_image(rootfs, dest), in_image(rootfs, dest) / source.name
     if target.is_dir() and not target.is_symlink():
-        raise AgentError(f"{where}: {dest} is a directory in the image; name a file or end "
-                         "the destination with '/'", EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"{where}: {dest} is a directory in the image; name a file or end "
+            "the destination with '/'",
+            EXIT_FAILED,
+        )
     with writable(parent):
         if target.is_symlink() or target.exists():
             target.unlink()
@@ -317,8 +345,9 @@ class Context:
         path = self.root / relative
         real, top = os.path.realpath(path), os.path.realpath(self.root)
         if os.path.commonpath([real, top]) != top or not os.path.isfile(real):
-            raise AgentError(f"{where}: {relative} is not a file inside the build context",
-                             EXIT_FAILED)  # fmt: skip
+            raise AgentError(
+                f"{where}: {relative} is not a file inside the build context", EXIT_FAILED
+            )
         return Path(real)
 
     def digest(self, relative: str, where: str) -> str:
@@ -332,8 +361,10 @@ class Context:
 def job_context(job_dir: Path, image_build: Mapping) -> Context:
     context = str(image_build.get("context", ""))
     if context.startswith("/") or ".." in PurePosixPath(context).parts:
-        raise AgentError(f"task.image_build.context: expected a directory inside the task, "
-                         f"not {context!r}", EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"task.image_build.context: expected a directory inside the task, not {context!r}",
+            EXIT_FAILED,
+        )
     manifest = (records.read_json(job_dir / INSTRUCTION) or {}).get("manifest") or {}
     prefix = posixpath.join("code", context, "") if context else "code/"
     modes = {}
@@ -344,18 +375,21 @@ def job_context(job_dir: Path, image_build: Mapping) -> Context:
     return Context(job_dir / "code" / context if context else job_dir / "code", modes)
 
 
-def read_build_file(job_dir: Path, image_build: Mapping,
-                    base_env: Mapping[str, str] | None = None) -> BuildFile:  # fmt: skip
+def read_build_file(
+    job_dir: Path, image_build: Mapping, base_env: Mapping[str, str] | None = None
+) -> BuildFile:
     name = str(image_build.get("file", ""))
     if not name or name.startswith("/") or ".." in PurePosixPath(name).parts:
-        raise AgentError(f"task.image_build.file: expected a file inside the task, not "
-                         f"{name!r}", EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"task.image_build.file: expected a file inside the task, not {name!r}", EXIT_FAILED
+        )
     path = job_dir / "code" / name
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise AgentError(f"{name}: cannot read the build file from the job's files: {exc}",
-                         EXIT_FAILED) from None  # fmt: skip
+        raise AgentError(
+            f"{name}: cannot read the build file from the job's files: {exc}", EXIT_FAILED
+        ) from None
     try:
         return buildfile.parse(text, name, base_env=base_env)
     except BuildFileError as exc:
@@ -366,8 +400,10 @@ def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
     """The key tcloud computed at submit, again from the job's own files."""
     try:
         copied = buildfile.copied_files(build, context.modes)
-        files = {path: (context.digest(path, build.source), bool(context.modes[path] & 0o111))
-                 for path in copied}  # fmt: skip
+        files = {
+            path: (context.digest(path, build.source), bool(context.modes[path] & 0o111))
+            for path in copied
+        }
         key = buildfile.build_key(build, str(image_build.get("base", "")), files)
     except (BuildFileError, ValueError) as exc:
         raise AgentError(str(exc), EXIT_FAILED) from None
@@ -380,8 +416,9 @@ def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
 
 
 # ---------------------------------------------------------------- the steps
-def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
-              state: BuildState, log: Log) -> None:  # fmt: skip
+def copy_step(
+    step: Step, build: BuildFile, context: Context, rootfs: Path, state: BuildState, log: Log
+) -> None:
     """COPY with Docker's rules: a directory source copies its contents; a file goes to
     dest, or under it when dest ends in '/' (or is a directory); several sources (or a
     glob matching several) need a dest ending in '/'."""
@@ -400,8 +437,11 @@ def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
             matched.setdefault("/".join(path.split("/")[:depth]), []).append(path)
         roots += sorted(matched.items())
     if (len(sources) > 1 or len(roots) > 1) and not dest.endswith("/"):
-        raise AgentError(f"{where}: COPY with several sources needs a destination ending "
-                         f"in '/', not {step.args[1]!r}", EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"{where}: COPY with several sources needs a destination ending "
+            f"in '/', not {step.args[1]!r}",
+            EXIT_FAILED,
+        )
     count = 0
     for root, files in roots:
         is_dir = files != [root]
@@ -422,8 +462,16 @@ def copy_step(step: Step, build: BuildFile, context: Context, rootfs: Path,
     log(f"build: {count} file(s) copied")
 
 
-def run_step(step: Step, build: BuildFile, rootfs: Path, env_file: Path, state: BuildState,
-             runner: Runner, timeout: float, log: Log) -> None:  # fmt: skip
+def run_step(
+    step: Step,
+    build: BuildFile,
+    rootfs: Path,
+    env_file: Path,
+    state: BuildState,
+    runner: Runner,
+    timeout: float,
+    log: Log,
+) -> None:
     where = f"{build.source}:{step.line}"
     form, body = step.args
     argv = [*state.shell, body] if form == "shell" else list(body)
@@ -439,13 +487,14 @@ def run_step(step: Step, build: BuildFile, rootfs: Path, env_file: Path, state: 
     try:
         code = runner(rootfs, argv, state.cwd, env_file, sink)
     except StepTimeout:
-        raise AgentError(f"{where}: RUN took longer than {timeout:g} s "
-                         "(image_build_timeout_seconds)", EXIT_FAILED) from None  # fmt: skip
+        raise AgentError(
+            f"{where}: RUN took longer than {timeout:g} s (image_build_timeout_seconds)",
+            EXIT_FAILED,
+        ) from None
     finally:
         env_file.unlink(missing_ok=True)
     if code != 0:
-        raise AgentError(f"{where}: RUN exited {code}: {last[0][-LAST_LINE_CHARS:]}",
-                         EXIT_FAILED)  # fmt: skip
+        raise AgentError(f"{where}: RUN exited {code}: {last[0][-LAST_LINE_CHARS:]}", EXIT_FAILED)
 
 
 def describe(step: Step) -> str:
@@ -473,21 +522,29 @@ def shown_path(filename: object, rootfs: Path, context: Context) -> str:
     return ""
 
 
-def step_failure(exc: OSError | ValueError, where: str, kind: str, rootfs: Path,
-                 context: Context) -> AgentError:  # fmt: skip
+def step_failure(
+    exc: OSError | ValueError, where: str, kind: str, rootfs: Path, context: Context
+) -> AgentError:
     """A step's OS or value error (a name too long, a directory a RUN made unreadable,
     a NUL byte in a path or argument) as the job's positioned reason."""
     if isinstance(exc, OSError):
         reason = exc.strerror or str(exc)
         path = shown_path(exc.filename, rootfs, context)
-        return AgentError(f"{where}: {kind}: {reason}{': ' + path if path else ''}",
-                          EXIT_FAILED)  # fmt: skip
+        return AgentError(f"{where}: {kind}: {reason}{': ' + path if path else ''}", EXIT_FAILED)
     reason = "a NUL byte in a path or argument" if "null" in str(exc) else str(exc)
     return AgentError(f"{where}: {kind}: {reason}", EXIT_FAILED)
 
 
-def apply_steps(build: BuildFile, context: Context, rootfs: Path, env_file: Path,
-                state: BuildState, runner: Runner, timeout: float, log: Log) -> None:  # fmt: skip
+def apply_steps(
+    build: BuildFile,
+    context: Context,
+    rootfs: Path,
+    env_file: Path,
+    state: BuildState,
+    runner: Runner,
+    timeout: float,
+    log: Log,
+) -> None:
     total = len(build.steps)
     for number, step in enumerate(build.steps, 1):
         where = f"{build.source}:{step.line}"
@@ -498,8 +555,17 @@ def apply_steps(build: BuildFile, context: Context, rootfs: Path, env_file: Path
             raise step_failure(exc, where, step.kind, rootfs, context) from None
 
 
-def apply_step(step: Step, build: BuildFile, context: Context, rootfs: Path, env_file: Path,
-               state: BuildState, runner: Runner, timeout: float, log: Log) -> None:  # fmt: skip
+def apply_step(
+    step: Step,
+    build: BuildFile,
+    context: Context,
+    rootfs: Path,
+    env_file: Path,
+    state: BuildState,
+    runner: Runner,
+    timeout: float,
+    log: Log,
+) -> None:
     if step.kind == "ARG":
         name, default = step.args
         if default is not None:
@@ -516,16 +582,16 @@ def apply_step(step: Step, build: BuildFile, context: Context, rootfs: Path, env
     elif step.kind == "RUN":
         run_step(step, build, rootfs, env_file, state, runner, timeout, log)
     else:  # the contract only yields the kinds above
-        raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built",
-                         EXIT_FAILED)  # fmt: skip
+        raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built", EXIT_FAILED)
 
 
 def copy_rootfs(source: Path, target: Path) -> None:
     """The base's files into the work directory: cp -a (a reflink where the filesystem
     has them), so the base in the cache is never written."""
     argv = ["cp", "-a", "--reflink=auto", "--", str(source), str(target)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1][-LAST_LINE_CHARS:]
         raise AgentError(f"cannot copy the base image's files: {last}", EXIT_FAILED)
@@ -548,8 +614,16 @@ class BuildSettings:
     runtime: str = RUNTIME
 
 
-def build(job_dir: Path, image_build: Mapping, target: Path, base: dict, runner: Runner,
-          settings: BuildSettings, job_id: str, log: Log) -> dict:  # fmt: skip
+def build(
+    job_dir: Path,
+    image_build: Mapping,
+    target: Path,
+    base: dict,
+    runner: Runner,
+    settings: BuildSettings,
+    job_id: str,
+    log: Log,
+) -> dict:
     """Build in a private work directory beside the cache, rename it into place with its
     marker; the work directory goes whatever happens."""
     work = target.parent / f"{BUILD_PREFIX}{target.name}-{os.getpid()}"
@@ -562,10 +636,21 @@ def build(job_dir: Path, image_build: Mapping, target: Path, base: dict, runner:
         copy_rootfs(Path(base["path"]), bundle / imagecache.ROOTFS)
         base_env = base.get("env") or {}
         steps = read_build_file(job_dir, image_build, base_env)
-        state = BuildState(dict(base_env), agent_variables(settings.package_index, os.environ),
-                           cwd=base_cwd(Path(base["path"]).parent))  # fmt: skip
-        apply_steps(steps, job_context(job_dir, image_build), bundle / imagecache.ROOTFS,
-                    env_file, state, runner, settings.step_timeout, log)  # fmt: skip
+        state = BuildState(
+            dict(base_env),
+            agent_variables(settings.package_index, os.environ),
+            cwd=base_cwd(Path(base["path"]).parent),
+        )
+        apply_steps(
+            steps,
+            job_context(job_dir, image_build),
+            bundle / imagecache.ROOTFS,
+            env_file,
+            state,
+            runner,
+            settings.step_timeout,
+            log,
+        )
         marker = {
             "digest": image_build["key"],
             "reference": label(image_build),
@@ -639,8 +724,9 @@ def build_wait(steps: BuildFile, settings: BuildSettings, puller: object) -> flo
 
 
 @contextlib.contextmanager
-def build_lock(images: Path, hex_key: str, job_id: str, what: str, log: Log,
-               wait: Callable[[], float]) -> Iterator[None]:  # fmt: skip
+def build_lock(
+    images: Path, hex_key: str, job_id: str, what: str, log: Log, wait: Callable[[], float]
+) -> Iterator[None]:
     """The key's lock (the same file imagecache's mount points take), with a holder file
     naming the job that builds, so the jobs that wait say whom they wait for; `wait()`:
     how long at most (asked only if someone holds it)."""
@@ -657,13 +743,22 @@ def build_lock(images: Path, hex_key: str, job_id: str, what: str, log: Log,
                     deadline = time.monotonic() + seconds
                     log(f"{what}: waiting for {holder_of(holder)} (at most {seconds:g} s)")
                 elif time.monotonic() > deadline:
-                    raise AgentError(f"{what}: still being built by {holder_of(holder)} after "
-                                     f"{seconds:g} s; submit again later",
-                                     EXIT_FAILED) from None  # fmt: skip
+                    raise AgentError(
+                        f"{what}: still being built by {holder_of(holder)} after "
+                        f"{seconds:g} s; submit again later",
+                        EXIT_FAILED,
+                    ) from None
                 time.sleep(0.5)
         try:
-            records.write_json(holder, {"job": job_id, "host": socket.gethostname(),
-                                        "pid": os.getpid(), "since": time.time()})  # fmt: skip
+            records.write_json(
+                holder,
+                {
+                    "job": job_id,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "since": time.time(),
+                },
+            )
             yield
         finally:
             with contextlib.suppress(OSError):
@@ -682,9 +777,16 @@ def build_errors(what: str) -> Iterator[None]:
         raise AgentError(f"{what}: {reason}", EXIT_FAILED) from None
 
 
-def ensure_build(user_dir: Path, job_dir: Path, image_build: Mapping, job_id: str, log: Log,
-                 settings: BuildSettings, runner: Runner | None = None,
-                 puller: imagecache.Puller | None = None) -> dict:  # fmt: skip
+def ensure_build(
+    user_dir: Path,
+    job_dir: Path,
+    image_build: Mapping,
+    job_id: str,
+    log: Log,
+    settings: BuildSettings,
+    runner: Runner | None = None,
+    puller: imagecache.Puller | None = None,
+) -> dict:
     """The ready image's record (as imagecache.ensure's), building it if no job of the
     user has yet. `image_build`: the instruction's task.image_build."""
     if settings.runtime != RUNTIME:
@@ -705,13 +807,23 @@ def ensure_build(user_dir: Path, job_dir: Path, image_build: Mapping, job_id: st
             if marker:
                 log(f"{what}: reused (built by job {marker.get('built_by_job')})")
                 return {**marker, "path": str(target / imagecache.ROOTFS)}
-            check_key(read_build_file(job_dir, image_build), image_build,
-                      job_context(job_dir, image_build))  # fmt: skip
+            check_key(
+                read_build_file(job_dir, image_build),
+                image_build,
+                job_context(job_dir, image_build),
+            )
             clear_stale_builds(images, hex_key)
             if target.exists():  # a directory without its marker was never finished
                 imagecache.remove_tree(target)
-            base = imagecache.ensure(user_dir, str(image_build["base"]), job_id, log,
-                                     settings.lock_timeout, puller, settings.runtime)  # fmt: skip
+            base = imagecache.ensure(
+                user_dir,
+                str(image_build["base"]),
+                job_id,
+                log,
+                settings.lock_timeout,
+                puller,
+                settings.runtime,
+            )
             log(f"{what}: building FROM {image_build['base']} ...")
             runner = runner or ChRun(settings.step_timeout)
             marker = build(job_dir, image_build, target, base, runner, settings, job_id, log)

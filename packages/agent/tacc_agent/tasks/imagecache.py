@@ -108,17 +108,30 @@ class SkopeoUmoci:
     def __call__(self, ref: ImageRef, work: Path, log: Log) -> Path:
         layout, bundle = work / "oci", work / "bundle"
         copy_to_layout(ref, layout, LAYOUT_TAG, self.timeout, self.skopeo)
-        argv = [self.umoci, "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}",
-                str(bundle)]  # fmt: skip
+        argv = [
+            self.umoci,
+            "unpack",
+            "--rootless",
+            "--image",
+            f"{layout}:{LAYOUT_TAG}",
+            str(bundle),
+        ]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False,
-                                  timeout=self.timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except FileNotFoundError:
             missing = f"{self.umoci} is not installed on this node (container_runtime role)"
             raise AgentError(missing, EXIT_FAILED) from None
         except subprocess.TimeoutExpired:
-            raise AgentError(f"{ref}: unpacking took longer than {self.timeout:g} s",
-                             EXIT_FAILED) from None  # fmt: skip
+            raise AgentError(
+                f"{ref}: unpacking took longer than {self.timeout:g} s", EXIT_FAILED
+            ) from None
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1][-300:]
             raise AgentError(f"{ref}: umoci unpack exited {proc.returncode}: {last}", EXIT_FAILED)
@@ -139,8 +152,9 @@ def clear_stale_pulls(images: Path, hex_digest: str) -> None:
         remove_tree(left)
 
 
-def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log,
-         runtime: str = "") -> dict:  # fmt: skip
+def pull(
+    ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log, runtime: str = ""
+) -> dict:
     """Pull into a private temporary directory and rename it into place, marker inside."""
     work = target.parent / f"{PULL_PREFIX}{target.name}-{os.getpid()}"
     remove_tree(work)
@@ -174,8 +188,15 @@ def pull(ref: ImageRef, target: Path, puller: Puller, job_id: str, log: Log,
     return marker
 
 
-def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: float,
-           puller: Puller | None = None, runtime: str = "") -> dict:  # fmt: skip
+def ensure(
+    user_dir: Path,
+    pinned: str,
+    job_id: str,
+    log: Log,
+    lock_timeout: float,
+    puller: Puller | None = None,
+    runtime: str = "",
+) -> dict:
     """The ready image's record (digest, reference, path of its rootfs, ...), pulling it
     if no job has yet. `pinned`: the instruction's task.image (name@sha256:...);
     `runtime`: the runtime the directory image is unpacked for (recorded)."""
@@ -188,8 +209,10 @@ def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: flo
     with locked(images / f"{hex_digest}.lock", lock_timeout):
         marker = ready(target)
         if marker:
-            log(f"image {ref.repository} {short}: reused (pulled by job "
-                f"{marker.get('pulled_by_job')})")  # fmt: skip
+            log(
+                f"image {ref.repository} {short}: reused (pulled by job "
+                f"{marker.get('pulled_by_job')})"
+            )
             return {**marker, "path": str(target / ROOTFS)}
         clear_stale_pulls(images, hex_digest)
         if target.exists():  # a directory without its marker was never finished
@@ -197,13 +220,16 @@ def ensure(user_dir: Path, pinned: str, job_id: str, log: Log, lock_timeout: flo
         log(f"image {ref.repository} {short}: pulling {ref} ...")
         marker = pull(ref, target, puller or SkopeoUmoci(), job_id, log, runtime)
         mib = marker["bytes"] / 2**20
-        log(f"image {ref.repository} {short}: pulled and unpacked in {marker['seconds']} s "
-            f"({mib:.0f} MiB)")  # fmt: skip
+        log(
+            f"image {ref.repository} {short}: pulled and unpacked in {marker['seconds']} s "
+            f"({mib:.0f} MiB)"
+        )
     return marker
 
 
-def make_mount_points_at(user_dir: Path, hex_digest: str, ref: str, targets: Iterable[str],
-                         lock_timeout: float) -> None:  # fmt: skip
+def make_mount_points_at(
+    user_dir: Path, hex_digest: str, ref: str, targets: Iterable[str], lock_timeout: float
+) -> None:
     """Empty directories in the image (the cache entry `hex_digest`, named `ref` in
     errors) for bind targets it lacks (a read-only directory image cannot get them at
     run time: ch-run refuses to bind onto a missing path). Under the image's lock;
@@ -221,8 +247,10 @@ def make_mount_points_at(user_dir: Path, hex_digest: str, ref: str, targets: Ite
             try:
                 inside.mkdir(mode=0o755, parents=True, exist_ok=True)
             except OSError as exc:
-                raise AgentError(f"{ref}: cannot make the mount point {target} in the image: "
-                                 f"{exc.strerror}", EXIT_FAILED) from None  # fmt: skip
+                raise AgentError(
+                    f"{ref}: cannot make the mount point {target} in the image: {exc.strerror}",
+                    EXIT_FAILED,
+                ) from None
 
 
 def public(marker: dict, directory: Path) -> dict:
@@ -262,7 +290,9 @@ def marker_at(user_dir: Path, hex_digest: str, ref: str) -> dict:
     directory = images_dir(user_dir) / hex_digest
     marker = ready(directory)
     if not marker:
-        raise AgentError(f"{ref}: the image is not in the cache on this node "
-                         f"({directory}); the batch step pulls or builds it first",
-                         EXIT_FAILED)  # fmt: skip
+        raise AgentError(
+            f"{ref}: the image is not in the cache on this node "
+            f"({directory}); the batch step pulls or builds it first",
+            EXIT_FAILED,
+        )
     return marker

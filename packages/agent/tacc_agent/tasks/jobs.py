@@ -33,8 +33,15 @@ from tacc_contract.trials import trials_of
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
 # Not ended, not running: the job comes back (or is resumed) later.
-SLURM_PAUSED = ("SUSPENDED", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED",
-                "SPECIAL_EXIT", "REVOKED")  # fmt: skip
+SLURM_PAUSED = (
+    "SUSPENDED",
+    "STOPPED",
+    "PREEMPTED",
+    "RESV_DEL_HOLD",
+    "REQUEUE_FED",
+    "SPECIAL_EXIT",
+    "REVOKED",
+)
 LOG_LINES = 10
 # squeue's columns for parse_squeue: comment last, as the only one a user writes freely.
 SQUEUE_FORMAT = "--format=%i|%T|%r|%M|%N|%Z|%k"
@@ -132,8 +139,11 @@ def reconcile(
 
 def array_queue(job_id: str, config: AgentConfig) -> dict[str, dict[str, str]]:
     """Slurm's view of every task of array job_id still in the queue, by "12_3"."""
-    out = slurm.slurm(["squeue", "--me", "--noheader", "--array", f"--jobs={job_id}",
-                       SQUEUE_FORMAT], config.slurm_timeout_seconds, check=False)  # fmt: skip
+    out = slurm.slurm(
+        ["squeue", "--me", "--noheader", "--array", f"--jobs={job_id}", SQUEUE_FORMAT],
+        config.slurm_timeout_seconds,
+        check=False,
+    )
     return parse_squeue(out)
 
 
@@ -154,8 +164,9 @@ def queued(queue: dict[str, dict[str, str]], job_id: str, job_dir: Path) -> dict
     return info if info and job_tags.tagged_for(info, sweep_root(job_dir, job_id)) else None
 
 
-def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
-                 queue: dict[str, dict[str, str]] | None = None) -> dict:  # fmt: skip
+def sweep_status(
+    job_id: str, job_dir: Path, config: AgentConfig, queue: dict[str, dict[str, str]] | None = None
+) -> dict:
     """A sweep: each trial reconciled like a job, and the sweep's state from theirs."""
     queue = array_queue(job_id, config) if queue is None else queue
     parameters = trials_of(load(job_dir))
@@ -167,19 +178,31 @@ def sweep_status(job_id: str, job_dir: Path, config: AgentConfig,
             info = own_info(trial_id, trial, config)
         state, reason = reconcile(trial, info, config.slurm_timeout_seconds)
         final = records.current(records.history(trial)) or {}
-        trials.append({
-            "trial": int(index), "job_id": trial_id, "state": state, "reason": reason,
-            "exit_code": final.get("exit_code") if state in records.TERMINAL else None,
-            "parameters": parameters[int(index)] if int(index) < len(parameters) else {},
-            "nodes": (info or {}).get("NodeList", ""),
-        })  # fmt: skip
+        trials.append(
+            {
+                "trial": int(index),
+                "job_id": trial_id,
+                "state": state,
+                "reason": reason,
+                "exit_code": final.get("exit_code") if state in records.TERMINAL else None,
+                "parameters": parameters[int(index)] if int(index) < len(parameters) else {},
+                "nodes": (info or {}).get("NodeList", ""),
+            }
+        )
     states = [t["state"] for t in trials]
     return {
-        "job_id": job_id, "name": _name(job_dir), "state": sweeps.summary_state(states),
-        "reason": sweeps.counts(states), "exit_code": None, "workdir": str(job_dir),
-        "sweep": True, "trials": trials, "history": [], "nodes": [],
+        "job_id": job_id,
+        "name": _name(job_dir),
+        "state": sweeps.summary_state(states),
+        "reason": sweeps.counts(states),
+        "exit_code": None,
+        "workdir": str(job_dir),
+        "sweep": True,
+        "trials": trials,
+        "history": [],
+        "nodes": [],
         "plugins": _plugins(job_dir),
-    }  # fmt: skip
+    }
 
 
 def _plugins(job_dir: Path) -> dict:
@@ -267,8 +290,9 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
     """The caller's jobs (their own index: nobody else's), newest first; a job whose
     sbatch has not answered yet is SUBMITTING, with no id."""
     waiting = submitting.resolve(user_dir, config)
-    out = slurm.slurm(["squeue", "--me", "--array", "--noheader", SQUEUE_FORMAT],
-                      config.slurm_timeout_seconds)  # fmt: skip
+    out = slurm.slurm(
+        ["squeue", "--me", "--array", "--noheader", SQUEUE_FORMAT], config.slurm_timeout_seconds
+    )
     queue = parse_squeue(out)
     rows = [submitting_row(job_dir) for job_dir in waiting]
     ended: dict[str, Path] = {}  # jobs that left the queue: where they ran comes after
@@ -278,13 +302,16 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
             sweep = sweep_status(job_id, job_dir, config, queue)
             history = records.history(job_dir)
             submitted = history[0]["time"] if history else 0
-            rows.append({
-                "job": job_id, "name": f"{sweep['name']} ({sweep['reason']})",
-                "state": sweep["state"],
-                "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
-                "nodes": ",".join(sorted({t["nodes"] for t in sweep["trials"] if t["nodes"]})),
-                "kind": "job",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "job": job_id,
+                    "name": f"{sweep['name']} ({sweep['reason']})",
+                    "state": sweep["state"],
+                    "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)),
+                    "nodes": ",".join(sorted({t["nodes"] for t in sweep["trials"] if t["nodes"]})),
+                    "kind": "job",
+                }
+            )
             continue
         last = records.last_state(job_dir)
         info = queued(queue, job_id, job_dir)
@@ -338,9 +365,14 @@ def recorded_hosts(job_dir: Path) -> str:
 
 def submitting_row(job_dir: Path) -> dict:
     since = (records.read_json(job_dir / "status" / "submit.json") or {}).get("since", 0)
-    return {"job": "-", "name": _name(job_dir), "state": "SUBMITTING", "nodes": "",
-            "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
-            "kind": kind_of(job_dir)}  # fmt: skip
+    return {
+        "job": "-",
+        "name": _name(job_dir),
+        "state": "SUBMITTING",
+        "nodes": "",
+        "submitted": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)),
+        "kind": kind_of(job_dir),
+    }
 
 
 def _name(job_dir: Path) -> str:
@@ -356,12 +388,19 @@ def cancel_sweep(job_id: str, job_dir: Path, config: AgentConfig) -> dict:
     sweep = sweep_status(job_id, job_dir, config)
     running = [t for t in sweep["trials"] if t["state"] not in records.TERMINAL]
     for trial in running:
-        records.add_event(sweeps.trial_dir(job_dir, str(trial["trial"])), "CANCELLED",
-                          reason="cancelled by its owner (the whole sweep)")  # fmt: skip
+        records.add_event(
+            sweeps.trial_dir(job_dir, str(trial["trial"])),
+            "CANCELLED",
+            reason="cancelled by its owner (the whole sweep)",
+        )
     if running:
         slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
-    return {"job_id": job_id, "state": "CANCELLED" if running else sweep["state"],
-            "cancelled": bool(running), "trials": len(running)}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "state": "CANCELLED" if running else sweep["state"],
+        "cancelled": bool(running),
+        "trials": len(running),
+    }
 
 
 def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict]:
@@ -388,8 +427,13 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
 MAX_HALT_GRACE_SECONDS = 3600  # the researcher's SSH call waits this long at most
 
 
-def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None = None,
-         reason: str | None = None) -> dict:  # fmt: skip
+def halt(
+    user_dir: Path,
+    job_id: str,
+    config: AgentConfig,
+    grace: float | None = None,
+    reason: str | None = None,
+) -> dict:
     """Checkpoint signal (USR1) to every rank, a grace period, then requeue on hold.
     `reason`: why, for the HALTED event (the queue tick's preemption); else its owner."""
     reason = checked_reason(reason)
@@ -435,14 +479,21 @@ def halt(user_dir: Path, job_id: str, config: AgentConfig, grace: float | None =
         raise exc from None
     # Whether the program ended on its own within the grace period (it checkpointed,
     # if it handles the signal) or was still running and Slurm stopped it.
-    return {"job_id": job_id, "state": "HALTED", "checkpoint_signal": True,
-            "exited_in_grace": exited, "grace_seconds": grace}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "state": "HALTED",
+        "checkpoint_signal": True,
+        "exited_in_grace": exited,
+        "grace_seconds": grace,
+    }
 
 
 def not_a_sweep(job_dir: Path, job_id: str) -> Path:
     if sweeps.is_whole_sweep(job_id, job_dir):
-        raise Rejected(f"job {job_id} is a sweep; halt or resume its trials one at a time "
-                       f"({job_id}_0, {job_id}_1, ...)")  # fmt: skip
+        raise Rejected(
+            f"job {job_id} is a sweep; halt or resume its trials one at a time "
+            f"({job_id}_0, {job_id}_1, ...)"
+        )
     return job_dir
 
 

@@ -93,8 +93,9 @@ class Source:
 
 def job_files(job_dir: Path, rank: int | None, label: str = "") -> list[tuple[Path, str]]:
     wanted = [] if rank is not None else [(job_dir / "logs" / "job.log", f"[{label}job]")]
-    wanted += [(p, f"[{label}{h}:{r}]") for r, h, p in records.rank_logs(job_dir)
-               if rank in (None, r)]  # fmt: skip
+    wanted += [
+        (p, f"[{label}{h}:{r}]") for r, h, p in records.rank_logs(job_dir) if rank in (None, r)
+    ]
     return wanted
 
 

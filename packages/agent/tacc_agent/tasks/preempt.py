@@ -225,8 +225,18 @@ def read_as_owner(job: JobRecord, run: Runner) -> dict:
     if name is None:
         return {}
     path = job.job_dir / "status" / "submit.json"
-    argv = ["runuser", "-u", name, "--", sys.executable, "-I", "-c", OWNER_READ, str(path),
-            str(MAX_RECORD_BYTES + 1)]  # fmt: skip
+    argv = [
+        "runuser",
+        "-u",
+        name,
+        "--",
+        sys.executable,
+        "-I",
+        "-c",
+        OWNER_READ,
+        str(path),
+        str(MAX_RECORD_BYTES + 1),
+    ]
     code, output = run(argv, OWNER_READ_SECONDS)
     if code != 0 or len(output) > MAX_RECORD_BYTES:
         return {}
@@ -258,8 +268,11 @@ def node_range_of(record: dict) -> tuple[int, int] | None:
     data = record.get("plugin_data")
     elastic = data.get("elastic") if isinstance(data, dict) else None
     found = elastic.get("range") if isinstance(elastic, dict) else None
-    if (not isinstance(found, list) or len(found) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) for n in found)):  # fmt: skip
+    if (
+        not isinstance(found, list)
+        or len(found) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in found)
+    ):
         return None
     low, high = found
     return (low, high) if 1 <= low <= high <= node_limits.MAX_NODES else None
@@ -307,8 +320,9 @@ def run_command(argv: list[str], timeout: float) -> tuple[int, str]:
     """Run argv (no shell) from /, with a plain PATH and no agent settings inherited."""
     env = {"PATH": SEARCH_PATH, "LANG": "C.UTF-8"}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/",
-                              env=env, check=False)  # fmt: skip
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, cwd="/", env=env, check=False
+        )
     except FileNotFoundError:
         return 127, f"{argv[0]} not found"
     except subprocess.TimeoutExpired:
@@ -454,8 +468,14 @@ def set_size(job: JobRecord, nodes: int) -> list[str]:
     return words
 
 
-def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = None,
-            run: Runner = run_command, nodes: int | None = None) -> bool:  # fmt: skip
+def requeue(
+    job_id: str,
+    reason: str,
+    config: AgentConfig,
+    note: Note | None = None,
+    run: Runner = run_command,
+    nodes: int | None = None,
+) -> bool:
     """Checkpoint and requeue a running job whose task opted in: its owner's `job halt`
     (USR1, the grace period, requeue on hold), then `job resume`; with `nodes` (a
     resize: its task opted in to "resize", and the size is within its range), root sets
@@ -492,8 +512,10 @@ def requeue(job_id: str, reason: str, config: AgentConfig, note: Note | None = N
             resized = f" at {nodes} node(s)" if code == 0 else ""
             if code != 0:  # it goes back at its old size: still requeued, as asked
                 say(f"agent: job {job_id}: its size not changed: {failure(output)}")
-        code, output = run(owner_argv(job, name, ["resume", job_id, f"--reason={reason}"]),
-                           slurm_calls + MARGIN_SECONDS)  # fmt: skip
+        code, output = run(
+            owner_argv(job, name, ["resume", job_id, f"--reason={reason}"]),
+            slurm_calls + MARGIN_SECONDS,
+        )
         if code != 0:
             say(f"agent: job {job_id} halted but left held: its resume failed: {failure(output)}")
             return False

@@ -31,9 +31,21 @@ from tacc_contract.registry import PluginError, in_layer, select
 # tres-per-node (--gres=gpu:N, --gpus-per-node) and tres-per-task (--gpus-per-task).
 # Reason comes last: it is Slurm's reason word ("Resources") or, when Slurm has one, the
 # job's state description, free text that may hold a "|"; the line's rest is its.
-FIELDS = ("JobArrayID", "UserName", "State", "Nice", "NumNodes", "NumTasks", "tres-alloc",
-          "tres-per-job", "tres-per-node", "tres-per-task", "TimeUsed", "Partition",
-          "Reason")  # fmt: skip
+FIELDS = (
+    "JobArrayID",
+    "UserName",
+    "State",
+    "Nice",
+    "NumNodes",
+    "NumTasks",
+    "tres-alloc",
+    "tres-per-job",
+    "tres-per-node",
+    "tres-per-task",
+    "TimeUsed",
+    "Partition",
+    "Reason",
+)
 REQUIRED = 11  # fields up to TimeUsed: a line without the later ones still counts
 FORMAT = ",".join(f"{name}:0|" for name in FIELDS)
 # A second read, for what a constraint ("a100|h100") or a name would cut apart in the
@@ -83,14 +95,14 @@ def requested_gpus(spec: str) -> int:
     return count
 
 
-def job_gpus(alloc: str, per_job: str, per_node: str, per_task: str, nodes: int,
-             tasks: int) -> int:  # fmt: skip
+def job_gpus(alloc: str, per_job: str, per_node: str, per_task: str, nodes: int, tasks: int) -> int:
     """The job's GPUs on all its nodes, whichever way they were asked for."""
     allocated = allocated_gpus(alloc)
     if allocated is not None:
         return allocated
-    return max(requested_gpus(per_job), requested_gpus(per_node) * nodes,
-               requested_gpus(per_task) * tasks)  # fmt: skip
+    return max(
+        requested_gpus(per_job), requested_gpus(per_node) * nodes, requested_gpus(per_task) * tasks
+    )
 
 
 def line_fields(line: str) -> list[str]:
@@ -107,22 +119,48 @@ def parse_queue(text: str) -> list[QueuedJob]:
         if len(parts) < REQUIRED or not parts[4].isdigit():
             continue
         parts += [""] * (len(FIELDS) - len(parts))
-        (job_id, user, state, nice, nodes, tasks, alloc, per_job, per_node, per_task, elapsed,
-         partition, reason) = parts  # fmt: skip
+        (
+            job_id,
+            user,
+            state,
+            nice,
+            nodes,
+            tasks,
+            alloc,
+            per_job,
+            per_node,
+            per_task,
+            elapsed,
+            partition,
+            reason,
+        ) = parts
         count = int(nodes)
-        gpus = job_gpus(alloc, per_job, per_node, per_task, count,
-                        int(tasks) if tasks.isdigit() else count)  # fmt: skip
-        jobs.append(QueuedJob(job_id, user, state, int(nice) if nice.lstrip("-").isdigit() else 0,
-                              gpus, elapsed_seconds(elapsed), nodes=count, partition=partition,
-                              reason="" if reason == "None" else reason))  # fmt: skip
+        gpus = job_gpus(
+            alloc, per_job, per_node, per_task, count, int(tasks) if tasks.isdigit() else count
+        )
+        jobs.append(
+            QueuedJob(
+                job_id,
+                user,
+                state,
+                int(nice) if nice.lstrip("-").isdigit() else 0,
+                gpus,
+                elapsed_seconds(elapsed),
+                nodes=count,
+                partition=partition,
+                reason="" if reason == "None" else reason,
+            )
+        )
     return jobs
 
 
 def read_queue(config: AgentConfig, user: str = "") -> list[QueuedJob]:
     """Pending and running jobs (array tasks one by one), everybody's or `user`'s."""
     who = [f"--user={user}"] if user else []
-    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING", *who,
-                       f"--Format={FORMAT}"], config.slurm_timeout_seconds)  # fmt: skip
+    out = slurm.slurm(
+        ["squeue", "--noheader", "--array", "--states=PENDING,RUNNING", *who, f"--Format={FORMAT}"],
+        config.slurm_timeout_seconds,
+    )
     return parse_queue(out)
 
 
@@ -151,30 +189,44 @@ def parse_details(text: str, start: str) -> dict[str, Details]:
         if len(parts) < 8:
             continue
         job_id, user, limit, nodelist, submitted, starts, features, name = parts
-        if not (DETAIL_JOB.fullmatch(job_id) and DETAIL_USER.fullmatch(user)
-                and DETAIL_NODES.fullmatch(nodelist) and DETAIL_TIME.fullmatch(submitted)
-                and DETAIL_TIME.fullmatch(starts)):  # fmt: skip
+        if not (
+            DETAIL_JOB.fullmatch(job_id)
+            and DETAIL_USER.fullmatch(user)
+            and DETAIL_NODES.fullmatch(nodelist)
+            and DETAIL_TIME.fullmatch(submitted)
+            and DETAIL_TIME.fullmatch(starts)
+        ):
             continue
-        found[job_id] = Details(user, name.rstrip("\n"),
-                                "" if features == "(null)" else features,
-                                elapsed_seconds(limit), tuple(expand_hostlist(nodelist)),
-                                epoch_seconds(submitted), epoch_seconds(starts))  # fmt: skip
+        found[job_id] = Details(
+            user,
+            name.rstrip("\n"),
+            "" if features == "(null)" else features,
+            elapsed_seconds(limit),
+            tuple(expand_hostlist(nodelist)),
+            epoch_seconds(submitted),
+            epoch_seconds(starts),
+        )
     return found
 
 
 def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
     """Each job's name, constraint, time limit and nodes, from one more squeue."""
     start = secrets.token_hex(8)
-    out = slurm.slurm(["squeue", "--noheader", "--array", "--states=PENDING,RUNNING",
-                       "-o", f"{start} {DETAILS}"], config.slurm_timeout_seconds,
-                      env=slurm.EPOCH_TIMES)  # fmt: skip
+    out = slurm.slurm(
+        ["squeue", "--noheader", "--array", "--states=PENDING,RUNNING", "-o", f"{start} {DETAILS}"],
+        config.slurm_timeout_seconds,
+        env=slurm.EPOCH_TIMES,
+    )
     details = parse_details(out, start)
     for job in jobs:
         info = details.get(job.job_id)
         if info and info.user == job.user:
             job.name, job.features, job.time_limit_seconds = info.name, info.features, info.limit
             job.node_names, job.submit_time, job.start_time = (
-                info.nodes, info.submit_time, info.start_time)  # fmt: skip
+                info.nodes,
+                info.submit_time,
+                info.start_time,
+            )
             job.details = True
 
 
@@ -205,17 +257,24 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
 
 def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[str]:
     def set_nice(job_id: str, nice: int) -> None:
-        slurm.slurm(["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"],
-                    config.slurm_timeout_seconds)  # fmt: skip
+        slurm.slurm(
+            ["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"], config.slurm_timeout_seconds
+        )
 
     queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
-    queue.requeue = lambda job_id, reason: preempt.requeue(job_id, reason, config,
-                                                           queue.notes.append)  # fmt: skip
+    queue.requeue = lambda job_id, reason: preempt.requeue(
+        job_id, reason, config, queue.notes.append
+    )
     queue.resize = lambda job_id, nodes, reason: preempt.requeue(
-        job_id, reason, config, queue.notes.append, nodes=nodes)  # fmt: skip
-    queue.set_features = Narrowing(queue.jobs, Path(config.state_dir),
-                                   config.slurm_timeout_seconds, queue.notes.append,
-                                   queue.now).set_features  # fmt: skip
+        job_id, reason, config, queue.notes.append, nodes=nodes
+    )
+    queue.set_features = Narrowing(
+        queue.jobs,
+        Path(config.state_dir),
+        config.slurm_timeout_seconds,
+        queue.notes.append,
+        queue.now,
+    ).set_features
     nodes: list[list[Node]] = []  # read once a tick, at the first plug-in that asks
 
     def cluster_nodes() -> list[Node]:

@@ -11,8 +11,16 @@ from tacc_agent.tasks import workspace
 from tacc_agent.tasks.queue_ticks import read_queue
 
 ASSOC = ("Account", "Fairshare", "QOS", "DefaultQOS", "MaxTRES", "MaxJobs", "MaxWall")
-QOS = ("Name", "Priority", "MaxWall", "MaxTRESPU", "MaxJobsPU", "Preempt", "PreemptMode",
-       "UsageFactor")  # fmt: skip
+QOS = (
+    "Name",
+    "Priority",
+    "MaxWall",
+    "MaxTRESPU",
+    "MaxJobsPU",
+    "Preempt",
+    "PreemptMode",
+    "UsageFactor",
+)
 SHARE = ("Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
 
 
@@ -28,9 +36,11 @@ def table(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
 def in_queue(user: str, config: AgentConfig) -> dict:
     jobs = read_queue(config, user)
     running = [job for job in jobs if job.state == "RUNNING"]
-    return {"running_jobs": len(running),
-            "pending_jobs": sum(job.state == "PENDING" for job in jobs),
-            "gpus_in_use": sum(job.gpus for job in running)}  # fmt: skip
+    return {
+        "running_jobs": len(running),
+        "pending_jobs": sum(job.state == "PENDING" for job in jobs),
+        "gpus_in_use": sum(job.gpus for job in running),
+    }
 
 
 def quota(config: AgentConfig) -> dict:
@@ -55,8 +65,10 @@ def quota(config: AgentConfig) -> dict:
             ["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=" + ",".join(QOS)],
             timeout,
         )
-        share = slurm.slurm(["sshare", "--noheader", "--parsable2", "--users", user,
-                             "--format=" + ",".join(SHARE)], timeout)  # fmt: skip
+        share = slurm.slurm(
+            ["sshare", "--noheader", "--parsable2", "--users", user, "--format=" + ",".join(SHARE)],
+            timeout,
+        )
     except AgentError as exc:
         result.update(accounting=False, message=f"no accounting on this cluster ({exc})")
         return result

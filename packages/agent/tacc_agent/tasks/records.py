@@ -67,8 +67,11 @@ def add_event(job_dir: Path, state: str, **detail: object) -> None:
 def history(job_dir: Path) -> list[dict]:
     """The job's events in the order they were written."""
     events = job_dir / "status" / "events"
-    names = sorted((p.name for p in events.glob("*.json")), key=event_order) if (
-        events.is_dir()) else []  # fmt: skip
+    names = (
+        sorted((p.name for p in events.glob("*.json")), key=event_order)
+        if (events.is_dir())
+        else []
+    )
     return [e for e in (read_json(events / n) for n in names) if e]
 
 

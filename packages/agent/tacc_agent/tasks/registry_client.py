@@ -71,8 +71,9 @@ def source_of(ref: ImageRef) -> str:
 
 def run_skopeo(argv: list[str], ref: ImageRef, what: str, timeout: float) -> bytes:
     try:
-        proc = subprocess.run(argv, capture_output=True, check=False, timeout=timeout,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.run(
+            argv, capture_output=True, check=False, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         raise AgentError(
             f"{ref}: the registry did not answer {what} within {timeout:g} s", EXIT_CLUSTER
@@ -100,8 +101,9 @@ def resolve(reference: str, timeout: float, skopeo: str = "skopeo") -> dict:
     return {"reference": reference, "pinned": str(ref.with_digest(digest)), "digest": digest}
 
 
-def copy_to_layout(ref: ImageRef, layout: Path, tag: str, timeout: float,
-                   skopeo: str = "skopeo") -> None:  # fmt: skip
+def copy_to_layout(
+    ref: ImageRef, layout: Path, tag: str, timeout: float, skopeo: str = "skopeo"
+) -> None:
     """The pinned image's bits into the OCI layout `layout` as `tag`; the digest in the
     source makes skopeo check every byte it copies against it."""
     argv = [skopeo_binary(skopeo), "copy", "--quiet", source_of(ref), f"oci:{layout}:{tag}"]

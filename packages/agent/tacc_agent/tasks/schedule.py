@@ -75,8 +75,12 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
     members = [n for n in nodes if n.name in partition.nodes]
     want_mem = memory_mb(res["mem"])
     tasks = slurm_tasks_per_node(task)  # each Slurm task gets `cpus` CPUs
-    cpus = ("cpus", res["cpus"] * tasks, "CPUs" if tasks == 1 else
-            f"CPUs ({tasks} processes x {res['cpus']})", lambda n: n.cpus)  # fmt: skip
+    cpus = (
+        "cpus",
+        res["cpus"] * tasks,
+        "CPUs" if tasks == 1 else f"CPUs ({tasks} processes x {res['cpus']})",
+        lambda n: n.cpus,
+    )
     limits = (
         ("gpus_per_node", res["gpus_per_node"], "GPUs", lambda n: n.gpus),
         cpus,
@@ -116,8 +120,9 @@ def partition_load(partition: str, timeout: float) -> PartitionLoad:
     (`Submission.partition_load`)."""
     part = f"--partition={partition}"
     idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", IDLE_FORMAT], timeout)
-    pending = slurm.slurm(["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"],
-                          timeout)  # fmt: skip
+    pending = slurm.slurm(
+        ["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"], timeout
+    )
     return PartitionLoad(idle_nodes(idle), waiting_jobs(pending))
 
 
@@ -151,18 +156,27 @@ def check_container(task: TaskSpec) -> None:
 
 
 def plan(
-    task: TaskSpec, job_dir: Path, config: AgentConfig, user_dir: Path | None = None,
+    task: TaskSpec,
+    job_dir: Path,
+    config: AgentConfig,
+    user_dir: Path | None = None,
     digest: str = "",
-) -> Submission:  # fmt: skip
+) -> Submission:
     """Check the task against the cluster, then let the scheduling plug-ins shape it."""
     check_container(task)
     partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
     partition = check_feasible(task, partitions, nodes)
     submission = Submission(
-        task=task, options=base_options(task, job_dir, config), partition=partition,
-        partitions=partitions, nodes=nodes, user_dir=user_dir, digest=digest, config=config,
+        task=task,
+        options=base_options(task, job_dir, config),
+        partition=partition,
+        partitions=partitions,
+        nodes=nodes,
+        user_dir=user_dir,
+        digest=digest,
+        config=config,
         partition_load=lambda name: partition_load(name, config.slurm_timeout_seconds),
-    )  # fmt: skip
+    )
     if user_dir is not None:
         submission.history = lambda count: records.past_jobs(user_dir, count)
     for plugin in in_layer(cluster_plugins(task, config), "schedule"):
@@ -227,15 +241,22 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
             sweeps.make_trials(job_dir, trials)
         script.chmod(0o700)
         submitting.begin(
-            user_dir, job_dir,
-            {"name": task.name, "sbatch": argv, "digest": digest,
-             "options": submission.options, "plugins": submission.notes,
-             "plugin_data": submission.data, "tag": submission.options["comment"],
-             "entrypoint": submission.data.get("entrypoint", ""),
-             # What the task lets the cluster do to the job, whichever scheduling
-             # policies are on now (tasks/preempt.py reads it at a tick).
-             "opt_in": ["preemptible"] if task.resources.get("preemptible") else []},
-        )  # fmt: skip
+            user_dir,
+            job_dir,
+            {
+                "name": task.name,
+                "sbatch": argv,
+                "digest": digest,
+                "options": submission.options,
+                "plugins": submission.notes,
+                "plugin_data": submission.data,
+                "tag": submission.options["comment"],
+                "entrypoint": submission.data.get("entrypoint", ""),
+                # What the task lets the cluster do to the job, whichever scheduling
+                # policies are on now (tasks/preempt.py reads it at a tick).
+                "opt_in": ["preemptible"] if task.resources.get("preemptible") else [],
+            },
+        )
         # First: the job's own events (PROVISIONING, ...) must come after this one.
         records.add_event(job_dir, "QUEUED")
         out = slurm.slurm(argv, config.slurm_timeout_seconds)
@@ -254,6 +275,9 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     job_id = out.strip().split(";")[0]
     submitting.finish(user_dir, job_dir, job_id)
     return {
-        "job_id": job_id, "name": task.name, "workdir": str(job_dir), "partition": partition,
+        "job_id": job_id,
+        "name": task.name,
+        "workdir": str(job_dir),
+        "partition": partition,
         "plugins": submission.notes,
-    }  # fmt: skip
+    }

@@ -168,8 +168,7 @@ def missing(user_dir: Path, blobs: list[str]) -> dict:
         uploads[name] = upload
         if size:
             started[name] = size
-    return {"missing": lacking, "partial": started, "uploads": uploads,
-            "userdir": str(user_dir)}  # fmt: skip
+    return {"missing": lacking, "partial": started, "uploads": uploads, "userdir": str(user_dir)}
 
 
 def sha256(path: Path) -> str:
@@ -192,8 +191,13 @@ def safe_relpath(relpath: object, tops: tuple[str, ...] = TOP_DIRS) -> str:
     """A normalized path under one of tops; Rejected otherwise."""
     text = str(relpath)
     parts = [p for p in text.split("/") if p not in ("", ".")]
-    if not isinstance(relpath, str) or text.startswith("/") or ".." in parts or len(parts) < 2 \
-            or parts[0] not in tops:  # fmt: skip
+    if (
+        not isinstance(relpath, str)
+        or text.startswith("/")
+        or ".." in parts
+        or len(parts) < 2
+        or parts[0] not in tops
+    ):
         raise Rejected(f"manifest path {text!r} must be a relative path under {' or '.join(tops)}/")
     return "/".join(parts)
 
@@ -332,8 +336,14 @@ def install_blob(
     return True
 
 
-def commit(user_dir: Path, blobs: list[str], manifest: dict[str, str], digest: str,
-           files: dict[str, str], uploads: dict[str, str] | None = None) -> dict:  # fmt: skip
+def commit(
+    user_dir: Path,
+    blobs: list[str],
+    manifest: dict[str, str],
+    digest: str,
+    files: dict[str, str],
+    uploads: dict[str, str] | None = None,
+) -> dict:
     check_names(blobs + list(manifest.values()))
     if not isinstance(digest, str) or not BLOB.fullmatch(f"{digest}-644"):
         raise Rejected("instruction digest must be 64 hex digits")

@@ -71,8 +71,9 @@ def finish(user_dir: Path, job_dir: Path, job_id: str) -> None:
 def queued_tags(config: AgentConfig) -> dict[str, str]:
     """{tag: job id} of the caller's jobs Slurm still has in its queue (%F: the array's
     id for a sweep's trials)."""
-    out = slurm.slurm(["squeue", "--me", "--noheader", "--format=%F|%k"],
-                      config.slurm_timeout_seconds)  # fmt: skip
+    out = slurm.slurm(
+        ["squeue", "--me", "--noheader", "--format=%F|%k"], config.slurm_timeout_seconds
+    )
     pairs = (line.split("|", 1) for line in out.splitlines() if "|" in line)
     return {tag.strip(): job_id.strip() for job_id, tag in pairs}
 
@@ -81,8 +82,15 @@ def accounted_job(job_dir: Path, tag: str, since: float, config: AgentConfig) ->
     """The caller's job that ran in job_dir (or has the tag) since the submission,
     from Slurm's accounting; None when there is none or no accounting."""
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - SACCT_SLACK_SECONDS))
-    argv = ["sacct", "--noheader", "--parsable2", "--allocations", f"--user={os.getuid()}",
-            f"--starttime={start}", "--format=JobID,WorkDir,Comment"]  # fmt: skip
+    argv = [
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        f"--user={os.getuid()}",
+        f"--starttime={start}",
+        "--format=JobID,WorkDir,Comment",
+    ]
     try:
         out = slurm.slurm(argv, config.slurm_timeout_seconds, check=False)
     except AgentError:

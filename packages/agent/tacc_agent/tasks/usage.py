@@ -30,8 +30,17 @@ from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 from tacc_agent.tasks import workspace
 from tacc_contract import protocol
 
-FIELDS = ("JobIDRaw", "User", "Account", "Partition", "State", "Start", "End", "AllocCPUS",
-          "AllocTRES")  # fmt: skip
+FIELDS = (
+    "JobIDRaw",
+    "User",
+    "Account",
+    "Partition",
+    "State",
+    "Start",
+    "End",
+    "AllocCPUS",
+    "AllocTRES",
+)
 ISO = "%Y-%m-%dT%H:%M:%S"
 WHOLE = re.compile(r"[0-9]+")
 GPU_TRES = "gres/gpu"
@@ -103,8 +112,16 @@ def window(since: str | None, until: str | None, now: datetime) -> Window:
 
 def sacct_argv(scope: list[str], window: Window) -> list[str]:
     """scope: ["--user=UID"] (a researcher's own report) or ["--allusers"] (ops)."""
-    return ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", *scope,
-            *window.sacct_words(), "--format=" + ",".join(FIELDS)]  # fmt: skip
+    return [
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        "--duplicates",
+        *scope,
+        *window.sacct_words(),
+        "--format=" + ",".join(FIELDS),
+    ]
 
 
 def run_sacct(argv: list[str], timeout: float) -> str:
@@ -162,10 +179,16 @@ def parse_line(line: str) -> Allocation | None:
     counts = tres(row["AllocTRES"])
     cpus = whole(counts.get("cpu", "")) or whole(row["AllocCPUS"])
     return Allocation(
-        job_id=row["JobIDRaw"], user=row["User"], account=row["Account"],
-        partition=row["Partition"], state=row["State"].split(" ")[0], start=start,
-        end=moment(row["End"]), cpus=cpus, gpus=gpus_of(counts),
-    )  # fmt: skip
+        job_id=row["JobIDRaw"],
+        user=row["User"],
+        account=row["Account"],
+        partition=row["Partition"],
+        state=row["State"].split(" ")[0],
+        start=start,
+        end=moment(row["End"]),
+        cpus=cpus,
+        gpus=gpus_of(counts),
+    )
 
 
 def allocations(scope: list[str], window: Window, config: AgentConfig) -> list[Allocation]:
@@ -210,10 +233,18 @@ def month_rows(runs: Iterable[Allocation], window: Window) -> list[dict]:
         if span is None:
             continue
         for index, (month, seconds) in enumerate(month_pieces(*span)):
-            row = rows.setdefault((month, run.account, run.partition), {
-                "month": month, "account": run.account, "partition": run.partition,
-                "jobs": 0, "running": 0, "cpu_seconds": 0, "gpu_seconds": 0,
-            })  # fmt: skip
+            row = rows.setdefault(
+                (month, run.account, run.partition),
+                {
+                    "month": month,
+                    "account": run.account,
+                    "partition": run.partition,
+                    "jobs": 0,
+                    "running": 0,
+                    "cpu_seconds": 0,
+                    "gpu_seconds": 0,
+                },
+            )
             row["cpu_seconds"] += run.cpus * seconds
             row["gpu_seconds"] += run.gpus * seconds
             if index == 0 and run.job_id not in counted:
@@ -224,9 +255,11 @@ def month_rows(runs: Iterable[Allocation], window: Window) -> list[dict]:
 
 
 def usage(
-    config: AgentConfig, since: str | None = None, until: str | None = None,
+    config: AgentConfig,
+    since: str | None = None,
+    until: str | None = None,
     now: datetime | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """USAGE of the calling user: their jobs only, whatever the request says."""
     user = workspace.current_user()
     span = window(since, until, now or now_here())
@@ -235,5 +268,9 @@ def usage(
         found = allocations([f"--user={os.getuid()}"], span, config)
         own = {user, str(os.getuid())}  # sacct prints the uid where it knows no name
         runs = [run for run in found if run.user in own]
-    return {"user": user, "since": span.since.strftime(ISO), "until": span.until.strftime(ISO),
-            "rows": month_rows(runs, span)}  # fmt: skip
+    return {
+        "user": user,
+        "since": span.since.strftime(ISO),
+        "until": span.until.strftime(ISO),
+        "rows": month_rows(runs, span),
+    }

@@ -37,11 +37,28 @@ except ImportError:  # run as a standalone file: hwstate.py sits next to this on
     import hwstate
 
 ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
-FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "count",
-          "temperature.gpu", "utilization.gpu", "memory.used", "power.draw",
-          "ecc.errors.uncorrected.volatile.total", "remapped_rows.failure")  # fmt: skip
-UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W",
-         "used_gpu_memory": "MiB"}  # fmt: skip
+FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "pci.bus_id",
+    "driver_version",
+    "count",
+    "temperature.gpu",
+    "utilization.gpu",
+    "memory.used",
+    "power.draw",
+    "ecc.errors.uncorrected.volatile.total",
+    "remapped_rows.failure",
+)
+UNITS = {
+    "memory.total": "MiB",
+    "memory.used": "MiB",
+    "utilization.gpu": "%",
+    "power.draw": "W",
+    "used_gpu_memory": "MiB",
+}
 APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "gpu_name", "gpu_bus_id", "used_gpu_memory")
 RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
@@ -120,8 +137,9 @@ def query_apps(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[
     units = "nounits" not in options
     for gpu in gpus(state):
         for proc in gpu.get("processes", ()):
-            lines.append(", ".join(app_value(gpu, proc, APP_ALIASES.get(f, f), units)
-                                   for f in fields))  # fmt: skip
+            lines.append(
+                ", ".join(app_value(gpu, proc, APP_ALIASES.get(f, f), units) for f in fields)
+            )
     return lines
 
 

@@ -108,8 +108,11 @@ def report(step: int, value: float) -> bool:
 
 
 def append_metric(found: Settings, step: int, value: float) -> None:
-    line = {"step": step, found.metric: value if math.isfinite(value) else None,
-            "time": round(time.time(), 3)}  # fmt: skip
+    line = {
+        "step": step,
+        found.metric: value if math.isfinite(value) else None,
+        "time": round(time.time(), 3),
+    }
     os.makedirs(found.trial_dir, mode=0o700, exist_ok=True)
     path = os.path.join(found.trial_dir, METRICS_FILE)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
@@ -128,16 +131,19 @@ def record_at_rung(found: Settings, step: int, value: float) -> list[float]:
     unpruned rather than fail."""
     os.makedirs(found.shared_dir, mode=0o700, exist_ok=True)
     path = os.path.join(found.shared_dir, RUNGS_FILE)
-    lock = os.open(os.path.join(found.shared_dir, LOCK_FILE),
-                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
+    lock = os.open(
+        os.path.join(found.shared_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
     try:
         try:
             fcntl.lockf(lock, fcntl.LOCK_EX)
         except OSError as exc:
             if exc.errno != errno.ENOLCK:
                 raise
-            warn_once(f"tacc_fluid: no file locks in {found.shared_dir} ({exc.strerror}): "
-                      "this trial is not compared with the others")  # fmt: skip
+            warn_once(
+                f"tacc_fluid: no file locks in {found.shared_dir} ({exc.strerror}): "
+                "this trial is not compared with the others"
+            )
             return [value]
         state = read_state(path)
         rung = state["rungs"].setdefault(str(step), {})
@@ -187,12 +193,19 @@ def parsed_state(data: bytes) -> dict:
     return state
 
 
-def write_result(found: Settings, rung: int, step: int, value: float, best: float | None,
-                 stopped: bool) -> None:  # fmt: skip
+def write_result(
+    found: Settings, rung: int, step: int, value: float, best: float | None, stopped: bool
+) -> None:
     """The trial's last decision, for the plug-in's line in the job log (atomic)."""
-    result = {"rung": rung + 1, "rungs": len(found.rungs), "step": step,
-              "value": value if math.isfinite(value) else None, "best": best,
-              "stopped": stopped, "metric": found.metric}  # fmt: skip
+    result = {
+        "rung": rung + 1,
+        "rungs": len(found.rungs),
+        "step": step,
+        "value": value if math.isfinite(value) else None,
+        "best": best,
+        "stopped": stopped,
+        "metric": found.metric,
+    }
     path = os.path.join(found.trial_dir, RESULT_FILE)
     temporary = f"{path}.{os.getpid()}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -270,8 +270,9 @@ def selector_from_env(
         return RandomSelector(client_ids, per_round, seed)
     deadline = round_deadline_s or env_number(env, "TACC_FL_ROUND_DEADLINE_S", None)
     if deadline is None:
-        raise ValueError("Oort needs a preferred round duration: round_deadline_s or "
-                         "TACC_FL_ROUND_DEADLINE_S")  # fmt: skip
+        raise ValueError(
+            "Oort needs a preferred round duration: round_deadline_s or TACC_FL_ROUND_DEADLINE_S"
+        )
     blacklist = env_number(env, "TACC_FL_BLACKLIST_ROUNDS", None)
     return OortSelector(
         client_ids,

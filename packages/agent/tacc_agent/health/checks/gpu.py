@@ -30,43 +30,62 @@ from tacc_agent.health.registry import Check, CheckContext, Family
 
 # nvidia-smi(1), RETURN VALUE.
 EXIT_CODES = {
-    2: "invalid argument", 3: "operation not available", 4: "no permission",
-    6: "no GPU found", 8: "external power cables not attached", 9: "driver not loaded",
-    10: "kernel detected an interrupt issue", 12: "NVML library not found",
-    13: "a function is not implemented by NVML", 14: "infoROM corrupted",
-    15: "GPU has fallen off the bus", 255: "other error",
-}  # fmt: skip
+    2: "invalid argument",
+    3: "operation not available",
+    4: "no permission",
+    6: "no GPU found",
+    8: "external power cables not attached",
+    9: "driver not loaded",
+    10: "kernel detected an interrupt issue",
+    12: "NVML library not found",
+    13: "a function is not implemented by NVML",
+    14: "infoROM corrupted",
+    15: "GPU has fallen off the bus",
+    255: "other error",
+}
 # Xids that mean the GPU needs attention (NVIDIA's Xid catalogue): double-bit ECC,
 # row remapping failures, NVLink errors, fallen off the bus, contained/uncontained ECC.
 CRITICAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
 # The driver's line, from the start of the kernel's message: bus as the kernel prints it
 # (domain:bus:device, sometimes with .function), the Xid code, then its details.
-XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-                 r"(?:\.[0-7])?)\): (?P<code>\d+), ")  # fmt: skip
+XID = re.compile(
+    r"NVRM: Xid \(PCI:(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+    r"(?:\.[0-7])?)\): (?P<code>\d+), "
+)
 PCI_ADDRESS = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?")
 KERNEL_FACILITY = 0  # syslog facility "kern": /dev/kmsg gives userspace writers LOG_USER
 JOURNAL = "journal"  # kernel_log value: the journal's kernel transport (journalctl -k)
 # One optional query for figures and health; a driver that lacks a field rejects the whole
 # query (exit 2), which then only costs the figures, never the check.
-FIGURE_FIELDS = ("index,temperature.gpu,utilization.gpu,memory.used,memory.total,power.draw,"
-                 "ecc.errors.uncorrected.volatile.total,remapped_rows.failure")  # fmt: skip
+FIGURE_FIELDS = (
+    "index,temperature.gpu,utilization.gpu,memory.used,memory.total,power.draw,"
+    "ecc.errors.uncorrected.volatile.total,remapped_rows.failure"
+)
 FIGURES = (  # field position -> metric name, scale to base units
-    (1, "gpu_temperature_celsius", 1.0), (2, "gpu_utilization_ratio", 0.01),
-    (3, "gpu_memory_used_bytes", 2.0**20), (4, "gpu_memory_total_bytes", 2.0**20),
-    (5, "gpu_power_watts", 1.0), (6, "gpu_ecc_uncorrected_errors", 1.0),
-)  # fmt: skip
+    (1, "gpu_temperature_celsius", 1.0),
+    (2, "gpu_utilization_ratio", 0.01),
+    (3, "gpu_memory_used_bytes", 2.0**20),
+    (4, "gpu_memory_total_bytes", 2.0**20),
+    (5, "gpu_power_watts", 1.0),
+    (6, "gpu_ecc_uncorrected_errors", 1.0),
+)
 FAMILIES = (
     Family("gpus", "gauge", "GPUs nvidia-smi reports"),
     Family("gpu_critical_xids", "gauge", "Critical Xid events seen since boot (they hold a drain)"),
     Family("gpu_temperature_celsius", "gauge", "GPU core temperature", ("gpu",)),
-    Family("gpu_utilization_ratio", "gauge", "GPU utilization over the last sample period",
-           ("gpu",)),
+    Family(
+        "gpu_utilization_ratio", "gauge", "GPU utilization over the last sample period", ("gpu",)
+    ),
     Family("gpu_memory_used_bytes", "gauge", "GPU memory in use", ("gpu",)),
     Family("gpu_memory_total_bytes", "gauge", "GPU memory installed", ("gpu",)),
     Family("gpu_power_watts", "gauge", "GPU power draw", ("gpu",)),
-    Family("gpu_ecc_uncorrected_errors", "gauge", "Uncorrected ECC errors since the driver loaded",
-           ("gpu",)),
-)  # fmt: skip
+    Family(
+        "gpu_ecc_uncorrected_errors",
+        "gauge",
+        "Uncorrected ECC errors since the driver loaded",
+        ("gpu",),
+    ),
+)
 XID_STATE = "xid.json"  # in the state dir: Xids seen this boot, where the kernel log was read
 
 
@@ -164,8 +183,9 @@ def number(text: str) -> float | None:
 
 def figures(nvidia_smi: str, timeout: float) -> tuple[list[str], list[Sample]]:
     """ECC and row-remap trouble, and per-GPU figures; nothing when not reported."""
-    out = command([nvidia_smi, f"--query-gpu={FIGURE_FIELDS}", "--format=csv,noheader,nounits"],
-                  timeout)  # fmt: skip
+    out = command(
+        [nvidia_smi, f"--query-gpu={FIGURE_FIELDS}", "--format=csv,noheader,nounits"], timeout
+    )
     if out.code != 0:
         return [], []
     problems, samples = [], []
@@ -186,8 +206,9 @@ def figures(nvidia_smi: str, timeout: float) -> tuple[list[str], list[Sample]]:
     return problems, samples
 
 
-def critical_xids(kernel_log: str, xid_state: dict, boot_id: str, buses: set[str],
-                  timeout: float = 5.0) -> list[str]:  # fmt: skip
+def critical_xids(
+    kernel_log: str, xid_state: dict, boot_id: str, buses: set[str], timeout: float = 5.0
+) -> list[str]:
     """Critical Xids since the last run, plus the ones already seen since boot: they hold
     until the node reboots (a GPU reset), so the next run cannot resume the node. `buses`:
     the GPUs nvidia-smi reports now; one it reported earlier in this boot still counts (a
@@ -208,8 +229,14 @@ def critical_xids(kernel_log: str, xid_state: dict, boot_id: str, buses: set[str
     return list(seen)
 
 
-def check_gpus(nvidia_smi: str, expected: int, kernel_log: str, xid_state: dict,
-               timeout: float, boot_id: str = "") -> Result:  # fmt: skip
+def check_gpus(
+    nvidia_smi: str,
+    expected: int,
+    kernel_log: str,
+    xid_state: dict,
+    timeout: float,
+    boot_id: str = "",
+) -> Result:
     out = command([nvidia_smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
     if out.code is None and "not found" in out.problem:
         if expected:
@@ -242,8 +269,14 @@ def run(ctx: CheckContext) -> Result:
     config, state_file = ctx.config, ctx.state_dir / XID_STATE
     xid_state = read_state(state_file)
     try:
-        return check_gpus(config.nvidia_smi, config.expected_gpus, config.kernel_log,
-                          xid_state, ctx.timeout, ctx.boot_id)  # fmt: skip
+        return check_gpus(
+            config.nvidia_smi,
+            config.expected_gpus,
+            config.kernel_log,
+            xid_state,
+            ctx.timeout,
+            ctx.boot_id,
+        )
     finally:
         write_state(state_file, xid_state)
 

@@ -110,8 +110,9 @@ def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: 
 
 def run(ctx: CheckContext) -> Result:
     config = ctx.config
-    return check_mounts([dict(m) for m in config.mounts], config.proc_root, str(ctx.state_dir),
-                        ctx.timeout)  # fmt: skip
+    return check_mounts(
+        [dict(m) for m in config.mounts], config.proc_root, str(ctx.state_dir), ctx.timeout
+    )
 
 
 CHECK = Check("mounts", run)  # no figures of its own: its status is tacc_agent_check_status

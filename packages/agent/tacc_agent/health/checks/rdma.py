@@ -14,14 +14,19 @@ FAMILIES = (
     Family("rdma_ports_active", "gauge", "RDMA ports in state ACTIVE"),
     Family("rdma_port_active", "gauge", "1 when the RDMA port is ACTIVE", PORT),
     Family("rdma_port_rate_bytes_per_second", "gauge", "RDMA port link rate", PORT),
-    Family("rdma_port_errors_total", "counter", "RDMA port error counters (sysfs counters/)",
-           (*PORT, "counter")),
-)  # fmt: skip
+    Family(
+        "rdma_port_errors_total",
+        "counter",
+        "RDMA port error counters (sysfs counters/)",
+        (*PORT, "counter"),
+    ),
+)
 COUNTERS_STATE = "rdma-counters.json"  # in the state dir: the counters of the last run
 
 
-def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
-               state_file: str) -> Result:  # fmt: skip
+def check_rdma(
+    sysfs_root: str, expected_ports: int, min_rate_gbps: float, state_file: str
+) -> Result:
     found = ports(sysfs_root)
     if not found:
         if expected_ports:
@@ -34,8 +39,9 @@ def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
     active = [p for p in found if "ACTIVE" in p["state"]]
     for port in found:
         if "ACTIVE" not in port["state"]:
-            problems.append(f"{port['name']} {port['state'] or 'no state'} "
-                            f"({port['phys_state'] or '?'})")  # fmt: skip
+            problems.append(
+                f"{port['name']} {port['state'] or 'no state'} ({port['phys_state'] or '?'})"
+            )
         elif min_rate_gbps and port["rate_gbps"] < min_rate_gbps:
             problems.append(f"{port['name']} at {port['rate_gbps']:g} Gb/s < {min_rate_gbps:g}")
         grown = {
@@ -44,8 +50,10 @@ def check_rdma(sysfs_root: str, expected_ports: int, min_rate_gbps: float,
         }
         grown = {name: delta for name, delta in grown.items() if delta > 0}
         if grown:
-            problems.append(f"{port['name']} errors: " + ", ".join(
-                f"{name} +{delta}" for name, delta in sorted(grown.items())))  # fmt: skip
+            problems.append(
+                f"{port['name']} errors: "
+                + ", ".join(f"{name} +{delta}" for name, delta in sorted(grown.items()))
+            )
     if expected_ports and len(active) < expected_ports:
         problems.insert(0, f"{len(active)} of {expected_ports} expected ports active")
     samples = port_samples(found)
@@ -61,17 +69,24 @@ def port_samples(found: list[dict]) -> list[Sample]:
         device, number = port["name"].split("/")
         labels = {"device": device, "port": number}
         samples.append(Sample("rdma_port_active", labels, int("ACTIVE" in port["state"])))
-        samples.append(Sample("rdma_port_rate_bytes_per_second", labels,
-                              port["rate_gbps"] * 1e9 / 8))  # fmt: skip
-        samples += [Sample("rdma_port_errors_total", labels | {"counter": name}, value)
-                    for name, value in sorted(port["counters"].items())]  # fmt: skip
+        samples.append(
+            Sample("rdma_port_rate_bytes_per_second", labels, port["rate_gbps"] * 1e9 / 8)
+        )
+        samples += [
+            Sample("rdma_port_errors_total", labels | {"counter": name}, value)
+            for name, value in sorted(port["counters"].items())
+        ]
     return samples
 
 
 def run(ctx: CheckContext) -> Result:
     config = ctx.config
-    return check_rdma(config.rdma_sysfs_root, config.expected_rdma_ports,
-                      config.min_rdma_rate_gbps, str(ctx.state_dir / COUNTERS_STATE))  # fmt: skip
+    return check_rdma(
+        config.rdma_sysfs_root,
+        config.expected_rdma_ports,
+        config.min_rdma_rate_gbps,
+        str(ctx.state_dir / COUNTERS_STATE),
+    )
 
 
 CHECK = Check("rdma", run, FAMILIES)

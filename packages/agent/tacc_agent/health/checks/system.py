@@ -69,8 +69,12 @@ def same_filesystem(device: int, tmp_dirs: Collection[str]) -> list[str]:
     return [path for path in tmp_dirs if os.path.isdir(path) and os.stat(path).st_dev == device]
 
 
-def check_disk(paths: dict[str, float], tmp_dirs: Collection[str] = (), proc_root: str = "/proc",
-               timeout: float = 5.0) -> Result:  # fmt: skip
+def check_disk(
+    paths: dict[str, float],
+    tmp_dirs: Collection[str] = (),
+    proc_root: str = "/proc",
+    timeout: float = 5.0,
+) -> Result:
     """paths: local path -> minimum free percent. A job tmp dir that does not exist is
     skipped; any other missing path fails. A filesystem below its minimum that holds job
     tmp dirs first loses what departed users left in them (checks.tmpfiles)."""
@@ -122,10 +126,16 @@ def run_memory(ctx: CheckContext) -> Result:
 
 
 SERVICES = Check("services", run_services)
-DISK = Check("disk", run_disk, (
-    Family("disk_free_ratio", "gauge", "Free space of each checked local path", ("path",)),
-))  # fmt: skip
-MEMORY = Check("memory", run_memory, (
-    Family("memory_total_bytes", "gauge", "Memory the kernel reports (MemTotal)"),
-    Family("memory_configured_bytes", "gauge", "The node's RealMemory in slurm.conf"),
-))  # fmt: skip
+DISK = Check(
+    "disk",
+    run_disk,
+    (Family("disk_free_ratio", "gauge", "Free space of each checked local path", ("path",)),),
+)
+MEMORY = Check(
+    "memory",
+    run_memory,
+    (
+        Family("memory_total_bytes", "gauge", "Memory the kernel reports (MemTotal)"),
+        Family("memory_configured_bytes", "gauge", "The node's RealMemory in slurm.conf"),
+    ),
+)

@@ -46,8 +46,16 @@ def process_uids(proc_root: str) -> set[int] | None:
 
 def job_uids(timeout: float, node: str = "") -> set[int] | None:
     """UIDs of the users with a job on this node (squeue); None when Slurm did not say."""
-    out = command(["squeue", "--noheader", f"--nodelist={node or socket.gethostname()}",
-                   f"--states={HOLDING}", "--format=%U"], timeout)  # fmt: skip
+    out = command(
+        [
+            "squeue",
+            "--noheader",
+            f"--nodelist={node or socket.gethostname()}",
+            f"--states={HOLDING}",
+            "--format=%U",
+        ],
+        timeout,
+    )
     if out.code != 0:
         return None
     return {int(word) for word in out.stdout.split() if word.isdigit()}
