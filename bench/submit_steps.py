@@ -5,7 +5,7 @@ clock on the lab (its nodes are containers of one host):
   between the bench's launch of `tcloud submit` and its exit;
 - the job's record: its QUEUED event (written just before sbatch) and RUNNING event;
 - Slurm's logs: slurmctld's submission and allocation lines, slurmd's batch launch;
-- the job's marks in status/timing/ (tacc_agent/tasks/timing.py): the batch step's
+- the job's marks in status/timing/ (tacc_agent/tasks/execute/timing.py): the batch step's
   process start, code start, environment, srun; rank 0's process start, code start,
   rendezvous, program start, first output line.
 

@@ -83,7 +83,7 @@ def gone(pid: int) -> bool:
 
 
 def job_top(runs: int, tmp: Path) -> dict:
-    from tacc_agent.tasks import top
+    from tacc_agent.tasks.interactive import top
     from tests.unit.test_job_top import EXPOSITION, free_port, serve, target
 
     port = free_port()
@@ -213,7 +213,7 @@ def stuck_mount(runs: int, tmp: Path) -> dict:
 
 
 def exec_leftover(runs: int, tmp: Path) -> dict:
-    from tacc_agent.tasks import execute
+    from tacc_agent.tasks.execute import launch as execute
     from tests.unit.agent_jobs import agent, agent_env, make_job
 
     def once(line: str) -> float:
@@ -236,7 +236,7 @@ def exec_leftover(runs: int, tmp: Path) -> dict:
 
 
 def chrun_timeout(runs: int, tmp: Path) -> dict:
-    from tacc_agent.tasks import imagebuild
+    from tacc_agent.tasks.images import build as imagebuild
 
     fake = tmp / "ch-run"
     fake.write_text("#!/bin/sh\necho started\nexec sleep 30\n")
@@ -257,7 +257,7 @@ def chrun_timeout(runs: int, tmp: Path) -> dict:
 TIMED_RUN = """
 import ctypes, json, sys, time
 from pathlib import Path
-from tacc_agent.tasks import imagebuild
+from tacc_agent.tasks.images import build as imagebuild
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # as the batch step: a child subreaper
 here = Path(sys.argv[1])
 start = time.perf_counter()
@@ -304,7 +304,7 @@ def registry(runs: int, tmp: Path) -> dict:
     import pytest
 
     from tacc_agent.errors import AgentError
-    from tacc_agent.tasks import registry_client
+    from tacc_agent.tasks.images import registry as registry_client
     from tests.unit.test_agent_images import REFERENCE, fake_skopeo
 
     bin_dir = fake_skopeo(tmp, "exec sleep 30")

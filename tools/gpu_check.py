@@ -569,7 +569,7 @@ def make_job(tmp: Path, gpus: int) -> Path:
     """A committed job directory for train.py, as tests/unit/agent_jobs.py builds one."""
     import yaml
 
-    from tacc_agent.tasks import store
+    from tacc_agent.tasks.store import delta as store
     from tcloud.compiler import compile_task
     from tcloud.task_file import load_task
 

@@ -1,4 +1,4 @@
-"""Issue [12] point 1 on the slurm lab: a job's start marks (tacc_agent/tasks/timing.py).
+"""Issue [12] point 1 on the slurm lab: a job's start marks (tacc_agent/tasks/execute/timing.py).
 Collected as part of test_slurm_cluster.py (which imports this test), on its lab."""
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def test_with_the_cluster_dns_targets_come_from_its_srv_records(dns):
 def test_the_agents_slurm_job_label_is_left_as_prometheus_names_it(static):
     """The agent labels per-job figures `job` (the Slurm job); the target's own `job`
     label displaces it to `exported_job`, which the ops usage report reads
-    (tacc_agent/tasks/gpu_time_used.py): no relabelling may rename it."""
+    (tacc_agent/tasks/accounting/gpu_time_used.py): no relabelling may rename it."""
     job = scrape_job(static, "tacc_agent")
     assert "metric_relabel_configs" not in job and "honor_labels" not in job
 

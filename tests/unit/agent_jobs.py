@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tacc_agent.tasks import store
+from tacc_agent.tasks.store import delta as store
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 

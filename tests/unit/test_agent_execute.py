@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent.tasks import logs, records
+from tacc_agent.tasks.jobs import logs, records
 from tests.unit.agent_jobs import agent, agent_env, make_job
 
 

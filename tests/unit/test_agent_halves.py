@@ -38,5 +38,5 @@ def test_a_half_of_the_agent_does_not_import_the_other(half):
 
 def test_the_scan_sees_a_crossing(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from tacc_agent.tasks import records\n")
-    assert (2, "tacc_agent.tasks.records") in imported(probe)
+    probe.write_text("def f():\n    from tacc_agent.tasks.jobs import records\n")
+    assert (2, "tacc_agent.tasks.jobs.records") in imported(probe)

@@ -20,7 +20,9 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import execute, imagebuild, imagecache
+from tacc_agent.tasks.execute import launch as execute
+from tacc_agent.tasks.images import build as imagebuild
+from tacc_agent.tasks.images import cache as imagecache
 from tacc_contract import buildfile
 
 BASE = "n1:5000/tacc/base:bookworm@sha256:" + "ab" * 32

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import imagebuild, imagecache
+from tacc_agent.tasks.images import build as imagebuild
+from tacc_agent.tasks.images import cache as imagecache
 from tacc_contract.buildfile import BuildFile, Step
 from tests.unit.test_agent_image_build import (
     HostRunner,
@@ -177,7 +178,7 @@ exit 0
 SUBREAPER_RUN = """
 import ctypes, json, sys, threading
 from pathlib import Path
-from tacc_agent.tasks import imagebuild
+from tacc_agent.tasks.images import build as imagebuild
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # as the batch step: a child subreaper
 here = Path(sys.argv[1])
 lines, given_up, join = [], [], threading.Thread.join

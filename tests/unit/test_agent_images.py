@@ -17,7 +17,8 @@ import pytest
 
 from tacc_agent.cli import SessionVerbs, build_parser
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
-from tacc_agent.tasks import imagecache, registry_client
+from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.images import registry as registry_client
 from tacc_contract import protocol
 from tacc_contract.images import parse_reference
 from tests.unit.agent_jobs import agent, agent_env

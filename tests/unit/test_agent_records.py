@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from tacc_agent.tasks import records
-from tacc_agent.tasks.jobs import reconcile
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.jobs.verbs import reconcile
 
 
 def job(tmp_path, events: list[str], ranks: list[dict] | None = None):
@@ -137,7 +137,7 @@ def test_a_node_failure_that_ends_the_job_names_the_node(tmp_path, slurm_nodes):
 
 
 def test_a_lost_node_that_is_back_is_still_named(tmp_path, slurm_nodes):
-    from tacc_agent.tasks import lost_nodes
+    from tacc_agent.tasks.execute import lost_nodes
 
     slurm_nodes["n3"] = {"NodeName": "n3", "State": "IDLE", "Reason": ""}
     assert (
@@ -152,13 +152,15 @@ def test_a_lost_node_that_is_back_is_still_named(tmp_path, slurm_nodes):
 @pytest.fixture
 def running_job(tmp_path, monkeypatch):
     """A running job of the caller's, with Slurm answered: what `halt` asks and does."""
-    from tacc_agent.tasks import jobs, workspace
+    from tacc_agent.tasks.jobs import verbs as jobs
+    from tacc_agent.tasks.store import workspace
 
     user_dir = tmp_path / "alice"
     job_dir = job(user_dir / "jobs", ["QUEUED", "PROVISIONING", "RUNNING"])
     workspace.register(user_dir, "41", job_dir)
     calls: list[list[str]] = []
-    # Slurm's job 41 is this one: the caller's, run in its directory (tacc_agent.tasks.job_tags).
+    # Slurm's job 41 is this one: the caller's, run in its directory
+    # (tacc_agent.tasks.jobs.job_tags).
     running = {"JobState": "RUNNING", "UserId": f"alice({os.getuid()})", "WorkDir": str(job_dir)}
     monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: running)
     monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: calls.append(argv))
@@ -167,7 +169,7 @@ def running_job(tmp_path, monkeypatch):
 
 def test_halt_says_whether_the_program_exited_within_its_grace_period(running_job):
     from tacc_agent.config import AgentConfig
-    from tacc_agent.tasks import jobs
+    from tacc_agent.tasks.jobs import verbs as jobs
 
     user_dir, job_dir, calls = running_job
     records.write_rank(job_dir, 0, host="n2", state="RUNNING")
@@ -184,7 +186,7 @@ def test_halt_says_whether_the_program_exited_within_its_grace_period(running_jo
 def test_a_halt_grace_outside_0_to_3600_seconds_is_refused_before_any_signal(running_job, grace):
     from tacc_agent.config import AgentConfig
     from tacc_agent.errors import Rejected
-    from tacc_agent.tasks import jobs
+    from tacc_agent.tasks.jobs import verbs as jobs
 
     user_dir, _, calls = running_job
     with pytest.raises(Rejected, match=r"grace period is 0 to 3600 seconds"):

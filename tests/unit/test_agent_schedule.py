@@ -10,9 +10,9 @@ import pytest
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks.cluster_shape import gpu_count, parse_nodes, parse_partitions
-from tacc_agent.tasks.instruction import parse
-from tacc_agent.tasks.schedule import check_feasible, sbatch_argv
+from tacc_agent.tasks.schedule.cluster_shape import gpu_count, parse_nodes, parse_partitions
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.schedule.submit import check_feasible, sbatch_argv
 from tacc_contract.instruction import InvalidInstruction
 from tacc_contract.slurm_time import time_seconds
 

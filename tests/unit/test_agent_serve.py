@@ -20,7 +20,7 @@ import yaml
 
 from tacc_agent.health.cycle import SlurmOutcome
 from tacc_agent.serve import Daemon
-from tacc_agent.tasks import transport
+from tacc_agent.tasks.schedule import transport
 from tests.unit.agent_fixtures import daemon_settings, fixture_config, parse_exposition
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
 

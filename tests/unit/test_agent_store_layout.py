@@ -1,4 +1,4 @@
-"""What a committed job directory always holds (tacc_agent.tasks.store.commit)."""
+"""What a committed job directory always holds (tacc_agent.tasks.store.delta.commit)."""
 
 from __future__ import annotations
 

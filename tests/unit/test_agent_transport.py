@@ -6,7 +6,7 @@ import json
 import time
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks.transport import local_rdma, sysfs_ports
+from tacc_agent.tasks.schedule.transport import local_rdma, sysfs_ports
 from tacc_plugins.transport import choose
 
 

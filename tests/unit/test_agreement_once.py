@@ -1,13 +1,13 @@
 """An agreement topic is decided once per run, and its answer is a mapping: otherwise
-rank 0 and the other ranks could act on different answers (tasks/agreement.py)."""
+rank 0 and the other ranks could act on different answers (tasks/execute/agreement.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import records
-from tacc_agent.tasks.agreement import Agreement
+from tacc_agent.tasks.execute.agreement import Agreement
+from tacc_agent.tasks.jobs import records
 
 
 @pytest.mark.fault

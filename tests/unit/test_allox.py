@@ -16,8 +16,8 @@ import pytest
 from tacc_agent import slurm as slurm_module
 from tacc_agent.config import AgentConfig
 from tacc_agent.hostlist import expand_hostlist
-from tacc_agent.tasks import constraints, queue_ticks
-from tacc_agent.tasks.constraints import Narrowing
+from tacc_agent.tasks.schedule import constraints, queue_ticks
+from tacc_agent.tasks.schedule.constraints import Narrowing
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Node, Queue, QueuedJob
 from tacc_plugins import allox, allox_memory

@@ -12,7 +12,7 @@ import pytest
 
 from tacc_agent import slurm as slurm_module
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import early_start, queue_ticks
+from tacc_agent.tasks.schedule import early_start, queue_ticks
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import (
     PLACEMENT_DELAY_LIMIT,

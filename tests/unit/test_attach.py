@@ -1,4 +1,4 @@
-"""Into a running job, the agent's side (tasks/attach.py): `job target`'s checks and
+"""Into a running job, the agent's side (tasks/interactive/attach.py): `job target`'s checks and
 answer, the srun that `job attach` execs, what `enter` execs on the node, and
 `job stop-on-disconnect`. Slurm is faked at tacc_agent.slurm (scontrol's records);
 exec is caught, nothing is started."""
@@ -18,7 +18,11 @@ import pytest
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import attach, envcache, jobs, records, sweeps, workspace
+from tacc_agent.tasks.execute import envcache
+from tacc_agent.tasks.interactive import attach
+from tacc_agent.tasks.jobs import records, sweeps
+from tacc_agent.tasks.jobs import verbs as jobs
+from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE
 from tacc_contract.protocol import JOB_TARGET
 from tests.unit.agent_jobs import make_job

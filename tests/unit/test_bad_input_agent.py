@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent.tasks.execute import with_modules
+from tacc_agent.tasks.execute.launch import with_modules
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 from tcloud.upload import blob_name

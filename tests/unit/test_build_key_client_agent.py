@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import imagebuild as agent_build
+from tacc_agent.tasks.images import build as agent_build
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import containers, imagecache
-from tacc_agent.tasks.containers import Bind
+from tacc_agent.tasks.execute import containers
+from tacc_agent.tasks.execute.containers import Bind
+from tacc_agent.tasks.images import cache as imagecache
 from tacc_contract.images import parse_reference
 from tests.unit.agent_jobs import agent
 from tests.unit.test_agent_images import PINNED, StubPuller

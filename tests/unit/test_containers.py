@@ -16,8 +16,13 @@ import yaml
 
 from tacc_agent.config import load_config
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import containers, execute, imagecache, records, schedule, store
-from tacc_agent.tasks.containers import Bind
+from tacc_agent.tasks.execute import containers
+from tacc_agent.tasks.execute import launch as execute
+from tacc_agent.tasks.execute.containers import Bind
+from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.store import delta as store
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 from tests.unit.agent_jobs import agent, agent_env

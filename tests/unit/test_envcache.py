@@ -19,7 +19,9 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import envcache, package_index, records, rerun, workspace
+from tacc_agent.tasks.execute import envcache, package_index
+from tacc_agent.tasks.jobs import records, rerun
+from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import code_digest
 from tacc_contract.schema import pinned_requirement
 from tests.unit.agent_jobs import make_job
@@ -109,7 +111,7 @@ def test_an_environment_is_built_once_under_a_lock_and_then_reused(index, tmp_pa
     user_dir = tmp_path / "user"
     user_dir.mkdir()
     script = (
-        "import sys; from pathlib import Path; from tacc_agent.tasks import envcache; "
+        "import sys; from pathlib import Path; from tacc_agent.tasks.execute import envcache; "
         f"b = envcache.Builder(sys.executable, envcache.uv_binary(''), {url!r}); "
         "envcache.ensure(Path(sys.argv[1]), ['tacc-probe'], b, sys.argv[2], print, 300)"
     )

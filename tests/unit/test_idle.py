@@ -1,4 +1,4 @@
-"""The idle watchdog of an interactive session (issue [14], tasks/idle.py): its samplers
+"""The idle watchdog of an interactive session (issue [14], tasks/interactive/idle.py): its samplers
 over a fake /proc tree, fake ss output and fake terminals, and its decision over a fake
 clock (idle -> one cancel, activity resets the count, "0" never cancels); ps's kind and
 status's session."""
@@ -18,8 +18,9 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import execute, idle, jobs, records
-from tacc_agent.tasks.idle import (
+from tacc_agent.tasks.execute import launch as execute
+from tacc_agent.tasks.interactive import idle
+from tacc_agent.tasks.interactive.idle import (
     JobProcess,
     Sample,
     Watchdog,
@@ -35,6 +36,8 @@ from tacc_agent.tasks.idle import (
     terminal_path,
     terminal_times,
 )
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.jobs import verbs as jobs
 from tests.unit.agent_jobs import make_job
 
 # As `ss -tinH state established '( sport = :22 )'` printed it on lab node n2 (iproute2 6.1).

@@ -14,7 +14,8 @@ import pytest
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import jobs, preempt, queue_ticks
+from tacc_agent.tasks.jobs import verbs as jobs
+from tacc_agent.tasks.schedule import preempt, queue_ticks
 from tacc_contract.plugins import Queue, QueuedJob
 
 

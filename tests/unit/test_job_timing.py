@@ -1,4 +1,4 @@
-"""The job's start marks (tacc_agent/tasks/timing.py, issue [12] point 1): the batch
+"""The job's start marks (tacc_agent/tasks/execute/timing.py, issue [12] point 1): the batch
 step and each rank note where their start goes in the job's private status/timing/,
 cheaply and without ever failing the job; bench/submit_steps.py turns them, the
 client's TCLOUD_TIMING lines and Slurm's logs into named steps."""
@@ -17,9 +17,9 @@ from itertools import islice
 import pytest
 
 from tacc_agent import slurm
-from tacc_agent.tasks import timing
-from tacc_agent.tasks.agreement import poll_intervals
-from tacc_agent.tasks.execute import first_output_marked, step_hostnames
+from tacc_agent.tasks.execute import timing
+from tacc_agent.tasks.execute.agreement import poll_intervals
+from tacc_agent.tasks.execute.launch import first_output_marked, step_hostnames
 from tests.conftest import ROOT
 
 

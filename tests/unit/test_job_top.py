@@ -1,4 +1,5 @@
-"""`job top` (tasks/top.py on the login node, node_usage.py on the job's nodes): one step
+"""`job top` (tasks/interactive/top.py on the login node, node_usage.py on the job's nodes):
+one step
 of the caller's job (a FAKE srun) runs `tacc-agent node-usage` on every node, which reads
 that node's figures of the job whose step runs it (a fake /proc with alice's job 41 and
 bob's job 42 on one node) and keeps the caller's own; a silent or refusing step is an
@@ -24,7 +25,7 @@ from tacc_agent import node_usage, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, Rejected
 from tacc_agent.health import job_usage
-from tacc_agent.tasks import attach, top
+from tacc_agent.tasks.interactive import attach, top
 from tacc_contract import protocol
 from tests.unit.agent_jobs import agent, agent_env
 from tests.unit.test_job_usage import ALICE, TICKS, add_process, fake_smi, two_gpus

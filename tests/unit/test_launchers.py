@@ -14,9 +14,9 @@ import yaml
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks.execute import AGENT, RankLogs, slurm_node_rank, wrapper_argv
-from tacc_agent.tasks.instruction import parse
-from tacc_agent.tasks.schedule import Node, Partition, check_feasible, sbatch_argv
+from tacc_agent.tasks.execute.launch import AGENT, RankLogs, slurm_node_rank, wrapper_argv
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.schedule.submit import Node, Partition, check_feasible, sbatch_argv
 from tacc_contract.plugins import Launch
 from tacc_contract.schema import processes_per_node
 from tacc_plugins.launcher import command_for, framework_env, wrapper_rank

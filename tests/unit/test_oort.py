@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule.instruction import parse
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import select
 from tacc_plugins import oort

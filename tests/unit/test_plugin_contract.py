@@ -22,9 +22,11 @@ import pytest
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks import queue_ticks, records, schedule
-from tacc_agent.tasks.agreement import Agreement
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.execute.agreement import Agreement
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.schedule import queue_ticks
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.instruction import parse
 from tacc_contract.instruction import FORMAT
 from tacc_contract.plugins import Launch
 from tacc_plugins import transport

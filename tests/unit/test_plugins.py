@@ -19,8 +19,10 @@ import yaml
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks import schedule, sweeps, workspace
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.jobs import sweeps
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.store import workspace
 from tacc_contract.plugins import Launch, Outcome, PartitionLoad, Queue, QueuedJob
 from tacc_contract.registry import PluginError, available, select
 from tacc_plugins import duration, elastic, gpu_share, las, sweep
@@ -464,7 +466,7 @@ def test_the_job_log_gets_prediction_versus_actual(tmp_path):
 
 # ------------------------------------------------------------------ LAS
 def test_squeue_lines_become_queued_jobs():
-    from tacc_agent.tasks.queue_ticks import parse_queue
+    from tacc_agent.tasks.schedule.queue_ticks import parse_queue
 
     jobs = parse_queue(
         "12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
@@ -564,7 +566,7 @@ def test_quota_text_shows_limits_fair_share_and_usage():
 
 def test_quota_counts_the_callers_queue(monkeypatch):
     from tacc_agent import slurm
-    from tacc_agent.tasks import quota
+    from tacc_agent.tasks.accounting import quota
 
     seen = []
 

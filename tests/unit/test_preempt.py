@@ -1,4 +1,4 @@
-"""The queue tick's requeue (tacc_agent/tasks/preempt.py): the owner's opt-in read as root
+"""The queue tick's requeue (tacc_agent/tasks/schedule/preempt.py): the owner's opt-in read as root
 with care, and the owner's own halt then resume."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import pytest
 from tacc_agent import cli, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, AgentError, Rejected
-from tacc_agent.tasks import jobs, preempt, records, workspace
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.jobs import verbs as jobs
+from tacc_agent.tasks.schedule import preempt
+from tacc_agent.tasks.store import workspace
 
 OTHER_UID = 4321  # the job's owner when the tests run as root (files chowned to it)
 OPTED_IN = {"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}, "elastic": {}}}

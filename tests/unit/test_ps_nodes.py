@@ -8,7 +8,8 @@ import json
 import pytest
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import jobs, records
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.jobs import verbs as jobs
 from tests.unit.agent_jobs import agent, agent_env, make_job
 from tests.unit.fake_slurm import FakeSlurm
 

@@ -1,5 +1,5 @@
 """The queue tick's squeue columns (partition, pending reason) and the running jobs'
-opt-ins it hands the plug-ins (tacc_agent/tasks/queue_ticks.py)."""
+opt-ins it hands the plug-ins (tacc_agent/tasks/schedule/queue_ticks.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import preempt, queue_ticks
+from tacc_agent.tasks.schedule import preempt, queue_ticks
 from tacc_contract.plugins import Queue
 
 # squeue --noheader --array --states=PENDING,RUNNING --Format=<queue_ticks.FORMAT> as

@@ -1,7 +1,7 @@
 """`tcloud forward`'s node side: `job connect` (the srun it execs on the login node,
-tasks/attach.py) and `tacc-agent relay` (tasks/relay.py: the exposure warning read from
-/proc/net/tcp{,6}, the connection to 127.0.0.1:PORT or a Unix socket, bytes relayed
-between it and stdin/stdout, errors on stderr only); the protocol's builder."""
+tasks/interactive/attach.py) and `tacc-agent relay` (tasks/interactive/relay.py: the exposure
+warning read from /proc/net/tcp{,6}, the connection to 127.0.0.1:PORT or a Unix socket,
+bytes relayed between it and stdin/stdout, errors on stderr only); the protocol's builder."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, Rejected
-from tacc_agent.tasks import attach, relay
+from tacc_agent.tasks.interactive import attach, relay
 from tacc_contract.protocol import BadArgument, job_connect
 from tests.unit.test_attach import FakeSlurm, a_job
 

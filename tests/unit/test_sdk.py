@@ -21,7 +21,7 @@ import paramiko
 import pytest
 import yaml
 
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 from tcloud import Cluster, Job, JobTimeout, cli, dry_run, sdk, validate
 from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, TaskFileError, TcloudError, UsageError
 from tests.unit.agent_jobs import agent_env

@@ -18,8 +18,9 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks import schedule, store
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.store import delta as store
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_contract.registry import PluginError, select
 from tacc_plugins.sweep import MAX_TRIALS

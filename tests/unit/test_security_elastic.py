@@ -3,8 +3,8 @@
 The range is in the owner's own status/submit.json, which she may rewrite at any time;
 root's `scontrol update NumNodes=K-K` is an administrator's change, which Slurm holds to
 no QOS or association limit. So the agent resizes within the range it recorded for the
-job (tasks/node_ranges.py: capped at the maximum Slurm kept from her submit) and grows a
-job only as far as Slurm's limits allow it (tasks/node_limits.py)."""
+job (tasks/schedule/node_ranges.py: capped at the maximum Slurm kept from her submit) and grows a
+job only as far as Slurm's limits allow it (tasks/schedule/node_limits.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import node_limits, node_ranges, preempt
+from tacc_agent.tasks.schedule import node_limits, node_ranges, preempt
 from tests.unit.test_preempt import chown_tree, owner_uid
 
 ENFORCING = "AccountingStorageType = accounting_storage/slurmdbd\n" + (

@@ -23,7 +23,7 @@ from tacc_agent.health import cycle as health
 from tacc_agent.health.checks import system
 from tacc_agent.health.checks.base import FAIL, OK
 from tacc_agent.health.checks.gpu import check_gpus
-from tacc_agent.tasks import queue_ticks
+from tacc_agent.tasks.schedule import queue_ticks
 from tacc_contract.plugins import Queue, QueuedJob
 from tacc_lab.fakehw import FakeHardware, device_state
 from tacc_plugins import las

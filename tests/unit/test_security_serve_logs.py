@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tacc_agent import serve
-from tacc_agent.tasks import logs, records
+from tacc_agent.tasks.jobs import logs, records
 from tests.unit.agent_fixtures import (
     daemon_settings,
     fixture_config,

@@ -22,8 +22,13 @@ import yaml
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks import jobs, records, schedule, store, store_receive, workspace
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.jobs import verbs as jobs
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.store import delta as store
+from tacc_agent.tasks.store import receive as store_receive
+from tacc_agent.tasks.store import workspace
 from tacc_contract import sbatch
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_contract.protocol import blob_name

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.cli import configured, parse_command_line
-from tacc_agent.tasks import instruction
+from tacc_agent.tasks.schedule import instruction
 from tacc_contract import protocol
 from tacc_contract.errors import AGENT_REJECTED
 from tacc_contract.protocol import PROTOCOL_VERSION, Hello
@@ -180,7 +180,7 @@ def blob(data: bytes, mode: int = 0o644) -> str:
 
 
 def frames(entries: dict[str, tuple[str, bytes]]) -> bytes:
-    """The framed stream (tacc_agent/tasks/store_receive.py) of whole blobs."""
+    """The framed stream (tacc_agent/tasks/store/receive.py) of whole blobs."""
     stream = b""
     for name, (upload, data) in entries.items():
         header = {"blob": name, "upload": upload, "offset": 0, "size": len(data)}

@@ -1,11 +1,11 @@
-"""Where a finished job tree goes (tacc_agent.tasks.store.place): the first free
+"""Where a finished job tree goes (tacc_agent.tasks.store.delta.place): the first free
 jobs/<digest12>-<n>, whatever holds the numbers before it."""
 
 from __future__ import annotations
 
 import pytest
 
-from tacc_agent.tasks import store
+from tacc_agent.tasks.store import delta as store
 
 DIGEST = "0123456789abcdef" * 4
 

@@ -1,5 +1,5 @@
 """The streamed upload's frame format both ways: tcloud.upload_stream writes it,
-tacc_agent.tasks.store_receive reads it into the user's store (here over a pipe or a
+tacc_agent.tasks.store.receive reads it into the user's store (here over a pipe or a
 BytesIO, as the agent's session would hand it over)."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks import store, store_receive
-from tacc_agent.tasks.store_receive import HEADER_LIMIT, receive
+from tacc_agent.tasks.store import delta as store
+from tacc_agent.tasks.store import receive as store_receive
+from tacc_agent.tasks.store.receive import HEADER_LIMIT, receive
 from tcloud.upload import missing_blob
 from tcloud.upload_stream import END_FRAME, Blob, frames
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks.instruction import parse
-from tacc_agent.tasks.schedule import sbatch_argv
+from tacc_agent.tasks.schedule.instruction import parse
+from tacc_agent.tasks.schedule.submit import sbatch_argv
 from tcloud.compiler import compile_task
 from tcloud.task_file import load_task
 from tests.conftest import run_cli

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import usage as agent_usage
+from tacc_agent.tasks.accounting import usage as agent_usage
 from tcloud import usage
 from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, UsageError
 

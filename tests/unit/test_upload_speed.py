@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks import store, store_receive
+from tacc_agent.tasks.store import delta as store
+from tacc_agent.tasks.store import receive as store_receive
 from tcloud import manifest, wire
 from tcloud.compiler import compile_task
 from tcloud.errors import TaskFileError

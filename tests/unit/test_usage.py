@@ -1,5 +1,5 @@
-"""`tacc-agent usage` (tasks/usage.py): a researcher's own CPU and GPU seconds from
-Slurm's accounting. Recorded sacct lines (--parsable2, the FIELDS of tasks/usage.py) are
+"""`tacc-agent usage` (tasks/accounting/usage.py): a researcher's own CPU and GPU seconds from
+Slurm's accounting. Recorded sacct lines (--parsable2, the FIELDS of tasks/accounting/usage.py) are
 parsed robustly (TRES strings, typed GPUs, unknown times, requeued runs); a run crossing
 a month is split by its time in each; a running job counts up to now; the window is the
 dates given (both ends included) or this month and the two before it. The agent asks
@@ -18,7 +18,7 @@ import pytest
 from tacc_agent import cli as agent_cli
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_REJECTED, AgentError, Rejected
-from tacc_agent.tasks import usage
+from tacc_agent.tasks.accounting import usage
 from tacc_contract import protocol
 from tests.unit.agent_jobs import agent, agent_env
 from tests.unit.usage_fakes import ME, NOW, RECORDED, install_sacct

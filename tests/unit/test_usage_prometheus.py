@@ -1,7 +1,7 @@
 """The ops report's PromQL on a real Prometheus (Debian's 2.42, the one roles/monitoring
 installs; the Makefile installs it on the build machine too): utilization samples
 backfilled with `promtool tsdb create-blocks-from openmetrics`, Prometheus started on
-127.0.0.1 over them (no scrape targets), and tasks/gpu_time_used.py asked through its
+127.0.0.1 over them (no scrape targets), and tasks/accounting/gpu_time_used.py asked through its
 HTTP API. Chunks of any length count every sample once (a range 1 ms short of the chunk:
 Prometheus 2 takes both ends of a range), the Slurm id is read from `exported_job` or
 `job`, and used time is the series' average times the job's wall time."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent.tasks import gpu_time_used
+from tacc_agent.tasks.accounting import gpu_time_used
 
 METRIC = "tacc_agent_job_gpu_utilization_ratio"
 SCRAPE = 15

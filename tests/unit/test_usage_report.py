@@ -1,10 +1,10 @@
-"""`tacc-agent report usage` (tasks/usage_report.py, tasks/gpu_time_used.py): every
-user's allocated GPU- and CPU-hours by user and account from sacct (--allusers), the
-billing figures, beside the GPUs' utilisation from a fake Prometheus on 127.0.0.1 (its
-query API over recorded utilization samples, closed ranges as Prometheus 2 takes them);
-the utilisation figures are "n/a" with a warning when Prometheus is unset, silent or
-says no, and a forged scrape changes no billing figure; table, CSV and JSON; root only
-(exit 4); bad dates exit 2."""
+"""`tacc-agent report usage` (tasks/accounting/usage_report.py,
+tasks/accounting/gpu_time_used.py): every user's allocated GPU- and CPU-hours by user
+and account from sacct (--allusers), the billing figures, beside the GPUs' utilisation
+from a fake Prometheus on 127.0.0.1 (its query API over recorded utilization samples,
+closed ranges as Prometheus 2 takes them); the utilisation figures are "n/a" with a
+warning when Prometheus is unset, silent or says no, and a forged scrape changes no
+billing figure; table, CSV and JSON; root only (exit 4); bad dates exit 2."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pytest
 
 from tacc_agent import cli as agent_cli
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import gpu_time_used, usage_report
+from tacc_agent.tasks.accounting import gpu_time_used, usage_report
 from tests.unit.usage_fakes import ME, NOW, install_sacct
 
 METRIC = "tacc_agent_job_gpu_utilization_ratio"

@@ -13,7 +13,7 @@ Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
   quota                        the caller's limits, fair share and usage
   queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
   store                        delta upload: JSON request on stdin (missing | commit)
-  store receive                blobs streamed on stdin (tacc_agent/tasks/store_receive.py)
+  store receive                blobs streamed on stdin (tacc_agent/tasks/store/receive.py)
   image resolve REF            the digest a registry reference names now (at submit)
   image ls                     the caller's cached container images
   job check                    would the cluster accept this instruction? (stdin)
@@ -268,16 +268,19 @@ def configured(args: argparse.Namespace):
     config = load_config(args.config)
     # Set for every verb that reads instructions; reset too once loaded: a session's
     # earlier request may have named other settings (--config) than this one.
-    if config.plugins or "tacc_agent.tasks.instruction" in sys.modules:
-        from tacc_agent.tasks.instruction import configure  # lazy verb import
+    if config.plugins or "tacc_agent.tasks.schedule.instruction" in sys.modules:
+        from tacc_agent.tasks.schedule.instruction import configure  # lazy verb import
 
         configure(config.plugins)
     return config
 
 
 def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
-    from tacc_agent.tasks import jobs, rerun, schedule, workspace  # lazy verb import
-    from tacc_agent.tasks.instruction import parse  # lazy verb import
+    from tacc_agent.tasks.jobs import rerun  # lazy verb import
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+    from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
+    from tacc_agent.tasks.schedule.instruction import parse  # lazy verb import
+    from tacc_agent.tasks.store import workspace  # lazy verb import
 
     if args.verb == "check":
         task = parse(source.data().decode(errors="replace"), "instruction")
@@ -297,11 +300,11 @@ def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
     if args.verb == "rerun":
         return rerun.rerun(user_dir, args.job, config)
     if args.verb == "target":
-        from tacc_agent.tasks import attach  # lazy verb import
+        from tacc_agent.tasks.interactive import attach  # lazy verb import
 
         return protocol.JOB_TARGET.check(attach.target(user_dir, args.job, config, args.rank))
     if args.verb == "top":
-        from tacc_agent.tasks import top  # lazy verb import
+        from tacc_agent.tasks.interactive import top  # lazy verb import
 
         return protocol.JOB_TOP.check(top.top(user_dir, args.job, config))
     return jobs.resume(user_dir, args.job, config, args.reason)
@@ -316,22 +319,23 @@ def answer(args: argparse.Namespace, source: VerbInput) -> object:
     if args.command == "job":
         return job_answer(args, config, source)
     if args.command == "quota":
-        from tacc_agent.tasks.quota import quota  # lazy verb import
+        from tacc_agent.tasks.accounting.quota import quota  # lazy verb import
 
         return quota(config)
     if args.command == "usage":
-        from tacc_agent.tasks.usage import usage  # lazy verb import
+        from tacc_agent.tasks.accounting.usage import usage  # lazy verb import
 
         return protocol.USAGE.check(usage(config, args.since, args.until))
     if args.command == "queue-tick":
-        from tacc_agent.tasks.queue_ticks import tick  # lazy verb import
+        from tacc_agent.tasks.schedule.queue_ticks import tick  # lazy verb import
 
         return {"changes": tick(config)}
     if args.command == "image" and args.image_verb == "resolve":
-        from tacc_agent.tasks.registry_client import resolve  # lazy verb import
+        from tacc_agent.tasks.images.registry import resolve  # lazy verb import
 
         return resolve(args.reference, config.image_resolve_timeout_seconds)
-    from tacc_agent.tasks import envcache, workspace  # lazy verb import
+    from tacc_agent.tasks.execute import envcache  # lazy verb import
+    from tacc_agent.tasks.store import workspace  # lazy verb import
 
     user_dir = workspace.userdir(config, args.userdir)
     if args.command == "whoami":
@@ -339,11 +343,11 @@ def answer(args: argparse.Namespace, source: VerbInput) -> object:
     if args.command == "env":
         return envcache.listing(user_dir)
     if args.command == "image":
-        from tacc_agent.tasks.imagecache import listing  # lazy verb import
+        from tacc_agent.tasks.images.cache import listing  # lazy verb import
 
         return protocol.IMAGES.check(listing(user_dir), "image ls", "")
     if args.action == RECEIVE:
-        from tacc_agent.tasks.store_receive import receive  # lazy verb import
+        from tacc_agent.tasks.store.receive import receive  # lazy verb import
 
         return receive(user_dir, source.reader)
     return store_round_trip(user_dir, read_request(source), config)
@@ -357,7 +361,7 @@ def stream_verb(args: argparse.Namespace) -> int:
         return session.serve_stdio(protocol.hello_answer(agent_version()), SessionVerbs(args))
     config = configured(args)
     if args.command in ("batch", "exec"):
-        from tacc_agent.tasks import execute  # lazy verb import
+        from tacc_agent.tasks.execute import launch as execute  # lazy verb import
 
         run = execute.batch if args.command == "batch" else execute.execute
         return run(args.jobdir, config)
@@ -374,11 +378,11 @@ def stream_verb(args: argparse.Namespace) -> int:
 
         return serve.serve(config, args.port, args.interval)
     if args.command == "report":
-        from tacc_agent.tasks import usage_report  # lazy verb import
+        from tacc_agent.tasks.accounting import usage_report  # lazy verb import
 
         return usage_report.run(config, args.since, args.until, args.format)
     if args.command == "enter":
-        from tacc_agent.tasks import attach  # lazy verb import
+        from tacc_agent.tasks.interactive import attach  # lazy verb import
 
         return attach.enter(args.jobdir, args.rank, args.command_words, config)
     if args.command == "node-usage":
@@ -386,11 +390,12 @@ def stream_verb(args: argparse.Namespace) -> int:
 
         return node_usage.run(config)
     if args.command == "relay":
-        from tacc_agent.tasks import relay  # lazy verb import
+        from tacc_agent.tasks.interactive import relay  # lazy verb import
 
         return relay.relay(args.port, args.socket_path, args.check)
     if args.verb in ("attach", "connect", "stop-on-disconnect"):
-        from tacc_agent.tasks import attach, workspace  # lazy verb import
+        from tacc_agent.tasks.interactive import attach  # lazy verb import
+        from tacc_agent.tasks.store import workspace  # lazy verb import
 
         user_dir = workspace.userdir(config, args.userdir)
         if args.verb == "stop-on-disconnect":
@@ -412,7 +417,9 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def job_logs(args: argparse.Namespace, config) -> int:
-    from tacc_agent.tasks import jobs, logs, records, sweeps, workspace  # lazy verb import
+    from tacc_agent.tasks.jobs import logs, records, sweeps  # lazy verb import
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+    from tacc_agent.tasks.store import workspace  # lazy verb import
 
     user_dir = workspace.userdir(config, args.userdir)
     job_dir = jobs.find_job(user_dir, args.job, config)
@@ -432,8 +439,9 @@ def store_round_trip(user_dir: Path, request: dict, config) -> dict:
     """`store`, optionally with the scheduling steps that go with it, so a submit is two
     round trips: "check" (the instruction) refuses an impossible task before anything
     is uploaded; "submit" sbatches the job directory the commit just built."""
-    from tacc_agent.tasks import schedule, store  # lazy verb import
-    from tacc_agent.tasks.instruction import parse  # lazy verb import
+    from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
+    from tacc_agent.tasks.schedule.instruction import parse  # lazy verb import
+    from tacc_agent.tasks.store import delta as store  # lazy verb import
 
     partition = None
     if request.get("check") is not None:

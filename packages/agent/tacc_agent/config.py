@@ -73,7 +73,7 @@ class AgentConfig:
     env_lock_timeout_seconds: int = 1800
     # --- container images (task field `image`, docs/containers.md) ---
     # The node's container runtime: charliecloud (ch-run; tested), apptainer or enroot
-    # (same interface, untested here). tasks/containers.py.
+    # (same interface, untested here). tasks/execute/containers.py.
     container_runtime: str = "charliecloud"
     # Host directories every container gets at the same path (the workspace root below
     # them is masked: a user sees only their own directory there).
@@ -87,7 +87,7 @@ class AgentConfig:
     # job pulling the same image.
     image_pull_timeout_seconds: float = 1800.0
     image_lock_timeout_seconds: int = 3600
-    # A build from the task's Containerfile (`image: {build: ...}`, tasks/imagebuild.py):
+    # A build from the task's Containerfile (`image: {build: ...}`, tasks/images/build.py):
     # upper bound of each RUN step.
     image_build_timeout_seconds: float = 3600.0
     # The node's NVIDIA driver files for containers (the nvidia_gpu role assembles it;

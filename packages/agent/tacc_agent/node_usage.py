@@ -1,5 +1,5 @@
 """`tacc-agent node-usage`: one node's live figures of the job whose step runs it, as one
-JSON line on stdout. `job top` (tasks/top.py) runs it on every node of the caller's
+JSON line on stdout. `job top` (tasks/interactive/top.py) runs it on every node of the caller's
 running job, as the caller, in a step of that job (`srun --jobid --overlap`); this module
 joins the two halves of the agent (the figures are health.job_usage's, the verb serves
 the task backend), like serve.py.

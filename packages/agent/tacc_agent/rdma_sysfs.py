@@ -1,7 +1,7 @@
 """This node's RDMA ports as sysfs shows them (<sysfs_root>/class/infiniband/<dev>/
 ports/<n>/): state, phys_state, rate and error counters. Both halves of the agent read
 them: the health check (health/checks/rdma.py) and the transport facts a job's ranks
-agree on (tasks/transport.py)."""
+agree on (tasks/schedule/transport.py)."""
 
 from __future__ import annotations
 

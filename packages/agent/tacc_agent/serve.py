@@ -47,7 +47,7 @@ from tacc_agent.health.metrics_access import (
     read_token,
     scraper_networks,
 )
-from tacc_agent.tasks.queue_ticks import Allowed, tick
+from tacc_agent.tasks.schedule.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
 REQUEST_DEADLINE_SECONDS = 5.0

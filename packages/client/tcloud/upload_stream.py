@@ -1,5 +1,5 @@
 """Client side of the streamed upload: every missing blob, one after the other, in one
-framed stream to `tacc-agent store receive` (the format: tacc_agent.tasks.store_receive;
+framed stream to `tacc-agent store receive` (the format: tacc_agent.tasks.store.receive;
 one JSON header line per blob, its bytes from the offset the cluster already holds, an
 end line). No round trip per file: the stream only waits on the SSH window."""
 

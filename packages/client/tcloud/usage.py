@@ -1,7 +1,7 @@
 """`tcloud usage`: your own CPU- and GPU-hours from the cluster's Slurm accounting, by
 month, account and partition (any of them, `--by`), as a table, CSV or JSON. The agent
 answers raw sums by month, account and partition for the calling user only
-(protocol.USAGE, tacc_agent/tasks/usage.py); this module groups and formats them
+(protocol.USAGE, tacc_agent/tasks/accounting/usage.py); this module groups and formats them
 (docs/usage.md).
 
 A job counts once in `jobs` (in the first month it ran in the window), so rows grouped

@@ -118,7 +118,7 @@ def store() -> list[str]:
 
 
 def store_receive() -> list[str]:
-    """Blobs streamed on stdin (framed, tacc_agent.tasks.store_receive) into the store."""
+    """Blobs streamed on stdin (framed, tacc_agent.tasks.store.receive) into the store."""
     return ["store", "receive"]
 
 

@@ -199,7 +199,7 @@ def idle_timeout(value: str) -> str | None:
 
 
 # An interactive session (docs/interactive.md): a job the user shells into and forwards
-# ports to, cancelled by the agent's idle watchdog (tacc_agent.tasks.idle) once nothing
+# ports to, cancelled by the agent's idle watchdog (tacc_agent.tasks.interactive.idle) once nothing
 # has used it for idle_timeout.
 SESSION = {
     "ports": Field("any", default=[], check=session_ports, expected=SESSION_PORTS_EXPECTED),

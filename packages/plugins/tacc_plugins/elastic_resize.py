@@ -25,7 +25,7 @@ does not, and shrinks nobody.
 
 A job's `node_range` is what its owner's record says (plugin_data.elastic.range), a file
 she can rewrite: this tick only proposes. The agent's `Queue.resize` decides
-(tacc_agent/tasks/preempt.py): it keeps to the range it recorded for the job (its
+(tacc_agent/tasks/schedule/preempt.py): it keeps to the range it recorded for the job (its
 maximum no higher than Slurm's) and grows a job only within Slurm's QOS, association and
 partition limits; a resize it refuses is a note, and the job is not resized.
 """

@@ -14,18 +14,13 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import (
-    envcache,
-    imagecache,
-    job_tags,
-    lost_nodes,
-    records,
-    submitting,
-    sweeps,
-    workspace,
-)
-from tacc_agent.tasks.instruction import load
-from tacc_agent.tasks.reasons import checked_reason
+from tacc_agent.tasks.execute import envcache, lost_nodes
+from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.jobs import job_tags, records, sweeps
+from tacc_agent.tasks.schedule import found_again as submitting
+from tacc_agent.tasks.schedule.instruction import load
+from tacc_agent.tasks.schedule.reasons import checked_reason
+from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE, code_digest
 from tacc_contract.schema import session_of
 from tacc_contract.trials import trials_of

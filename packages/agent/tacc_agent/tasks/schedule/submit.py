@@ -20,9 +20,12 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks import containers, job_tags, records, submitting, sweeps, workspace
-from tacc_agent.tasks.cluster_shape import parse_nodes, parse_partitions
-from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.execute import containers
+from tacc_agent.tasks.jobs import job_tags, records, sweeps
+from tacc_agent.tasks.schedule import found_again as submitting
+from tacc_agent.tasks.schedule.cluster_shape import parse_nodes, parse_partitions
+from tacc_agent.tasks.schedule.instruction import load
+from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import digest_of
 from tacc_contract.plugins import (
     NOT_WAITING_FOR_NODES,
@@ -253,7 +256,7 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
                 "tag": submission.options["comment"],
                 "entrypoint": submission.data.get("entrypoint", ""),
                 # What the task lets the cluster do to the job, whichever scheduling
-                # policies are on now (tasks/preempt.py reads it at a tick).
+                # policies are on now (tasks/schedule/preempt.py reads it at a tick).
                 "opt_in": ["preemptible"] if task.resources.get("preemptible") else [],
             },
         )

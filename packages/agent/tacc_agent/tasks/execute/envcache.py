@@ -12,7 +12,7 @@ that fails leaves nothing a later job would mistake for ready.
 
 A step that fails because the cache could not reach upstream (devpi then says a project
 "does not exist", or answers 502) is run again after a pause, RETRY_DELAYS; one whose
-project is truly missing fails at once (tasks/package_index.py tells them apart). Past
+project is truly missing fails at once (tasks/execute/package_index.py tells them apart). Past
 the last retry the error names the cache and says to try again.
 
 uv instead of pip: one static binary that resolves and installs in one pass, reuses a
@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tacc_agent.errors import EXIT_FAILED, AgentError
-from tacc_agent.tasks import package_index, records
+from tacc_agent.tasks.execute import package_index
+from tacc_agent.tasks.jobs import records
 
 MARKER = "tacc-env.json"
 LOCK_FILE = "tacc-lock.txt"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks.store import (
+from tacc_agent.tasks.store.delta import (
     BLOB,
     UPLOAD,
     Partials,

@@ -49,8 +49,10 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from tacc_agent.errors import EXIT_FAILED, AgentError
-from tacc_agent.tasks import imagecache, proctree, records
-from tacc_agent.tasks.containers import DEFAULT_PATH
+from tacc_agent.tasks.execute import proctree
+from tacc_agent.tasks.execute.containers import DEFAULT_PATH
+from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.jobs import records
 from tacc_contract import buildfile
 from tacc_contract.buildfile import BuildFile, BuildFileError, Step
 from tacc_contract.instruction import FILE as INSTRUCTION

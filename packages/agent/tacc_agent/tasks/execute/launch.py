@@ -3,7 +3,7 @@ prepares the environment once (envcache), runs the setup lines, then starts
 `tacc-agent exec JOBDIR` on every allocated node with srun and records the outcome.
 `tacc-agent exec` is one node's wrapper: it writes its facts for the other ranks, lets
 the execution plug-ins shape the rank (launcher, transport: the ranks agree through
-their facts, tasks/agreement.py), sets the task's variables and runs each run line,
+their facts, tasks/execute/agreement.py), sets the task's variables and runs each run line,
 writing every line the program prints to logs/rank-<r>-<host>.log and its exit status
 to status/.
 Signals (scancel's TERM, the checkpoint USR1) are forwarded to the program's process
@@ -34,22 +34,16 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.self_command import AGENT
-from tacc_agent.tasks import (
-    containers,
-    envcache,
-    idle,
-    imagebuild,
-    imagecache,
-    lost_nodes,
-    records,
-    sweeps,
-    timing,
-    transport,
-)
-from tacc_agent.tasks.agreement import Agreement
-from tacc_agent.tasks.instruction import load
-from tacc_agent.tasks.proctree import children, descendants
-from tacc_agent.tasks.schedule import cluster_plugins
+from tacc_agent.tasks.execute import containers, envcache, lost_nodes, timing
+from tacc_agent.tasks.execute.agreement import Agreement
+from tacc_agent.tasks.execute.proctree import children, descendants
+from tacc_agent.tasks.images import build as imagebuild
+from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.interactive import idle
+from tacc_agent.tasks.jobs import records, sweeps
+from tacc_agent.tasks.schedule import transport
+from tacc_agent.tasks.schedule.instruction import load
+from tacc_agent.tasks.schedule.submit import cluster_plugins
 from tacc_contract.images import parse_reference
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import in_layer
@@ -300,7 +294,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
     marks.mark("srun")
     marks.save()
     started = time.monotonic()
-    # An interactive session: stopped once idle for its idle_timeout (tasks/idle.py).
+    # An interactive session: stopped once idle for its idle_timeout (tasks/interactive/idle.py).
     watchdog = idle.start(task.session, job_dir, job_id, config.slurm_timeout_seconds, say)
     try:
         code = run_line(

@@ -1,6 +1,6 @@
 """The cluster's side of an image reference: what digest a registry reference names now
 (`tacc-agent image resolve REF`, asked by tcloud at submit) and the copy of an image's
-bits by that digest into an OCI layout (the image cache's pull, tasks/imagecache.py).
+bits by that digest into an OCI layout (the image cache's pull, tasks/images/cache.py).
 
 Both go through skopeo. The registries' HTTP/TLS settings come from
 /etc/containers/registries.conf.d/ (the container_runtime role writes the cluster

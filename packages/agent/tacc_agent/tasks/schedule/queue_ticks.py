@@ -18,10 +18,10 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.slurm import elapsed_seconds, epoch_seconds
-from tacc_agent.tasks import preempt
-from tacc_agent.tasks.cluster_shape import read_nodes
-from tacc_agent.tasks.constraints import Narrowing
-from tacc_agent.tasks.early_start import starter
+from tacc_agent.tasks.schedule import preempt
+from tacc_agent.tasks.schedule.cluster_shape import read_nodes
+from tacc_agent.tasks.schedule.constraints import Narrowing
+from tacc_agent.tasks.schedule.early_start import starter
 from tacc_contract.plugins import Node, Queue, QueuedJob
 from tacc_contract.registry import PluginError, in_layer, select
 

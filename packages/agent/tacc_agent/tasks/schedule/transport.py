@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tacc_agent import rdma_sysfs
 from tacc_agent.config import AgentConfig
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 
 
 def sysfs_ports(sysfs_root: str) -> list[dict]:

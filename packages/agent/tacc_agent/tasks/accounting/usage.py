@@ -1,7 +1,7 @@
 """`tacc-agent usage`: the caller's own usage from Slurm's accounting (slurmdbd, read with
 sacct): the CPU and GPU seconds their jobs were allocated, by month, account and
 partition (protocol.USAGE); tcloud formats them (`tcloud usage`, docs/usage.md). The ops
-report (tasks/usage_report.py) reads every user's jobs through the same functions.
+report (tasks/accounting/usage_report.py) reads every user's jobs through the same functions.
 
 Whose jobs: sacct is asked for the calling user's own (--user=<this process's uid>;
 tcloud runs the agent over SSH as that user), never for a name a request carries (a
@@ -27,7 +27,7 @@ from datetime import datetime, time
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
-from tacc_agent.tasks import workspace
+from tacc_agent.tasks.store import workspace
 from tacc_contract import protocol
 
 FIELDS = (

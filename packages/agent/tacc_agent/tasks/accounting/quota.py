@@ -7,8 +7,8 @@ from __future__ import annotations
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import workspace
-from tacc_agent.tasks.queue_ticks import read_queue
+from tacc_agent.tasks.schedule.queue_ticks import read_queue
+from tacc_agent.tasks.store import workspace
 
 ASSOC = ("Account", "Fairshare", "QOS", "DefaultQOS", "MaxTRES", "MaxJobs", "MaxWall")
 QOS = (

@@ -13,8 +13,12 @@ from pathlib import Path
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks import envcache, records, schedule, store, sweeps, workspace
-from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.execute import envcache
+from tacc_agent.tasks.jobs import records, sweeps
+from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.instruction import load
+from tacc_agent.tasks.store import delta as store
+from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE, canonical, code_digest, digest_of
 
 

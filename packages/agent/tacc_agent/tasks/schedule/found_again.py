@@ -20,7 +20,8 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import records, workspace
+from tacc_agent.tasks.jobs import records
+from tacc_agent.tasks.store import workspace
 
 NOT_SUBMITTED = "its submission was cut off before sbatch answered, and Slurm has no such job"
 SACCT_SLACK_SECONDS = 300  # clocks of the login node and the controller may differ

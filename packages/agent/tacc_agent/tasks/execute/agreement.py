@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 from tacc_contract.plugins import Decide
 
 TOPIC = re.compile(r"[a-z][a-z0-9_]{0,63}")

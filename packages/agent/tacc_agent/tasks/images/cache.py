@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent.errors import EXIT_FAILED, AgentError
-from tacc_agent.tasks import records
-from tacc_agent.tasks.envcache import locked
-from tacc_agent.tasks.registry_client import copy_to_layout, parsed
+from tacc_agent.tasks.execute.envcache import locked
+from tacc_agent.tasks.images.registry import copy_to_layout, parsed
+from tacc_agent.tasks.jobs import records
 from tacc_contract.images import ImageRef
 
 IMAGES = "images"

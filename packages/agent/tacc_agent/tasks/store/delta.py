@@ -9,7 +9,7 @@ links to the store: every submission gets an immutable tree, and a resubmit neve
 touches a running job's files. Two submits of the same new file (the same user, at
 once) each write their own partial file, so both succeed and no blob is ever mixed.
 
-A streamed upload (tacc_agent.tasks.store_receive) hashes each blob as it arrives and
+A streamed upload (tacc_agent.tasks.store.receive) hashes each blob as it arrives and
 installs it with `install_blob` on its last byte: its commit then finds the blob in the
 store and reads nothing again. `missing` may carry the commit too ("commit": its
 request): when nothing is missing it is done at once, one round trip for a resubmit.
@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
-from tacc_agent.tasks.instruction import parse
+from tacc_agent.tasks.schedule.instruction import parse
 from tacc_contract.instruction import digest_of
 from tacc_contract.protocol import blob_name
 

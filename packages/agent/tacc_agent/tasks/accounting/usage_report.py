@@ -1,7 +1,7 @@
 """`tacc-agent report usage`: the ops usage report, run by root on the controller (or any
 node with sacct and the cluster's munge key): every user's allocated CPU- and GPU-hours
-by user and account from Slurm's accounting (tasks/usage.py, sacct --allusers), beside
-how busy those GPUs were by the cluster's Prometheus (tasks/gpu_time_used.py), as a
+by user and account from Slurm's accounting (tasks/accounting/usage.py, sacct --allusers), beside
+how busy those GPUs were by the cluster's Prometheus (tasks/accounting/gpu_time_used.py), as a
 table, CSV or JSON (docs/usage.md).
 
 Two kinds of figures, never mixed. BILLING (jobs, cpu_hours, gpu_hours): Slurm's
@@ -32,8 +32,8 @@ from datetime import datetime
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_OK, AgentError
-from tacc_agent.tasks import gpu_time_used
-from tacc_agent.tasks.usage import ISO, Allocation, Window, allocations, now_here, window
+from tacc_agent.tasks.accounting import gpu_time_used
+from tacc_agent.tasks.accounting.usage import ISO, Allocation, Window, allocations, now_here, window
 
 EXIT_NOT_ROOT = 4
 FORMATS = ("table", "csv", "json")

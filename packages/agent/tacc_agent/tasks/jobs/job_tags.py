@@ -17,7 +17,7 @@ import re
 import secrets
 from pathlib import Path
 
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 
 PREFIX = "tacc:"
 USER_ID = re.compile(r"[^()]*\((\d+)\)")  # scontrol's UserId=alice(1001)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 from tacc_contract.slurm_time import time_seconds
 
 MIN_INTERVAL_SECONDS = 2.0

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tacc_agent.tasks import records, sweeps
+from tacc_agent.tasks.jobs import records, sweeps
 
 POLL_SECONDS = 0.1
 STATE_CHECK_SECONDS = 1.0

@@ -12,10 +12,10 @@ known words: an opt-in can only let the cluster requeue that owner's own job. Wh
 root may not read it (NFS root_squash), the same read is made as the owner.
 
 The range is the owner's to write, so it is never taken on her word: a resize uses the
-range root recorded for the job (tasks/node_ranges.py: the owner's range, its maximum
+range root recorded for the job (tasks/schedule/node_ranges.py: the owner's range, its maximum
 no higher than the one Slurm kept from her submit, recorded the first time root reads
 the job pending), refuses any other range her file gives, and grows a job only as far
-as Slurm's limits allow it (tasks/node_limits.py: the partition's MaxNodes, the TRES
+as Slurm's limits allow it (tasks/schedule/node_limits.py: the partition's MaxNodes, the TRES
 limits of its QOS, its partition's QOS and its association tree), which Slurm does not
 apply to root's own update; checked again once the job is held, as others' jobs may have
 started in the meantime.
@@ -46,8 +46,9 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.self_command import AGENT
-from tacc_agent.tasks import job_tags, node_limits, node_ranges
-from tacc_agent.tasks.reasons import MAX_REASON_CHARS, checked_reason
+from tacc_agent.tasks.jobs import job_tags
+from tacc_agent.tasks.schedule import node_limits, node_ranges
+from tacc_agent.tasks.schedule.reasons import MAX_REASON_CHARS, checked_reason
 from tacc_contract.sbatch import SCRIPT
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
@@ -296,7 +297,7 @@ def opted_in(job_id: str, config: AgentConfig) -> frozenset[str]:
 
 
 def usable_reason(reason: object) -> bool:
-    """The verbs' own rule (tasks/reasons.py: one printable line of 1 to 120
+    """The verbs' own rule (tasks/schedule/reasons.py: one printable line of 1 to 120
     characters), and no leading "-": it goes on the owner's command line."""
     if not isinstance(reason, str) or reason.startswith("-"):
         return False
@@ -381,7 +382,7 @@ def refusal(
 def recorded_range(
     job: JobRecord, claimed: tuple[int, int], config: AgentConfig
 ) -> tuple[int, int] | None:
-    """The range root recorded for the job (tasks/node_ranges.py); recorded now where
+    """The range root recorded for the job (tasks/schedule/node_ranges.py); recorded now where
     none is yet: the range it was submitted with (Slurm's accounting keeps sbatch's
     --nodes, slurm.submitted_nodes), else, without accounting, the owner's range capped
     at the maximum Slurm shows while it waits (a job that ran shows only what it held).
@@ -421,7 +422,7 @@ def range_refusal(
 
 def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
     """Why growing the job to `nodes` would break Slurm's limits ("" when it would not,
-    or it does not grow): tasks/node_limits.py."""
+    or it does not grow): tasks/schedule/node_limits.py."""
     if nodes <= job.nodes:
         return ""
     place = node_limits.JobPlace(job.job_id, job.user, job.partitions, job.qos, job.account)

@@ -35,8 +35,11 @@ from typing import BinaryIO
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
-from tacc_agent.tasks import containers, envcache, execute, jobs, records, sweeps
-from tacc_agent.tasks.instruction import load
+from tacc_agent.tasks.execute import containers, envcache
+from tacc_agent.tasks.execute import launch as execute
+from tacc_agent.tasks.jobs import records, sweeps
+from tacc_agent.tasks.jobs import verbs as jobs
+from tacc_agent.tasks.schedule.instruction import load
 from tacc_contract.instruction import FILE
 
 POLL_SECONDS = 3.0  # stop-on-disconnect: how often it asks whether the job ended alone

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from tacc_agent.errors import AgentError
-from tacc_agent.tasks import records
+from tacc_agent.tasks.jobs import records
 from tacc_contract.instruction import FILE
 
 ACTIVE = ("PROVISIONING", "RUNNING")

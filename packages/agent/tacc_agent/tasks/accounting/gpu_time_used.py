@@ -2,9 +2,9 @@
 the node daemons export each running job's GPUs as
 tacc_agent_job_gpu_utilization_ratio{job, user, gpu} (0..1, health/job_usage.py), and
 Prometheus keeps what it scraped. For the ops usage report's UTILISATION columns
-(tasks/usage_report.py) only: a scrape is no source for a figure that bills or decides a
+(tasks/accounting/usage_report.py) only: a scrape is no source for a figure that bills or decides a
 quota (a node's /metrics can be wrong, or served by something else than its daemon);
-those come from Slurm's accounting (tasks/usage.py).
+those come from Slurm's accounting (tasks/accounting/usage.py).
 
 How: a job's used GPU-seconds are, for each of its GPU series (a GPU of a node), the
 series' average utilization over its samples in the report's window times the job's

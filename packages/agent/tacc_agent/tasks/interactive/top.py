@@ -26,7 +26,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.self_command import AGENT
-from tacc_agent.tasks import attach
+from tacc_agent.tasks.interactive import attach
 from tacc_contract import protocol
 
 # srun starts the step (well under a second), each node reads its processes, asks

@@ -1,0 +1,1 @@
+"""What users used: their quota and usage, the ops report, GPU time used."""

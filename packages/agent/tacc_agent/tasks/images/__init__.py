@@ -1,0 +1,1 @@
+"""Container images: resolved, pulled and cached, built from a task's build file."""

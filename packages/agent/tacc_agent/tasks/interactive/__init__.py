@@ -1,0 +1,1 @@
+"""Into a running job: attach, connect and relay, the idle watchdog, live usage."""

@@ -1,0 +1,1 @@
+"""A job once submitted: its record, status and verbs, logs, reruns, sweeps."""
