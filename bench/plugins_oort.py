@@ -123,7 +123,7 @@ def project(root: Path, seed: int, on: bool) -> Path:
         "outputs": ["outputs/"],
     }
     if not on:  # federated: is the oort plug-in's field: off, the program's defaults
-        del task["federated"]  # (equal to FEDERATED: tests/unit/test_oort.py)
+        del task["federated"]  # (equal to FEDERATED: tests/unit/plugins/test_oort.py)
         task["plugins"] = ["-oort"]
     (root / "tcloud.yaml").write_text(json.dumps(task))
     return root

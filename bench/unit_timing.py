@@ -84,7 +84,7 @@ def gone(pid: int) -> bool:
 
 def job_top(runs: int, tmp: Path) -> dict:
     from tacc_agent.tasks.interactive import top
-    from tests.unit.test_job_top import EXPOSITION, free_port, serve, target
+    from tests.unit.agent.tasks.interactive.test_job_top import EXPOSITION, free_port, serve, target
 
     port = free_port()
     server = serve("127.0.0.1", port, EXPOSITION, [])
@@ -108,8 +108,8 @@ def job_top(runs: int, tmp: Path) -> dict:
 def exec_ctrl_c(runs: int, tmp: Path) -> dict:
     import pytest
 
+    from tests.unit.client.test_tcloud_interactive import BlockingChannel
     from tests.unit.interactive_fakes import FakeCluster, cli_run
-    from tests.unit.test_tcloud_interactive import BlockingChannel
 
     def once(blocking: bool) -> float:
         with pytest.MonkeyPatch.context() as patch:
@@ -270,7 +270,7 @@ print(json.dumps({"code": code, "seconds": time.perf_counter() - start}))
 def chrun_leftovers(runs: int, tmp: Path) -> dict:
     import json
 
-    from tests.unit.test_agent_image_build_faults import FAKE_CH_RUN
+    from tests.unit.agent.tasks.images.test_agent_image_build_faults import FAKE_CH_RUN
 
     def once(script: str) -> float:
         where = fresh(tmp, "chrun")
@@ -305,7 +305,7 @@ def registry(runs: int, tmp: Path) -> dict:
 
     from tacc_agent.errors import AgentError
     from tacc_agent.tasks.images import registry as registry_client
-    from tests.unit.test_agent_images import REFERENCE, fake_skopeo
+    from tests.unit.agent.tasks.images.test_agent_images import REFERENCE, fake_skopeo
 
     bin_dir = fake_skopeo(tmp, "exec sleep 30")
     ours = []
@@ -327,8 +327,8 @@ def serve_stuck(runs: int, tmp: Path) -> dict:
 
     import yaml
 
+    from tests.unit.agent.test_agent_serve import daemon_settings, fixture_config, scrape
     from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
-    from tests.unit.test_agent_serve import daemon_settings, fixture_config, scrape
 
     def scrapes(where: Path, hung: Path | None) -> list[float]:
         config = fixture_config(where)
@@ -496,7 +496,7 @@ def slow_clients(runs: int, tmp: Path) -> dict[str, dict]:
     import pytest
 
     from tacc_agent import serve
-    from tests.unit.test_security_serve_logs import (
+    from tests.unit.agent.tasks.jobs.test_security_serve_logs import (
         dribble,
         metrics_server,
         scrape,

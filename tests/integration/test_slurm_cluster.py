@@ -400,7 +400,8 @@ def test_agent_daemon_runs_sandboxed_writes_facts_and_serves_metrics(cluster):
     controller = json.loads(node_sh(NAME, "n1", "cat /run/tacc-agent/facts.json").stdout)
     assert controller["healthy"], controller
     # from this host (not the allowed scraper): the node's own figures, no per-job series
-    port = AgentConfig().metrics_port  # the role's default (tests/unit/test_metrics_access.py)
+    # the role's default (tests/unit/agent/test_metrics_access.py)
+    port = AgentConfig().metrics_port
     url = f"http://{node_address(cluster, 'n3')}:{port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()

@@ -22,7 +22,7 @@ from pathlib import Path
 from tacc_lab.apt_sources import source_files
 
 # What the roles install on lab nodes (roles/*/vars/Debian.yml for the lab's groups and
-# settings: ganesha, no chrony); tests/unit/test_image_prebake.py keeps the two in step.
+# settings: ganesha, no chrony); tests/unit/lab/test_image_prebake.py keeps the two in step.
 ROLE_PACKAGES = (
     "tzdata",  # common
     "munge",  # munge

@@ -4,7 +4,7 @@ shortest augmenting paths and potentials, O(rows^2 x columns).
 Written here rather than taken from scipy (`scipy.optimize.linear_sum_assignment`, the
 well-kept answer): the plug-ins run inside the agent on every node, and numpy + scipy
 (~100 MB) for a matrix of at most a few dozen rows by a few hundred columns, solved a few
-times a minute, would be most of the agent's size. tests/unit/test_allox.py checks it
+times a minute, would be most of the agent's size. tests/unit/plugins/test_allox.py checks it
 against every permutation of small matrices."""
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def _host_key(
 # that does not set one in inventory has. hostvars hold inventory variables only, never
 # role defaults, and the rendering host's own value must not stand in for another
 # host's (a GPU node would lend its Gres to a CPU node): so these, not the rendering
-# host's values, are the fallback. tests/unit/test_hostlist.py keeps them in step.
+# host's values, are the fallback. tests/unit/roles/test_hostlist.py keeps them in step.
 ROLE_DEFAULTS = {
     "slurm_node_cpus": 1,
     "slurm_node_memory_mb": 1024,

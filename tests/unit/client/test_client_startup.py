@@ -1,0 +1,44 @@
+"""`tcloud --help`, init, validate and `submit --dry-run` need no cluster, so they start
+without the SSH stack (paramiko): the cluster commands load it (tcloud.cli.open_cluster)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PROBE = """
+import contextlib, io, sys
+from tcloud import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        code = cli.main(sys.argv[1:])
+    except SystemExit as exc:  # --help
+        code = exc.code
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("paramiko", "tacc_agent"))
+print(code, loaded)
+"""
+
+
+LOCAL_COMMANDS = [
+    ["--help"],
+    ["validate", "examples/hello"],
+    ["submit", "--dry-run", "examples/hello"],
+    ["plugins"],
+]
+
+
+@pytest.mark.parametrize("argv", LOCAL_COMMANDS)
+def test_local_commands_do_not_load_the_ssh_stack(argv):
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert out.strip() == "0 []", out
