@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent import slurm
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import AgentError
 from tacc_agent.health import cycle as health
@@ -26,7 +25,8 @@ from tacc_agent.health.registry import Check, CheckContext, Family, Registry
 from tacc_agent.serve import Daemon
 from tests.conftest import ROOT
 from tests.playbook.argument_spec_runs import LOCAL, ansible_playbook, failed_tasks
-from tests.unit.agent_fixtures import FakeSlurm, daemon_settings, fixture_config, parse_exposition
+from tests.unit.agent_fixtures import daemon_settings, fixture_config, parse_exposition
+from tests.unit.fake_slurm import FakeSlurm
 
 BUILT_IN = ["gpu", "rdma", "mounts", "services", "disk", "memory"]
 AGENT = ROOT / "packages/agent/tacc_agent"
@@ -144,9 +144,8 @@ def test_a_check_turned_off_in_the_config_file_neither_runs_nor_drains(tmp_path,
     assert not any(r.failed for r in results)
     assert not (Path(node.state_dir) / "xid.json").exists()  # the GPU check never ran
     # the node the agent drained for its GPUs is resumed: that check no longer holds it
-    fake = FakeSlurm("IDLE+DRAIN", "tacc: gpu: 2 GPU(s), expected 4")
-    monkeypatch.setattr(slurm, "show", fake.show)
-    monkeypatch.setattr(slurm, "slurm", fake.run)
+    fake = FakeSlurm().install(monkeypatch)
+    fake.add_node("n2", "IDLE+DRAIN", "tacc: gpu: 2 GPU(s), expected 4")
     assert "resumed n2" in health.apply_to_slurm(results, "n2", 5).said
     # the daemon: no family of the checks turned off, no status line of theirs, and no
     # facts of theirs (the execution layer then reads RDMA ports from sysfs itself)

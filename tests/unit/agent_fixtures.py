@@ -31,19 +31,6 @@ def rdma_tree(root: Path, ports: dict[str, tuple[str, str, int]]) -> str:
     return str(root)
 
 
-class FakeSlurm:
-    def __init__(self, state: str, reason: str = "none") -> None:
-        self.record = {"NodeName": "n2", "State": state, "Reason": reason}
-        self.calls: list[list[str]] = []
-
-    def show(self, kind, name, timeout):
-        return [self.record]
-
-    def run(self, argv, timeout):
-        self.calls.append(argv)
-        return ""
-
-
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(rf'^({NAME})(\{{({NAME}="(\\.|[^"\\])*",?)*\}})? (-?[0-9.e+]+|NaN)$')
 

@@ -1,31 +1,16 @@
 """`tacc-agent`: the cluster side of TACC, run by tcloud over SSH (JSON in, JSON out),
 by Slurm (the batch step and the per-node execution wrapper) and by ops.
 
-Verbs (tcloud's are built, and their answers shaped, by tacc_contract.protocol):
-  hello                        the protocol this agent speaks and its version
-  session                      every verb below that answers JSON, one request line at a time,
-                               in this one process (tacc_agent/session.py): tcloud's way in
-  check [--json] [--no-slurm]  node health checks; drain/resume this node in Slurm
-  serve [--port N] [--interval S] [--config FILE]  the node daemon: checks, /metrics, facts
-  accept NODE [--peer NODE] [--json] [--thresholds JSON]  acceptance tests of a new or
-                               rebooted node (root, on the controller; health/acceptance.py)
-  whoami                       the caller's user and directory
-  quota                        the caller's limits, fair share and usage
-  queue-tick                   one round of the scheduling plug-ins' queue hooks (LAS)
-  store                        delta upload: JSON request on stdin (missing | commit)
-  store receive                blobs streamed on stdin (tacc_agent/tasks/store/receive.py)
-  image resolve REF            the digest a registry reference names now (at submit)
-  image ls                     the caller's cached container images
-  job check                    would the cluster accept this instruction? (stdin)
-  job submit WORKDIR           sbatch a committed job directory
-  job status|logs|cancel|halt|resume|rerun JOB, job ps
-  usage [--since D] [--until D]  the caller's own CPU and GPU seconds (Slurm accounting)
-  report usage [--since D] [--until D] [--format F]  (root) every user's, with GPU time used
-  batch JOBDIR, exec JOBDIR    run by Slurm: layer 4 (see tacc_agent/execute.py)
-  node-usage                   run by srun in a step of a job (`job top`): its figures here
-Errors: one JSON line {"error": ..., "field": ...} on stdout (the contract's error_line,
-with the field it names) and a non-zero exit
-(2 rejected request, 3 Slurm or storage trouble); never a traceback.
+The verbs are declared once: tcloud's in tacc_contract.verbs (their table is in
+docs/protocol.md), the node's and ops' in tacc_agent/node_verbs.py. The command line is
+built from them (tacc_agent/verb_parser.py); this module holds one handler per verb
+(ANSWERS: the verbs that answer one JSON value, checked against the verb's answer type
+before it goes out; STREAMS: the verbs that write as they go, each its own process).
+`tacc-agent session` runs every ANSWERS verb of one tcloud connection in one process.
+
+Errors: one JSON line {"error": ..., "field": ..., "kind": ...} on stdout (the
+contract's error_line) and the kind's exit number (1 failed, 2 rejected, 3 cluster:
+tacc_contract.errors.ERROR_KINDS); never a traceback.
 """
 
 from __future__ import annotations
@@ -35,17 +20,20 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO
 
-from tacc_agent.config import load_config
-from tacc_agent.errors import EXIT_CLUSTER, EXIT_OK, EXIT_REJECTED, AgentError, Rejected
-from tacc_contract import protocol
-from tacc_contract.errors import error_line
+from tacc_agent import node_verbs
+from tacc_agent.config import AgentConfig, load_config
+from tacc_agent.errors import AgentError, Rejected
+from tacc_agent.verb_parser import build_parser, option_problem
+from tacc_contract import protocol, verbs
+from tacc_contract.errors import AGENT_CLUSTER, AGENT_OK, AGENT_REJECTED, error_line
+from tacc_contract.verbs import Verb
 
 DISTRIBUTION = "tacc-agent"
-RECEIVE = "receive"  # `store receive`: the streamed form of `store`
 
 # Each verb imports only the modules it uses: `check` (Slurm's HealthCheckProgram) starts
 # fast, and the `serve` daemon stays small.
@@ -69,128 +57,10 @@ class RequestParser(argparse.ArgumentParser):
         raise RefusedArguments(f"{self.prog}: --help is not a request")
 
 
-def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser):
-    parser = parser_class(
-        prog="tacc-agent",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
-    parser.add_argument(
-        "--config", type=Path, help="settings file (default /etc/tacc-agent/config.yaml)"
-    )
-    parser.add_argument("--userdir", help="use this directory instead of <workspace>/<user>")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("hello", help="the protocol this agent speaks")
-    sub.add_parser("session", help="every JSON verb of one connection, one line each (tcloud)")
-    p_check = sub.add_parser("check", help="run the node health checks once (HealthCheckProgram)")
-    p_check.add_argument("--json", action="store_true", help="machine-readable output")
-    p_check.add_argument("--no-slurm", action="store_true", help="do not drain or resume")
-    p_serve = sub.add_parser("serve", help="the node daemon: checks on an interval, /metrics")
-    p_serve.add_argument("--port", type=int, help="metrics port (default: metrics_port)")
-    p_serve.add_argument("--interval", type=float, help="seconds between check runs (60)")
-    p_accept = sub.add_parser("accept", help="acceptance tests of a node (root, controller)")
-    p_accept.add_argument("node", help="the Slurm node to test; it stays drained unless it passes")
-    p_accept.add_argument("--peer", help="the node in service to test with (default: the first)")
-    p_accept.add_argument("--json", action="store_true", help="the record as JSON")
-    p_accept.add_argument("--thresholds", help="JSON object over the config's `acceptance`")
-    for verb in (p_check, p_serve, p_accept):  # also after the verb: `serve --config FILE`
-        verb.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="settings file")
-    sub.add_parser("whoami", help="the caller's user and directory")
-    sub.add_parser("quota", help="the caller's limits, fair share and usage (Slurm accounting)")
-    sub.add_parser("queue-tick", help="one round of the scheduling plug-ins' tick (root)")
-    p_store = sub.add_parser("store", help="delta upload (JSON on stdin; `receive`: blobs)")
-    p_store.add_argument("action", nargs="?", choices=[RECEIVE], help="blobs streamed on stdin")
-    sub.add_parser("env", help="the caller's cached environments")
-    p_image = sub.add_parser("image", help="container images: resolve, list the cache")
-    image = p_image.add_subparsers(dest="image_verb", required=True)
-    image.add_parser("resolve", help="the digest a registry reference names now").add_argument(
-        "reference"
-    )
-    image.add_parser("ls", help="your cached images")
-    p_job = sub.add_parser("job", help="submit and watch jobs")
-    job = p_job.add_subparsers(dest="verb", required=True)
-    job.add_parser("check", help="validate an instruction (stdin) against the cluster")
-    job.add_parser("submit", help="sbatch a committed job directory").add_argument(
-        "workdir", type=Path
-    )
-    job.add_parser("ps", help="your jobs")
-    job.add_parser("status", help="one job's state, nodes, exit codes").add_argument("job")
-    p_logs = job.add_parser("logs", help="every node's output, [host:rank] prefixed")
-    p_logs.add_argument("job")
-    p_logs.add_argument("-f", "--follow", action="store_true")
-    p_logs.add_argument("--tail", type=int)
-    p_logs.add_argument("--rank", type=int)
-    job.add_parser("cancel", help="cancel jobs").add_argument("jobs", nargs="+")
-    p_halt = job.add_parser("halt", help="checkpoint signal, then requeue on hold")
-    p_halt.add_argument("job")
-    p_halt.add_argument("--grace", type=float, help="seconds to wait for the checkpoint")
-    p_resume = job.add_parser("resume", help="release a halted job")
-    p_resume.add_argument("job")
-    for verb in (p_halt, p_resume):  # the queue tick's preemption says why (one line)
-        verb.add_argument("--reason", help="why, for the job's events (default: its owner)")
-    job.add_parser("rerun", help="the same files and locked environment again").add_argument("job")
-    p_target = job.add_parser("target", help="a running job's nodes, by rank, with addresses")
-    p_target.add_argument("job")
-    p_target.add_argument("--rank", type=int)
-    p_attach = job.add_parser("attach", help="a command (or a shell) on a running job's node")
-    p_attach.add_argument("job")
-    p_attach.add_argument("--rank", type=int, default=0)
-    p_attach.add_argument("--pty", action="store_true", help="the SSH channel has a PTY")
-    p_attach.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
-    p_connect = job.add_parser("connect", help="one connection to a running job's program")
-    p_connect.add_argument("job")
-    p_connect.add_argument("--rank", type=int, default=0)
-    add_relay_target(p_connect)
-    job.add_parser(
-        "stop-on-disconnect", help="cancel the running job when stdin closes"
-    ).add_argument("job")
-    job.add_parser("top", help="a running job's usage on each node").add_argument("job")
-    add_usage_verbs(sub)
-    sub.add_parser("batch", help="(Slurm) a job's batch step").add_argument("jobdir", type=Path)
-    sub.add_parser("exec", help="(srun) one node's execution wrapper").add_argument(
-        "jobdir", type=Path
-    )
-    p_enter = sub.add_parser("enter", help="(srun) a command in a job's environment on a node")
-    p_enter.add_argument("jobdir", type=Path)
-    p_enter.add_argument("--rank", type=int, default=0)
-    p_enter.set_defaults(command_words=[])  # the words after `--` (parse_command_line)
-    add_relay_target(sub.add_parser("relay", help="(srun) stdin/stdout to a port or socket here"))
-    sub.add_parser("node-usage", help="(srun, by `job top`) this node's figures of the job")
-    return parser
-
-
-def tcp_port(text: str) -> int:
-    """argparse's type for a port: a usage error, never a traceback, for anything else."""
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port 1..65535")
-    return int(text)
-
-
-def add_relay_target(verb) -> None:
-    """`job connect` and `relay`: the loopback port or the Unix socket, and --check."""
-    target = verb.add_mutually_exclusive_group(required=True)
-    target.add_argument("--port", type=tcp_port, help="127.0.0.1:PORT on the node")
-    target.add_argument("--socket", dest="socket_path", help="a Unix socket's absolute path")
-    verb.add_argument("--check", action="store_true", help="only say whether it is exposed")
-
-
-def add_usage_verbs(sub) -> None:
-    """`usage` (the caller's own, tcloud's) and `report usage` (ops, root)."""
-    p_usage = sub.add_parser("usage", help="your CPU and GPU seconds by month, account, partition")
-    p_report = sub.add_parser("report", help="(root) reports for ops")
-    report = p_report.add_subparsers(dest="report_verb", required=True)
-    p_report_usage = report.add_parser("usage", help="every user's GPU hours, allocated and used")
-    p_report_usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    for verb in (p_usage, p_report_usage):
-        verb.add_argument("--since", help="first month or day (YYYY-MM[-DD])")
-        verb.add_argument("--until", help="last month or day, included (YYYY-MM[-DD])")
-
-
 # The words on every submit's path (tcloud's `session` and `hello`, Slurm's `batch JOBDIR`
-# and srun's `exec JOBDIR`), read without building the parser above (a few ms a start).
-QUICK_VERBS = ("hello", "session")
-QUICK_JOB_DIR_VERBS = ("batch", "exec")
+# and srun's `exec JOBDIR`), read without building the parser (a few ms a start).
+QUICK_VERBS = {"hello": verbs.HELLO, "session": verbs.SESSION}
+QUICK_JOB_DIR_VERBS = {"batch": node_verbs.BATCH, "exec": node_verbs.EXEC}
 
 
 def quick_args(argv: list[str]) -> argparse.Namespace | None:
@@ -199,14 +69,16 @@ def quick_args(argv: list[str]) -> argparse.Namespace | None:
     reads, with its own usage and errors."""
     common = {"version": False, "config": None, "userdir": None}
     if len(argv) == 1 and argv[0] in QUICK_VERBS:
-        return argparse.Namespace(**common, command=argv[0])
+        return argparse.Namespace(**common, declared=QUICK_VERBS[argv[0]], word=argv[0])
     if len(argv) == 2 and argv[0] in QUICK_JOB_DIR_VERBS and not argv[1].startswith("-"):
-        return argparse.Namespace(**common, command=argv[0], jobdir=Path(argv[1]))
+        declared = QUICK_JOB_DIR_VERBS[argv[0]]
+        return argparse.Namespace(**common, declared=declared, word=argv[0], jobdir=argv[1])
     return None
 
 
 def parse_command_line(argv: list[str]) -> argparse.Namespace | None:
-    """The command line's arguments; None after printing the help (no verb)."""
+    """The command line's arguments; None after printing the help (no verb) or a
+    streaming verb's refused option."""
     args = quick_args(argv)
     if args is not None:
         return args
@@ -214,13 +86,26 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace | None:
     words, command = split_command(argv)
     args = parser.parse_args(words)
     if command is not None:
-        if "command_words" not in vars(args):
+        if "command" not in vars(args):
             parser.error("only `job attach` and `enter` take a command after --")
-        args.command_words = command
-    if args.command is None and not args.version:
+        args.command = command
+    if args.declared is None and not args.version:
         parser.print_help()
         return None
+    if args.declared.streams and (problem := option_problem(args)):
+        # a stream's refusal goes where its own output does not: stderr, exit 2
+        print(f"tacc-agent {args.declared.name}: {problem}", file=sys.stderr)
+        return None
     return args
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the agent's own words, the command's words after the first `--` or None): a
+    command's words are never read as the agent's options."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
 
 
 @dataclass(frozen=True)
@@ -237,20 +122,28 @@ def process_input() -> VerbInput:
     return VerbInput(lambda: sys.stdin.buffer.read(), sys.stdin.buffer)
 
 
-def streams_output(args: argparse.Namespace) -> bool:
-    """Verbs whose output is not one JSON answer (text as it comes, a daemon, a job's
-    own output): a session refuses them, they keep their own process."""
-    if args.command == "job":
-        return args.verb in ("logs", "attach", "connect", "stop-on-disconnect")
-    if args.command == "accept":  # root's, on the controller; its progress on stderr
-        return True
-    streaming = ("check", "serve", "batch", "exec", "enter", "relay", "node-usage", "session")
-    return args.command in streaming or args.command == "report"
+@dataclass
+class Call:
+    """One asked verb: its fields, its settings and the caller's directory (read when a
+    handler first needs them), and its input."""
+
+    args: argparse.Namespace
+    source: VerbInput = field(default_factory=process_input)
+
+    @cached_property
+    def config(self) -> AgentConfig:
+        return configured(self.args)
+
+    @cached_property
+    def user_dir(self) -> Path:
+        from tacc_agent.tasks.store import workspace  # lazy verb import
+
+        return workspace.userdir(self.config, self.args.userdir)
 
 
 def emit(data: object) -> int:
     print(json.dumps(data, indent=1, sort_keys=True))
-    return EXIT_OK
+    return AGENT_OK
 
 
 def read_request(source: VerbInput) -> dict:
@@ -275,154 +168,270 @@ def configured(args: argparse.Namespace):
     return config
 
 
-def job_answer(args: argparse.Namespace, config, source: VerbInput) -> object:
-    from tacc_agent.tasks.jobs import rerun  # lazy verb import
-    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+# --- the verbs that answer one JSON value ------------------------------------------------
+
+
+def hello(call: Call) -> object:
+    return protocol.hello_answer(agent_version())
+
+
+def whoami(call: Call) -> object:
+    from tacc_agent.tasks.store import workspace  # lazy verb import
+
+    return {"user": workspace.current_user(), "userdir": str(call.user_dir)}
+
+
+def quota(call: Call) -> object:
+    from tacc_agent.tasks.accounting.quota import quota  # lazy verb import
+
+    return quota(call.config)
+
+
+def usage(call: Call) -> object:
+    from tacc_agent.tasks.accounting.usage import usage  # lazy verb import
+
+    return usage(call.config, call.args.since, call.args.until)
+
+
+def queue_tick(call: Call) -> object:
+    from tacc_agent.tasks.schedule.queue_ticks import tick  # lazy verb import
+
+    return {"changes": tick(call.config)}
+
+
+def environments(call: Call) -> object:
+    from tacc_agent.tasks.execute import envcache  # lazy verb import
+
+    return envcache.listing(call.user_dir)
+
+
+def image_resolve(call: Call) -> object:
+    from tacc_agent.tasks.images.registry import resolve  # lazy verb import
+
+    return resolve(call.args.reference, call.config.image_resolve_timeout_seconds)
+
+
+def image_ls(call: Call) -> object:
+    from tacc_agent.tasks.images.cache import listing  # lazy verb import
+
+    return listing(call.user_dir)
+
+
+def job_check(call: Call) -> object:
     from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
     from tacc_agent.tasks.schedule.instruction import parse  # lazy verb import
-    from tacc_agent.tasks.store import workspace  # lazy verb import
 
-    if args.verb == "check":
-        task = parse(source.data().decode(errors="replace"), "instruction")
-        partition = schedule.check(task, config)
-        return {"ok": True, "partition": partition}
-    user_dir = workspace.userdir(config, args.userdir)
-    if args.verb == "submit":
-        return schedule.submit(user_dir, args.workdir, config)
-    if args.verb == "ps":
-        return protocol.JOB_PS.check(jobs.ps(user_dir, config), "job ps", "")
-    if args.verb == "status":
-        return protocol.JOB_STATUS.check(jobs.status(user_dir, args.job, config))
-    if args.verb == "cancel":
-        return jobs.cancel(user_dir, args.jobs, config)
-    if args.verb == "halt":
-        return jobs.halt(user_dir, args.job, config, args.grace, args.reason)
-    if args.verb == "rerun":
-        return rerun.rerun(user_dir, args.job, config)
-    if args.verb == "target":
-        from tacc_agent.tasks.interactive import attach  # lazy verb import
-
-        return protocol.JOB_TARGET.check(attach.target(user_dir, args.job, config, args.rank))
-    if args.verb == "top":
-        from tacc_agent.tasks.interactive import top  # lazy verb import
-
-        return protocol.JOB_TOP.check(top.top(user_dir, args.job, config))
-    return jobs.resume(user_dir, args.job, config, args.reason)
+    task = parse(call.source.data().decode(errors="replace"), "instruction")
+    return {"ok": True, "partition": schedule.check(task, call.config)}
 
 
-def answer(args: argparse.Namespace, source: VerbInput) -> object:
-    """The JSON answer of a verb that answers one (every verb but streams_output): what
-    the one-shot command prints and what a session answers. Raises AgentError."""
-    if args.command == "hello":
-        return protocol.hello_answer(agent_version())
-    config = configured(args)
-    if args.command == "job":
-        return job_answer(args, config, source)
-    if args.command == "quota":
-        from tacc_agent.tasks.accounting.quota import quota  # lazy verb import
+def job_submit(call: Call) -> object:
+    from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
 
-        return quota(config)
-    if args.command == "usage":
-        from tacc_agent.tasks.accounting.usage import usage  # lazy verb import
-
-        return protocol.USAGE.check(usage(config, args.since, args.until))
-    if args.command == "queue-tick":
-        from tacc_agent.tasks.schedule.queue_ticks import tick  # lazy verb import
-
-        return {"changes": tick(config)}
-    if args.command == "image" and args.image_verb == "resolve":
-        from tacc_agent.tasks.images.registry import resolve  # lazy verb import
-
-        return resolve(args.reference, config.image_resolve_timeout_seconds)
-    from tacc_agent.tasks.execute import envcache  # lazy verb import
-    from tacc_agent.tasks.store import workspace  # lazy verb import
-
-    user_dir = workspace.userdir(config, args.userdir)
-    if args.command == "whoami":
-        return protocol.whoami_answer(workspace.current_user(), str(user_dir))
-    if args.command == "env":
-        return envcache.listing(user_dir)
-    if args.command == "image":
-        from tacc_agent.tasks.images.cache import listing  # lazy verb import
-
-        return protocol.IMAGES.check(listing(user_dir), "image ls", "")
-    if args.action == RECEIVE:
-        from tacc_agent.tasks.store.receive import receive  # lazy verb import
-
-        return receive(user_dir, source.reader)
-    return store_round_trip(user_dir, read_request(source), config)
+    return schedule.submit(call.user_dir, Path(call.args.workdir), call.config)
 
 
-def stream_verb(args: argparse.Namespace) -> int:
-    """The verbs that write as they go (streams_output); their own process each."""
-    if args.command == "session":
-        from tacc_agent import session  # lazy verb import
+def job_ps(call: Call) -> object:
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
 
-        return session.serve_stdio(protocol.hello_answer(agent_version()), SessionVerbs(args))
-    config = configured(args)
-    if args.command in ("batch", "exec"):
-        from tacc_agent.tasks.execute import launch as execute  # lazy verb import
-
-        run = execute.batch if args.command == "batch" else execute.execute
-        return run(args.jobdir, config)
-    if args.command == "check":
-        from tacc_agent.health import cycle as health  # lazy verb import
-
-        return health.check(config, args.json, not args.no_slurm)
-    if args.command == "accept":
-        from tacc_agent.health import acceptance  # lazy verb import
-
-        return acceptance.accept(config, args.node, args.peer, args.thresholds, args.json)
-    if args.command == "serve":
-        from tacc_agent import serve  # lazy verb import
-
-        return serve.serve(config, args.port, args.interval)
-    if args.command == "report":
-        from tacc_agent.tasks.accounting import usage_report  # lazy verb import
-
-        return usage_report.run(config, args.since, args.until, args.format)
-    if args.command == "enter":
-        from tacc_agent.tasks.interactive import attach  # lazy verb import
-
-        return attach.enter(args.jobdir, args.rank, args.command_words, config)
-    if args.command == "node-usage":
-        from tacc_agent import node_usage  # lazy verb import
-
-        return node_usage.run(config)
-    if args.command == "relay":
-        from tacc_agent.tasks.interactive import relay  # lazy verb import
-
-        return relay.relay(args.port, args.socket_path, args.check)
-    if args.verb in ("attach", "connect", "stop-on-disconnect"):
-        from tacc_agent.tasks.interactive import attach  # lazy verb import
-        from tacc_agent.tasks.store import workspace  # lazy verb import
-
-        user_dir = workspace.userdir(config, args.userdir)
-        if args.verb == "stop-on-disconnect":
-            return attach.stop_on_disconnect(user_dir, args.job, config)
-        if args.verb == "connect":
-            target = attach.RelayTarget(args.port, args.socket_path, args.check)
-            return attach.connect(user_dir, args.job, config, args.rank, target)
-        return attach.attach(user_dir, args.job, config, args.rank, args.command_words, args.pty)
-    return job_logs(args, config)
+    return jobs.ps(call.user_dir, call.config)
 
 
-def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """(the agent's own words, the command's words after the first `--` or None): a
-    command's words are never read as the agent's options."""
-    if "--" not in argv:
-        return argv, None
-    cut = argv.index("--")
-    return argv[:cut], argv[cut + 1 :]
+def job_status(call: Call) -> object:
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+
+    return jobs.status(call.user_dir, call.args.job, call.config)
 
 
-def job_logs(args: argparse.Namespace, config) -> int:
+def job_cancel(call: Call) -> object:
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+
+    return jobs.cancel(call.user_dir, call.args.jobs, call.config)
+
+
+def job_halt(call: Call) -> object:
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+
+    args = call.args
+    return jobs.halt(call.user_dir, args.job, call.config, args.grace, args.reason)
+
+
+def job_resume(call: Call) -> object:
+    from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
+
+    return jobs.resume(call.user_dir, call.args.job, call.config, call.args.reason)
+
+
+def job_rerun(call: Call) -> object:
+    from tacc_agent.tasks.jobs import rerun  # lazy verb import
+
+    return rerun.rerun(call.user_dir, call.args.job, call.config)
+
+
+def job_target(call: Call) -> object:
+    from tacc_agent.tasks.interactive import attach  # lazy verb import
+
+    return attach.target(call.user_dir, call.args.job, call.config, call.args.rank)
+
+
+def job_top(call: Call) -> object:
+    from tacc_agent.tasks.interactive import top  # lazy verb import
+
+    return top.top(call.user_dir, call.args.job, call.config)
+
+
+def store(call: Call) -> object:
+    """`store`, optionally with the scheduling steps that go with it, so a submit is two
+    round trips: "check" (the instruction) refuses an impossible task before anything
+    is uploaded; "submit" sbatches the job directory the commit just built."""
+    from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
+    from tacc_agent.tasks.schedule.instruction import parse  # lazy verb import
+    from tacc_agent.tasks.store import delta  # lazy verb import
+
+    request = read_request(call.source)
+    partition = None
+    if request.get("check") is not None:
+        task = parse(json.dumps(request["check"]), "instruction")
+        partition = schedule.check(task, call.config)
+    answer = delta.handle(call.user_dir, request)
+    if partition:
+        answer["partition"] = partition
+    if request.get("submit") and answer.get("workdir"):
+        answer["job"] = schedule.submit(call.user_dir, Path(answer["workdir"]), call.config)
+    return protocol.store_answer(request, answer)
+
+
+def store_receive(call: Call) -> object:
+    from tacc_agent.tasks.store.receive import receive  # lazy verb import
+
+    return receive(call.user_dir, call.source.reader)
+
+
+ANSWERS: dict[Verb, Callable[[Call], object]] = {
+    verbs.HELLO: hello,
+    verbs.WHOAMI: whoami,
+    verbs.QUOTA: quota,
+    verbs.USAGE: usage,
+    node_verbs.QUEUE_TICK: queue_tick,
+    verbs.ENV: environments,
+    verbs.IMAGE_RESOLVE: image_resolve,
+    verbs.IMAGE_LS: image_ls,
+    verbs.JOB_CHECK: job_check,
+    verbs.JOB_SUBMIT: job_submit,
+    verbs.JOB_PS: job_ps,
+    verbs.JOB_STATUS: job_status,
+    verbs.JOB_CANCEL: job_cancel,
+    verbs.JOB_HALT: job_halt,
+    verbs.JOB_RESUME: job_resume,
+    verbs.JOB_RERUN: job_rerun,
+    verbs.JOB_TARGET: job_target,
+    verbs.JOB_TOP: job_top,
+    verbs.STORE: store,
+    verbs.STORE_RECEIVE: store_receive,
+}
+
+
+def answer(call: Call) -> object:
+    """The JSON answer of a verb that answers one (every verb but the streaming ones):
+    what the one-shot command prints and what a session answers, checked against the
+    verb's answer type first. Raises AgentError."""
+    declared: Verb = call.args.declared
+    return declared.check_answer(ANSWERS[declared](call))
+
+
+# --- the verbs that write as they go: their own process each ------------------------------
+
+
+def session(call: Call) -> int:
+    from tacc_agent import session  # lazy verb import
+
+    return session.serve_stdio(protocol.hello_answer(agent_version()), SessionVerbs(call.args))
+
+
+def batch(call: Call) -> int:
+    from tacc_agent.tasks.execute import launch  # lazy verb import
+
+    return launch.batch(Path(call.args.jobdir), call.config)
+
+
+def execute(call: Call) -> int:
+    from tacc_agent.tasks.execute import launch  # lazy verb import
+
+    return launch.execute(Path(call.args.jobdir), call.config)
+
+
+def health_check(call: Call) -> int:
+    from tacc_agent.health import cycle as health  # lazy verb import
+
+    return health.check(call.config, call.args.json, not call.args.no_slurm)
+
+
+def accept(call: Call) -> int:
+    from tacc_agent.health import acceptance  # lazy verb import
+
+    args = call.args
+    return acceptance.accept(call.config, args.node, args.peer, args.thresholds, args.json)
+
+
+def serve(call: Call) -> int:
+    from tacc_agent import serve  # lazy verb import
+
+    return serve.serve(call.config, call.args.port, call.args.interval)
+
+
+def report_usage(call: Call) -> int:
+    from tacc_agent.tasks.accounting import usage_report  # lazy verb import
+
+    args = call.args
+    return usage_report.run(call.config, args.since, args.until, args.format)
+
+
+def enter(call: Call) -> int:
+    from tacc_agent.tasks.interactive import attach  # lazy verb import
+
+    args = call.args
+    return attach.enter(Path(args.jobdir), args.rank, args.command, call.config)
+
+
+def node_usage(call: Call) -> int:
+    from tacc_agent import node_usage  # lazy verb import
+
+    return node_usage.run(call.config)
+
+
+def relay(call: Call) -> int:
+    from tacc_agent.tasks.interactive import relay  # lazy verb import
+
+    return relay.relay(call.args.port, call.args.socket, call.args.check)
+
+
+def job_attach(call: Call) -> int:
+    from tacc_agent.tasks.interactive import attach  # lazy verb import
+
+    args = call.args
+    return attach.attach(call.user_dir, args.job, call.config, args.rank, args.command, args.pty)
+
+
+def job_connect(call: Call) -> int:
+    from tacc_agent.tasks.interactive import attach  # lazy verb import
+
+    args = call.args
+    target = attach.RelayTarget(args.port, args.socket, args.check)
+    return attach.connect(call.user_dir, args.job, call.config, args.rank, target)
+
+
+def job_stop_on_disconnect(call: Call) -> int:
+    from tacc_agent.tasks.interactive import attach  # lazy verb import
+
+    return attach.stop_on_disconnect(call.user_dir, call.args.job, call.config)
+
+
+def job_logs(call: Call) -> int:
     from tacc_agent.tasks.jobs import logs, records, sweeps  # lazy verb import
     from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
-    from tacc_agent.tasks.store import workspace  # lazy verb import
 
-    user_dir = workspace.userdir(config, args.userdir)
-    job_dir = jobs.find_job(user_dir, args.job, config)
+    args, config = call.args, call.config
+    job_dir = jobs.find_job(call.user_dir, args.job, config)
 
     def ended() -> bool:  # once a second while following: the state only
         if sweeps.is_whole_sweep(args.job, job_dir):
@@ -432,35 +441,34 @@ def job_logs(args: argparse.Namespace, config) -> int:
         return state in (*records.TERMINAL, "HALTED")
 
     logs.stream(job_dir, args.follow, args.tail, args.rank, ended)
-    return EXIT_OK
+    return AGENT_OK
 
 
-def store_round_trip(user_dir: Path, request: dict, config) -> dict:
-    """`store`, optionally with the scheduling steps that go with it, so a submit is two
-    round trips: "check" (the instruction) refuses an impossible task before anything
-    is uploaded; "submit" sbatches the job directory the commit just built."""
-    from tacc_agent.tasks.schedule import submit as schedule  # lazy verb import
-    from tacc_agent.tasks.schedule.instruction import parse  # lazy verb import
-    from tacc_agent.tasks.store import delta as store  # lazy verb import
-
-    partition = None
-    if request.get("check") is not None:
-        task = parse(json.dumps(request["check"]), "instruction")
-        partition = schedule.check(task, config)
-    answer = store.handle(user_dir, request)
-    if partition:
-        answer["partition"] = partition
-    if request.get("submit") and answer.get("workdir"):
-        answer["job"] = schedule.submit(user_dir, Path(answer["workdir"]), config)
-    return answer
+STREAMS: dict[Verb, Callable[[Call], int]] = {
+    verbs.SESSION: session,
+    verbs.JOB_LOGS: job_logs,
+    verbs.JOB_ATTACH: job_attach,
+    verbs.JOB_CONNECT: job_connect,
+    verbs.JOB_STOP_ON_DISCONNECT: job_stop_on_disconnect,
+    node_verbs.CHECK: health_check,
+    node_verbs.SERVE: serve,
+    node_verbs.ACCEPT: accept,
+    node_verbs.REPORT_USAGE: report_usage,
+    node_verbs.BATCH: batch,
+    node_verbs.EXEC: execute,
+    node_verbs.ENTER: enter,
+    node_verbs.RELAY: relay,
+    node_verbs.NODE_USAGE: node_usage,
+}
 
 
 def failure_line(exc: Exception) -> tuple[int, str]:
-    """A failed verb as the protocol reports it: its exit code and its error line."""
+    """A failed verb as the protocol reports it: its exit number and its error line."""
     if isinstance(exc, AgentError):
-        return exc.exit_code, error_line(str(exc), getattr(exc, "field", ""))
+        return exc.exit_code, error_line(str(exc), getattr(exc, "field", ""), exc.exit_code)
     # the contract is JSON on stdout, never a traceback
-    return EXIT_CLUSTER, error_line(f"internal error: {type(exc).__name__}: {exc}")
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    return AGENT_CLUSTER, error_line(message, "", AGENT_CLUSTER)
 
 
 class SessionVerbs:
@@ -476,15 +484,17 @@ class SessionVerbs:
         """(exit code, answer or error object); never raises but KeyboardInterrupt."""
         try:
             args = self.parser.parse_args(words)
-            if args.version or args.command is None or streams_output(args):
+            if args.version or args.declared not in ANSWERS:
                 asked = " ".join(words) or "no verb"
                 raise Rejected(
                     f"not a session request: {asked} (a verb that answers one JSON value; "
                     "`job logs` and the node's verbs run as their own tacc-agent command)"
                 )
+            if problem := option_problem(args):
+                raise Rejected(problem)
             args.config = args.config or self.session_args.config
             args.userdir = args.userdir or self.session_args.userdir
-            return EXIT_OK, answer(args, VerbInput(lambda: stdin, reader))
+            return AGENT_OK, answer(Call(args, VerbInput(lambda: stdin, reader)))
         except Exception as exc:
             rc, line = failure_line(exc)
             return rc, json.loads(line)
@@ -502,17 +512,19 @@ def agent_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(sys.argv[1:] if argv is None else argv)
     if args is None:
-        return EXIT_REJECTED
+        return AGENT_REJECTED
     if args.version:
         print(agent_version())
-        return EXIT_OK
-    if args.command == "hello":  # before the settings: answers even when they are broken
+        return AGENT_OK
+    if args.declared is verbs.HELLO:  # before the settings: answers even when they are broken
         return emit(protocol.hello_answer(agent_version()))
     os.umask(0o077)  # everything the agent writes for a user is private to them
     try:
-        if streams_output(args):
-            return stream_verb(args)
-        return emit(answer(args, process_input()))
+        if args.declared in STREAMS:
+            return STREAMS[args.declared](Call(args))
+        if problem := option_problem(args):
+            raise Rejected(problem)
+        return emit(answer(Call(args)))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

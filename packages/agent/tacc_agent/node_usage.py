@@ -11,7 +11,7 @@ owner; of that job's figures only those of the caller's own processes are kept. 
 of this verb tells nobody of another user's job, whatever node it runs on. Outside a
 step, or where /proc hides the step daemon (hidepid), it answers an error line.
 
-The line (protocol.USAGE_NODE without host and rank, plus "job" and "host"):
+The line (tacc_contract.answers.NodeUsage without host and rank, plus "job" and "host"):
 {"job", "host", "cpu_seconds", "memory_bytes", "cpus", "gpus": [{"index",
 "utilization_ratio", "memory_used_bytes", "memory_total_bytes"}], "sampled"}; figures
 null where the job has no process on the node; or {"host", "error"}.
@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from tacc_agent.config import AgentConfig
 from tacc_agent.health import job_usage
 from tacc_agent.health.checks.base import Sample
+from tacc_agent.procfs.processes import process_table
 
 NODE_FIGURES = {
     "job_cpu_seconds_total": "cpu_seconds",
@@ -50,8 +51,7 @@ def figure(name: str, value: float) -> float | int:
 
 def own_job(proc_root: str, pid: int) -> str | None:
     """The Slurm job whose step daemon process pid descends from; None outside a step."""
-    table = job_usage.processes(proc_root)
-    return job_usage.job_of(pid, table, {})
+    return job_usage.job_of(pid, process_table(proc_root), {})
 
 
 def job_figures(samples: Iterable[Sample], job: str, user: str) -> dict:

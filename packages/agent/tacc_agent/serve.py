@@ -47,6 +47,7 @@ from tacc_agent.health.metrics_access import (
     read_token,
     scraper_networks,
 )
+from tacc_agent.procfs.system import UNPRIVILEGED_PORT_START, sysctl_number
 from tacc_agent.tasks.schedule.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
@@ -58,8 +59,6 @@ CONNECTIONS = 32
 REAP_EVERY_SECONDS = 0.2
 # The WSGI environ key that says whether the request's client may read the per-job series.
 JOBS_VISIBLE = "tacc.jobs_visible"
-# Ports below this value take root (CAP_NET_BIND_SERVICE) to bind (Linux's sysctl).
-UNPRIVILEGED_PORT_START = "sys/net/ipv4/ip_unprivileged_port_start"
 
 WsgiApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -315,9 +314,8 @@ def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
 
 def open_to_users(config: AgentConfig, port: int) -> str:
     """A warning when any user may bind `port` here (the sysctl lowered below it)."""
-    try:
-        start = int((Path(config.proc_root) / UNPRIVILEGED_PORT_START).read_text())
-    except (OSError, ValueError):
+    start = sysctl_number(config.proc_root, UNPRIVILEGED_PORT_START)
+    if start is None:
         return ""
     if port > 0 and start <= port:
         return (

@@ -22,15 +22,16 @@ import sys
 from collections.abc import Callable
 from typing import BinaryIO
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tacc_contract.errors import AGENT_CLUSTER, AGENT_OK, AGENT_REJECTED, error_line
+from tacc_contract.wire import ProtocolError
 
 # (words after `tacc-agent`, the request's stdin, the session's reader) -> (rc, answer)
 Handler = Callable[[list[str], bytes, BinaryIO], tuple[int, object]]
 
 
 def error_answer(rc: int, message: str) -> dict:
-    return {"rc": rc, "answer": json.loads(error_line(message))}
+    return {"rc": rc, "answer": json.loads(error_line(message, "", rc))}
 
 
 def read_request(line: bytes) -> tuple[dict | None, str]:
@@ -41,7 +42,7 @@ def read_request(line: bytes) -> tuple[dict | None, str]:
         return None, f"session: a request is one JSON object per line: {exc}"
     try:
         return protocol.SESSION_REQUEST.check(request), ""
-    except protocol.ProtocolError as exc:
+    except ProtocolError as exc:
         return None, f"session: not a request ({exc.problem})"
 
 
@@ -49,7 +50,7 @@ def reads_the_stream(words: list[str]) -> bool:
     """Whether a request may have been followed by a stream: any words that could parse
     as `store receive` (`store -- receive` too). When it failed, the rest of the stream
     cannot be told from requests, so the session ends."""
-    return all(word in words for word in protocol.store_receive())
+    return all(word in words for word in verbs.STORE_RECEIVE.words)
 
 
 def write_line(writer: BinaryIO, answer: dict) -> None:

@@ -14,15 +14,16 @@ import contextlib
 import json
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 from weakref import WeakKeyDictionary
 
-from tacc_contract import protocol
-from tacc_contract.errors import AGENT_REJECTED, ERROR_KEY
+from tacc_contract import protocol, verbs
+from tacc_contract.errors import AGENT_REJECTED, ERROR_KEY, kind_of
 from tacc_contract.protocol import AGENT, PROTOCOL_VERSION, Hello, ProtocolError
+from tacc_contract.verbs import Verb
 from tcloud import timing
-from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
+from tcloud.errors import EXIT_CLUSTER, TcloudError, agent_failure
 from tcloud.transport_errors import transport_errors
 
 if TYPE_CHECKING:
@@ -34,10 +35,7 @@ ERROR_LINE = f'{{"{ERROR_KEY}": '.encode()
 UPGRADE_ROLE = "re-run the tacc_agent role"
 
 
-class Rejected(TcloudError):
-    """The cluster refused a task it can never run (the reason names the field)."""
-
-    exit_code = EXIT_INVALID_TASK
+T = TypeVar("T")
 
 
 class SessionLost(TcloudError):
@@ -52,8 +50,8 @@ class AgentMismatch(TcloudError):
     exit_code = EXIT_CLUSTER
 
 
-def argv_for(verb: list[str], userdir: str | None) -> list[str]:
-    return protocol.command(verb, userdir)
+def argv_for(words: list[str], userdir: str | None) -> list[str]:
+    return protocol.command(words, userdir)
 
 
 def not_installed() -> TcloudError:
@@ -84,14 +82,14 @@ def session_answered(out: str, rc: int, err: str) -> TcloudError:
     if rc == NOT_FOUND:
         return not_installed()
     if rc == AGENT_REJECTED and "invalid choice" in err:
-        return older_agent(f"it does not know the verb `{' '.join(protocol.session())}`")
+        return older_agent(f"it does not know the verb `{verbs.SESSION.name}`")
     try:
         answer = json.loads(out)
     except ValueError:
         answer = None
     message = protocol.error_message(answer)
     if rc != 0 and message is not None:  # an agent that knows `session` but failed
-        return failure(message, rc, TcloudError)
+        return agent_failure(message, kind_of(rc, answer))
     said = (out.strip() or err.strip())[:200]
     return older_agent(f"its `session` answered {said!r} (exit {rc})")
 
@@ -126,7 +124,7 @@ class ChannelPipe:
 
     def __init__(self, client: paramiko.SSHClient) -> None:
         try:
-            argv = protocol.command(protocol.session())
+            argv = protocol.command(verbs.SESSION.request())
             self.stdin, self.stdout, self.stderr = client.exec_command(shlex.join(argv))
         except transport_errors() as exc:
             raise TcloudError(f"cannot start {AGENT} on the login node: {exc}") from None
@@ -318,65 +316,87 @@ def handshake(client: paramiko.SSHClient) -> Hello:
     return session(client).hello
 
 
-def failure(message: str, rc: int, rejected: type[TcloudError]) -> TcloudError:
-    error = rejected(message) if rc == AGENT_REJECTED else TcloudError(message)
-    error.exit_code = rejected.exit_code if rc == AGENT_REJECTED else EXIT_CLUSTER
-    return error
-
-
-def answered(verb: list[str], rc: int, answer: object, rejected: type[TcloudError]):
-    """A verb's answer checked against its shape; its error as a TcloudError."""
+def answered(verb: Verb[T], rc: int, answer: object) -> T:
+    """A verb's answer checked against its type; its error as a TcloudError whose exit
+    code is its kind's (tcloud.errors.EXIT_OF_KIND)."""
     if rc == 0:
-        return protocol.parse_answer(verb, answer)
+        return verb.check_answer(answer)
     message = protocol.error_message(answer)
     if message is None:
         message = "unknown error" if isinstance(answer, dict) else json.dumps(answer)
-    raise failure(message, rc, rejected)
+    raise agent_failure(message, kind_of(rc, answer), verb.task)
 
 
 def call(
     client: paramiko.SSHClient,
-    verb: Sequence[str],
+    verb: Verb[T],
     userdir: str | None = None,
     stdin: bytes = b"",
-    rejected: type[TcloudError] = TcloudError,
-):
-    """The agent's JSON answer, checked against the verb's shape (ProtocolError when it
-    does not fit); its error message as a TcloudError when it says no."""
-    verb = list(verb)
+    **fields: object,
+) -> T:
+    """The agent's JSON answer to the verb asked with these fields, checked against the
+    verb's answer type (ProtocolError when it does not fit); its error message as a
+    TcloudError when it says no. BadArgument (exit 2) for a field that cannot go."""
+    words = verb.request(**fields)
     agent = session(client)
-    with timing.step(" ".join(verb)):
-        rc, answer = agent.request(verb, userdir, stdin)
-    return answered(verb, rc, answer, rejected)
+    with timing.step(" ".join(words)):
+        rc, answer = agent.request(words, userdir, stdin)
+    return answered(verb, rc, answer)
 
 
 def call_streaming(
     client: paramiko.SSHClient,
-    verb: Sequence[str],
+    verb: Verb[T],
     userdir: str | None,
     produce: Callable[[Callable[[bytes], None]], None],
-    rejected: type[TcloudError] = TcloudError,
-) -> dict:
+) -> T:
     """A verb that reads a binary stream after its request (`store receive`): produce
     is called with a write function and writes the whole stream through it; then the
     agent's answer. When the agent refuses, its session ends (the rest of the stream
     could not be told from a request): the next call opens another."""
-    verb = list(verb)
+    words = verb.request()
     agent = session(client)
-    with timing.step(" ".join(verb)):
-        rc, answer = agent.request(verb, userdir, produce=produce)
+    with timing.step(" ".join(words)):
+        rc, answer = agent.request(words, userdir, produce=produce)
     if rc != 0:
         agent.close()
-    return answered(verb, rc, answer, rejected)
+    return answered(verb, rc, answer)
 
 
-def lines(client: paramiko.SSHClient, verb: Sequence[str], userdir: str | None) -> Iterator[str]:
+def open_exec(
+    client: paramiko.SSHClient,
+    verb: Verb,
+    userdir: str | None,
+    open_session: Callable[[], paramiko.Channel] | None = None,
+    terminal: tuple[str, int, int] | None = None,
+    **fields: object,
+) -> paramiko.Channel:
+    """A streaming verb on its own exec channel (`job logs`, `attach`, `connect`,
+    `stop-on-disconnect`): the agent's protocol checked first (handshake), the channel
+    opened (open_session: the caller's way, e.g. through its gate), a PTY asked for
+    (terminal: (term, columns, rows)), every word quoted. The channel is closed on
+    failure."""
+    words = verb.request(**fields)
+    handshake(client)
+    channel = open_session() if open_session else client.get_transport().open_session()
+    try:
+        if terminal is not None:
+            term, columns, rows = terminal
+            channel.get_pty(term=term, width=columns, height=rows)
+        channel.exec_command(shlex.join(argv_for(words, userdir)))
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+def lines(
+    client: paramiko.SSHClient, verb: Verb, userdir: str | None, **fields: object
+) -> Iterator[str]:
     """A text verb's lines as they arrive (`tacc-agent job logs`); its error as a
     TcloudError once it ends. Leaving the loop early closes the channel."""
-    handshake(client)
-    channel = client.get_transport().open_session()
+    channel = open_exec(client, verb, userdir, **fields)
     try:
-        channel.exec_command(shlex.join(argv_for(list(verb), userdir)))
         pending = b""
         for chunk in iter(lambda: channel.recv(65536), b""):
             pending += chunk
@@ -403,15 +423,15 @@ def stream_failure(channel: paramiko.Channel, pending: bytes, rc: int) -> Tcloud
         message = None
     if message is None:
         message = channel.recv_stderr(65536).decode(errors="replace").strip() or raw
-    error = failure(message, rc, Rejected)
+    error = agent_failure(message, kind_of(rc))
     error.exit_code = EXIT_CLUSTER
     return error
 
 
 def stream(
-    client: paramiko.SSHClient, verb: Sequence[str], userdir: str | None, write: Callable
+    client: paramiko.SSHClient, verb: Verb, userdir: str | None, write: Callable, **fields: object
 ) -> int:
     """Run a verb whose output is text (logs): pass each line on as it arrives."""
-    for line in lines(client, verb, userdir):
+    for line in lines(client, verb, userdir, **fields):
         write(line)
     return 0

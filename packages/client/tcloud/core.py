@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
-from tacc_contract import protocol, schema
+from tacc_contract import answers, protocol, schema, verbs
 from tcloud import agent, config, images, interactive, jobs, portforward, tasks
 from tcloud import usage as usage_report
 from tcloud.errors import TcloudError, UsageError
@@ -56,7 +56,7 @@ def job_id_of(job_id: object) -> str:
     text = str(job_id) if isinstance(job_id, int) and not isinstance(job_id, bool) else job_id
     if not isinstance(text, str):
         raise UsageError(f"not a job id: {job_id!r} (expected numbers such as 1234)")
-    if problem := protocol.job_id_problem([text]):
+    if problem := verbs.job_id_problem([text]):
         raise UsageError(problem)
     return text
 
@@ -208,18 +208,18 @@ class Cluster:
         """A handle on one of your jobs (checked as a job id; the cluster is not asked)."""
         return self.job_class(self, job_id)
 
-    def jobs(self) -> list[dict]:
+    def jobs(self) -> list[answers.PsRow]:
         """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes."""
         return jobs.ps(self.client, self.userdir)
 
-    def cancel(self, *job_ids: str | int) -> list[dict]:
+    def cancel(self, *job_ids: str | int) -> list[answers.Cancelled]:
         """Cancel jobs: one {"job_id", "cancelled", "state"} each."""
         if not job_ids:
             raise UsageError("cancel: expected at least one job id")
         ids = [job_id_of(job_id) for job_id in job_ids]  # all checked before connecting
         return jobs.cancel(self.client, self.userdir, ids)
 
-    def quota(self) -> dict:
+    def quota(self) -> answers.Quota:
         """Your running and pending jobs, GPUs in use, and with accounting your limits."""
         return jobs.quota(self.client, self.userdir)
 
@@ -234,14 +234,14 @@ class Cluster:
         cluster's default: this month and the two before it), grouped by `by` (month,
         account, partition): {user, since, until, by, rows: [{<by>..., jobs, running,
         cpu_hours, gpu_hours, cpu_seconds, gpu_seconds}], total}."""
-        verb, groups = usage_report.request(since, until, by)  # checked before connecting
-        return usage_report.build(usage_report.ask(self.client, self.userdir, verb), groups)
+        fields, groups = usage_report.request(since, until, by)  # checked before connecting
+        return usage_report.build(usage_report.ask(self.client, self.userdir, fields), groups)
 
-    def environments(self) -> list[dict]:
+    def environments(self) -> list[answers.Environment]:
         """Your cached environments on the cluster."""
         return jobs.environments(self.client, self.userdir)
 
-    def images(self) -> list[dict]:
+    def images(self) -> list[answers.Image]:
         """Your container images cached on the cluster (`tcloud images`): digest,
         reference, path, and when known pulled_by_job, seconds, bytes, time, runtime."""
         return images.cached(self.client, self.userdir)
@@ -264,11 +264,11 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
 
-    def status(self) -> dict:
+    def status(self) -> answers.JobStatus:
         """The job's state, history, nodes, exit code, reason (`tcloud status --json`)."""
         return jobs.status(self.cluster.client, self.cluster.userdir, self.id)
 
-    def wait(self, timeout: float | None = None, poll: float = 2.0) -> dict:
+    def wait(self, timeout: float | None = None, poll: float = 2.0) -> answers.JobStatus:
         """Its status once it has ended (COMPLETED, FAILED or CANCELLED); JobTimeout
         after `timeout` seconds. A halted job is waited for until it is resumed."""
         if timeout is not None and timeout < 0:
@@ -293,16 +293,17 @@ class Job:
     ) -> Iterator[str]:
         """Every node's lines, `[host:rank]` first, as they come: with follow, until the
         job ends; tail, the last N lines only; node, one rank's lines only."""
-        verb = protocol.job_logs(
-            self.id, follow=follow, tail=whole_number(tail, "tail"), rank=whole_number(node, "node")
+        tail, node = whole_number(tail, "tail"), whole_number(node, "node")
+        client, userdir = self.cluster.client, self.cluster.userdir
+        return agent.lines(
+            client, verbs.JOB_LOGS, userdir, job=self.id, follow=follow, tail=tail, rank=node
         )
-        return agent.lines(self.cluster.client, verb, self.cluster.userdir)
 
-    def cancel(self) -> dict:
+    def cancel(self) -> answers.Cancelled:
         """Stop every process of the job: {"job_id", "cancelled", "state"}."""
         return self.cluster.cancel(self.id)[0]
 
-    def halt(self, grace: float | None = None) -> dict:
+    def halt(self, grace: float | None = None) -> answers.Halted:
         """Checkpoint signal to every rank, `grace` seconds (default: the cluster's), then
         requeue on hold; a queued job is just held."""
         number = isinstance(grace, int | float) and not isinstance(grace, bool)
@@ -310,18 +311,18 @@ class Job:
             raise UsageError(f"grace: expected 0 to 3600 seconds, got {grace!r}")
         return jobs.halt(self.cluster.client, self.cluster.userdir, self.id, grace)
 
-    def resume(self) -> dict:
+    def resume(self) -> answers.Resumed:
         """Let a halted job run again."""
         return jobs.resume(self.cluster.client, self.cluster.userdir, self.id)
 
-    def rerun(self) -> dict:
+    def rerun(self) -> answers.Rerun:
         """Submit it again with the same files and locked versions: the new job's answer
         (job_id, name, rerun_of, code_digest, lock, workdir); `cluster.job(answer["job_id"])`."""
         return jobs.rerun(self.cluster.client, self.cluster.userdir, self.id)
 
     # --- into the running job (docs/interactive.md) ------------------------------------
 
-    def target(self, rank: int | None = None) -> dict:
+    def target(self, rank: int | None = None) -> answers.JobTarget:
         """Where it runs (JOB_TARGET): its nodes by rank and their addresses; the agent
         refuses (exit 4) a job that is not yours or not running."""
         client = self.cluster.client
@@ -373,9 +374,9 @@ class Job:
         with portforward.Forwarder(pairs, way.open, warn=warn) as forwarder:
             yield forwarder.mapping
 
-    def usage(self) -> dict:
+    def usage(self) -> answers.JobTop:
         """Its live usage per node now (JOB_TOP): cpu_seconds, memory, GPUs."""
-        return agent.call(self.cluster.client, protocol.job_top(self.id), self.cluster.userdir)
+        return agent.call(self.cluster.client, verbs.JOB_TOP, self.cluster.userdir, job=self.id)
 
 
 def warn(message: str) -> None:

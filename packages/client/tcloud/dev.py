@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tcloud import agent
 from tcloud.errors import TcloudError
 from tcloud.portforward import PortPair
@@ -97,11 +96,8 @@ def stop_on_disconnect(
     """The held channel: while it is open the cluster watches it (a heartbeat newline
     every `every` s says it is alive); closing it (here, or the connection dropping)
     cancels the session. Yields the agent's first line."""
-    verb = protocol.job_stop_on_disconnect(job_id)
-    agent.handshake(client)
-    channel = client.get_transport().open_session()
+    channel = agent.open_exec(client, verbs.JOB_STOP_ON_DISCONNECT, userdir, job=job_id)
     try:
-        channel.exec_command(shlex.join(agent.argv_for(verb, userdir)))
         first = b""
         while not first.endswith(b"\n"):
             data = channel.recv(4096)

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tacc_contract import protocol
+from tacc_contract import answers, protocol, verbs
 from tacc_contract.errors import Problem, TaskFileError
 from tacc_contract.images import parse_reference
 from tacc_contract.protocol import AGENT
@@ -79,16 +79,16 @@ def resolve(client: paramiko.SSHClient, userdir: str | None, task: Task, referen
     the cluster's agent resolves it. Any refusal by the agent (no such image, registry
     unreachable, ...) is a TaskFileError naming the `image:` line; a lost connection or an
     agent without the verb stays a cluster error (exit 4)."""
-    verb = protocol.image_resolve(reference)
+    words = verbs.IMAGE_RESOLVE.request(reference=reference)
     session = agent.session(client)
-    with timing.step(" ".join(verb)):
-        rc, answer = session.request(verb, userdir)
+    with timing.step(" ".join(words)):
+        rc, answer = session.request(words, userdir)
     message = protocol.error_message(answer)
     if rc != 0 and message is not None:
         if "invalid choice" in message:  # an agent from before images (argparse's words)
             raise agent.older_agent("it does not know the verb `image resolve`")
         raise unresolved(task, reference, message)
-    return pinned_answer(reference, agent.answered(verb, rc, answer, TcloudError))
+    return pinned_answer(reference, agent.answered(verbs.IMAGE_RESOLVE, rc, answer))
 
 
 def resolver(client: paramiko.SSHClient, userdir: str | None, task: Task) -> ImageResolver:
@@ -96,9 +96,9 @@ def resolver(client: paramiko.SSHClient, userdir: str | None, task: Task) -> Ima
     return partial(resolve, client, userdir, task)
 
 
-def cached(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
+def cached(client: paramiko.SSHClient, userdir: str | None) -> list[answers.Image]:
     """The caller's images cached on the cluster: {"digest", "reference", "path", ...}."""
-    return agent.call(client, protocol.image_ls(), userdir)
+    return agent.call(client, verbs.IMAGE_LS, userdir)
 
 
 UNITS = ("B", "K", "M", "G", "T")

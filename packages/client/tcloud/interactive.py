@@ -17,7 +17,6 @@ import contextlib
 import os
 import re
 import select
-import shlex
 import shutil
 import signal
 import sys
@@ -27,7 +26,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
-from tacc_contract import protocol
+from tacc_contract import answers, verbs
 from tcloud import agent
 from tcloud.errors import TcloudError, UsageError
 from tcloud.transport_errors import transport_errors
@@ -55,9 +54,9 @@ SRUN_EXIT_LINE = re.compile(
 )
 
 
-def target(client, userdir: str | None, job: str, rank: int | None = None) -> dict:
+def target(client, userdir: str | None, job: str, rank: int | None = None) -> answers.JobTarget:
     """The job's nodes (JOB_TARGET), checked by the agent: the caller's, running."""
-    return agent.call(client, protocol.job_target(job, rank), userdir)
+    return agent.call(client, verbs.JOB_TARGET, userdir, job=job, rank=rank)
 
 
 def node_of(answer: dict, rank: int) -> dict:
@@ -110,21 +109,29 @@ def open_attach(
     gate: ChannelGate | None = None,
 ) -> paramiko.Channel:
     """One exec channel running `tacc-agent job attach` (pty: (term, columns, rows))."""
-    verb = protocol.job_attach(job, rank, command=tuple(command), pty=pty is not None)
-    agent.handshake(client)  # the agent speaks this protocol before anything runs
-    transport = client.get_transport()
-    channel = gate.open(transport.open_session) if gate else transport.open_session()
+    opened: list[paramiko.Channel] = []
+
+    def open_session() -> paramiko.Channel:
+        transport = client.get_transport()
+        opened.append(gate.open(transport.open_session) if gate else transport.open_session())
+        return opened[-1]
+
     try:
-        if pty is not None:
-            term, columns, rows = pty
-            channel.get_pty(term=term, width=columns, height=rows)
-        channel.exec_command(shlex.join(agent.argv_for(verb, userdir)))
+        return agent.open_exec(
+            client,
+            verbs.JOB_ATTACH,
+            userdir,
+            open_session,
+            pty,
+            job=job,
+            rank=rank,
+            command=list(command),
+            pty=pty is not None,
+        )
     except BaseException:
-        channel.close()
-        if gate:
+        if gate and opened:
             gate.closed()
         raise
-    return channel
 
 
 # --- shell ---------------------------------------------------------------------------

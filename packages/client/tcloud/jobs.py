@@ -1,16 +1,17 @@
 """Jobs on the cluster, through the agent on the login node (`tacc-agent job ...`):
 ps, status, logs, cancel, halt (checkpoint signal, then requeue on hold), resume,
 rerun (the same files and locked environment again); and the caller's own facts: whoami,
-quota, cached environments. Every verb is built by tacc_contract.protocol and its answer
-checked against the verb's shape there. The agent answers only for the caller's own
+quota, cached environments. Every verb is declared in tacc_contract.verbs, which builds
+its words and checks its answer. The agent answers only for the caller's own
 jobs; Slurm enforces the same."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING
 
-from tacc_contract import protocol
+from tacc_contract import answers, verbs
 from tacc_contract.images import parse_reference
 from tcloud.agent import call, stream
 from tcloud.errors import TcloudError
@@ -18,23 +19,22 @@ from tcloud.errors import TcloudError
 if TYPE_CHECKING:
     import paramiko
 
-JOB_ID = protocol.JOB_ID  # 1234, or 1234_5: trial 5 of sweep 1234
-PS_FIELDS = ("job", "name", "state", "submitted", "nodes")
+PS_FIELDS = ("job", "name", "state", "submitted", "nodes")  # the columns of `tcloud ps`
 
 
 def check_ids(jobs: list[str]) -> list[str]:
-    problem = protocol.job_id_problem(jobs)
+    problem = verbs.job_id_problem(jobs)
     if problem:
         raise TcloudError(problem)
     return jobs
 
 
-def ps(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
-    return call(client, protocol.job_ps(), userdir)
+def ps(client: paramiko.SSHClient, userdir: str | None) -> list[answers.PsRow]:
+    return call(client, verbs.JOB_PS, userdir)
 
 
-def status(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, protocol.job_status(*check_ids([job])), userdir)
+def status(client: paramiko.SSHClient, userdir: str | None, job: str) -> answers.JobStatus:
+    return call(client, verbs.JOB_STATUS, userdir, job=check_ids([job])[0])
 
 
 def logs(
@@ -46,41 +46,46 @@ def logs(
     node: int | None,
 ) -> int:
     """Every node's lines, `[host:rank]` first; with follow, until the job ends."""
-    verb = protocol.job_logs(*check_ids([job]), follow=follow, tail=tail, rank=node)
-    return stream(client, verb, userdir, lambda line: print(line, flush=True))
+    job = check_ids([job])[0]
+    write = functools.partial(print, flush=True)
+    return stream(
+        client, verbs.JOB_LOGS, userdir, write, job=job, follow=follow, tail=tail, rank=node
+    )
 
 
-def cancel(client: paramiko.SSHClient, userdir: str | None, jobs: list[str]) -> list[dict]:
-    return call(client, protocol.job_cancel(check_ids(jobs)), userdir)
+def cancel(
+    client: paramiko.SSHClient, userdir: str | None, jobs: list[str]
+) -> list[answers.Cancelled]:
+    return call(client, verbs.JOB_CANCEL, userdir, jobs=check_ids(jobs))
 
 
 def halt(
     client: paramiko.SSHClient, userdir: str | None, job: str, grace: float | None = None
-) -> dict:
-    return call(client, protocol.job_halt(*check_ids([job]), grace=grace), userdir)
+) -> answers.Halted:
+    return call(client, verbs.JOB_HALT, userdir, job=check_ids([job])[0], grace=grace)
 
 
-def resume(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, protocol.job_resume(*check_ids([job])), userdir)
+def resume(client: paramiko.SSHClient, userdir: str | None, job: str) -> answers.Resumed:
+    return call(client, verbs.JOB_RESUME, userdir, job=check_ids([job])[0])
 
 
-def rerun(client: paramiko.SSHClient, userdir: str | None, job: str) -> dict:
-    return call(client, protocol.job_rerun(*check_ids([job])), userdir)
+def rerun(client: paramiko.SSHClient, userdir: str | None, job: str) -> answers.Rerun:
+    return call(client, verbs.JOB_RERUN, userdir, job=check_ids([job])[0])
 
 
-def whoami(client: paramiko.SSHClient, userdir: str | None) -> dict:
+def whoami(client: paramiko.SSHClient, userdir: str | None) -> answers.Whoami:
     """The caller's user and cluster directory: {"user", "userdir"}."""
-    return call(client, protocol.whoami(), userdir)
+    return call(client, verbs.WHOAMI, userdir)
 
 
-def quota(client: paramiko.SSHClient, userdir: str | None) -> dict:
+def quota(client: paramiko.SSHClient, userdir: str | None) -> answers.Quota:
     """The caller's running and pending jobs, limits and fair share."""
-    return call(client, protocol.quota(), userdir)
+    return call(client, verbs.QUOTA, userdir)
 
 
-def environments(client: paramiko.SSHClient, userdir: str | None) -> list[dict]:
+def environments(client: paramiko.SSHClient, userdir: str | None) -> list[answers.Environment]:
     """The caller's cached environments on the cluster."""
-    return call(client, protocol.env(), userdir)
+    return call(client, verbs.ENV, userdir)
 
 
 def rerun_text(answer: dict) -> str:

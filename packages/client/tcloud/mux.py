@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tcloud import timing
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
@@ -156,7 +156,7 @@ def connection_key(settings: Cluster) -> str:
         "key": settings.key,
         "proxy_jump": settings.proxy_jump,
         "known_hosts": settings.known_hosts,
-        "agent": protocol.command(protocol.session()),
+        "agent": protocol.command(verbs.SESSION.request()),
         "protocol": protocol.PROTOCOL_VERSION,
         "ssh_config": contents_digest(ssh_dir / "config"),
         "known_hosts_files": {

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import paramiko
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tcloud import mux, ssh, wire
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
@@ -127,7 +127,7 @@ class Connections:
         try:
             entry = self.take()
             channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
-            channel.exec_command(shlex.join(protocol.command(protocol.session())))
+            channel.exec_command(shlex.join(protocol.command(verbs.SESSION.request())))
             channel.settimeout(HELLO_TIMEOUT)
             hello = mux.read_line(channel.recv)
             channel.settimeout(None)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import shlex
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tacc_contract import protocol
+from tacc_contract import verbs
 from tcloud import agent, interactive
 from tcloud.errors import TcloudError, UsageError
 
@@ -165,15 +164,30 @@ class JobWay:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, pair: PortPair, check: bool = False):
-        verb = protocol.job_connect(self.job, self.rank, pair.remote, check=check)
-        transport = self.client.get_transport()
-        channel = self.gate.open(lambda: transport.open_session(window_size=WINDOW))
+        remote = pair.remote
+        target = {"socket": remote} if isinstance(remote, str) else {"port": remote}
+        opened: list = []
+
+        def open_session():
+            transport = self.client.get_transport()
+            opened.append(self.gate.open(lambda: transport.open_session(window_size=WINDOW)))
+            return opened[-1]
+
         try:
-            channel.exec_command(shlex.join(agent.argv_for(verb, self.userdir)))
+            return agent.open_exec(
+                self.client,
+                verbs.JOB_CONNECT,
+                self.userdir,
+                open_session,
+                job=self.job,
+                rank=self.rank,
+                check=check,
+                **target,
+            )
         except BaseException:
-            self.closed(channel)
+            for channel in opened:
+                self.closed(channel)
             raise
-        return channel
 
     def closed(self, channel) -> None:
         channel.close()

@@ -182,12 +182,6 @@ def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
             client.close()
 
 
-def start(client: paramiko.SSHClient, argv: list[str]) -> tuple:
-    """Start argv on the cluster and leave it running: its stdin, stdout and stderr
-    (paramiko's channel files). Every word is shell-quoted, nothing concatenated raw."""
-    return client.exec_command(shlex.join(argv))
-
-
 def run(client: paramiko.SSHClient, argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
     """Run argv on the cluster; every word is shell-quoted, nothing is concatenated raw."""
     chan_in, chan_out, chan_err = client.exec_command(shlex.join(argv))

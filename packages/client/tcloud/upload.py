@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tacc_contract.protocol import blob_name
 from tcloud import agent
-from tcloud.agent import Rejected, call
+from tcloud.agent import call
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
 from tcloud.manifest import shown
@@ -47,9 +47,9 @@ class UploadResult:
 
 def remote(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
     """One round trip to the cluster side of the upload (`tacc-agent store`); a task the
-    cluster refuses is a Rejected error (exit 3, the message names the field)."""
+    cluster refuses is an error of the task (exit 3, the message names the field)."""
     stdin = json.dumps(request).encode()
-    return call(client, protocol.store(), userdir, stdin, rejected=Rejected)
+    return call(client, verbs.STORE, userdir, stdin)
 
 
 def round_trip(client: paramiko.SSHClient, request: dict, userdir: str | None) -> dict:
@@ -113,8 +113,7 @@ def stopped(exc: BaseException) -> TcloudError:
 
 def stream_blobs(client: paramiko.SSHClient, userdir: str | None, produce) -> dict:
     """One `store receive` call that reads everything produce(write) writes."""
-    verb = protocol.store_receive()
-    return agent.call_streaming(client, verb, userdir, produce, rejected=Rejected)
+    return agent.call_streaming(client, verbs.STORE_RECEIVE, userdir, produce)
 
 
 def send_streamed(client, userdir: str | None, blobs: list[Blob], progress) -> int:
@@ -203,7 +202,7 @@ def upload(
         )
         answer = round_trip(client, request, userdir)
     else:
-        answer = protocol.STORE_COMMIT.check(answer, "store (missing, then commit)")
+        answer = protocol.STORE_ANSWERS["commit"].check(answer, "store (missing, then commit)")
     if answer["bad"]:
         raise TcloudError(
             f"{len(answer['bad'])} blob(s) failed verification on the cluster and were "

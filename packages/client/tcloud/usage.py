@@ -1,12 +1,11 @@
 """`tcloud usage`: your own CPU- and GPU-hours from the cluster's Slurm accounting, by
 month, account and partition (any of them, `--by`), as a table, CSV or JSON. The agent
 answers raw sums by month, account and partition for the calling user only
-(protocol.USAGE, tacc_agent/tasks/accounting/usage.py); this module groups and formats them
-(docs/usage.md).
+(tacc_contract.answers.Usage, tacc_agent/tasks/accounting/usage.py); this module groups
+and formats them (docs/usage.md).
 
 A job counts once in `jobs` (in the first month it ran in the window), so rows grouped
-any way add up to the number of jobs; its hours are split by its time in each month.
-"""
+any way add up to the number of jobs; its hours are split by its time in each month."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from tacc_contract import protocol
+from tacc_contract import answers, protocol, verbs
 from tcloud.agent import call
 from tcloud.errors import UsageError
 
@@ -44,15 +43,17 @@ def group_words(by: str | Sequence[str]) -> tuple[str, ...]:
 
 def request(
     since: str | None, until: str | None, by: str | Sequence[str]
-) -> tuple[list[str], tuple[str, ...]]:
-    """(the agent verb, the group words), both checked before anything is asked:
-    UsageError (exit 2) for a date that is not one, a since after the until, an unknown
-    group."""
+) -> tuple[dict[str, str | None], tuple[str, ...]]:
+    """(the `usage` verb's fields, the group words), both checked before anything is
+    asked: UsageError (exit 2) for a date that is not one, a since after the until, an
+    unknown group."""
     groups = group_words(by)
+    fields = {"since": since, "until": until}
     try:
-        return protocol.usage(since, until), groups
+        verbs.USAGE.request(**fields)
     except protocol.BadArgument as exc:
         raise UsageError(str(exc)) from None
+    return fields, groups
 
 
 def hours(seconds: float) -> float:
@@ -91,9 +92,9 @@ def build(answer: dict, by: Sequence[str]) -> dict:
     }
 
 
-def ask(client: paramiko.SSHClient, userdir: str | None, verb: list[str]) -> dict:
-    """The agent's USAGE answer (checked against its shape)."""
-    return call(client, verb, userdir)
+def ask(client: paramiko.SSHClient, userdir: str | None, fields: dict) -> answers.Usage:
+    """The agent's `usage` answer (checked against its type)."""
+    return call(client, verbs.USAGE, userdir, **fields)
 
 
 def columns(by: Sequence[str]) -> tuple[str, ...]:

@@ -14,19 +14,35 @@ EXIT_USAGE = 2
 EXIT_INVALID_TASK = 3
 EXIT_CLUSTER = 4
 
-# Exit codes of `tacc-agent` verbs (tcloud maps them to its own).
+# The wire's one error numbering: a failed agent verb exits with its kind's number, and
+# its error line names the kind. Each side maps a kind to its own exit code in one table:
+# the agent exits with these numbers; tcloud's table is tcloud.errors.EXIT_OF_KIND.
+ERROR_KINDS = {
+    "failed": 1,  # the job or check itself failed
+    "rejected": 2,  # bad request: invalid instruction, impossible resources, not your job
+    "cluster": 3,  # Slurm or the filesystem did not answer as expected
+}
+KIND_OF_NUMBER = {number: kind for kind, number in ERROR_KINDS.items()}
 AGENT_OK = 0
-AGENT_FAILED = 1  # the job or check itself failed
-AGENT_REJECTED = 2  # bad request: invalid instruction, impossible resources, not your job
-AGENT_CLUSTER = 3  # Slurm or the filesystem did not answer as expected
+AGENT_FAILED = ERROR_KINDS["failed"]
+AGENT_REJECTED = ERROR_KINDS["rejected"]
+AGENT_CLUSTER = ERROR_KINDS["cluster"]
 
-# How a verb reports a failure: one JSON line {"error": "...", "field": "..."} (on
-# stdout); "field" names the task field at fault ("" when none).
+# How a verb reports a failure: one JSON line {"error": "...", "field": "...", "kind":
+# "..."} (on stdout); "field" names the task field at fault ("" when none).
 ERROR_KEY = "error"
 
 
-def error_line(message: str, field: str = "") -> str:
-    return json.dumps({ERROR_KEY: message, "field": field})
+def error_line(message: str, field: str = "", number: int = AGENT_REJECTED) -> str:
+    kind = KIND_OF_NUMBER.get(number, "cluster")
+    return json.dumps({ERROR_KEY: message, "field": field, "kind": kind})
+
+
+def kind_of(number: int, answer: object = None) -> str:
+    """The kind of a failed verb: its error line's, else its exit number's."""
+    if isinstance(answer, dict) and answer.get("kind") in ERROR_KINDS:
+        return answer["kind"]
+    return KIND_OF_NUMBER.get(number, "cluster")
 
 
 class TaccError(Exception):

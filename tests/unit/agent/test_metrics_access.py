@@ -25,14 +25,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tacc_agent import serve, tcp_sockets
+from tacc_agent import serve
 from tacc_agent.config import AgentConfig, load_config
 from tacc_agent.errors import EXIT_CLUSTER, AgentError
 from tacc_agent.health import metrics_access
 from tacc_agent.health.metrics_access import JobSeriesAccess
+from tacc_agent.procfs.system import UNPRIVILEGED_PORT_START
 from tests.conftest import ROOT
 from tests.unit.agent.health.test_job_usage import ALICE, add_process
 from tests.unit.agent_fixtures import daemon_settings, fixture_config, metrics_server
+from tests.unit.proc_fakes import hex_endpoint, socket_table
 
 JOB_LABELS = ('job="', 'user="')
 TOKEN = "s3cret-scrapers-token-0123456789abcdef"  # noqa: S105 (a test value)
@@ -110,7 +112,7 @@ def test_a_failed_bind_closes_the_server_cleanly(tmp_path, taken_port):
 
 
 def test_a_lowered_unprivileged_port_start_is_warned_about(tmp_path):
-    sysctl = tmp_path / "proc" / serve.UNPRIVILEGED_PORT_START
+    sysctl = tmp_path / "proc" / UNPRIVILEGED_PORT_START
     sysctl.parent.mkdir(parents=True)
     config = AgentConfig(proc_root=str(tmp_path / "proc"))
     sysctl.write_text("0\n")  # what a container runtime often sets
@@ -230,23 +232,6 @@ def test_every_client_gets_the_job_series_when_the_site_makes_them_public(tmp_pa
         assert 'tacc_agent_job_cpus{job="41"' in scrape(port, "127.0.0.3")
 
 
-def hex_endpoint(address: str, port: int) -> str:
-    """An IPv4 endpoint as /proc/net/tcp writes it (host byte order)."""
-    raw = socket.inet_aton(address)
-    return (raw[::-1] if sys.byteorder == "little" else raw).hex().upper() + f":{port:04X}"
-
-
-def socket_table(proc: str, rows: list[tuple[str, str, int, int]]) -> None:
-    lines = ["  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"]
-    lines += [
-        f"   {n}: {local} {remote} 01 00000000:00000000 00:00000000 00000000 {uid:>5} "
-        f"       0 {inode} 1 0000000000000000 20 4 30 10 -1"
-        for n, (local, remote, uid, inode) in enumerate(rows)
-    ]
-    (Path(proc) / "net").mkdir(exist_ok=True)
-    (Path(proc) / "net/tcp").write_text("\n".join(lines) + "\n")
-
-
 @pytest.mark.parametrize(
     ("uid", "inode", "visible"), [(0, 4242, True), (1000, 4242, False), (0, 0, False)]
 )
@@ -281,19 +266,6 @@ def test_the_real_socket_table_names_the_client_owner():
     assert uid == os.geteuid()
     assert allowed is (os.geteuid() == 0)
     assert JobSeriesAccess(proc_root="/nonexistent").allows(agent_end, peer) is False
-
-
-def test_socket_table_addresses_are_read_in_host_byte_order():
-    address = metrics_access.plain_address
-    assert tcp_sockets.table_address(hex_endpoint("10.77.6.11", 977)) == (
-        address("10.77.6.11"),
-        977,
-    )
-    mapped = hex_endpoint("127.0.0.1", 80).partition(":")[0]
-    words = ("00000000", "00000000", "FFFF0000" if sys.byteorder == "little" else "0000FFFF")
-    in_tcp6 = f"{''.join(words)}{mapped}:0050"  # ::ffff:127.0.0.1, a dual-stack socket's
-    assert tcp_sockets.table_address(in_tcp6) == (address("127.0.0.1"), 80)
-    assert tcp_sockets.table_address("zz:1") is None
 
 
 def test_scraper_names_are_resolved_and_unresolved_ones_reported():

@@ -17,7 +17,7 @@ import pytest
 
 from tacc_agent.cli import configured, parse_command_line
 from tacc_agent.tasks.schedule import instruction
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tacc_contract.errors import AGENT_REJECTED
 from tacc_contract.protocol import PROTOCOL_VERSION, Hello
 from tests.unit.agent_jobs import agent, agent_env
@@ -73,11 +73,11 @@ def test_the_first_line_is_the_hello_then_each_verb_answers_as_its_one_shot_form
     assert Hello.parse(session.hello).protocol == PROTOCOL_VERSION
     user_dir = tmp_path / "workspace" / "own"
     for verb, userdir in [
-        (protocol.whoami(), None),
-        (protocol.whoami(), str(user_dir)),
-        (protocol.env(), str(user_dir)),
-        (protocol.job_ps(), str(user_dir)),
-        (protocol.hello(), None),
+        (verbs.WHOAMI.request(), None),
+        (verbs.WHOAMI.request(), str(user_dir)),
+        (verbs.ENV.request(), str(user_dir)),
+        (verbs.JOB_PS.request(), str(user_dir)),
+        (verbs.HELLO.request(), None),
     ]:
         answer = session.ask(verb, userdir)
         one_shot = agent(*protocol.command(verb, userdir)[1:], env=env)
@@ -90,18 +90,18 @@ def test_the_first_line_is_the_hello_then_each_verb_answers_as_its_one_shot_form
 
 def test_stdin_travels_with_the_request(session, tmp_path):
     request = json.dumps(protocol.missing_request([f"{'a' * 64}-644"])).encode()
-    answer = session.ask(protocol.store(), None, request)
+    answer = session.ask(verbs.STORE.request(), None, request)
     assert answer["rc"] == 0
     assert protocol.store_answer({"op": "missing"}, answer["answer"])["missing"] == [
         f"{'a' * 64}-644"
     ]
-    check = session.ask(protocol.job_check(), None, b"{not an instruction")
+    check = session.ask(verbs.JOB_CHECK.request(), None, b"{not an instruction")
     assert check["rc"] == AGENT_REJECTED and protocol.ERROR.check(check["answer"])
 
 
 def test_an_error_is_the_verbs_error_object_and_exit_code(session, env):
-    answer = session.ask(protocol.job_status("99"))
-    one_shot = agent(*protocol.job_status("99"), env=env)
+    answer = session.ask(verbs.JOB_STATUS.request(job="99"))
+    one_shot = agent(*verbs.JOB_STATUS.request(job="99"), env=env)
     assert answer == {"rc": one_shot.returncode, "answer": json.loads(one_shot.stdout)}
     assert answer["rc"] != 0 and "no job 99" in protocol.error_message(answer["answer"])
 
@@ -134,7 +134,7 @@ def test_a_bad_line_answers_an_error_and_the_session_goes_on(session, line, mess
     answer = protocol.SESSION_ANSWER.check(session.line())
     assert answer["rc"] == AGENT_REJECTED
     assert message in protocol.ERROR.check(answer["answer"])["error"]
-    assert session.ask(protocol.whoami())["rc"] == 0
+    assert session.ask(verbs.WHOAMI.request())["rc"] == 0
     rc, out, err = session.end()
     assert (rc, out) == (0, b"")
     assert b"Traceback" not in err
@@ -147,15 +147,17 @@ def test_eof_ends_the_session_at_once(session):
 def test_the_session_userdir_is_the_default_a_request_may_name_its_own(env, tmp_path):
     default, own = tmp_path / "workspace" / "default", tmp_path / "workspace" / "own"
     session = AgentSession(env, default)
-    assert session.ask(protocol.whoami())["answer"]["userdir"] == str(default)
-    assert session.ask(protocol.whoami(), str(own))["answer"]["userdir"] == str(own)
+    assert session.ask(verbs.WHOAMI.request())["answer"]["userdir"] == str(default)
+    assert session.ask(verbs.WHOAMI.request(), str(own))["answer"]["userdir"] == str(own)
     assert session.end()[0] == 0
 
 
 @pytest.mark.security
 def test_what_the_session_writes_is_private(session, tmp_path):
     user_dir = tmp_path / "workspace" / "fresh"
-    session.ask(protocol.store(), str(user_dir), json.dumps(protocol.missing_request([])).encode())
+    session.ask(
+        verbs.STORE.request(), str(user_dir), json.dumps(protocol.missing_request([])).encode()
+    )
     session.end()
     made = [user_dir, *user_dir.rglob("*")]
     assert len(made) > 1
@@ -167,7 +169,7 @@ def test_the_hello_comes_even_when_the_settings_are_broken(tmp_path):
     broken.write_text("no_such_setting: 1\n")
     session = AgentSession({**agent_env(tmp_path), "TACC_AGENT_CONFIG": str(broken)})
     assert Hello.parse(session.hello).protocol == PROTOCOL_VERSION
-    answer = session.ask(protocol.whoami())
+    answer = session.ask(verbs.WHOAMI.request())
     assert answer["rc"] != 0 and "unknown setting(s): no_such_setting" in answer["answer"]["error"]
     assert session.end()[0] == 0
 
@@ -193,10 +195,10 @@ def test_store_receive_reads_its_stream_from_the_session_stdin(session, tmp_path
     contents = [b"hello\n", b"\0binary\n" * 1000]
     names = [blob(data) for data in contents]
     missing = session.ask(
-        protocol.store(), str(user_dir), json.dumps(protocol.missing_request(names)).encode()
+        verbs.STORE.request(), str(user_dir), json.dumps(protocol.missing_request(names)).encode()
     )
     uploads = missing["answer"]["uploads"]
-    request = protocol.session_request(protocol.store_receive(), str(user_dir))
+    request = protocol.session_request(verbs.STORE_RECEIVE.request(), str(user_dir))
     session.send(
         json.dumps(request).encode()
         + b"\n"
@@ -209,7 +211,7 @@ def test_store_receive_reads_its_stream_from_the_session_stdin(session, tmp_path
         for name, data in zip(names, contents, strict=True)
     )
     after = session.ask(
-        protocol.store(), str(user_dir), json.dumps(protocol.missing_request(names)).encode()
+        verbs.STORE.request(), str(user_dir), json.dumps(protocol.missing_request(names)).encode()
     )
     assert after["answer"]["missing"] == []  # the next request came out of the same buffer
     assert session.end()[0] == 0
@@ -218,7 +220,9 @@ def test_store_receive_reads_its_stream_from_the_session_stdin(session, tmp_path
 @pytest.mark.bad_input
 def test_a_refused_stream_ends_the_session_after_its_answer(session, tmp_path):
     """The rest of a refused stream cannot be told from the next request line."""
-    request = protocol.session_request(protocol.store_receive(), str(tmp_path / "workspace" / "u"))
+    request = protocol.session_request(
+        verbs.STORE_RECEIVE.request(), str(tmp_path / "workspace" / "u")
+    )
     session.send(
         json.dumps(request).encode() + b"\n" + b"not a header\n" + b'{"verb": ["whoami"]}\n'
     )
@@ -235,13 +239,20 @@ def test_store_receive_one_shot_reads_stdin(env, tmp_path):
     missing = agent(
         "--userdir",
         str(user_dir),
-        *protocol.store(),
+        *verbs.STORE.request(),
         env=env,
         input=json.dumps(protocol.missing_request([name])),
     )
     upload = json.loads(missing.stdout)["uploads"][name]
     received = subprocess.run(
-        [sys.executable, "-m", "tacc_agent", "--userdir", str(user_dir), *protocol.store_receive()],
+        [
+            sys.executable,
+            "-m",
+            "tacc_agent",
+            "--userdir",
+            str(user_dir),
+            *verbs.STORE_RECEIVE.request(),
+        ],
         input=frames({name: (upload, b"one shot\n")}),
         capture_output=True,
         env=env,

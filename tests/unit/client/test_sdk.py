@@ -25,7 +25,7 @@ from tacc_agent.tasks.jobs import records
 from tcloud import Cluster, Job, JobTimeout, cli, dry_run, sdk, validate
 from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE, TaskFileError, TcloudError, UsageError
 from tests.unit.agent_jobs import agent_env
-from tests.unit.fake_slurm import FakeSlurm
+from tests.unit.fake_slurm import FakeSlurmOnPath
 
 TASK = {"name": "t", "resources": {"nodes": 1, "mem": "100M", "time": "5"}, "run": ["echo hi"]}
 
@@ -239,7 +239,7 @@ class FakeCluster:
     """A configured cluster `fake` whose SSH sessions are FakeSSH clients."""
 
     def __init__(self, tmp: Path, monkeypatch) -> None:
-        self.slurm = FakeSlurm(tmp)
+        self.slurm = FakeSlurmOnPath(tmp)
         self.user_dir = tmp / "workspace" / "alice"
         self.user_dir.mkdir(parents=True, mode=0o700)
         self.env = agent_env(tmp) | self.slurm.env()

@@ -17,8 +17,10 @@ import yaml
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.slurm import parse_oneliner
+from tacc_agent.slurm.nodes import node_of, partition_of
+from tacc_agent.slurm.oneliner import parse_oneliner
 from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.cluster_shape import scheduling_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import parse
 from tacc_agent.tasks.store import delta as store
 from tacc_contract.instruction import InvalidInstruction, digest_of
@@ -278,9 +280,10 @@ def test_p11_submit_of_a_crafted_job_directory_makes_no_trials(tmp_path, monkeyp
         crafted_sweep(tmp_path, [{"X": "1"}] * (MAX_TRIALS + 1), ["1"])
     )
     calls = []
-    monkeypatch.setattr(slurm, "slurm", lambda argv, timeout: calls.append(argv) or "1\n")
-    nodes = schedule.parse_nodes([parse_oneliner(line) for line in NODES])
-    shape = (schedule.parse_partitions([parse_oneliner(p) for p in PARTITIONS], nodes), nodes)
+    monkeypatch.setattr(slurm.run, "output", lambda argv, timeout: calls.append(argv) or "1\n")
+    nodes = scheduling_nodes([node_of(parse_oneliner(line)) for line in NODES])
+    partitions = [partition_of(parse_oneliner(p)) for p in PARTITIONS]
+    shape = (scheduling_partitions(partitions, nodes), nodes)
     monkeypatch.setattr(schedule, "cluster_shape", lambda timeout: shape)
     with pytest.raises(Rejected, match=r"sweep\.trials"):
         schedule.submit(user_dir, job_dir, AgentConfig())

@@ -21,7 +21,7 @@ import yaml
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.slurm import parse_oneliner
+from tacc_agent.slurm.oneliner import parse_oneliner
 from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule import submit as schedule
@@ -41,7 +41,7 @@ from tcloud.legacy import general_to_resources
 from tcloud.task_file import load_task
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent_env, make_job
-from tests.unit.fake_slurm import FakeSlurm
+from tests.unit.fake_slurm import FakeSlurmOnPath
 
 CONCURRENT = 20
 BIG = 3 * upload_module.CHUNK + 12345  # several SFTP chunks: appends would interleave
@@ -261,8 +261,8 @@ def test_p9_duration_prediction_skips_job_dirs_that_vanish_while_it_scans(tmp_pa
 
 
 @pytest.fixture
-def slurm(tmp_path, monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
+def slurm(tmp_path, monkeypatch) -> FakeSlurmOnPath:
+    fake = FakeSlurmOnPath(tmp_path)
     for name, value in fake.env().items():
         monkeypatch.setenv(name, value)
     return fake
@@ -272,7 +272,7 @@ def config(tmp_path: Path) -> AgentConfig:
     return AgentConfig(workspace=str(tmp_path / "workspace"), slurm_timeout_seconds=10)
 
 
-def submit_in_agent(tmp_path: Path, slurm: FakeSlurm, job_dir: Path, sbatch: str, **kwargs):
+def submit_in_agent(tmp_path: Path, slurm: FakeSlurmOnPath, job_dir: Path, sbatch: str, **kwargs):
     """`tacc-agent job submit` as its own process (it may be killed), sbatch answering as
     `sbatch` says."""
     # 8 s: the hanging sbatch must still hang while the test looks at ps on a loaded host.

@@ -18,10 +18,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tcloud import agent, jobs, ssh, timing
 from tcloud.config import Cluster
-from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TcloudError
+from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, AgentFailure, TcloudError
 from tests.unit.agent_jobs import agent_env
 
 
@@ -112,14 +112,14 @@ def test_every_verb_of_a_client_goes_through_one_agent_process(client, workspace
     with pytest.raises(TcloudError, match="no job 99 of yours") as caught:
         jobs.status(client, None, "99")
     assert caught.value.exit_code == EXIT_CLUSTER
-    assert agent.call(client, protocol.store(), None, b'{"op": "missing", "blobs": []}')
+    assert agent.call(client, verbs.STORE, None, b'{"op": "missing", "blobs": []}')
     assert agent.handshake(client).protocol == protocol.PROTOCOL_VERSION
     assert len(client.channels) == 1  # one `tacc-agent session`, started once
 
 
 def test_a_refused_request_keeps_its_exit_code(client):
-    with pytest.raises(agent.Rejected, match="expected one JSON object") as caught:
-        agent.call(client, protocol.store(), None, b"[]", rejected=agent.Rejected)
+    with pytest.raises(AgentFailure, match="expected one JSON object") as caught:
+        agent.call(client, verbs.STORE, None, b"[]")
     assert caught.value.exit_code == EXIT_INVALID_TASK
     assert jobs.whoami(client, None)  # the session goes on
     assert len(client.channels) == 1
@@ -188,15 +188,15 @@ def test_call_streaming_sends_the_stream_between_request_and_answer(client, work
     data = b"streamed bytes\n" * 500
     name = blob(data)
     missing = agent.call(
-        client, protocol.store(), None, json.dumps(protocol.missing_request([name])).encode()
+        client, verbs.STORE, None, json.dumps(protocol.missing_request([name])).encode()
     )
     produce = stream_of(name, missing["uploads"][name], data)
-    answer = agent.call_streaming(client, protocol.store_receive(), None, produce)
+    answer = agent.call_streaming(client, verbs.STORE_RECEIVE, None, produce)
     assert isinstance(answer, dict)
     user_dir = Path(missing["userdir"])
     assert (user_dir / "store" / name).read_bytes() == data
     after = agent.call(
-        client, protocol.store(), None, json.dumps(protocol.missing_request([name])).encode()
+        client, verbs.STORE, None, json.dumps(protocol.missing_request([name])).encode()
     )
     assert after["missing"] == []
     assert len(client.channels) == 1
@@ -207,8 +207,8 @@ def test_a_refused_stream_is_the_agents_error_then_a_new_session(client):
     def produce(write) -> None:
         write(b"not a header\n" + b"x" * 100_000)
 
-    with pytest.raises(agent.Rejected, match="upload stream") as caught:
-        agent.call_streaming(client, protocol.store_receive(), None, produce, agent.Rejected)
+    with pytest.raises(AgentFailure, match="upload stream") as caught:
+        agent.call_streaming(client, verbs.STORE_RECEIVE, None, produce)
     assert caught.value.exit_code == EXIT_INVALID_TASK
     assert jobs.whoami(client, None)["user"]
     assert len(client.channels) == 2  # the refused stream's rest could not be read as requests
@@ -221,7 +221,7 @@ def test_a_stream_that_fails_here_closes_the_session_and_its_error_goes_on(clien
         raise ValueError("the local file changed")
 
     with pytest.raises(ValueError, match="the local file changed"):
-        agent.call_streaming(client, protocol.store_receive(), None, produce)
+        agent.call_streaming(client, verbs.STORE_RECEIVE, None, produce)
     assert jobs.whoami(client, None)["user"]
     assert len(client.channels) == 2
 
@@ -305,7 +305,7 @@ def test_a_local_read_error_mid_stream_is_an_error_not_a_hang(client):
         raise OSError(5, "Input/output error")
 
     with pytest.raises(OSError, match="Input/output error"):
-        agent.call_streaming(client, protocol.store_receive(), None, produce)
+        agent.call_streaming(client, verbs.STORE_RECEIVE, None, produce)
     assert jobs.whoami(client, None)["user"]
     assert len(client.channels) == 2
 

@@ -16,9 +16,10 @@ import sys
 import pytest
 
 from tacc_agent import cli as agent_cli
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tacc_contract.errors import EXIT_CLUSTER, EXIT_USAGE, error_line
 from tacc_contract.protocol import PROTOCOL_VERSION, BadArgument, Hello, ProtocolError
+from tacc_contract.shapes import ListOf
 from tcloud import agent, cli, jobs, ssh, upload
 from tcloud.compiler import Instruction
 from tcloud.errors import TcloudError
@@ -26,36 +27,39 @@ from tcloud.errors import TcloudError
 # --- builders ---------------------------------------------------------------------------
 
 BUILT = [
-    (protocol.hello(), ["hello"]),
-    (protocol.session(), ["session"]),
-    (protocol.whoami(), ["whoami"]),
-    (protocol.quota(), ["quota"]),
-    (protocol.store(), ["store"]),
-    (protocol.store_receive(), ["store", "receive"]),
-    (protocol.env(), ["env"]),
-    (protocol.job_check(), ["job", "check"]),
-    (protocol.job_submit("/w/jobs/1"), ["job", "submit", "/w/jobs/1"]),
-    (protocol.job_ps(), ["job", "ps"]),
-    (protocol.job_status("12"), ["job", "status", "12"]),
-    (protocol.job_status("12_3"), ["job", "status", "12_3"]),
-    (protocol.job_logs("12"), ["job", "logs", "12"]),
+    (verbs.HELLO.request(), ["hello"]),
+    (verbs.SESSION.request(), ["session"]),
+    (verbs.WHOAMI.request(), ["whoami"]),
+    (verbs.QUOTA.request(), ["quota"]),
+    (verbs.STORE.request(), ["store"]),
+    (verbs.STORE_RECEIVE.request(), ["store", "receive"]),
+    (verbs.ENV.request(), ["env"]),
+    (verbs.JOB_CHECK.request(), ["job", "check"]),
+    (verbs.JOB_SUBMIT.request(workdir="/w/jobs/1"), ["job", "submit", "/w/jobs/1"]),
+    (verbs.JOB_PS.request(), ["job", "ps"]),
+    (verbs.JOB_STATUS.request(job="12"), ["job", "status", "12"]),
+    (verbs.JOB_STATUS.request(job="12_3"), ["job", "status", "12_3"]),
+    (verbs.JOB_LOGS.request(job="12"), ["job", "logs", "12"]),
     (
-        protocol.job_logs("12", follow=True, tail=5, rank=0),
+        verbs.JOB_LOGS.request(job="12", follow=True, tail=5, rank=0),
         ["job", "logs", "12", "--follow", "--tail", "5", "--rank", "0"],
     ),
-    (protocol.job_cancel(["1", "2_0"]), ["job", "cancel", "1", "2_0"]),
-    (protocol.job_halt("7"), ["job", "halt", "7"]),
-    (protocol.job_halt("7", 2.5), ["job", "halt", "7", "--grace", "2.5"]),
-    (protocol.job_halt("7", 0), ["job", "halt", "7", "--grace", "0"]),
-    (protocol.job_resume("7"), ["job", "resume", "7"]),
-    (protocol.job_rerun("7"), ["job", "rerun", "7"]),
-    (protocol.usage(), ["usage"]),
-    (protocol.usage("2026-09"), ["usage", "--since", "2026-09"]),
+    (verbs.JOB_CANCEL.request(jobs=["1", "2_0"]), ["job", "cancel", "1", "2_0"]),
+    (verbs.JOB_HALT.request(job="7"), ["job", "halt", "7"]),
+    (verbs.JOB_HALT.request(job="7", grace=2.5), ["job", "halt", "7", "--grace", "2.5"]),
+    (verbs.JOB_HALT.request(job="7", grace=0), ["job", "halt", "7", "--grace", "0"]),
+    (verbs.JOB_RESUME.request(job="7"), ["job", "resume", "7"]),
+    (verbs.JOB_RERUN.request(job="7"), ["job", "rerun", "7"]),
+    (verbs.USAGE.request(), ["usage"]),
+    (verbs.USAGE.request(since="2026-09"), ["usage", "--since", "2026-09"]),
     (
-        protocol.usage("2026-09-15", "2026-11"),
+        verbs.USAGE.request(since="2026-09-15", until="2026-11"),
         ["usage", "--since", "2026-09-15", "--until", "2026-11"],
     ),
-    (protocol.usage("2026-11", "2026-11"), ["usage", "--since", "2026-11", "--until", "2026-11"]),
+    (
+        verbs.USAGE.request(since="2026-11", until="2026-11"),
+        ["usage", "--since", "2026-11", "--until", "2026-11"],
+    ),
 ]
 
 
@@ -65,11 +69,10 @@ def test_each_builder_gives_the_words_after_tacc_agent(built, words):
 
 
 def test_every_verb_of_the_agent_has_a_builder():
-    """The agent's parser knows every verb the protocol builds (and `hello`)."""
+    """The agent's parser reads every request tcloud builds back into its verb."""
     parser = agent_cli.build_parser()
     for built, _ in BUILT:
-        words = [w if not w.startswith("/") else "/x" for w in built]
-        assert parser.parse_args(words).command == built[0]
+        assert parser.parse_args(built).declared is verbs.verb_named(built)
 
 
 def test_command_puts_the_userdir_before_the_verb():
@@ -78,27 +81,47 @@ def test_command_puts_the_userdir_before_the_verb():
 
 
 BAD_ARGUMENTS = [
-    ("injection", lambda: protocol.job_status("12; rm -rf /"), "not a job id: 12; rm -rf /"),
-    ("traversal", lambda: protocol.job_rerun("../../etc"), "not a job id: ../../etc"),
-    ("empty", lambda: protocol.job_resume(""), "not a job id"),
-    ("option", lambda: protocol.job_halt("--help"), "not a job id: --help"),
-    ("trial-of-trial", lambda: protocol.job_logs("1_2_3"), "not a job id: 1_2_3"),
-    ("one-bad-of-two", lambda: protocol.job_cancel(["1", "x"]), "not a job id: x"),
-    ("no-ids", lambda: protocol.job_cancel([]), "expected at least one job id"),
-    ("negative-tail", lambda: protocol.job_logs("1", tail=-1), "--tail: expected a whole"),
-    ("bool-rank", lambda: protocol.job_logs("1", rank=True), "--rank: expected a whole"),
-    ("nan-grace", lambda: protocol.job_halt("1", float("nan")), "--grace: expected seconds"),
-    ("text-grace", lambda: protocol.job_halt("1", "soon"), "--grace: expected seconds"),
-    ("empty-workdir", lambda: protocol.job_submit(""), "expected a job directory"),
-    ("nul-workdir", lambda: protocol.job_submit("/a\0b"), "expected a job directory"),
-    ("usage-option", lambda: protocol.usage("--user=bob"), "--since: expected a month YYYY-MM"),
-    ("usage-all", lambda: protocol.usage(None, "-a"), "--until: expected a month YYYY-MM"),
-    ("usage-month-13", lambda: protocol.usage("2026-13"), "got '2026-13'"),
-    ("usage-day-31", lambda: protocol.usage("2026-02-31"), "got '2026-02-31'"),
-    ("usage-year-end", lambda: protocol.usage("9999-12"), "got '9999-12'"),
-    ("usage-words", lambda: protocol.usage("2026-09 2026-10"), "got '2026-09 2026-10'"),
-    ("usage-number", lambda: protocol.usage(202609), "got 202609"),
-    ("usage-order", lambda: protocol.usage("2026-11", "2026-10-31"), "comes after --until"),
+    (
+        "injection",
+        lambda: verbs.JOB_STATUS.request(job="12; rm -rf /"),
+        "not a job id: 12; rm -rf /",
+    ),
+    ("traversal", lambda: verbs.JOB_RERUN.request(job="../../etc"), "not a job id: ../../etc"),
+    ("empty", lambda: verbs.JOB_RESUME.request(job=""), "not a job id"),
+    ("option", lambda: verbs.JOB_HALT.request(job="--help"), "not a job id: --help"),
+    ("trial-of-trial", lambda: verbs.JOB_LOGS.request(job="1_2_3"), "not a job id: 1_2_3"),
+    ("one-bad-of-two", lambda: verbs.JOB_CANCEL.request(jobs=["1", "x"]), "not a job id: x"),
+    ("no-ids", lambda: verbs.JOB_CANCEL.request(jobs=[]), "expected at least one job id"),
+    ("negative-tail", lambda: verbs.JOB_LOGS.request(job="1", tail=-1), "--tail: expected a whole"),
+    ("bool-rank", lambda: verbs.JOB_LOGS.request(job="1", rank=True), "--rank: expected a whole"),
+    (
+        "nan-grace",
+        lambda: verbs.JOB_HALT.request(job="1", grace=float("nan")),
+        "--grace: expected seconds",
+    ),
+    (
+        "text-grace",
+        lambda: verbs.JOB_HALT.request(job="1", grace="soon"),
+        "--grace: expected seconds",
+    ),
+    ("empty-workdir", lambda: verbs.JOB_SUBMIT.request(workdir=""), "expected a job directory"),
+    ("nul-workdir", lambda: verbs.JOB_SUBMIT.request(workdir="/a\0b"), "expected a job directory"),
+    (
+        "usage-option",
+        lambda: verbs.USAGE.request(since="--user=bob"),
+        "--since: expected a month YYYY-MM",
+    ),
+    ("usage-all", lambda: verbs.USAGE.request(until="-a"), "--until: expected a month YYYY-MM"),
+    ("usage-month-13", lambda: verbs.USAGE.request(since="2026-13"), "got '2026-13'"),
+    ("usage-day-31", lambda: verbs.USAGE.request(since="2026-02-31"), "got '2026-02-31'"),
+    ("usage-year-end", lambda: verbs.USAGE.request(since="9999-12"), "got '9999-12'"),
+    ("usage-words", lambda: verbs.USAGE.request(since="2026-09 2026-10"), "got '2026-09 2026-10'"),
+    ("usage-number", lambda: verbs.USAGE.request(since=202609), "got 202609"),
+    (
+        "usage-order",
+        lambda: verbs.USAGE.request(since="2026-11", until="2026-10-31"),
+        "comes after --until",
+    ),
 ]
 
 
@@ -114,8 +137,8 @@ def test_a_builder_refuses_what_is_not_an_argument(build, message):
 
 
 def test_job_id_problem_names_every_bad_id():
-    assert protocol.job_id_problem(["1", "2_3"]) == ""
-    problem = protocol.job_id_problem(["1", "a", "2;", 3])
+    assert verbs.job_id_problem(["1", "2_3"]) == ""
+    problem = verbs.job_id_problem(["1", "a", "2;", 3])
     assert problem.startswith("not a job id: a, 2;, 3 (expected numbers such as 1234")
 
 
@@ -152,6 +175,7 @@ SUBMITTED = {
 ANSWERS = {
     ("hello",): {"protocol": 1, "agent_version": "0.2.0"},
     ("whoami",): {"user": "alice", "userdir": "/shared/alice"},
+    ("store", "receive"): {"received": ["b1"], "bad": [], "bytes": 10},
     ("quota",): {
         "user": "alice",
         "running_jobs": 1,
@@ -311,7 +335,7 @@ SWEEP_STATUS = {
 
 
 def test_every_verb_with_a_json_answer_has_a_shape_and_a_sample_here():
-    assert set(ANSWERS) == set(protocol.ANSWERS)
+    assert set(ANSWERS) == {verb.words for verb in verbs.VERBS if verb.answer is not None}
 
 
 @pytest.mark.parametrize("words", sorted(ANSWERS), ids=" ".join)
@@ -327,17 +351,21 @@ def test_each_shape_takes_what_the_agent_answers(words):
     }
     verb = [*words, extra[words[-1]]] if words[-1] in extra else list(words)
     answer = ANSWERS[words]
-    assert protocol.parse_answer(verb, json.loads(json.dumps(answer))) == answer
+    assert parse_answer(verb, json.loads(json.dumps(answer))) == answer
 
 
 def test_a_sweep_status_fits_and_extra_keys_are_kept():
     """A newer agent may say more: keys beyond the shape pass through."""
     answer = {**SWEEP_STATUS, "new_key": [1, 2]}
-    assert protocol.parse_answer(["job", "status", "20"], answer) is answer
+    assert parse_answer(["job", "status", "20"], answer) is answer
+
+
+def parse_answer(words: list[str], answer: object) -> object:
+    return verbs.verb_named(words).check_answer(answer)
 
 
 def required_keys(shape) -> list[str]:
-    item = shape.item if isinstance(shape, protocol.ListOf) else shape
+    item = shape.item if isinstance(shape, ListOf) else shape
     return list(item.required)
 
 
@@ -353,14 +381,16 @@ def retyped(answer, key):
     return {**answer, key: {"not": "this"}}
 
 
-MISSING = [(w, k) for w in sorted(ANSWERS) for k in required_keys(protocol.ANSWERS[w])]
+MISSING = [
+    (w, k) for w in sorted(ANSWERS) for k in required_keys(verbs.BY_NAME[" ".join(w)].answer)
+]
 
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize(("words", "key"), MISSING, ids=[f"{' '.join(w)}-{k}" for w, k in MISSING])
 def test_an_answer_missing_a_key_is_a_protocol_error_naming_verb_and_key(words, key):
     with pytest.raises(ProtocolError) as caught:
-        protocol.parse_answer(list(words), without(ANSWERS[words], key))
+        parse_answer(list(words), without(ANSWERS[words], key))
     message = str(caught.value)
     assert f"`tacc-agent {' '.join(words)}`" in message
     assert f"the key {key!r} is missing" in message
@@ -371,7 +401,7 @@ def test_an_answer_missing_a_key_is_a_protocol_error_naming_verb_and_key(words, 
 @pytest.mark.parametrize(("words", "key"), MISSING, ids=[f"{' '.join(w)}-{k}" for w, k in MISSING])
 def test_an_answer_with_a_mistyped_key_is_a_protocol_error_naming_it(words, key):
     with pytest.raises(ProtocolError) as caught:
-        protocol.parse_answer(list(words), retyped(ANSWERS[words], key))
+        parse_answer(list(words), retyped(ANSWERS[words], key))
     assert f"{key}: expected " in str(caught.value)
     assert 'got an object {"not": "this"}' in str(caught.value)
 
@@ -424,7 +454,7 @@ MISFITS = [
 )
 def test_nested_and_typed_misfits_are_named(verb, answer, message):
     with pytest.raises(ProtocolError, match=None) as caught:
-        protocol.parse_answer(verb, answer)
+        parse_answer(verb, answer)
     assert message in str(caught.value)
 
 
@@ -443,17 +473,19 @@ def test_store_answers_are_shaped_by_their_op():
 
 
 def test_verbs_without_a_json_shape_pass_through():
-    assert protocol.answer_shape(["job", "logs", "1"]) is None
-    assert protocol.answer_shape(["store"]) is None
-    assert protocol.parse_answer(["store"], {"anything": 1}) == {"anything": 1}
-    assert protocol.verb_name(["job", "status", "1"]) == "job status"
-    assert protocol.verb_name(["whoami"]) == "whoami"
+    assert verbs.JOB_LOGS.answer is None
+    assert verbs.STORE.answer is None
+    assert parse_answer(["store"], {"anything": 1}) == {"anything": 1}
+    assert verbs.verb_named(["job", "status", "1"]) is verbs.JOB_STATUS
+    assert verbs.verb_named(["store", "receive"]) is verbs.STORE_RECEIVE
+    assert verbs.verb_named(["whoami"]) is verbs.WHOAMI
 
 
 def test_error_answers():
-    assert error_line("no") == '{"error": "no", "field": ""}'
+    assert error_line("no") == '{"error": "no", "field": "", "kind": "rejected"}'
     line = error_line("bad gpus", "resources.gpus")
-    assert json.loads(line) == {"error": "bad gpus", "field": "resources.gpus"}
+    assert json.loads(line) == {"error": "bad gpus", "field": "resources.gpus", "kind": "rejected"}
+    assert json.loads(error_line("down", "", 3))["kind"] == "cluster"
     assert line.startswith(agent.ERROR_LINE.decode())  # what `logs` looks for in a stream
     assert protocol.error_message(json.loads(line)) == "bad gpus"
     assert protocol.error_message({"error": 3}) is None
@@ -493,7 +525,7 @@ def test_the_agent_whoami_is_the_protocols_shape(tmp_path):
     settings.write_text(f"workspace: {tmp_path / 'ws'}\n")
     rc, out = agent_says(["--config", str(settings), "--userdir", str(tmp_path / "u"), "whoami"])
     assert rc == 0, out
-    assert protocol.WHOAMI.check(json.loads(out))["userdir"] == str(tmp_path / "u")
+    assert verbs.WHOAMI.answer.check(json.loads(out))["userdir"] == str(tmp_path / "u")
 
 
 def test_the_agent_error_line_is_the_contracts(tmp_path):
@@ -538,7 +570,7 @@ class FakeSession:
         self.agent.commands.append(["tacc-agent", *request["verb"]])
         words = request["verb"]
         words = words[2:] if words[:1] == ["--userdir"] else words
-        name = protocol.verb_name(words)
+        name = verbs.verb_named(words).name
         rc, out, _err = self.agent.answers.get(name, (0, ANSWERS.get(tuple(name.split())), ""))
         self.out += json.dumps({"rc": rc, "answer": out}).encode() + b"\n"
 

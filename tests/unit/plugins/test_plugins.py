@@ -18,9 +18,12 @@ import yaml
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.slurm import parse_oneliner
+from tacc_agent.slurm.nodes import node_of, partition_of
+from tacc_agent.slurm.oneliner import parse_oneliner
+from tacc_agent.slurm.queue import parse_reasons
 from tacc_agent.tasks.jobs import sweeps
 from tacc_agent.tasks.schedule import submit as schedule
+from tacc_agent.tasks.schedule.cluster_shape import scheduling_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import parse
 from tacc_agent.tasks.store import workspace
 from tacc_contract.plugins import Launch, Outcome, PartitionLoad, Queue, QueuedJob
@@ -46,8 +49,9 @@ PARTITIONS = [
 
 @pytest.fixture(autouse=True)
 def cluster(monkeypatch):
-    nodes = schedule.parse_nodes([parse_oneliner(line) for line in NODES])
-    shape = (schedule.parse_partitions([parse_oneliner(p) for p in PARTITIONS], nodes), nodes)
+    nodes = scheduling_nodes([node_of(parse_oneliner(line)) for line in NODES])
+    partitions = [partition_of(parse_oneliner(p)) for p in PARTITIONS]
+    shape = (scheduling_partitions(partitions, nodes), nodes)
     monkeypatch.setattr(schedule, "cluster_shape", lambda timeout: shape)
     monkeypatch.setattr(
         schedule, "partition_load", lambda name, timeout: PartitionLoad(*LOAD[name])
@@ -253,8 +257,8 @@ def test_only_jobs_that_wait_for_nodes_shrink_a_node_range():
         ]
     )
     # a halted job (held), one after another's end, one for later: none waits for nodes
-    assert schedule.waiting_jobs(squeue) == 3
-    assert schedule.waiting_jobs("") == 0
+    assert schedule.waiting_jobs(parse_reasons(squeue)) == 3
+    assert schedule.waiting_jobs(parse_reasons("")) == 0
 
 
 @pytest.mark.bad_input
@@ -466,7 +470,7 @@ def test_the_job_log_gets_prediction_versus_actual(tmp_path):
 
 # ------------------------------------------------------------------ LAS
 def test_squeue_lines_become_queued_jobs():
-    from tacc_agent.tasks.schedule.queue_ticks import parse_queue
+    from tacc_agent.slurm.queue import parse_queue
 
     jobs = parse_queue(
         "12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n"
@@ -577,7 +581,7 @@ def test_quota_counts_the_callers_queue(monkeypatch):
             "8|alice|PENDING|0|1|1|cpu=1,node=1|N/A|N/A|N/A|0:00|\n"
         )
 
-    monkeypatch.setattr(slurm, "slurm", squeue)
+    monkeypatch.setattr(slurm.run, "output", squeue)
     counts = quota.in_queue("alice", AgentConfig())
     assert counts == {"running_jobs": 1, "pending_jobs": 1, "gpus_in_use": 8}
     assert "--user=alice" in seen[0]

@@ -43,8 +43,8 @@ from pathlib import Path
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_REJECTED, AgentError, Rejected
-from tacc_agent.health.checks.base import Output, command, write_state
-from tacc_agent.health.slurm_cluster import gres_gpus
+from tacc_agent.health.checks.base import Output, write_state
+from tacc_agent.slurm.nodes import NodeRecord
 
 TAG = "tacc: acceptance"
 PENDING_REASON = f"{TAG} pending"
@@ -99,8 +99,6 @@ OUT_OF_SERVICE = {
 }
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
-Runner = Callable[[list[str], float], Output]
-
 
 class Interrupted(Exception):
     """SIGINT, SIGTERM or SIGHUP during the run: the node fails, cleanup still runs."""
@@ -150,97 +148,47 @@ def checked(given: dict, where: str, code: int) -> dict:
 # --- Slurm ------------------------------------------------------------------------------
 
 
-@dataclass
-class SlurmNode:
-    name: str
-    state: str  # scontrol's, e.g. IDLE+DRAIN
-    reason: str
-    partitions: list[str]
-    gpus: int
-    address: str
-    cpus_allocated: int
-
-    @classmethod
-    def of(cls, record: dict[str, str]) -> SlurmNode:
-        allocated = record.get("CPUAlloc", "0")
-        return cls(
-            record.get("NodeName", ""),
-            record.get("State", ""),
-            slurm.strip_set_by(record.get("Reason", "")),
-            [p for p in record.get("Partitions", "").split(",") if p and p != "(null)"],
-            gres_gpus(record.get("Gres", "")),
-            record.get("NodeAddr", "") or record.get("NodeName", ""),
-            int(allocated) if allocated.isdigit() else 0,
-        )
-
-    @property
-    def words(self) -> list[str]:
-        return [word.strip("*~#!%$@^-") for word in self.state.upper().split("+")]
-
-    @property
-    def drained(self) -> bool:
-        return "DRAIN" in self.words
-
-    @property
-    def busy(self) -> bool:
-        return self.cpus_allocated > 0 or self.words[0] in ("ALLOCATED", "MIXED")
-
-    @property
-    def in_service(self) -> bool:
-        base, *flags = self.words
-        return base in AVAILABLE and not set(flags) & OUT_OF_SERVICE
+def state_words(node: NodeRecord) -> list[str]:
+    """Its state's words without their marks (IDLE+DRAIN -> IDLE, DRAIN)."""
+    return [word.strip("*~#!%$@^-") for word in node.state.upper().split("+")]
 
 
-class Slurm:
-    """The admin commands the gate runs, through a runner (a fake in tests)."""
+def drained(node: NodeRecord) -> bool:
+    return "DRAIN" in state_words(node)
 
-    def __init__(self, run: Runner, timeout: float) -> None:
-        self.run = run
+
+def busy(node: NodeRecord) -> bool:
+    return node.cpus_allocated > 0 or state_words(node)[0] in ("ALLOCATED", "MIXED")
+
+
+def in_service(node: NodeRecord) -> bool:
+    base, *flags = state_words(node)
+    return base in AVAILABLE and not set(flags) & OUT_OF_SERVICE
+
+
+class Admin:
+    """The admin commands the gate runs (the slurm package's), each bounded by timeout."""
+
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
-    def ok(self, argv: list[str]) -> str:
-        out = self.run(argv, self.timeout)
-        if out.code != 0:
-            cause = out.problem or out.stdout.strip() or f"exit {out.code}"
-            raise AgentError(f"{' '.join(argv[:2])}: {one_line(cause)}", EXIT_CLUSTER)
-        return out.stdout
-
-    def nodes(self) -> list[SlurmNode]:
-        text = self.ok(["scontrol", "show", "node", "--oneliner"])
-        records = (slurm.parse_oneliner(line) for line in text.splitlines() if line.strip())
-        return [SlurmNode.of(record) for record in records if record.get("NodeName")]
+    def nodes(self) -> list[NodeRecord]:
+        return slurm.nodes.all_nodes(self.timeout)
 
     def drain(self, node: str, reason: str) -> None:
-        self.ok(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        slurm.nodes.drain(node, reason, self.timeout)
 
     def resume(self, node: str) -> None:
-        self.ok(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        slurm.nodes.resume(node, self.timeout)
 
     def reservation_exists(self, name: str) -> bool:
-        out = self.run(["scontrol", "show", "reservation", name, "--oneliner"], self.timeout)
-        if out.code == 0 and f"ReservationName={name} " in out.stdout + " ":
-            return True
-        if "not found" in (out.problem + out.stdout) or out.code == 0:
-            return False
-        raise AgentError(f"scontrol show reservation: {one_line(out.problem)}", EXIT_CLUSTER)
+        return slurm.reservations.exists(name, self.timeout)
 
     def create_reservation(self, name: str, nodes: list[str], minutes: int) -> None:
-        self.ok(
-            [
-                "scontrol",
-                "create",
-                "reservation",
-                f"ReservationName={name}",
-                "Users=root",
-                "Flags=MAINT,IGNORE_JOBS",
-                "StartTime=now",
-                f"Duration={minutes}",
-                f"Nodes={','.join(nodes)}",
-            ]
-        )
+        slurm.reservations.create_maintenance(name, nodes, minutes, self.timeout)
 
     def delete_reservation(self, name: str) -> None:
-        self.ok(["scontrol", "delete", f"ReservationName={name}"])
+        slurm.reservations.delete(name, self.timeout)
 
 
 def one_line(text: str) -> str:
@@ -252,8 +200,8 @@ def one_line(text: str) -> str:
 
 @dataclass
 class Plan:
-    node: SlurmNode
-    peer: SlurmNode | None
+    node: NodeRecord
+    peer: NodeRecord | None
     partition: str
     peer_note: str = ""  # why there is no peer
 
@@ -273,7 +221,7 @@ def check_name(name: str, what: str) -> None:
         )
 
 
-def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
+def plan(nodes: list[NodeRecord], name: str, peer_name: str | None) -> Plan:
     """The node, the peer and the partition the steps use; Rejected when they cannot be."""
     by_name = {node.name: node for node in nodes}
     node = by_name.get(name)
@@ -281,7 +229,7 @@ def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
         raise Rejected(f"{name}: not a node of this Slurm cluster (scontrol show node)")
     if not node.partitions:
         raise Rejected(f"{name}: in no partition, so no test can run there")
-    if node.busy:
+    if busy(node):
         raise Rejected(f"{name} runs jobs ({node.state}): drain it and let them end first")
     if peer_name is not None:
         peer = by_name.get(peer_name)
@@ -289,7 +237,7 @@ def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
             raise Rejected(f"--peer {peer_name}: not a node of this Slurm cluster")
         if peer.name == name:
             raise Rejected("--peer: another node than the one under test")
-        if not peer.in_service:
+        if not in_service(peer):
             raise Rejected(f"--peer {peer_name}: not in service ({peer.state})")
         shared = [p for p in node.partitions if p in peer.partitions]
         if not shared:
@@ -297,7 +245,7 @@ def plan(nodes: list[SlurmNode], name: str, peer_name: str | None) -> Plan:
         return Plan(node, peer, shared[0])
     for partition in node.partitions:
         candidates = [
-            c for c in nodes if c.name != name and c.in_service and partition in c.partitions
+            c for c in nodes if c.name != name and in_service(c) and partition in c.partitions
         ]
         if candidates:
             # The least busy: its one-rank step starts at once and disturbs the fewest jobs.
@@ -351,14 +299,12 @@ class Steps:
         plan: Plan,
         limits: dict,
         config: AgentConfig,
-        run: Runner,
         progress: Callable[[Test], None] = lambda test: None,
     ) -> None:
         self.plan = plan
         self.progress = progress
         self.limits = limits
         self.config = config
-        self.run = run
         self.timeout = float(limits["test_timeout_seconds"])
 
     def srun(
@@ -386,7 +332,11 @@ class Steps:
             *extra,
             *program,
         ]
-        return self.run(argv, self.timeout)
+        try:
+            done = slurm.run.command(argv, self.timeout)
+        except AgentError as exc:  # srun missing or hung (killed: its step ends)
+            return Output(None, "", str(exc))
+        return Output(done.code, done.stdout, done.stderr.strip())
 
     def probe(self, *words: str) -> list[str]:
         return [self.config.python, "-I", str(PROBE), *words]
@@ -574,8 +524,7 @@ def run_gate(
     plan: Plan,
     limits: dict,
     config: AgentConfig,
-    admin: Slurm,
-    run: Runner,
+    admin: Admin,
     clock: Callable[[], float],
     progress: Callable[[Test], None],
 ) -> Record:
@@ -592,12 +541,12 @@ def run_gate(
         try:
             if admin.reservation_exists(plan.reservation):  # left by a killed run
                 admin.delete_reservation(plan.reservation)
-            if not plan.node.drained:
+            if not drained(plan.node):
                 admin.drain(plan.node.name, PENDING_REASON)
             minutes = reservation_minutes(float(limits["test_timeout_seconds"]))
             admin.create_reservation(plan.reservation, plan.nodes, minutes)
             admin.resume(plan.node.name)
-            Steps(plan, limits, config, run, progress).run_all(record.tests)
+            Steps(plan, limits, config, progress).run_all(record.tests)
             first = next((t for t in record.tests if t.status == FAILED), None)
             failure = first.failure() if first else ""
         except Interrupted as exc:
@@ -617,7 +566,7 @@ def run_gate(
     return record
 
 
-def clean_up(plan: Plan, admin: Slurm, record: Record) -> None:
+def clean_up(plan: Plan, admin: Admin, record: Record) -> None:
     """A failed node is drained before the reservation goes, so it is never in service
     untested; the reservation is deleted whatever happened, but for one case: a failed
     node Slurm would not drain keeps it (until its Duration ends), which keeps user jobs
@@ -688,7 +637,6 @@ def accept(
     peer: str | None = None,
     thresholds: str | None = None,
     as_json: bool = False,
-    run: Runner = command,
     clock: Callable[[], float] = time.time,
 ) -> int:
     """The gate; 0 when NODE passed, 1 when it did not (it stays drained), 2 for a bad
@@ -697,10 +645,10 @@ def accept(
     if peer is not None:
         check_name(peer, "--peer")
     limits = settings(config.acceptance, thresholds)
-    admin = Slurm(run, float(config.slurm_timeout_seconds))
+    admin = Admin(float(config.slurm_timeout_seconds))
     chosen = plan(admin.nodes(), node, peer)
     progress = (lambda test: None) if as_json else say_progress
-    record = run_gate(chosen, limits, config, admin, run, clock, progress)
+    record = run_gate(chosen, limits, config, admin, clock, progress)
     path = record_path(config, node)
     try:
         write_state(path, as_dict(record))

@@ -18,18 +18,12 @@ from tacc_agent.errors import AgentError
 from tacc_agent.health.catalog import CHECKS
 from tacc_agent.health.checks.base import Result
 from tacc_agent.health.registry import Check, CheckContext, Registry
+from tacc_agent.procfs.system import boot_id
 
 TAG = "tacc:"
 # Drains of the acceptance gate (`tacc-agent accept`) and of rolling maintenance
 # (playbooks/rolling.yml): only they resume such a node, never a passing check run.
 HELD_TAGS = ("tacc: acceptance", "tacc: rolling")
-
-
-def boot_id(proc_root: str) -> str:
-    try:
-        return Path(proc_root, "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def context(config: AgentConfig) -> CheckContext:
@@ -68,13 +62,12 @@ class SlurmOutcome:
 def apply_to_slurm(results: list[Result], node: str, timeout: float) -> SlurmOutcome:
     """Drain or resume this node."""
     try:
-        found = slurm.show("node", node, timeout)
+        found = slurm.nodes.node(node, timeout)
     except AgentError as exc:
         return SlurmOutcome(f"slurm: not asked ({exc})")
-    if not found:
+    if found is None:
         return SlurmOutcome(f"slurm: {node} is not a Slurm node here")
-    state = found[0].get("State", "")
-    reason = slurm.strip_set_by(found[0].get("Reason", ""))
+    state, reason = found.state, found.reason
     ours = reason.startswith(TAG) and not reason.startswith(HELD_TAGS)
     drained = "DRAIN" in state
     failing = any(r.failed for r in results)
@@ -84,12 +77,10 @@ def apply_to_slurm(results: list[Result], node: str, timeout: float) -> SlurmOut
         wanted = drain_reason(results)
         if drained and reason == wanted:
             return SlurmOutcome(f"slurm: {node} already drained: {wanted}", drained_by_agent=True)
-        slurm.slurm(
-            ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={wanted}"], timeout
-        )
+        slurm.nodes.drain(node, wanted, timeout)
         return SlurmOutcome(f"slurm: drained {node}: {wanted}", drained_by_agent=True)
     if drained and ours:
-        slurm.slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout)
+        slurm.nodes.resume(node, timeout)
         return SlurmOutcome(f"slurm: resumed {node} (was: {reason})")
     return SlurmOutcome(f"slurm: {node} {state.lower() or 'unknown'}, nothing to do")
 

@@ -31,7 +31,6 @@ lock), in the HTTP thread: the health check loop never waits for it.
 
 from __future__ import annotations
 
-import os
 import pwd
 import re
 import socket
@@ -45,11 +44,21 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.health.checks.base import Sample, command
 from tacc_agent.health.metrics import families
 from tacc_agent.health.registry import Family
-from tacc_agent.hostlist import expand_hostlist, split_top_level
+from tacc_agent.hostlist import expand_hostlist
+from tacc_agent.procfs import PROC
+from tacc_agent.procfs.processes import (
+    MOST_BYTES,
+    Process,
+    environment,
+    memory_bytes,
+    process_table,
+)
+from tacc_agent.slurm.gres import indices
 
 JOB_FAMILIES = (
     Family(
@@ -98,15 +107,6 @@ SCONTROL_WORKERS = 4
 
 
 @dataclass
-class Process:
-    pid: int
-    ppid: int
-    uid: int
-    cpu_seconds: float  # its own and its reaped children's
-    title: bytes
-
-
-@dataclass
 class JobUsage:
     job: str
     user: str = ""
@@ -130,7 +130,7 @@ class Gpu:
 class Sources:
     """Where the figures are read: parameters so tests feed fake trees and tools."""
 
-    proc_root: str = "/proc"
+    proc_root: str = PROC
     cgroup_root: str = "/sys/fs/cgroup"
     nvidia_smi: str = "nvidia-smi"
     nvidia_smi_seconds: float = NVIDIA_SMI_SECONDS
@@ -151,52 +151,7 @@ class Sources:
         )
 
 
-# --- /proc ------------------------------------------------------------------------------
-
-
-# What of a user's process the root daemon reads at most: a step daemon's title
-# ("slurmstepd: [123456789.4294967294]") fits in 64 bytes; an environment in 1 MiB. A task
-# controls its own command line and environment (up to ARG_MAX, 2 MiB, each, per process,
-# every second), so no more is read than the figures need.
-TITLE_BYTES = 64
-MOST_BYTES = 1 << 20
-# GPU indices past this are not a node's GPUs (a task may write SLURM_STEP_GPUS=0-4000000000
-# into its own environment): such a range names none instead of building a huge set.
-MAX_GPU_INDEX = 1024
-
-
-def read_bytes(path: str, most: int = MOST_BYTES) -> bytes | None:
-    try:
-        with open(path, "rb") as found:
-            return found.read(most)
-    except OSError:  # the process ended meanwhile, or a file the kernel hides
-        return None
-
-
-def process(proc_root: str, pid: int, ticks: int) -> Process | None:
-    """One process from /proc/PID/{stat,status,cmdline}; None when it ended."""
-    base = os.path.join(proc_root, str(pid))
-    stat, status = read_bytes(f"{base}/stat"), read_bytes(f"{base}/status")
-    if stat is None or status is None:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and ')'
-    uid = re.search(rb"^Uid:\s+(\d+)", status, re.MULTILINE)
-    if len(fields) < 15 or uid is None:
-        return None
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    title = read_bytes(f"{base}/cmdline", TITLE_BYTES) or b""
-    return Process(
-        pid, int(fields[1]), int(uid.group(1)), (utime + stime + cutime + cstime) / ticks, title
-    )
-
-
-def processes(proc_root: str) -> dict[int, Process]:
-    ticks = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for entry in os.scandir(proc_root):
-        if entry.name.isdigit() and (proc := process(proc_root, int(entry.name), ticks)):
-            found[proc.pid] = proc
-    return found
+# --- the processes (read by procfs.processes) ------------------------------------------
 
 
 def step_job(proc: Process) -> str | None:
@@ -223,34 +178,6 @@ def job_of(pid: int, table: dict[int, Process], memo: dict[int, str | None]) -> 
     return job
 
 
-def memory_of(proc_root: str, pid: int) -> int:
-    """Pss (shared pages split among their users, so a sum counts them once), else RSS."""
-    base = os.path.join(proc_root, str(pid))
-    for name, key in (("smaps_rollup", rb"^Pss:\s+(\d+) kB"), ("status", rb"^VmRSS:\s+(\d+) kB")):
-        found = re.search(key, read_bytes(f"{base}/{name}") or b"", re.MULTILINE)
-        if found:
-            return int(found.group(1)) * 1024
-    return 0
-
-
-def environment(proc_root: str, pid: int) -> dict[str, str]:
-    raw = read_bytes(os.path.join(proc_root, str(pid), "environ")) or b""
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if b"=" in item)
-    return {key.decode(errors="replace"): value.decode(errors="replace") for key, _, value in pairs}
-
-
-def indices(text: str) -> set[int]:
-    """Slurm's GPU index list ("0,1", "0-3", "2,4-5"); words that are not indices: none."""
-    found: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            first, last = int(low), int(high or low)
-            if last <= MAX_GPU_INDEX:
-                found.update(range(first, last + 1))
-    return found
-
-
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -269,7 +196,7 @@ def read_allocation(usage: JobUsage, variables: dict[str, str]) -> None:
 
 def jobs_from_proc(proc_root: str) -> dict[str, JobUsage]:
     """Each job with processes on this node: its processes, CPU, memory, user, CPUs, GPUs."""
-    table = processes(proc_root)
+    table = process_table(proc_root)
     memo: dict[int, str | None] = {}
     jobs: dict[str, JobUsage] = {}
     for pid, proc in table.items():
@@ -279,10 +206,11 @@ def jobs_from_proc(proc_root: str) -> dict[str, JobUsage]:
         usage = jobs.setdefault(job, JobUsage(job))
         usage.pids.add(pid)
         usage.cpu_seconds += proc.cpu_seconds
-        usage.memory_bytes += memory_of(proc_root, pid)
+        usage.memory_bytes += memory_bytes(proc_root, pid)
         if proc.uid != 0 and step_job(table.get(proc.ppid, proc)) == job:  # a task
             usage.user = usage.user or user_name(proc.uid)
-            read_allocation(usage, environment(proc_root, pid))
+            # A task controls its environment: no more of it read than MOST_BYTES.
+            read_allocation(usage, environment(proc_root, pid, MOST_BYTES) or {})
     for usage in jobs.values():
         usage.cpu_seconds = round(usage.cpu_seconds, 3)
     return jobs
@@ -400,49 +328,24 @@ class Allocation:
 
 
 NOT_HERE = Allocation(None)
-NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=(\S*)")
-GRES_ITEM = re.compile(r"([^,(]+)\(([^)]*)\)")
-
-
-def gres_gpu_indices(gres: str) -> frozenset[int]:
-    """The IDX of every gpu item of a node group's GRES (gpu:2(IDX:0-1),
-    gpu:a100:1(IDX:3)); shards, MPS and other kinds name none."""
-    found: set[int] = set()
-    for item in split_top_level(gres, "(", ")"):
-        match = GRES_ITEM.fullmatch(item.strip())
-        if match and match.group(1).split(":")[0] == "gpu" and match.group(2).startswith("IDX:"):
-            found |= indices(match.group(2)[len("IDX:") :])
-    return frozenset(found)
-
-
-def node_groups(line: str) -> list[tuple[str, str, str]]:
-    """(hostlist, CPU_IDs, GRES) of each node group of one `scontrol show job -d -o` line.
-    Slurm prints them between JOB_GRES= and MinCPUsNode=; a job's name, comment or paths
-    are free text a user writes (a JobName may hold a whole forged group), so a line with
-    either word more than once is not trusted: no groups."""
-    if line.count("JOB_GRES=") != 1 or line.count("MinCPUsNode=") != 1:
-        return []
-    start, end = line.index("JOB_GRES="), line.index("MinCPUsNode=")
-    return NODE_GROUP.findall(line[start:end]) if start < end else []
 
 
 def allocation_here(line: str, node: str) -> Allocation:
     """The job's allocation on `node` (or its short name) from scontrol's line."""
     names = {node, node.split(".")[0]}
-    for hostlist, cpu_ids, gres in node_groups(line):
+    for hostlist, cpu_ids, gres in slurm.jobs.node_groups(line):
         if names & set(expand_hostlist(hostlist)):
             cpus = len(indices(cpu_ids))
-            return Allocation(cpus or None, gres_gpu_indices(gres))
+            return Allocation(cpus or None, slurm.gres.gpu_indices(gres))
     return NOT_HERE
 
 
 def lookup(sources: Sources, job: str) -> Allocation | None:
     """Slurm's allocation of a job here; None when scontrol failed, hung or is missing."""
-    out = command([sources.scontrol, "show", "job", "-d", "-o", job], sources.scontrol_seconds)
-    lines = [line for line in out.stdout.splitlines() if line.startswith(f"JobId={job} ")]
-    if out.code != 0 or not lines:
+    line = slurm.jobs.detailed_line(job, sources.scontrol_seconds, sources.scontrol)
+    if line is None:
         return None
-    return allocation_here(lines[0], sources.node or socket.gethostname())
+    return allocation_here(line, sources.node or socket.gethostname())
 
 
 class Allocations:

@@ -29,7 +29,8 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tacc_agent.tcp_sockets import Endpoint, IpAddress, endpoint, plain_address, tcp_sockets
+from tacc_agent.procfs import PROC
+from tacc_agent.procfs.sockets import Endpoint, IpAddress, endpoint, plain_address, tcp_sockets
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The scrapers' token: at least this many characters, each visible ASCII (an HTTP header's).
@@ -128,7 +129,7 @@ class JobSeriesAccess:
 
     scrapers: tuple[IpNetwork, ...] = ()
     public: bool = False
-    proc_root: str = "/proc"
+    proc_root: str = PROC
     # The scrapers' token; b"": none (then only root on the node).
     token: bytes = b""
 

@@ -4,27 +4,18 @@ World-readable, written atomically, so a reader never sees half a file."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tacc_agent.health.checks.base import Result, write_state
+from tacc_agent.procfs.processes import command_line, pids
 
 # argv of the per-node task wrapper: python -I -m tacc_agent exec JOBDIR (execute.py)
 WRAPPER = b"tacc_agent\0exec\0"
 
 
 def running_tasks(proc_root: str) -> int:
-    """TACC task wrappers running on this node, from /proc/<pid>/cmdline."""
-    count = 0
-    for entry in os.scandir(proc_root):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(os.path.join(entry.path, "cmdline"), "rb") as cmdline:
-                count += WRAPPER in cmdline.read()
-        except OSError:  # the process ended meanwhile
-            continue
-    return count
+    """TACC task wrappers running on this node, from their command lines."""
+    return sum(WRAPPER in (command_line(proc_root, pid) or b"") for pid in pids(proc_root))
 
 
 def sample(result: Result, name: str) -> float:

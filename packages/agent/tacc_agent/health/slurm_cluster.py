@@ -20,6 +20,10 @@ Where they come from (Slurm 22.05, each command an argv bounded by slurm_timeout
   each; partition names hold no spaces); a pending job that names several partitions
   ("a,b") counts in each.
 
+Each command runs through the agent's one runner (slurm.run); each answer is read by the
+slurm package's reader of its shape (slurm.controller, slurm.nodes.parse_sinfo_json,
+slurm.gres, slurm.queue.parse_partition_states).
+
 Read at scrape time, at most once every CACHE_SECONDS (a cache behind a lock), the four
 reads side by side in worker threads, in the HTTP thread: the health check loop never
 waits for Slurm. A scrape waits at most SCRAPE_WAIT_SECONDS for reads still running and
@@ -30,8 +34,6 @@ failed read adds one to slurm_query_errors_total{query}.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
 from collections import Counter
@@ -39,11 +41,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.metrics_core import Metric
 
+from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.health.checks.base import Output, Sample, command
+from tacc_agent.errors import AgentError
+from tacc_agent.health.checks.base import Sample
 from tacc_agent.health.metrics import families
 from tacc_agent.health.registry import Family
 
@@ -88,18 +93,14 @@ CLUSTER_FAMILIES = (
 )
 DECLARED = {family.name: family for family in CLUSTER_FAMILIES}
 
+T = TypeVar("T")
 QUERIES = ("slurmctld", "slurmdbd", "nodes", "jobs")
 CACHE_SECONDS = 5.0
 SCRAPE_WAIT_SECONDS = 5.0  # below Prometheus' default scrape timeout (10 s)
 REASON_CHARACTERS = 200
 SLURMDBD_STORAGE = "accounting_storage/slurmdbd"
-PING_LINE = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (UP|DOWN)\s*$", re.MULTILINE)
-CONFIG_LINE = re.compile(r"^AccountingStorageType\s*=\s*(\S+)\s*$", re.MULTILINE)
-PAREN = re.compile(r"\([^()]*\)")
 JOB_STATES = {"PENDING": "pending", "RUNNING": "running"}
 SQUEUE_FORMAT = "%P %T"
-
-Runner = Callable[[list[str], float], Output]
 
 
 class QueryError(Exception):
@@ -108,52 +109,61 @@ class QueryError(Exception):
 
 @dataclass(frozen=True)
 class Sources:
-    """How Slurm is asked: the bound of each command and the runner (a fake in tests)."""
+    """How Slurm is asked: the bound of each command (through slurm.run, the runner)."""
 
     timeout: float = 15.0
-    run: Runner = command
 
     @classmethod
     def of(cls, config: AgentConfig) -> Sources:
         return cls(float(config.slurm_timeout_seconds))
 
 
+def ran(sources: Sources, argv: list[str]) -> slurm.run.Finished:
+    """A command that ended, whatever its exit status; QueryError when it is missing or
+    hung."""
+    try:
+        return slurm.run.command(argv, sources.timeout)
+    except AgentError as exc:
+        raise QueryError(str(exc)) from None
+
+
 def answer(sources: Sources, argv: list[str]) -> str:
     """stdout of a command that must succeed; QueryError with its cause otherwise."""
-    out = sources.run(argv, sources.timeout)
-    if out.code is None:
-        raise QueryError(out.problem)
-    if out.code != 0:
-        raise QueryError(f"{argv[0]} exit {out.code}: {out.problem[:200]}")
-    return out.stdout
+    done = ran(sources, argv)
+    if done.code != 0:
+        raise QueryError(f"{argv[0]} exit {done.code}: {done.stderr.strip()[:200]}")
+    return done.stdout
+
+
+def parsed(parse: Callable[[str], T], text: str) -> T:
+    """What a reader of slurm's makes of text; QueryError when it is not understood."""
+    try:
+        return parse(text)
+    except AgentError as exc:
+        raise QueryError(str(exc)) from None
 
 
 # --- slurmctld and slurmdbd -------------------------------------------------------------
 
 
-def slurmctld_up(text: str) -> int:
-    """1 when any controller (primary or backup) answered `scontrol ping`."""
-    states = [found.group(3) for found in PING_LINE.finditer(text)]
-    if not states:
-        raise QueryError(f"scontrol ping: no controller line in {text[:200]!r}")
-    return int("UP" in states)
-
-
 def read_slurmctld(sources: Sources) -> list[Sample]:
-    out = sources.run(["scontrol", "ping"], sources.timeout)
-    if out.code is None and "did not answer" in out.problem:
+    try:
+        done = slurm.run.command(["scontrol", "ping"], sources.timeout)
+    except slurm.run.NoAnswer:
         return [Sample("slurm_up", {"daemon": "slurmctld"}, 0)]  # hung: not answering
-    if out.code is None:
-        raise QueryError(out.problem)
+    except AgentError as exc:
+        raise QueryError(str(exc)) from None
     # scontrol ping exits non-zero when a controller is down; its lines say which
-    return [Sample("slurm_up", {"daemon": "slurmctld"}, slurmctld_up(out.stdout))]
+    up = parsed(slurm.controller.slurmctld_up, done.stdout)
+    return [Sample("slurm_up", {"daemon": "slurmctld"}, int(up))]
 
 
 def accounting_storage(text: str) -> str:
-    found = CONFIG_LINE.search(text)
+    """AccountingStorageType of `scontrol show config`."""
+    found = slurm.controller.parse_config(text).get("AccountingStorageType", "").split()
     if not found:
         raise QueryError("scontrol show config: no AccountingStorageType line")
-    return found.group(1)
+    return found[0]
 
 
 class SlurmdbdReader:
@@ -171,12 +181,14 @@ class SlurmdbdReader:
                 raise
         if self.storage != SLURMDBD_STORAGE:
             return []
-        out = sources.run(
-            ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], sources.timeout
-        )
-        if out.code is None and "not found" in out.problem:
-            raise QueryError(out.problem)
-        return [Sample("slurm_up", {"daemon": "slurmdbd"}, int(out.code == 0))]
+        argv = ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]
+        try:
+            done = slurm.run.command(argv, sources.timeout)
+        except slurm.run.NotFound as exc:
+            raise QueryError(str(exc)) from None
+        except slurm.run.NoAnswer:
+            return [Sample("slurm_up", {"daemon": "slurmdbd"}, 0)]
+        return [Sample("slurm_up", {"daemon": "slurmdbd"}, int(done.code == 0))]
 
 
 # --- nodes and GPUs (sinfo --json) ------------------------------------------------------
@@ -197,35 +209,6 @@ def state_word(base: str, flags: list[str]) -> str:
     return base
 
 
-def gres_gpus(gres: str) -> int:
-    """The GPUs a gres string names: the sum of its gpu items' counts ("gpu:4(S:0-1)",
-    "gpu:a100:2(IDX:0-1),shard:8"); shards, MPS and other kinds are no GPUs."""
-    total = 0
-    for item in PAREN.sub("", gres or "").split(","):
-        words = item.strip().split(":")
-        if words[0] != "gpu":
-            continue
-        if len(words) > 1 and words[-1].isdigit():
-            total += int(words[-1])
-        elif len(words) <= 2:  # "gpu" or "gpu:type": one
-            total += 1
-    return total
-
-
-def node_list(text: str) -> list[dict]:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise QueryError(f"sinfo --json: not JSON: {exc}") from None
-    nodes = data.get("nodes") if isinstance(data, dict) else None
-    if not isinstance(nodes, list) or not all(isinstance(node, dict) for node in nodes):
-        raise QueryError("sinfo --json: no node list")
-    errors = data.get("errors") or []
-    if errors:
-        raise QueryError(f"sinfo --json: {str(errors)[:200]}")
-    return nodes
-
-
 def text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -244,8 +227,8 @@ def node_samples(nodes: list[dict]) -> list[Sample]:
             drained.append((text(node.get("name")), reason))
         for partition in node.get("partitions") or []:
             if isinstance(partition, str):
-                total[partition] += gres_gpus(text(node.get("gres")))
-                used[partition] += gres_gpus(text(node.get("gres_used")))
+                total[partition] += slurm.gres.count(text(node.get("gres")))
+                used[partition] += slurm.gres.count(text(node.get("gres_used")))
     samples = [
         Sample("slurm_nodes", {"state": state}, count) for state, count in sorted(states.items())
     ]
@@ -262,23 +245,17 @@ def node_samples(nodes: list[dict]) -> list[Sample]:
 
 
 def read_nodes(sources: Sources) -> list[Sample]:
-    return node_samples(node_list(answer(sources, ["sinfo", "--json"])))
+    out = answer(sources, ["sinfo", "--json"])
+    return node_samples(parsed(slurm.nodes.parse_sinfo_json, out))
 
 
 # --- jobs (squeue) ----------------------------------------------------------------------
 
 
 def job_counts(text: str) -> Counter[tuple[str, str]]:
-    counts: Counter[tuple[str, str]] = Counter()
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) != 2 or words[1] not in JOB_STATES:
-            if line.strip():
-                raise QueryError(f"squeue: unexpected line {line[:100]!r}")
-            continue
-        for partition in filter(None, words[0].split(",")):
-            counts[partition, JOB_STATES[words[1]]] += 1
-    return counts
+    """Jobs per (partition, pending or running) of squeue's SQUEUE_FORMAT lines."""
+    found = parsed(slurm.queue.parse_partition_states, text)
+    return Counter({(partition, JOB_STATES[state]): n for (partition, state), n in found.items()})
 
 
 def job_samples(counts: Counter[tuple[str, str]], partitions: set[str]) -> list[Sample]:

@@ -15,7 +15,8 @@ from tacc_agent import cli
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.health import accept_probe, acceptance
-from tacc_agent.health.checks.base import Output
+from tacc_agent.slurm.run import Finished
+from tests.unit.fake_slurm import FakeSlurm, answer, hung
 
 OK_CHECKS = [{"check": c, "status": "ok", "detail": ""} for c in ("gpu", "rdma")]
 GPU_FAILS = [{"check": "gpu", "status": "fail", "detail": "7 GPUs, expected 8"}]
@@ -25,112 +26,44 @@ IB_WRITE_BW = "/usr/bin/ib_write_bw"
 NO_TOOLS = {"all_reduce_perf": None, "ib_write_bw": None}
 
 
-def node_line(name: str, node: dict) -> str:
-    return (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc={node['alloc']} "
-        f"Gres={node['gres']} NodeAddr={node['addr']} NodeHostName={name} "
-        f"State={node['state']} Partitions={node['partitions']} "
-        f"Reason={node['reason'] or '(null)'}"
-        + (" [root@2026-11-24T20:17:33]" if node["reason"] else "")
-    )
-
-
-class FakeSlurm:
-    """scontrol (nodes, drain/resume, reservations) and srun over in-memory state; a step
-    answers from `steps` (kind -> Output, or a function of the argv) by its kind: check,
-    facts, allreduce, nccl, rdma."""
+class GateSlurm(FakeSlurm):
+    """The shared fake Slurm (nodes, drain/resume, reservations), and the gate's srun
+    steps on it: a step answers from `steps` (kind -> an answer, the runner's exception,
+    or a function of the argv) by its kind: check, facts, allreduce, nccl, rdma; one
+    outside the reservation fails the test, one on a drained node is refused as Slurm
+    would."""
 
     def __init__(self) -> None:
-        self.nodes: dict[str, dict] = {}
-        self.reservations: dict[str, str] = {}
-        self.calls: list[list[str]] = []
+        super().__init__()
         self.facts: dict[str, dict] = {}
         self.steps: dict[str, object] = {
-            "check": Output(0, json.dumps(HEALTHY, indent=1)),
+            "check": answer(0, json.dumps(HEALTHY, indent=1)),
             "allreduce": self.allreduce,
             "facts": self.facts_answer,
         }
-        self.refuse_create = ""
-        self.refuse_drain = False
+        self.when("srun", self.srun)
 
-    def add(
-        self,
-        name: str,
-        state: str = "IDLE",
-        reason: str = "",
-        partitions: str = "batch",
-        gres: str = "(null)",
-        alloc: int = 0,
-    ) -> None:
-        self.nodes[name] = {
-            "state": state,
-            "reason": reason,
-            "partitions": partitions,
-            "gres": gres,
-            "addr": f"10.0.0.{len(self.nodes) + 2}",
-            "alloc": alloc,
-        }
+    def add_node(self, name: str, *args, **kwargs) -> None:
+        super().add_node(name, *args, **kwargs)
         self.facts[name] = {"gpus": 0, "rdma_devices": [], "tools": dict(NO_TOOLS)}
 
-    def allreduce(self, argv: list[str]) -> Output:
-        return Output(
+    def allreduce(self, argv: list[str]) -> Finished:
+        return answer(
             0,
             json.dumps({"node": "n2", "mbps": 2500.0, "bytes": 32 << 20, "iterations": 10}) + "\n",
         )
 
-    def facts_answer(self, argv: list[str]) -> Output:
+    def facts_answer(self, argv: list[str]) -> Finished:
         nodes = option(argv, "--nodelist").split(",")
-        return Output(0, "".join(json.dumps({"node": n, **self.facts[n]}) + "\n" for n in nodes))
+        return answer(0, "".join(json.dumps({"node": n, **self.facts[n]}) + "\n" for n in nodes))
 
-    def __call__(self, argv: list[str], timeout: float) -> Output:
-        self.calls.append(argv)
-        if argv[0] == "srun":
-            return self.srun(argv)
-        words = argv[1:]
-        if words[:2] == ["show", "node"]:
-            return Output(0, "".join(node_line(n, d) + "\n" for n, d in self.nodes.items()))
-        if words[0] == "update":
-            return self.update(dict(word.split("=", 1) for word in words[1:]))
-        if words[:2] == ["show", "reservation"]:
-            name = words[2]
-            if name in self.reservations:
-                return Output(
-                    0,
-                    f"ReservationName={name} StartTime=now Nodes="
-                    f"{self.reservations[name]} Users=root\n",
-                )
-            return Output(1, "", f"Reservation {name} not found")
-        if words[:2] == ["create", "reservation"]:
-            fields = dict(word.split("=", 1) for word in words[2:])
-            if self.refuse_create or fields["ReservationName"] in self.reservations:
-                return Output(1, "", self.refuse_create or "Reservation request failed: Duplicate")
-            self.reservations[fields["ReservationName"]] = fields["Nodes"]
-            return Output(0, f"Reservation created: {fields['ReservationName']}\n")
-        if words[0] == "delete":
-            name = words[1].split("=", 1)[1]
-            if self.reservations.pop(name, None) is None:
-                return Output(1, "", "Error deleting the reservation: Invalid reservation name")
-            return Output(0, "")
-        raise AssertionError(f"unexpected Slurm command {argv}")
-
-    def update(self, fields: dict[str, str]) -> Output:
-        node = self.nodes[fields["NodeName"]]
-        base = node["state"].split("+")[0]
-        if fields["State"] == "DRAIN":
-            if self.refuse_drain:
-                return Output(1, "", "slurm_update error: Unable to contact slurm controller")
-            node["state"], node["reason"] = f"{base}+DRAIN", fields["Reason"]
-        else:
-            node["state"], node["reason"] = base, ""
-        return Output(0, "")
-
-    def srun(self, argv: list[str]) -> Output:
+    def srun(self, argv: list[str]) -> Finished:
         reservation = option(argv, "--reservation")
         assert reservation in self.reservations, "a step outside the reservation"
         for name in option(argv, "--nodelist").split(","):
             assert name in self.reservations[reservation].split(",")
             if "DRAIN" in self.nodes[name]["state"]:
-                return Output(
+                return answer(
                     1,
                     "",
                     "srun: error: Unable to allocate resources: Requested "
@@ -141,25 +74,13 @@ class FakeSlurm:
             if "check" in argv
             else next(w for w in ("facts", "allreduce", "nccl", "rdma") if w in argv)
         )
-        answer = self.steps[kind]
-        return answer(argv) if callable(answer) else answer
+        said = self.steps[kind]
+        if isinstance(said, BaseException):
+            raise said
+        return said(argv) if callable(said) else said
 
     def sruns(self, kind: str = "") -> list[list[str]]:
         return [c for c in self.calls if c[0] == "srun" and (not kind or kind in c)]
-
-    def changes(self) -> list[str]:
-        """The state-changing scontrol calls, in order, as short words."""
-        found = []
-        for call in self.calls:
-            if call[:2] == ["scontrol", "update"]:
-                found.append(f"{call[3].split('=')[1].lower()} {call[2].split('=')[1]}")
-            elif call[:3] == ["scontrol", "create", "reservation"]:
-                found.append(f"create {call[-1].split('=')[1]}")
-            elif call[:2] == ["scontrol", "delete"]:
-                found.append("delete")
-            elif call[0] == "srun" and "srun" not in found[-1:]:
-                found.append("srun")
-        return found
 
 
 def option(argv: list[str], name: str) -> str:
@@ -167,12 +88,13 @@ def option(argv: list[str], name: str) -> str:
 
 
 @pytest.fixture
-def slurm() -> FakeSlurm:
+def slurm(monkeypatch) -> GateSlurm:
     """n2 joins drained (acceptance pending); n3 is in service, n4 drained by an admin."""
-    fake = FakeSlurm()
-    fake.add("n2", "IDLE+DRAIN", "tacc: acceptance pending")
-    fake.add("n3", "MIXED")
-    fake.add("n4", "IDLE+DRAIN", "bad fan")
+    fake = GateSlurm()
+    fake.install(monkeypatch)
+    fake.add_node("n2", "IDLE+DRAIN", "tacc: acceptance pending")
+    fake.add_node("n3", "MIXED")
+    fake.add_node("n4", "IDLE+DRAIN", "bad fan")
     return fake
 
 
@@ -182,7 +104,8 @@ def config(tmp_path: Path) -> AgentConfig:
 
 
 def accept(config, slurm, node="n2", **kwargs) -> int:
-    return acceptance.accept(config, node, run=slurm, clock=lambda: 1795551407.0, **kwargs)
+    """The gate, on the fake cluster `slurm` (installed)."""
+    return acceptance.accept(config, node, clock=lambda: 1795551407.0, **kwargs)
 
 
 def record(config: AgentConfig, node: str = "n2") -> dict:
@@ -254,7 +177,7 @@ def test_a_node_in_service_is_drained_before_anything_runs(slurm, config):
 
 
 def test_a_figure_below_its_threshold_drains_the_node_with_it(slurm, config, capsys):
-    slurm.steps["allreduce"] = Output(0, '{"node": "n2", "mbps": 812.4, "bytes": 1}\n')
+    slurm.steps["allreduce"] = answer(0, '{"node": "n2", "mbps": 812.4, "bytes": 1}\n')
     config = AgentConfig(**{**config.__dict__, "acceptance": {"mpi_allreduce_node_min_mbps": 1000}})
     assert accept(config, slurm) == 1
     reason = "tacc: acceptance failed: mpi allreduce within node 812 MB/s < 1000 MB/s"
@@ -266,7 +189,7 @@ def test_a_figure_below_its_threshold_drains_the_node_with_it(slurm, config, cap
 
 
 def test_the_pair_threshold_from_the_command_line(slurm, config):
-    slurm.steps["allreduce"] = lambda argv: Output(
+    slurm.steps["allreduce"] = lambda argv: answer(
         0, json.dumps({"mbps": 300.0 if "n2,n3" in option(argv, "--nodelist") else 5000.0}) + "\n"
     )
     assert accept(config, slurm, thresholds='{"mpi_allreduce_pair_min_mbps": 400}') == 1
@@ -276,7 +199,7 @@ def test_the_pair_threshold_from_the_command_line(slurm, config):
 
 
 def test_failing_agent_checks_name_the_check(slurm, config):
-    slurm.steps["check"] = Output(1, json.dumps(UNHEALTHY, indent=1))
+    slurm.steps["check"] = answer(1, json.dumps(UNHEALTHY, indent=1))
     assert accept(config, slurm) == 1
     assert slurm.nodes["n2"]["reason"] == (
         "tacc: acceptance failed: agent checks: gpu: 7 GPUs, expected 8"
@@ -289,18 +212,18 @@ def test_failing_agent_checks_name_the_check(slurm, config):
     ("answer", "cause"),
     [
         (
-            Output(1, "", "srun: error: Unable to allocate resources: Invalid reservation"),
+            answer(1, "", "srun: error: Unable to allocate resources: Invalid reservation"),
             "mpi allreduce within node: srun: error: Unable to allocate resources: Invalid",
         ),
         (
-            Output(None, "", "srun did not answer within 300 s"),
+            hung("srun", 300),
             "mpi allreduce within node: srun did not answer within 300 s",
         ),
         (
-            Output(1, '{"node": "n2", "error": "ImportError: No module named mpi4py"}\n', ""),
+            answer(1, '{"node": "n2", "error": "ImportError: No module named mpi4py"}\n', ""),
             "mpi allreduce within node: ImportError: No module named mpi4py",
         ),
-        (Output(0, "garbage\n", ""), "mpi allreduce within node: garbage"),
+        (answer(0, "garbage\n", ""), "mpi allreduce within node: garbage"),
     ],
 )
 def test_a_step_slurm_refused_or_that_hung_is_a_failure_with_its_cause(
@@ -315,7 +238,7 @@ def test_a_step_slurm_refused_or_that_hung_is_a_failure_with_its_cause(
 
 @pytest.mark.fault
 def test_a_failed_facts_step_fails_the_node_and_keeps_what_ran(slurm, config):
-    slurm.steps["facts"] = Output(1, "", "srun: error: n3: task 0: Exited with exit code 2")
+    slurm.steps["facts"] = answer(1, "", "srun: error: n3: task 0: Exited with exit code 2")
     assert accept(config, slurm) == 1
     assert slurm.nodes["n2"]["reason"] == (
         "tacc: acceptance failed: node facts: srun: error: n3: task 0: Exited with exit code 2"
@@ -369,11 +292,11 @@ def test_an_internal_error_is_never_a_pass(slurm, config):
 @pytest.mark.fault
 def test_a_failed_node_slurm_would_not_drain_keeps_its_reservation(slurm, config, capsys):
     slurm.nodes["n2"].update(state="IDLE", reason="")
-    slurm.steps["check"] = Output(1, json.dumps(UNHEALTHY))
+    slurm.steps["check"] = answer(1, json.dumps(UNHEALTHY))
     slurm.refuse_drain = True
     assert accept(config, slurm) == 1  # the first drain already fails: nothing else is done
     assert slurm.reservations == {} and slurm.sruns() == []
-    assert "WARNING: could not drain n2: scontrol update: " in capsys.readouterr().out
+    assert "WARNING: could not drain n2: scontrol failed: " in capsys.readouterr().out
     slurm.refuse_drain = False
     slurm.nodes["n2"].update(state="IDLE+DRAIN", reason="tacc: acceptance pending")
     real_update = slurm.update
@@ -400,17 +323,17 @@ def test_without_a_node_in_service_the_pair_tests_are_skipped(slurm, config):
 
 def test_the_peer_is_the_least_busy_node_in_service_of_the_nodes_partition(slurm, config):
     slurm.nodes["n3"].update(state="MIXED", alloc=6)
-    slurm.add("n4", "MIXED", alloc=2)
-    slurm.add("n5", "IDLE+DRAIN")  # idle but out of service
-    slurm.add("n6", "MIXED", alloc=2)
+    slurm.add_node("n4", "MIXED", alloc=2)
+    slurm.add_node("n5", "IDLE+DRAIN")  # idle but out of service
+    slurm.add_node("n6", "MIXED", alloc=2)
     assert accept(config, slurm) == 0
     assert record(config)["peer"] == "n4"  # fewest CPUs in use; the first of equals
 
 
 def test_the_peer_is_the_first_node_in_service_of_the_nodes_partition(slurm, config):
     slurm.nodes["n2"]["partitions"] = "gpu"
-    slurm.add("n5", "IDLE", partitions="gpu,batch")
-    slurm.add("n6", "IDLE+RESERVED", partitions="gpu")
+    slurm.add_node("n5", "IDLE", partitions="gpu,batch")
+    slurm.add_node("n6", "IDLE+RESERVED", partitions="gpu")
     assert accept(config, slurm) == 0
     assert record(config)["peer"] == "n5" and record(config)["partition"] == "gpu"
     assert all(option(c, "--partition") == "gpu" for c in slurm.sruns())
@@ -425,8 +348,8 @@ def test_gpus_and_rdma_are_measured_where_the_hardware_and_tools_exist(slurm, co
             "rdma_devices": ["mlx5_0"],
             "tools": {perf: perf, "ib_write_bw": IB_WRITE_BW},
         }
-    slurm.steps["nccl"] = Output(0, '{"node": "n2", "gpus": 8, "busbw_gbytes": 80.2}\n')
-    slurm.steps["rdma"] = Output(0, '{"node": "n3", "device": "mlx5_0", "gbits": 180.5}\n')
+    slurm.steps["nccl"] = answer(0, '{"node": "n2", "gpus": 8, "busbw_gbytes": 80.2}\n')
+    slurm.steps["rdma"] = answer(0, '{"node": "n3", "device": "mlx5_0", "gbits": 180.5}\n')
     limits = {"all_reduce_perf": perf, "nccl_allreduce_min_gbps": 100, "rdma_write_min_gbps": 150}
     assert accept(config, slurm, thresholds=json.dumps(limits)) == 1
     assert slurm.nodes["n2"]["reason"] == (

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent import slurm
 from tacc_agent.health import cycle as health
 from tacc_agent.health.checks import mounts
 from tacc_agent.health.checks.base import ABSENT, FAIL, OK, STUCK, Result
@@ -16,8 +15,9 @@ from tacc_agent.health.checks.gpu import check_gpus
 from tacc_agent.health.checks.gpu import kmsg_lines as xid_lines
 from tacc_agent.health.checks.rdma import check_rdma
 from tacc_agent.health.checks.system import check_memory, check_services
-from tests.unit.agent_fixtures import FakeSlurm, rdma_tree, tool
+from tests.unit.agent_fixtures import rdma_tree, tool
 from tests.unit.blocking_fuse import FSTYPE, blocking_fuse
+from tests.unit.fake_slurm import FakeSlurm
 
 
 def test_rdma_healthy_degraded_counters_and_absent(tmp_path):
@@ -109,8 +109,6 @@ def test_mountinfo_types_options_and_liveness(tmp_path):
     shared.mkdir()
     (tmp_path / "self").mkdir()
     (tmp_path / "self/mountinfo").write_text(MOUNTINFO.format(shared=shared))
-    table = mounts.parse_mountinfo(MOUNTINFO.format(shared=shared))
-    assert table["/with space"].fstype == "tmpfs"
     good = [{"path": str(shared), "fstype": "nfs4", "options": ["rw", "vers=4.2"]}]
     assert mounts.check_mounts(good, str(tmp_path), str(tmp_path / "st"), 2).status == OK
     bad = [
@@ -207,11 +205,10 @@ HEALTHY = [Result("gpu", OK), Result("rdma", ABSENT)]
 def test_drain_and_resume_only_what_the_agent_drained(
     monkeypatch, state, reason, results, calls, said
 ):
-    fake = FakeSlurm(state, reason)
-    monkeypatch.setattr(slurm, "show", fake.show)
-    monkeypatch.setattr(slurm, "slurm", fake.run)
+    fake = FakeSlurm().install(monkeypatch)
+    fake.add_node("n2", state, reason)
     outcome = health.apply_to_slurm(results, "n2", 5)
-    assert said in outcome.said and fake.calls == calls
+    assert said in outcome.said and fake.updates() == calls
     # The drain gauge's input: the node is held by this agent's failing check.
     assert outcome.drained_by_agent == (said in ("drained n2", "already drained"))
 
@@ -260,15 +257,3 @@ def test_xids_from_kmsg_records_by_sequence_number(tmp_path):
     two = tool(tmp_path / "smi", 'printf "0, 00000000:3B:00.0\\n1, 00000000:5E:00.0\\n"\n')
     result = check_gpus(two, 2, str(kmsg), {}, 5, "boot-1")
     assert result.status == FAIL and result.detail == "Xid 79 on 0000:3b:00"  # 13 is not critical
-
-
-def test_scontrol_values_with_spaces_are_kept_whole():
-    line = (
-        "NodeName=n3 Arch=x86_64 CoresPerSocket=1 CfgTRES=cpu=2,mem=23G State=IDLE+DRAIN "
-        "OS=Linux 6.1.0-27-amd64 #1 SMP Debian Reason=tacc: mounts: /mnt/x not mounted "
-        "[root@2026-11-22T20:26:01]"
-    )
-    record = slurm.parse_oneliner(line)
-    assert record["OS"] == "Linux 6.1.0-27-amd64 #1 SMP Debian"
-    assert record["CfgTRES"] == "cpu=2,mem=23G" and record["State"] == "IDLE+DRAIN"
-    assert record["Reason"] == "tacc: mounts: /mnt/x not mounted [root@2026-11-22T20:26:01]"

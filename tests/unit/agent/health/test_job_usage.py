@@ -47,7 +47,7 @@ def add_process(
     base.mkdir(parents=True)
     utime, stime, cutime, cstime = ticks
     name = title.split(b"\0")[0].decode()[:15] or "x"
-    rest = f"S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 {utime} {stime} {cutime} {cstime} 20 0 1 0"
+    rest = f"S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 {utime} {stime} {cutime} {cstime} 20 0 1 0 1000"
     (base / "stat").write_text(f"{pid} ({name}) {rest}\n")
     (base / "status").write_text(
         f"Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nVmRSS:\t{rss_kb} kB\n"
@@ -184,21 +184,6 @@ def test_a_process_that_ends_while_read_is_skipped(proc: Path):
     (proc / "113" / "stat").write_text("")
     jobs = job_usage.jobs_from_proc(str(proc))
     assert jobs["41"].pids == {101, 111}
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0,1", {0, 1}),
-        ("0-3", {0, 1, 2, 3}),
-        ("2,4-5", {2, 4, 5}),
-        ("", set()),
-        ("N/A", set()),
-        ("gpu:1", set()),
-    ],
-)
-def test_slurm_gpu_index_lists(text: str, expected: set[int]):
-    assert job_usage.indices(text) == expected
 
 
 # --- cgroups ----------------------------------------------------------------------------
@@ -634,20 +619,3 @@ def test_a_hung_scontrol_is_cut_off_and_never_raises(proc, tmp_path):
     assert subprocess.run(["pgrep", "-f", str(scontrol)], capture_output=True).stdout == b""
     found = {s.labels["job"]: s.value for s in job_usage.collect(sources) if s.name == "job_cpus"}
     assert found == {"41": 4, "42": 2}  # the environment where readable (the fallback)
-
-
-@pytest.mark.security
-def test_a_huge_gpu_range_a_task_writes_into_its_environment_names_no_gpu():
-    """SLURM_STEP_GPUS=0-4000000000 in a task's own environment: no GPU (it built a set
-    of 4e9 numbers in the root daemon before: seconds and gigabytes; how long it takes
-    now is measured in bench/unit_timing.py)."""
-    assert job_usage.indices("0-4000000000") == set()
-    assert job_usage.indices("0-1,3,2000-2001") == {0, 1, 3}
-
-
-@pytest.mark.security
-def test_the_daemon_reads_no_more_of_a_command_line_than_a_step_title(tmp_path):
-    """A task controls its own command line (up to 2 MiB): the root daemon reads 64 bytes."""
-    long_title = b"x" * (2 << 20)
-    (tmp_path / "cmdline").write_bytes(long_title)
-    assert len(job_usage.read_bytes(str(tmp_path / "cmdline"), job_usage.TITLE_BYTES)) == 64

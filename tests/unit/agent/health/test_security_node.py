@@ -215,7 +215,7 @@ def fake_squeue(argv: list[str], timeout: float = 0) -> str:
 
 @pytest.mark.security
 def test_p17_gpus_count_whichever_way_a_job_asked_for_them(monkeypatch):
-    monkeypatch.setattr(slurm, "slurm", fake_squeue)
+    monkeypatch.setattr(slurm.run, "output", fake_squeue)
     jobs = queue_ticks.read_queue(AgentConfig())
     assert [(job.job_id, job.gpus) for job in jobs] == [
         ("21", 4),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tacc_agent import serve
 from tacc_agent.config import AgentConfig
 from tacc_agent.health import slurm_cluster
-from tacc_agent.health.checks.base import Output
 from tacc_agent.health.slurm_cluster import ClusterCollector, Sources
+from tacc_agent.slurm.run import Finished
+from tests.unit.fake_slurm import Answer, FakeSlurm, answer, hung, missing
 
 FILES = Path(__file__).parent / "slurm_cluster_files"
 SINFO_DRAINED = (FILES / "sinfo-22.05-drained.json").read_text()
@@ -66,29 +68,30 @@ def gpu_cluster() -> str:
     return json.dumps(data)
 
 
-class FakeSlurm:
-    """Answers each Slurm command from a table: argv[0] (+ argv[1]) -> Output."""
+@pytest.fixture
+def cluster(monkeypatch) -> Callable[..., FakeSlurm]:
+    """The shared fake Slurm with the recorded lab's answers, each overridden by a
+    keyword (scontrol_ping=... for `scontrol ping`)."""
 
-    def __init__(self, **answers: Output) -> None:
-        self.answers = {
-            "scontrol ping": Output(0, PING_UP),
-            "scontrol show": Output(0, CONFIG_NONE),
-            "sacctmgr": Output(0, "tacc\n"),
-            "sinfo": Output(0, SINFO_DRAINED),
-            "squeue": Output(0, ""),
+    def installed(**answers: Answer) -> FakeSlurm:
+        fake = FakeSlurm().install(monkeypatch)
+        recorded = {
+            "scontrol ping": answer(0, PING_UP),
+            "scontrol show": answer(0, CONFIG_NONE),
+            "sacctmgr": answer(0, "tacc\n"),
+            "sinfo": answer(0, SINFO_DRAINED),
+            "squeue": answer(0, ""),
         }
-        self.answers.update({key.replace("_", " "): out for key, out in answers.items()})
-        self.calls: list[list[str]] = []
-        self.lock = threading.Lock()
+        recorded.update({key.replace("_", " "): said for key, said in answers.items()})
+        for words, said in recorded.items():
+            fake.when(words, said)
+        return fake
 
-    def __call__(self, argv: list[str], timeout: float) -> Output:
-        with self.lock:
-            self.calls.append(argv)
-        return self.answers.get(" ".join(argv[:2])) or self.answers[argv[0]]
+    return installed
 
 
 def scrape(fake: FakeSlurm, clock=None) -> dict[tuple[str, tuple], float]:
-    collector = ClusterCollector(Sources(2.0, fake), clock or (lambda: 0.0))
+    collector = ClusterCollector(Sources(2.0), clock or (lambda: 0.0))
     return figures(collector)
 
 
@@ -102,8 +105,8 @@ def figures(collector: ClusterCollector) -> dict[tuple[str, tuple], float]:
     return found
 
 
-def test_recorded_lab_answer_drained_nodes_with_their_reasons():
-    found = scrape(FakeSlurm())
+def test_recorded_lab_answer_drained_nodes_with_their_reasons(cluster):
+    found = scrape(cluster())
     reason = "tacc: services: slurmd.service deactivating"
     assert found["tacc_agent_slurm_up", (("daemon", "slurmctld"),)] == 1
     assert found["tacc_agent_slurm_nodes", (("state", "drained"),)] == 2  # DOWN+DRAIN
@@ -118,9 +121,9 @@ def test_recorded_lab_answer_drained_nodes_with_their_reasons():
         assert found["tacc_agent_slurm_query_errors_total", (("query", query),)] == 0
 
 
-def test_gpus_states_and_jobs_per_partition():
+def test_gpus_states_and_jobs_per_partition(cluster):
     squeue = "batch RUNNING\ngpu RUNNING\ngpu PENDING\nbatch,gpu PENDING\ngpu PENDING\n"
-    found = scrape(FakeSlurm(sinfo=Output(0, gpu_cluster()), squeue=Output(0, squeue)))
+    found = scrape(cluster(sinfo=answer(0, gpu_cluster()), squeue=answer(0, squeue)))
 
     def gpus(partition, state):
         return found["tacc_agent_slurm_gpus", (("partition", partition), ("state", state))]
@@ -141,8 +144,8 @@ def test_gpus_states_and_jobs_per_partition():
 
 
 @pytest.mark.security
-def test_a_reason_with_quotes_newlines_and_separators_stays_one_label():
-    found = scrape(FakeSlurm(sinfo=Output(0, gpu_cluster())))
+def test_a_reason_with_quotes_newlines_and_separators_stays_one_label(cluster):
+    found = scrape(cluster(sinfo=answer(0, gpu_cluster())))
     drained = [
         dict(labels)
         for (name, labels), _ in found.items()
@@ -170,79 +173,59 @@ def test_state_words_are_sinfos(flags, base, word):
     assert slurm_cluster.state_word(base, flags) == word
 
 
-@pytest.mark.parametrize(
-    ("gres", "count"),
-    [
-        ("", 0),
-        ("gpu:4", 4),
-        ("gpu:a100:4(S:0-1)", 4),
-        ("gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3)", 3),
-        ("shard:8,gpu:2", 2),
-        ("gpu", 1),
-        ("gpu:a100", 1),
-        ("mps:100", 0),
-        ("(null)", 0),
-    ],
-)
-def test_gpus_from_gres(gres, count):
-    assert slurm_cluster.gres_gpus(gres) == count
-
-
-def test_controller_up_through_a_backup_down_when_none_answers():
+def test_controller_up_through_a_backup_down_when_none_answers(cluster):
     assert (
-        scrape(FakeSlurm(scontrol_ping=Output(0, PING_BACKUP)))[
+        scrape(cluster(scontrol_ping=answer(0, PING_BACKUP)))[
             "tacc_agent_slurm_up", (("daemon", "slurmctld"),)
         ]
         == 1
     )
     assert (
-        scrape(FakeSlurm(scontrol_ping=Output(1, PING_DOWN)))[
+        scrape(cluster(scontrol_ping=answer(1, PING_DOWN)))[
             "tacc_agent_slurm_up", (("daemon", "slurmctld"),)
         ]
         == 0
     )
-    hung = Output(None, "", "scontrol did not answer within 2 s")
+    silent = hung("scontrol")
     assert (
-        scrape(FakeSlurm(scontrol_ping=hung))["tacc_agent_slurm_up", (("daemon", "slurmctld"),)]
+        scrape(cluster(scontrol_ping=silent))["tacc_agent_slurm_up", (("daemon", "slurmctld"),)]
         == 0
     )
 
 
-def test_slurmdbd_where_accounting_uses_it():
-    up = scrape(FakeSlurm(scontrol_show=Output(0, CONFIG_DBD)))
+def test_slurmdbd_where_accounting_uses_it(cluster):
+    up = scrape(cluster(scontrol_show=answer(0, CONFIG_DBD)))
     assert up["tacc_agent_slurm_up", (("daemon", "slurmdbd"),)] == 1
-    refused = Output(1, "", "sacctmgr: error: Problem talking to the database: Connection refused")
-    down = scrape(FakeSlurm(scontrol_show=Output(0, CONFIG_DBD), sacctmgr=refused))
+    refused = answer(1, "", "sacctmgr: error: Problem talking to the database: Connection refused")
+    down = scrape(cluster(scontrol_show=answer(0, CONFIG_DBD), sacctmgr=refused))
     assert down["tacc_agent_slurm_up", (("daemon", "slurmdbd"),)] == 0
     assert down["tacc_agent_slurm_query_error", (("query", "slurmdbd"),)] == 0
 
 
 @pytest.mark.fault
-def test_slurmdbd_stays_known_while_slurmctld_is_down():
+def test_slurmdbd_stays_known_while_slurmctld_is_down(cluster):
     now = [0.0]
-    fake = FakeSlurm(scontrol_show=Output(0, CONFIG_DBD))
-    collector = ClusterCollector(Sources(2.0, fake), lambda: now[0])
+    fake = cluster(scontrol_show=answer(0, CONFIG_DBD))
+    collector = ClusterCollector(Sources(2.0), lambda: now[0])
     assert figures(collector)["tacc_agent_slurm_up", (("daemon", "slurmdbd"),)] == 1
-    fake.answers["scontrol show"] = Output(1, "", "Unable to contact slurm controller")
-    fake.answers["sacctmgr"] = Output(1, "", "Problem talking to the database")
+    fake.when("scontrol show", answer(1, "", "Unable to contact slurm controller"))
+    fake.when("sacctmgr", answer(1, "", "Problem talking to the database"))
     now[0] = 100.0
     assert figures(collector)["tacc_agent_slurm_up", (("daemon", "slurmdbd"),)] == 0
 
 
 @pytest.mark.fault
-def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
+def test_a_failed_read_gives_an_error_not_stale_or_zero_figures(cluster):
     now = [0.0]
-    fake = FakeSlurm(squeue=Output(0, "batch RUNNING\n"))
+    fake = cluster(squeue=answer(0, "batch RUNNING\n"))
     said: list[str] = []
-    collector = ClusterCollector(Sources(2.0, fake), lambda: now[0], log=said.append)
+    collector = ClusterCollector(Sources(2.0), lambda: now[0], log=said.append)
     assert (
         figures(collector)["tacc_agent_slurm_jobs", (("partition", "batch"), ("state", "running"))]
         == 1
     )
-    fake.answers["sinfo"] = Output(
-        1, "", "slurm_load_node error: Unable to contact slurm controller"
-    )
-    fake.answers["squeue"] = Output(None, "", "squeue did not answer within 2 s")
+    fake.when("sinfo", answer(1, "", "slurm_load_node error: Unable to contact slurm controller"))
+    fake.when("squeue", hung("squeue"))
     now[0] = 100.0
     found = figures(collector)
     assert not any(
@@ -262,7 +245,7 @@ def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
     assert "Unable to contact" in collector.problems()["nodes"]
     now[0] = 200.0  # the same failure again: the journal is not told twice
     figures(collector)
-    fake.answers["sinfo"] = Output(0, SINFO_DRAINED)
+    fake.when("sinfo", answer(0, SINFO_DRAINED))
     now[0] = 300.0
     figures(collector)
     assert said == [
@@ -275,32 +258,32 @@ def test_a_failed_read_gives_an_error_not_stale_or_zero_figures():
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
-    "answer",
+    "said",
     [
-        Output(0, "not json"),
-        Output(0, '{"nodes": 3}'),
-        Output(0, "[]"),
-        Output(0, '{"errors": [{"error": "x"}], "nodes": []}'),
-        Output(None, "", "sinfo not found"),
+        answer(0, "not json"),
+        answer(0, '{"nodes": 3}'),
+        answer(0, "[]"),
+        answer(0, '{"errors": [{"error": "x"}], "nodes": []}'),
+        missing("sinfo"),
     ],
 )
-def test_nonsense_from_sinfo_is_an_error(answer):
-    found = scrape(FakeSlurm(sinfo=answer))
+def test_nonsense_from_sinfo_is_an_error(cluster, said):
+    found = scrape(cluster(sinfo=said))
     assert found["tacc_agent_slurm_query_error", (("query", "nodes"),)] == 1
     assert not any(name == "tacc_agent_slurm_nodes" for name, _ in found)
 
 
 @pytest.mark.bad_input
-def test_an_unexpected_squeue_line_is_an_error():
-    found = scrape(FakeSlurm(squeue=Output(0, "batch RUNNING\ngarbage\n")))
+def test_an_unexpected_squeue_line_is_an_error(cluster):
+    found = scrape(cluster(squeue=answer(0, "batch RUNNING\ngarbage\n")))
     assert found["tacc_agent_slurm_query_error", (("query", "jobs"),)] == 1
     assert not any(name == "tacc_agent_slurm_jobs" for name, _ in found)
 
 
-def test_read_at_most_once_per_cache_period_whatever_the_scrapers():
+def test_read_at_most_once_per_cache_period_whatever_the_scrapers(cluster):
     now = [0.0]
-    fake = FakeSlurm()
-    collector = ClusterCollector(Sources(2.0, fake), lambda: now[0])
+    fake = cluster()
+    collector = ClusterCollector(Sources(2.0), lambda: now[0])
     for _ in range(3):
         figures(collector)
     assert len([c for c in fake.calls if c[0] == "sinfo"]) == 1
@@ -312,16 +295,16 @@ def test_read_at_most_once_per_cache_period_whatever_the_scrapers():
 
 
 @pytest.mark.fault
-def test_a_hung_command_does_not_hold_the_scrape():
+def test_a_hung_command_does_not_hold_the_scrape(cluster):
     release = threading.Event()
-    fake = FakeSlurm()
+    fake = cluster()
 
-    def slow(argv, timeout):
-        if argv[0] == "sinfo":
-            release.wait(5)
-        return fake(argv, timeout)
+    def slow(argv: list[str]) -> Finished:
+        release.wait(5)
+        return answer(0, SINFO_DRAINED)
 
-    collector = ClusterCollector(Sources(2.0, slow), wait_seconds=0.2)
+    fake.when("sinfo", slow)
+    collector = ClusterCollector(Sources(2.0), wait_seconds=0.2)
     found = figures(collector)
     release.set()
     assert found["tacc_agent_slurm_query_error", (("query", "nodes"),)] == 1

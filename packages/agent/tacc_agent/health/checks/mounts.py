@@ -10,39 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent.health.checks.base import FAIL, OK, STUCK, Result, read_state, write_state
 from tacc_agent.health.registry import Check, CheckContext
-
-
-@dataclass(frozen=True)
-class Mount:
-    point: str
-    fstype: str
-    source: str
-    options: frozenset[str]
-
-
-def unescape(text: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
-    return text.encode().decode("unicode_escape") if "\\" in text else text
-
-
-def parse_mountinfo(text: str) -> dict[str, Mount]:
-    mounts = {}
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 6 or len(tail) < 3:
-            continue
-        options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
-        point = unescape(fields[4])
-        mounts[point] = Mount(point, tail[0], unescape(tail[1]), options)  # last one wins
-    return mounts
+from tacc_agent.procfs import processes
+from tacc_agent.procfs.mounts import mount_table
 
 
 def probe_alive(path: str, timeout: float) -> bool | int:
@@ -68,13 +41,13 @@ def pid_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)  # ours: reap it if it finished
         return done == 0
     except ChildProcessError:
-        return Path(f"/proc/{pid}").exists()
+        return processes.exists(pid)
 
 
 def check_mounts(expected: list[dict], proc_root: str, state_dir: str, timeout: float) -> Result:
     if not expected:
         return Result("mounts", OK, "no mounts configured")
-    table = parse_mountinfo(Path(proc_root, "self", "mountinfo").read_text())
+    table = mount_table(proc_root)
     problems, stuck = [], []
     for want in expected:
         point = want["path"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Collection
-from pathlib import Path
 
 from tacc_agent.health.checks.base import ABSENT, FAIL, OK, Result, Sample, command
 from tacc_agent.health.checks.tmpfiles import clean_departed
 from tacc_agent.health.registry import Check, CheckContext, Family
+from tacc_agent.procfs.system import memory_total_kib
 
 DEFAULT_MIN_FREE_PERCENT = 5.0
 
@@ -100,8 +100,7 @@ def check_disk(
 
 
 def check_memory(proc_root: str, real_memory_mb: int) -> Result:
-    meminfo = Path(proc_root, "meminfo").read_text().split()
-    total_mb = int(meminfo[meminfo.index("MemTotal:") + 1]) // 1024
+    total_mb = memory_total_kib(proc_root) // 1024
     samples = [Sample("memory_total_bytes", {}, total_mb * 2**20)]
     if real_memory_mb:
         samples.append(Sample("memory_configured_bytes", {}, real_memory_mb * 2**20))

@@ -14,9 +14,9 @@ import stat
 from collections.abc import Collection
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
 
-from tacc_agent.health.checks.base import command
+from tacc_agent import slurm
+from tacc_agent.procfs.processes import process_uids
 
 FIRST_USER_UID = 1000  # Debian's UID_MIN: below it, system accounts
 NOBODY = 65534
@@ -26,39 +26,9 @@ MAX_ENTRIES = 200_000  # one sweep looks at no more than this
 HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED"
 
 
-def process_uids(proc_root: str) -> set[int] | None:
-    """Real, effective, saved and filesystem UIDs of every process; None when no process
-    could be read (then nobody can be called departed)."""
-    try:
-        pids = [entry for entry in Path(proc_root).iterdir() if entry.name.isdigit()]
-    except OSError:
-        return None
-    uids: set[int] = set()
-    read = 0
-    for pid in pids:
-        with suppress(OSError):
-            for line in (pid / "status").read_text().splitlines():
-                if line.startswith("Uid:"):
-                    uids.update(int(uid) for uid in line.split()[1:] if uid.isdigit())
-                    read += 1
-    return uids if read else None
-
-
 def job_uids(timeout: float, node: str = "") -> set[int] | None:
     """UIDs of the users with a job on this node (squeue); None when Slurm did not say."""
-    out = command(
-        [
-            "squeue",
-            "--noheader",
-            f"--nodelist={node or socket.gethostname()}",
-            f"--states={HOLDING}",
-            "--format=%U",
-        ],
-        timeout,
-    )
-    if out.code != 0:
-        return None
-    return {int(word) for word in out.stdout.split() if word.isdigit()}
+    return slurm.queue.uids_on_node(node or socket.gethostname(), HOLDING, timeout)
 
 
 @dataclass
@@ -127,7 +97,7 @@ def remove_leftovers(tmp_dirs: Collection[str], keep: Collection[int]) -> int:
 
 def clean_departed(tmp_dirs: Collection[str], proc_root: str, timeout: float) -> str:
     """Remove departed users' leftovers from these tmp dirs; what was done, in words."""
-    running = process_uids(proc_root)
+    running = process_uids(proc_root)  # None: nobody can be called departed
     if running is None:
         return f"leftovers kept: no process readable under {proc_root}"
     holding = job_uids(timeout)

@@ -4,9 +4,9 @@ are set by ops from inventory (the slurm role's slurm_accounts and slurm_qos).""
 
 from __future__ import annotations
 
-from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
+from tacc_agent.slurm import accounting
 from tacc_agent.tasks.schedule.queue_ticks import read_queue
 from tacc_agent.tasks.store import workspace
 
@@ -24,15 +24,6 @@ QOS = (
 SHARE = ("Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
 
 
-def table(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    rows = []
-    for line in text.splitlines():
-        values = line.split("|")
-        if len(values) >= len(columns):
-            rows.append(dict(zip(columns, values, strict=False)))
-    return rows
-
-
 def in_queue(user: str, config: AgentConfig) -> dict:
     jobs = read_queue(config, user)
     running = [job for job in jobs if job.state == "RUNNING"]
@@ -48,36 +39,18 @@ def quota(config: AgentConfig) -> dict:
     timeout = config.slurm_timeout_seconds
     result: dict = {"user": user, **in_queue(user, config)}
     try:
-        assoc = slurm.slurm(
-            [
-                "sacctmgr",
-                "--noheader",
-                "--parsable2",
-                "show",
-                "assoc",
-                "where",
-                f"user={user}",
-                "format=" + ",".join(ASSOC),
-            ],
-            timeout,
-        )
-        qos = slurm.slurm(
-            ["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=" + ",".join(QOS)],
-            timeout,
-        )
-        share = slurm.slurm(
-            ["sshare", "--noheader", "--parsable2", "--users", user, "--format=" + ",".join(SHARE)],
-            timeout,
-        )
+        assoc = accounting.sacctmgr_show(["assoc", "where", f"user={user}"], ASSOC, timeout)
+        qos = accounting.sacctmgr_show(["qos"], QOS, timeout)
+        share = accounting.shares(user, SHARE, timeout)
     except AgentError as exc:
         result.update(accounting=False, message=f"no accounting on this cluster ({exc})")
         return result
-    associations = table(assoc, ASSOC)
+    associations = accounting.named(assoc, ASSOC)
     names = {q for a in associations for q in a["QOS"].split(",") if q}
     result.update(
         accounting=True,
         associations=associations,
-        qos=[q for q in table(qos, QOS) if q["Name"] in names],
-        fairshare=[s for s in table(share, SHARE) if s["User"].strip() == user],
+        qos=[q for q in accounting.named(qos, QOS) if q["Name"] in names],
+        fairshare=[s for s in accounting.named(share, SHARE) if s["User"].strip() == user],
     )
     return result

@@ -32,8 +32,9 @@ from datetime import datetime
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_OK, AgentError
+from tacc_agent.slurm.accounting import Allocation
 from tacc_agent.tasks.accounting import gpu_time_used
-from tacc_agent.tasks.accounting.usage import ISO, Allocation, Window, allocations, now_here, window
+from tacc_agent.tasks.accounting.usage import ISO, Window, allocations, now_here, window
 
 EXIT_NOT_ROOT = 4
 FORMATS = ("table", "csv", "json")
@@ -72,7 +73,7 @@ class Totals:
 
 def wall_seconds(run: Allocation, span: Window) -> float:
     """The run's seconds in the window; -1 when it ran outside it."""
-    inside = run.span(span)
+    inside = run.span(span.since, span.until)
     return (inside[1] - inside[0]).total_seconds() if inside is not None else -1.0
 
 

@@ -5,7 +5,7 @@ of what it is built from: the requirement lines (or, for a rerun, the lock), the
 interpreter's version and the platform. It is built with uv (`uv pip compile` resolves
 the requirements to exact versions, the lock; `uv pip sync` installs exactly those)
 from the cluster's package cache (agent setting `package_index`) under a POSIX lock
-(fcntl, which NFS forwards), so concurrent jobs wait instead of building twice. The
+(locks.POSIX, which NFS carries), so concurrent jobs wait instead of building twice. The
 lock is kept in the environment (tacc-lock.txt) and recorded in each job that uses it
 (status/environment.json), so `tcloud rerun` can build the same versions again. A build
 that fails leaves nothing a later job would mistake for ready.
@@ -23,7 +23,6 @@ lock of its own (bench/frameworks.py measures both side by side).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -36,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tacc_agent import locks
 from tacc_agent.errors import EXIT_FAILED, AgentError
 from tacc_agent.tasks.execute import package_index
 from tacc_agent.tasks.jobs import records
@@ -98,21 +98,12 @@ def uv_binary(configured: str) -> str:
 
 @contextlib.contextmanager
 def locked(path: Path, timeout: float) -> Iterator[None]:
-    with path.open("a") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    message = f"{path}: still locked after {timeout:g} s"
-                    raise AgentError(message, EXIT_FAILED) from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.lockf(handle, fcntl.LOCK_UN)
+    """The lock file at path (on shared storage: a POSIX lock), waited for `timeout` at
+    most; AgentError when it is still held then."""
+    with locks.lock_file(path, locks.POSIX, within=timeout, mode=0o666) as taken:
+        if not taken:
+            raise AgentError(f"{path}: still locked after {timeout:g} s", EXIT_FAILED)
+        yield
 
 
 def ready(env_dir: Path) -> dict | None:

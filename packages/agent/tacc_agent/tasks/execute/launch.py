@@ -485,7 +485,7 @@ def step_hostnames(nodelist: str, timeout: float) -> list[str]:
     `scontrol show hostnames`."""
     if "[" not in nodelist:
         return [name for name in nodelist.split(",") if name]
-    return slurm.hostnames(nodelist, timeout)
+    return slurm.nodes.hostnames(nodelist, timeout)
 
 
 def slurm_node_rank(nodes: list[str], host: str) -> int:
@@ -528,9 +528,8 @@ class RankLogs:
 
 def node_features(host: str, config: AgentConfig) -> list[str]:
     """This node's Slurm features (AvailableFeatures), for `Launch.node_features`."""
-    found = slurm.show("node", host, timeout=config.slurm_timeout_seconds)
-    features = found[0].get("AvailableFeatures", "") if found else ""
-    return [f for f in features.split(",") if f and f != "(null)"]
+    found = slurm.nodes.node(host, config.slurm_timeout_seconds)
+    return list(found.features) if found else []
 
 
 def first_output_marked(

@@ -27,16 +27,12 @@ def node_problem(host: str, timeout: float) -> str:
     """Slurm's word on a node that is down or not responding ("" when it serves, or
     when Slurm cannot be asked)."""
     try:
-        found = slurm.show("node", host, timeout)
+        found = slurm.nodes.node(host, timeout)
     except AgentError:
         return ""
-    if not found:
+    if found is None or not any(flag in found.state.split("+") for flag in BAD_NODE_STATES):
         return ""
-    state = found[0].get("State", "")
-    if not any(flag in state.split("+") for flag in BAD_NODE_STATES):
-        return ""
-    reason = slurm.strip_set_by(found[0].get("Reason", ""))
-    return f"{state}: {reason}" if reason else state
+    return f"{found.state}: {found.reason}" if found.reason else found.state
 
 
 def describe(ranks: list[dict], timeout: float) -> str:

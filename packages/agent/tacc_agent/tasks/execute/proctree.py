@@ -1,24 +1,15 @@
-"""The processes below a process, from /proc, whatever session or group they moved to:
-what a run line or an image-build step left running (a `cmd &`, or one that left its
-session and was adopted by the batch step or wrapper, child subreapers) is found here
-and stopped."""
+"""The processes below a process (procfs's process tree), whatever session or group
+they moved to: what a run line or an image-build step left running (a `cmd &`, or one
+that left its session and was adopted by the batch step or wrapper, child subreapers)
+is found here and stopped."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-from pathlib import Path
 
-
-def process_tree() -> dict[int, list[int]]:
-    """parent pid -> child pids, from /proc."""
-    tree: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return tree
+from tacc_agent.procfs.processes import process_tree
 
 
 def children(pid: int) -> list[int]:

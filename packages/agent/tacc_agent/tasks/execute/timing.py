@@ -16,26 +16,11 @@ output line), so a job pays a few milliseconds for them.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
+from tacc_agent.procfs.processes import started_at
 from tacc_contract.jsonfiles import write_json
-
-
-def process_started(pid: int | None = None) -> float | None:
-    """When this process (or pid) was started, as a clock time (10 ms resolution): its
-    age is /proc/uptime less its starttime (both on the kernel's boot clock), so the
-    time is right even where /proc/stat's whole-second btime is not. None when /proc
-    does not say."""
-    try:
-        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        now = time.time()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def timing_path(job_dir: Path, who: str) -> Path:
@@ -50,7 +35,7 @@ class Marks:
     def __init__(self, job_dir: Path, who: str) -> None:
         self.path = timing_path(job_dir, who)
         self.marks: dict[str, float] = {}
-        started = process_started()
+        started = started_at()
         if started is not None:
             self.marks["process"] = started
 

@@ -30,7 +30,7 @@ Every step's output goes to the job's log prefixed `build: `. Only Charliecloud 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import getpass
 import hashlib
 import os
@@ -48,6 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from tacc_agent import locks
 from tacc_agent.errors import EXIT_FAILED, AgentError
 from tacc_agent.tasks.execute import proctree
 from tacc_agent.tasks.execute.containers import DEFAULT_PATH
@@ -684,27 +685,10 @@ def clear_stale_builds(images: Path, hex_key: str) -> None:
         if key == hex_key:
             imagecache.remove_tree(left)
         elif buildfile.KEY.fullmatch(f"sha256:{key}"):
-            with contextlib.suppress(OSError), taken_at_once(images / f"{key}.lock") as free:
-                if free:
+            lock = images / f"{key}.lock"
+            with contextlib.suppress(OSError), locks.lock_file(lock, locks.POSIX) as free:
+                if free:  # taken at once: no build of that key runs anywhere
                     imagecache.remove_tree(left)
-
-
-@contextlib.contextmanager
-def taken_at_once(lock: Path) -> Iterator[bool]:
-    """The key's lock if nobody holds it (True), without waiting."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.lockf(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 def holder_of(holder: Path) -> str:
@@ -733,24 +717,19 @@ def build_lock(
     naming the job that builds, so the jobs that wait say whom they wait for; `wait()`:
     how long at most (asked only if someone holds it)."""
     holder = images / f"{hex_key}.holder"
-    with (images / f"{hex_key}.lock").open("a") as handle:
-        deadline, seconds = None, 0.0
-        while True:
-            try:
-                fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if deadline is None:
-                    seconds = wait()
-                    deadline = time.monotonic() + seconds
-                    log(f"{what}: waiting for {holder_of(holder)} (at most {seconds:g} s)")
-                elif time.monotonic() > deadline:
-                    raise AgentError(
-                        f"{what}: still being built by {holder_of(holder)} after "
-                        f"{seconds:g} s; submit again later",
-                        EXIT_FAILED,
-                    ) from None
-                time.sleep(0.5)
+    seconds = functools.cache(wait)  # asked once, and only if someone holds the lock
+
+    def waiting(limit: float) -> None:
+        log(f"{what}: waiting for {holder_of(holder)} (at most {limit:g} s)")
+
+    lock = images / f"{hex_key}.lock"
+    with locks.lock_file(lock, locks.POSIX, within=seconds, waiting=waiting, mode=0o666) as taken:
+        if not taken:
+            raise AgentError(
+                f"{what}: still being built by {holder_of(holder)} after "
+                f"{seconds():g} s; submit again later",
+                EXIT_FAILED,
+            )
         try:
             records.write_json(
                 holder,
@@ -765,7 +744,6 @@ def build_lock(
         finally:
             with contextlib.suppress(OSError):
                 holder.unlink()
-            fcntl.lockf(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

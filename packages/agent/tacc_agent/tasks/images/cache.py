@@ -7,10 +7,10 @@ step makes sure `<userdir>/images/<sha256 hex>/` holds it unpacked as a director
 oci:TMP:img` (skopeo checks the bytes against the digest), then `umoci unpack --rootless`
 (the files belong to the user: no root inside the container that is root outside). The
 pull works in a private temporary directory beside the cache (same filesystem) and is
-renamed into place only when complete, with the marker already in it, under a POSIX lock
-(fcntl, which NFS forwards): concurrent jobs wait instead of pulling twice, and a failed
-or interrupted pull leaves nothing a later job would mistake for ready. Each job records
-the image it ran in status/image.json (`job status` answers it as "image").
+renamed into place only when complete, with the marker already in it, under a POSIX
+lock (locks.POSIX, which NFS carries): concurrent jobs wait instead of pulling twice, and
+a failed or interrupted pull leaves nothing a later job would mistake for ready. Each job
+records the image it ran in status/image.json (`job status` answers it as "image").
 """
 
 from __future__ import annotations

@@ -372,7 +372,7 @@ def cancel_once(user_dir: Path, job_id: str, job_dir: Path, config: AgentConfig)
         return jobs.cancel(user_dir, [job_id], config)
     state = records.last_state(job_dir)
     if state == "CANCELLED" and slurm_still_has(job_id, job_dir, config):
-        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+        slurm.run.output(["scancel", job_id], config.slurm_timeout_seconds)
         return [{"job_id": job_id, "state": "CANCELLED", "cancelled": True}]
     return [{"job_id": job_id, "state": state, "cancelled": False}]
 

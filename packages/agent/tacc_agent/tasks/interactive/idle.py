@@ -1,12 +1,13 @@
 """An interactive session's idle watchdog (docs/interactive.md), run by the batch step on
 the job's first node while the run lines run. Every interval it samples this node:
 
-- forwarded traffic: TCP connections ESTABLISHED on one of the session's ports
-  (`ss -tineH`) whose peer is a socket of the job's owner on this node (its uid, as
-  ss -e shows it): a new connection, or changed byte counts. `tcloud forward` connects
-  from the owner's own process here (`tacc-agent relay`, over loopback); another user's
-  connection, or one from another host (whose uid this node cannot know), never keeps
-  the session alive;
+- forwarded traffic: TCP connections ESTABLISHED on one of the session's ports whose
+  other end is a socket of the job's owner on this node (its uid in /proc/net/tcp{,6}):
+  a new connection, or bytes moved by the owner's processes that hold that other end
+  (their read/write counts in /proc/PID/io). `tcloud forward` connects from the owner's
+  own process here (`tacc-agent relay`, over loopback), which reads and writes nothing
+  but the connection's bytes; another user's connection, or one from another host
+  (whose uid this node cannot know), never keeps the session alive;
 - a busy process: the job's processes here (this uid, SLURM_JOB_ID in their environment,
   the watchdog's own process left out) used >= 5% of one CPU over the interval;
 - typing: a job process's terminal (/dev/pts/N) was read or written (its atime/mtime,
@@ -15,16 +16,13 @@ the job's first node while the run lines run. Every interval it samples this nod
 Nothing of these for the session's idle_timeout: the job is scancel'ed (the user's own
 job; tried again a few times), which stops it as a cancel does, then recorded CANCELLED
 with why; a scancel that never succeeds leaves no such record and the watch goes on.
-Each sampler is a function over its inputs (a /proc root, ss's text, a clock) so tests
-drive it; the watchdog stops watching, and never cancels, when it cannot read what it
-needs.
+Each sampler is a function over its inputs (a /proc root, a clock) so tests drive it;
+the watchdog stops watching, and never cancels, when it cannot read what it needs.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,21 +31,23 @@ from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.errors import AgentError
+from tacc_agent.procfs import PROC, processes
+from tacc_agent.procfs.sockets import ESTABLISHED, Endpoint, TcpSocket, tcp_sockets
 from tacc_agent.tasks.jobs import records
 from tacc_contract.slurm_time import time_seconds
 
 MIN_INTERVAL_SECONDS = 2.0
 MAX_INTERVAL_SECONDS = 30.0
 BUSY_CPU_SHARE = 0.05  # of one CPU, over the interval
-SS_TIMEOUT_SECONDS = 10
+SAMPLE_SECONDS = 10  # how long stop() waits for a sample under way, past the interval
 SCANCEL_RETRY_DELAYS = (2.0, 4.0, 8.0, 16.0)  # 5 tries over ~30 s
 IDLE_WHY = "no forwarded traffic, no busy process, no typing"
 # Linux's Unix98 pty slaves (/dev/pts/N): majors 136-143 (Documentation/admin-guide/devices.txt).
 PTS_MAJORS = range(136, 144)
-_COUNTER = re.compile(r"\b(bytes_received|bytes_sent|bytes_acked):(\d+)")
-_UID = re.compile(r"\buid:(\d+)")
+JOB_VARIABLE = "SLURM_JOB_ID"
 
-Connection = tuple[int, int, int]  # bytes received, sent, acked
+# What the processes holding the owner's end of a connection read and wrote (rchar, wchar).
+Connection = tuple[int, int]
 
 
 class WatchError(Exception):
@@ -68,96 +68,52 @@ def interval_for(idle: float) -> float:
 
 
 # ---------------------------------------------------------------- forwarded traffic
-def ss_argv(ports: Iterable[int]) -> list[str]:
-    """ss's argv for ESTABLISHED TCP connections whose local or peer port is one of
-    `ports` (both ends of a connection made on this node), with each socket's uid."""
-    terms: list[str] = []
-    for port in ports:
-        terms += [*(["or"] if terms else []), "sport", "=", f":{int(port)}"]
-        terms += ["or", "dport", "=", f":{int(port)}"]
-    return ["ss", "-tineH", "state", "established", "(", *terms, ")"]
+def endpoint_text(end: Endpoint) -> str:
+    address, port = end
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
-@dataclass(frozen=True)
-class Socket:
-    """One ESTABLISHED socket as ss shows it: its two ends, its owner, its counters."""
-
-    local: str
-    peer: str
-    uid: int
-    counters: Connection
-
-
-def endpoint(text: str) -> str:
-    """ss's address:port with an IPv4-mapped IPv6 address as plain IPv4
-    ([::ffff:127.0.0.1]:8888 -> 127.0.0.1:8888), so both ends of a connection match."""
-    return re.sub(r"^\[::ffff:(\d+\.\d+\.\d+\.\d+)\]", r"\1", text)
-
-
-def port_of(address: str) -> int | None:
-    tail = address.rpartition(":")[2]
-    return int(tail) if tail.isdigit() else None
-
-
-def parse_ss(text: str) -> list[Socket]:
-    """`ss -tineH state established` output. Each socket is a line (Recv-Q Send-Q Local
-    Peer, then with -e `uid:N` unless root's, `ino:...`) followed by an indented info
-    line with its byte counters."""
-    sockets: list[Socket] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if not line[0].isspace():
-            words = line.split()
-            if len(words) >= 4:
-                owner = _UID.search(line)
-                uid = int(owner.group(1)) if owner else 0
-                sockets.append(Socket(endpoint(words[2]), endpoint(words[3]), uid, (0, 0, 0)))
-            continue
-        if sockets:
-            counters = dict(_COUNTER.findall(line))
-            numbers = tuple(
-                int(counters.get(name, 0))
-                for name in ("bytes_received", "bytes_sent", "bytes_acked")
-            )
-            last = sockets[-1]
-            sockets[-1] = Socket(last.local, last.peer, last.uid, numbers)  # type: ignore[arg-type]
-    return sockets
-
-
-def owners_connections(
-    sockets: list[Socket], ports: Iterable[int], owner: int
-) -> dict[str, Connection]:
-    """The connections to `ports` whose other end is a socket of `owner` on this node:
-    "local peer" -> the counters of the session's end. A peer on another host has no
-    socket here, so it is not the owner's."""
+def owners_ends(sockets: Iterable[TcpSocket], ports: Iterable[int], owner: int) -> dict[str, int]:
+    """The connections ESTABLISHED on one of `ports` whose other end is a socket of
+    `owner` on this node: "session end, other end" -> the inode of the owner's end. A
+    peer on another host has no socket here, so it is not the owner's."""
     wanted = set(ports)
-    uid_of = {(s.local, s.peer): s.uid for s in sockets}
-    return {
-        f"{s.local} {s.peer}": s.counters
-        for s in sockets
-        if port_of(s.local) in wanted and uid_of.get((s.peer, s.local)) == owner
-    }
+    established = [found for found in sockets if found.state == ESTABLISHED]
+    by_ends = {(found.local, found.remote): found for found in established}
+    ends = {}
+    for found in established:
+        other = by_ends.get((found.remote, found.local))
+        if found.local[1] in wanted and other is not None and other.uid == owner:
+            ends[f"{endpoint_text(found.local)} {endpoint_text(found.remote)}"] = other.inode
+    return ends
 
 
-Runner = Callable[..., subprocess.CompletedProcess]
+def moved(proc_root: str, holders: Iterable[int]) -> Connection:
+    """What the processes holding a connection's end have read and written so far (one
+    that ended meanwhile, or whose counts cannot be read, adds nothing)."""
+    read = written = 0
+    for pid in holders:
+        counts = processes.io_chars(proc_root, pid)
+        if counts is not None:
+            read, written = read + counts[0], written + counts[1]
+    return read, written
 
 
 def read_connections(
-    ports: list[int], run: Runner = subprocess.run, owner: int | None = None
+    ports: list[int], owner: int | None = None, proc_root: Path = Path(PROC)
 ) -> dict[str, Connection]:
-    """The session's connections that count (owners_connections; owner: this uid)."""
+    """The session's connections that count (owners_ends; owner: this uid), each with
+    what its owner's end moved."""
     if not ports:
         return {}
+    uid = os.getuid() if owner is None else owner
+    root = str(proc_root)
     try:
-        proc = run(
-            ss_argv(ports), capture_output=True, text=True, timeout=SS_TIMEOUT_SECONDS, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise WatchError(f"cannot list connections with ss: {exc}") from None
-    if proc.returncode != 0:
-        raise WatchError(f"ss failed: {(proc.stderr or proc.stdout).strip()}")
-    return owners_connections(parse_ss(proc.stdout), ports, os.getuid() if owner is None else owner)
+        ends = owners_ends(tcp_sockets(root, strict=True), ports, uid)
+        holders = processes.socket_holders(root, set(ends.values()), uid)
+    except OSError as exc:
+        raise WatchError(f"cannot list this node's connections: {exc}") from None
+    return {name: moved(root, holders.get(inode, ())) for name, inode in ends.items()}
 
 
 # ---------------------------------------------------------------- the job's processes
@@ -169,47 +125,23 @@ class JobProcess:
     tty_nr: int
 
 
-def parse_stat(text: str) -> tuple[int, int, int] | None:
-    """(tty_nr, utime + stime, starttime) from /proc/PID/stat; the command name, in
-    parentheses, may hold spaces and parentheses itself."""
-    _, _, rest = text.rpartition(")")
-    fields = rest.split()
-    # rest starts at field 3 (state): tty_nr is field 7, utime 14, stime 15, starttime 22.
-    try:
-        return int(fields[4]), int(fields[11]) + int(fields[12]), int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def job_of(environ: bytes) -> str | None:
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"SLURM_JOB_ID="):
-            return entry[len(b"SLURM_JOB_ID=") :].decode(errors="replace")
-    return None
-
-
 def job_processes(
     proc_root: Path, job_id: str, uid: int, exclude: Iterable[int] = ()
 ) -> list[JobProcess]:
     """The processes of `job_id` under `proc_root` that `uid` runs (others' environments
     are not readable anyway), without `exclude`. A process that exits meanwhile, or whose
     environment cannot be read, is not the job's."""
-    left_out = set(exclude)
+    root, left_out = str(proc_root), set(exclude)
     found = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit() or int(entry.name) in left_out:
+    for pid in processes.pids(root):
+        if pid in left_out or processes.owner(root, pid) != uid:
             continue
-        try:
-            if entry.stat().st_uid != uid:
-                continue
-            if job_of((entry / "environ").read_bytes()) != job_id:
-                continue
-            stat = parse_stat((entry / "stat").read_text(errors="replace"))
-        except OSError:
+        variables = processes.environment(root, pid)
+        if variables is None or variables.get(JOB_VARIABLE) != job_id:
             continue
+        stat = processes.stat(root, pid)
         if stat is not None:
-            tty_nr, ticks, started = stat
-            found.append(JobProcess(int(entry.name), started, ticks, tty_nr))
+            found.append(JobProcess(pid, stat.started, stat.cpu_ticks, stat.tty_nr))
     return found
 
 
@@ -331,7 +263,7 @@ def canceller(
         say(reason)
         for delay in (*retry_delays, None):
             try:
-                slurm.slurm(["scancel", job_id], timeout)
+                slurm.run.output(["scancel", job_id], timeout)
             except AgentError as exc:
                 if delay is None:
                     say(
@@ -351,14 +283,14 @@ def canceller(
 
 
 def node_sampler(
-    ports: list[int], job_id: str, proc_root: Path = Path("/proc"), dev_root: Path = Path("/dev")
+    ports: list[int], job_id: str, proc_root: Path = Path(PROC), dev_root: Path = Path("/dev")
 ) -> Callable[[float], Sample]:
     """This node's sample: the session's connections, the job's processes and terminals
     (this process, the watchdog's own, left out)."""
     uid, own = os.getuid(), os.getpid()
 
     def take(now: float) -> Sample:
-        connections = read_connections(ports, owner=uid)
+        connections = read_connections(ports, owner=uid, proc_root=proc_root)
         try:
             processes = job_processes(proc_root, job_id, uid, exclude=[own])
         except OSError as exc:
@@ -377,7 +309,7 @@ class Running:
 
     def stop(self) -> None:
         self.stopped.set()
-        self.thread.join(timeout=MAX_INTERVAL_SECONDS + SS_TIMEOUT_SECONDS)
+        self.thread.join(timeout=MAX_INTERVAL_SECONDS + SAMPLE_SECONDS)
 
 
 def start(

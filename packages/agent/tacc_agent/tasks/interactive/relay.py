@@ -24,13 +24,14 @@ import threading
 from pathlib import Path
 
 from tacc_agent.errors import EXIT_REJECTED, Rejected
-from tacc_agent.tcp_sockets import LISTEN, endpoint, tcp_sockets
+from tacc_agent.procfs import PROC
+from tacc_agent.procfs.sockets import LISTEN, endpoint, tcp_sockets
 
 CHUNK = 1 << 18
 LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
 
 
-def listening_everywhere(port: int, proc_root: str = "/proc") -> str | None:
+def listening_everywhere(port: int, proc_root: str = PROC) -> str | None:
     """ "0.0.0.0" or "::" when a socket listens on `port` on every address of this node;
     None otherwise."""
     for found in tcp_sockets(proc_root):
@@ -39,7 +40,7 @@ def listening_everywhere(port: int, proc_root: str = "/proc") -> str | None:
     return None
 
 
-def peer_owner(sock: socket.socket, proc_root: str = "/proc") -> int | None:
+def peer_owner(sock: socket.socket, proc_root: str = PROC) -> int | None:
     """The uid owning the other end of a connection made here: the listener's owner
     (the kernel gives an accepted socket its listener's uid, accepted yet or not)."""
     mine, theirs = endpoint(sock.getsockname()), endpoint(sock.getpeername())
@@ -49,7 +50,7 @@ def peer_owner(sock: socket.socket, proc_root: str = "/proc") -> int | None:
     return None
 
 
-def exposure_warning(port: int, host: str, proc_root: str = "/proc") -> str | None:
+def exposure_warning(port: int, host: str, proc_root: str = PROC) -> str | None:
     """The one line said when the job's port listens on every address of the node."""
     anywhere = listening_everywhere(port, proc_root)
     if anywhere is None:
@@ -77,7 +78,7 @@ def checked_socket_path(text: str) -> Path:
     return path
 
 
-def open_port(port: int, proc_root: str = "/proc") -> socket.socket:
+def open_port(port: int, proc_root: str = PROC) -> socket.socket:
     """A connection to 127.0.0.1:port, else [::1]:port, to a program of the caller's own;
     Rejected when neither answers, or when the one that answers is another user's (any
     user on a node can listen on a loopback port: the first one that answers decides,

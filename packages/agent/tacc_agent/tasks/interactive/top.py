@@ -27,7 +27,11 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.self_command import AGENT
 from tacc_agent.tasks.interactive import attach
-from tacc_contract import protocol
+from tacc_contract.answers import NodeUsage
+from tacc_contract.shapes import shape_of
+from tacc_contract.wire import ProtocolError
+
+NODE_USAGE = shape_of(NodeUsage, "job top")
 
 # srun starts the step (well under a second), each node reads its processes, asks
 # nvidia-smi (at most 1.5 s) and scontrol (at most 0.5 s): all within this.
@@ -72,7 +76,7 @@ def node_lines(out: str, slurm_job_id: str, hosts: list[str]) -> dict[str, dict]
 
 
 def node_entry(host: str, rank: int, line: Mapping | None, failure: str) -> dict:
-    """USAGE_NODE of one node: its figures, or why there are none."""
+    """NodeUsage of one node: its figures, or why there are none."""
     where = {"host": host, "rank": rank}
     if line is None:
         return where | {"error": failure}
@@ -80,16 +84,16 @@ def node_entry(host: str, rank: int, line: Mapping | None, failure: str) -> dict
         return where | {"error": str(line["error"])}
     entry = where | {key: line.get(key) for key in FIGURE_KEYS}
     try:
-        return protocol.USAGE_NODE.check(entry, "job top", "")
-    except protocol.ProtocolError as exc:
+        return NODE_USAGE.check(entry, "job top", "")
+    except ProtocolError as exc:
         return where | {"error": f"the node's figures are unreadable: {exc.problem}"}
 
 
 def usage(job: attach.RunningJob, timeout: float = STEP_TIMEOUT_SECONDS) -> dict:
-    """JOB_TOP of a running job: one step on all its nodes."""
+    """JobTop of a running job: one step on all its nodes."""
     failure = NO_ANSWER
     try:
-        out = slurm.slurm(node_usage_argv(job), timeout)
+        out = slurm.run.output(node_usage_argv(job), timeout)
     except AgentError as exc:  # srun refused, failed or hung: every node says why
         out, failure = "", str(exc)
     lines = node_lines(out, job.slurm_job_id, job.hosts)

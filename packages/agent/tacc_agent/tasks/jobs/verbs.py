@@ -7,7 +7,6 @@ recorded, so it never changes afterwards.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -38,17 +37,10 @@ SLURM_PAUSED = (
     "REVOKED",
 )
 LOG_LINES = 10
-# squeue's columns for parse_squeue: comment last, as the only one a user writes freely.
-SQUEUE_FORMAT = "--format=%i|%T|%r|%M|%N|%Z|%k"
-SQUEUE_KEYS = ("JobState", "Reason", "RunTime", "NodeList", "WorkDir", "Comment")
-# What ps asks Slurm's accounting about jobs that left the queue: where each ran.
-SACCT_NODES = ("--noheader", "--parsable2", "--allocations", "--format=JobID,NodeList")
-NO_NODES = ("", "None assigned", "(null)")
 
 
 def slurm_info(job_id: str, config: AgentConfig) -> dict[str, str] | None:
-    found = slurm.show("job", job_id, config.slurm_timeout_seconds)
-    return found[0] if found else None
+    return slurm.jobs.job_record(job_id, config.slurm_timeout_seconds)
 
 
 def own_info(job_id: str, job_dir: Path, config: AgentConfig) -> dict[str, str] | None:
@@ -88,7 +80,7 @@ def rank_state(rank: dict) -> str:
 
 
 def reconcile(
-    job_dir: Path, info: dict[str, str] | None, timeout: float = slurm.TIMEOUT
+    job_dir: Path, info: dict[str, str] | None, timeout: float = slurm.run.TIMEOUT
 ) -> tuple[str, str]:
     """(state, reason) from the record and Slurm's view (None: Slurm forgot the job)."""
     last = records.current(records.history(job_dir)) or {"state": "QUEUED"}
@@ -134,23 +126,7 @@ def reconcile(
 
 def array_queue(job_id: str, config: AgentConfig) -> dict[str, dict[str, str]]:
     """Slurm's view of every task of array job_id still in the queue, by "12_3"."""
-    out = slurm.slurm(
-        ["squeue", "--me", "--noheader", "--array", f"--jobs={job_id}", SQUEUE_FORMAT],
-        config.slurm_timeout_seconds,
-        check=False,
-    )
-    return parse_squeue(out)
-
-
-def parse_squeue(out: str) -> dict[str, dict[str, str]]:
-    """squeue's lines (SQUEUE_FORMAT) by job id; the caller asked with --me."""
-    queue = {}
-    for line in out.splitlines():
-        if line.count("|") < len(SQUEUE_KEYS):
-            continue
-        job, *values = line.split("|", len(SQUEUE_KEYS))
-        queue[job] = dict(zip(SQUEUE_KEYS, values, strict=True))
-    return queue
+    return slurm.queue.own_jobs(config.slurm_timeout_seconds, job_id, check=False)
 
 
 def queued(queue: dict[str, dict[str, str]], job_id: str, job_dir: Path) -> dict | None:
@@ -285,10 +261,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
     """The caller's jobs (their own index: nobody else's), newest first; a job whose
     sbatch has not answered yet is SUBMITTING, with no id."""
     waiting = submitting.resolve(user_dir, config)
-    out = slurm.slurm(
-        ["squeue", "--me", "--array", "--noheader", SQUEUE_FORMAT], config.slurm_timeout_seconds
-    )
-    queue = parse_squeue(out)
+    queue = slurm.queue.own_jobs(config.slurm_timeout_seconds)
     rows = [submitting_row(job_dir) for job_dir in waiting]
     ended: dict[str, Path] = {}  # jobs that left the queue: where they ran comes after
     for entry in reversed(workspace.entries(user_dir)[-limit:]):
@@ -325,7 +298,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
                 "kind": kind_of(job_dir),
             }
         )
-        if state in records.TERMINAL and rows[-1]["nodes"] in NO_NODES:
+        if state in records.TERMINAL and rows[-1]["nodes"] in slurm.nodes.NO_NODE_LIST:
             ended[job_id] = job_dir
     accounted = ran_on(list(ended), config)
     for row in rows:
@@ -339,17 +312,10 @@ def ran_on(job_ids: list[str], config: AgentConfig) -> dict[str, str]:
     accounting (one sacct call, the caller's own jobs only); {} without accounting."""
     if not job_ids:
         return {}
-    argv = ["sacct", *SACCT_NODES, f"--user={os.getuid()}", "--jobs=" + ",".join(job_ids)]
     try:
-        out = slurm.slurm(argv, config.slurm_timeout_seconds)
+        return slurm.accounting.own_job_nodes(job_ids, config.slurm_timeout_seconds)
     except AgentError:
         return {}  # no slurmdbd: the job's own records say where its ranks ran
-    found = {}
-    for line in out.splitlines():
-        job_id, _, nodes = line.partition("|")
-        if job_id in job_ids and nodes.strip() not in NO_NODES:
-            found[job_id] = nodes.strip()  # the last line is the latest run
-    return found
 
 
 def recorded_hosts(job_dir: Path) -> str:
@@ -389,7 +355,7 @@ def cancel_sweep(job_id: str, job_dir: Path, config: AgentConfig) -> dict:
             reason="cancelled by its owner (the whole sweep)",
         )
     if running:
-        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+        slurm.run.output(["scancel", job_id], config.slurm_timeout_seconds)
     return {
         "job_id": job_id,
         "state": "CANCELLED" if running else sweep["state"],
@@ -414,7 +380,7 @@ def cancel(user_dir: Path, job_ids: list[str], config: AgentConfig) -> list[dict
             done.append({"job_id": job_id, "state": state, "cancelled": False})
             continue
         records.add_event(job_dir, "CANCELLED", reason="cancelled by its owner")
-        slurm.slurm(["scancel", job_id], config.slurm_timeout_seconds)
+        slurm.run.output(["scancel", job_id], config.slurm_timeout_seconds)
         done.append({"job_id": job_id, "state": "CANCELLED", "cancelled": True})
     return done
 
@@ -442,7 +408,7 @@ def halt(
             f"a halt's grace period is 0 to {MAX_HALT_GRACE_SECONDS} seconds, got {grace:g}"
         )
     if state == "QUEUED":  # nothing runs yet: just hold it
-        slurm.slurm(["scontrol", "hold", job_id], config.slurm_timeout_seconds)
+        slurm.run.output(["scontrol", "hold", job_id], config.slurm_timeout_seconds)
         records.add_event(
             job_dir, "HALTED", reason=f"held: {reason}" if reason else "held by its owner"
         )
@@ -456,7 +422,7 @@ def halt(
     instruction = records.read_json(job_dir / FILE) or {}
     launcher = instruction.get("task", {}).get("runtime", {}).get("launcher")
     full = ["--full"] if launcher == "mpirun" else []
-    slurm.slurm(["scancel", *full, "--signal=USR1", job_id], config.slurm_timeout_seconds)
+    slurm.run.output(["scancel", *full, "--signal=USR1", job_id], config.slurm_timeout_seconds)
     deadline = time.monotonic() + grace
     exited = False
     while not exited and time.monotonic() < deadline:
@@ -465,7 +431,7 @@ def halt(
         if not exited:
             time.sleep(0.2)
     try:
-        slurm.slurm(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
+        slurm.run.output(["scontrol", "requeuehold", job_id], config.slurm_timeout_seconds)
     except AgentError as exc:
         now, _ = reconcile(job_dir, own_info(job_id, job_dir, config))
         if now in records.TERMINAL:
@@ -502,5 +468,5 @@ def resume(user_dir: Path, job_id: str, config: AgentConfig, reason: str | None 
     records.add_event(
         job_dir, "QUEUED", reason=f"resumed: {reason}" if reason else "resumed by its owner"
     )
-    slurm.slurm(["scontrol", "release", job_id], config.slurm_timeout_seconds)
+    slurm.run.output(["scontrol", "release", job_id], config.slurm_timeout_seconds)
     return {"job_id": job_id, "state": "QUEUED"}

@@ -87,7 +87,7 @@ class Narrowing:
         self.originals[job_id] = {"original": original, "set": features, "at": self.now}
         self.save()  # before Slurm changes it: a tick killed between keeps the original
         try:
-            slurm.slurm(
+            slurm.run.output(
                 ["scontrol", "update", f"JobId={job_id}", f"Features={features}"], self.timeout
             )
         except AgentError as exc:  # it started meanwhile, or Slurm did not answer

@@ -32,7 +32,7 @@ def starter(
             note(f"agent: job {job_id}: start now refused: {why}")
             return False
         try:
-            slurm.slurm(
+            slurm.run.output(
                 ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
                 config.slurm_timeout_seconds,
             )
@@ -51,19 +51,15 @@ def fresh_delay(job: QueuedJob, config: AgentConfig) -> str:
     PLACEMENT_DELAY_LIMIT s after its submission (EligibleTime, the begin time itself),
     neither held nor waiting on a dependency, never requeued (a requeued job
     waits out Slurm's requeue delay, which lets its old run's credential expire)."""
+    timeout = config.slurm_timeout_seconds
     try:
-        out = slurm.slurm(
-            ["scontrol", "show", "job", job.job_id, "--oneliner"],
-            config.slurm_timeout_seconds,
-            env=slurm.EPOCH_TIMES,
-        )
+        # One line, no key twice: a name with a line break or `x Restarts=0` is no record.
+        found = slurm.jobs.job_alone(job.job_id, timeout, env=slurm.run.EPOCH_TIMES)
     except AgentError as exc:
         return f"its record could not be read ({exc})"
-    lines = [line for line in out.splitlines() if line.strip()]
-    # One line, no key twice: a name with a line break or `x Restarts=0` is no record.
-    record = (slurm.job_record_of(lines[0]) if len(lines) == 1 else None) or {}
-    submitted = slurm.epoch_seconds(record.get("SubmitTime", ""))
-    begins = slurm.epoch_seconds(record.get("EligibleTime", ""))
+    record = found or {}
+    submitted = slurm.times.epoch_seconds(record.get("SubmitTime", ""))
+    begins = slurm.times.epoch_seconds(record.get("EligibleTime", ""))
     if record.get("UserId", "").split("(")[0] != job.user:
         return "its record is not its owner's as read"
     if record.get("Restarts") != "0":

@@ -12,12 +12,11 @@ is recorded FAILED as never submitted. While Slurm does not answer, it stays as 
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from tacc_agent import slurm
+from tacc_agent import locks, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.tasks.jobs import records
@@ -37,21 +36,11 @@ def record_path(job_dir: Path) -> Path:
     return job_dir / "status" / "submit.json"
 
 
-def lock(job_dir: Path, wait: bool) -> int | None:
-    """An exclusive lock on the job's submission; None when someone holds it already
-    (never with wait)."""
-    fd = os.open(job_dir / "status" / "submitting.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def unlock(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
+def locked(job_dir: Path, wait: bool) -> AbstractContextManager[bool]:
+    """An exclusive lock on the job's submission while the block runs; it yields False
+    when someone holds it already (never with wait). A flock, the open file's: another
+    open of it finds it busy, in this process too."""
+    return locks.lock_file(job_dir / "status" / "submitting.lock", locks.FLOCK, wait=wait)
 
 
 def begin(user_dir: Path, job_dir: Path, record: dict) -> None:
@@ -72,33 +61,18 @@ def finish(user_dir: Path, job_dir: Path, job_id: str) -> None:
 def queued_tags(config: AgentConfig) -> dict[str, str]:
     """{tag: job id} of the caller's jobs Slurm still has in its queue (%F: the array's
     id for a sweep's trials)."""
-    out = slurm.slurm(
-        ["squeue", "--me", "--noheader", "--format=%F|%k"], config.slurm_timeout_seconds
-    )
-    pairs = (line.split("|", 1) for line in out.splitlines() if "|" in line)
-    return {tag.strip(): job_id.strip() for job_id, tag in pairs}
+    return slurm.queue.own_tags(config.slurm_timeout_seconds)
 
 
 def accounted_job(job_dir: Path, tag: str, since: float, config: AgentConfig) -> str | None:
     """The caller's job that ran in job_dir (or has the tag) since the submission,
     from Slurm's accounting; None when there is none or no accounting."""
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - SACCT_SLACK_SECONDS))
-    argv = [
-        "sacct",
-        "--noheader",
-        "--parsable2",
-        "--allocations",
-        f"--user={os.getuid()}",
-        f"--starttime={start}",
-        "--format=JobID,WorkDir,Comment",
-    ]
     try:
-        out = slurm.slurm(argv, config.slurm_timeout_seconds, check=False)
+        places = slurm.accounting.own_jobs_since(start, config.slurm_timeout_seconds)
     except AgentError:
         return None
-    for line in out.splitlines():
-        job_id, _, rest = line.partition("|")
-        workdir, _, comment = rest.partition("|")
+    for job_id, workdir, comment in places:
         if comment == tag or workdir == str(job_dir):
             return job_id.split("_")[0]
     return None
@@ -140,17 +114,15 @@ def resolve(user_dir: Path, config: AgentConfig) -> list[Path]:
         if not (job_dir / "status").is_dir():  # the job directory is gone
             workspace.drop_submitting(user_dir, job_dir)
             continue
-        fd = lock(job_dir, wait=False)
-        if fd is None:
-            waiting.append(job_dir)
-            continue
-        try:
-            if queue is None:
-                queue = queued_tags(config)
-            if not settle(user_dir, job_dir, queue, config):
+        with locked(job_dir, wait=False) as free:
+            if not free:
                 waiting.append(job_dir)
-        except AgentError:  # Slurm does not answer: settle it another time
-            waiting.append(job_dir)
-        finally:
-            unlock(fd)
+                continue
+            try:
+                if queue is None:
+                    queue = queued_tags(config)
+                if not settle(user_dir, job_dir, queue, config):
+                    waiting.append(job_dir)
+            except AgentError:  # Slurm does not answer: settle it another time
+                waiting.append(job_dir)
     return waiting

@@ -16,7 +16,7 @@ one's limits apply, so the strictest counts):
 
 A job at K nodes holds K times what it holds per node (TRES=cpu=8,node=2,gres/gpu=4: 4
 CPUs and 2 GPUs a node, and 1 node): each limit on a TRES it holds caps K. A limit over
-many jobs counts what the running jobs it covers hold (`slurm.running_jobs`). Memory and
+many jobs counts what the running jobs it covers hold (`slurm.queue.running_jobs`). Memory and
 other sizes (mem=512G) are counted in megabytes, as Slurm counts them.
 
 Not read: limits over time (GrpTRESMins, GrpTRESRunMins, MaxWall), per node
@@ -28,23 +28,20 @@ value, a missing association or QOS, a line of squeue's) refuses the grow, named
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from tacc_agent import slurm
 from tacc_agent.errors import AgentError
+from tacc_agent.slurm.accounting import sacctmgr_show
+from tacc_agent.slurm.nodes import PartitionRecord
+from tacc_agent.slurm.queue import RunningJob
+from tacc_agent.slurm.tres import counts as tres_counts
 
 MAX_NODES = 100_000  # no partition has more
-ENFORCE_LINE = re.compile(r"^AccountingStorageEnforce\s*=\s*(.*?)\s*$", re.MULTILINE)
-CLUSTER_LINE = re.compile(r"^ClusterName\s*=\s*(\S+)\s*$", re.MULTILINE)
 ENFORCING = frozenset({"limits", "qos", "safe"})  # each makes Slurm hold jobs to limits
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 COUNT = re.compile(r"\d+")
-SIZE = re.compile(r"(\d+)([KMGTP])")  # Slurm's sizes (mem=512G), counted in megabytes
-MEGABYTES = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2, "P": 1024**3}
-SACCTMGR_SHOW = ("sacctmgr", "--noheader", "--parsable2", "show")
 NO_QOS = ("", "N/A")
 QOS_FIELDS = (
     ("MaxTRES", "MaxTRESPerJob"),
@@ -52,26 +49,9 @@ QOS_FIELDS = (
     ("MaxTRESPA", "MaxTRESPerAccount"),
     ("GrpTRES", "GrpTRES"),
 )
-ASSOC_FORMAT = "format=Account,ParentName,User,MaxTRES,GrpTRES"
+ASSOC_COLUMNS = ("Account", "ParentName", "User", "MaxTRES", "GrpTRES")
 
 Tres = dict[str, int]
-
-
-def tres_counts(text: str, what: str = "TRES") -> Tres:
-    """The counts of a TRES list ("cpu=8,mem=4G,node=2,gres/gpu=4"), sizes in megabytes
-    (mem=4G -> 4096; a K rounded up). AgentError naming `what` and the item for anything
-    else: a count not read is a limit not kept."""
-    counts: Tres = {}
-    for item in text.split(","):
-        name, sep, value = item.strip().partition("=")
-        size = SIZE.fullmatch(value)
-        if not item.strip():
-            continue
-        if not (sep and name) or not (COUNT.fullmatch(value) or size):
-            raise AgentError(f"{what}: {item.strip()[:80]!r} is not a TRES count it reads")
-        number = int(size.group(1)) * MEGABYTES[size.group(2)] if size else int(value)
-        counts[name] = math.ceil(number)
-    return counts
 
 
 def per_node(tres: Tres, nodes: int) -> Tres:
@@ -119,50 +99,35 @@ class JobPlace:
     account: str
 
 
-def known(name: str) -> str:
-    """A QOS, account or partition name as Slurm printed it; "" for none ((null))."""
-    return name if NAME.fullmatch(name) else ""
-
-
-def partitions_of(text: str) -> tuple[str, ...]:
-    """A job's Partition= ("batch", or "a,b" for a pending job that may run in either);
-    () when any is not a name."""
-    names = tuple(text.split(","))
-    return names if all(NAME.fullmatch(name) for name in names) else ()
-
-
-def enforced(config_text: str) -> bool:
-    """Whether `scontrol show config` says Slurm holds jobs to QOS and association limits."""
-    found = ENFORCE_LINE.search(config_text)
-    words = set(found.group(1).lower().split(",")) if found else set()
+def enforced(config: dict[str, str]) -> bool:
+    """Whether Slurm's settings (slurm.controller.show_config) say it holds jobs to QOS
+    and association limits."""
+    words = set(config.get("AccountingStorageEnforce", "").lower().split(","))
     return bool(words & ENFORCING)
-
-
-def table(text: str) -> list[list[str]]:
-    """sacctmgr --parsable2 lines, split."""
-    return [line.split("|") for line in text.splitlines() if line.strip()]
 
 
 def partition_limits(place: JobPlace, timeout: float) -> Limits:
     """MaxNodes of each of the job's partitions, and every partition's own QOS."""
-    records = {r.get("PartitionName", ""): r for r in slurm.show("partition", "", timeout)}
+    records: dict[str, PartitionRecord] = {
+        record.name: record for record in slurm.nodes.all_partitions(timeout)
+    }
     entries = []
     for name in place.partitions:
         if name not in records:
             raise AgentError(f"partition {name}: not shown by scontrol show partition")
-        most = records[name].get("MaxNodes", "")
+        most = records[name].max_nodes
         if COUNT.fullmatch(most):
             entries.append(Limit(f"partition {name} MaxNodes", {"node": int(most)}))
         elif most != "UNLIMITED":
             raise AgentError(f"partition {name}: MaxNodes={most[:40]!r} not understood")
-    qos = {name: record.get("QOS", "") for name, record in records.items()}
+    qos = {name: record.qos for name, record in records.items()}
     return Limits(entries, {name: q.lower() for name, q in qos.items() if q not in NO_QOS})
 
 
 def qos_limits(place: JobPlace, qos: str, timeout: float) -> list[Limit]:
-    fields = ",".join(field for field, _ in QOS_FIELDS)
-    argv = [*SACCTMGR_SHOW, "qos", "where", f"name={qos}", f"format=Name,{fields}"]
-    rows = [row for row in table(slurm.slurm(argv, timeout)) if row[0].lower() == qos]
+    columns = ("Name", *(field for field, _ in QOS_FIELDS))
+    found = sacctmgr_show(["qos", "where", f"name={qos}"], columns, timeout)
+    rows = [row for row in found if row[0].lower() == qos]
     if not rows:
         raise AgentError(f"QOS {qos}: not shown by sacctmgr show qos")
     scopes = (
@@ -199,7 +164,7 @@ def association_limits(place: JobPlace, cluster: str, timeout: float) -> list[Li
     """The owner's association for the job's account, and that account's and each
     parent's up to root (see the module's docstring)."""
     where = ["where", f"cluster={cluster}"] if cluster else []
-    rows = table(slurm.slurm([*SACCTMGR_SHOW, "assoc", *where, ASSOC_FORMAT], timeout))
+    rows = sacctmgr_show(["assoc", *where], ASSOC_COLUMNS, timeout)
     if any(len(row) != 5 for row in rows):
         raise AgentError("sacctmgr show assoc: a line not understood")
     rows = [[row[0].lower(), row[1].lower(), row[2].lower(), *row[3:]] for row in rows]
@@ -230,17 +195,16 @@ def association_limits(place: JobPlace, cluster: str, timeout: float) -> list[Li
 def read_limits(place: JobPlace, timeout: float) -> Limits:
     """The limits that apply to the job (see the module's docstring); AgentError when
     Slurm does not answer or says something not understood."""
-    if not NAME.fullmatch(place.user):
+    if not slurm.jobs.NAME.fullmatch(place.user):
         raise AgentError(f"not a user name Slurm's limits can be read for: {place.user!r}")
     if not place.partitions:
         raise AgentError("its partition was not read")
     found = partition_limits(place, timeout)
-    config = slurm.slurm(["scontrol", "show", "config"], timeout)
+    config = slurm.controller.show_config(timeout)
     if not enforced(config):
         return found
     if not place.qos or not place.account:
         raise AgentError("its QOS or account was not read")
-    cluster = CLUSTER_LINE.search(config)
     # sacctmgr prints names in lower case (Slurm's database keeps them so)
     own = replace(
         place, user=place.user.lower(), qos=place.qos.lower(), account=place.account.lower()
@@ -249,11 +213,11 @@ def read_limits(place: JobPlace, timeout: float) -> Limits:
     entries = list(found.entries)
     for qos in sorted({own.qos, *partition_qos} - {""}):
         entries += qos_limits(own, qos, timeout)
-    entries += association_limits(own, cluster.group(1) if cluster else "", timeout)
+    entries += association_limits(own, config.get("ClusterName", ""), timeout)
     return Limits(entries, found.partition_qos)
 
 
-def counted(scope: Scope, job: slurm.RunningJob, partition_qos: dict[str, str]) -> bool:
+def counted(scope: Scope, job: RunningJob, partition_qos: dict[str, str]) -> bool:
     """Whether a running job counts against a limit of `scope`."""
     qos = {job.qos.lower(), partition_qos.get(job.partition, "")}
     return (
@@ -263,7 +227,7 @@ def counted(scope: Scope, job: slurm.RunningJob, partition_qos: dict[str, str]) 
     )
 
 
-def used(scope: Scope, limits: Limits, running: Iterable[slurm.RunningJob], job_id: str) -> Tres:
+def used(scope: Scope, limits: Limits, running: Iterable[RunningJob], job_id: str) -> Tres:
     """What the running jobs of `scope` other than the job itself hold together."""
     held: Tres = {}
     for job in running:
@@ -273,9 +237,7 @@ def used(scope: Scope, limits: Limits, running: Iterable[slurm.RunningJob], job_
     return held
 
 
-def ceiling(
-    limits: Limits, share: Tres, running: list[slurm.RunningJob], job_id: str
-) -> tuple[int, str]:
+def ceiling(limits: Limits, share: Tres, running: list[RunningJob], job_id: str) -> tuple[int, str]:
     """The most nodes job `job_id` may hold under `limits`, holding `share` a node while
     `running` jobs run; and the limit that sets it ("" for none)."""
     most, why = MAX_NODES, ""

@@ -3,7 +3,7 @@ can write (`<state_dir>/node-ranges.json`, the queue tick's own directory).
 
 A job's owner writes its range at submit (plugin_data.elastic.range in status/submit.json,
 her own file, which she can rewrite at any time); Slurm keeps what she submitted with
-(`sbatch --nodes=SIZE-MAX`): its accounting's submit line (slurm.submitted_nodes), and,
+(`sbatch --nodes=SIZE-MAX`): its accounting's submit line (slurm.accounting.submitted_nodes), and,
 while the job waits and before it first ran, its record (NumNodes=SIZE-MAX; a job that
 ran shows only the size it held). The agent records the range the first time it resizes
 the job: the submitted one, else, without accounting, the owner's range with its maximum

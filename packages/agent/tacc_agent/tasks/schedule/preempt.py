@@ -35,7 +35,6 @@ import os
 import pwd
 import re
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -56,9 +55,9 @@ MAX_RECORD_BYTES = 1 << 20
 JOB_ID = re.compile(r"\d+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PLAIN_ENVIRONMENT = {"PATH": SEARCH_PATH, "LANG": "C.UTF-8"}
 MARGIN_SECONDS = 30  # the owner's agent starting, reading its records, answering
 MAX_REREADS = 10  # jobs read again alone in one tick (job_records)
-WAITING_STATES = ("PENDING", "REQUEUE_HOLD")  # a held requeued job may show either
 
 # (argv, timeout) -> (exit code, what it printed)
 Runner = Callable[[list[str], float], tuple[int, str]]
@@ -68,7 +67,7 @@ Note = Callable[[str], None]
 @dataclass(frozen=True)
 class JobRecord:
     """What Slurm (scontrol show job, as root) says of a job: read from a record that
-    names no key twice (slurm.job_record_of), one job's own when read alone."""
+    names no key twice (slurm.oneliner.job_record_of), one job's own when read alone."""
 
     job_id: str
     uid: int
@@ -87,17 +86,6 @@ class JobRecord:
     tres: str = ""  # TRES: what it holds or asks for (cpu=8,node=2,gres/gpu=4)
 
 
-def node_counts(num_nodes: str, state: str) -> tuple[int, int]:
-    """(nodes, max_nodes) of scontrol's NumNodes: "2-4" (a pending job's range), "2" (a
-    pending job's one size, or what a running job holds: no maximum shown)."""
-    low, _, high = num_nodes.partition("-")
-    if not low.isdigit():
-        return 0, 0
-    if high.isdigit():
-        return int(low), int(high)
-    return int(low), int(low) if state in WAITING_STATES else 0
-
-
 def record_of(info: dict[str, str]) -> JobRecord | None:
     """One scontrol record as a JobRecord; None without an owner or a directory."""
     owner = job_tags.USER_ID.fullmatch(info.get("UserId", ""))
@@ -111,7 +99,7 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
     per_node = info.get("NtasksPerN:B:S:C", "").split(":")[0]
     per_task = info.get("CPUs/Task", "")
     state = info.get("JobState", "")
-    nodes, max_nodes = node_counts(info.get("NumNodes", ""), state)
+    nodes, max_nodes = slurm.jobs.node_counts(info.get("NumNodes", ""), state)
     return JobRecord(
         job_id,
         int(owner.group(1)),
@@ -119,24 +107,24 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
         state,
         Path(work_dir),
         array,
-        slurm.elapsed_seconds(info.get("RunTime", "")),
+        slurm.times.elapsed_seconds(info.get("RunTime", "")),
         int(per_node) if per_node.isdigit() else 0,
         int(per_task) if per_task.isdigit() else 0,
         nodes,
         max_nodes,
-        node_limits.partitions_of(info.get("Partition", "")),
-        node_limits.known(info.get("QOS", "")),
-        node_limits.known(info.get("Account", "")),
+        slurm.jobs.partitions_of(info.get("Partition", "")),
+        slurm.jobs.known(info.get("QOS", "")),
+        slurm.jobs.known(info.get("Account", "")),
         info.get("TRES", ""),
     )
 
 
 def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
-    """Slurm's record of one job (`scontrol show job -o JOB`, one line: slurm.job_alone);
+    """Slurm's record of one job (`scontrol show job -o JOB`, one line: slurm.jobs.job_alone);
     None when Slurm does not know it, prints more than one line for it, or cannot be asked
     (the tick goes on)."""
     try:
-        info = slurm.job_alone(job_id, config.slurm_timeout_seconds)
+        info = slurm.jobs.job_alone(job_id, config.slurm_timeout_seconds)
     except AgentError:
         return None
     record = record_of(info) if info else None
@@ -149,7 +137,7 @@ def job_records(config: AgentConfig) -> dict[str, JobRecord]:
     output may be a record its owner wrote, claiming another job's id: an id that two
     records claim is read again alone (`job_record`: that job's own lines only), at most
     MAX_REREADS a tick; the others are left out of this tick."""
-    found = slurm.show("job", "", config.slurm_timeout_seconds)
+    found = slurm.jobs.job_records(config.slurm_timeout_seconds)
     claims: dict[str, list[JobRecord]] = {}
     for record in filter(None, map(record_of, found)):
         claims.setdefault(record.job_id, []).append(record)
@@ -318,17 +306,16 @@ def owner_name(job: JobRecord) -> str | None:
 
 
 def run_command(argv: list[str], timeout: float) -> tuple[int, str]:
-    """Run argv (no shell) from /, with a plain PATH and no agent settings inherited."""
-    env = {"PATH": SEARCH_PATH, "LANG": "C.UTF-8"}
+    """Run argv (no shell) through the one runner (slurm.run), from /, with a plain PATH
+    and no agent settings inherited; (exit status, what it printed), as a shell and
+    timeout(1) would say a missing (127) or hung (124) command."""
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, cwd="/", env=env, check=False
-        )
-    except FileNotFoundError:
+        done = slurm.run.command(argv, timeout, environment=PLAIN_ENVIRONMENT, cwd="/")
+    except slurm.run.NotFound:
         return 127, f"{argv[0]} not found"
-    except subprocess.TimeoutExpired:
+    except slurm.run.NoAnswer:
         return 124, f"no answer within {timeout:g} s"
-    return proc.returncode, proc.stdout + proc.stderr
+    return done.code, done.stdout + done.stderr
 
 
 def failure(output: str) -> str:
@@ -384,7 +371,7 @@ def recorded_range(
 ) -> tuple[int, int] | None:
     """The range root recorded for the job (tasks/schedule/node_ranges.py); recorded now where
     none is yet: the range it was submitted with (Slurm's accounting keeps sbatch's
-    --nodes, slurm.submitted_nodes), else, without accounting, the owner's range capped
+    --nodes, slurm.accounting.submitted_nodes), else, without accounting, the owner's range capped
     at the maximum Slurm shows while it waits (a job that ran shows only what it held).
     None while none is recorded. OSError when the record cannot be written."""
     path = node_ranges.store_path(config.state_dir)
@@ -392,8 +379,8 @@ def recorded_range(
     bounds = node_ranges.recorded(path, key)
     if bounds is None:
         script = str(job.job_dir / SCRIPT)
-        bounds = slurm.submitted_nodes(job.job_id, script, config.slurm_timeout_seconds)
-    if bounds is None and job.state in WAITING_STATES and job.max_nodes:
+        bounds = slurm.accounting.submitted_nodes(job.job_id, script, config.slurm_timeout_seconds)
+    if bounds is None and job.state in slurm.jobs.WAITING_STATES and job.max_nodes:
         bounds = (min(claimed[0], job.max_nodes), min(claimed[1], job.max_nodes))
     if bounds is not None:
         node_ranges.record(path, key, bounds, time.time())  # kept while it is used
@@ -429,8 +416,8 @@ def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
     timeout = config.slurm_timeout_seconds
     try:
         limits = node_limits.read_limits(place, timeout)
-        running = slurm.running_jobs(timeout) if limits.over_many_jobs() else []
-        tres = node_limits.tres_counts(job.tres, f"job {job.job_id}'s TRES")
+        running = slurm.queue.running_jobs(timeout) if limits.over_many_jobs() else []
+        tres = slurm.tres.counts(job.tres, f"job {job.job_id}'s TRES")
         most, limit = node_limits.ceiling(
             limits, node_limits.per_node(tres, job.nodes), running, job.job_id
         )
@@ -447,7 +434,7 @@ def held_refusal(job_id: str, nodes: int, config: AgentConfig) -> str:
     that started during the halt's grace period count against the limits; "" when
     `nodes` is within both."""
     held = job_record(job_id, config)
-    if held is None or held.state not in WAITING_STATES:
+    if held is None or held.state not in slurm.jobs.WAITING_STATES:
         return "Slurm shows it neither pending nor held: its size is left alone"
     try:
         why = range_refusal(held, allowed_job(held)[1], nodes, config)

@@ -23,7 +23,7 @@ from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks.execute import containers
 from tacc_agent.tasks.jobs import job_tags, records, sweeps
 from tacc_agent.tasks.schedule import found_again as submitting
-from tacc_agent.tasks.schedule.cluster_shape import parse_nodes, parse_partitions
+from tacc_agent.tasks.schedule.cluster_shape import read_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import digest_of
@@ -108,36 +108,22 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
 
 
 def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
-    nodes = parse_nodes(slurm.show("node", timeout=timeout))
-    return parse_partitions(slurm.show("partition", timeout=timeout), nodes), nodes
+    nodes = read_nodes(timeout)
+    return scheduling_partitions(slurm.nodes.all_partitions(timeout), nodes), nodes
 
 
-def waiting_jobs(squeue_out: str) -> int:
-    """Pending jobs (squeue `%i|%r` lines) that wait for nodes."""
-    reasons = [line.partition("|")[2] for line in squeue_out.splitlines() if "|" in line]
+def waiting_jobs(reasons: list[str]) -> int:
+    """Pending jobs (their reasons: slurm.queue.pending_reasons) that wait for nodes."""
     return sum(1 for reason in reasons if not reason.startswith(NOT_WAITING_FOR_NODES))
 
 
 def partition_load(partition: str, timeout: float) -> PartitionLoad:
     """Idle nodes and jobs waiting for nodes in a partition, from Slurm
     (`Submission.partition_load`)."""
-    part = f"--partition={partition}"
-    idle = slurm.slurm(["sinfo", "--noheader", part, "--states=idle", IDLE_FORMAT], timeout)
-    pending = slurm.slurm(
-        ["squeue", "--noheader", part, "--states=PENDING", "--format=%i|%r"], timeout
+    return PartitionLoad(
+        slurm.nodes.idle_count(partition, timeout),
+        waiting_jobs(slurm.queue.pending_reasons(partition, timeout)),
     )
-    return PartitionLoad(idle_nodes(idle), waiting_jobs(pending))
-
-
-# sinfo's --states=idle also lists idle nodes that are drained or not responding: only
-# those whose whole state (%T) is "idle" take a job.
-IDLE_FORMAT = "--format=%D|%T"
-
-
-def idle_nodes(sinfo_out: str) -> int:
-    """Nodes that take a job now, from sinfo IDLE_FORMAT lines ("2|idle", "1|drained")."""
-    counts = [line.split("|") for line in sinfo_out.split()]
-    return sum(int(c[0]) for c in counts if len(c) == 2 and c[0].isdigit() and c[1] == "idle")
 
 
 def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
@@ -209,13 +195,10 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     job_dir = job_dir.resolve()
     if job_dir.parent != (user_dir / "jobs").resolve() or not (job_dir / "status").is_dir():
         raise Rejected(f"{job_dir} is not one of your job directories")
-    lock = submitting.lock(job_dir, wait=True)
-    try:
+    with submitting.locked(job_dir, wait=True):
         if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
             raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
         return sbatch_job(user_dir, job_dir, config)
-    finally:
-        submitting.unlock(lock)
 
 
 def discard(user_dir: Path, job_dir: Path) -> None:
@@ -262,7 +245,7 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         )
         # First: the job's own events (PROVISIONING, ...) must come after this one.
         records.add_event(job_dir, "QUEUED")
-        out = slurm.slurm(argv, config.slurm_timeout_seconds)
+        out = slurm.run.output(argv, config.slurm_timeout_seconds)
     except AgentError as exc:
         if "did not answer" not in str(exc):  # refused: nothing of the job is left
             discard(user_dir, job_dir)

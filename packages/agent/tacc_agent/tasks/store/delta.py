@@ -31,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tacc_agent.errors import Rejected
+from tacc_agent.procfs.processes import own_fd_path
 from tacc_agent.tasks.schedule.instruction import parse
 from tacc_contract.instruction import digest_of
 from tacc_contract.protocol import blob_name
@@ -297,7 +298,7 @@ def link_open_file(fd: int, target: Path) -> None:
     AT_SYMLINK_FOLLOW (os.link uses linkat only when it is given a directory fd)."""
     root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.link(f"/proc/self/fd/{fd}", target, src_dir_fd=root, follow_symlinks=True)
+        os.link(own_fd_path(fd), target, src_dir_fd=root, follow_symlinks=True)
     finally:
         os.close(root)
 

@@ -23,7 +23,6 @@ sends only the rest. The commit that follows finds the blobs in the store: no re
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from tacc_agent import locks
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks.store.delta import (
     BLOB,
@@ -50,6 +50,10 @@ MAX_BLOB_SIZE = 1 << 40
 END = {"end": True}
 HEADER_KEYS = {"blob", "upload", "offset", "size"}
 OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+# One writer per partial file: a flock, the open file's, so this process's own check of
+# the blob's partial files (drop_unused_partials) sees the one it writes busy, and
+# closing that check's descriptor never drops the writer's lock.
+UPLOAD_LOCK = locks.FLOCK
 
 
 @dataclass(frozen=True)
@@ -121,18 +125,11 @@ class Discard:
 
 def drop_unused_partials(partial: Path, name: str) -> None:
     """Blob `name`'s partial files that no upload is writing (their lock is free)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     for path in partial_files(partial, name):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass  # in use by another upload of the blob
-        finally:
-            os.close(fd)
+        with contextlib.suppress(OSError), locks.lock_file(path, UPLOAD_LOCK, flags=flags) as free:
+            if free:  # else in use by another upload of the blob
+                path.unlink(missing_ok=True)
 
 
 def receive_blob(
@@ -155,12 +152,10 @@ def receive_blob(
     with open(fd, "r+b", buffering=0) as handle:
         # One writer per partial file: a second stream (or a stalled older tcloud's
         # SFTP) appending to it would add bytes this stream never hashed.
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not locks.take(fd, UPLOAD_LOCK):  # held until the file is closed
             raise Rejected(
                 f"upload stream: {frame.blob}: another upload is writing its partial file"
-            ) from None
+            )
         there = os.fstat(fd).st_size
         if there < frame.offset:
             raise Rejected(

@@ -1,6 +1,6 @@
 """`tacc-agent usage` (tasks/accounting/usage.py): a researcher's own CPU and GPU seconds from
-Slurm's accounting. Recorded sacct lines (--parsable2, the FIELDS of tasks/accounting/usage.py) are
-parsed robustly (TRES strings, typed GPUs, unknown times, requeued runs); a run crossing
+Slurm's accounting. Recorded sacct lines (--parsable2, tacc_agent/slurm/accounting.py's
+ALLOCATION_FIELDS; their parsing: tests/unit/agent/slurm/test_accounting.py); a run crossing
 a month is split by its time in each; a running job counts up to now; the window is the
 dates given (both ends included) or this month and the two before it. The agent asks
 sacct for its own uid and keeps only its own rows, whatever a request or Slurm says."""
@@ -18,8 +18,9 @@ import pytest
 from tacc_agent import cli as agent_cli
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_CLUSTER, EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.slurm.accounting import ALLOCATION_FIELDS, parse_allocation
 from tacc_agent.tasks.accounting import usage
-from tacc_contract import protocol
+from tacc_contract import protocol, verbs
 from tests.unit.agent_jobs import agent, agent_env
 from tests.unit.usage_fakes import ME, NOW, RECORDED, install_sacct
 
@@ -36,50 +37,6 @@ def window(since="2025-10", until="2025-11", now=NOW) -> usage.Window:
 
 
 # --- parsing ----------------------------------------------------------------------------
-
-
-def test_tres_strings_are_read_name_by_name():
-    counts = usage.tres("billing=8,cpu=8,gres/gpu=2,mem=32G,node=1")
-    assert counts == {"billing": "8", "cpu": "8", "gres/gpu": "2", "mem": "32G", "node": "1"}
-    assert usage.gpus_of(counts) == 2
-    assert usage.gpus_of(usage.tres("cpu=1,gres/gpu:a100=2,gres/gpu:v100=1")) == 3
-    assert usage.gpus_of(usage.tres("cpu=1,gres/gpu:a100=1,gres/gpu=1")) == 1  # not twice
-    assert usage.gpus_of(usage.tres("")) == 0
-    assert usage.tres("cpu=,=3,junk,gres/gpu=x") == {"cpu": "", "gres/gpu": "x"}
-    assert usage.gpus_of(usage.tres("gres/gpu=x")) == 0
-
-
-def test_recorded_lines_become_runs_and_jobs_that_never_started_are_left_out():
-    runs = [usage.parse_line(line) for line in RECORDED.splitlines()]
-    started = [run for run in runs if run is not None]
-    assert [run.job_id for run in started] == ["101", "102", "103", "105", "105", "106"]
-    first = started[0]
-    assert (first.account, first.partition, first.cpus, first.gpus) == ("physics", "gpu", 8, 2)
-    assert first.end == datetime(2025, 11, 1, 2)
-    assert started[1].state == "CANCELLED" and started[1].gpus == 0
-    assert started[2].end is None and started[2].gpus == 1  # running; typed GPUs not twice
-    assert started[5].gpus == 2  # typed GPUs only
-
-
-@pytest.mark.bad_input
-@pytest.mark.parametrize(
-    "line",
-    [
-        "",
-        "garbage",
-        "1|2|3",
-        "x|me|a|p|COMPLETED|2025-11-01T00:00:00|Unknown|1|cpu=1",
-        "1|me|a|p|COMPLETED|yesterday|Unknown|1|cpu=1",
-        "1|me|a|p|S|2025-11-01T00:00:00|E|1|c|extra",
-    ],
-)
-def test_a_line_that_is_not_a_run_is_skipped_not_a_crash(line):
-    assert usage.parse_line(line) is None
-
-
-def test_cpus_fall_back_to_alloc_cpus_without_tres():
-    run = usage.parse_line(f"9|{ME}|a|p|COMPLETED|2025-11-01T00:00:00|2025-11-01T01:00:00|3|")
-    assert run is not None and run.cpus == 3 and run.gpus == 0
 
 
 # --- months and the window --------------------------------------------------------------
@@ -119,7 +76,7 @@ def test_a_bad_window_is_refused_with_exit_2(since, until, message):
 
 
 def test_rows_are_sums_by_month_account_partition_and_each_job_counts_once():
-    runs = [r for r in map(usage.parse_line, RECORDED.splitlines()) if r is not None]
+    runs = [r for r in map(parse_allocation, RECORDED.splitlines()) if r is not None]
     rows = usage.month_rows(runs, window())
     by_key = {(r["month"], r["account"], r["partition"]): r for r in rows}
     assert [(r["month"], r["account"], r["partition"]) for r in rows] == sorted(by_key)
@@ -145,7 +102,7 @@ def test_rows_are_sums_by_month_account_partition_and_each_job_counts_once():
 
 
 def test_only_the_part_of_a_run_inside_the_window_counts():
-    runs = [r for r in map(usage.parse_line, RECORDED.splitlines()) if r is not None]
+    runs = [r for r in map(parse_allocation, RECORDED.splitlines()) if r is not None]
     rows = usage.month_rows(runs, window("2025-11-01", "2025-11-10"))
     assert {r["month"] for r in rows} == {"2025-11"}
     gpu = next(r for r in rows if (r["account"], r["partition"]) == ("physics", "gpu"))
@@ -163,7 +120,7 @@ def calls(log: Path) -> list[dict]:
 
 def test_the_answer_has_the_protocols_shape_and_asks_for_the_callers_own_jobs(fake_sacct):
     answer = usage.usage(AgentConfig(), "2025-10", "2025-11", NOW)
-    assert protocol.USAGE.check(answer) is answer
+    assert verbs.USAGE.answer.check(answer) is answer
     assert (answer["user"], answer["since"], answer["until"]) == (
         ME,
         "2025-10-01T00:00:00",
@@ -175,7 +132,7 @@ def test_the_answer_has_the_protocols_shape_and_asks_for_the_callers_own_jobs(fa
     assert f"--user={os.getuid()}" in argv and "--allusers" not in argv
     assert {"--allocations", "--duplicates", "--parsable2", "--noheader"} <= set(argv)
     assert "--starttime=2025-10-01T00:00:00" in argv and "--endtime=2025-12-01T00:00:00" in argv
-    assert "--format=" + ",".join(usage.FIELDS) in argv
+    assert "--format=" + ",".join(ALLOCATION_FIELDS) in argv
 
 
 @pytest.mark.security
@@ -215,18 +172,20 @@ def test_a_row_naming_the_callers_uid_is_the_callers(fake_sacct, tmp_path):
 def test_no_request_can_widen_the_report_to_other_users(fake_sacct, words):
     """Every spelling of "someone else" a request might carry is refused (exit 2) and
     sacct is never asked; the builder has no such argument either."""
-    verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
-    rc, answer = verbs(words, b"", io.BytesIO())
+    session_verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
+    rc, answer = session_verbs(words, b"", io.BytesIO())
     assert rc == EXIT_REJECTED, answer
     assert protocol.ERROR.check(answer) and not fake_sacct.exists()
 
 
 def test_a_session_answers_usage_like_the_one_shot_command(fake_sacct, tmp_path):
-    verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
-    rc, answer = verbs(protocol.usage("2025-01", "2025-02"), b"", io.BytesIO())
+    session_verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
+    rc, answer = session_verbs(
+        verbs.USAGE.request(since="2025-01", until="2025-02"), b"", io.BytesIO()
+    )
     assert rc == 0 and answer["rows"] == [] and answer["since"] == "2025-01-01T00:00:00"
     env = agent_env(tmp_path)
-    one_shot = agent(*protocol.usage("2025-10", "2025-11"), env=env)
+    one_shot = agent(*verbs.USAGE.request(since="2025-10", until="2025-11"), env=env)
     assert one_shot.returncode == 0, one_shot.stdout + one_shot.stderr
     rows = json.loads(one_shot.stdout)["rows"]
     assert sum(row["jobs"] for row in rows) == 5 and "bob" not in one_shot.stdout
@@ -234,8 +193,8 @@ def test_a_session_answers_usage_like_the_one_shot_command(fake_sacct, tmp_path)
 
 @pytest.mark.security
 def test_the_ops_report_is_not_a_session_request(fake_sacct):
-    verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
-    rc, answer = verbs(["report", "usage"], b"", io.BytesIO())
+    session_verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
+    rc, answer = session_verbs(["report", "usage"], b"", io.BytesIO())
     assert rc == EXIT_REJECTED and "not a session request" in answer["error"]
     assert not fake_sacct.exists()
 

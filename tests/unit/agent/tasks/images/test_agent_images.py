@@ -19,7 +19,7 @@ from tacc_agent.cli import SessionVerbs, build_parser
 from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
 from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.images import registry as registry_client
-from tacc_contract import protocol
+from tacc_contract import verbs
 from tacc_contract.images import parse_reference
 from tests.unit.agent_jobs import agent, agent_env
 
@@ -57,7 +57,7 @@ def skopeo_serving(tmp_path, monkeypatch) -> Path:
 def test_resolve_pins_the_digest_of_the_raw_manifest(skopeo_serving):
     answer = registry_client.resolve(REFERENCE, timeout=10)
     assert answer == {"reference": REFERENCE, "pinned": PINNED, "digest": DIGEST}
-    protocol.IMAGE_RESOLVED.check(answer)
+    verbs.IMAGE_RESOLVE.answer.check(answer)
     assert skopeo_serving.read_text().split() == ["inspect", "--raw", f"docker://{REFERENCE}"]
 
 
@@ -127,12 +127,14 @@ def test_no_skopeo_on_the_node_is_said_plainly(tmp_path, monkeypatch):
 
 
 def test_the_resolve_and_ls_verbs_answer_in_a_session_and_one_shot(skopeo_serving, tmp_path):
-    verbs = SessionVerbs(build_parser().parse_args(["--userdir", str(tmp_path / "u"), "session"]))
-    rc, answer = verbs(list(protocol.image_resolve(REFERENCE)), b"", None)
-    assert rc == 0 and protocol.parse_answer(["image", "resolve"], answer)["pinned"] == PINNED
-    rc, answer = verbs(["image", "resolve", "n1:5000/tacc/UPPER"], b"", None)
+    session_verbs = SessionVerbs(
+        build_parser().parse_args(["--userdir", str(tmp_path / "u"), "session"])
+    )
+    rc, answer = session_verbs(list(verbs.IMAGE_RESOLVE.request(reference=REFERENCE)), b"", None)
+    assert rc == 0 and verbs.IMAGE_RESOLVE.check_answer(answer)["pinned"] == PINNED
+    rc, answer = session_verbs(["image", "resolve", "n1:5000/tacc/UPPER"], b"", None)
     assert rc == 2 and answer["field"] == "image" and "not an image reference" in answer["error"]
-    rc, answer = verbs(list(protocol.image_ls()), b"", None)
+    rc, answer = session_verbs(list(verbs.IMAGE_LS.request()), b"", None)
     assert (rc, answer) == (0, [])
     env = agent_env(tmp_path) | {"PATH": os.environ["PATH"]}
     proc = agent("image", "resolve", REFERENCE, env=env)
@@ -247,7 +249,7 @@ def test_image_ls_answers_the_images_shape_without_the_runtimes_extras(tmp_path)
     user_dir.mkdir()
     imagecache.ensure(user_dir, PINNED, "15", lambda _line: None, 5, StubPuller(), "charliecloud")
     (user_dir / "images" / "not-an-image").mkdir()
-    listed = protocol.IMAGES.check(imagecache.listing(user_dir), "image ls", "")
+    listed = verbs.IMAGE_LS.answer.check(imagecache.listing(user_dir), "image ls", "")
     assert [i["digest"] for i in listed] == [DIGEST]
     assert listed[0]["reference"] == PINNED and "env" not in listed[0]
     assert listed[0]["path"].endswith("/rootfs") and listed[0]["runtime"] == "charliecloud"

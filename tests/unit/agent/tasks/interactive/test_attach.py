@@ -1,7 +1,7 @@
 """Into a running job, the agent's side (tasks/interactive/attach.py): `job target`'s checks and
 answer, the srun that `job attach` execs, what `enter` execs on the node, and
-`job stop-on-disconnect`. Slurm is faked at tacc_agent.slurm (scontrol's records);
-exec is caught, nothing is started."""
+`job stop-on-disconnect`. Slurm is tests/unit/fake_slurm.py behind the agent's runner
+(scontrol's records, host lists, scancel); exec is caught, nothing is started."""
 
 from __future__ import annotations
 
@@ -24,44 +24,24 @@ from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE
-from tacc_contract.protocol import JOB_TARGET
+from tacc_contract.verbs import JOB_TARGET
 from tests.unit.agent_jobs import make_job
+from tests.unit.fake_slurm import FakeSlurm
 
 TASK = {"name": "t", "run": ["python3 train.py"]}
 TAG = "tacc:job:0123456789abcdef"
 ME = f"alice({os.getuid()})"
 
 
-class FakeSlurm:
-    """scontrol's job records by id (what `scontrol show job ID` prints), hostlists
-    expanded, scancel recorded."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, dict[str, str]] = {}
-        self.calls: list[list[str]] = []
-
-    def show(self, kind: str, name: str = "", timeout: float = 0) -> list[dict[str, str]]:
-        assert kind == "job"
-        return [dict(self.jobs[name])] if name in self.jobs else []
-
-    def slurm(self, argv: list[str], timeout: float = 0, check: bool = True) -> str:
-        self.calls.append(list(argv))
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            assert argv[3] == "n[2-3]"
-            return "n2\nn3\n"
-        if argv[0] == "scancel":
-            self.jobs[argv[-1]]["JobState"] = "CANCELLED"
-            return ""
-        raise AssertionError(f"unexpected Slurm call {argv}")
-
-
 @pytest.fixture
 def fake(monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm()
-    monkeypatch.setattr(slurm, "show", fake.show)
-    monkeypatch.setattr(slurm, "slurm", fake.slurm)
     monkeypatch.setattr(attach.socket, "gethostbyname", lambda host: f"10.0.0.{host[1:]}")
-    return fake
+    return FakeSlurm().install(monkeypatch)
+
+
+def asked(fake: FakeSlurm) -> list[list[str]]:
+    """What the agent asked of Slurm beyond reading job records (scontrol show job)."""
+    return [call for call in fake.calls if call[:3] != ["scontrol", "show", "job"]]
 
 
 @pytest.fixture
@@ -69,15 +49,24 @@ def config(tmp_path: Path) -> AgentConfig:
     return AgentConfig(workspace=str(tmp_path / "workspace"), slurm_timeout_seconds=5)
 
 
-def slurm_record(job_id: str, state: str = "RUNNING", nodes: str = "n[2-3]", **more) -> dict:
+def slurm_job(
+    state: str = "RUNNING",
+    nodes: str = "n[2-3]",
+    uid: int = os.getuid(),
+    user: str = "alice",
+    comment: str = TAG,
+    **fields: str,
+) -> dict:
+    """A job as the fake holds it (the caller's, tagged, by default); `fields`: more of
+    scontrol's, or ones that replace the fake's (JobId=...)."""
     return {
-        "JobId": job_id,
-        "UserId": ME,
-        "JobState": state,
-        "NodeList": nodes,
-        "Comment": TAG,
-        "Reason": "None",
-        **more,
+        "uid": uid,
+        "user": user,
+        "state": state,
+        "nodelist": nodes,
+        "comment": comment,
+        "reason": "None",
+        "fields": fields,
     }
 
 
@@ -101,7 +90,7 @@ def a_job(
     if state == "HALTED":
         records.add_event(job_dir, "HALTED")
     nodes = "n[2-3]" if slurm_state == "RUNNING" else "(null)"
-    fake.jobs[job_id] = slurm_record(job_id, slurm_state, nodes, **record)
+    fake.add_job(job_id, **slurm_job(slurm_state, nodes, **record))
     return user_dir, job_dir
 
 
@@ -110,7 +99,7 @@ def a_job(
 
 def test_target_names_the_nodes_in_slurms_order_with_their_addresses(tmp_path, fake, config):
     user_dir, _ = a_job(tmp_path, fake)
-    answer = JOB_TARGET.check(attach.target(user_dir, "42", config))
+    answer = JOB_TARGET.check_answer(attach.target(user_dir, "42", config))
     assert answer == {
         "job_id": "42",
         "slurm_job_id": "42",
@@ -129,7 +118,7 @@ def test_target_of_a_session_carries_its_settings(tmp_path, fake, config):
     document = records.read_json(job_dir / FILE)
     document["task"]["session"] = {"ports": [8888]}  # what the compiler writes for one
     (job_dir / FILE).write_text(json.dumps(document))
-    answer = JOB_TARGET.check(attach.target(user_dir, "42", config))
+    answer = JOB_TARGET.check_answer(attach.target(user_dir, "42", config))
     assert answer["session"]["ports"] == [8888]
     (tmp_path / "plain").mkdir()
     plain, _ = a_job(tmp_path / "plain", fake)
@@ -140,8 +129,8 @@ def test_target_of_a_sweep_trial_uses_the_trials_own_slurm_id(tmp_path, fake, co
     user_dir, job_dir = a_job(tmp_path, fake)
     sweeps.make_trials(job_dir, 2)
     records.add_event(sweeps.trial_dir(job_dir, "1"), "RUNNING")
-    fake.jobs["42_1"] = slurm_record("44", nodes="n3", ArrayJobId="42", ArrayTaskId="1")
-    answer = JOB_TARGET.check(attach.target(user_dir, "42_1", config))
+    fake.add_job("42_1", **slurm_job(nodes="n3", JobId="44", ArrayJobId="42", ArrayTaskId="1"))
+    answer = JOB_TARGET.check_answer(attach.target(user_dir, "42_1", config))
     assert answer["slurm_job_id"] == "44"
     assert answer["nodes"] == [{"host": "n3", "rank": 0, "address": "10.0.0.3"}]
 
@@ -183,7 +172,7 @@ def test_a_rank_out_of_range_names_the_jobs_node_count(tmp_path, fake, config, r
 @pytest.mark.security
 def test_a_job_id_not_in_the_callers_workspace_is_not_theirs(tmp_path, fake, config):
     user_dir, _ = a_job(tmp_path, fake)
-    fake.jobs["77"] = slurm_record("77", UserId="bob(4242)")
+    fake.add_job("77", **slurm_job(uid=4242, user="bob"))
     for verb in (
         lambda: attach.target(user_dir, "77", config),
         lambda: attach.attach(user_dir, "77", config, 0, [], False),
@@ -198,7 +187,7 @@ def test_a_job_id_not_in_the_callers_workspace_is_not_theirs(tmp_path, fake, con
 def test_an_id_slurm_now_gives_another_users_job_is_refused(tmp_path, fake, config, monkeypatch):
     """The index says 42 is the caller's, but Slurm lost its state and gave 42 to bob."""
     user_dir, _ = a_job(tmp_path, fake)
-    fake.jobs["42"] = slurm_record("42", UserId="bob(4242)", Comment="tacc:bob:1")
+    fake.add_job("42", **slurm_job(uid=4242, user="bob", comment="tacc:bob:1"))
     execs = []
     monkeypatch.setattr(attach.os, "execvp", lambda *a: execs.append(a))
     for verb in (
@@ -208,13 +197,13 @@ def test_an_id_slurm_now_gives_another_users_job_is_refused(tmp_path, fake, conf
     ):
         with pytest.raises(Rejected, match=r"not this job of yours.*bob's"):
             verb()
-    assert execs == [] and fake.calls == []
+    assert execs == [] and asked(fake) == []
 
 
 @pytest.mark.security
 def test_a_copied_tag_does_not_make_another_users_job_the_callers(tmp_path, fake, config):
     user_dir, _ = a_job(tmp_path, fake)
-    fake.jobs["42"] = slurm_record("42", UserId="bob(4242)")  # bob wrote the same comment
+    fake.add_job("42", **slurm_job(uid=4242, user="bob"))  # bob wrote the same comment
     with pytest.raises(Rejected, match=r"not this job of yours"):
         attach.target(user_dir, "42", config)
 
@@ -444,7 +433,7 @@ def test_stop_on_disconnect_cancels_the_job_when_stdin_ends(
     result, thread = run_watch(user_dir, config, stdin)
     thread.start()
     time.sleep(0.3)
-    assert fake.calls == []  # watching, the job left alone
+    assert asked(fake) == []  # watching, the job left alone
     stdin.close_it.set()
     thread.join(10)
     assert result == [0]
@@ -644,16 +633,15 @@ def test_a_cancel_recorded_whose_scancel_failed_is_scancelled_on_the_next_try(
     ended and the job running, so the next try scancels it directly."""
     monkeypatch.setattr(attach.signal, "signal", lambda *_a: None)
     user_dir, _ = a_job(tmp_path, fake)
-    real, failed = fake.slurm, []
+    real, failed = fake.command, []
 
-    def scancel_fails_once(argv, timeout=0, check=True):
+    def scancel_fails_once(argv, *args, **kwargs):
         if argv[0] == "scancel" and not failed:
             failed.append(argv)
             raise AgentError("scancel: Unable to contact slurm controller")
-        return real(argv, timeout, check)
+        return real(argv, *args, **kwargs)
 
-    monkeypatch.setattr(slurm, "slurm", scancel_fails_once)
-    monkeypatch.setattr(attach.slurm, "slurm", scancel_fails_once)
+    monkeypatch.setattr(slurm.run, "command", scancel_fails_once)
     assert (
         attach.stop_on_disconnect(
             user_dir, "42", config, io.BytesIO(b""), 0.05, retry_delays=(0.01, 0.02)
@@ -661,7 +649,7 @@ def test_a_cancel_recorded_whose_scancel_failed_is_scancelled_on_the_next_try(
         == 0
     )
     assert failed and fake.calls.count(["scancel", "42"]) == 1
-    assert fake.jobs["42"]["JobState"] == "CANCELLED"
+    assert fake.jobs["42"]["state"] == "CANCELLED"
     assert lines(capsys)[-1] == {"job_id": "42", "state": "CANCELLED", "cancelled": True}
 
 

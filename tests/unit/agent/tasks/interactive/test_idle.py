@@ -1,12 +1,14 @@
-"""The idle watchdog of an interactive session (issue [14], tasks/interactive/idle.py): its samplers
-over a fake /proc tree, fake ss output and fake terminals, and its decision over a fake
-clock (idle -> one cancel, activity resets the count, "0" never cancels); ps's kind and
-status's session."""
+"""The idle watchdog of an interactive session (issue [14], tasks/interactive/idle.py): its
+samplers over a fake /proc tree (processes, socket tables, the I/O of the processes that
+hold a connection's end) and fake terminals, and its decision over a fake clock (idle ->
+one cancel, activity resets the count, "0" never cancels); ps's kind and status's
+session."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -29,25 +31,19 @@ from tacc_agent.tasks.interactive.idle import (
     idle_seconds,
     interval_for,
     job_processes,
-    parse_ss,
-    parse_stat,
     read_connections,
-    ss_argv,
     terminal_path,
     terminal_times,
 )
 from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.jobs import verbs as jobs
 from tests.unit.agent_jobs import make_job
-
-# As `ss -tinH state established '( sport = :22 )'` printed it on lab node n2 (iproute2 6.1).
-SS_TEXT = (
-    "0      68     10.77.6.12:8888 10.77.6.1:33132\n"
-    "\t bbr wscale:10,10 rto:208 rtt:6.146/11.25 ato:40 mss:1448 pmtu:1500 cwnd:21 "
-    "bytes_sent:3497 bytes_acked:3429 bytes_received:3772 segs_out:16 segs_in:19 "
-    "bbr:(bw:565072624bps,mrtt:0.025) send 39580866bps lastsnd:4 lastrcv:8\n"
-    "0      0      [::ffff:10.77.6.12]:6006 [::ffff:10.77.6.1]:40000\n"
-    "\t cubic wscale:7,7 rto:204 bytes_sent:10 bytes_received:20 segs_out:2\n"
+from tests.unit.proc_fakes import (
+    hex_endpoint,
+    holding_socket,
+    mapped_endpoint,
+    socket_table,
+    stat_line,
 )
 
 
@@ -66,109 +62,105 @@ def test_the_interval_is_a_sixth_of_the_limit_from_2_to_30_seconds(idle, interva
 
 
 # ---------------------------------------------------------------- forwarded traffic
-def test_ss_is_asked_for_both_ends_of_the_sessions_connections_with_their_owners():
-    filters = "sport = :8888 or dport = :8888 or sport = :6006 or dport = :6006"
-    assert ss_argv([8888, 6006]) == [
-        "ss",
-        "-tineH",
-        "state",
-        "established",
-        "(",
-        *filters.split(),
-        ")",
-    ]
+OWNER = os.getuid()  # the fake /proc's processes are this user's
+RELAY_PID, SESSION_INODE, RELAY_INODE = 500, 4174848, 4174847
 
 
-def test_ss_output_gives_each_socket_its_ends_owner_and_byte_counters():
-    assert parse_ss(SS_TEXT) == [
-        idle.Socket("10.77.6.12:8888", "10.77.6.1:33132", 0, (3772, 3497, 3429)),
-        idle.Socket("10.77.6.12:6006", "10.77.6.1:40000", 0, (20, 10, 0)),  # mapped: plain
-    ]
-    assert parse_ss("") == []
-
-
-# Both ends of one loopback connection to the session's port 8888, as `ss -tineH` prints
-# them (the format checked against iproute2's ss: uid only when not root's, v4-mapped on
-# a dual-stack listener); the session's end is the owner's (uid 2001).
-def loopback_pair(peer_uid: int, received: int) -> str:
-    return (
-        f"0      0      127.0.0.1:51336 127.0.0.1:8888 uid:{peer_uid} ino:4174847 sk:1 <->\n"
-        f"\t ts sack cubic wscale:10,10 bytes_sent:{received} bytes_acked:{received + 1}\n"
-        "0      0      [::ffff:127.0.0.1]:8888 [::ffff:127.0.0.1]:51336 uid:2001 ino:4174848 "
-        "sk:2 <->\n"
-        f"\t ts sack cubic wscale:10,10 bytes_received:{received} segs_in:3\n"
+def loopback_connection(proc: Path, peer_uid: int, session_uid: int = OWNER) -> None:
+    """Both ends of one loopback connection to the session's port 8888, as the kernel
+    lists them: the session's end on a dual-stack listener (tcp6, IPv4-mapped), the
+    other end (127.0.0.1:51336, a relay's) in tcp, each with its owner and inode."""
+    session, relay = ("127.0.0.1", 8888), ("127.0.0.1", 51336)
+    socket_table(proc, [(hex_endpoint(*relay), hex_endpoint(*session), peer_uid, RELAY_INODE)])
+    socket_table(
+        proc,
+        [(mapped_endpoint(*session), mapped_endpoint(*relay), session_uid, SESSION_INODE)],
+        table="net/tcp6",
     )
 
 
-def ss_printing(text: str):
-    return lambda argv, **_kwargs: subprocess.CompletedProcess(argv, 0, text, "")
-
-
-def test_a_connection_from_the_owners_own_process_is_forwarded_traffic():
-    """`tcloud forward`'s relay runs as the owner on the node: its traffic counts."""
-    before = read_connections([8888], ss_printing(loopback_pair(2001, 10)), owner=2001)
-    after = read_connections([8888], ss_printing(loopback_pair(2001, 99)), owner=2001)
-    assert before == {"127.0.0.1:8888 127.0.0.1:51336": (10, 0, 0)}
+def test_a_connection_from_the_owners_own_process_is_forwarded_traffic(tmp_path):
+    """`tcloud forward`'s relay runs as the owner on the node: the bytes it moves count."""
+    loopback_connection(tmp_path, OWNER)
+    holding_socket(tmp_path, RELAY_PID, RELAY_INODE, read=10, written=5)
+    before = read_connections([8888], owner=OWNER, proc_root=tmp_path)
+    holding_socket(tmp_path, RELAY_PID, RELAY_INODE, read=99, written=5)
+    after = read_connections([8888], owner=OWNER, proc_root=tmp_path)
+    assert before == {"127.0.0.1:8888 127.0.0.1:51336": (10, 5)}
     assert activity(idle.sample_of(0, before, [], {}), idle.sample_of(5, after, [], {}), 100) == [
+        "forwarded traffic"
+    ]
+    still = read_connections([8888], owner=OWNER, proc_root=tmp_path)
+    assert activity(idle.sample_of(5, after, [], {}), idle.sample_of(9, still, [], {}), 100) == []
+
+
+def test_a_new_connection_of_the_owner_is_forwarded_traffic_even_unheld(tmp_path):
+    """No process here found holding the owner's end (it ended, or is not readable): the
+    connection still counts when it appears."""
+    loopback_connection(tmp_path, OWNER)
+    found = read_connections([8888], owner=OWNER, proc_root=tmp_path)
+    assert found == {"127.0.0.1:8888 127.0.0.1:51336": (0, 0)}
+    assert activity(idle.sample_of(0, {}, [], {}), idle.sample_of(5, found, [], {}), 100) == [
         "forwarded traffic"
     ]
 
 
 @pytest.mark.security
-def test_another_users_connection_does_not_keep_the_session_alive():
-    """Another user on the node (uid 2002) connects to bob's notebook port and moves
+def test_another_users_connection_does_not_keep_the_session_alive(tmp_path):
+    """Another user on the node (uid + 1) connects to bob's notebook port and moves
     bytes: no forwarded traffic for bob's session, so it still stops when idle."""
-    owner, other = os.getuid(), os.getuid() + 1
-    text = loopback_pair(other, 10).replace("uid:2001", f"uid:{owner}")
-    busier = loopback_pair(other, 99).replace("uid:2001", f"uid:{owner}")
-    before = read_connections([8888], ss_printing(text))
-    after = read_connections([8888], ss_printing(busier))
+    other = OWNER + 1
+    loopback_connection(tmp_path, other)
+    holding_socket(tmp_path, RELAY_PID, RELAY_INODE, read=10)
+    before = read_connections([8888], proc_root=tmp_path)
+    holding_socket(tmp_path, RELAY_PID, RELAY_INODE, read=99)
+    after = read_connections([8888], proc_root=tmp_path)
+    assert before == after == {}
     assert activity(idle.sample_of(0, before, [], {}), idle.sample_of(5, after, [], {}), 100) == []
 
 
-def test_a_connection_from_another_host_is_not_the_owners():
+def test_a_connection_from_another_host_is_not_the_owners(tmp_path):
     """Its peer has no socket on this node: its uid is unknown, so it does not count."""
-    assert read_connections([8888], ss_printing(SS_TEXT), owner=0) == {}
+    session, peer = ("10.77.6.12", 8888), ("10.77.6.1", 33132)
+    socket_table(tmp_path, [(hex_endpoint(*session), hex_endpoint(*peer), OWNER, 1)])
+    assert read_connections([8888], owner=OWNER, proc_root=tmp_path) == {}
 
 
-def test_no_ports_asks_ss_nothing():
-    def run(*_args, **_kwargs):
-        raise AssertionError("ss was run")
+def test_only_the_sessions_ports_count(tmp_path):
+    loopback_connection(tmp_path, OWNER)
+    assert read_connections([6006], owner=OWNER, proc_root=tmp_path) == {}
 
-    assert read_connections([], run) == {}
+
+def test_no_ports_reads_nothing(tmp_path):
+    assert read_connections([], proc_root=tmp_path / "none") == {}
 
 
 @pytest.mark.fault
-def test_a_missing_or_failing_ss_stops_the_watch_rather_than_cancel_blind():
-    def missing(*_args, **_kwargs):
-        raise FileNotFoundError(2, "No such file or directory", "ss")
+def test_unreadable_socket_tables_stop_the_watch_rather_than_cancel_blind(tmp_path):
+    with pytest.raises(WatchError, match="cannot list this node's connections"):
+        read_connections([8888], proc_root=tmp_path / "none")
 
-    def failing(argv, **_kwargs):
-        return subprocess.CompletedProcess(argv, 1, "", "ss: bad filter\n")
 
-    for run in (missing, failing):
-        with pytest.raises(WatchError):
-            read_connections([8888], run)
+def test_a_real_connection_of_this_user_and_the_bytes_it_moves_are_seen():
+    """On the real /proc: a connection this process makes to a port it listens on is
+    found with its owner, and what this process writes moves its counts."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        with client, accepted:
+            name = f"127.0.0.1:{port} 127.0.0.1:{client.getsockname()[1]}"
+            before = read_connections([port])
+            os.write(client.fileno(), b"x" * 1000)  # write(2): counted, as the relay's
+            accepted.recv(1000)
+            after = read_connections([port])
+    assert list(before) == list(after) == [name]
+    assert activity(idle.sample_of(0, before, [], {}), idle.sample_of(5, after, [], {}), 100) == [
+        "forwarded traffic"
+    ]
 
 
 # ---------------------------------------------------------------- the job's processes
-def stat_line(
-    pid: int,
-    name: str = "python3",
-    tty_nr: int = 0,
-    utime: int = 0,
-    stime: int = 0,
-    start: int = 1000,
-) -> str:
-    # Fields 1-22 of proc(5) stat: pid (comm) state ppid pgrp session tty_nr tpgid flags
-    # minflt cminflt majflt cmajflt utime stime cutime cstime priority nice threads
-    # itrealvalue starttime, then the rest.
-    return (
-        f"{pid} ({name}) S 1 {pid} {pid} {tty_nr} -1 4194560 100 0 0 0 {utime} {stime} 0 0 "
-        f"20 0 1 0 {start} 1000000 200 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 3\n"
-    )
-
-
 def fake_proc(root: Path, pid: int, job: str | None, stat: str) -> None:
     entry = root / str(pid)
     entry.mkdir(parents=True)
@@ -177,12 +169,6 @@ def fake_proc(root: Path, pid: int, job: str | None, stat: str) -> None:
         env.append(f"SLURM_JOB_ID={job}".encode())
     (entry / "environ").write_bytes(b"\0".join(env) + b"\0")
     (entry / "stat").write_text(stat)
-
-
-def test_stat_fields_are_read_after_a_command_name_with_spaces_and_parentheses():
-    line = stat_line(7, name="my (odd) prog", tty_nr=34816, utime=5, stime=3, start=42)
-    assert parse_stat(line) == (34816, 8, 42)
-    assert parse_stat("7 (cut") is None
 
 
 def test_only_this_jobs_processes_are_the_jobs(tmp_path):
@@ -230,31 +216,31 @@ TICKS = 100.0
 
 
 def test_no_change_is_no_activity():
-    before = Sample(0, {"a b": (1, 2, 3)}, {(10, 1): 50}, {"/dev/pts/1": 5.0})
-    after = Sample(10, {"a b": (1, 2, 3)}, {(10, 1): 50}, {"/dev/pts/1": 5.0})
+    before = Sample(0, {"a b": (1, 2)}, {(10, 1): 50}, {"/dev/pts/1": 5.0})
+    after = Sample(10, {"a b": (1, 2)}, {(10, 1): 50}, {"/dev/pts/1": 5.0})
     assert activity(before, after, TICKS) == []
 
 
 @pytest.mark.parametrize(
     ("after", "kind"),
     [
-        (Sample(10, {"a b": (1, 2, 9)}, {(10, 1): 50}), "forwarded traffic"),
-        (Sample(10, {"a b": (1, 2, 3), "a c": (0, 0, 0)}, {(10, 1): 50}), "forwarded traffic"),
-        (Sample(10, {"a b": (1, 2, 3)}, {(10, 1): 100}), "a busy process"),  # 5% of 1 CPU
-        (Sample(10, {"a b": (1, 2, 3)}, {(10, 1): 50, (11, 9): 60}), "a busy process"),
-        (Sample(10, {"a b": (1, 2, 3)}, {(10, 1): 50}, {"/dev/pts/1": 9.0}), "typing"),
-        (Sample(10, {"a b": (1, 2, 3)}, {(10, 1): 50}, {"/dev/pts/2": 1.0}), "typing"),
+        (Sample(10, {"a b": (1, 9)}, {(10, 1): 50}), "forwarded traffic"),
+        (Sample(10, {"a b": (1, 2), "a c": (0, 0)}, {(10, 1): 50}), "forwarded traffic"),
+        (Sample(10, {"a b": (1, 2)}, {(10, 1): 100}), "a busy process"),  # 5% of 1 CPU
+        (Sample(10, {"a b": (1, 2)}, {(10, 1): 50, (11, 9): 60}), "a busy process"),
+        (Sample(10, {"a b": (1, 2)}, {(10, 1): 50}, {"/dev/pts/1": 9.0}), "typing"),
+        (Sample(10, {"a b": (1, 2)}, {(10, 1): 50}, {"/dev/pts/2": 1.0}), "typing"),
     ],
 )
 def test_each_kind_of_use_is_activity(after, kind):
-    before = Sample(0, {"a b": (1, 2, 3)}, {(10, 1): 50}, {})
+    before = Sample(0, {"a b": (1, 2)}, {(10, 1): 50}, {})
     if "/dev/pts/1" in after.terminals:
         before = Sample(0, before.connections, before.cpu_ticks, {"/dev/pts/1": 5.0})
     assert activity(before, after, TICKS) == [kind]
 
 
 def test_a_little_cpu_or_a_closed_connection_is_not_activity():
-    before = Sample(0, {"a b": (1, 2, 3)}, {(10, 1): 50, (11, 1): 5})
+    before = Sample(0, {"a b": (1, 2)}, {(10, 1): 50, (11, 1): 5})
     after = Sample(10, {}, {(10, 1): 99})  # 4.9% of a CPU; pid 11 exited
     assert activity(before, after, TICKS) == []
 
@@ -329,7 +315,7 @@ def test_a_sampler_that_cannot_read_stops_the_watch_without_a_cancel():
     said, cancels, fake = [], [], FakeClock()
 
     def take(_now: float) -> Sample:
-        raise WatchError("cannot list connections with ss: not found")
+        raise WatchError("cannot list this node's connections: no such file")
 
     dog = Watchdog(
         idle=20,
@@ -354,7 +340,7 @@ def test_no_watchdog_outside_slurm(tmp_path):
 
 def test_the_cancel_scancels_the_job_then_records_why(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(idle.slurm, "slurm", lambda argv, timeout: calls.append(argv) or "")
+    monkeypatch.setattr(idle.slurm.run, "output", lambda argv, timeout: calls.append(argv) or "")
     (tmp_path / "status").mkdir()
     assert idle.canceller(tmp_path, "42", 5, lambda _m: None)(1805.0) is True
     assert calls == [["scancel", "42"]]
@@ -379,7 +365,7 @@ def test_a_failing_scancel_is_tried_again_and_recorded_only_after_it_succeeded(
             raise AgentError("scancel: Unable to contact slurm controller")
         return ""
 
-    monkeypatch.setattr(idle.slurm, "slurm", fails_once)
+    monkeypatch.setattr(idle.slurm.run, "output", fails_once)
     cancel = idle.canceller(tmp_path, "42", 5, said.append, wait=lambda s: waits.append(s) or False)
     assert cancel(1805.0) is True
     assert calls == [["scancel", "42"]] * 2 and waits == [idle.SCANCEL_RETRY_DELAYS[0]]
@@ -397,7 +383,7 @@ def test_a_scancel_that_never_succeeds_records_nothing_and_says_so(tmp_path, mon
         calls.append(argv)
         raise AgentError("scancel: Unable to contact slurm controller")
 
-    monkeypatch.setattr(idle.slurm, "slurm", down)
+    monkeypatch.setattr(idle.slurm.run, "output", down)
     cancel = idle.canceller(tmp_path, "42", 5, said.append, wait=lambda _s: False)
     assert cancel(1805.0) is False
     assert len(calls) == len(idle.SCANCEL_RETRY_DELAYS) + 1 == 5
@@ -465,7 +451,7 @@ def test_ps_rows_carry_their_kind(tmp_path, monkeypatch):
         SimpleNamespace(job_id="8", job_dir=session),
     ]
     monkeypatch.setattr(jobs.submitting, "resolve", lambda _user_dir, _config: [])
-    monkeypatch.setattr(jobs.slurm, "slurm", lambda _argv, _timeout: "")
+    monkeypatch.setattr(jobs.slurm.run, "output", lambda _argv, _timeout, **_how: "")
     monkeypatch.setattr(jobs.workspace, "entries", lambda _user_dir: index)
     monkeypatch.setattr(jobs, "own_info", lambda _job_id, _job_dir, _config: None)
     config = SimpleNamespace(slurm_timeout_seconds=5)
@@ -531,7 +517,7 @@ def test_the_batch_step_cancels_an_idle_session_once_and_stops_its_watchdog(tmp_
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setattr(idle, "read_connections", lambda _ports, **_owner: {})
-    monkeypatch.setattr(idle.slurm, "slurm", scancel)
+    monkeypatch.setattr(idle.slurm.run, "output", scancel)
     monkeypatch.setattr(execute, "run_line", run_line)
     monkeypatch.setattr(execute, "become_subreaper", lambda: None)
     before = {t.name for t in threading.enumerate()}

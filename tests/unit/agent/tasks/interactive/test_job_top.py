@@ -26,7 +26,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, Rejected
 from tacc_agent.health import job_usage
 from tacc_agent.tasks.interactive import attach, top
-from tacc_contract import protocol
+from tacc_contract import verbs
 from tests.unit.agent.health.test_job_usage import ALICE, TICKS, add_process, fake_smi, two_gpus
 from tests.unit.agent_jobs import agent, agent_env
 
@@ -183,7 +183,7 @@ def test_one_step_on_every_node_and_each_nodes_line_by_host(tmp_path, monkeypatc
     )
     argv_file = fake_srun(tmp_path, monkeypatch, out)
     before = time.time()
-    answer = protocol.JOB_TOP.check(top.usage(running("n2", "n3", "n4")))
+    answer = verbs.JOB_TOP.answer.check(top.usage(running("n2", "n3", "n4")))
     argv = json.loads(argv_file.read_text())
     assert argv[:9] == [
         "--jobid=41",
@@ -223,7 +223,7 @@ def test_a_refused_or_hung_step_is_an_error_on_every_node(
     tmp_path, monkeypatch, code, sleep, timeout, expected
 ):
     fake_srun(tmp_path, monkeypatch, line("n2"), code=code, sleep=sleep)
-    answer = protocol.JOB_TOP.check(top.usage(running("n2", "n3"), timeout=timeout))
+    answer = verbs.JOB_TOP.answer.check(top.usage(running("n2", "n3"), timeout=timeout))
     errors = [node["error"] for node in answer["nodes"]]
     assert len(errors) == 2 and all(expected in error for error in errors), errors
 
@@ -325,7 +325,7 @@ def test_alices_top_never_gets_bobs_job_figures(node, daemon, monkeypatch, tmp_p
         received.append(json.dumps(node_usage.here(node, STEP_PID, ALICE, "n2")) + "\n")
         return received[-1]
 
-    monkeypatch.setattr(slurm, "slurm", srun_on_n2)
+    monkeypatch.setattr(slurm.run, "output", srun_on_n2)
     answer = top.top(tmp_path, "41", AgentConfig(metrics_port=port))
     (n2,) = answer["nodes"]
     assert n2["cpu_seconds"] == 3.0 and [gpu["index"] for gpu in n2["gpus"]] == [1], n2

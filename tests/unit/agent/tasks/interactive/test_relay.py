@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import EXIT_REJECTED, Rejected
 from tacc_agent.tasks.interactive import attach, relay
-from tacc_contract.protocol import BadArgument, job_connect
-from tests.unit.agent.tasks.interactive.test_attach import FakeSlurm, a_job
+from tacc_contract.protocol import BadArgument
+from tacc_contract.verbs import JOB_CONNECT
+from tests.unit.agent.tasks.interactive.test_attach import a_job
+from tests.unit.fake_slurm import FakeSlurm
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
 
@@ -190,10 +191,7 @@ def test_nothing_listening_is_one_line_on_stderr_and_nothing_on_stdout(capfd):
 # ---------------------------------------------------------------- job connect, protocol
 @pytest.fixture
 def slurm_fake(monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm()
-    monkeypatch.setattr(slurm, "show", fake.show)
-    monkeypatch.setattr(slurm, "slurm", fake.slurm)
-    return fake
+    return FakeSlurm().install(monkeypatch)
 
 
 @pytest.fixture
@@ -231,6 +229,11 @@ def test_job_connect_into_a_job_not_yours_is_refused_on_stderr(
     assert out == "" and "77" in err and execs == []
 
 
+def job_connect(job: str, rank: int, target: int | str, check: bool = False) -> list[str]:
+    where = {"socket": target} if isinstance(target, str) else {"port": target}
+    return JOB_CONNECT.request(job=job, rank=rank, check=check, **where)
+
+
 def test_the_protocol_builds_job_connect_words():
     assert job_connect("42", 1, 8888) == ["job", "connect", "42", "--rank", "1", "--port", "8888"]
     assert job_connect("42", 0, "/s/j.sock", check=True)[-3:] == [
@@ -239,5 +242,5 @@ def test_the_protocol_builds_job_connect_words():
         "--check",
     ]
     for bad in ("j.sock", 0, 70000, True):
-        with pytest.raises(BadArgument, match="job connect"):
+        with pytest.raises(BadArgument, match=r"--port|--socket"):
             job_connect("42", 0, bad)

@@ -102,7 +102,7 @@ def slurm_nodes(monkeypatch):
     """scontrol show node, answered from a dict (what a down node looks like)."""
     nodes: dict[str, dict] = {}
     monkeypatch.setattr(
-        "tacc_agent.slurm.show",
+        "tacc_agent.slurm.oneliner.show",
         lambda kind, name="", timeout=0: [nodes[name]] if name in nodes else [],
     )
     return nodes
@@ -163,7 +163,7 @@ def running_job(tmp_path, monkeypatch):
     # (tacc_agent.tasks.jobs.job_tags).
     running = {"JobState": "RUNNING", "UserId": f"alice({os.getuid()})", "WorkDir": str(job_dir)}
     monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: running)
-    monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: calls.append(argv))
+    monkeypatch.setattr(jobs.slurm.run, "output", lambda argv, timeout, **kw: calls.append(argv))
     return user_dir, job_dir, calls
 
 

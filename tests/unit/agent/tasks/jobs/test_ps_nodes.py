@@ -11,14 +11,14 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.jobs import verbs as jobs
 from tests.unit.agent_jobs import agent, agent_env, make_job
-from tests.unit.fake_slurm import FakeSlurm
+from tests.unit.fake_slurm import FakeSlurmOnPath
 
 TASK = {"name": "t", "resources": {"nodes": 1}, "run": ["python train.py"]}
 
 
 @pytest.fixture
-def slurm(tmp_path, monkeypatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
+def slurm(tmp_path, monkeypatch) -> FakeSlurmOnPath:
+    fake = FakeSlurmOnPath(tmp_path)
     for name, value in fake.env().items():
         monkeypatch.setenv(name, value)
     return fake

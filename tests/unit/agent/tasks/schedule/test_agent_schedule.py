@@ -9,8 +9,9 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
-from tacc_agent.slurm import parse_oneliner
-from tacc_agent.tasks.schedule.cluster_shape import gpu_count, parse_nodes, parse_partitions
+from tacc_agent.slurm.nodes import node_of, partition_of
+from tacc_agent.slurm.oneliner import parse_oneliner
+from tacc_agent.tasks.schedule.cluster_shape import scheduling_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import parse
 from tacc_agent.tasks.schedule.submit import check_feasible, sbatch_argv
 from tacc_contract.instruction import InvalidInstruction
@@ -30,8 +31,9 @@ PARTITIONS = [
 
 
 def shape():
-    nodes = parse_nodes([parse_oneliner(line) for line in NODES])
-    return parse_partitions([parse_oneliner(line) for line in PARTITIONS], nodes), nodes
+    nodes = scheduling_nodes([node_of(parse_oneliner(line)) for line in NODES])
+    partitions = [partition_of(parse_oneliner(line)) for line in PARTITIONS]
+    return scheduling_partitions(partitions, nodes), nodes
 
 
 def task(**resources):
@@ -40,12 +42,6 @@ def task(**resources):
         "task": {"name": "t", "run": ["true"], "resources": resources},
     }
     return parse(json.dumps(document), "instruction.json")
-
-
-def test_gres_strings_count_gpus():
-    assert gpu_count("gpu:a100:8(S:0-1)") == 8
-    assert gpu_count("gpu:2,gpu:l40s:1,nic:1") == 3
-    assert gpu_count("(null)") == 0
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def scontrol_prints(monkeypatch, by_name: dict[str, str]) -> list[list[str]]:
         calls.append(argv)
         return by_name.get(argv[-1] if argv[-1] != "--oneliner" else "", "")
 
-    monkeypatch.setattr(slurm, "slurm", fake)
+    monkeypatch.setattr(slurm.run, "output", fake)
     return calls
 
 
@@ -65,20 +65,20 @@ def scontrol_prints(monkeypatch, by_name: dict[str, str]) -> list[list[str]]:
 )
 def test_a_name_that_spells_a_field_makes_no_record(monkeypatch, name):
     scontrol_prints(monkeypatch, {"12": line("12", name, "alice", 1001) + "\n"})
-    assert slurm.show("job", "12") == []
+    assert slurm.oneliner.show("job", "12") == []
     assert preempt.job_record("12", AgentConfig()) is None
     assert jobs.slurm_info("12", AgentConfig()) is None
 
 
 def test_names_with_spaces_and_lowercase_equals_signs_still_read(monkeypatch):
     scontrol_prints(monkeypatch, {"12": line("12", "lr=0.1 two words", "alice", 1001) + "\n"})
-    [record] = slurm.show("job", "12")
+    [record] = slurm.oneliner.show("job", "12")
     assert (record["JobName"], record["UserId"]) == ("lr=0.1 two words", "alice(1001)")
 
 
 def test_node_records_are_read_as_before(monkeypatch):
     scontrol_prints(monkeypatch, {"n2": "NodeName=n2 State=IDLE Reason=disk swap [root@x]\n"})
-    assert slurm.show("node", "n2") == [
+    assert slurm.oneliner.show("node", "n2") == [
         {"NodeName": "n2", "State": "IDLE", "Reason": "disk swap [root@x]"}
     ]
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import Rejected
 from tacc_agent.tasks.execute.agreement import Agreement
@@ -31,6 +30,7 @@ from tacc_contract.instruction import FORMAT
 from tacc_contract.plugins import Launch
 from tacc_plugins import transport
 from tests.unit.agent_jobs import agent, agent_env, make_job
+from tests.unit.fake_slurm import FakeSlurm, answer
 
 ROOT = Path(__file__).resolve().parents[5]
 PLUGINS = ROOT / "packages" / "plugins" / "tacc_plugins"
@@ -87,45 +87,30 @@ class ScratchPolicy(Plugin):
         launch.note(self.name, launch.env["SCRATCH_HOSTS"])
 '''
 
-NODES = [
-    "NodeName=g1 CPUTot=64 RealMemory=512000 Gres=gpu:h100:4 AvailableFeatures=h100,nvme "
-    "Partitions=gpu State=IDLE",
-    "NodeName=c1 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu State=IDLE",
-]
-PARTITIONS = [
-    "PartitionName=gpu Default=NO Nodes=g1 State=UP",
-    "PartitionName=cpu Default=YES Nodes=c1 State=UP",
-]
 
-
-class FakeSlurm:
+@pytest.fixture
+def cluster(monkeypatch) -> FakeSlurm:
     """The Slurm commands the agent runs to fill the contexts, answered from fixtures."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def __call__(
-        self, argv: list[str], timeout: float = 0, check: bool = True, env: dict | None = None
-    ) -> str:
-        self.calls.append(argv)
-        if argv[:3] == ["scontrol", "show", "node"]:
-            return "\n".join(NODES)
-        if argv[:3] == ["scontrol", "show", "partition"]:
-            return "\n".join(PARTITIONS)
-        if argv[0] == "sinfo":  # a drained idle node and one not responding do not count
-            return "3|idle\n1|drained\n1|idle*\n"
-        if argv[0] == "squeue" and "--states=PENDING" in argv:  # the partition's load
-            return "31|Resources\n32|JobHeldUser\n33|Priority\n"
-        if argv[0] == "squeue":  # the queue tick
-            return (
-                "41|greedy|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
-                "42|modest|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
-            )
-        if argv[:2] == ["scontrol", "update"]:
-            return ""
-        if argv[:4] == ["scontrol", "show", "job", "--oneliner"]:  # the tick's job records
-            return ""
-        raise AssertionError(f"unexpected Slurm call {argv}")
+    fake = FakeSlurm().install(monkeypatch)
+    fake.add_node(
+        "g1", partitions="gpu", gres="gpu:h100:4", cpus=64, memory=512000, features="h100,nvme"
+    )
+    fake.add_node("c1", partitions="cpu", cpus=32, memory=128000)
+    fake.add_partition("gpu", Default="NO", Nodes="g1", State="UP")
+    fake.add_partition("cpu", Default="YES", Nodes="c1", State="UP")
+    # a drained idle node and one not responding do not count
+    fake.when("sinfo", answer(0, "3|idle\n1|drained\n1|idle*\n"))
+    # the partition's load
+    fake.when("squeue --states=PENDING", answer(0, "31|Resources\n32|JobHeldUser\n33|Priority\n"))
+    fake.when(  # the queue tick
+        "squeue",
+        answer(
+            0,
+            "41|greedy|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n"
+            "42|modest|PENDING|0|1|1|N/A|N/A|N/A|N/A|0:00|\n",
+        ),
+    )
+    return fake
 
 
 @pytest.fixture
@@ -195,10 +180,8 @@ def past_job(user_dir: Path, name: str) -> None:
 
 
 def test_schedule_sees_node_features_load_and_history_and_refuses_with_rejected(
-    outside, tmp_path, monkeypatch
+    outside, tmp_path, cluster
 ):
-    fake = FakeSlurm()
-    monkeypatch.setattr(slurm, "slurm", fake)
     config = AgentConfig(plugins=(MODULE,))
     user_dir = tmp_path / "user"
     past_job(user_dir, "first")
@@ -206,19 +189,17 @@ def test_schedule_sees_node_features_load_and_history_and_refuses_with_rejected(
     # sinfo: 3 idle; squeue: 2 of 3 pending jobs wait for nodes (a held one does not)
     assert submission.notes["scratch"] == "3 idle, 2 waiting, earlier: first"
     assert ["sinfo", "--noheader", "--partition=gpu", "--states=idle", "--format=%D|%T"] in (
-        fake.calls
+        cluster.calls
     )
     with pytest.raises(Rejected, match=r"no node in partition 'cpu' has NVMe scratch") as caught:
         schedule.plan(task_for("cpu"), Path("/w/job"), config, user_dir)
     assert caught.value.field == "resources.partition"
 
 
-def test_a_queue_tick_reaches_the_outside_plugin(outside, tmp_path, monkeypatch):
-    fake = FakeSlurm()
-    monkeypatch.setattr(slurm, "slurm", fake)
+def test_a_queue_tick_reaches_the_outside_plugin(outside, tmp_path, cluster):
     config = AgentConfig(plugins=(MODULE,), state_dir=str(tmp_path))
     assert queue_ticks.tick(config) == ["scratch: job 41 nice 0 -> 100"]
-    assert ["scontrol", "update", "JobId=41", "Nice=100"] in fake.calls
+    assert ["scontrol", "update", "JobId=41", "Nice=100"] in cluster.calls
     queue_ticks.tick(config)
     assert json.loads((tmp_path / "scratch.json").read_text()) == {"ticks": 2}
 

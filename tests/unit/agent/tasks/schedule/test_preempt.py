@@ -19,6 +19,7 @@ from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule import preempt
 from tacc_agent.tasks.store import workspace
+from tests.unit.fake_slurm import oneliner
 
 OTHER_UID = 4321  # the job's owner when the tests run as root (files chowned to it)
 OPTED_IN = {"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}, "elastic": {}}}
@@ -77,11 +78,6 @@ def test_the_known_opt_in_words_of_every_plugin_are_read(job_dir):
     assert preempt.opted_in_job(record(job_dir)) == {"preemptible", "resize"}
 
 
-def oneliner(record: dict[str, str]) -> str:
-    """A record as `scontrol show ... --oneliner` prints it."""
-    return " ".join(f"{key}={value}" for key, value in record.items())
-
-
 def test_slurms_record_gives_owner_state_and_directory(monkeypatch):
     info = {
         "JobId": "41",
@@ -93,9 +89,9 @@ def test_slurms_record_gives_owner_state_and_directory(monkeypatch):
     trial = {**info, "JobId": "52", "ArrayJobId": "50", "ArrayTaskId": "2"}
     lines = {"41": oneliner(info), "52": oneliner(trial)}
     monkeypatch.setattr(
-        slurm,
+        slurm.oneliner,
         "show_lines",
-        lambda kind, name="", timeout=0: [lines[name]] if name else [*lines.values()],
+        lambda kind, name="", timeout=0, env=None: [lines[name]] if name else [*lines.values()],
     )
     assert preempt.job_record("41", AgentConfig()) == preempt.JobRecord(
         "41", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/abc-1"), False
@@ -221,11 +217,13 @@ def slurm_job(job_dir, monkeypatch):
     }
     partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
     monkeypatch.setattr(
-        slurm,
+        slurm.oneliner,
         "show_lines",
-        lambda kind, name="", timeout=0: [oneliner(partition if kind == "partition" else info)],
+        lambda kind, name="", timeout=0, env=None: [
+            oneliner(partition if kind == "partition" else info)
+        ],
     )
-    monkeypatch.setattr(slurm, "slurm", no_accounting)
+    monkeypatch.setattr(slurm.run, "output", no_accounting)
 
     class Entry:
         pw_name = "alice"
@@ -341,10 +339,10 @@ def test_a_failing_resume_says_the_job_is_left_held(slurm_job):
 
 @pytest.mark.fault
 def test_anything_raised_is_a_note_never_the_ticks_end(slurm_job, monkeypatch):
-    def broken(kind, name="", timeout=0):
+    def broken(kind, name="", timeout=0, env=None):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(slurm, "show_lines", broken)
+    monkeypatch.setattr(slurm.oneliner, "show_lines", broken)
     notes: list[str] = []
     assert preempt.requeue("41", "preempted", AgentConfig(), notes.append, Runner([])) is False
     assert notes == ["agent: job 41 not requeued: RuntimeError: boom"]
@@ -357,7 +355,7 @@ def test_the_runner_is_argv_only_from_root_with_a_plain_environment(monkeypatch)
         seen.update(kwargs, argv=argv)
         raise FileNotFoundError
 
-    monkeypatch.setattr(preempt.subprocess, "run", fake_run)
+    monkeypatch.setattr(slurm.run.subprocess, "run", fake_run)
     monkeypatch.setenv("TACC_AGENT_CONFIG", "/root/tiresias.yaml")
     assert preempt.run_command(["runuser", "-u", "alice"], 5) == (127, "runuser not found")
     assert seen["cwd"] == "/" and "TACC_AGENT_CONFIG" not in seen["env"]
@@ -375,7 +373,7 @@ def running_job(tmp_path, monkeypatch):
     workspace.register(user_dir, "41", job)
     info = {"JobState": "RUNNING", "UserId": f"me({os.getuid()})", "WorkDir": str(job)}
     monkeypatch.setattr(jobs, "slurm_info", lambda job_id, config: info)
-    monkeypatch.setattr(jobs.slurm, "slurm", lambda argv, timeout, **kw: "")
+    monkeypatch.setattr(jobs.slurm.run, "output", lambda argv, timeout, **kw: "")
     return user_dir, job, info
 
 

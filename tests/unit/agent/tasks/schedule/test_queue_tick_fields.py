@@ -1,5 +1,6 @@
-"""The queue tick's squeue columns (partition, pending reason) and the running jobs'
-opt-ins it hands the plug-ins (tacc_agent/tasks/schedule/queue_ticks.py)."""
+"""The running jobs' opt-ins the queue tick hands the plug-ins, read from one scontrol
+call (tacc_agent/tasks/schedule/queue_ticks.py); its squeue columns (partition, pending
+reason) are read by tacc_agent/slurm/queue.py (tests/unit/agent/slurm/test_queue.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
+from tacc_agent.errors import AgentError
 from tacc_agent.tasks.schedule import preempt, queue_ticks
 from tacc_contract.plugins import Queue
 
-# squeue --noheader --array --states=PENDING,RUNNING --Format=<queue_ticks.FORMAT> as
+# squeue --noheader --array --states=PENDING,RUNNING <slurm.queue.QUEUE_FORMAT> as
 # Slurm 22.05 prints it: every field whole and ended by "|"; a running job's Reason is
 # "None"; a job with a state description shows it there (free text, here with a "|").
 SQUEUE = (
@@ -26,34 +28,6 @@ SQUEUE = (
     "44|dave|PENDING|0|1|1|cpu=1,node=1,billing=1|N/A|N/A|N/A|0:00|cpu,gpu|"
     "launch failed requeued held | by admin|\n"
 )
-
-
-def test_the_format_asks_for_partition_and_reason_last():
-    assert queue_ticks.FORMAT.endswith(",Partition:0|,Reason:0|")
-
-
-def test_squeue_lines_give_partition_and_pending_reason():
-    jobs = queue_ticks.parse_queue(SQUEUE)
-    assert [(j.job_id, j.partition, j.reason) for j in jobs] == [
-        ("41", "gpu", ""),  # running: Slurm's "None"
-        ("42", "gpu", "Resources"),
-        ("43_2", "cpu", "Priority"),
-        ("44", "cpu,gpu", "launch failed requeued held | by admin"),
-    ]
-    assert (jobs[0].gpus, jobs[0].elapsed_seconds, jobs[0].nodes) == (8, 3723, 2)
-    assert all(job.opted_in == frozenset() for job in jobs)  # parse reads no file
-
-
-def test_a_line_without_the_later_columns_still_counts():
-    """A squeue that prints only the first eleven columns (older fakes, a cut line)."""
-    (job,) = queue_ticks.parse_queue("12|alice|RUNNING|0|2|2|N/A|N/A|gres/gpu:4|N/A|1:02:03|\n")
-    assert (job.gpus, job.partition, job.reason) == (8, "", "")
-
-
-@pytest.mark.bad_input
-@pytest.mark.parametrize("line", ["", "garbage", "1|a|RUNNING|0|x|1|N/A|N/A|N/A|N/A|0:00|p|r|"])
-def test_lines_that_are_not_jobs_are_skipped(line):
-    assert queue_ticks.parse_queue(line) == []
 
 
 class Ticker:
@@ -77,7 +51,7 @@ def ticking(monkeypatch):
     requeued: list[tuple[str, str]] = []
     monkeypatch.setattr(queue_ticks, "select", lambda words, policy_from: [plugin])
     monkeypatch.setattr(queue_ticks, "in_layer", lambda plugins, layer: plugins)
-    monkeypatch.setattr(slurm, "slurm", lambda argv, timeout=0, check=True, env=None: SQUEUE)
+    monkeypatch.setattr(slurm.run, "output", lambda argv, timeout=0, check=True, env=None: SQUEUE)
 
     def show(kind, name="", timeout=0):
         shown.append(name)
@@ -95,7 +69,7 @@ def ticking(monkeypatch):
         note(f"requeued {job_id}")
         return True
 
-    monkeypatch.setattr(slurm, "show", show)
+    monkeypatch.setattr(slurm.oneliner, "show", show)
     opted = {"plugin_data": {"tiresias": {"opt_in": ["preemptible"]}}}
     monkeypatch.setattr(preempt, "read_submit_record", lambda job: opted)
     monkeypatch.setattr(preempt, "requeue", requeue)
@@ -123,9 +97,9 @@ def test_a_slurm_that_cannot_show_jobs_leaves_no_opt_in_and_the_tick_goes_on(
     plugin, _, requeued = ticking
 
     def broken(kind, name="", timeout=0):
-        raise slurm.AgentError("scontrol did not answer within 15 s")
+        raise AgentError("scontrol did not answer within 15 s")
 
-    monkeypatch.setattr(slurm, "show", broken)
+    monkeypatch.setattr(slurm.oneliner, "show", broken)
     notes = queue_ticks.tick(AgentConfig(state_dir=str(tmp_path)))
     assert all(opted == frozenset() for _, opted in plugin.seen) and requeued == []
     assert notes == ["agent: no job opt-ins this tick: scontrol did not answer within 15 s"]

@@ -165,7 +165,7 @@ def config(tmp_path) -> AgentConfig:
 
 def cluster_of(monkeypatch, job_dir: Path, **shape) -> Cluster:
     cluster = Cluster(job_dir, **shape)
-    monkeypatch.setattr(slurm, "slurm", cluster.ask)
+    monkeypatch.setattr(slurm.run, "output", cluster.ask)
 
     class Entry:
         pw_name = "alice"
@@ -457,28 +457,6 @@ def test_an_honest_grow_of_a_job_that_started_at_once_is_done(monkeypatch, job_d
     assert done is True and cluster.sizes_set() == ["NumNodes=2-2"], notes
 
 
-@pytest.mark.security
-@pytest.mark.parametrize(
-    ("line", "nodes"),
-    [
-        (SUBMITTED, (1, 2)),
-        (f"sbatch --nodes=3 {SCRIPT}", (3, 3)),
-        (f"sbatch --nodes 2-4 {SCRIPT}", None),  # a value apart from its option
-        (f"sbatch -N2-4 {SCRIPT}", None),  # short options: never the agent's
-        (f"sbatch {SCRIPT}", None),  # asked for no range
-        (f"sbatch --job-name=x --nodes=1-99 --nodes=1-2 {SCRIPT}", None),  # two
-        (f"sbatch --comment=tacc:a {SCRIPT} --nodes=1-64", None),  # the script's argument
-        (f"sbatch -vN1 --job-name=a --nodes=1-64 {SCRIPT}", None),  # a bundle with -N
-        (f"sbatch --nodes=1-2,4 {SCRIPT}", None),  # not a plain range
-        ("sbatch --nodes=1-2 /other/job.sh", None),  # not this job's script
-    ],
-)
-def test_the_submitted_range_is_read_only_from_the_agents_own_layout(line, nodes):
-    """A user who runs sbatch herself (her job's tag and directory are hers to give)
-    cannot make the submit line say a range Slurm did not keep."""
-    assert slurm.parse_submitted_nodes(line, SCRIPT) == nodes
-
-
 # ------------------------------------------------------------------ the resize as before
 def test_an_honest_first_grow_records_the_range_and_sets_the_size(monkeypatch, job_dir, config):
     cluster = cluster_of(monkeypatch, job_dir, nodes=1)
@@ -520,7 +498,7 @@ def test_limits_slurm_does_not_answer_refuse_the_grow(monkeypatch, job_dir, conf
             raise AgentError("sacctmgr: error: slurmdbd: Connection refused")
         return cluster.ask(argv, timeout)
 
-    monkeypatch.setattr(slurm, "slurm", down)
+    monkeypatch.setattr(slurm.run, "output", down)
     done, notes = resize(cluster, config, 2)
     assert done is False and cluster.sizes_set() == []
     assert "Slurm's limits on it could not be read: sacctmgr: error" in notes[0]
@@ -579,21 +557,6 @@ def test_a_pending_job_records_its_range_from_slurm_before_any_resize(monkeypatc
 
 
 # ------------------------------------------------------------------ parsing Slurm's records
-@pytest.mark.parametrize(
-    ("num_nodes", "state", "counts"),
-    [
-        ("2-4", "PENDING", (2, 4)),
-        ("2", "PENDING", (2, 2)),
-        ("2", "REQUEUE_HOLD", (2, 2)),
-        ("2", "RUNNING", (2, 0)),
-        ("", "RUNNING", (0, 0)),
-        ("x-4", "PENDING", (0, 0)),
-    ],
-)
-def test_numnodes_gives_the_count_and_a_waiting_jobs_maximum(num_nodes, state, counts):
-    assert preempt.node_counts(num_nodes, state) == counts
-
-
 def test_a_job_record_keeps_where_it_counts_against_slurms_limits(tmp_path):
     job = preempt.record_of(
         {
@@ -621,7 +584,7 @@ def test_a_job_record_keeps_where_it_counts_against_slurms_limits(tmp_path):
 
 # ------------------------------------------------------------------ node_limits
 def test_tres_counts_read_sizes_in_megabytes():
-    assert node_limits.tres_counts("cpu=8,mem=4G,node=2,gres/gpu=4,billing=8,fs/disk=1T") == {
+    assert slurm.tres.counts("cpu=8,mem=4G,node=2,gres/gpu=4,billing=8,fs/disk=1T") == {
         "cpu": 8,
         "mem": 4096,
         "node": 2,
@@ -629,20 +592,13 @@ def test_tres_counts_read_sizes_in_megabytes():
         "billing": 8,
         "fs/disk": 1024**2,
     }
-    assert node_limits.tres_counts("mem=1000M,bb/x=1K,") == {"mem": 1000, "bb/x": 1}
+    assert slurm.tres.counts("mem=1000M,bb/x=1K,") == {"mem": 1000, "bb/x": 1}
     assert node_limits.per_node({"cpu": 8, "node": 2, "gres/gpu": 3}, 2) == {
         "cpu": 4,
         "node": 1,
         "gres/gpu": 2,
     }
     assert node_limits.per_node({}, 0) == {"node": 1}
-
-
-@pytest.mark.bad_input
-@pytest.mark.parametrize("text", ["mem=lots", "cpu=1.5", "x", "=4", "mem=4g", "N/A"])
-def test_a_tres_count_not_understood_is_an_error_naming_it(text):
-    with pytest.raises(AgentError, match=r"QOS q MaxTRES: .* is not a TRES count it reads"):
-        node_limits.tres_counts(text, "QOS q MaxTRES")
 
 
 @pytest.mark.parametrize(
@@ -656,7 +612,7 @@ def test_a_tres_count_not_understood_is_an_error_naming_it(text):
     ],
 )
 def test_limits_apply_where_slurm_enforces_them(text, enforced):
-    assert node_limits.enforced(text) is enforced
+    assert node_limits.enforced(slurm.controller.parse_config(text)) is enforced
 
 
 def test_the_lowest_limit_sets_the_ceiling_and_says_which():
@@ -670,9 +626,9 @@ def test_the_lowest_limit_sets_the_ceiling_and_says_which():
     )
     share = {"node": 1, "cpu": 4, "gres/gpu": 2}
     assert node_limits.ceiling(limits, share, [], "41") == (4, "QOS q MaxTRESPerUser gres/gpu=8")
-    hers = slurm.RunningJob("40", "alice", "lab", "q", "batch", "gres/gpu=7")
-    bobs = slurm.RunningJob("39", "bob", "lab", "q", "batch", "gres/gpu=7")
-    itself = slurm.RunningJob("41", "alice", "lab", "q", "batch", "gres/gpu=7")
+    hers = slurm.queue.RunningJob("40", "alice", "lab", "q", "batch", "gres/gpu=7")
+    bobs = slurm.queue.RunningJob("39", "bob", "lab", "q", "batch", "gres/gpu=7")
+    itself = slurm.queue.RunningJob("41", "alice", "lab", "q", "batch", "gres/gpu=7")
     assert node_limits.ceiling(limits, share, [hers], "41")[0] == 0
     assert node_limits.ceiling(limits, share, [bobs, itself], "41")[0] == 4
     empty = node_limits.Limits([], {})
@@ -681,7 +637,7 @@ def test_the_lowest_limit_sets_the_ceiling_and_says_which():
 
 def test_a_job_counts_under_its_own_qos_and_its_partitions():
     scope = node_limits.Scope(qos="gpu-part")
-    job = slurm.RunningJob("40", "bob", "lab", "normal", "gpu", "gres/gpu=1")
+    job = slurm.queue.RunningJob("40", "bob", "lab", "normal", "gpu", "gres/gpu=1")
     assert node_limits.counted(scope, job, {"gpu": "gpu-part"})
     assert not node_limits.counted(scope, job, {"batch": "gpu-part"})
 
@@ -690,26 +646,6 @@ def test_an_account_covers_every_account_below_it():
     parents = {"root": "", "dept": "root", "lab": "dept", "lab2": "dept", "other": "root"}
     assert node_limits.below("dept", parents) == {"dept", "lab", "lab2"}
     assert node_limits.below("lab", parents) == {"lab"}
-
-
-@pytest.mark.bad_input
-@pytest.mark.parametrize(
-    "line",
-    [
-        "40|alice|lab|normal|batch|cpu=1,node=1",  # no closing "|"
-        "40|alice|lab|normal|batch|",  # a field short
-        "x UserId=alice|alice|lab|normal|batch|cpu=1|",
-        "40|alice|lab|normal|batch|cpu=1|more|",
-    ],
-)
-def test_a_squeue_line_not_understood_is_an_error(line):
-    with pytest.raises(AgentError, match="squeue: a running job's line not understood"):
-        slurm.parse_running("40|alice|lab|normal|batch|cpu=1|\n" + line + "\n")
-
-
-def test_partitions_of_a_pending_job_are_each_read():
-    assert node_limits.partitions_of("a,b") == ("a", "b")
-    assert node_limits.partitions_of("a,") == ()
 
 
 @pytest.mark.bad_input

@@ -1,7 +1,7 @@
 """This node's TCP sockets as the kernel lists them in /proc/net/tcp and tcp6 (what
 `ss -tane` shows): each socket's two ends, state, owner uid and inode. The one reader of
 those tables, for whoever must know whose a socket is (the metrics port's clients, a
-forwarded port's listener)."""
+forwarded port's listener, an interactive session's connections)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacc_agent.procfs import PROC
+
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Endpoint = tuple[IpAddress, int]
-TABLES = ("net/tcp", "net/tcp6")
+IPV4_TABLE = "net/tcp"
+TABLES = (IPV4_TABLE, "net/tcp6")
 # Columns (split on whitespace): local address, remote address, state, uid, inode.
 LOCAL, REMOTE, STATE, UID, INODE = 1, 2, 3, 7, 9
+ESTABLISHED = "01"  # TCP_ESTABLISHED
 LISTEN = "0A"  # TCP_LISTEN
 
 
@@ -25,7 +29,12 @@ class TcpSocket:
     remote: Endpoint
     state: str  # the kernel's hex code: LISTEN is "0A"
     uid: int
-    held: bool  # a process holds it (inode not 0): not an orphan or TIME_WAIT
+    inode: int  # 0: no process holds it (an orphan, TIME_WAIT)
+
+    @property
+    def held(self) -> bool:
+        """A process holds it: not an orphan or TIME_WAIT."""
+        return self.inode != 0
 
 
 def table_address(text: str) -> Endpoint | None:
@@ -64,9 +73,10 @@ def endpoint(address: tuple) -> Endpoint | None:
     return (found, int(address[1])) if found is not None else None
 
 
-def tcp_sockets(proc_root: str = "/proc") -> Iterator[TcpSocket]:
-    """Every TCP socket of this node (a table this kernel lacks, e.g. without IPv6, is
-    skipped)."""
+def tcp_sockets(proc_root: str = PROC, strict: bool = False) -> Iterator[TcpSocket]:
+    """Every TCP socket of this node. A table this kernel lacks (tcp6 without IPv6) is
+    skipped; with `strict`, an unreadable net/tcp, which every kernel has, is an OSError,
+    for a caller that must not take "no socket" for "cannot see"."""
     for table in TABLES:
         try:
             with open(Path(proc_root) / table, encoding="ascii", errors="replace") as lines:
@@ -77,7 +87,10 @@ def tcp_sockets(proc_root: str = "/proc") -> Iterator[TcpSocket]:
                         continue
                     local, remote = table_address(fields[LOCAL]), table_address(fields[REMOTE])
                     if local and remote:
-                        held = len(fields) > INODE and fields[INODE] != "0"
-                        yield TcpSocket(local, remote, fields[STATE], int(fields[UID]), held)
+                        inode = fields[INODE] if len(fields) > INODE else ""
+                        number = int(inode) if inode.isdigit() else 0
+                        yield TcpSocket(local, remote, fields[STATE], int(fields[UID]), number)
         except OSError:
+            if strict and table == IPV4_TABLE:
+                raise
             continue

@@ -1,0 +1,41 @@
+"""Slurm as the agent uses it: one runner of its commands (run.py: argv only, bounded,
+failures as AgentError), and one typed reader per output shape the agent asks for:
+
+- oneliner.py: `scontrol show KIND --oneliner` records;
+- jobs.py: `scontrol show job` (one job, every job, a job alone, -d node groups);
+- queue.py: squeue, one reader per format the agent asks for;
+- nodes.py: `scontrol show node|partition`, sinfo, host lists, drain and resume;
+- reservations.py: `scontrol show|create|delete reservation`;
+- controller.py: `scontrol ping` and `scontrol show config`;
+- accounting.py: sacct, sacctmgr and sshare (--parsable2);
+- tres.py, gres.py, times.py: the TRES and GRES strings and the times in all of them.
+
+`from tacc_agent import slurm` gives them all: slurm.queue.running_jobs(...)."""
+
+from tacc_agent.slurm import (
+    accounting,
+    controller,
+    gres,
+    jobs,
+    nodes,
+    oneliner,
+    queue,
+    reservations,
+    run,
+    times,
+    tres,
+)
+
+__all__ = [
+    "accounting",
+    "controller",
+    "gres",
+    "jobs",
+    "nodes",
+    "oneliner",
+    "queue",
+    "reservations",
+    "run",
+    "times",
+    "tres",
+]

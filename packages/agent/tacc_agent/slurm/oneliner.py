@@ -1,0 +1,77 @@
+"""`scontrol show KIND --oneliner`: one record a line, Key=Value words, read as dicts.
+The typed readers (jobs.py, nodes.py) read their kinds through here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from tacc_agent.errors import AgentError
+from tacc_agent.slurm import run
+
+KEY = re.compile(r"[A-Z][A-Za-z0-9_:/]*")
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict. A value may
+    hold spaces (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not
+    start a new Key= continues the value before it. A key seen before does not start a
+    new one either (scontrol prints each key once): free text written after a key
+    (`Comment=x UserId=alice(1001)`) forges nothing. Free text written BEFORE a key can:
+    a job's name comes second, before UserId and the rest, so read job records with
+    `job_record_of`, which refuses a record that names a key twice."""
+    fields: dict[str, str] = {}
+    key = ""
+    for word in line.split():
+        name, sep, value = word.partition("=")
+        if sep and KEY.fullmatch(name) and name not in fields:
+            key, fields[name] = name, value
+        elif key:
+            fields[key] += " " + word
+    return fields
+
+
+def repeated_key(line: str) -> str:
+    """The first Key= word a one-liner holds twice ("" for none). scontrol prints each
+    key of a record once, so a repeat is free text (a job's name, its comment) written to
+    look like a field."""
+    seen: set[str] = set()
+    for word in line.split():
+        name, sep, _ = word.partition("=")
+        if sep and KEY.fullmatch(name):
+            if name in seen:
+                return name
+            seen.add(name)
+    return ""
+
+
+def job_record_of(line: str) -> dict[str, str] | None:
+    """One `scontrol show job --oneliner` record, or None when it cannot be read for sure:
+    the job's name comes before UserId, JobState, Restarts, the times and WorkDir, and
+    Slurm allows any text in it, so a name such as `x UserId=bob(1002) Restarts=0` would
+    be read first. A record that names a key twice is refused whole (the job is read as
+    unknown): only its owner can name her job so, and only her own job is then unseen."""
+    return None if repeated_key(line) else parse_oneliner(line)
+
+
+def show_lines(
+    kind: str, name: str = "", timeout: float = run.TIMEOUT, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """`scontrol show KIND [NAME] --oneliner`'s lines; [] when NAME is an unknown job."""
+    argv = ["scontrol", "show", kind, "--oneliner", *([name] if name else [])]
+    try:
+        out = run.output(argv, timeout, env=env)
+    except AgentError as exc:
+        if "Invalid job id" in str(exc):  # Slurm no longer remembers the job
+            return []
+        raise
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def show(kind: str, name: str = "", timeout: float = run.TIMEOUT) -> list[dict[str, str]]:
+    """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown. A job
+    record that names a key twice is left out (job_record_of)."""
+    lines = show_lines(kind, name, timeout)
+    if kind != "job":
+        return [parse_oneliner(line) for line in lines]
+    return [record for record in map(job_record_of, lines) if record is not None]
