@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
@@ -162,13 +162,13 @@ def load_config(path: Path | None = None) -> AgentConfig:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise AgentError(f"{path}: cannot read agent config: {exc}", EXIT_CLUSTER) from None
+        raise AgentError(f"{path}: cannot read agent config: {exc}", AGENT_CLUSTER) from None
     if not isinstance(data, dict):
-        raise AgentError(f"{path}: expected a mapping of settings", EXIT_CLUSTER)
+        raise AgentError(f"{path}: expected a mapping of settings", AGENT_CLUSTER)
     known = {f.name: f.type for f in fields(AgentConfig)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", EXIT_CLUSTER)
+        raise AgentError(f"{path}: unknown setting(s): {', '.join(unknown)}", AGENT_CLUSTER)
     check_scrapers(path, data.get("metrics_job_scrapers"))
     check_token_file(path, data.get("metrics_job_token_file"))
     for key in (
@@ -203,7 +203,7 @@ def check_scrapers(path: Path, scrapers: object) -> None:
         raise AgentError(
             f"{path}: metrics_job_scrapers: expected a list of addresses, networks "
             f"(10.0.0.0/24) or host names, not {scrapers!r}",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
 
 
@@ -214,7 +214,7 @@ def check_token_file(path: Path, token_file: object) -> None:
     if not isinstance(token_file, str) or not token_file.startswith("/"):
         raise AgentError(
             f'{path}: metrics_job_token_file: expected an absolute path or "", not {token_file!r}',
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
 
 
@@ -234,14 +234,14 @@ def check_containers(path: Path, runtime: object, binds: tuple) -> None:
         raise AgentError(
             f"{path}: container_runtime: expected one of {', '.join(CONTAINER_RUNTIMES)}, "
             f"not {runtime!r}",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
     for bind in binds:
         if not isinstance(bind, str) or not bind.startswith("/") or ":" in bind or ".." in bind:
             raise AgentError(
                 f"{path}: container_binds: expected absolute host directories (no ':' or "
                 f"'..'), not {bind!r}",
-                EXIT_CLUSTER,
+                AGENT_CLUSTER,
             )
 
 
@@ -255,7 +255,7 @@ def check_plugin_settings(path: Path, settings: object) -> None:
         raise AgentError(
             f"{path}: plugin_settings: expected a mapping of plug-in name to a mapping of "
             f"its settings (e.g. {{tiresias: {{promote_knob: 8}}}}), not {settings!r}",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
 
 
@@ -270,7 +270,7 @@ def check_switches(path: Path, switches: object) -> None:
         raise AgentError(
             f"{path}: checks: expected a mapping of check name to true or false "
             f"(e.g. {{gpu: false}}), not {switches!r}",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
 
 
@@ -283,5 +283,5 @@ def check_kernel_log(path: Path, kernel_log: object) -> None:
             f"{path}: kernel_log: expected /dev/kmsg (or another kernel ring buffer device) "
             f"or 'journal', not {kernel_log!r}: a log file holds lines any user can write, "
             "so Xid lines are no longer read from one",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )

@@ -38,7 +38,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
 from tacc_agent.health.metrics_access import (
@@ -259,7 +259,7 @@ def bind_error(address: str, port: int, exc: OSError) -> AgentError:
         why = f"port {port} takes root (CAP_NET_BIND_SERVICE) to bind"
     else:
         why = exc.strerror or str(exc)
-    return AgentError(f"{where}: {why}", EXIT_CLUSTER)
+    return AgentError(f"{where}: {why}", AGENT_CLUSTER)
 
 
 def job_series_access(config: AgentConfig) -> tuple[JobSeriesAccess, list[str]]:
@@ -329,7 +329,7 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
     interval = interval if interval is not None else config.check_interval_seconds
     port = port if port is not None else config.metrics_port
     if interval <= 0:
-        raise AgentError(f"--interval must be above 0, not {interval:g}", EXIT_CLUSTER)
+        raise AgentError(f"--interval must be above 0, not {interval:g}", AGENT_CLUSTER)
     checks = health.enabled(config)  # an unknown name in `checks` stops it here, not each run
     daemon = Daemon(config)
     server = listen(daemon, config.metrics_address, port)

@@ -175,6 +175,8 @@ class Field:
         if self.many:
             return list(value)
         text = f"{value:g}" if self.kind is float else str(value)
+        if self.flag and text.startswith("-"):
+            return [f"{self.flag}={text}"]  # so the value is never read as an option
         return [self.flag, text] if self.flag else [text]
 
 

@@ -27,7 +27,7 @@ import yaml
 
 from tacc_agent import serve
 from tacc_agent.config import AgentConfig, load_config
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_agent.health import metrics_access
 from tacc_agent.health.metrics_access import JobSeriesAccess
 from tacc_agent.procfs.system import UNPRIVILEGED_PORT_START
@@ -87,7 +87,7 @@ def test_a_taken_port_is_a_clear_error_not_an_attribute_error(tmp_path, taken_po
     assert str(raised.value).startswith(
         f"cannot serve metrics on 127.0.0.1:{taken_port}: port {taken_port} is taken"
     )
-    assert raised.value.exit_code == EXIT_CLUSTER
+    assert raised.value.exit_code == AGENT_CLUSTER
 
 
 @pytest.mark.security
@@ -99,7 +99,7 @@ def test_serve_on_a_taken_port_says_so_in_one_line_and_exits(tmp_path, taken_por
     command += ["--config", str(tmp_path / "agent.yaml")]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     lines = (proc.stdout + proc.stderr).splitlines()
-    assert proc.returncode == EXIT_CLUSTER, lines
+    assert proc.returncode == AGENT_CLUSTER, lines
     assert len(lines) == 1, lines  # no traceback, no crash-loop noise
     assert json.loads(lines[0])["error"].startswith(
         f"cannot serve metrics on 127.0.0.1:{taken_port}: port {taken_port} is taken"

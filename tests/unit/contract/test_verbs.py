@@ -163,3 +163,12 @@ def test_every_answer_type_reaches_json_and_back():
     for verb in ANSWERING:
         if verb.answer is not None:
             assert verb.check_answer(json.loads(json.dumps(sample_answer(verb))))
+
+
+@pytest.mark.security
+def test_a_value_that_starts_with_a_dash_is_never_read_as_an_option():
+    """A halt's reason is a plug-in's text: `--reason -x` would be read as an option."""
+    words = verbs.JOB_HALT.request(job="1", reason="--userdir=/shared/bob")
+    assert words[-1] == "--reason=--userdir=/shared/bob"
+    args = agent_cli.parse_command_line(words)
+    assert args.reason == "--userdir=/shared/bob" and args.userdir is None

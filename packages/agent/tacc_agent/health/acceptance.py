@@ -42,7 +42,7 @@ from pathlib import Path
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AGENT_REJECTED, AgentError, Rejected
 from tacc_agent.health.checks.base import Output, write_state
 from tacc_agent.slurm.nodes import NodeRecord
 
@@ -110,7 +110,7 @@ class Interrupted(Exception):
 def settings(configured: dict | None, overrides: str | None) -> dict:
     """DEFAULTS, then the agent config's `acceptance`, then --thresholds (JSON)."""
     found = dict(DEFAULTS)
-    found.update(checked(configured or {}, "agent config: acceptance", EXIT_CLUSTER))
+    found.update(checked(configured or {}, "agent config: acceptance", AGENT_CLUSTER))
     if overrides is not None:
         try:
             given = json.loads(overrides)
@@ -118,7 +118,7 @@ def settings(configured: dict | None, overrides: str | None) -> dict:
             raise Rejected(f"--thresholds: expected a JSON object: {exc}") from None
         if not isinstance(given, dict):
             raise Rejected(f"--thresholds: expected a JSON object, not {overrides!r}")
-        found.update(checked(given, "--thresholds", EXIT_REJECTED))
+        found.update(checked(given, "--thresholds", AGENT_REJECTED))
     return found
 
 
@@ -368,7 +368,7 @@ class Steps:
         )
         found = {d.get("node"): d for d in json_lines(out.stdout) if "error" not in d}
         if out.code != 0 or set(found) != set(self.plan.nodes):
-            raise AgentError(f"node facts: {self.cause(out)}", EXIT_CLUSTER)
+            raise AgentError(f"node facts: {self.cause(out)}", AGENT_CLUSTER)
         return found
 
     def mpi(self, nodes: list[str], per_node: int, name: str, threshold: float) -> Test:

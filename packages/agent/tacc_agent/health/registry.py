@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_agent.health.checks.base import FAIL, Result, timed
 
 KINDS = ("gauge", "counter")
@@ -99,6 +99,6 @@ class Registry:
             raise AgentError(
                 f"agent config: checks: unknown check(s) {', '.join(unknown)}; "
                 f"expected some of {', '.join(self.names)} (each true or false)",
-                EXIT_CLUSTER,
+                AGENT_CLUSTER,
             )
         return [check for check in self if switches.get(check.name, check.default_on)]

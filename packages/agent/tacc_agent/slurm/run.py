@@ -1,6 +1,6 @@
 """The one runner of Slurm's commands (squeue, scontrol, sacct, srun, ...): argv only (no
 shell), each bounded by a timeout, its failures mapped to the agent's AgentError
-(EXIT_CLUSTER). Everything in this package that asks Slurm asks through here, so a test
+(AGENT_CLUSTER). Everything in this package that asks Slurm asks through here, so a test
 fakes Slurm in one place (tests/unit/fake_slurm.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 
 TIMEOUT = 15
 # Times as epoch seconds (glibc's strftime %s), whatever SLURM_TIME_FORMAT or TZ the
@@ -46,7 +46,7 @@ def command(
 ) -> Finished:
     """Run argv to its end, whatever its exit status. `env` is added to this process's
     environment; `environment` replaces it whole (nothing inherited). NotFound or
-    NoAnswer (both AgentError, EXIT_CLUSTER) when it is missing or hangs; `hint` says
+    NoAnswer (both AgentError, AGENT_CLUSTER) when it is missing or hangs; `hint` says
     what the command is needed for (default: SLURM_NODE)."""
     if environment is not None:
         child_env: dict[str, str] | None = dict(environment)
@@ -65,9 +65,9 @@ def command(
             cwd=cwd,
         )
     except FileNotFoundError:
-        raise NotFound(f"{argv[0]} not found: {hint or SLURM_NODE}", EXIT_CLUSTER) from None
+        raise NotFound(f"{argv[0]} not found: {hint or SLURM_NODE}", AGENT_CLUSTER) from None
     except subprocess.TimeoutExpired:
-        raise NoAnswer(f"{argv[0]} did not answer within {timeout:g} s", EXIT_CLUSTER) from None
+        raise NoAnswer(f"{argv[0]} did not answer within {timeout:g} s", AGENT_CLUSTER) from None
     return Finished(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -75,7 +75,9 @@ def failure(argv: list[str], done: Finished, hint: str = "") -> AgentError:
     """The AgentError of a command that exited non-zero: its own words (stderr, else
     stdout, else its exit status), then `hint` in parentheses when given."""
     message = (done.stderr or done.stdout).strip() or f"exit status {done.code}"
-    return AgentError(f"{argv[0]} failed: {message}" + (f" ({hint})" if hint else ""), EXIT_CLUSTER)
+    return AgentError(
+        f"{argv[0]} failed: {message}" + (f" ({hint})" if hint else ""), AGENT_CLUSTER
+    )
 
 
 def output(

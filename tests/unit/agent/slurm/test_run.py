@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError
+from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_agent.slurm import run
 
 
@@ -27,7 +27,7 @@ def test_a_command_that_fails_says_its_own_words_then_the_hint():
     assert str(failed.value) == (
         f"{sys.executable} failed: slurm_load_jobs error: Invalid job id specified"
     )
-    assert failed.value.exit_code == EXIT_CLUSTER
+    assert failed.value.exit_code == AGENT_CLUSTER
     with pytest.raises(AgentError, match=r"failed: exit status 3 \(usage reports need it\)$"):
         run.output(python("import sys; sys.exit(3)"), hint="usage reports need it")
 
@@ -53,7 +53,7 @@ def test_a_missing_command_says_so_with_the_hint():
 def test_a_command_that_hangs_is_killed_at_its_timeout():
     with pytest.raises(run.NoAnswer, match=r"did not answer within 0.2 s$") as hung:
         run.output(python("import time; time.sleep(30)"), timeout=0.2)
-    assert hung.value.exit_code == EXIT_CLUSTER
+    assert hung.value.exit_code == AGENT_CLUSTER
 
 
 def test_env_is_added_and_environment_replaces_it(monkeypatch, tmp_path):

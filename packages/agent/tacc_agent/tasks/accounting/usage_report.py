@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_OK, AgentError
+from tacc_agent.errors import AGENT_OK, AgentError
 from tacc_agent.slurm.accounting import Allocation
 from tacc_agent.tasks.accounting import gpu_time_used
 from tacc_agent.tasks.accounting.usage import ISO, Window, allocations, now_here, window
@@ -252,4 +252,4 @@ def run(config: AgentConfig, since: str | None, until: str | None, form: str) ->
     for warning in data["warnings"]:
         print(f"tacc-agent: warning: {warning}", file=sys.stderr)
     sys.stdout.write(formatted(data, form))
-    return EXIT_OK
+    return AGENT_OK

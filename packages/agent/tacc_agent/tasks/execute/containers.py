@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import ClassVar, Protocol
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 
 MASK = ".mask"  # <userdir>/images/.mask: the empty view of the workspace root
 # Where the node's NVIDIA driver directory appears in the container, and what of it goes
@@ -205,7 +205,7 @@ RUNTIMES: dict[str, type] = {"charliecloud": Charliecloud, "apptainer": Apptaine
 def runtime_named(name: str) -> Runtime:
     if name not in RUNTIMES:
         raise AgentError(
-            f"container_runtime: expected one of {', '.join(RUNTIMES)}, not {name!r}", EXIT_CLUSTER
+            f"container_runtime: expected one of {', '.join(RUNTIMES)}, not {name!r}", AGENT_CLUSTER
         )
     return RUNTIMES[name]()
 
@@ -259,7 +259,7 @@ def gpu_driver_source(directory: str | None) -> str | None:
         raise AgentError(
             f"container_gpu_driver_dir: expected an absolute directory below / without ':' "
             f"or ',', not {directory!r}",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
     return normal
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tacc_agent import locks
-from tacc_agent.errors import EXIT_FAILED, AgentError
+from tacc_agent.errors import AGENT_FAILED, AgentError
 from tacc_agent.tasks.execute import package_index
 from tacc_agent.tasks.jobs import records
 
@@ -72,7 +72,7 @@ def interpreter(python: str) -> Interpreter:
     if proc.returncode != 0:
         raise AgentError(
             f"cannot run the environments' interpreter {python}: {proc.stderr.strip()[-300:]}",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
     return Interpreter(**json.loads(proc.stdout))
 
@@ -92,7 +92,7 @@ def uv_binary(configured: str) -> str:
             "uv is not installed on this node (the tacc_agent role installs it beside "
             "the agent); cannot build the environment"
         )
-        raise AgentError(message, EXIT_FAILED)
+        raise AgentError(message, AGENT_FAILED)
     return found
 
 
@@ -102,7 +102,7 @@ def locked(path: Path, timeout: float) -> Iterator[None]:
     most; AgentError when it is still held then."""
     with locks.lock_file(path, locks.POSIX, within=timeout, mode=0o666) as taken:
         if not taken:
-            raise AgentError(f"{path}: still locked after {timeout:g} s", EXIT_FAILED)
+            raise AgentError(f"{path}: still locked after {timeout:g} s", AGENT_FAILED)
         yield
 
 
@@ -232,16 +232,16 @@ def run_step(argv: list[str], builder: Builder, log: Callable[[str], None]) -> N
         failed = f"building the environment failed: {command} exited {proc.returncode}"
         found = package_index.diagnose(builder.index, proc.stdout + proc.stderr)
         if found is None:
-            raise AgentError(failed, EXIT_FAILED)
+            raise AgentError(failed, AGENT_FAILED)
         if not found.transient:
-            raise AgentError(f"{failed}: the package cache {where} {found.detail}", EXIT_FAILED)
+            raise AgentError(f"{failed}: the package cache {where} {found.detail}", AGENT_FAILED)
         if delay is None:
             message = (
                 f"{failed}: the package cache {where} could not get what it needs from its "
                 f"upstream ({found.detail}) after {attempt} tries: upstream unreachable, "
                 "try again (tcloud rerun JOB, or submit again)"
             )
-            raise AgentError(message, EXIT_FAILED)
+            raise AgentError(message, AGENT_FAILED)
         log(
             f"package cache {where}: {found.detail}; "
             f"trying again in {delay:g} s ({attempt}/{len(delays)})"

@@ -49,7 +49,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from tacc_agent import locks
-from tacc_agent.errors import EXIT_FAILED, AgentError
+from tacc_agent.errors import AGENT_FAILED, AgentError
 from tacc_agent.tasks.execute import proctree
 from tacc_agent.tasks.execute.containers import DEFAULT_PATH
 from tacc_agent.tasks.images import cache as imagecache
@@ -131,7 +131,7 @@ class ChRun:
             )
         except FileNotFoundError:
             missing = f"{self.binary} is not installed on this node (container_runtime role)"
-            raise AgentError(missing, EXIT_FAILED) from None
+            raise AgentError(missing, AGENT_FAILED) from None
 
         def pump() -> None:
             for raw in iter(child.stdout.readline, b""):  # type: ignore[union-attr]
@@ -197,7 +197,7 @@ def key_hex(image_build: Mapping) -> str:
     key = str(image_build.get("key", ""))
     if not buildfile.KEY.fullmatch(key):
         raise AgentError(
-            f"task.image_build.key: expected sha256:<64 hex>, not {key!r}", EXIT_FAILED
+            f"task.image_build.key: expected sha256:<64 hex>, not {key!r}", AGENT_FAILED
         )
     return key.split(":", 1)[1]
 
@@ -226,7 +226,7 @@ def write_env_file(path: Path, env: Mapping[str, str], where: str) -> None:
         problem = env_file_problem(key, value)
         if problem:
             raise AgentError(
-                f"{where}: the variable {key!r} {problem}; a RUN step cannot get it", EXIT_FAILED
+                f"{where}: the variable {key!r} {problem}; a RUN step cannot get it", AGENT_FAILED
             )
         lines.append(f"{key}='{value}'\n")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -268,7 +268,7 @@ def in_image(rootfs: Path, path: str) -> Path:
         if here.is_symlink():
             hops += 1
             if hops > MAX_SYMLINKS:
-                raise AgentError(f"{path}: too many symbolic links in the image", EXIT_FAILED)
+                raise AgentError(f"{path}: too many symbolic links in the image", AGENT_FAILED)
             target = os.readlink(here)
             if target.startswith("/"):
                 done = []
@@ -304,7 +304,7 @@ def make_dirs(rootfs: Path, path: str, where: str) -> Path:
         if here.exists():
             raise AgentError(
                 f"{where}: {'/' + '/'.join(parts[:count])} is not a directory in the image",
-                EXIT_FAILED,
+                AGENT_FAILED,
             )
         with writable(here.parent):
             here.mkdir(mode=0o755)
@@ -322,7 +322,7 @@ def place_file(source: Path, rootfs: Path, dest: str, mode: int, where: str) -> 
         raise AgentError(
             f"{where}: {dest} is a directory in the image; name a file or end "
             "the destination with '/'",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
     with writable(parent):
         if target.is_symlink() or target.exists():
@@ -349,7 +349,7 @@ class Context:
         real, top = os.path.realpath(path), os.path.realpath(self.root)
         if os.path.commonpath([real, top]) != top or not os.path.isfile(real):
             raise AgentError(
-                f"{where}: {relative} is not a file inside the build context", EXIT_FAILED
+                f"{where}: {relative} is not a file inside the build context", AGENT_FAILED
             )
         return Path(real)
 
@@ -366,7 +366,7 @@ def job_context(job_dir: Path, image_build: Mapping) -> Context:
     if context.startswith("/") or ".." in PurePosixPath(context).parts:
         raise AgentError(
             f"task.image_build.context: expected a directory inside the task, not {context!r}",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
     manifest = (records.read_json(job_dir / INSTRUCTION) or {}).get("manifest") or {}
     prefix = posixpath.join("code", context, "") if context else "code/"
@@ -384,19 +384,19 @@ def read_build_file(
     name = str(image_build.get("file", ""))
     if not name or name.startswith("/") or ".." in PurePosixPath(name).parts:
         raise AgentError(
-            f"task.image_build.file: expected a file inside the task, not {name!r}", EXIT_FAILED
+            f"task.image_build.file: expected a file inside the task, not {name!r}", AGENT_FAILED
         )
     path = job_dir / "code" / name
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise AgentError(
-            f"{name}: cannot read the build file from the job's files: {exc}", EXIT_FAILED
+            f"{name}: cannot read the build file from the job's files: {exc}", AGENT_FAILED
         ) from None
     try:
         return buildfile.parse(text, name, base_env=base_env)
     except BuildFileError as exc:
-        raise AgentError(str(exc), EXIT_FAILED) from None
+        raise AgentError(str(exc), AGENT_FAILED) from None
 
 
 def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
@@ -409,12 +409,12 @@ def check_key(build: BuildFile, image_build: Mapping, context: Context) -> None:
         }
         key = buildfile.build_key(build, str(image_build.get("base", "")), files)
     except (BuildFileError, ValueError) as exc:
-        raise AgentError(str(exc), EXIT_FAILED) from None
+        raise AgentError(str(exc), AGENT_FAILED) from None
     if key != image_build.get("key"):
         raise AgentError(
             f"{build.source}: the build's content does not match its key (tcloud computed "
             f"{image_build.get('key')}, the job's files give {key}); submit again",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
 
 
@@ -433,7 +433,7 @@ def copy_step(
         files = buildfile.source_files(source, context.modes)
         if not files:
             problem = buildfile.unmatched(build, step.line, source)
-            raise AgentError(str(BuildFileError([problem])), EXIT_FAILED)
+            raise AgentError(str(BuildFileError([problem])), AGENT_FAILED)
         depth = buildfile.source_depth(source)
         matched: dict[str, list[str]] = {}
         for path in files:
@@ -443,7 +443,7 @@ def copy_step(
         raise AgentError(
             f"{where}: COPY with several sources needs a destination ending "
             f"in '/', not {step.args[1]!r}",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
     count = 0
     for root, files in roots:
@@ -492,12 +492,12 @@ def run_step(
     except StepTimeout:
         raise AgentError(
             f"{where}: RUN took longer than {timeout:g} s (image_build_timeout_seconds)",
-            EXIT_FAILED,
+            AGENT_FAILED,
         ) from None
     finally:
         env_file.unlink(missing_ok=True)
     if code != 0:
-        raise AgentError(f"{where}: RUN exited {code}: {last[0][-LAST_LINE_CHARS:]}", EXIT_FAILED)
+        raise AgentError(f"{where}: RUN exited {code}: {last[0][-LAST_LINE_CHARS:]}", AGENT_FAILED)
 
 
 def describe(step: Step) -> str:
@@ -533,9 +533,9 @@ def step_failure(
     if isinstance(exc, OSError):
         reason = exc.strerror or str(exc)
         path = shown_path(exc.filename, rootfs, context)
-        return AgentError(f"{where}: {kind}: {reason}{': ' + path if path else ''}", EXIT_FAILED)
+        return AgentError(f"{where}: {kind}: {reason}{': ' + path if path else ''}", AGENT_FAILED)
     reason = "a NUL byte in a path or argument" if "null" in str(exc) else str(exc)
-    return AgentError(f"{where}: {kind}: {reason}", EXIT_FAILED)
+    return AgentError(f"{where}: {kind}: {reason}", AGENT_FAILED)
 
 
 def apply_steps(
@@ -585,7 +585,7 @@ def apply_step(
     elif step.kind == "RUN":
         run_step(step, build, rootfs, env_file, state, runner, timeout, log)
     else:  # the contract only yields the kinds above
-        raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built", EXIT_FAILED)
+        raise AgentError(f"{build.source}:{step.line}: {step.kind} cannot be built", AGENT_FAILED)
 
 
 def copy_rootfs(source: Path, target: Path) -> None:
@@ -597,7 +597,7 @@ def copy_rootfs(source: Path, target: Path) -> None:
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1][-LAST_LINE_CHARS:]
-        raise AgentError(f"cannot copy the base image's files: {last}", EXIT_FAILED)
+        raise AgentError(f"cannot copy the base image's files: {last}", AGENT_FAILED)
 
 
 def base_cwd(base_dir: Path) -> str:
@@ -728,7 +728,7 @@ def build_lock(
             raise AgentError(
                 f"{what}: still being built by {holder_of(holder)} after "
                 f"{seconds():g} s; submit again later",
-                EXIT_FAILED,
+                AGENT_FAILED,
             )
         try:
             records.write_json(
@@ -754,7 +754,7 @@ def build_errors(what: str) -> Iterator[None]:
         yield
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise AgentError(f"{what}: {reason}", EXIT_FAILED) from None
+        raise AgentError(f"{what}: {reason}", AGENT_FAILED) from None
 
 
 def ensure_build(
@@ -770,7 +770,7 @@ def ensure_build(
     """The ready image's record (as imagecache.ensure's), building it if no job of the
     user has yet. `image_build`: the instruction's task.image_build."""
     if settings.runtime != RUNTIME:
-        raise AgentError(NEEDS_CHARLIECLOUD, EXIT_FAILED)
+        raise AgentError(NEEDS_CHARLIECLOUD, AGENT_FAILED)
     hex_key = key_hex(image_build)
     short, name = hex_key[:12], image_build.get("file", "")
     what = f"image build {name} {short}"

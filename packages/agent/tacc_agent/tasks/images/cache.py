@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_agent.errors import EXIT_FAILED, AgentError
+from tacc_agent.errors import AGENT_FAILED, AgentError
 from tacc_agent.tasks.execute.envcache import locked
 from tacc_agent.tasks.images.registry import copy_to_layout, parsed
 from tacc_agent.tasks.jobs import records
@@ -50,7 +50,7 @@ Puller = Callable[[ImageRef, Path, Log], Path]
 
 def digest_hex(ref: ImageRef) -> str:
     if not ref.digest:
-        raise AgentError(f"{ref}: the image is not pinned to a digest", EXIT_FAILED)
+        raise AgentError(f"{ref}: the image is not pinned to a digest", AGENT_FAILED)
     return ref.digest.split(":", 1)[1]
 
 
@@ -127,14 +127,14 @@ class SkopeoUmoci:
             )
         except FileNotFoundError:
             missing = f"{self.umoci} is not installed on this node (container_runtime role)"
-            raise AgentError(missing, EXIT_FAILED) from None
+            raise AgentError(missing, AGENT_FAILED) from None
         except subprocess.TimeoutExpired:
             raise AgentError(
-                f"{ref}: unpacking took longer than {self.timeout:g} s", EXIT_FAILED
+                f"{ref}: unpacking took longer than {self.timeout:g} s", AGENT_FAILED
             ) from None
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1][-300:]
-            raise AgentError(f"{ref}: umoci unpack exited {proc.returncode}: {last}", EXIT_FAILED)
+            raise AgentError(f"{ref}: umoci unpack exited {proc.returncode}: {last}", AGENT_FAILED)
         remove_tree(layout)  # the bits now live unpacked; the layout would double the space
         return bundle
 
@@ -163,7 +163,7 @@ def pull(
     try:
         bundle = puller(ref, work, log)
         if not (bundle / ROOTFS).is_dir():
-            raise AgentError(f"{ref}: the pull left no {ROOTFS}/", EXIT_FAILED)
+            raise AgentError(f"{ref}: the pull left no {ROOTFS}/", AGENT_FAILED)
         for extra in ("umoci.json",):  # umoci's repack record: not needed to run
             (bundle / extra).unlink(missing_ok=True)
         for mtree in bundle.glob("*.mtree"):
@@ -242,14 +242,14 @@ def make_mount_points_at(
             if inside.is_symlink():
                 raise AgentError(
                     f"{ref}: {target} is a symbolic link in the image; cannot bind onto it",
-                    EXIT_FAILED,
+                    AGENT_FAILED,
                 )
             try:
                 inside.mkdir(mode=0o755, parents=True, exist_ok=True)
             except OSError as exc:
                 raise AgentError(
                     f"{ref}: cannot make the mount point {target} in the image: {exc.strerror}",
-                    EXIT_FAILED,
+                    AGENT_FAILED,
                 ) from None
 
 
@@ -293,6 +293,6 @@ def marker_at(user_dir: Path, hex_digest: str, ref: str) -> dict:
         raise AgentError(
             f"{ref}: the image is not in the cache on this node "
             f"({directory}); the batch step pulls or builds it first",
-            EXIT_FAILED,
+            AGENT_FAILED,
         )
     return marker

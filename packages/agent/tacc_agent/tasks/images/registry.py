@@ -20,7 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 from tacc_contract.images import EXPECTED, ImageRef, parse_reference
 
 FIELD = "image"
@@ -45,7 +45,7 @@ def skopeo_binary(configured: str = "skopeo") -> str:
         raise AgentError(
             f"{configured} is not installed on this node (the container_runtime role "
             "installs it); cannot reach the image registry",
-            EXIT_CLUSTER,
+            AGENT_CLUSTER,
         )
     return found
 
@@ -76,7 +76,7 @@ def run_skopeo(argv: list[str], ref: ImageRef, what: str, timeout: float) -> byt
         )
     except subprocess.TimeoutExpired:
         raise AgentError(
-            f"{ref}: the registry did not answer {what} within {timeout:g} s", EXIT_CLUSTER
+            f"{ref}: the registry did not answer {what} within {timeout:g} s", AGENT_CLUSTER
         ) from None
     if proc.returncode != 0:
         answer = registry_answer(proc.stderr.decode(errors="replace"))

@@ -34,13 +34,15 @@ from typing import BinaryIO
 
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
+from tacc_agent.node_verbs import ENTER, RELAY
 from tacc_agent.tasks.execute import containers, envcache
 from tacc_agent.tasks.execute import launch as execute
 from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_contract.instruction import FILE
+from tacc_contract.wire import BadArgument
 
 POLL_SECONDS = 3.0  # stop-on-disconnect: how often it asks whether the job ended alone
 # The client writes a byte on stdin every 10 s; this long without one is a disconnect.
@@ -108,7 +110,7 @@ def running_job(user_dir: Path, job_id: str, config: AgentConfig) -> RunningJob:
     )
     if not hosts:
         raise AgentError(
-            f"job {job_id}: Slurm names no nodes for it (NodeList={nodelist})", EXIT_CLUSTER
+            f"job {job_id}: Slurm names no nodes for it (NodeList={nodelist})", AGENT_CLUSTER
         )
     session = getattr(load(job_dir), "session", None)
     return RunningJob(job_id, job_dir, info.get("JobId") or job_id, hosts, session)
@@ -120,7 +122,7 @@ def address_of(host: str) -> str:
         return socket.gethostbyname(host)
     except OSError as exc:
         message = f"cannot resolve node {host}'s address here: {exc}"
-        raise AgentError(message, EXIT_CLUSTER) from None
+        raise AgentError(message, AGENT_CLUSTER) from None
 
 
 def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = None) -> dict:
@@ -159,8 +161,8 @@ def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool)
 
 def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> list[str]:
     """The step that runs `tacc-agent enter` (the command in the job's environment)."""
-    enter_words = ["enter", str(job.job_dir), "--rank", str(rank)]
-    return step_argv(job, rank, [*enter_words, *(["--", *command] if command else [])], pty)
+    enter_words = ENTER.request(jobdir=str(job.job_dir), rank=rank, command=list(command))
+    return step_argv(job, rank, enter_words, pty)
 
 
 @dataclass(frozen=True)
@@ -175,11 +177,10 @@ class RelayTarget:
         """`tacc-agent relay`'s words (exactly one of port and socket_path)."""
         if (self.port is None) == (self.socket_path is None):
             raise Rejected("job connect: expected --port PORT or --socket PATH (one of them)")
-        if self.port is not None:
-            target = ["--port", str(self.port)]
-        else:
-            target = ["--socket", str(self.socket_path)]
-        return ["relay", *target, *(["--check"] if self.check else [])]
+        try:
+            return RELAY.request(port=self.port, socket=self.socket_path, check=self.check)
+        except BadArgument as exc:
+            raise Rejected(f"job connect: {exc}") from None
 
 
 def connect(
@@ -199,7 +200,7 @@ def connect(
         os.execvp(argv[0], argv)  # noqa: S606 - srun replaces the agent (argv words)
     except FileNotFoundError:
         print("tacc-agent: srun not found: is this a Slurm login node?", file=sys.stderr)
-        return EXIT_CLUSTER
+        return AGENT_CLUSTER
     return 0  # only when exec is replaced (tests)
 
 
@@ -215,7 +216,7 @@ def attach(
     try:
         os.execvp(argv[0], argv)  # noqa: S606 - srun replaces the agent (argv words)
     except FileNotFoundError:
-        raise AgentError("srun not found: is this a Slurm login node?", EXIT_CLUSTER) from None
+        raise AgentError("srun not found: is this a Slurm login node?", AGENT_CLUSTER) from None
     return 0  # only when exec is replaced (tests)
 
 
@@ -291,7 +292,7 @@ def enter_argv(
     argv = container.wrap(inner)
     if command_status(argv[0], host_path):
         raise AgentError(
-            f"the container runtime {argv[0]} is not on this node's PATH", EXIT_CLUSTER
+            f"the container runtime {argv[0]} is not on this node's PATH", AGENT_CLUSTER
         )
     return argv, command_status(inner[0], image_path, container.rootfs)
 

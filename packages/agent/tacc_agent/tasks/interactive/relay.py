@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.errors import AGENT_REJECTED, Rejected
 from tacc_agent.procfs import PROC
 from tacc_agent.procfs.sockets import LISTEN, endpoint, tcp_sockets
 
@@ -155,7 +155,7 @@ def relay(port: int | None, socket_path: str | None, check: bool) -> int:
             sock = None if check else open_socket(path)
     except Rejected as exc:
         print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
-        return EXIT_REJECTED
+        return AGENT_REJECTED
     if sock is not None:
         pipe(sock)
     return 0

@@ -49,6 +49,7 @@ from tacc_agent.tasks.jobs import job_tags
 from tacc_agent.tasks.schedule import node_limits, node_ranges
 from tacc_agent.tasks.schedule.reasons import MAX_REASON_CHARS, checked_reason
 from tacc_contract.sbatch import SCRIPT
+from tacc_contract.verbs import JOB_HALT, JOB_RESUME
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})
 MAX_RECORD_BYTES = 1 << 20
@@ -331,11 +332,11 @@ def failure(output: str) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
-def owner_argv(job: JobRecord, name: str, verb: list[str]) -> list[str]:
+def owner_argv(job: JobRecord, name: str, words: list[str]) -> list[str]:
     """tacc-agent VERB as the job's owner, in the user directory that holds the job
     (<user dir>/jobs/<job dir>), with the cluster's default settings."""
     user_dir = job.job_dir.parent.parent
-    return ["runuser", "-u", name, "--", *AGENT, f"--userdir={user_dir}", "job", *verb]
+    return ["runuser", "-u", name, "--", *AGENT, f"--userdir={user_dir}", *words]
 
 
 def refusal(
@@ -486,7 +487,7 @@ def requeue(
             return code == 0
         grace = config.halt_grace_seconds
         slurm_calls = 4 * config.slurm_timeout_seconds
-        halt = owner_argv(job, name, ["halt", job_id, f"--grace={grace:g}", f"--reason={reason}"])
+        halt = owner_argv(job, name, JOB_HALT.request(job=job_id, grace=grace, reason=reason))
         code, output = run(halt, grace + slurm_calls + MARGIN_SECONDS)
         if code != 0:
             say(f"agent: job {job_id} not requeued: its halt failed: {failure(output)}")
@@ -501,7 +502,7 @@ def requeue(
             if code != 0:  # it goes back at its old size: still requeued, as asked
                 say(f"agent: job {job_id}: its size not changed: {failure(output)}")
         code, output = run(
-            owner_argv(job, name, ["resume", job_id, f"--reason={reason}"]),
+            owner_argv(job, name, JOB_RESUME.request(job=job_id, reason=reason)),
             slurm_calls + MARGIN_SECONDS,
         )
         if code != 0:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 
 JOB_ID = re.compile(r"\d+")
 # A sweep's trial: <array job id>_<index> (tacc_agent/sweeps.py).
@@ -56,17 +56,19 @@ def userdir(config: AgentConfig, override: str | None = None) -> Path:
         except FileNotFoundError:
             raise AgentError(
                 f"{path.parent} does not exist: is the shared workspace mounted here?",
-                EXIT_CLUSTER,
+                AGENT_CLUSTER,
             ) from None
         except PermissionError:
             raise AgentError(
                 f"cannot create {path}: ask an admin to add you to the cluster's users "
                 "(the tacc_agent role creates a directory for each one)",
-                EXIT_CLUSTER,
+                AGENT_CLUSTER,
             ) from None
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
-        raise AgentError(f"{path} is not yours (or is a symlink); refusing to use it", EXIT_CLUSTER)
+        raise AgentError(
+            f"{path} is not yours (or is a symlink); refusing to use it", AGENT_CLUSTER
+        )
     if not override:
         path.chmod(0o700)  # an explicit --userdir keeps the mode its owner chose
     return path

@@ -17,7 +17,7 @@ import pytest
 
 from tacc_agent import cli as agent_cli
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_CLUSTER, EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AGENT_REJECTED, AgentError, Rejected
 from tacc_agent.slurm.accounting import ALLOCATION_FIELDS, parse_allocation
 from tacc_agent.tasks.accounting import usage
 from tacc_contract import protocol, verbs
@@ -72,7 +72,7 @@ def test_the_window_takes_both_ends_whole_and_never_passes_now():
 def test_a_bad_window_is_refused_with_exit_2(since, until, message):
     with pytest.raises(Rejected) as caught:
         usage.window(since, until, NOW)
-    assert message in str(caught.value) and caught.value.exit_code == EXIT_REJECTED
+    assert message in str(caught.value) and caught.value.exit_code == AGENT_REJECTED
 
 
 def test_rows_are_sums_by_month_account_partition_and_each_job_counts_once():
@@ -174,7 +174,7 @@ def test_no_request_can_widen_the_report_to_other_users(fake_sacct, words):
     sacct is never asked; the builder has no such argument either."""
     session_verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
     rc, answer = session_verbs(words, b"", io.BytesIO())
-    assert rc == EXIT_REJECTED, answer
+    assert rc == AGENT_REJECTED, answer
     assert protocol.ERROR.check(answer) and not fake_sacct.exists()
 
 
@@ -195,7 +195,7 @@ def test_a_session_answers_usage_like_the_one_shot_command(fake_sacct, tmp_path)
 def test_the_ops_report_is_not_a_session_request(fake_sacct):
     session_verbs = agent_cli.SessionVerbs(agent_cli.parse_command_line(["session"]))
     rc, answer = session_verbs(["report", "usage"], b"", io.BytesIO())
-    assert rc == EXIT_REJECTED and "not a session request" in answer["error"]
+    assert rc == AGENT_REJECTED and "not a session request" in answer["error"]
     assert not fake_sacct.exists()
 
 
@@ -212,7 +212,7 @@ def test_the_command_refuses_bad_dates_with_exit_2_and_one_error_line(
     fake_sacct, tmp_path, words, message
 ):
     proc = agent(*words, env=agent_env(tmp_path))
-    assert proc.returncode == EXIT_REJECTED and "Traceback" not in proc.stderr
+    assert proc.returncode == AGENT_REJECTED and "Traceback" not in proc.stderr
     assert message in protocol.ERROR.check(json.loads(proc.stdout))["error"]
 
 
@@ -221,7 +221,7 @@ def test_no_accounting_is_a_clear_error_exit_3(fake_sacct, monkeypatch):
     monkeypatch.setenv("FAKE_SACCT_FAIL", "Slurm accounting storage is disabled")
     with pytest.raises(AgentError) as caught:
         usage.usage(AgentConfig(), "2025-10", "2025-11", NOW)
-    assert caught.value.exit_code == EXIT_CLUSTER
+    assert caught.value.exit_code == AGENT_CLUSTER
     assert str(caught.value) == (
         "sacct failed: Slurm accounting storage is disabled (usage reports need Slurm "
         "accounting (slurmdbd))"

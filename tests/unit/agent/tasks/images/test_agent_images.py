@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.cli import SessionVerbs, build_parser
-from tacc_agent.errors import EXIT_CLUSTER, AgentError, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.images import registry as registry_client
 from tacc_contract import verbs
@@ -103,7 +103,7 @@ def test_a_registry_that_does_not_answer_is_bounded_by_the_timeout(tmp_path, mon
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(AgentError, match=r"did not answer the manifest request within 0\.5 s") as e:
         registry_client.resolve(REFERENCE, timeout=0.5)
-    assert e.value.exit_code == EXIT_CLUSTER
+    assert e.value.exit_code == AGENT_CLUSTER
     # Stopped at the timeout, not waited for: the silent skopeo is gone (no pid: it was
     # stopped before it could even write it).
     pid = (tmp_path / "pid").read_text().strip() if (tmp_path / "pid").exists() else ""

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tacc_agent import node_usage, slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.errors import AGENT_REJECTED, Rejected
 from tacc_agent.health import job_usage
 from tacc_agent.tasks.interactive import attach, top
 from tacc_contract import verbs
@@ -257,7 +257,7 @@ def test_the_verb_answers_a_bad_or_unknown_job_in_one_json_line(tmp_path):
     (tmp_path / "workspace").mkdir()
     for job, expected in (("12;id", "not a job id"), ("123", "no job 123 of yours")):
         proc = agent("job", "top", job, env=env)
-        assert proc.returncode == EXIT_REJECTED and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == AGENT_REJECTED and "Traceback" not in proc.stderr, proc.stderr
         assert expected in json.loads(proc.stdout)["error"], proc.stdout
 
 

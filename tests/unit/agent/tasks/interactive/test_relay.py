@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_REJECTED, Rejected
+from tacc_agent.errors import AGENT_REJECTED, Rejected
 from tacc_agent.tasks.interactive import attach, relay
 from tacc_contract.protocol import BadArgument
 from tacc_contract.verbs import JOB_CONNECT
@@ -161,7 +161,7 @@ def test_a_loopback_port_another_user_listens_on_is_never_relayed(capfd):
         port = int(squatter.stdout.readline())
         with pytest.raises(Rejected, match=f"port {port} on .* is uid {OTHER_UID}'s, not yours"):
             relay.open_port(port)
-        assert relay.relay(port, None, check=False) == EXIT_REJECTED
+        assert relay.relay(port, None, check=False) == AGENT_REJECTED
         out, err = capfd.readouterr()
         assert out == "" and err.count("\n") == 1 and "not yours" in err
     finally:
@@ -183,7 +183,7 @@ def test_nothing_listening_is_one_line_on_stderr_and_nothing_on_stdout(capfd):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, not listening: refused
-        assert relay.relay(port, None, check=False) == EXIT_REJECTED
+        assert relay.relay(port, None, check=False) == AGENT_REJECTED
     out, err = capfd.readouterr()
     assert out == "" and err.count("\n") == 1 and f"nothing listens on 127.0.0.1:{port}" in err
 
@@ -223,7 +223,7 @@ def test_job_connect_into_a_job_not_yours_is_refused_on_stderr(
     execs = []
     monkeypatch.setattr(attach.os, "execvp", lambda *a: execs.append(a))
     assert (
-        attach.connect(user_dir, "77", config, 0, attach.RelayTarget(8888, None)) == EXIT_REJECTED
+        attach.connect(user_dir, "77", config, 0, attach.RelayTarget(8888, None)) == AGENT_REJECTED
     )
     out, err = capfd.readouterr()
     assert out == "" and "77" in err and execs == []

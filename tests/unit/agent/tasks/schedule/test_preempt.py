@@ -14,7 +14,7 @@ import pytest
 
 from tacc_agent import cli, slurm
 from tacc_agent.config import AgentConfig
-from tacc_agent.errors import EXIT_REJECTED, AgentError, Rejected
+from tacc_agent.errors import AGENT_REJECTED, AgentError, Rejected
 from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule import preempt
@@ -249,13 +249,15 @@ def test_a_requeue_runs_the_owners_halt_then_resume(job_dir, slurm_job):
                 "job",
                 "halt",
                 "41",
-                "--grace=10",
-                f"--reason={reason}",
+                "--grace",
+                "10",
+                "--reason",
+                reason,
             ],
             10 + 60 + 30,
         ),
         (
-            ["runuser", "-u", "alice", "--", *agent, "job", "resume", "41", f"--reason={reason}"],
+            ["runuser", "-u", "alice", "--", *agent, "job", "resume", "41", "--reason", reason],
             60 + 30,
         ),
     ]
@@ -323,7 +325,7 @@ def test_a_failing_halt_is_a_note_and_no_resume(slurm_job):
     failed = json.dumps({"error": "job 41 ended (COMPLETED) during its checkpoint grace period"})
     run, notes = Runner([3], failed), []
     assert preempt.requeue("41", "preempted by test", AgentConfig(), notes.append, run) is False
-    assert len(run.calls) == 1 and run.calls[0][0][-4:-2] == ["halt", "41"]
+    assert len(run.calls) == 1 and run.calls[0][0][-6:-4] == ["halt", "41"]
     assert notes == [
         "agent: job 41 not requeued: its halt failed: job 41 ended (COMPLETED) "
         "during its checkpoint grace period"
@@ -413,7 +415,7 @@ def test_the_command_line_answers_a_bad_reason_with_a_clear_error(
     finally:
         os.umask(umask)
     answer = json.loads(capsys.readouterr().out)
-    assert rc == EXIT_REJECTED and answer["field"] == "reason"
+    assert rc == AGENT_REJECTED and answer["field"] == "reason"
     assert answer["error"].startswith("--reason: expected one line of printable text")
 
 
