@@ -92,7 +92,7 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace | None:
     if args.declared is None and not args.version:
         parser.print_help()
         return None
-    if args.declared.streams and (problem := option_problem(args)):
+    if args.declared is not None and args.declared.streams and (problem := option_problem(args)):
         # a stream's refusal goes where its own output does not: stderr, exit 2
         print(f"tacc-agent {args.declared.name}: {problem}", file=sys.stderr)
         return None
@@ -484,7 +484,8 @@ class SessionVerbs:
         """(exit code, answer or error object); never raises but KeyboardInterrupt."""
         try:
             args = self.parser.parse_args(words)
-            if args.version or args.declared not in ANSWERS:
+            node_verb = args.declared in node_verbs.NODE_VERBS  # root's and Slurm's
+            if args.version or args.declared not in ANSWERS or node_verb:
                 asked = " ".join(words) or "no verb"
                 raise Rejected(
                     f"not a session request: {asked} (a verb that answers one JSON value; "

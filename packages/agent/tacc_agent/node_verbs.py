@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from tacc_contract.answers import QueueTick
 from tacc_contract.verbs import JOB_CONNECT as CONNECT
-from tacc_contract.verbs import PERIOD, Field, Verb, command_problem, connect_target_problem
+from tacc_contract.verbs import (
+    PERIOD,
+    Field,
+    Verb,
+    command_problem,
+    connect_target_problem,
+    whole_number_problem,
+)
 
 JSON = Field("json", bool, "--json", help="machine-readable output")
 JOB_DIR = Field("jobdir", help="the job directory")
@@ -64,7 +71,7 @@ ENTER = Verb(
     "(srun) a command in a job's environment on a node",
     (
         JOB_DIR,
-        Field("rank", int, "--rank", default=0),
+        Field("rank", int, "--rank", default=0, problem=whole_number_problem),
         Field("command", list, problem=command_problem, default=(), help="words after --"),
     ),
     streams=True,

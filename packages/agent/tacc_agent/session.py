@@ -41,9 +41,12 @@ def read_request(line: bytes) -> tuple[dict | None, str]:
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         return None, f"session: a request is one JSON object per line: {exc}"
     try:
-        return protocol.SESSION_REQUEST.check(request), ""
+        protocol.session_stdin(protocol.SESSION_REQUEST.check(request))
     except ProtocolError as exc:
         return None, f"session: not a request ({exc.problem})"
+    except UnicodeEncodeError:  # a lone surrogate: no bytes of any stdin
+        return None, "session: not a request (stdin: text that is not UTF-8)"
+    return request, ""
 
 
 def reads_the_stream(words: list[str]) -> bool:

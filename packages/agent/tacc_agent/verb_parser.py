@@ -38,6 +38,8 @@ def number_word(text: str) -> float | str:
 
 
 WORD_TYPES = {int: whole_word, float: number_word, str: str}
+# A number field without a check of its own keeps argparse's strict types (a usage error).
+STRICT_TYPES = {int: int, float: float, str: str}
 
 
 def add_field(parser: argparse.ArgumentParser, item: Field) -> None:
@@ -54,7 +56,7 @@ def add_field(parser: argparse.ArgumentParser, item: Field) -> None:
     parser.add_argument(
         *names,
         dest=item.name,
-        type=WORD_TYPES[item.kind],
+        type=(WORD_TYPES if item.problem is not None else STRICT_TYPES)[item.kind],
         default=item.default,
         choices=item.choices or None,
         help=item.help,

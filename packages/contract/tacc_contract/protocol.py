@@ -31,8 +31,12 @@ BLOB_NAME = re.compile(r"[0-9a-f]{64}-[0-7]{3,4}")  # a file's content and mode 
 
 
 def command(words: Sequence[str], userdir: str | None = None) -> list[str]:
-    """The whole command line: `tacc-agent [--userdir DIR] VERB ...`."""
-    return [AGENT, *(["--userdir", userdir] if userdir else []), *words]
+    """The whole command line: `tacc-agent [--userdir DIR] VERB ...` (--userdir=DIR for
+    a directory that starts with a dash, so it is never read as an option)."""
+    if not userdir:
+        return [AGENT, *words]
+    option = [f"--userdir={userdir}"] if userdir.startswith("-") else ["--userdir", userdir]
+    return [AGENT, *option, *words]
 
 
 # --- the store's requests (stdin of `tacc-agent store`) ---------------------------------

@@ -31,7 +31,7 @@ from tacc_contract.wire import AGENT, BadArgument
 
 T = TypeVar("T")
 
-JOB_ID = re.compile(r"\d+(_\d+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")  # 1234, or 1234_5: trial 5 of sweep 1234
 # `usage --since/--until`: a month (2026-11) or a day (2026-11-05).
 USAGE_DATE = re.compile(r"([0-9]{4})-([0-9]{2})(?:-([0-9]{2}))?")
 STDIN_KINDS = ("", "json", "instruction", "stream")
@@ -74,7 +74,7 @@ def seconds_problem(value: object) -> str:
 
 
 def directory_problem(value: object) -> str:
-    if not isinstance(value, str) or not value or "\0" in value:
+    if not isinstance(value, str) or not value or "\0" in value or value.startswith("-"):
         return f"expected a job directory, got {value!r}"
     return ""
 

@@ -123,6 +123,10 @@ BAD_LINES = [
     (b'{"verb": ["check", "--json"]}\n', "not a session request: check --json"),
     (b'{"verb": ["batch", "/x"]}\n', "not a session request: batch /x"),
     (b'{"verb": ["serve"]}\n', "not a session request: serve"),
+    (b'{"verb": ["queue-tick"]}\n', "not a session request: queue-tick"),  # root's
+    (b'{"verb": ["whoami"], "stdin": "\\ud800"}\n', "stdin: text that is not UTF-8"),
+    (b'{"verb": ["job", "logs", "1", "--tail", "x"]}\n', "not a session request"),
+    (b'{"verb": ["job", "halt", "1", "--grace", "soon"]}\n', "--grace: expected seconds"),
     (b"[" * 100_000 + b"\n", "a request is one JSON object per line"),  # nested too deep
 ]
 

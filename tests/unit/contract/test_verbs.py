@@ -15,9 +15,10 @@ import pytest
 from tacc_agent import cli as agent_cli
 from tacc_agent.errors import AgentError
 from tacc_agent.node_verbs import NODE_VERBS
-from tacc_contract import verbs
+from tacc_contract import protocol, verbs
 from tacc_contract.errors import ERROR_KINDS
 from tacc_contract.verbs import Verb
+from tacc_contract.wire import BadArgument
 from tcloud import agent
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, EXIT_OF_KIND, AgentFailure
 from tests.conftest import ROOT
@@ -172,3 +173,36 @@ def test_a_value_that_starts_with_a_dash_is_never_read_as_an_option():
     assert words[-1] == "--reason=--userdir=/shared/bob"
     args = agent_cli.parse_command_line(words)
     assert args.reason == "--userdir=/shared/bob" and args.userdir is None
+
+
+def test_version_and_the_node_verbs_numbers_are_read_strictly(capsys):
+    assert agent_cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip()
+    for words in (["serve", "--interval", "x"], ["serve", "--port", "abc"]):
+        with pytest.raises(SystemExit) as caught:
+            agent_cli.parse_command_line(words)
+        assert caught.value.code == 2
+    assert agent_cli.parse_command_line(["enter", "/j", "--rank", "x"]) is None
+    assert "--rank: expected a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: verbs.JOB_SUBMIT.request(workdir="-h"), "expected a job directory"),
+        (lambda: verbs.JOB_STATUS.request(job="\u0661\u0662"), "not a job id"),
+        (lambda: verbs.JOB_CONNECT.request(job="1"), "expected a port (1..65535) or a socket"),
+    ],
+    ids=["dash-workdir", "arabic-digits", "connect-no-target"],
+)
+def test_a_request_that_cannot_go_is_refused_before_anything_is_sent(build, message):
+    with pytest.raises(BadArgument) as caught:
+        build()
+    assert message in str(caught.value)
+
+
+def test_a_userdir_that_starts_with_a_dash_is_never_an_option():
+    argv = protocol.command(["whoami"], "-x")
+    assert argv == ["tacc-agent", "--userdir=-x", "whoami"]
+    assert agent_cli.parse_command_line(argv[1:]).userdir == "-x"
