@@ -199,8 +199,13 @@ class Verb(Generic[T]):
     task: bool = False
     across: Callable[[Mapping[str, Any]], str] | None = None  # a check across fields
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "answer", answer_check(self.returns, " ".join(self.words)))
+    @property
+    def answer(self) -> Shape | ListOf | None:
+        """The check of its answer type, built on first use: the node daemon, which
+        imports the records but checks no answer, never pays for it."""
+        if "_answer" not in self.__dict__:
+            object.__setattr__(self, "_answer", answer_check(self.returns, self.name))
+        return self.__dict__["_answer"]
 
     @property
     def name(self) -> str:

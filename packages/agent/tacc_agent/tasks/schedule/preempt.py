@@ -64,6 +64,10 @@ MAX_REREADS = 10  # jobs read again alone in one tick (job_records)
 Runner = Callable[[list[str], float], tuple[int, str]]
 Note = Callable[[str], None]
 
+# How long a halted job may take to show waiting again (held_record), and how often it is read.
+REQUEUE_SETTLE_SECONDS = 15.0
+REQUEUE_SETTLE_POLL_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -429,12 +433,26 @@ def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
     return ""
 
 
+def held_record(job_id: str, config: AgentConfig) -> JobRecord | None:
+    """The halted job's record once Slurm shows it waiting: right after the halt, a
+    loaded controller may still show it ending (COMPLETING, REQUEUED) for a few seconds.
+    The last record read when it does not wait within REQUEUE_SETTLE_SECONDS."""
+    deadline = time.monotonic() + REQUEUE_SETTLE_SECONDS
+    while True:
+        held = job_record(job_id, config)
+        if held is None or held.state in slurm.jobs.WAITING_STATES:
+            return held
+        if time.monotonic() >= deadline:
+            return held
+        time.sleep(REQUEUE_SETTLE_POLL_SECONDS)
+
+
 def held_refusal(job_id: str, nodes: int, config: AgentConfig) -> str:
     """The range and limit checks again, on the held job (halted: it waits), where root
     may record its range from Slurm's maximum, and where the owner's (or anyone's) jobs
     that started during the halt's grace period count against the limits; "" when
     `nodes` is within both."""
-    held = job_record(job_id, config)
+    held = held_record(job_id, config)
     if held is None or held.state not in slurm.jobs.WAITING_STATES:
         return "Slurm shows it neither pending nor held: its size is left alone"
     try:

@@ -506,9 +506,12 @@ def test_limits_slurm_does_not_answer_refuse_the_grow(monkeypatch, job_dir, conf
 
 @pytest.mark.fault
 def test_a_job_slurm_does_not_show_held_after_its_halt_keeps_its_size(monkeypatch, job_dir, config):
-    """Its range is read from the held job: one still shown ending (COMPLETING) has
-    none to read, so its size is left alone and it is resumed, never left held."""
+    """Its range is read from the held job: one still shown ending (COMPLETING) after
+    the settle time has none to read, so its size is left alone and it is resumed,
+    never left held."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1)
+    monkeypatch.setattr(preempt, "REQUEUE_SETTLE_SECONDS", 0.3)
+    monkeypatch.setattr(preempt, "REQUEUE_SETTLE_POLL_SECONDS", 0.05)
 
     def halt_still_ending(argv: list[str], timeout: float) -> tuple[int, str]:
         cluster.commands.append(argv)
@@ -681,3 +684,31 @@ def test_a_damaged_or_forgotten_entry_is_dropped(tmp_path):
     assert set(node_ranges.load(path)) == {"9"}
     node_ranges.record(path, ("10", 1, "/k"), (1, 1), node_ranges.FORGET_SECONDS + 1)
     assert set(node_ranges.load(path)) == {"10"}
+
+
+@pytest.mark.fault
+def test_a_job_shown_ending_for_a_moment_after_its_halt_is_still_resized(
+    monkeypatch, job_dir, config
+):
+    """A loaded controller shows the halted job COMPLETING for a few reads, then held:
+    the resize waits for it (held_record) instead of leaving its size alone."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=3)
+    node_ranges.record(store(config), key(job_dir), (1, 3), 0.0)
+    naps: list[float] = []
+
+    def halt_then_settle(argv: list[str], timeout: float) -> tuple[int, str]:
+        cluster.commands.append(argv)
+        if "halt" in argv:
+            cluster.job["JobState"] = "COMPLETING"
+        return 0, "{}"
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            cluster.job["JobState"] = "REQUEUE_HOLD"
+
+    monkeypatch.setattr(preempt.time, "sleep", nap)
+    notes: list[str] = []
+    preempt.requeue("41", "resized by test", config, notes.append, halt_then_settle, nodes=2)
+    assert len(naps) == 2
+    assert cluster.sizes_set() != [], notes
