@@ -13,7 +13,7 @@ from tacc_contract.verbs import (
     Verb,
     command_problem,
     connect_target_problem,
-    whole_number_problem,
+    whole,
 )
 
 JSON = Field("json", bool, "--json", help="machine-readable output")
@@ -71,7 +71,7 @@ ENTER = Verb(
     "(srun) a command in a job's environment on a node",
     (
         JOB_DIR,
-        Field("rank", int, "--rank", default=0, problem=whole_number_problem),
+        whole("--rank", "the rank of this node", default=0),
         Field("command", list, problem=command_problem, default=(), help="words after --"),
     ),
     streams=True,

@@ -105,29 +105,33 @@ def socket_problem(value: object) -> str:
     return ""
 
 
-def usage_period(text: object, what: str = "date") -> tuple[date, date]:
+def period_of(text: object) -> tuple[date, date] | None:
     """The days a `--since`/`--until` word names: (its first day, the day after its last);
-    a month (2026-11: November) or a day (2026-11-05). BadArgument for anything else."""
+    a month (2026-11: November) or a day (2026-11-05). None for anything else."""
     found = USAGE_DATE.fullmatch(text) if isinstance(text, str) else None
+    if found is None:
+        return None
+    year, month, day = int(found[1]), int(found[2]), found[3]
     try:
-        if found is None:
-            raise ValueError(text)
-        year, month, day = int(found[1]), int(found[2]), found[3]
         first = date(year, month, int(day) if day else 1)
         after = first + timedelta(days=1) if day else date(year + month // 12, month % 12 + 1, 1)
     except (ValueError, OverflowError):
-        raise BadArgument(
-            f"{what}: expected a month YYYY-MM or a day YYYY-MM-DD, got {text!r}"
-        ) from None
+        return None
     return first, after
 
 
 def period_problem(value: object) -> str:
-    try:
-        usage_period(value, "")
-    except BadArgument as exc:
-        return str(exc).removeprefix(": ")
+    if period_of(value) is None:
+        return f"expected a month YYYY-MM or a day YYYY-MM-DD, got {value!r}"
     return ""
+
+
+def usage_period(text: object, what: str = "date") -> tuple[date, date]:
+    """period_of, or BadArgument naming `what` (the option) for a word that is not one."""
+    period = period_of(text)
+    if period is None:
+        raise BadArgument(f"{what}: {period_problem(text)}")
+    return period
 
 
 def usage_order_problem(values: Mapping[str, Any]) -> str:
