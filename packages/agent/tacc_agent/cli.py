@@ -376,7 +376,19 @@ def accept(call: Call) -> int:
 def serve(call: Call) -> int:
     from tacc_agent import serve  # lazy verb import
 
-    return serve.serve(call.config, call.args.port, call.args.interval)
+    return serve.serve(call.config, call.args.port, call.args.interval, queue_round(call.config))
+
+
+def queue_round(config: AgentConfig) -> Callable[[], list[str]] | None:
+    """The controller's queue ticks for the daemon (queue_tick_seconds > 0); None on every
+    other node, whose daemon then never loads the scheduling backend (about 1.2 MiB of
+    its 30 MiB budget: tests/unit/agent/tasks/jobs/test_security_serve_logs.py)."""
+    if config.queue_tick_seconds <= 0:
+        return None
+    from tacc_agent.tasks.schedule.queue_ticks import Allowed, tick  # lazy verb import
+
+    allowed: Allowed = {}  # running jobs' opt-ins, read once per job, kept between ticks
+    return lambda: tick(config, allowed)
 
 
 def report_usage(call: Call) -> int:

@@ -48,7 +48,6 @@ from tacc_agent.health.metrics_access import (
     scraper_networks,
 )
 from tacc_agent.procfs.system import UNPRIVILEGED_PORT_START, sysctl_number
-from tacc_agent.tasks.schedule.queue_ticks import Allowed, tick
 
 # A request (connect, headers, answer) gets this long; then its connection is cut.
 REQUEST_DEADLINE_SECONDS = 5.0
@@ -301,12 +300,15 @@ def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
     return server
 
 
-def tick_loop(config: AgentConfig, stop: threading.Event) -> None:
-    """Every queue_tick_seconds: one round of the scheduling plug-ins' `tick` (LAS)."""
-    allowed: Allowed = {}  # running jobs' opt-ins, read once per job
+# One round of the scheduling plug-ins' `tick` (LAS): what it changed.
+QueueRound = Callable[[], list[str]]
+
+
+def tick_loop(config: AgentConfig, queue_round: QueueRound, stop: threading.Event) -> None:
+    """Every queue_tick_seconds: one queue round."""
     while not stop.wait(config.queue_tick_seconds):
         try:
-            for change in tick(config, allowed):
+            for change in queue_round():
                 log(change)
         except Exception as exc:  # Slurm down for a moment: try again next time
             log(f"queue tick failed: {type(exc).__name__}: {exc}")
@@ -325,7 +327,15 @@ def open_to_users(config: AgentConfig, port: int) -> str:
     return ""
 
 
-def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
+def serve(
+    config: AgentConfig,
+    port: int | None,
+    interval: float | None,
+    queue_round: QueueRound | None = None,
+) -> int:
+    """The daemon until SIGTERM; `queue_round` on the controller only (cli.py gives it
+    when queue_tick_seconds > 0), so a compute node's daemon never loads the scheduling
+    backend."""
     interval = interval if interval is not None else config.check_interval_seconds
     port = port if port is not None else config.metrics_port
     if interval <= 0:
@@ -344,8 +354,8 @@ def serve(config: AgentConfig, port: int | None, interval: float | None) -> int:
         log(warning)
     for note in server.notes:
         log(note)
-    if config.queue_tick_seconds > 0:  # the controller: scheduling plug-ins' ticks
-        threading.Thread(target=tick_loop, args=(config, stop), daemon=True).start()
+    if queue_round is not None:  # the controller: scheduling plug-ins' ticks
+        threading.Thread(target=tick_loop, args=(config, queue_round, stop), daemon=True).start()
     while not stop.is_set():
         started = time.monotonic()
         daemon.cycle()

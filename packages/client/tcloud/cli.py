@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tacc_contract import schema
-from tacc_contract.protocol import FINAL_STATES
+from tacc_contract.jobs import FINAL_STATES
 from tcloud import imagebuild, local, local_paths, tasks
 from tcloud.errors import (
     EXIT_CLUSTER,

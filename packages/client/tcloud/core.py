@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
-from tacc_contract import answers, protocol, schema, verbs
+from tacc_contract import answers, schema, verbs
+from tacc_contract.jobs import FINAL_STATES
 from tcloud import agent, config, images, interactive, jobs, portforward, tasks
 from tcloud import usage as usage_report
 from tcloud.errors import TcloudError, UsageError
@@ -276,7 +277,7 @@ class Job:
         if not poll > 0:
             raise UsageError(f"poll: expected seconds > 0, got {poll!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (info := self.status())["state"] not in protocol.FINAL_STATES:
+        while (info := self.status())["state"] not in FINAL_STATES:
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeout(f"job {self.id} is still {info['state']} after {timeout:g} s")
             pause = poll if deadline is None else min(poll, deadline - time.monotonic())

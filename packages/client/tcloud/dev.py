@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from tacc_contract import protocol, verbs
+from tacc_contract.jobs import FINAL_STATES
 from tcloud import agent
 from tcloud.errors import TcloudError
 from tcloud.portforward import PortPair
@@ -41,7 +42,7 @@ def wait_running(job, say: Say, poll: float = POLL_SECONDS) -> dict:
                 say(f"session {job.id}: {last}{reason}")
             if last == RUNNING:
                 return info
-            if last in protocol.FINAL_STATES:
+            if last in FINAL_STATES:
                 raise TcloudError(
                     f"session {job.id} ended before it ran ({last}); `tcloud status {job.id}`"
                 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tacc_contract.protocol import FINAL_STATES
+from tacc_contract.jobs import FINAL_STATES
 
 HOME_AND_CLEAR = "\x1b[H\x1b[J"
 COLUMNS = ("NODE", "CPU%", "CPUS", "MEMORY", "GPUS")

@@ -24,9 +24,6 @@ from tacc_contract.wire import AGENT, PROTOCOL_VERSION, BadArgument, ProtocolErr
 
 __all__ = ["AGENT", "PROTOCOL_VERSION", "BadArgument", "ProtocolError"]
 
-# The states `job status` and `job ps` answer; a job in a final state will not change.
-JOB_STATES = ("QUEUED", "PROVISIONING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "HALTED")
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
 BLOB_NAME = re.compile(r"[0-9a-f]{64}-[0-7]{3,4}")  # a file's content and mode in the store
 
 

@@ -14,6 +14,7 @@ from tacc_contract.errors import Rejected
 # A task that sets no time; USR1 this long before the limit (defined where the agent's
 # settings read them without loading the schema).
 from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
+from tacc_contract.jobs import SCRIPT
 from tacc_contract.sbatch_options import why_refused
 from tacc_contract.schema import TaskSpec, processes_per_node
 from tacc_contract.slurm_time import time_seconds
@@ -30,10 +31,6 @@ class ClusterDefaults:
 
     default_time_limit: str = DEFAULT_TIME_LIMIT
     checkpoint_signal_seconds: int = CHECKPOINT_SIGNAL_SECONDS
-
-
-# The batch script every job's sbatch runs, in its job directory.
-SCRIPT = "job.sh"
 
 
 def extra_options(options: dict[str, str]) -> list[str]:

@@ -1,6 +1,7 @@
 """The agent's two jobs apart (issue [11]): node health (tacc_agent.health) and the task
 backend (tacc_agent.tasks) import nothing of each other; what both need sits beside them
-(config, errors, slurm, rdma_sysfs) and the daemon (serve.py) and the CLI compose them."""
+(config, errors, slurm, rdma_sysfs) and the CLI composes them (it hands the
+controller's daemon, serve.py, its queue round; serve.py imports the health half only)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tacc_agent import cli
+from tacc_agent.config import AgentConfig
+from tacc_agent.tasks.schedule import queue_ticks
 from tacc_contract import job_defaults, registry, sbatch
 
 QUICK = [
@@ -82,6 +84,33 @@ def test_importing_the_cli_loads_neither_schema_nor_registry():
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.strip() == "[]", out
+
+
+DAEMON_PROBE = """
+import sys
+import tacc_agent.cli, tacc_agent.serve
+backend = ("tacc_agent.tasks", "tacc_contract.schema", "tacc_contract.sbatch",
+           "tacc_contract.registry")
+print(sorted(m for m in sys.modules if m.startswith(backend)))
+"""
+
+
+def test_a_compute_nodes_daemon_loads_no_scheduling_backend():
+    """`tacc-agent serve` off the controller: the health half only (the queue ticks cost
+    the daemon about 1.2 MiB of its 30 MiB budget; only the controller's daemon pays)."""
+    out = subprocess.run(
+        [sys.executable, "-c", DAEMON_PROBE], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]", out
+
+
+def test_only_the_controllers_daemon_gets_queue_rounds(monkeypatch):
+    calls = []
+    monkeypatch.setattr(queue_ticks, "tick", lambda config, allowed: calls.append(allowed) or [])
+    assert cli.queue_round(AgentConfig()) is None
+    controller = cli.queue_round(AgentConfig(queue_tick_seconds=2.0))
+    assert controller() == [] and controller() == []
+    assert calls[0] is calls[1]  # one memory of the running jobs' opt-ins for all rounds
 
 
 def test_the_settings_defaults_are_the_sbatch_defaults():

@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
+from tacc_contract.jobs import FINAL_STATES as TERMINAL
+from tacc_contract.jobs import JOB_STATES as STATES
 from tacc_contract.jsonfiles import read_json, write_json
 from tacc_contract.plugins import PastJob
-from tacc_contract.protocol import FINAL_STATES as TERMINAL
-from tacc_contract.protocol import JOB_STATES as STATES
 
 
 def event_order(name: str) -> tuple[int, int, str]:

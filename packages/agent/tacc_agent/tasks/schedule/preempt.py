@@ -48,7 +48,7 @@ from tacc_agent.self_command import AGENT
 from tacc_agent.tasks.jobs import job_tags
 from tacc_agent.tasks.schedule import node_limits, node_ranges
 from tacc_agent.tasks.schedule.reasons import MAX_REASON_CHARS, checked_reason
-from tacc_contract.sbatch import SCRIPT
+from tacc_contract.jobs import SCRIPT
 from tacc_contract.verbs import JOB_HALT, JOB_RESUME
 
 KNOWN_OPT_INS = frozenset({"preemptible", "resize"})

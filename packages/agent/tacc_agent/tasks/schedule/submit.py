@@ -27,6 +27,7 @@ from tacc_agent.tasks.schedule.cluster_shape import read_nodes, scheduling_parti
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import digest_of
+from tacc_contract.jobs import SCRIPT
 from tacc_contract.plugins import (
     NOT_WAITING_FOR_NODES,
     Node,
@@ -36,12 +37,7 @@ from tacc_contract.plugins import (
     Submission,
 )
 from tacc_contract.registry import PluginError, in_layer, select
-from tacc_contract.sbatch import (
-    SCRIPT,
-    base_options,
-    sbatch_argv,
-    slurm_tasks_per_node,
-)
+from tacc_contract.sbatch import base_options, sbatch_argv, slurm_tasks_per_node
 from tacc_contract.schema import TaskSpec
 from tacc_plugins.elastic import min_nodes
 
