@@ -16,6 +16,8 @@ from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
 from tacc_lab.lab import down, find_login_node, find_node, resolve_config, status, up
 from tacc_lab.nodes import NodePaths, cut_power, ssh_command_argv
+from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
+from tacc_lab.releases import OS_ENV, RELEASES, Release, release_named
 from tacc_lab.researchers import (
     check_researcher,
     researcher_names,
@@ -40,6 +42,14 @@ def node_argument(text: str) -> str:
             f"{text!r} is not a lab node name; nodes are n1, n2, ... and {LOGIN_NAME}"
         )
     return text
+
+
+def os_argument(text: str) -> Release:
+    """--os: a release the lab builds node images of (releases.py)."""
+    try:
+        return release_named(text)
+    except LabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def inventory_argument(text: str) -> Path:
@@ -104,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the lab's container image (tacc/base:bookworm; once per machine) and "
         "seed it into an image registry on n1, with the container runtime on compute and "
         "login nodes (default: as the lab already is; none for a new lab)",
+    )
+    p_up.add_argument(
+        "--os",
+        type=os_argument,
+        metavar="{" + ",".join(RELEASES) + "}",
+        help=f"the nodes' Debian release (default: ${OS_ENV}, or as the lab already is, "
+        f"or {DEFAULT_RELEASE.codename}); a running lab keeps its nodes' release",
     )
     p_up.add_argument(
         "--inventory",
@@ -193,6 +210,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 inventory.resolve(),
                 login_node=args.login_node,
                 container_image=args.container_image,
+                release=args.os,
             )
         except LabError as exc:
             hint = "(what started is left for inspection; `tacc-lab down` removes it)"

@@ -1,4 +1,4 @@
-"""Build (once) and cache the Debian bookworm node image.
+"""Build (once) and cache the Debian node images, one per release (releases.py).
 
 The image is keyed by a digest of everything that goes into it (package list, recipe
 version, the host's apt sources and locally added CA certificates), so a change in any
@@ -20,14 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-from tacc_lab.apt_sources import debian_mirror, source_files
+from tacc_lab.apt_sources import debian_mirror
 from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.prebake import ROLE_PACKAGES, finish, mmdebstrap_argv
+from tacc_lab.releases import DEFAULT, Release, node_sources, requested_release, write_node_sources
 from tacc_lab.runner import run
 from tacc_lab.state import locked
 
-SUITE = "bookworm"
 RECIPE_VERSION = "2"
 PACKAGES = (
     "systemd",
@@ -62,45 +62,55 @@ def _ca_files() -> list[Path]:
     return sorted(LOCAL_CA_DIR.glob("*.crt")) if LOCAL_CA_DIR.is_dir() else []
 
 
-def image_digest(flavor: str = BARE) -> str:
-    digest = hashlib.sha256(f"{SUITE}|{RECIPE_VERSION}|{','.join(PACKAGES)}".encode())
+def image_digest(flavor: str = BARE, release: Release = DEFAULT) -> str:
+    suite = release.codename
+    digest = hashlib.sha256(f"{suite}|{RECIPE_VERSION}|{','.join(PACKAGES)}".encode())
     if flavor == PREBAKED:
         digest.update(f"|{PREBAKED}|{PREBAKE_RECIPE_VERSION}|{','.join(ROLE_PACKAGES)}".encode())
-    for file in source_files() + _ca_files():
+    for name, text in node_sources(release):
+        digest.update(name.encode() + b"\0" + text.encode())
+    for file in _ca_files():
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def _name_prefix(flavor: str) -> str:
-    return f"{SUITE}-" if flavor == BARE else f"{SUITE}-{flavor}-"
+def _name_prefix(flavor: str, release: Release) -> str:
+    suite = release.codename
+    return f"{suite}-" if flavor == BARE else f"{suite}-{flavor}-"
 
 
-def image_path(cfg: LabConfig, flavor: str = BARE) -> Path:
-    return cfg.image_cache / f"{_name_prefix(flavor)}{image_digest(flavor)}"
+def image_path(cfg: LabConfig, flavor: str = BARE, release: Release = DEFAULT) -> Path:
+    return cfg.image_cache / f"{_name_prefix(flavor, release)}{image_digest(flavor, release)}"
 
 
-def ensure_image(cfg: LabConfig, log=print, flavor: str | None = None) -> tuple[Path, float | None]:
+def ensure_image(
+    cfg: LabConfig, log=print, flavor: str | None = None, release: Release | None = None
+) -> tuple[Path, float | None]:
     """Return (image dir, build seconds or None when it came from the cache). Labs that
     come up side by side (parallel test workers) wait for one build instead of racing.
-    `flavor` None: the one TACC_LAB_IMAGE_FLAVOR names (bare when unset)."""
+    `flavor` None: the one TACC_LAB_IMAGE_FLAVOR names (bare when unset); `release`
+    None: the one TACC_LAB_OS names (releases.DEFAULT when unset)."""
     flavor = flavor or image_flavor()
-    target = image_path(cfg, flavor)
+    release = release or requested_release() or DEFAULT
+    target = image_path(cfg, flavor, release)
     if (target / COMPLETE_MARK).exists():
         return target, None
     with locked(cfg.image_cache, ".build.lock"):
         if (target / COMPLETE_MARK).exists():  # another lab built it meanwhile
             return target, None
-        return target, _build(cfg, target, flavor, log)
+        return target, _build(cfg, target, flavor, release, log)
 
 
-def _build(cfg: LabConfig, target: Path, flavor: str, log) -> float:
+def _build(cfg: LabConfig, target: Path, flavor: str, release: Release, log) -> float:
     staging = target.with_name(target.name + ".building")
     if staging.exists():
         shutil.rmtree(staging)
     log(f"building node image {target.name} (once; cached in {cfg.image_cache}) ...")
     start = time.monotonic()
+    sources_dir = target.with_name(target.name + ".sources")  # mmdebstrap's mirrors
+    sources = write_node_sources(release, sources_dir)
     if flavor == PREBAKED:
-        run(mmdebstrap_argv(SUITE, PACKAGES, staging))
+        run(mmdebstrap_argv(release.codename, PACKAGES, staging, sources))
         finish(staging)
     else:
         run(
@@ -108,26 +118,27 @@ def _build(cfg: LabConfig, target: Path, flavor: str, log) -> float:
                 "debootstrap",
                 "--variant=minbase",
                 f"--include={','.join(PACKAGES)}",
-                SUITE,
+                release.codename,
                 str(staging),
                 debian_mirror(),
             ]
         )
-    _bake(staging, keep_package_lists=flavor == PREBAKED)
+    _bake(staging, release, keep_package_lists=flavor == PREBAKED)
+    shutil.rmtree(sources_dir, ignore_errors=True)
     (staging / COMPLETE_MARK).write_text(f"{time.time()}\n")
     staging.rename(target)
-    _prune_old_images(cfg, keep=target, flavor=flavor)
+    _prune_old_images(cfg, keep=target, flavor=flavor, release=release)
     return time.monotonic() - start
 
 
-def _bake(root: Path, *, keep_package_lists: bool = False) -> None:
-    """Configure the image for any node: the host's sources and CAs, no shared secrets."""
+def _bake(root: Path, release: Release, *, keep_package_lists: bool = False) -> None:
+    """Configure the image for any node: the host's sources (for `release`) and CAs, no
+    shared secrets."""
     apt_dir = root / "etc/apt"
     (apt_dir / "sources.list").write_text("")
-    for file in source_files():
-        in_dir = file.parent.name == "sources.list.d"
-        target = apt_dir / "sources.list.d" / file.name if in_dir else apt_dir / file.name
-        shutil.copy2(file, target)
+    for name, text in node_sources(release):
+        in_dir = name != "sources.list"
+        (apt_dir / "sources.list.d" / name if in_dir else apt_dir / name).write_text(text)
     ca_dir = root / "usr/local/share/ca-certificates"
     ca_dir.mkdir(parents=True, exist_ok=True)
     for cert in _ca_files():
@@ -157,11 +168,14 @@ def _bake(root: Path, *, keep_package_lists: bool = False) -> None:
         os.utime(path, (0, 0))
 
 
-def _prune_old_images(cfg: LabConfig, keep: Path, flavor: str = BARE) -> None:
-    """Remove superseded images of `flavor` that no running node uses as its overlay
-    lower layer (the other flavor's image is kept: demo and tests use one each)."""
+def _prune_old_images(
+    cfg: LabConfig, keep: Path, flavor: str = BARE, release: Release = DEFAULT
+) -> None:
+    """Remove superseded images of `flavor` and `release` that no running node uses as
+    its overlay lower layer (the other flavors' and releases' images are kept: demo and
+    tests use several)."""
     mounts = Path("/proc/self/mounts").read_text()
-    same_flavor = re.compile(rf"{re.escape(_name_prefix(flavor))}[0-9a-f]{{16}}")
+    same_flavor = re.compile(rf"{re.escape(_name_prefix(flavor, release))}[0-9a-f]{{16}}")
     for old in cfg.image_cache.iterdir():
         if old != keep and same_flavor.fullmatch(old.name) and str(old) not in mounts:
             print(f"removing stale node image {old.name}", file=sys.stderr)
@@ -174,7 +188,7 @@ def main() -> int:
     the venv installs, and `tacc-lab up` then finds the image built."""
     cfg = LabConfig.create("image", "10.77.0.0/24")  # only cfg.image_cache is read
     try:
-        path, seconds = ensure_image(cfg, flavor=image_flavor())
+        path, seconds = ensure_image(cfg, flavor=image_flavor(), release=requested_release())
     except (LabError, OSError) as exc:
         print(f"tacc-lab image: {exc}", file=sys.stderr)
         return 1

@@ -41,6 +41,8 @@ from tacc_lab.oci_image import archive_path, ensure_oci_image
 from tacc_lab.prereqs import check_prerequisites
 from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
+from tacc_lab.releases import BOOKWORM, Release, release_named, requested_release
+from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
 from tacc_lab.researchers import ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
@@ -78,11 +80,13 @@ def up(
     *,
     login_node: bool | None = None,
     container_image: bool | None = None,
+    release: Release | None = None,
 ) -> UpResult:
     """Boot n1..n`node_count` (and the separate login node `login1` when `login_node`;
     None: yes from two nodes on, or as the lab already is). With `container_image` the
     lab's container image is built (once per machine) and the inventory seeds it into an
-    image registry on n1 (None: as the lab already is; False: no containers)."""
+    image registry on n1 (None: as the lab already is; False: no containers). The nodes
+    run `release` (None: TACC_LAB_OS, or as the lab already is, or releases.DEFAULT)."""
     if node_count < 1:
         raise LabError(f"--nodes must be at least 1, got {node_count}")
     check_prerequisites(container_image=bool(container_image))
@@ -109,7 +113,8 @@ def up(
             NodeRecord(name=node_name(i), index=i, address=str(node_address(cfg.subnet, i)))
             for i in range(first, node_count + 1)
         ]
-        image, built = _image_for(cfg, state, log)
+        release = _release_for(cfg, state, release)
+        image, built = _image_for(cfg, state, release, log)
         seeded, seeded_built = _container_image_for(cfg, container_image, log)
         ensure_ssh_key(cfg)
         cfg.shared_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +123,7 @@ def up(
         if not proxy_alive(cfg, state.proxy_pid):
             state.proxy_pid = start_proxy(cfg)
         state.image = str(image)
+        state.os = release.codename
         state.inventory = str(inventory_path)
         save_state(cfg.state_file, state)
 
@@ -206,11 +212,26 @@ def lab_container_image(cfg: LabConfig) -> ContainerImage | None:
     return ContainerImage(Path(saved["archive"]), saved["name"])
 
 
-def _image_for(cfg: LabConfig, state: LabState, log) -> tuple[Path, float | None]:
+def _release_for(cfg: LabConfig, state: LabState, asked: Release | None) -> Release:
+    """The nodes' release: a lab keeps the one it was brought up with (older labs' state
+    names none: they run bookworm); a new lab runs what was asked, or TACC_LAB_OS, or
+    releases.DEFAULT."""
+    if not state.nodes:
+        return asked or requested_release() or DEFAULT_RELEASE
+    running = release_named(state.os or BOOKWORM.codename)
+    if asked is not None and asked != running:
+        raise LabError(
+            f"lab {cfg.name!r} runs {running.codename} nodes; `up` keeps its nodes' OS "
+            f"(asked for {asked.codename}). Run `tacc-lab down` first to change it."
+        )
+    return running
+
+
+def _image_for(cfg: LabConfig, state: LabState, release: Release, log) -> tuple[Path, float | None]:
     """Running nodes pin their image: new nodes must share the same lower layer."""
     if state.nodes and state.image and Path(state.image).is_dir():
         return Path(state.image), None
-    return ensure_image(cfg, log=log)
+    return ensure_image(cfg, log=log, release=release)
 
 
 def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
@@ -344,6 +365,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
         "proxy": f"{proxy_url(cfg)} ({proxy_state})",
         "shared": f"{cfg.shared_dir} -> /shared",
         "pkgcache": f"{cfg.package_cache_dir} -> n1:{NODE_PACKAGE_CACHE} (kept by down)",
+        "os": state.os or BOOKWORM.codename,
         "image": state.image or "-",
         "container": (
             f"{container_image.name} <- {container_image.archive}" if container_image else "-"

@@ -19,8 +19,6 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tacc_lab.apt_sources import source_files
-
 # What the roles install on lab nodes (roles/*/vars/Debian.yml for the lab's groups and
 # settings: ganesha, no chrony); tests/unit/lab/test_image_prebake.py keeps the two in step.
 ROLE_PACKAGES = (
@@ -96,10 +94,13 @@ def in_root(argv: list[str]) -> str:
     return 'chroot "$1" ' + shlex.join(argv)
 
 
-def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) -> list[str]:
+def mmdebstrap_argv(
+    suite: str, base_packages: tuple[str, ...], target: Path, sources: list[Path]
+) -> list[str]:
     """mmdebstrap's command line: the minbase system plus `base_packages` as debootstrap
     would install them (no Recommends), then the roles' packages as Ansible's apt module
-    installs them (with Recommends), all from this host's apt sources."""
+    installs them (with Recommends), all from `sources` (the host's apt sources for the
+    image's release: releases.write_node_sources)."""
     accounts = " && ".join(
         in_root(["groupadd", "--system", "--gid", str(uid), name])
         + " && "
@@ -136,7 +137,7 @@ def mmdebstrap_argv(suite: str, base_packages: tuple[str, ...], target: Path) ->
         f"--customize-hook={disable}",
         suite,
         str(target),
-        *[str(file) for file in source_files()],
+        *[str(file) for file in sources],
     ]
 
 

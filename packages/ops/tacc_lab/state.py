@@ -24,6 +24,7 @@ class LabState:
     subnet: str
     proxy_pid: int | None = None
     image: str | None = None
+    os: str | None = None  # the nodes' Debian release (releases.py); None: an older lab's bookworm
     inventory: str | None = None
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
 

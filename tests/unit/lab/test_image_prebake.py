@@ -13,7 +13,9 @@ import yaml
 from tacc_lab import image, prebake
 from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
+from tacc_lab.releases import BOOKWORM, DEFAULT, TRIXIE
 
+SUITE = DEFAULT.codename
 ROLES = Path(__file__).resolve().parents[3] / "roles"
 # Debian package lists the roles install on the lab's nodes (the lab's inventory picks
 # ganesha for nfs_server and no chrony: common_time_sync none).
@@ -87,8 +89,10 @@ def test_package_names_are_plain_words_on_the_hook_command_line(tmp_path: Path) 
     """The customize hook is a shell line mmdebstrap runs: only package-name characters."""
     for name in prebake.ROLE_PACKAGES + prebake.GROUP_DAEMONS:
         assert re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", name), name
-    argv = prebake.mmdebstrap_argv(image.SUITE, image.PACKAGES, tmp_path / "root")
+    sources = [tmp_path / "debian.sources"]
+    argv = prebake.mmdebstrap_argv("trixie", image.PACKAGES, tmp_path / "root", sources)
     assert argv[0] == "mmdebstrap"
+    assert argv[-3:] == ["trixie", str(tmp_path / "root"), str(sources[0])]
     assert f"--include={','.join(image.PACKAGES)}" in argv
     assert str(tmp_path / "root") in argv
 
@@ -111,9 +115,18 @@ def test_the_flavors_are_named_apart(tmp_path: Path) -> None:
     cfg = LabConfig.create("t", "10.77.0.0/24", image_cache=tmp_path)
     bare = image.image_path(cfg)
     prebaked = image.image_path(cfg, image.PREBAKED)
-    assert bare.name == f"{image.SUITE}-{image.image_digest()}"
-    assert prebaked.name.startswith(f"{image.SUITE}-prebaked-")
+    assert bare.name == f"{SUITE}-{image.image_digest()}"
+    assert prebaked.name.startswith(f"{SUITE}-prebaked-")
     assert image.image_digest(image.PREBAKED) != image.image_digest()
+
+
+def test_each_release_has_its_own_images(tmp_path: Path) -> None:
+    cfg = LabConfig.create("t", "10.77.0.0/24", image_cache=tmp_path)
+    for flavor in image.FLAVORS:
+        trixie = image.image_path(cfg, flavor, TRIXIE)
+        bookworm = image.image_path(cfg, flavor, BOOKWORM)
+        assert trixie.name.startswith("trixie-") and bookworm.name.startswith("bookworm-")
+        assert image.image_digest(flavor, TRIXIE) != image.image_digest(flavor, BOOKWORM)
 
 
 def test_a_cached_prebaked_image_is_used_without_a_build(tmp_path: Path) -> None:
@@ -126,10 +139,10 @@ def test_a_cached_prebaked_image_is_used_without_a_build(tmp_path: Path) -> None
 
 def test_each_flavor_prunes_only_its_own_old_images(tmp_path: Path) -> None:
     cfg = LabConfig.create("t", "10.77.0.0/24", image_cache=tmp_path)
-    old_bare = tmp_path / f"{image.SUITE}-{'0' * 16}"
-    old_prebaked = tmp_path / f"{image.SUITE}-prebaked-{'0' * 16}"
-    new_bare = tmp_path / f"{image.SUITE}-{'1' * 16}"
-    new_prebaked = tmp_path / f"{image.SUITE}-prebaked-{'1' * 16}"
+    old_bare = tmp_path / f"{SUITE}-{'0' * 16}"
+    old_prebaked = tmp_path / f"{SUITE}-prebaked-{'0' * 16}"
+    new_bare = tmp_path / f"{SUITE}-{'1' * 16}"
+    new_prebaked = tmp_path / f"{SUITE}-prebaked-{'1' * 16}"
     for path in (old_bare, old_prebaked, new_bare, new_prebaked):
         path.mkdir()
     image._prune_old_images(cfg, keep=new_prebaked, flavor=image.PREBAKED)
@@ -140,6 +153,16 @@ def test_each_flavor_prunes_only_its_own_old_images(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.name for p in (new_bare, new_prebaked)
     )
+
+
+def test_a_release_prunes_only_its_own_old_images(tmp_path: Path) -> None:
+    cfg = LabConfig.create("t", "10.77.0.0/24", image_cache=tmp_path)
+    old_trixie, new_trixie = (tmp_path / f"trixie-{n * 16}" for n in "01")
+    bookworm = tmp_path / f"bookworm-{'0' * 16}"
+    for path in (old_trixie, new_trixie, bookworm):
+        path.mkdir()
+    image._prune_old_images(cfg, keep=new_trixie, release=TRIXIE)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([bookworm.name, new_trixie.name])
 
 
 def test_the_image_ships_no_munge_key_build_settings_or_pasted_sources(tmp_path: Path) -> None:

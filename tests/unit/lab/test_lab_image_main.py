@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tacc_lab import image
+from tacc_lab.releases import DEFAULT
 
 OPS = Path(__file__).resolve().parents[3] / "packages" / "ops"
 
@@ -27,7 +28,7 @@ def run_image_main(cache: Path) -> subprocess.CompletedProcess:
 
 
 def test_cached_image_is_reported_without_a_build(tmp_path: Path) -> None:
-    target = tmp_path / f"{image.SUITE}-{image.image_digest()}"
+    target = tmp_path / f"{DEFAULT.codename}-{image.image_digest()}"
     target.mkdir()
     (target / image.COMPLETE_MARK).write_text("0\n")
     proc = run_image_main(tmp_path)

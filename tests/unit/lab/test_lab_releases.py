@@ -1,0 +1,103 @@
+"""`tacc-lab up --os trixie|bookworm` (issue [20] point 1): each release gets the host's
+apt sources under its own suite names, a running lab keeps its nodes' release, and a
+wrong name is one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tacc_lab import lab, releases
+from tacc_lab.config import LabConfig
+from tacc_lab.errors import LabError
+from tacc_lab.releases import BOOKWORM, TRIXIE
+from tacc_lab.state import LabState, NodeRecord
+
+DEB822 = """\
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+"""
+ONE_LINE = (
+    "deb http://deb.debian.org/debian bookworm main\n"
+    "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n"
+    "deb http://mirror.example/bookworm.d/debian bookworm-backports main\n"
+)
+
+
+def test_the_hosts_suites_are_renamed_for_the_nodes_release():
+    assert releases.retarget(DEB822, "bookworm", "trixie") == DEB822.replace("bookworm", "trixie")
+    assert releases.retarget(ONE_LINE, "bookworm", "trixie").splitlines() == [
+        "deb http://deb.debian.org/debian trixie main",
+        "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main",  # a vendor's word
+        "deb http://mirror.example/bookworm.d/debian trixie-backports main",
+    ]
+    assert releases.retarget(DEB822, "bookworm", "bookworm") == DEB822
+
+
+def test_a_trixie_host_gives_bookworm_nodes_their_suites():
+    trixie_host = DEB822.replace("bookworm", "trixie")
+    assert releases.retarget(trixie_host, "trixie", "bookworm") == DEB822
+
+
+def test_the_host_release_comes_from_os_release(tmp_path: Path):
+    os_release = tmp_path / "os-release"
+    os_release.write_text('PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nVERSION_CODENAME=trixie\n')
+    assert releases.host_codename(os_release) == "trixie"
+
+
+@pytest.mark.bad_input
+def test_a_host_without_a_codename_is_a_clear_error(tmp_path: Path):
+    os_release = tmp_path / "os-release"
+    os_release.write_text('NAME="Something"\n')
+    with pytest.raises(LabError, match="no VERSION_CODENAME; the lab needs a Debian host"):
+        releases.host_codename(os_release)
+    with pytest.raises(LabError, match="unreadable"):
+        releases.host_codename(tmp_path / "absent")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name", ["jessie", "Trixie", "13", ""])
+def test_an_unknown_release_names_the_known_ones(name):
+    with pytest.raises(LabError, match="expected one of trixie, bookworm"):
+        releases.release_named(name)
+
+
+@pytest.mark.bad_input
+def test_a_bad_tacc_lab_os_names_the_variable():
+    with pytest.raises(LabError, match="TACC_LAB_OS: unknown node OS 'sid'"):
+        releases.requested_release({releases.OS_ENV: "sid"})
+    assert releases.requested_release({}) is None
+    assert releases.requested_release({releases.OS_ENV: "trixie"}) is TRIXIE
+
+
+def lab_with_nodes(os: str | None) -> LabState:
+    state = LabState(subnet="10.77.0.0/24", os=os)
+    state.nodes["n1"] = NodeRecord("n1", 1, "10.77.0.11")
+    return state
+
+
+def test_a_new_lab_runs_what_was_asked(monkeypatch):
+    cfg = LabConfig.create("t", "10.77.0.0/24")
+    monkeypatch.delenv(releases.OS_ENV, raising=False)
+    empty = LabState(subnet="10.77.0.0/24")
+    assert lab._release_for(cfg, empty, TRIXIE) is TRIXIE
+    assert lab._release_for(cfg, empty, None) is releases.DEFAULT
+    monkeypatch.setenv(releases.OS_ENV, "trixie")
+    assert lab._release_for(cfg, empty, None) is TRIXIE
+
+
+@pytest.mark.bad_input
+def test_a_running_lab_keeps_its_nodes_release(monkeypatch):
+    cfg = LabConfig.create("t", "10.77.0.0/24")
+    monkeypatch.setenv(releases.OS_ENV, "trixie")
+    assert lab._release_for(cfg, lab_with_nodes("trixie"), None) is TRIXIE
+    assert lab._release_for(cfg, lab_with_nodes(None), None) is BOOKWORM  # an older lab's state
+    with pytest.raises(LabError, match="runs bookworm nodes; `up` keeps its nodes' OS"):
+        lab._release_for(cfg, lab_with_nodes("bookworm"), TRIXIE)
