@@ -10,7 +10,7 @@ Usage (as root, from the repository root, after `make venv`; needs rsync on the 
 Targets from issue [4]: resubmit unchanged <= 1 s and <= 1 MiB sent; one changed 10 MiB
 file sends about 10 MiB.
 
-tcloud's rounds go through the connection master as the CLI's do (tcloud.mux: started
+tcloud's rounds go through the connection master as the CLI's do (tcloud.transport.mux: started
 by an untimed call first, so every timed round finds it warm); the resubmit rows also
 time tcloud connecting directly (TCLOUD_MULTIPLEX=0's path). rsync runs both plain
 (a new ssh each time) and over a warm ssh ControlMaster, so that both sides may share
@@ -35,14 +35,15 @@ from pathlib import Path
 from benchlib import BIN, Record, add_json_argument, lab_down, lab_up, node_sh, playbook, sh
 
 from tacc_lab.lab import resolve_config
-from tcloud import jobs, mux
-from tcloud.compiler import compile_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.config import Cluster
-from tcloud.hashcache import HashCache
-from tcloud.link import Direct, Link
-from tcloud.ssh import host_keys_known, session
-from tcloud.task_file import load_task
-from tcloud.upload import upload
+from tcloud.jobs import verbs as jobs
+from tcloud.transfer.hashcache import HashCache
+from tcloud.transfer.upload import upload
+from tcloud.transport import mux
+from tcloud.transport.link import Direct, Link
+from tcloud.transport.ssh import host_keys_known, session
 
 NODE = "10.77.7.11"
 USERDIR = "/root/tcloud-bench"

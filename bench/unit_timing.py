@@ -108,7 +108,7 @@ def job_top(runs: int, tmp: Path) -> dict:
 def exec_ctrl_c(runs: int, tmp: Path) -> dict:
     import pytest
 
-    from tests.unit.client.test_tcloud_interactive import BlockingChannel
+    from tests.unit.client.jobs.test_tcloud_interactive import BlockingChannel
     from tests.unit.interactive_fakes import FakeCluster, cli_run
 
     def once(blocking: bool) -> float:
@@ -149,13 +149,13 @@ def exec_ctrl_c(runs: int, tmp: Path) -> dict:
 
 
 def split_lines_before(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
-    """tcloud.interactive.split_lines before 21ef57e: pending + data searched whole."""
+    """tcloud.jobs.interactive.split_lines before 21ef57e: pending + data searched whole."""
     *complete, rest = (pending + data).split(b"\n")
     return complete, rest
 
 
 def pump_before(receive: Callable[[int], bytes], emit: Callable[[list[bytes]], None]) -> None:
-    from tcloud import interactive
+    from tcloud.jobs import interactive
 
     pending = b""
     for data in iter(lambda: receive(interactive.CHUNK), b""):
@@ -167,7 +167,7 @@ def pump_before(receive: Callable[[int], bytes], emit: Callable[[list[bytes]], N
 
 
 def pump_seconds(pump, mib: int) -> float:
-    from tcloud import interactive
+    from tcloud.jobs import interactive
 
     chunks = [b"x" * interactive.CHUNK] * (mib * MIB // interactive.CHUNK) + [b"x\nend"]
     feed = iter(chunks)
@@ -179,7 +179,7 @@ def pump_seconds(pump, mib: int) -> float:
 
 
 def pump(runs: int, tmp: Path, mib: int) -> dict:
-    from tcloud import interactive
+    from tcloud.jobs import interactive
 
     before_runs = runs if mib < 40 else 1  # the quadratic split: about 25 s at 40 MiB
     return {

@@ -28,13 +28,14 @@ import paramiko
 from tcloud_upload import Rsync, lab_sh, make_tree
 
 from tacc_lab.lab import resolve_config
-from tcloud import manifest, upload_stream, wire
-from tcloud.compiler import compile_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.config import Cluster
-from tcloud.hashcache import HashCache
-from tcloud.ssh import session
-from tcloud.task_file import load_task
-from tcloud.upload import upload
+from tcloud.transfer import manifest, upload_stream
+from tcloud.transfer.hashcache import HashCache
+from tcloud.transfer.upload import upload
+from tcloud.transport import wire
+from tcloud.transport.ssh import session
 
 MIB = 1 << 20
 USERDIR = "/root/tcloud-bench"
@@ -110,7 +111,7 @@ def main() -> int:
         "--ciphers",
         choices=["paramiko", "wire"],
         default="wire",
-        help="paramiko's default cipher order, or tcloud.wire's (AEAD first)",
+        help="paramiko's default cipher order, or tcloud.transport.wire's (AEAD first)",
     )
     parser.add_argument(
         "--before",
@@ -123,7 +124,7 @@ def main() -> int:
         upload_stream.CHUNK = 1 << 20
         manifest.HASH_THREADS = 1
         args.ciphers = "paramiko"
-    if args.ciphers == "paramiko":  # tcloud.ssh connects with wire.transport
+    if args.ciphers == "paramiko":  # tcloud.transport.ssh connects with wire.transport
         wire.transport = paramiko.Transport
     cfg = resolve_config(args.lab, None, "10.77.7.0/24")
     cluster = Cluster(

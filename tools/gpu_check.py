@@ -570,8 +570,8 @@ def make_job(tmp: Path, gpus: int) -> Path:
     import yaml
 
     from tacc_agent.tasks.store import delta as store
-    from tcloud.compiler import compile_task
-    from tcloud.task_file import load_task
+    from tcloud.compile.compiler import compile_task
+    from tcloud.compile.task_file import load_task
 
     project = tmp / "project"
     project.mkdir()

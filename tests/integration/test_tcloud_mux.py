@@ -1,8 +1,9 @@
-"""Connection sharing (tcloud.mux, tcloud.mux_master) against a real sshd: commands share
-one master and one SSH login, 40 at once start one master, a killed master is replaced,
-an idle one exits, `tcloud disconnect` stops it, TCLOUD_MULTIPLEX=0 connects directly,
-and a socket directory others could enter is refused. On the factory's one-node lab with
-the agent (tests/integration/labs.py: AGENT_NODE, shared with test_tcloud_upload.py)."""
+"""Connection sharing (tcloud.transport.mux, tcloud.transport.mux_master) against a real
+sshd: commands share one master and one SSH login, 40 at once start one master, a killed
+master is replaced, an idle one exits, `tcloud disconnect` stops it, TCLOUD_MULTIPLEX=0
+connects directly, and a socket directory others could enter is refused. On the
+factory's one-node lab with the agent (tests/integration/labs.py: AGENT_NODE, shared
+with test_tcloud_upload.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from tacc_lab.lab import resolve_config
-from tcloud import mux_master
+from tcloud.transport import mux_master
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import node_sh
 from tests.integration.labs import AGENT_NODE
@@ -31,7 +32,7 @@ NODE = AGENT_NODE.address("n1")
 USERDIR = "/root/tcloud-mux"
 # One command as the CLI's agent-session path runs it: its own process, one verb.
 COMMAND = """
-from tcloud import jobs
+from tcloud.jobs import verbs as jobs
 from tcloud.sdk import Cluster
 with Cluster() as cluster:
     print(jobs.whoami(cluster.client, cluster.userdir)["userdir"])
@@ -82,7 +83,7 @@ class User:
         return sorted(self.directory.glob("*.sock")) if self.directory.is_dir() else []
 
     def masters(self) -> list[int]:
-        """The pids of this user's masters (tcloud.mux_master with this HOME: its argv
+        """The pids of this user's masters (tcloud.transport.mux_master with this HOME: its argv
         holds no settings, they came on its stdin)."""
         found = []
         home = f"HOME={self.home}".encode()
@@ -92,7 +93,7 @@ class User:
                 environ = (cmdline.parent / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue  # it ended meanwhile
-            if "tcloud.mux_master" in words and home in environ:
+            if "tcloud.transport.mux_master" in words and home in environ:
                 found.append(int(cmdline.parent.name))
         return found
 

@@ -17,14 +17,14 @@ import pytest
 import yaml
 
 from tacc_lab.lab import resolve_config
-from tcloud import files, upload_stream
-from tcloud import upload as upload_module
-from tcloud.compiler import compile_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
-from tcloud.ssh import run, session
-from tcloud.task_file import load_task
-from tcloud.upload_stream import blob_frames
+from tcloud.transfer import files, upload_stream
+from tcloud.transfer import upload as upload_module
+from tcloud.transfer.upload_stream import blob_frames
+from tcloud.transport.ssh import run, session
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import node_sh
 from tests.integration.labs import AGENT_NODE
@@ -188,7 +188,7 @@ def test_changed_host_key_is_refused(lab, tmp_path):
 
 
 def test_unknown_host_is_refused_without_a_terminal(lab, tmp_path, monkeypatch):
-    monkeypatch.setattr("tcloud.ssh.USER_KNOWN_HOSTS", tmp_path / "none")
+    monkeypatch.setattr("tcloud.transport.ssh.USER_KNOWN_HOSTS", tmp_path / "none")
     cluster = Cluster(
         name=NAME, host=NODE, user="root", key=lab.key, known_hosts=str(tmp_path / "empty")
     )

@@ -18,7 +18,7 @@ import types
 import pytest
 import yaml
 
-from tcloud.task_file import load_task
+from tcloud.compile.task_file import load_task
 from tests.conftest import BIN, ROOT
 from tests.playbook.slurm_render import render
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from tacc_agent.tasks.store import delta as store
-from tcloud.compiler import compile_task
-from tcloud.task_file import load_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 
 
 def make_job(tmp: Path, task: dict, files: dict[str, str] | None = None) -> tuple[Path, Path]:

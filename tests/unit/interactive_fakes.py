@@ -19,7 +19,7 @@ import yaml
 
 from tacc_contract.protocol import PROTOCOL_VERSION, Hello
 from tcloud import cli, core
-from tcloud.link import Direct
+from tcloud.transport.link import Direct
 
 TARGET = {
     "job_id": "42",

@@ -8,7 +8,7 @@ CLI and as a Python SDK (tcloud.sdk; the CLI is a thin layer over it):
         print(job.wait()["state"])
 
 The SDK's names load with their first use (PEP 562), so that importing one of tcloud's
-own modules (tcloud.errors, tcloud.config, tcloud.task_file) does not load paramiko and
+own modules (tcloud.errors, tcloud.config, tcloud.compile.task_file) does not load paramiko and
 the SSH stack with it.
 """
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from tacc_contract import schema
 from tacc_contract.jobs import FINAL_STATES
-from tcloud import imagebuild, local, local_paths, tasks
+from tcloud import local
+from tcloud.compile import imagebuild, local_paths, tasks
 from tcloud.errors import (
     EXIT_CLUSTER,
     EXIT_INTERNAL,
@@ -36,10 +37,10 @@ if TYPE_CHECKING:
 
     from tcloud.config import Cluster as Settings
     from tcloud.core import Cluster
-    from tcloud.link import Direct
+    from tcloud.transport.link import Direct
 
 # What the SFTP channel carries; every other command goes through the agent's session,
-# which the connection master carries (tcloud.mux): those never load paramiko when a
+# which the connection master carries (tcloud.transport.mux): those never load paramiko when a
 # master is up, nor the SDK's SFTP side.
 FILE_COMMANDS = ("upload", "download", "ls", "cat")
 
@@ -59,9 +60,9 @@ def open_cluster(name: str | None, files: bool = False) -> Cluster:
 
 
 def direct_ssh() -> Direct:
-    """The SDK's direct connection and host-key check (tcloud.sdk, tcloud.ssh, paramiko),
+    """The SDK's direct connection and host-key check (tcloud.sdk, tcloud.transport.ssh, paramiko),
     loaded on their first call: a command that the master serves never loads them."""
-    from tcloud.link import Direct  # lazy verb import
+    from tcloud.transport.link import Direct  # lazy verb import
 
     return Direct(open_direct, host_keys_known)
 
@@ -389,7 +390,7 @@ def print_json_or(value, as_json: bool, text) -> None:
 
 
 def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
-    from tcloud import jobs  # lazy verb import
+    from tcloud.jobs import verbs as jobs  # lazy verb import
 
     rows = cluster.jobs()
     columns = jobs.PS_FIELDS
@@ -400,7 +401,7 @@ def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def run_status(cluster: Cluster, args: argparse.Namespace) -> None:
-    from tcloud import jobs  # lazy verb import
+    from tcloud.jobs import verbs as jobs  # lazy verb import
 
     info = cluster.job(args.job).status()
     if args.json:
@@ -430,7 +431,7 @@ def run_resume(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def run_rerun(cluster: Cluster, args: argparse.Namespace) -> None:
-    from tcloud import jobs  # lazy verb import
+    from tcloud.jobs import verbs as jobs  # lazy verb import
 
     print_json_or(cluster.job(args.job).rerun(), args.json, jobs.rerun_text)
 
@@ -440,7 +441,7 @@ def run_quota(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def run_usage(cluster: Cluster, args: argparse.Namespace) -> None:
-    from tcloud import usage  # lazy verb import
+    from tcloud.jobs import usage  # lazy verb import
 
     report = cluster.usage(args.since, args.until, args.by)
     sys.stdout.write(usage.formatted(report, "json" if args.json else args.format))
@@ -463,7 +464,7 @@ def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def run_images(cluster: Cluster, args: argparse.Namespace) -> None:
-    from tcloud import images  # lazy verb import
+    from tcloud.compile import images  # lazy verb import
 
     cached = cluster.images()
     if args.json:
@@ -483,7 +484,7 @@ def run_shell(cluster: Cluster, args: argparse.Namespace) -> int:
 
 
 def run_exec(cluster: Cluster, args: argparse.Namespace) -> int:
-    from tcloud import interactive  # lazy verb import
+    from tcloud.jobs import interactive  # lazy verb import
 
     job = cluster.job(args.job)  # the job id checked before the command
     command = getattr(args, "remote_command", None) or []
@@ -502,7 +503,7 @@ def run_exec(cluster: Cluster, args: argparse.Namespace) -> int:
 
 
 def run_forward(cluster: Cluster, args: argparse.Namespace) -> int:
-    from tcloud import portforward  # lazy verb import
+    from tcloud.jobs import portforward  # lazy verb import
 
     job = cluster.job(args.job)
     pairs = portforward.pairs_of(args.ports)  # checked before connecting
@@ -514,7 +515,7 @@ def hold_forwards(
 ) -> int:
     """Forward until Ctrl-C (exit 0) or until the job ends (said, exit 0). `bound` is
     given {remote: local} once the local ports listen (a local 0 is a real port then)."""
-    from tcloud import portforward  # lazy verb import
+    from tcloud.jobs import portforward  # lazy verb import
 
     node_host = {n["rank"]: n["host"] for n in job.target()["nodes"]}.get(rank, "?")
     try:
@@ -546,7 +547,7 @@ def job_running(job) -> bool:
 
 
 def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
-    from tcloud import dev, portforward  # lazy verb import
+    from tcloud.jobs import dev, portforward  # lazy verb import
 
     if args.detach and args.stop_on_disconnect:
         raise UsageError(
@@ -587,7 +588,7 @@ def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
 
 
 def run_top(cluster: Cluster, args: argparse.Namespace) -> int:
-    from tcloud import usage_view  # lazy verb import
+    from tcloud.jobs import usage_view  # lazy verb import
 
     job = cluster.job(args.job)
     in_place = sys.stdout.isatty() and not args.json and not args.once
@@ -639,7 +640,8 @@ def run_cat(cluster: Cluster, args: argparse.Namespace) -> None:
 
 def cmd_disconnect(args: argparse.Namespace) -> int:
     """Stop the connection master (like `ssh -O exit`); nothing to stop is no error."""
-    from tcloud import config, mux  # lazy verb import
+    from tcloud import config  # lazy verb import
+    from tcloud.transport import mux  # lazy verb import
 
     if mux.stop(config.cluster(args.cluster)):
         print("stopped the shared connection")
@@ -649,7 +651,7 @@ def cmd_disconnect(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    """Every command that needs the cluster: the shared connection (tcloud.mux) or one
+    """Every command that needs the cluster: the shared connection (tcloud.transport.mux) or one
     verified SSH connection of its own, opened once the command's arguments have been
     checked."""
     with open_cluster(args.cluster, files=args.command in FILE_COMMANDS) as cluster:

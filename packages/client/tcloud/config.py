@@ -10,7 +10,7 @@
 ProxyJump from there fill what the entry leaves out. `userdir` is the user's directory
 on the cluster (default: ~/tcloud on the login node, which should be on shared storage).
 `multiplex` (default true) shares one SSH connection between commands through a
-connection master that exits after `multiplex_idle` seconds unused (tcloud.mux).
+connection master that exits after `multiplex_idle` seconds unused (tcloud.transport.mux).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The SDK's Cluster and Job (tcloud.sdk) without file transfers: everything that goes
-through the agent's session, which the connection master carries (tcloud.mux), so a
-command on this path never loads paramiko. The direct SSH connection (tcloud.ssh) is
+through the agent's session, which the connection master carries (tcloud.transport.mux), so a
+command on this path never loads paramiko. The direct SSH connection (tcloud.transport.ssh) is
 handed in (link.Direct) and opened only when a call needs it (`job logs`, an agent that
 cannot receive a stream). tcloud.sdk adds SFTP (upload, ls, cat, download) and the
 default SSH stack; the CLI uses this module for its other commands."""
@@ -16,12 +16,16 @@ from dataclasses import asdict, dataclass
 
 from tacc_contract import answers, schema, verbs
 from tacc_contract.jobs import FINAL_STATES
-from tcloud import agent, config, images, interactive, jobs, portforward, tasks
-from tcloud import usage as usage_report
+from tcloud import config
+from tcloud.compile import images, tasks
+from tcloud.compile.tasks import TaskLike
 from tcloud.errors import TcloudError, UsageError
-from tcloud.link import Direct, Link
-from tcloud.tasks import TaskLike
-from tcloud.upload import upload
+from tcloud.jobs import interactive, portforward
+from tcloud.jobs import usage as usage_report
+from tcloud.jobs import verbs as jobs
+from tcloud.transfer.upload import upload
+from tcloud.transport import agent
+from tcloud.transport.link import Direct, Link
 
 PathLike = str | os.PathLike[str]
 
@@ -114,7 +118,7 @@ class Cluster:
     @property
     def client(self) -> Link:
         """The way to the login node: agent sessions through the connection master
-        (tcloud.mux; multiplex=False, TCLOUD_MULTIPLEX=0 or the cluster's `multiplex:
+        (tcloud.transport.mux; multiplex=False, TCLOUD_MULTIPLEX=0 or the cluster's `multiplex:
         false` turn it off), the verified SSH connection opened once when needed."""
         if self._client is None:
             link = Link(self.settings, self._direct, self._multiplex)
@@ -365,7 +369,7 @@ class Job:
         """Local ports on 127.0.0.1 forwarded to the job's program on its node of `rank`
         (its 127.0.0.1:PORT, or a Unix socket there) while the block runs: {remote: local}.
         ports: 8888, [8888, "6006:16006", "/abs/jupyter.sock"] or {8888: 9999}. Warns
-        when a port listens on every address of the node (tcloud.portforward)."""
+        when a port listens on every address of the node (tcloud.jobs.portforward)."""
         pairs = portforward.pairs_of(ports)
         rank = whole_number(rank, "rank") or 0
         interactive.node_of(self.target(), rank)

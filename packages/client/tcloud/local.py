@@ -1,5 +1,5 @@
 """What tcloud does without a cluster: write a task file, list plug-ins, keep the
-cluster list of tcloud's config (validate and dry_run are in tcloud.tasks). Part of the
+cluster list of tcloud's config (validate and dry_run are in tcloud.compile.tasks). Part of the
 SDK (tcloud.sdk re-exports it); kept apart so that `tcloud --help`, `validate`, `init`
 and `submit --dry-run` never load paramiko and the SSH stack."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 from tacc_contract.registry import PluginError, available, from_env, select
 from tacc_contract.registry import describe as describe_plugins
 from tacc_contract.schema import NAME, TASK_FILE
-from tcloud import config, tasks
+from tcloud import config
+from tcloud.compile import tasks
+from tcloud.compile.tasks import TaskLike
+from tcloud.compile.template import render_template
 from tcloud.errors import TcloudError, UsageError
-from tcloud.tasks import TaskLike
-from tcloud.template import render_template
 
 PathLike = str | os.PathLike[str]
 

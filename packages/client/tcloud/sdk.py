@@ -21,13 +21,14 @@ import os
 from contextlib import closing
 from pathlib import Path
 
-from tcloud import config, core, files
+from tcloud import config, core
+from tcloud.compile.tasks import DryRun, Task, TaskLike, dry_run, validate
 from tcloud.core import JobTimeout, Submission
 from tcloud.errors import TcloudError, UsageError
-from tcloud.link import Direct
 from tcloud.local import add_cluster, clusters, init, plugins, use_cluster
-from tcloud.ssh import host_keys_known, session
-from tcloud.tasks import DryRun, Task, TaskLike, dry_run, validate
+from tcloud.transfer import files
+from tcloud.transport.link import Direct
+from tcloud.transport.ssh import host_keys_known, session
 
 __all__ = [
     "Cluster",
@@ -77,7 +78,7 @@ def open_direct(settings: config.Cluster):
 class Cluster(core.Cluster):
     """One cluster of tcloud's config (`tcloud config add`; None: the current one, or
     $TCLOUD_CLUSTER). The config is read and the SSH session opened on first use; agent
-    calls go through the shared connection master (tcloud.mux) unless multiplex=False,
+    calls go through the shared connection master (tcloud.transport.mux) unless multiplex=False,
     TCLOUD_MULTIPLEX=0 or the cluster's `multiplex: false`."""
 
     def __init__(self, name: str | None = None, *, multiplex: bool = True) -> None:

@@ -5,7 +5,7 @@ type (ProtocolError, naming the verb and the key).
 PROTOCOL_VERSION changes when a verb or an answer changes in a way the other side must
 know about (2: `session`; 3: `job target`, `attach`, `stop-on-disconnect`, `top`; 4:
 `usage`; 5: `job connect`); tcloud reads the hello of each session and refuses to go on
-when the two sides differ (tcloud.agent.handshake)."""
+when the two sides differ (tcloud.transport.agent.handshake)."""
 
 from __future__ import annotations
 

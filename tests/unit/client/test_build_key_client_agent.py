@@ -14,8 +14,8 @@ import pytest
 
 from tacc_agent.errors import AgentError
 from tacc_agent.tasks.images import build as agent_build
-from tcloud.compiler import compile_task
-from tcloud.task_file import load_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 
 REFERENCE = "n1:5000/tacc/base:bookworm"
 PINNED = REFERENCE + "@sha256:" + "a" * 64

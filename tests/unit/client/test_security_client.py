@@ -26,12 +26,13 @@ from tacc_agent.tasks.store import delta as store
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_contract.registry import PluginError, select
 from tacc_plugins.sweep import MAX_TRIALS
-from tcloud import files, local_paths
-from tcloud.compiler import compile_task
+from tcloud.compile import local_paths
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.errors import TaskFileError, TcloudError
-from tcloud.task_file import load_task
+from tcloud.transfer import files
 from tests.unit.client.test_bad_input_tcloud import Sentinel, Tcloud, task_dir
-from tests.unit.client.test_bad_input_transfer import FakeSFTP, everything_under
+from tests.unit.client.transfer.test_bad_input_transfer import FakeSFTP, everything_under
 from tests.unit.plugins.test_plugins import NODES, PARTITIONS
 
 pytestmark = pytest.mark.security

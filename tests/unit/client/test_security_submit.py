@@ -33,12 +33,12 @@ from tacc_contract import sbatch
 from tacc_contract.instruction import InvalidInstruction, digest_of
 from tacc_contract.protocol import blob_name
 from tacc_plugins import duration
-from tcloud import upload as upload_module
-from tcloud import upload_stream
-from tcloud.compiler import Instruction, compile_task
+from tcloud.compile.compiler import Instruction, compile_task
+from tcloud.compile.legacy import general_to_resources
+from tcloud.compile.task_file import load_task
 from tcloud.errors import TaskFileError, TcloudError
-from tcloud.legacy import general_to_resources
-from tcloud.task_file import load_task
+from tcloud.transfer import upload as upload_module
+from tcloud.transfer import upload_stream
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent_env, make_job
 from tests.unit.fake_slurm import FakeSlurmOnPath

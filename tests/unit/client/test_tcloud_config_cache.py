@@ -8,9 +8,9 @@ import pytest
 
 from tcloud import config
 from tcloud.errors import TcloudError
-from tcloud.hashcache import HashCache
-from tcloud.manifest import sha256_file
-from tcloud.ssh import resolve
+from tcloud.transfer.hashcache import HashCache
+from tcloud.transfer.manifest import sha256_file
+from tcloud.transport.ssh import resolve
 from tests.conftest import run_cli
 
 

@@ -20,9 +20,12 @@ from tacc_contract import protocol, verbs
 from tacc_contract.errors import EXIT_CLUSTER, EXIT_USAGE, error_line
 from tacc_contract.protocol import PROTOCOL_VERSION, BadArgument, Hello, ProtocolError
 from tacc_contract.shapes import ListOf
-from tcloud import agent, cli, jobs, ssh, upload
-from tcloud.compiler import Instruction
+from tcloud import cli
+from tcloud.compile.compiler import Instruction
 from tcloud.errors import TcloudError
+from tcloud.jobs import verbs as jobs
+from tcloud.transfer import upload
+from tcloud.transport import agent, ssh
 
 # --- builders ---------------------------------------------------------------------------
 

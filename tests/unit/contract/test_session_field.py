@@ -11,8 +11,8 @@ import pytest
 
 from tacc_contract.errors import TaskFileError
 from tacc_contract.instruction import FORMAT, InvalidInstruction, parse
-from tcloud.compiler import compile_task
-from tcloud.task_file import load_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 
 DEFAULTS = {"ports": [], "idle_timeout": "30", "stop_on_disconnect": False}
 

@@ -19,8 +19,8 @@ from tacc_contract import protocol, verbs
 from tacc_contract.errors import ERROR_KINDS
 from tacc_contract.verbs import Verb
 from tacc_contract.wire import BadArgument
-from tcloud import agent
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, EXIT_OF_KIND, AgentFailure
+from tcloud.transport import agent
 from tests.conftest import ROOT
 from tests.unit.contract.test_protocol import ANSWERS
 
@@ -67,7 +67,7 @@ class FakeSession:
 
 
 class FakeTransport:
-    """What tcloud.agent.session takes for a connection (a SessionSource)."""
+    """What tcloud.transport.agent.session takes for a connection (a SessionSource)."""
 
     def __init__(self) -> None:
         self.session = FakeSession()

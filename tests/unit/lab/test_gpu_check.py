@@ -284,7 +284,7 @@ def test_judging_the_rank_logs():
 def test_blob_names_are_the_stores_own():
     # One naming for the store (tacc_agent.tasks.store.delta.blob_name): tcloud's upload uses it,
     # and gpu_check commits its job through store.commit_local, without paramiko.
-    from tcloud.upload import blob_name
+    from tcloud.transfer.upload import blob_name
 
     for mode in (0o644, 0o755):
         assert blob_name("ab" * 32, mode) == f"{'ab' * 32}-{mode:o}"

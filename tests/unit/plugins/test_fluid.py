@@ -15,8 +15,8 @@ import pytest
 from tacc_contract.plugins import Launch, Outcome
 from tacc_plugins import fluid, programlib
 from tacc_plugins.programlib import tacc_fluid
+from tcloud.compile.task_file import load_task
 from tcloud.errors import TaskFileError
-from tcloud.task_file import load_task
 from tests.unit.plugins.test_plugins import base, cluster, compiled, planned, write_task
 
 __all__ = ["cluster"]  # the shared fixture (autouse) of the plug-in tests

@@ -16,9 +16,9 @@ from tacc_agent.tasks.schedule.instruction import parse
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import select
 from tacc_plugins import oort
-from tcloud.compiler import compile_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.errors import TaskFileError
-from tcloud.task_file import load_task
 
 FEDERATED = {
     "clients": 200,

@@ -14,7 +14,7 @@ import pytest
 
 from tacc_plugins.programlib import tacc_oort
 from tacc_plugins.programlib.tacc_oort import OortSelector, RandomSelector, selector_from_env
-from tcloud.task_file import load_task
+from tcloud.compile.task_file import load_task
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "federated" / "train.py"
 

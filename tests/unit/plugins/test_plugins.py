@@ -29,9 +29,9 @@ from tacc_agent.tasks.store import workspace
 from tacc_contract.plugins import Launch, Outcome, PartitionLoad, Queue, QueuedJob
 from tacc_contract.registry import PluginError, available, select
 from tacc_plugins import duration, elastic, gpu_share, las, sweep
-from tcloud.compiler import compile_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tcloud.errors import TaskFileError
-from tcloud.task_file import load_task
 
 NODES = [
     "NodeName=g1 CPUTot=64 RealMemory=512000 Gres=gpu:h100:4,shard:16 "

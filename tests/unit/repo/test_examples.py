@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tacc_contract.schema import processes_per_node
-from tcloud.task_file import load_task
+from tcloud.compile.task_file import load_task
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TASK_FILES = sorted(EXAMPLES.glob("*/*.yaml"))

@@ -255,7 +255,7 @@ def place(building: Path, jobs: Path, digest: str) -> Path:
 
 
 def commit_local(user_dir: Path, instruction) -> dict:
-    """Commit an instruction compiled on this host (tcloud.compiler.Instruction) without
+    """Commit an instruction compiled on this host (tcloud.compile.compiler.Instruction) without
     an upload: its files are staged from where they are, as SFTP would leave them (tests,
     tools/gpu_check.py)."""
     names = {path: blob_name(e.sha256, e.mode) for path, e in instruction.manifest.items()}

@@ -1,7 +1,7 @@
 """Cluster side of tcloud's streamed upload: every missing blob in one framed stream,
 each hashed as it arrives and linked read-only into the store on its last byte.
 
-The stream (what tcloud.upload_stream writes), after `store` {"op": "missing"} named
+The stream (what tcloud.transfer.upload_stream writes), after `store` {"op": "missing"} named
 each blob's partial file:
 
     per blob   one header line, JSON, at most HEADER_LIMIT bytes with its newline:

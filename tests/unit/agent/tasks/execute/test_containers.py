@@ -23,8 +23,8 @@ from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.jobs import records
 from tacc_agent.tasks.schedule import submit as schedule
 from tacc_agent.tasks.store import delta as store
-from tcloud.compiler import compile_task
-from tcloud.task_file import load_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tests.unit.agent.tasks.images.test_agent_images import PINNED, StubPuller
 from tests.unit.agent_jobs import agent, agent_env
 

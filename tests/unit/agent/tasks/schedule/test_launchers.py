@@ -21,8 +21,8 @@ from tacc_contract.plugins import Launch
 from tacc_contract.schema import processes_per_node
 from tacc_plugins.launcher import command_for, framework_env, wrapper_rank
 from tacc_plugins.transport import choose
-from tcloud.compiler import compile_task
-from tcloud.task_file import load_task
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
 from tests.conftest import run_cli
 from tests.unit.agent_jobs import agent, agent_env, make_job
 

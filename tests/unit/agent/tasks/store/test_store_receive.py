@@ -1,4 +1,4 @@
-"""The streamed upload's frame format both ways: tcloud.upload_stream writes it,
+"""The streamed upload's frame format both ways: tcloud.transfer.upload_stream writes it,
 tacc_agent.tasks.store.receive reads it into the user's store (here over a pipe or a
 BytesIO, as the agent's session would hand it over)."""
 
@@ -20,8 +20,8 @@ from tacc_agent.errors import Rejected
 from tacc_agent.tasks.store import delta as store
 from tacc_agent.tasks.store import receive as store_receive
 from tacc_agent.tasks.store.receive import HEADER_LIMIT, receive
-from tcloud.upload import missing_blob
-from tcloud.upload_stream import END_FRAME, Blob, frames
+from tcloud.transfer.upload import missing_blob
+from tcloud.transfer.upload_stream import END_FRAME, Blob, frames
 
 SIZE = 3 * (1 << 20) + 4321
 
