@@ -126,7 +126,8 @@ class FakeSlurm:
         }
 
     def add_partition(self, name: str, **fields: str) -> None:
-        """A partition with scontrol's fields (Default=YES, MaxNodes=4, QOS=..., ...)."""
+        """A partition with scontrol's fields (Default=YES, MaxNodes=4, QoS=...,
+        ...: scontrol spells a partition's QOS `QoS`)."""
         self.partitions[name] = dict(fields)
 
     def when(self, words: str, said: Answer) -> None:

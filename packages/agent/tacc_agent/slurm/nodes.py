@@ -88,7 +88,7 @@ class PartitionRecord:
     name: str
     default: bool
     max_nodes: str  # a count, or UNLIMITED
-    qos: str  # its own QOS, as printed (N/A for none)
+    qos: str  # its own QOS, as printed (N/A for none): `QoS=`, a job's is `QOS=`
 
 
 def partition_of(record: dict[str, str]) -> PartitionRecord:
@@ -96,7 +96,7 @@ def partition_of(record: dict[str, str]) -> PartitionRecord:
         record.get("PartitionName", ""),
         record.get("Default") == "YES",
         record.get("MaxNodes", ""),
-        record.get("QOS", ""),
+        record.get("QoS", ""),
     )
 
 

@@ -28,9 +28,11 @@ GPU_NODE = (
     "AvailableFeatures=a100,nvme Gres=gpu:a100:8(S:0-1),shard:16 NodeAddr=10.0.0.11 "
     "State=MIXED Partitions=gpu,all"
 )
+# As Slurm 22.05 and 24.11 print it: a partition's QOS is `QoS=` (a job's is `QOS=`).
 PARTITION = (
-    "PartitionName=gpu AllowGroups=ALL Default=NO QoS=N/A MaxNodes=4 Nodes=gpu[01-02] "
-    "State=UP TotalCPUs=128 QOS=gpu-part"
+    "PartitionName=gpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL "
+    "Default=NO QoS=gpu-part DefaultTime=NONE MaxNodes=4 Nodes=gpu[01-02] "
+    "State=UP TotalCPUs=128"
 )
 
 
@@ -68,7 +70,7 @@ def test_a_partition_record_as_scontrol_prints_it():
 def test_the_queries_and_the_one_drain_and_resume(monkeypatch):
     fake = FakeSlurm().install(monkeypatch)
     fake.add_node("n2", "IDLE", partitions="batch,gpu", gres="gpu:4")
-    fake.add_partition("batch", Default="YES", MaxNodes="UNLIMITED", QOS="N/A")
+    fake.add_partition("batch", Default="YES", MaxNodes="UNLIMITED", QoS="N/A")
     assert nodes.node("n2").partitions == ("batch", "gpu") and nodes.node("n2").gpus == 4
     assert [n.name for n in nodes.all_nodes()] == ["n2"]
     assert nodes.all_partitions() == [nodes.PartitionRecord("batch", True, "UNLIMITED", "N/A")]

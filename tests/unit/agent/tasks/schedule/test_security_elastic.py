@@ -87,7 +87,7 @@ class Cluster:
         }
         self.others: list[dict[str, str]] = []
         self.started_during_halt: list[dict[str, str]] = []
-        self.partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
+        self.partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QoS": "N/A"}
         self.partitions = [self.partition]
         self.config = NOT_ENFORCING
         self.qos = "normal||||\n"  # Name|MaxTRES|MaxTRESPU|MaxTRESPA|GrpTRES
@@ -310,11 +310,11 @@ def test_her_jobs_started_during_the_grace_period_count_once_the_job_is_held(
 
 @pytest.mark.security
 def test_the_partitions_own_qos_caps_the_grow(monkeypatch, job_dir, config):
-    """Issue [18] review, point 3: the partition's QOS (QOS=batch-q) allows 2 nodes a job;
+    """Issue [18] review, point 3: the partition's QOS (QoS=batch-q) allows 2 nodes a job;
     her job's QOS has no limit."""
     cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=8)
     write_range(job_dir, 1, 8)
-    cluster.partition["QOS"] = "batch-q"
+    cluster.partition["QoS"] = "batch-q"  # scontrol's spelling for a partition
     cluster.config, cluster.qos = ENFORCING, "normal||||\nbatch-q|node=2|||\n"
     done, notes = resize(cluster, config, 4)
     assert done is False and "(2: QOS batch-q MaxTRESPerJob node=2)" in notes[0]
