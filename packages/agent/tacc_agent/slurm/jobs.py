@@ -1,6 +1,6 @@
 """Jobs as `scontrol show job` prints them: one job's record, every job's, a job read
 alone (for acting on it as root), the fields read from a record (NumNodes, Partition,
-QOS, Account), and the node groups of its detailed record (-d)."""
+QOS, Account, its TRES), and the node groups of its detailed record (-d)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,17 @@ def node_counts(num_nodes: str, state: str) -> tuple[int, int]:
 def known(name: str) -> str:
     """A record's QOS, Account or Partition as Slurm printed it; "" for none ((null))."""
     return name if NAME.fullmatch(name) else ""
+
+
+def tres_of(record: Mapping[str, str]) -> str:
+    """What the job holds (running) or asks for (pending), as a TRES string: Slurm 22.05
+    prints one `TRES=`; 23.02 and later print `ReqTRES=` and `AllocTRES=` (the latter
+    `(null)` or absent until the job has nodes)."""
+    for key in ("AllocTRES", "ReqTRES", "TRES"):
+        value = record.get(key, "")
+        if value and value != "(null)":
+            return value
+    return ""
 
 
 def partitions_of(text: str) -> tuple[str, ...]:

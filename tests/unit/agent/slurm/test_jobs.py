@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tacc_agent.slurm import jobs
+from tacc_agent.slurm.jobs import tres_of
+from tacc_agent.slurm.oneliner import parse_oneliner
 from tests.unit.fake_slurm import FakeSlurm, answer, hung
 
 # As Slurm 22.05 printed `scontrol show job -d --oneliner 29` on the lab (sbatch -N2 -n3
@@ -18,6 +20,16 @@ DETAILED = (
     " MinCPUsNode=1 MinMemoryNode=100M MinTmpDiskNode=0 Features=(null) "
     "Command=(null) WorkDir=/home/alice StdOut=/home/alice/slurm-29.out Power= "
 )
+
+
+def test_a_jobs_tres_as_each_slurm_prints_it():
+    """22.05: one TRES= (held when running, asked for when pending); 23.02 and later:
+    ReqTRES= and AllocTRES=, the latter (null) until the job has nodes."""
+    assert tres_of(parse_oneliner(DETAILED)) == "cpu=3,mem=200M,node=2,billing=3"
+    running = {"ReqTRES": "cpu=2,mem=2G,node=2,billing=2", "AllocTRES": "cpu=4,mem=2G,node=2"}
+    assert tres_of(running) == "cpu=4,mem=2G,node=2"
+    assert tres_of({"ReqTRES": "cpu=1,node=1", "AllocTRES": "(null)"}) == "cpu=1,node=1"
+    assert tres_of({"JobId": "3"}) == ""
 
 
 @pytest.fixture

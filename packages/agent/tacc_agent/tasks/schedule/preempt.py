@@ -120,7 +120,7 @@ def record_of(info: dict[str, str]) -> JobRecord | None:
         slurm.jobs.partitions_of(info.get("Partition", "")),
         slurm.jobs.known(info.get("QOS", "")),
         slurm.jobs.known(info.get("Account", "")),
-        info.get("TRES", ""),
+        slurm.jobs.tres_of(info),
     )
 
 

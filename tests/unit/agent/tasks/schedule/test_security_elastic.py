@@ -61,6 +61,8 @@ def scontrol_line(info: dict[str, str]) -> str:
 
 
 def squeue_line(info: dict[str, str]) -> str:
+    """squeue's tres-alloc is one field in every Slurm, however scontrol names it."""
+    info = {"TRES": info.get("AllocTRES", ""), **info}
     fields = ("JobId", "UserId", "Account", "QOS", "Partition", "TRES")
     return "".join(f"{info[k].partition('(')[0]}|" for k in fields)
 
@@ -255,6 +257,22 @@ def test_a_grow_counts_the_gpus_her_other_jobs_hold_against_her_quota(monkeypatc
     done, notes = resize(cluster, config, 3)
     assert done is False and "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
     assert resize(cluster, config, 2)[0] is True
+
+
+@pytest.mark.security
+def test_a_grow_reads_the_gpus_her_job_holds_as_slurm_24_11_prints_them(
+    monkeypatch, job_dir, config
+):
+    """Slurm 23.02 and later print a job's TRES as ReqTRES= and AllocTRES= (no TRES=):
+    the per-node GPUs still count against her quota (the reader took TRES= alone)."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    held = cluster.job.pop("TRES")
+    cluster.job |= {"ReqTRES": "cpu=1,node=1,billing=1", "AllocTRES": held}
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
+    done, notes = resize(cluster, config, 3)
+    assert done is False and "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
 
 
 @pytest.mark.security
