@@ -374,19 +374,23 @@ def accept(call: Call) -> int:
 
 
 def serve(call: Call) -> int:
+    """The node daemon. Its settings are read plainly (not call.config, which loads the
+    plug-ins' task fields and with them the task schema): only the controller's daemon
+    needs those, for its queue round."""
     from tacc_agent import serve  # lazy verb import
 
-    return serve.serve(call.config, call.args.port, call.args.interval, queue_round(call.config))
+    config = load_config(call.args.config)
+    rounds = queue_round(call) if config.queue_tick_seconds > 0 else None
+    return serve.serve(config, call.args.port, call.args.interval, rounds)
 
 
-def queue_round(config: AgentConfig) -> Callable[[], list[str]] | None:
-    """The controller's queue ticks for the daemon (queue_tick_seconds > 0); None on every
-    other node, whose daemon then never loads the scheduling backend (about 1.2 MiB of
-    its 30 MiB budget: tests/unit/agent/tasks/jobs/test_security_serve_logs.py)."""
-    if config.queue_tick_seconds <= 0:
-        return None
+def queue_round(call: Call) -> Callable[[], list[str]]:
+    """The controller's queue ticks for its daemon (queue_tick_seconds > 0). Every other
+    node's daemon never loads the scheduling backend (about 1.2 MiB of its 30 MiB
+    budget: tests/unit/agent/tasks/jobs/test_security_serve_logs.py)."""
     from tacc_agent.tasks.schedule.queue_ticks import Allowed, tick  # lazy verb import
 
+    config = call.config  # with the plug-ins' task fields: a tick reads instructions
     allowed: Allowed = {}  # running jobs' opt-ins, read once per job, kept between ticks
     return lambda: tick(config, allowed)
 

@@ -6,13 +6,15 @@ scans the installed plug-ins' entry points once, however often it selects plug-i
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from tacc_agent import cli
+from tacc_agent import cli, serve
 from tacc_agent.config import AgentConfig
 from tacc_agent.tasks.schedule import queue_ticks
 from tacc_contract import job_defaults, registry, sbatch
@@ -88,29 +90,64 @@ def test_importing_the_cli_loads_neither_schema_nor_registry():
 
 DAEMON_PROBE = """
 import sys
-import tacc_agent.cli, tacc_agent.serve
+from pathlib import Path
+import tacc_agent.serve
+from tacc_agent import cli
+tacc_agent.serve.serve = lambda *args: 0  # the daemon's settings read, nothing started
+settings = Path(sys.argv[1])
+settings.write_text("plugins: [las]\\n")  # set on every node by the tacc_agent role
+assert cli.main(["--config", str(settings), "serve", "--port", "0"]) == 0
 backend = ("tacc_agent.tasks", "tacc_contract.schema", "tacc_contract.sbatch",
            "tacc_contract.registry")
 print(sorted(m for m in sys.modules if m.startswith(backend)))
 """
 
 
-def test_a_compute_nodes_daemon_loads_no_scheduling_backend():
-    """`tacc-agent serve` off the controller: the health half only (the queue ticks cost
-    the daemon about 1.2 MiB of its 30 MiB budget; only the controller's daemon pays)."""
+def test_a_compute_nodes_daemon_loads_no_scheduling_backend(tmp_path):
+    """`tacc-agent serve` off the controller, plug-ins named in its settings: the health
+    half only (the queue ticks and the task schema cost the daemon about 1.2 MiB of its
+    30 MiB budget; only the controller's daemon pays)."""
     out = subprocess.run(
-        [sys.executable, "-c", DAEMON_PROBE], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", DAEMON_PROBE, str(tmp_path / "agent.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
     assert out.strip() == "[]", out
 
 
-def test_only_the_controllers_daemon_gets_queue_rounds(monkeypatch):
-    calls = []
-    monkeypatch.setattr(queue_ticks, "tick", lambda config, allowed: calls.append(allowed) or [])
-    assert cli.queue_round(AgentConfig()) is None
-    controller = cli.queue_round(AgentConfig(queue_tick_seconds=2.0))
-    assert controller() == [] and controller() == []
-    assert calls[0] is calls[1]  # one memory of the running jobs' opt-ins for all rounds
+def test_only_the_controllers_daemon_gets_queue_rounds(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(serve, "serve", lambda *args: started.append(args) or 0)
+    ticks = []
+    monkeypatch.setattr(queue_ticks, "tick", lambda config, allowed: ticks.append(allowed) or [])
+    node, controller = tmp_path / "node.yaml", tmp_path / "controller.yaml"
+    node.write_text("queue_tick_seconds: 0\n")
+    controller.write_text("queue_tick_seconds: 2\n")
+    umask = os.umask(0o022)  # the agent's main sets 077: put back afterwards
+    os.umask(umask)
+    try:
+        for settings in (node, controller):
+            assert cli.main(["--config", str(settings), "serve", "--port", "0"]) == 0
+    finally:
+        os.umask(umask)
+    assert started[0][3] is None
+    rounds = started[1][3]
+    assert rounds() == [] and rounds() == []
+    assert ticks[0] is ticks[1]  # one memory of the running jobs' opt-ins for all rounds
+
+
+def test_the_tick_loop_runs_the_round_it_was_given():
+    stop, rounds = threading.Event(), []
+
+    def one_round() -> list[str]:
+        rounds.append(1)
+        stop.set()
+        return ["narrowed job 7"]
+
+    serve.tick_loop(AgentConfig(queue_tick_seconds=0.01), one_round, stop)
+    assert rounds == [1]
 
 
 def test_the_settings_defaults_are_the_sbatch_defaults():

@@ -58,15 +58,26 @@ def known(name: str) -> str:
     return name if NAME.fullmatch(name) else ""
 
 
+NEW_TRES_KEYS = ("ReqTRES", "AllocTRES")  # Slurm 23.02 and later; 22.05 prints TRES=
+
+
 def tres_of(record: Mapping[str, str]) -> str:
-    """What the job holds (running) or asks for (pending), as a TRES string: Slurm 22.05
-    prints one `TRES=`; 23.02 and later print `ReqTRES=` and `AllocTRES=` (the latter
-    `(null)` or absent until the job has nodes)."""
-    for key in ("AllocTRES", "ReqTRES", "TRES"):
-        value = record.get(key, "")
-        if value and value != "(null)":
-            return value
-    return ""
+    """What the job holds (running) or asks for (pending), as a TRES string; "" when the
+    record does not read as one Slurm prints it. Slurm 22.05 prints `TRES=` alone; 23.02
+    and later print `ReqTRES=` and `AllocTRES=` together (AllocTRES `(null)` until the
+    job has nodes), never TRES=. A record holding both spellings, or one of the pair
+    alone, has a key a user wrote (a job name, a comment): a 22.05 record never repeats
+    an AllocTRES= a name forged, so oneliner's repeat check cannot catch it."""
+    new = [key for key in NEW_TRES_KEYS if key in record]
+    if "TRES" in record and not new:
+        value = record["TRES"]
+    elif "TRES" not in record and len(new) == len(NEW_TRES_KEYS):
+        value = record["AllocTRES"]
+        if value == "(null)":
+            value = record["ReqTRES"]
+    else:
+        return ""
+    return "" if value == "(null)" else value
 
 
 def partitions_of(text: str) -> tuple[str, ...]:

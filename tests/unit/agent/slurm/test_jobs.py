@@ -30,6 +30,23 @@ def test_a_jobs_tres_as_each_slurm_prints_it():
     assert tres_of(running) == "cpu=4,mem=2G,node=2"
     assert tres_of({"ReqTRES": "cpu=1,node=1", "AllocTRES": "(null)"}) == "cpu=1,node=1"
     assert tres_of({"JobId": "3"}) == ""
+    assert tres_of({"TRES": "(null)"}) == ""
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"TRES": "cpu=8,gres/gpu=4", "AllocTRES": "cpu=1"},  # 22.05 + a forged name
+        {"TRES": "cpu=8,gres/gpu=4", "ReqTRES": "cpu=1", "AllocTRES": "cpu=1"},
+        {"ReqTRES": "cpu=8", "AllocTRES": "(null)", "TRES": "cpu=1"},  # 24.11 + forged
+        {"AllocTRES": "cpu=1"},  # one of the pair alone
+    ],
+)
+def test_a_record_mixing_the_spellings_has_no_tres(record):
+    """A key a user wrote (job name, comment) reads as a field Slurm did not print: with
+    the spellings mixed the record's TRES is unknown, never the forged one."""
+    assert tres_of(record) == ""
 
 
 @pytest.fixture

@@ -418,6 +418,8 @@ def limit_refusal(job: JobRecord, nodes: int, config: AgentConfig) -> str:
     if nodes <= job.nodes:
         return ""
     place = node_limits.JobPlace(job.job_id, job.user, job.partitions, job.qos, job.account)
+    if not job.tres:
+        return "Slurm's limits on it could not be read: its record shows no TRES Slurm prints"
     timeout = config.slurm_timeout_seconds
     try:
         limits = node_limits.read_limits(place, timeout)

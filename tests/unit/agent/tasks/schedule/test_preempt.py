@@ -214,8 +214,9 @@ def slurm_job(job_dir, monkeypatch):
         "WorkDir": str(job_dir),
         "NumNodes": "1",
         "Partition": "batch",
+        "TRES": "cpu=8,mem=1G,node=1,billing=8",  # as Slurm 22.05 prints a running job's
     }
-    partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QOS": "N/A"}
+    partition = {"PartitionName": "batch", "MaxNodes": "UNLIMITED", "QoS": "N/A"}
     monkeypatch.setattr(
         slurm.oneliner,
         "show_lines",

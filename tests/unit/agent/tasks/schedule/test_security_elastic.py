@@ -276,6 +276,37 @@ def test_a_grow_reads_the_gpus_her_job_holds_as_slurm_24_11_prints_them(
 
 
 @pytest.mark.security
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"JobName": "x AllocTRES=cpu=1,node=1"},  # before Slurm's own TRES= on the line
+        {"Comment": "y AllocTRES=cpu=1,node=1"},  # after it
+    ],
+)
+def test_a_name_or_comment_cannot_stand_in_for_the_tres_slurm_22_05_prints(
+    monkeypatch, job_dir, config, forged
+):
+    """Slurm 22.05 prints TRES= alone: an AllocTRES= a user writes repeats no key, so the
+    one-line reader keeps it; the grow must not read her job's share from it."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    cluster.job = {"JobName": "x", **cluster.job} | forged
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
+    done, notes = resize(cluster, config, 3)
+    assert done is False and "shows no TRES Slurm prints" in notes[0]
+
+
+@pytest.mark.security
+def test_a_tres_slurm_shows_as_null_refuses_the_grow(monkeypatch, job_dir, config):
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="(null)")
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    done, notes = resize(cluster, config, 3)
+    assert done is False and "shows no TRES Slurm prints" in notes[0]
+
+
+@pytest.mark.security
 def test_a_job_name_that_repeats_a_key_hides_none_of_her_running_jobs(monkeypatch, job_dir, config):
     """Issue [18] review, point 1: her other job, named `x UserId=alice(uid)`, is a record
     scontrol's parser refuses whole; her running use is read from squeue's fields Slurm
@@ -385,7 +416,7 @@ def test_a_pending_job_in_several_partitions_keeps_to_the_strictest(monkeypatch,
     cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4)
     write_range(job_dir, 1, 4)
     cluster.job.update(JobState="PENDING", NumNodes="1-4", Partition="batch,small")
-    cluster.partitions.append({"PartitionName": "small", "MaxNodes": "2", "QOS": "N/A"})
+    cluster.partitions.append({"PartitionName": "small", "MaxNodes": "2", "QoS": "N/A"})
     done, notes = resize(cluster, config, 3)
     assert done is False and cluster.sizes_set() == []
     assert "(2: partition small MaxNodes node=2)" in notes[0]
