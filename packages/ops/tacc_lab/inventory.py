@@ -226,6 +226,9 @@ def render_inventory(
                 # units for it, and the lab's bind mount stands in for the mount itself.
                 "nfs_server_implementation": "ganesha",
                 "nfs_server_grace_period": 0,
+                # nspawn nodes lack CAP_SYS_RESOURCE: Ganesha 5+ (Debian 13) must run
+                # without PR_SET_IO_FLUSHER (older Ganesha has no such option).
+                "nfs_server_ganesha_allow_io_flusher_fail": True,
                 "nfs_server_exports": [
                     {"path": "/shared", "clients": subnet, "options": list(EXPORT_OPTIONS)}
                 ],
