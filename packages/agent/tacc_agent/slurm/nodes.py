@@ -135,17 +135,56 @@ def idle_count(partition: str, timeout: float = run.TIMEOUT) -> int:
 
 
 def parse_sinfo_json(text: str) -> list[dict]:
-    """The node list of `sinfo --json` (openapi v0.0.38 in 22.05): names, reasons and
-    partition lists are JSON strings, so no text an admin or a user wrote can shift a
-    field. AgentError for anything else, or an answer that names errors."""
+    """The nodes of `sinfo --json`, one dict each in 22.05's shape (name, state,
+    state_flags, partitions, reason, gres, gres_used): names, reasons and partition lists
+    are JSON strings, so no text an admin or a user wrote can shift a field. 22.05
+    (openapi v0.0.38) lists `nodes`; 24.11 (data_parser v0.0.42) lists `sinfo` groups of
+    nodes, one per state and partition, read by sinfo_groups_as_nodes. AgentError for
+    anything else, or an answer that names errors."""
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise AgentError(f"sinfo --json: not JSON: {exc}") from None
-    found = data.get("nodes") if isinstance(data, dict) else None
-    if not isinstance(found, list) or not all(isinstance(item, dict) for item in found):
+    if not isinstance(data, dict):
         raise AgentError("sinfo --json: no node list")
     errors = data.get("errors") or []
     if errors:
         raise AgentError(f"sinfo --json: {str(errors)[:200]}")
+    groups = data.get("sinfo")
+    found = sinfo_groups_as_nodes(groups) if isinstance(groups, list) else data.get("nodes")
+    if not isinstance(found, list) or not all(isinstance(item, dict) for item in found):
+        raise AgentError("sinfo --json: no node list")
     return found
+
+
+def sinfo_groups_as_nodes(groups: list) -> list[dict] | None:
+    """24.11's `sinfo` groups as 22.05's node dicts: a node's state list is its base
+    state then its flags (["IDLE", "DRAIN"]); a node in several partitions is in one group
+    per partition, merged here into one node. None when a group is not of that shape."""
+    nodes: dict[str, dict] = {}
+    for group in groups:
+        try:
+            state = [word for word in group["node"]["state"] if isinstance(word, str)]
+            names = group["nodes"]["nodes"]
+            partition = group["partition"]["name"]
+            reason = group["reason"]["description"]
+            gres = group["gres"]
+        except (KeyError, TypeError):
+            return None
+        if not state or not isinstance(names, list) or not isinstance(gres, dict):
+            return None
+        for name in names:
+            node = nodes.setdefault(
+                str(name),
+                {
+                    "name": str(name),
+                    "state": state[0].lower(),
+                    "state_flags": state[1:],
+                    "partitions": [],
+                    "reason": reason,
+                    "gres": gres.get("total", ""),
+                    "gres_used": gres.get("used", ""),
+                },
+            )
+            node["partitions"].append(partition)
+    return list(nodes.values())

@@ -23,6 +23,7 @@ from tests.unit.fake_slurm import Answer, FakeSlurm, answer, hung, missing
 
 FILES = Path(__file__).parent / "slurm_cluster_files"
 SINFO_DRAINED = (FILES / "sinfo-22.05-drained.json").read_text()
+SINFO_24_11_DRAINED = (FILES / "sinfo-24.11-drained.json").read_text()  # the trixie lab's
 PING_UP = "Slurmctld(primary) at n1 is UP\n"  # recorded on the lab's n1
 PING_BACKUP = "Slurmctld(primary) at n1 is DOWN\nSlurmctld(backup) at n4 is UP\n"
 PING_DOWN = "Slurmctld(primary) at n1 is DOWN\n"
@@ -119,6 +120,16 @@ def test_recorded_lab_answer_drained_nodes_with_their_reasons(cluster):
     for query in slurm_cluster.QUERIES:
         assert found["tacc_agent_slurm_query_error", (("query", query),)] == 0
         assert found["tacc_agent_slurm_query_errors_total", (("query", query),)] == 0
+
+
+def test_slurm_24_11s_answer_counts_the_same_figures(cluster):
+    """24.11 groups nodes in `sinfo`: n3 drained by the agent, n2 idle."""
+    found = scrape(cluster(sinfo=answer(0, SINFO_24_11_DRAINED)))
+    reason = "tacc: gpu: 3 GPU(s), expected 4"
+    assert found["tacc_agent_slurm_nodes", (("state", "drained"),)] == 1
+    assert found["tacc_agent_slurm_nodes", (("state", "idle"),)] == 1
+    assert found["tacc_agent_slurm_node_drained", (("node", "n3"), ("reason", reason))] == 1
+    assert found["tacc_agent_slurm_query_error", (("query", "nodes"),)] == 0
 
 
 def test_gpus_states_and_jobs_per_partition(cluster):

@@ -106,12 +106,48 @@ def test_sinfo_json_as_the_lab_printed_it():
     assert all("DRAIN" in node["state_flags"] for node in found)
 
 
+def test_sinfo_json_as_slurm_24_11_printed_it_on_the_trixie_lab():
+    """24.11 groups nodes by state and partition (`sinfo`); each node comes out in
+    22.05's shape, its base state then its flags."""
+    found = nodes.parse_sinfo_json((FILES / "sinfo-24.11-drained.json").read_text())
+    assert found == [
+        {
+            "name": "n3",
+            "state": "idle",
+            "state_flags": ["DRAIN"],
+            "partitions": ["batch"],
+            "reason": "tacc: gpu: 3 GPU(s), expected 4",
+            "gres": "",
+            "gres_used": "",
+        },
+        {
+            "name": "n2",
+            "state": "idle",
+            "state_flags": [],
+            "partitions": ["batch"],
+            "reason": "",
+            "gres": "",
+            "gres_used": "",
+        },
+    ]
+
+
+def test_a_node_in_two_partitions_is_one_node():
+    group = json.loads((FILES / "sinfo-24.11-drained.json").read_text())["sinfo"][1]
+    other = json.loads(json.dumps(group))
+    other["partition"]["name"] = "gpu"
+    found = nodes.parse_sinfo_json(json.dumps({"sinfo": [group, other], "errors": []}))
+    assert [(node["name"], node["partitions"]) for node in found] == [("n2", ["batch", "gpu"])]
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("text", "why"),
     [
         ("not json", "not JSON"),
         ('{"nodes": 3}', "no node list"),
+        ('{"sinfo": [{"node": {"state": "IDLE"}}]}', "no node list"),
+        ('{"sinfo": [3]}', "no node list"),
         ("[]", "no node list"),
         (json.dumps({"errors": [{"error": "x"}], "nodes": []}), "sinfo --json: \\[{'error'"),
     ],
