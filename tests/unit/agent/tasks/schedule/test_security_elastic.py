@@ -246,13 +246,20 @@ def test_a_grow_stops_at_the_qos_node_limit(monkeypatch, job_dir, config):
     assert resize(cluster, config, 2)[0] is True and cluster.sizes_set() == ["NumNodes=2-2"]
 
 
+def gpu_quota(monkeypatch, job_dir: Path) -> Cluster:
+    """Her job 41 holds 2 GPUs on each of its nodes (1 now, its task allows 1-4); her QOS
+    allows 8 GPUs a user, and Slurm enforces it."""
+    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    write_range(job_dir, 1, 4)
+    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    return cluster
+
+
 @pytest.mark.security
 def test_a_grow_counts_the_gpus_her_other_jobs_hold_against_her_quota(monkeypatch, job_dir, config):
     """2 GPUs a node; her QOS allows 8 GPUs a user, and another job of hers holds 4:
     3 nodes (6 GPUs) would make 10."""
-    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
-    write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster = gpu_quota(monkeypatch, job_dir)
     cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
     done, notes = resize(cluster, config, 3)
     assert done is False and "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
@@ -265,11 +272,9 @@ def test_a_grow_reads_the_gpus_her_job_holds_as_slurm_24_11_prints_them(
 ):
     """Slurm 23.02 and later print a job's TRES as ReqTRES= and AllocTRES= (no TRES=):
     the per-node GPUs still count against her quota (the reader took TRES= alone)."""
-    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    cluster = gpu_quota(monkeypatch, job_dir)
     held = cluster.job.pop("TRES")
     cluster.job |= {"ReqTRES": "cpu=1,node=1,billing=1", "AllocTRES": held}
-    write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
     cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
     done, notes = resize(cluster, config, 3)
     assert done is False and "(2: QOS normal MaxTRESPerUser gres/gpu=8)" in notes[0]
@@ -288,10 +293,8 @@ def test_a_name_or_comment_cannot_stand_in_for_the_tres_slurm_22_05_prints(
 ):
     """Slurm 22.05 prints TRES= alone: an AllocTRES= a user writes repeats no key, so the
     one-line reader keeps it; the grow must not read her job's share from it."""
-    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
+    cluster = gpu_quota(monkeypatch, job_dir)
     cluster.job = {"JobName": "x", **cluster.job} | forged
-    write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
     cluster.others = [running("40", "cpu=4,node=1,gres/gpu=4")]
     done, notes = resize(cluster, config, 3)
     assert done is False and "shows no TRES Slurm prints" in notes[0]
@@ -311,9 +314,7 @@ def test_a_job_name_that_repeats_a_key_hides_none_of_her_running_jobs(monkeypatc
     """Issue [18] review, point 1: her other job, named `x UserId=alice(uid)`, is a record
     scontrol's parser refuses whole; her running use is read from squeue's fields Slurm
     writes itself, so its 4 GPUs still count: 3 nodes of 2 GPUs would make 10 of 8."""
-    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
-    write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster = gpu_quota(monkeypatch, job_dir)
     hidden = running("40", "cpu=4,node=1,gres/gpu=4", name=f"x UserId=alice({owner_uid()})")
     cluster.others = [hidden]
     assert preempt.job_records(config).keys() == {"41"}  # scontrol's view loses it
@@ -343,9 +344,7 @@ def test_her_jobs_started_during_the_grace_period_count_once_the_job_is_held(
     """Issue [18] review, point 2: 2 nodes fit her QOS's 8 GPUs when the tick asks, but
     Slurm starts her pending 4-GPU job while the resized one checkpoints: checked again
     once held, the grow is refused and the job resumes at its old size."""
-    cluster = cluster_of(monkeypatch, job_dir, nodes=1, slurm_max=4, tres="cpu=2,node=1,gres/gpu=2")
-    write_range(job_dir, 1, 4)
-    cluster.config, cluster.qos = ENFORCING, "normal||gres/gpu=8||\n"
+    cluster = gpu_quota(monkeypatch, job_dir)
     cluster.started_during_halt = [running("40", "cpu=4,node=1,gres/gpu=4")]
     done, notes = resize(cluster, config, 3)
     assert done is False and cluster.sizes_set() == []
