@@ -7,12 +7,13 @@ the argv (and SLURM_TIME_FORMAT) the reader uses, on a lab node, as the user the
 runs as, and saves what came back under tests/unit/slurm_outputs/<major.minor>/, so that
 unit tests can feed the readers real 22.05 (Debian 12) and 24.11 (Debian 13) output.
 
-Run it as root (tacc-lab needs root) from the repository root, on a lab that
-`playbooks/site.yml` has converged:
+Run it as root (tacc-lab needs root) from the repository root with the repository's venv
+(`make venv`: it builds the drain and reservation commands with the agent's own
+tacc_agent.slurm functions), on a lab that `playbooks/site.yml` has converged:
 
     tacc-lab --name rec22 up --os bookworm
     ansible-playbook -i inventory/rec22/hosts.yml playbooks/site.yml
-    python3 tools/record_slurm_outputs.py --lab rec22
+    .venv/bin/python tools/record_slurm_outputs.py --lab rec22
     tacc-lab --name rec22 down
 
 (tests/unit/slurm_outputs/README.md has both labs' commands.) Steps:
@@ -54,6 +55,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
+
+from tacc_agent.slurm import nodes, reservations
 
 TACC_LAB = "tacc-lab"
 HEAD = "n1"  # controller, slurmdbd (and login in small labs): where commands run
@@ -829,29 +832,11 @@ def write_scripts(lab: Lab) -> None:
         lab.text(["sh", "-c", 'printf %s "$1" > "$2" && chmod 755 "$2"', "sh", body, path])
 
 
-def drain_argv(node: str) -> list[str]:
-    """slurm/nodes.py drain()'s argv."""
-    return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={DRAIN_REASON}"]
-
-
-def reservation_argv(name: str, node: str) -> list[str]:
-    """slurm/reservations.py create_maintenance()'s argv."""
-    return [
-        "scontrol",
-        "create",
-        "reservation",
-        f"ReservationName={name}",
-        "Users=root",
-        "Flags=MAINT,IGNORE_JOBS",
-        "StartTime=now",
-        f"Duration={RESERVATION_MINUTES}",
-        f"Nodes={node}",
-    ]
-
-
 def take_out_of_service(lab: Lab, facts: Mapping[str, str]) -> None:
-    lab.text(drain_argv(facts["drained"]))
-    lab.text(reservation_argv(facts["reservation"], facts["drained"]))
+    lab.text(nodes.drain_argv(facts["drained"], DRAIN_REASON))
+    lab.text(
+        reservations.maintenance_argv(facts["reservation"], [facts["drained"]], RESERVATION_MINUTES)
+    )
 
 
 def setup(lab: Lab, facts: Mapping[str, str], seconds: float) -> dict[str, str]:

@@ -111,10 +111,14 @@ def hostnames(nodelist: str, timeout: float = run.TIMEOUT) -> list[str]:
     return run.output(["scontrol", "show", "hostnames", nodelist], timeout).split()
 
 
+def drain_argv(node_name: str, reason: str) -> list[str]:
+    """The scontrol command that drains a node with a reason."""
+    return ["scontrol", "update", f"NodeName={node_name}", "State=DRAIN", f"Reason={reason}"]
+
+
 def drain(node_name: str, reason: str, timeout: float = run.TIMEOUT) -> None:
     """Drain a node with a reason (running jobs go on, no new one starts there)."""
-    argv = ["scontrol", "update", f"NodeName={node_name}", "State=DRAIN", f"Reason={reason}"]
-    run.output(argv, timeout)
+    run.output(drain_argv(node_name, reason), timeout)
 
 
 def resume(node_name: str, timeout: float = run.TIMEOUT) -> None:

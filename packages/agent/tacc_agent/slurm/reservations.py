@@ -18,10 +18,10 @@ def exists(name: str, timeout: float = run.TIMEOUT) -> bool:
     raise run.failure(argv, done)
 
 
-def create_maintenance(name: str, nodes: list[str], minutes: int, timeout: float) -> None:
-    """A reservation of `nodes` for root alone, from now for `minutes`, that Slurm
-    creates whatever jobs run there (MAINT, IGNORE_JOBS)."""
-    argv = [
+def maintenance_argv(name: str, nodes: list[str], minutes: int) -> list[str]:
+    """The scontrol command that reserves `nodes` for root alone, from now for `minutes`,
+    whatever jobs run there (MAINT, IGNORE_JOBS)."""
+    return [
         "scontrol",
         "create",
         "reservation",
@@ -32,7 +32,11 @@ def create_maintenance(name: str, nodes: list[str], minutes: int, timeout: float
         f"Duration={minutes}",
         f"Nodes={','.join(nodes)}",
     ]
-    run.output(argv, timeout)
+
+
+def create_maintenance(name: str, nodes: list[str], minutes: int, timeout: float) -> None:
+    """Reserve `nodes` for root (maintenance_argv)."""
+    run.output(maintenance_argv(name, nodes, minutes), timeout)
 
 
 def delete(name: str, timeout: float = run.TIMEOUT) -> None:
