@@ -1,13 +1,16 @@
-"""Issue [9] on the slurm lab: real frameworks through
-the four layers. PyTorch DDP through torchrun on 2 nodes x 2 processes (CPU, gloo) with
-an environment built by uv from the cluster's package cache and locked; halt writes a
-checkpoint and resume goes on from it; cancel leaves no torchrun or worker behind; rerun
-builds the same locked versions; MPI (mpi4py, OpenMPI) through mpirun and through srun
-with 2 ranks per node; a legacy tuxiv.conf runs unchanged.
+"""Issue [9]: real frameworks through the four layers. PyTorch DDP through torchrun on
+2 nodes x 2 processes (CPU, gloo) with an environment built by uv from the cluster's
+package cache and locked; halt writes a checkpoint and resume goes on from it; cancel
+leaves no torchrun or worker behind; rerun builds the same locked versions; MPI (mpi4py,
+OpenMPI) through mpirun and through srun with 2 ranks per node; a legacy tuxiv.conf runs
+unchanged.
 
-Collected as part of test_slurm_cluster.py (which imports these tests and fixtures), so
-they run on its lab, on the same xdist worker (--dist loadfile), before its tests that
-power nodes off or add one.
+The MPI and tuxiv.conf cases are collected by test_slurm_cluster.py (its lab, Debian 13).
+The PyTorch cases are collected by test_release_smoke.py (Debian 12): the lab feeds
+torch from this machine's CPU-only wheel, and a Debian 12 host has it for Python 3.11
+only (PyPI carries no CPU build), so they run on the lab whose nodes have that Python.
+That module's `cpu_torch` fixture skips them, saying so, on a host with no such wheel.
+Each collecting module gives `alice` (tcloud as alice on its lab) and `shaped_lab`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.integration.lab_helpers import node_sh, status, submit, wait_state
-from tests.integration.labs import SLURM_LAB
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 RANK_LABELS = ("[n2:0]", "[n2:1]", "[n3:2]", "[n3:3]")
@@ -40,13 +42,13 @@ def losses(log: str) -> list[float]:
     return [float(m) for m in re.findall(r"^\[n2:0\] epoch \d+/\d+ loss ([0-9.]+)$", log, re.M)]
 
 
-def no_process(node: str, pattern: str) -> bool:
-    table = node_sh(SLURM_LAB, node, "ps -eo args").stdout.splitlines()
+def no_process(lab: str, node: str, pattern: str) -> bool:
+    table = node_sh(lab, node, "ps -eo args").stdout.splitlines()
     return not [line for line in table if pattern in line]
 
 
 @pytest.fixture(scope="module")
-def ddp_job(alice) -> tuple[str, str]:
+def ddp_job(alice, cpu_torch) -> tuple[str, str]:
     """examples/pytorch-ddp as it is, run to the end: (job id, its log)."""
     job = submit(alice, ROOT / "examples/pytorch-ddp")
     info = wait_state(alice, job, FINAL, 900)
@@ -88,7 +90,9 @@ def test_rerun_builds_the_same_locked_versions_from_the_same_files(alice, ddp_jo
     assert f"a rerun of job {job}" in alice("status", answer["job_id"]).stdout
 
 
-def test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker(alice, tmp_path):
+def test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker(
+    alice, cpu_torch, shaped_lab, tmp_path
+):
     project = tmp_path / "ddp"
     shutil.copytree(ROOT / "examples/pytorch-ddp", project)
     task = yaml.safe_load((project / "tcloud.yaml").read_text())
@@ -113,7 +117,8 @@ def test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker(alice, tmp_
     assert alice("cancel", job).returncode == 0
     wait_state(alice, job, ("CANCELLED",), 60)
     deadline = time.monotonic() + 60
-    while not all(no_process(n, p) for n in ("n2", "n3") for p in ("torchrun", "train.py")):
+    watched = [(n, p) for n in ("n2", "n3") for p in ("torchrun", "train.py")]
+    while not all(no_process(shaped_lab.name, node, what) for node, what in watched):
         assert time.monotonic() < deadline, "torchrun or a worker survived cancel"
         time.sleep(1)
 

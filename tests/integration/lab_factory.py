@@ -43,9 +43,11 @@ class LabFactory:
         argv = ["up", "--nodes", str(shape.nodes), "--subnet", shape.subnet]
         argv += [] if shape.login_node else ["--no-login-node"]
         argv += ["--container-image"] if shape.container_image else []
+        argv += shape.os_argv()
         proc = lab_cli(shape.name, *argv, "--inventory", str(inventory))
         assert proc.returncode == 0, proc.stderr
-        print(f"lab {shape.name} ({shape.flavor} image): {shape.proof}", file=sys.stderr)
+        release = lab_status(shape.name)["os"]
+        print(f"lab {shape.name} ({shape.flavor} image, {release}): {shape.proof}", file=sys.stderr)
         if reuse:
             self.kept.add(shape.name)
         else:

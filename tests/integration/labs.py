@@ -8,6 +8,9 @@ it, with a reset between users instead of a fresh boot.
 3.8's xdist_group does not), so no shape is ever booted twice in a run.
 
 Which proof each lab carries:
+- every lab runs Debian 13 (trixie, Slurm 24.11: tacc-lab's default) but `bw`, the
+  cross-release smoke on Debian 12 (bookworm, Slurm 22.05). TACC_LAB_OS=trixie (or
+  bookworm) puts every lab on that one release instead.
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
@@ -30,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from tacc_lab.image import BARE, FLAVOR_ENV, PREBAKED
+from tacc_lab.releases import BOOKWORM, OS_ENV
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,12 @@ class Shape:
     # (jobs, files) is not seen by the next.
     reset: str = ""
     weight: int = 0  # expected minutes of its modules: the heaviest start first
+    os: str = ""  # the nodes' release (tacc-lab up --os); "": tacc-lab's default
+
+    def os_argv(self) -> list[str]:
+        """`--os` for tacc-lab up: the shape's release, unless TACC_LAB_OS puts every lab
+        on one."""
+        return ["--os", self.os] if self.os and not os.environ.get(OS_ENV) else []
 
     def address(self, node: str) -> str:
         """n1 is .11, login1 .10 (tacc_lab.addressing)."""
@@ -104,6 +114,17 @@ AGENT_NODE = Shape(
     weight=8,
 )
 
+BOOKWORM_SMOKE = Shape(
+    "bw",
+    "10.77.14.0/24",
+    3,
+    login_node=False,
+    os=BOOKWORM.codename,
+    proof="Debian 12 with Slurm 22.05 beside the Debian 13 labs: converge, a second run "
+    "changing nothing, tcloud jobs on two nodes, torchrun, adding a node",
+    weight=15,
+)
+
 SLURM_LAB = SLURM.name  # the cases modules test_slurm_cluster.py collects run there
 
 # module name (tests/integration/<name>.py) -> its lab's shape
@@ -113,6 +134,7 @@ MODULES: dict[str, Shape] = {
     "test_smartnic_firmware": FIRMWARE,
     "test_tcloud_mux": AGENT_NODE,
     "test_tcloud_upload": AGENT_NODE,
+    "test_release_smoke": BOOKWORM_SMOKE,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes

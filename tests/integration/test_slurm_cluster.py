@@ -42,13 +42,9 @@ from tests.integration.containers_cases import (  # noqa: F401  (issue [13]: tas
     test_c5_an_image_that_does_not_exist_is_refused_at_submit_before_any_upload,
     test_c6_in_the_container_a_researcher_is_themselves_and_sees_no_other_workspace,
 )
-from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]: frameworks)
-    ddp_job,
+from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]; torch: bw lab)
     test_a_legacy_tuxiv_conf_job_runs_unchanged,
-    test_halt_checkpoints_resume_goes_on_and_cancel_leaves_no_worker,
     test_mpi_allreduce_on_two_nodes_by_two_ranks,
-    test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes,
-    test_rerun_builds_the_same_locked_versions_from_the_same_files,
 )
 from tests.integration.image_build_cases import (  # noqa: F401  (issue [13]: local builds)
     test_b1_a_two_node_task_runs_in_an_image_built_from_its_containerfile,

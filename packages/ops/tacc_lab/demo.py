@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tacc_lab.releases import RELEASES, release_named
+from tacc_lab.wheels import host_has_torch_for
+
 ROOT = Path(__file__).resolve().parents[3]  # the repository: packages/ops/tacc_lab/demo.py
 BIN = Path(sys.executable).parent
 
@@ -82,21 +85,42 @@ def summary(lab: str, info: dict) -> str:
 
 
 NEXT_EXAMPLE = "examples/pytorch-ddp"
+# Without a CPU torch wheel for the nodes' Python (a Debian 12 host's is for 3.11 only, and
+# PyPI has only the CUDA build), the next example is one that needs no torch.
+NO_TORCH_EXAMPLE = "examples/mpi-allreduce"
 
 
-def next_steps(lab: str, root: Path, cwd: Path) -> str:
+def next_steps(lab: str, root: Path, cwd: Path, torch_for: str = "") -> str:
     """The demo's last lines: the lab stays up, and how to submit the next example as
-    alice from a shell of the user's own (the venv's tcloud, alice's tcloud config)."""
+    alice from a shell of the user's own (the venv's tcloud, alice's tcloud config).
+    `torch_for`: why the nodes get no CPU torch ("" when they do)."""
     default = lab == "lab"
     down = "make lab-down" if default else f"make lab-down LAB_NAME={shlex.quote(lab)}"
     user = "tacc-lab user alice" if default else f"tacc-lab --name {shlex.quote(lab)} user alice"
     here = "" if cwd.resolve() == root.resolve() else f"cd {shlex.quote(str(root))}; "
+    example = NO_TORCH_EXAMPLE if torch_for else NEXT_EXAMPLE
     lines = [
         f"demo done: the lab stays up ({down} removes it)",
         f'next, as alice: {here}source .venv/bin/activate; eval "$({user})"',
-        f"  then: tcloud submit {NEXT_EXAMPLE}   (then tcloud logs -f JOB, JOB the id it prints)",
+        f"  then: tcloud submit {example}   (then tcloud logs -f JOB, JOB the id it prints)",
     ]
+    if torch_for:
+        lines.insert(2, f"  ({NEXT_EXAMPLE} needs {torch_for})")
     return "\n".join(lines)
+
+
+def missing_torch(lab: str) -> str:
+    """Why the lab's nodes get no CPU torch wheel from this machine; "" when they do."""
+    release = release_named(lab_json(lab, "status", "--json")["os"])
+    if host_has_torch_for(release):
+        return ""
+    others = [other.codename for other in RELEASES.values() if host_has_torch_for(other)]
+    python = ".".join(map(str, release.python))
+    hint = f"; TACC_LAB_OS={others[0]} make demo boots nodes it fits" if others else ""
+    return (
+        f"a CPU torch wheel for {release.codename}'s Python {python} in this machine's pip "
+        f"find-links, which has none{hint}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if info.returncode == 0:
         print(summary(lab, json.loads(info.stdout)))
     if completed:
-        print(next_steps(lab, ROOT, Path.cwd()))
+        print(next_steps(lab, ROOT, Path.cwd(), missing_torch(lab)))
     return 0 if completed else 1
 
 

@@ -41,8 +41,8 @@ from tacc_lab.oci_image import archive_path, ensure_oci_image
 from tacc_lab.prereqs import check_prerequisites
 from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
-from tacc_lab.releases import BOOKWORM, Release, release_named, requested_release
 from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
+from tacc_lab.releases import Release, requested_release
 from tacc_lab.researchers import ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
@@ -218,7 +218,7 @@ def _release_for(cfg: LabConfig, state: LabState, asked: Release | None) -> Rele
     releases.DEFAULT."""
     if not state.nodes:
         return asked or requested_release() or DEFAULT_RELEASE
-    running = release_named(state.os or BOOKWORM.codename)
+    running = state.release
     if asked is not None and asked != running:
         raise LabError(
             f"lab {cfg.name!r} runs {running.codename} nodes; `up` keeps its nodes' OS "
@@ -245,7 +245,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         hardware=host_hardware(),
         subnet=str(cfg.subnet),
         researchers=ensure_researcher_keys(cfg),
-        package_cache_wheels=host_find_links_wheels(),
+        package_cache_wheels=host_find_links_wheels(state.release),
         container_image=lab_container_image(cfg),
         accounting_password=ensure_accounting_password(cfg),
     )
@@ -365,7 +365,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
         "proxy": f"{proxy_url(cfg)} ({proxy_state})",
         "shared": f"{cfg.shared_dir} -> /shared",
         "pkgcache": f"{cfg.package_cache_dir} -> n1:{NODE_PACKAGE_CACHE} (kept by down)",
-        "os": state.os or BOOKWORM.codename,
+        "os": state.release.codename,
         "image": state.image or "-",
         "container": (
             f"{container_image.name} <- {container_image.archive}" if container_image else "-"

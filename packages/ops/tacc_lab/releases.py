@@ -24,12 +24,14 @@ class Release:
     codename: str  # the suite: mmdebstrap's and apt's name for it
     version: str  # Debian's number
     slurm: str  # the Slurm its archive carries
+    python: tuple[int, int]  # its python3: which wheels its nodes can install
+    glibc: tuple[int, int]
 
 
-BOOKWORM = Release("bookworm", "12", "22.05")
-TRIXIE = Release("trixie", "13", "24.11")
+BOOKWORM = Release("bookworm", "12", "22.05", python=(3, 11), glibc=(2, 36))
+TRIXIE = Release("trixie", "13", "24.11", python=(3, 13), glibc=(2, 41))
 RELEASES = {release.codename: release for release in (TRIXIE, BOOKWORM)}
-DEFAULT = BOOKWORM
+DEFAULT = TRIXIE  # the primary release (issue [20]); bookworm stays supported
 
 
 def release_named(name: str) -> Release:

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tacc_lab.releases import BOOKWORM, Release, release_named
+
 
 @dataclass
 class NodeRecord:
@@ -30,6 +32,11 @@ class LabState:
 
     def sorted_nodes(self) -> list[NodeRecord]:
         return sorted(self.nodes.values(), key=lambda n: n.index)
+
+    @property
+    def release(self) -> Release:
+        """The nodes' release: an older lab's state names none, and those ran bookworm."""
+        return release_named(self.os or BOOKWORM.codename)
 
 
 def load_state(path: Path) -> LabState | None:

@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from tacc_lab.releases import DEFAULT, Release
 from tacc_lab.runner import run
 
-# Lab nodes: Debian 12 (CPython 3.11, glibc 2.36) on this machine's CPU architecture.
-NODE_PYTHON = (3, 11)
-NODE_GLIBC = (2, 36)
+# Lab nodes of the default release on this machine's CPU architecture; a lab of another
+# release passes its own (releases.Release.python, .glibc).
+NODE_PYTHON = DEFAULT.python
+NODE_GLIBC = DEFAULT.glibc
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(.+)$")
 
@@ -101,7 +103,15 @@ def node_wheels(dirs: list[Path], **tags) -> list[str]:
     return sorted(wheels)
 
 
-def host_find_links_wheels(python: str = sys.executable) -> list[str]:
-    """The node-compatible wheels in this machine's pip find-links directories."""
+def host_find_links_wheels(release: Release = DEFAULT, python: str = sys.executable) -> list[str]:
+    """The wheels in this machine's pip find-links directories that nodes of `release`
+    can install (a Debian 12 host's CPU torch for Python 3.11 fits no Debian 13 node)."""
     config = run([python, "-m", "pip", "config", "list"], check=False)
-    return node_wheels(find_links_dirs(config, dict(os.environ)))
+    dirs = find_links_dirs(config, dict(os.environ))
+    return node_wheels(dirs, python=release.python, glibc=release.glibc)
+
+
+def host_has_torch_for(release: Release) -> bool:
+    """Whether this machine's find-links hold a torch wheel nodes of `release` install
+    (the lab's PyTorch example and tests need one: PyPI has only the CUDA build)."""
+    return any(Path(wheel).name.startswith("torch-") for wheel in host_find_links_wheels(release))

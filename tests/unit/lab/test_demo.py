@@ -19,3 +19,11 @@ def test_another_lab_and_directory_are_named():
     text = next_steps("demo", ROOT, Path("/"))
     assert f"cd {ROOT}; " in text and 'eval "$(tacc-lab --name demo user alice)"' in text
     assert "make lab-down LAB_NAME=demo" in text
+
+
+def test_without_a_torch_for_the_nodes_the_next_example_needs_none_and_says_why():
+    why = "a CPU torch wheel for trixie's Python 3.13 in this machine's pip find-links"
+    lines = next_steps("lab", ROOT, ROOT, why).splitlines()
+    assert lines[2] == f"  (examples/pytorch-ddp needs {why})"
+    assert lines[-1].startswith("  then: tcloud submit examples/mpi-allreduce ")
+    assert (ROOT / "examples/mpi-allreduce/tcloud.yaml").is_file()

@@ -32,6 +32,7 @@ import yaml
 from tacc_lab import nodes
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.inventory import HEAD_GROUPS, InventoryNode, NodeHardware, render_inventory
+from tacc_lab.releases import BOOKWORM, TRIXIE
 from tacc_lab.state import NodeRecord
 from tacc_lab.wheels import find_links_dirs, node_compatible, node_wheels
 from tests.conftest import ROOT
@@ -366,8 +367,17 @@ def test_wheel_names_give_project_and_version():
         ("x-1.0.tar.gz", False),
     ],
 )
-def test_only_wheels_the_nodes_can_install_are_chosen(name, ok):
-    assert node_compatible(name, machine="x86_64") is ok
+def test_only_wheels_bookworm_nodes_can_install_are_chosen(name, ok):
+    bookworm = {"python": BOOKWORM.python, "glibc": BOOKWORM.glibc}
+    assert node_compatible(name, machine="x86_64", **bookworm) is ok
+
+
+def test_a_trixie_node_takes_python_3_13_wheels_and_not_3_11_ones():
+    trixie = {"machine": "x86_64", "python": TRIXIE.python, "glibc": TRIXIE.glibc}
+    assert not node_compatible(TORCH, **trixie)
+    assert node_compatible("torch-2.13.0+cpu-cp313-cp313-manylinux_2_28_x86_64.whl", **trixie)
+    assert node_compatible("x-1.0-cp313-cp313-manylinux_2_39_x86_64.whl", **trixie)
+    assert node_compatible("six-1.17.0-py2.py3-none-any.whl", **trixie)
 
 
 def test_find_links_come_from_pip_config_and_the_environment():
@@ -386,7 +396,8 @@ def test_node_wheels_lists_compatible_files_of_existing_dirs(tmp_path):
     for name in (TORCH, "six-1.17.0-py2.py3-none-any.whl", "x-1-cp312-cp312-linux_x86_64.whl"):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "sub.whl").mkdir()  # a directory, not a wheel
-    found = node_wheels([tmp_path, tmp_path / "missing"], machine="x86_64")
+    bookworm = {"python": BOOKWORM.python, "glibc": BOOKWORM.glibc}
+    found = node_wheels([tmp_path, tmp_path / "missing"], machine="x86_64", **bookworm)
     assert found == [str(tmp_path / "six-1.17.0-py2.py3-none-any.whl"), str(tmp_path / TORCH)]
 
 
