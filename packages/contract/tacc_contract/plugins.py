@@ -100,9 +100,9 @@ OUT_OF_SERVICE = frozenset(
         "ERROR",
     }
 )
-# Slurm's reasons of a pending job that no node could end (held, as a halted job is; a
-# dependency; a start time): such a job does not wait for nodes.
-NOT_WAITING_FOR_NODES = ("JobHeld", "Dependency", "BeginTime")
+# Slurm's reasons of a pending job that no node could end (held, as a halted job is, or
+# held as it was requeued; a dependency; a start time): such a job does not wait for nodes.
+NOT_WAITING_FOR_NODES = ("JobHeld", "job requeued in held state", "Dependency", "BeginTime")
 # Slurm's reasons of a pending job that waits for nodes and nothing else (the next to
 # start, Resources; those behind it, Priority).
 WAITS_FOR_NODES = ("Resources", "Priority")

@@ -71,8 +71,15 @@ def node_of(record: dict[str, str]) -> NodeRecord:
 
 
 def node(name: str, timeout: float = run.TIMEOUT) -> NodeRecord | None:
-    """Slurm's record of one node; None when it is not a node of this cluster."""
-    found = [node_of(r) for r in oneliner.show("node", name, timeout) if "NodeName" in r]
+    """Slurm's record of one node; None when it is not a node of this cluster (scontrol
+    exits 1 saying "Node NAME not found")."""
+    try:
+        records = oneliner.show("node", name, timeout)
+    except AgentError as exc:
+        if f"Node {name} not found" in str(exc):
+            return None
+        raise
+    found = [node_of(r) for r in records if "NodeName" in r]
     return found[0] if found else None
 
 

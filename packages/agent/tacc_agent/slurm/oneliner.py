@@ -68,10 +68,24 @@ def show_lines(
     return [line for line in out.splitlines() if line.strip()]
 
 
+def job_lines(lines: list[str]) -> list[str]:
+    """`scontrol show job --oneliner`'s lines, one a record: Slurm (22.05 and 24.11)
+    prints a job's name as it is, so a line break in it starts a line that is no
+    record's start (not JobId=...), the rest of the record before it."""
+    joined: list[str] = []
+    for line in lines:
+        if joined and not line.startswith("JobId="):
+            joined[-1] += "\n" + line
+        else:
+            joined.append(line)
+    return joined
+
+
 def show(kind: str, name: str = "", timeout: float = run.TIMEOUT) -> list[dict[str, str]]:
     """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown. A job
-    record that names a key twice is left out (job_record_of)."""
+    record is read whole (job_lines); one that names a key twice is left out
+    (job_record_of)."""
     lines = show_lines(kind, name, timeout)
     if kind != "job":
         return [parse_oneliner(line) for line in lines]
-    return [record for record in map(job_record_of, lines) if record is not None]
+    return [record for record in map(job_record_of, job_lines(lines)) if record is not None]

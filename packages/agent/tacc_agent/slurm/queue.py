@@ -125,7 +125,9 @@ def queued_jobs(timeout: float = run.TIMEOUT, user: str = "") -> list[QueuedJob]
 # it continues the name before it. %V: submit time, %S: start time (a pending job's
 # begin time while it waits for it), both read as epoch seconds (run.EPOCH_TIMES).
 DETAILS = "%i %u %l %N %V %S %f %j"
-DETAIL_JOB = re.compile(r"\d+(?:_\d+)?")  # one job or one array task (not "12_[3-9]")
+# One job, one array task or one part of a heterogeneous job ("12", "12_3", "12+1"; not
+# "12_[3-9]"), as %i prints them.
+DETAIL_JOB = re.compile(r"\d+(?:_\d+|\+\d+)?")
 DETAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$-]*")
 DETAIL_NODES = re.compile(r"[A-Za-z0-9_.,\[\]-]*")
 DETAIL_TIME = re.compile(r"[0-9]+|N/A|Unknown|None")
