@@ -7,7 +7,8 @@ def test_marker_written_from_facts(host):
     marker = host.file("/etc/tacc-molecule-marker")
     assert marker.exists
     assert marker.mode == 0o644
-    assert marker.content_string == f"{host.check_output('hostname')} Debian 12\n"
+    release = host.check_output(". /etc/os-release && echo $VERSION_ID")  # the lab's release
+    assert marker.content_string == f"{host.check_output('hostname')} Debian {release}\n"
 
 
 def test_package_installed_through_proxy(host):
