@@ -117,7 +117,7 @@ AGENT_NODE = Shape(
 BOOKWORM_SMOKE = Shape(
     "bw",
     "10.77.14.0/24",
-    3,
+    2,  # its module adds n3, the second compute node its jobs need
     login_node=False,
     os=BOOKWORM.codename,
     proof="Debian 12 with Slurm 22.05 beside the Debian 13 labs: converge, a second run "

@@ -13,6 +13,7 @@ from pathlib import Path
 from tacc_lab.addressing import LOGIN_INDEX, node_address, node_name
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
+from tacc_lab.host_limits import raise_host_limits
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import (
     ContainerImage,
@@ -151,6 +152,8 @@ def up(
             save_state(cfg.state_file, state)
             return started
 
+        if to_start:
+            raise_host_limits(log=log)
         for node in to_start:
             boots[node.name] = boot(node)
         if to_start:
