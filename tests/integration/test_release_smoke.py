@@ -11,13 +11,14 @@ collects them after this module's own tests).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from tacc_lab.demo import researcher_env
-from tacc_lab.releases import Release, release_named
+from tacc_lab.releases import BOOKWORM, OS_ENV, Release, release_named
 from tacc_lab.wheels import host_has_torch_for
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
@@ -81,6 +82,7 @@ def cpu_torch(release) -> None:
 
 def test_bw1_the_nodes_run_the_release_and_its_slurm(converged, release):
     """Debian 12 and Slurm 22.05 (another release only where TACC_LAB_OS says so)."""
+    assert release == BOOKWORM or os.environ.get(OS_ENV), release
     assert sh("n2", "cat /etc/debian_version").startswith(f"{release.version}.")
     assert sh("n1", "sinfo --version").startswith(f"slurm-wlm {release.slurm}.")
 

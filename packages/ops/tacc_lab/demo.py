@@ -116,7 +116,11 @@ def missing_torch(lab: str) -> str:
         return ""
     others = [other.codename for other in RELEASES.values() if host_has_torch_for(other)]
     python = ".".join(map(str, release.python))
-    hint = f"; TACC_LAB_OS={others[0]} make demo boots nodes it fits" if others else ""
+    hint = (
+        f"; `make lab-down` then `TACC_LAB_OS={others[0]} make demo` boots nodes it fits"
+        if others
+        else ""
+    )
     return (
         f"a CPU torch wheel for {release.codename}'s Python {python} in this machine's pip "
         f"find-links, which has none{hint}"

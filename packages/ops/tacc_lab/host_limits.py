@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tacc_lab.errors import LabError
-
 PROC_SYS = Path("/proc/sys")
 # name under /proc/sys -> the least a host running several labs needs
 MINIMUMS = {
@@ -19,8 +17,10 @@ MINIMUMS = {
 
 
 def raise_host_limits(proc_sys: Path = PROC_SYS, log=print) -> list[str]:
-    """Raise each of MINIMUMS that is lower on this host; the settings raised, as
-    `name: old -> new` (logged)."""
+    """Raise each of MINIMUMS that is lower on this host, until the next reboot (nothing
+    is written to /etc/sysctl.d); the settings raised, as `name: old -> new` (logged).
+    One that cannot be read or raised (a read-only /proc/sys) is logged as a warning and
+    left as it is: the nodes may still boot."""
     raised = []
     for name, least in MINIMUMS.items():
         path = proc_sys / name
@@ -30,7 +30,10 @@ def raise_host_limits(proc_sys: Path = PROC_SYS, log=print) -> list[str]:
                 path.write_text(f"{least}\n")
                 raised.append(f"{name.replace('/', '.')}: {now} -> {least}")
         except (OSError, ValueError) as exc:
-            raise LabError(f"{path}: cannot read or raise it to {least} ({exc})") from exc
+            log(
+                f"warning: {path}: cannot read or raise it to {least} ({exc}); many nodes at "
+                "once may fail to boot with 'Too many open files'"
+            )
     if raised:
-        log(f"raised host limits for the lab's nodes: {'; '.join(raised)}")
+        log(f"raised host limits for the lab's nodes until reboot: {'; '.join(raised)}")
     return raised

@@ -113,5 +113,9 @@ def host_find_links_wheels(release: Release = DEFAULT, python: str = sys.executa
 
 def host_has_torch_for(release: Release) -> bool:
     """Whether this machine's find-links hold a torch wheel nodes of `release` install
-    (the lab's PyTorch example and tests need one: PyPI has only the CUDA build)."""
-    return any(Path(wheel).name.startswith("torch-") for wheel in host_find_links_wheels(release))
+    (a CPU build, `+cpu`: the lab's PyTorch example and tests need one; PyPI has only
+    the CUDA build)."""
+    return any(
+        Path(wheel).name.startswith("torch-") and "+cpu-" in Path(wheel).name
+        for wheel in host_find_links_wheels(release)
+    )

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tacc_lab.errors import LabError
 from tacc_lab.host_limits import MINIMUMS, raise_host_limits
 
 
@@ -35,6 +34,8 @@ def test_a_higher_limit_is_left_alone_and_nothing_is_said(tmp_path):
 
 
 @pytest.mark.fault
-def test_an_unreadable_limit_is_a_lab_error_naming_it(tmp_path):
-    with pytest.raises(LabError, match="max_user_instances: cannot read or raise it to 8192"):
-        raise_host_limits(tmp_path, log=lambda _: None)
+def test_an_unreadable_limit_is_a_warning_naming_it_and_nothing_stops(tmp_path):
+    logged: list[str] = []
+    assert raise_host_limits(tmp_path, log=logged.append) == []
+    assert "max_user_instances: cannot read or raise it to 8192" in logged[0]
+    assert logged[0].startswith("warning: ")

@@ -36,3 +36,21 @@ def test_a_release_file_overrides_only_names_its_family_declares(release_file: P
 
 def test_there_are_release_files_to_check() -> None:
     assert {p.parts[-3] for p in RELEASE_FILES} >= {"slurm", "nfs_server"}
+
+
+SLURM_RELEASE_NAMES = {
+    "slurm_release",
+    "slurm_ctld_pid_file",
+    "slurm_slurmd_pid_file",
+    "slurm_dbd_pid_file",
+    "slurm_proctrack_plugins",
+    "slurm_mpi_plugins",
+    "slurm_private_data_kinds",
+    "slurm_health_check_states",
+}
+
+
+@pytest.mark.parametrize("family", ["Debian", "RedHat"])
+def test_every_family_names_its_slurm_release_and_what_it_accepts(family: str) -> None:
+    names = yaml.safe_load((ROOT / f"roles/slurm/vars/{family}.yml").read_text())
+    assert set(names) >= SLURM_RELEASE_NAMES, SLURM_RELEASE_NAMES - set(names)
