@@ -56,7 +56,7 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     (inventory.parent / "host_vars/n3.yml").write_text('---\nslurm_node_gres: ["gpu:l40s:1"]\n')
     fake = lab_cli(NAME, "fake-hw", "n3", "--gpus", "1", "--gpu-model", "l40s")
     assert fake.returncode == 0, fake.stderr
-    site(inventory)
+    site(inventory, "--limit", "n1,n3")  # n3's new GPU: its node line on the controller
     assert "AvailableFeatures=l40s" in sh("scontrol show node n3 --oneliner")
     settings = {
         "plugins": ["allox"],

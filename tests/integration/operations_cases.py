@@ -194,6 +194,19 @@ def test_o3_tcloud_usage_matches_the_jobs_the_test_ran(alice, tmp_path):
     )
 
 
+def test_o7_quota_shows_her_association_and_no_association_cannot_submit(alice):
+    """Accounting enforces associations (molecule's `cluster` scenario checks the same on
+    its own inventory under `make molecule`): `tcloud quota` shows alice her account, and
+    a user in no account cannot submit."""
+    proc = alice("quota", "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["user"] == "alice" and info["accounting"] is True, info
+    assert "research" in {a["Account"] for a in info["associations"]}, info
+    refused = node_sh(SLURM_LAB, "login1", "cd /tmp && runuser -u nobody -- sbatch --wrap true")
+    assert refused.returncode != 0 and "Invalid account" in refused.stderr, refused.stderr
+
+
 @pytest.mark.fault
 def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluster, alice, tmp_path):
     root = tmp_path / "counter"
