@@ -31,7 +31,7 @@ STAMP := .cache/stamps
 
 help:
 	@echo "make demo      set up everything, boot the lab, provision it, show it working"
-	@echo "make test      the full suite: lint, unit, playbook, lab integration, molecule scenarios"
+	@echo "make test      the full suite: lint, unit, playbook, lab integration, molecule default"
 	@echo "make check     the inner loop, a few minutes: lint + unit (no ansible-playbook, no lab)"
 	@echo "make lint      ruff + ansible-lint (production profile)"
 	@echo "make lab-up    boot the virtual cluster (LAB_NODES=$(LAB_NODES))"
@@ -153,11 +153,12 @@ playbook: venv
 integration: venv
 	pytest -q -m lab tests/integration
 
-# For role authors: the scenarios alone (make test runs them too, through pytest).
+# For role authors: every scenario (make test runs `default`, through pytest; `cluster`
+# converges a 3-node lab of its own and runs here only: tests/integration/test_molecule.py).
 molecule: venv
 	molecule test --all
 
-# Every proof: molecule's scenarios run inside pytest (tests/integration/test_molecule.py)
+# Every proof: molecule's default scenario runs inside pytest (tests/integration/test_molecule.py)
 # beside the other labs; --dist loadfile is tests/conftest.py's scheduler there (one
 # worker per lab shape, heaviest first). Three workers on two cores: the lab modules
 # spend most of their time waiting on Slurm and their nodes, so a third overlaps them.

@@ -138,7 +138,7 @@ MODULES: dict[str, Shape] = {
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes
-OWN_LIFECYCLE = {"test_molecule": 10, "test_lab_cluster": 3}
+OWN_LIFECYCLE = {"test_molecule": 2, "test_lab_cluster": 3}
 
 
 def scope_of_nodeid(nodeid: str) -> tuple[str, int]:
