@@ -187,6 +187,11 @@ class MetricsServer(ThreadingWSGIServer):
         self.access = access or JobSeriesAccess()
         self.notes: list[str] = []  # what to log about who reads what, once
         super().__init__(address, QuietHandler)
+        # serve_forever accepts once select says a connection waits; one that is gone by
+        # then (reset by its client) left accept() blocked for good, and shutdown() (the
+        # agent's stop) waiting on it. Non-blocking, accept raises instead, and the loop
+        # goes on (connections it accepts are blocking all the same).
+        self.socket.setblocking(False)
         self.set_app(app)
 
     def jobs_visible(
