@@ -14,7 +14,15 @@ from tacc_lab.addressing import LOGIN_NAME
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
-from tacc_lab.lab import down, find_login_node, find_node, resolve_config, status, up
+from tacc_lab.lab import (
+    down,
+    find_login_node,
+    find_node,
+    reimage,
+    resolve_config,
+    status,
+    up,
+)
 from tacc_lab.nodes import NodePaths, cut_power, ssh_command_argv
 from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
 from tacc_lab.releases import OS_ENV, RELEASES, Release, release_named
@@ -135,6 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut a node's power: every process dies at once; `up` boots it again",
     )
     p_off.add_argument("node", type=node_argument)
+    p_reimage = sub.add_parser(
+        "reimage",
+        help="reinstall a node with another Debian release (its disk is wiped); the nodes "
+        "`up` adds from then on run that release too",
+        description="As a site re-provisions a server: the node keeps its name and address, "
+        "loses its disk (a new SSH host key, nothing installed but the image's packages) "
+        "and boots the release's image; the playbooks then set it up again.",
+    )
+    p_reimage.add_argument("node", type=node_argument)
+    p_reimage.add_argument(
+        "--os",
+        type=os_argument,
+        required=True,
+        metavar="{" + ",".join(RELEASES) + "}",
+        help="the release the node runs after",
+    )
     p_ssh = sub.add_parser(
         "ssh",
         help="open a shell or run a command on a node",
@@ -241,6 +265,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         else:
             print(f"{node.name}: already off")
         return 0
+    if args.command == "reimage":
+        node = _lab_node(cfg, args.node)
+        seconds = reimage(cfg, node.name, args.os)
+        print(f"{node.name}: reinstalled with {args.os.codename} in {seconds:.1f} s")
+        return 0
     if args.command == "fake-hw":
         node = _lab_node(cfg, args.node)
         hardware = FakeHardware(
@@ -277,7 +306,13 @@ def _print_status(cfg, *, as_json: bool) -> int:
             "up": state is not None,
             "subnet": str(cfg.subnet),
             "nodes": [
-                {"name": r.name, "address": r.address, "state": r.state, "groups": list(r.groups)}
+                {
+                    "name": r.name,
+                    "address": r.address,
+                    "state": r.state,
+                    "os": r.os,
+                    "groups": list(r.groups),
+                }
                 for r in rows
             ],
             **extra,
@@ -290,9 +325,10 @@ def _print_status(cfg, *, as_json: bool) -> int:
     print(f"lab {cfg.name!r} on {cfg.subnet}")
     for key, value in extra.items():
         print(f"  {key:<9} {value}")
-    print(f"  {'NODE':<6} {'ADDRESS':<15} {'STATE':<8} GROUPS")
+    print(f"  {'NODE':<6} {'ADDRESS':<15} {'STATE':<8} {'OS':<8} GROUPS")
     for row in rows:
-        print(f"  {row.name:<6} {row.address:<15} {row.state:<8} {','.join(row.groups)}")
+        line = f"{row.name:<6} {row.address:<15} {row.state:<8} {row.os:<8}"
+        print(f"  {line} {','.join(row.groups)}")
     return 0
 
 

@@ -135,7 +135,7 @@ def up(
         public_keys: dict[str, tuple[str, str]] = {}
         for node in to_start:
             paths = NodePaths(cfg, node.name)
-            mount_overlay(paths, image)
+            mount_overlay(paths, Path(node.image) if node.image else image)
             if not paths.configured.exists():
                 configure_node(cfg, node, paths, nodes)
                 paths.configured.touch()
@@ -163,6 +163,42 @@ def up(
     return UpResult(
         [n.name for n in to_start], built, time.monotonic() - start, seeded, seeded_built
     )
+
+
+def reimage(cfg: LabConfig, name: str, release: Release, log=print) -> float:
+    """Reinstall node `name` with `release`, as a site re-provisions a server: its disk
+    (overlay and SSH host key) is wiped, it boots the release's image with the same name
+    and address, and the nodes `up` adds from now on run that release too. Returns the
+    seconds it took; the node comes back unconfigured (the playbooks set it up)."""
+    start = time.monotonic()
+    with locked(cfg.state_dir):
+        state = load_state(cfg.state_file)
+        node = node_of(cfg, state, name)
+        image, _ = ensure_image(cfg, log=log, release=release)
+        stop_node(cfg, node)
+        node.pid, node.image, node.os = None, str(image), release.codename
+        state.image, state.os = str(image), release.codename
+        save_state(cfg.state_file, state)
+        paths = NodePaths(cfg, node.name)
+        mount_overlay(paths, image)
+        configure_node(cfg, node, paths, state.sorted_nodes())
+        paths.configured.touch()
+        write_known_hosts(
+            cfg, {n.name: (n.address, host_public_key(cfg, n.name)) for n in state.sorted_nodes()}
+        )
+
+        def boot(record: NodeRecord) -> Boot:
+            clear_stale_veth(cfg.machine_name(record.name))
+            started = start_node(cfg, record, paths)
+            record.pid = started.process.pid
+            save_state(cfg.state_file, state)
+            return started
+
+        log(f"booting {name} ({release.codename}) ...")
+        wait_for_ssh(cfg, {name: boot(node)}, [node], boot_again=boot)
+        if state.inventory:
+            write_inventory(cfg, state, Path(state.inventory))
+    return time.monotonic() - start
 
 
 def _container_image_for(
@@ -336,6 +372,7 @@ class NodeStatus:
     address: str
     state: str
     groups: tuple[str, ...]
+    os: str = ""  # the node's release (a reimaged node's may differ from the lab's)
 
 
 def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str, str]]:
@@ -360,6 +397,7 @@ def status(cfg: LabConfig) -> tuple[LabState | None, list[NodeStatus], dict[str,
                     login_node=login_node,
                     image_registry=container_image is not None,
                 ),
+                node.os or state.release.codename,
             )
         )
     proxy_state = "running" if proxy_alive(cfg, state.proxy_pid) else "stopped"
@@ -386,7 +424,11 @@ def find_login_node(cfg: LabConfig) -> NodeRecord:
 
 
 def find_node(cfg: LabConfig, name: str) -> NodeRecord:
-    state = load_state(cfg.state_file)
+    return node_of(cfg, load_state(cfg.state_file), name)
+
+
+def node_of(cfg: LabConfig, state: LabState | None, name: str) -> NodeRecord:
+    """Node `name` of the lab whose state this is; an error naming the lab's nodes."""
     if state is None:
         raise LabError(f"lab {cfg.name!r} is not up; run `tacc-lab up` first")
     node = state.nodes.get(name)

@@ -19,6 +19,10 @@ class NodeRecord:
     index: int
     address: str
     pid: int | None = None
+    # Set by `tacc-lab reimage`: the image this node boots and its release (None: the
+    # lab's, LabState.image and .os).
+    image: str | None = None
+    os: str | None = None
 
 
 @dataclass
@@ -26,7 +30,9 @@ class LabState:
     subnet: str
     proxy_pid: int | None = None
     image: str | None = None
-    os: str | None = None  # the nodes' Debian release (releases.py); None: an older lab's bookworm
+    # The Debian release (releases.py) of the lab's nodes, and of the nodes `up` adds (a
+    # reimaged node may run another: NodeRecord.os); None: an older lab's bookworm.
+    os: str | None = None
     inventory: str | None = None
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
 

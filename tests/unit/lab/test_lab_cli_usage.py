@@ -115,6 +115,10 @@ def assert_usage_error(proc, message: str, state: Path) -> None:
         (["ssh", "n7", "true"], "no node 'n7' in lab 'lab'; nodes are: n1"),
         (["poweroff", "login1"], "no node 'login1' in lab 'lab'; nodes are: n1"),
         (["fake-hw", "n2", "--gpus", "2"], "no node 'n2' in lab 'lab'; nodes are: n1"),
+        (["reimage", "n-1", "--os", "trixie"], "'n-1' is not a lab node name"),
+        (["reimage", "n2", "--os", "trixie"], "no node 'n2' in lab 'lab'; nodes are: n1"),
+        (["reimage", "n1", "--os", "sid"], "argument --os:"),
+        (["reimage", "n1"], "the following arguments are required: --os"),
     ],
 )
 def test_bad_node_name_is_a_usage_error(lab, tmp_path, argv, message):

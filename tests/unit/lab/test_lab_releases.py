@@ -12,7 +12,7 @@ from tacc_lab import lab, releases
 from tacc_lab.config import LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.releases import BOOKWORM, TRIXIE
-from tacc_lab.state import LabState, NodeRecord
+from tacc_lab.state import LabState, NodeRecord, load_state, save_state
 
 DEB822 = """\
 Types: deb
@@ -101,3 +101,24 @@ def test_a_running_lab_keeps_its_nodes_release(monkeypatch):
     assert lab._release_for(cfg, lab_with_nodes(None), None) is BOOKWORM  # an older lab's state
     with pytest.raises(LabError, match="runs bookworm nodes; `up` keeps its nodes' OS"):
         lab._release_for(cfg, lab_with_nodes("bookworm"), TRIXIE)
+
+
+def test_a_reimaged_node_keeps_its_own_image_and_an_older_state_loads(tmp_path):
+    """`tacc-lab reimage` records the node's image and release; a state written before
+    (no such fields) loads with None: the lab's."""
+    where = tmp_path / "state.json"
+    old = '{"subnet": "10.77.0.0/24", "nodes": {"n1": {"name": "n1", "index": 1, "address": "a"}}}'
+    where.write_text(old)
+    node = load_state(where).nodes["n1"]
+    assert (node.image, node.os) == (None, None)
+    state = lab_with_nodes("bookworm")
+    state.nodes["n1"].image, state.nodes["n1"].os = "/images/trixie", "trixie"
+    save_state(where, state)
+    assert load_state(where).nodes["n1"] == state.nodes["n1"]
+
+
+def test_reimaging_a_node_of_a_lab_that_is_not_up_changes_nothing(tmp_path):
+    cfg = LabConfig.create("t", "10.77.0.0/24", state_root=tmp_path)
+    with pytest.raises(LabError, match="lab 't' is not up"):
+        lab.reimage(cfg, "n1", TRIXIE, log=lambda _: None)
+    assert not cfg.state_file.exists()
