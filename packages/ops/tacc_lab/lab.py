@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,26 +133,15 @@ def up(
             state.nodes.setdefault(record.name, record)
         nodes = state.sorted_nodes()
         to_start = [node for node in nodes if not node_alive(cfg, node)]
-        public_keys: dict[str, tuple[str, str]] = {}
         for node in to_start:
             paths = NodePaths(cfg, node.name)
             mount_overlay(paths, Path(node.image) if node.image else image)
             if not paths.configured.exists():
                 configure_node(cfg, node, paths, nodes)
                 paths.configured.touch()
-        for node in nodes:
-            public_keys[node.name] = (node.address, host_public_key(cfg, node.name))
-        write_known_hosts(cfg, public_keys)
-
+        write_lab_known_hosts(cfg, state)
         boots: dict[str, Boot] = {}
-
-        def boot(node: NodeRecord) -> Boot:
-            clear_stale_veth(cfg.machine_name(node.name))
-            started = start_node(cfg, node, NodePaths(cfg, node.name))
-            node.pid = started.process.pid
-            save_state(cfg.state_file, state)
-            return started
-
+        boot = booter(cfg, state)
         if to_start:
             raise_host_limits(log=log)
         for node in to_start:
@@ -176,29 +166,51 @@ def reimage(cfg: LabConfig, name: str, release: Release, log=print) -> float:
         node = node_of(cfg, state, name)
         image, _ = ensure_image(cfg, log=log, release=release)
         stop_node(cfg, node)
-        node.pid, node.image, node.os = None, str(image), release.codename
-        state.image, state.os = str(image), release.codename
+        record_reimage(state, node, image, release)
         save_state(cfg.state_file, state)
         paths = NodePaths(cfg, node.name)
         mount_overlay(paths, image)
         configure_node(cfg, node, paths, state.sorted_nodes())
         paths.configured.touch()
-        write_known_hosts(
-            cfg, {n.name: (n.address, host_public_key(cfg, n.name)) for n in state.sorted_nodes()}
-        )
-
-        def boot(record: NodeRecord) -> Boot:
-            clear_stale_veth(cfg.machine_name(record.name))
-            started = start_node(cfg, record, paths)
-            record.pid = started.process.pid
-            save_state(cfg.state_file, state)
-            return started
-
+        write_lab_known_hosts(cfg, state)
+        boot = booter(cfg, state)
         log(f"booting {name} ({release.codename}) ...")
         wait_for_ssh(cfg, {name: boot(node)}, [node], boot_again=boot)
         if state.inventory:
             write_inventory(cfg, state, Path(state.inventory))
     return time.monotonic() - start
+
+
+def record_reimage(state: LabState, node: NodeRecord, image: Path, release: Release) -> None:
+    """`node` boots `image` of `release`, which becomes the lab's (the nodes `up` adds);
+    every other node keeps the image it runs, now named on its own record (a None there
+    would follow the lab's to the new release at its next boot)."""
+    for other in state.nodes.values():
+        if other.image is None:
+            other.image, other.os = state.image, state.release.codename
+    node.pid, node.image, node.os = None, str(image), release.codename
+    state.image, state.os = str(image), release.codename
+
+
+def write_lab_known_hosts(cfg: LabConfig, state: LabState) -> None:
+    """The lab's known_hosts: every node's address and its host key as it is now."""
+    write_known_hosts(
+        cfg, {n.name: (n.address, host_public_key(cfg, n.name)) for n in state.sorted_nodes()}
+    )
+
+
+def booter(cfg: LabConfig, state: LabState) -> Callable[[NodeRecord], Boot]:
+    """Boots a node of `state` and records its BMC's pid there (wait_for_ssh's
+    boot_again boots with it too)."""
+
+    def boot(node: NodeRecord) -> Boot:
+        clear_stale_veth(cfg.machine_name(node.name))
+        started = start_node(cfg, node, NodePaths(cfg, node.name))
+        node.pid = started.process.pid
+        save_state(cfg.state_file, state)
+        return started
+
+    return boot
 
 
 def _container_image_for(

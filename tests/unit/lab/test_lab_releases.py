@@ -122,3 +122,16 @@ def test_reimaging_a_node_of_a_lab_that_is_not_up_changes_nothing(tmp_path):
     with pytest.raises(LabError, match="lab 't' is not up"):
         lab.reimage(cfg, "n1", TRIXIE, log=lambda _: None)
     assert not cfg.state_file.exists()
+
+
+def test_a_reimage_moves_the_lab_and_that_node_only():
+    """The other nodes keep booting the image they run (their disks are of it), even
+    after a power cut; the reimaged node and the nodes added later boot the new one."""
+    state = lab_with_nodes("bookworm")
+    state.image = "/images/bookworm"
+    state.nodes["n2"] = NodeRecord("n2", 2, "10.77.0.12", pid=42)
+    lab.record_reimage(state, state.nodes["n2"], Path("/images/trixie"), TRIXIE)
+    n1, n2 = state.nodes["n1"], state.nodes["n2"]
+    assert (n1.image, n1.os) == ("/images/bookworm", "bookworm")
+    assert (n2.image, n2.os, n2.pid) == ("/images/trixie", "trixie", None)
+    assert (state.image, state.release) == ("/images/trixie", TRIXIE)
