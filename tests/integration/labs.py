@@ -11,6 +11,8 @@ Which proof each lab carries:
 - every lab runs Debian 13 (trixie, Slurm 24.11: tacc-lab's default) but `bw`, the
   cross-release smoke on Debian 12 (bookworm, Slurm 22.05). TACC_LAB_OS=trixie (or
   bookworm) puts every lab on that one release instead.
+- `upg` (test_release_upgrade.py, `make upgrade-test` only) starts on bookworm too and
+  ends on trixie: the site move of docs/slurm-releases.md.
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
@@ -125,6 +127,18 @@ BOOKWORM_SMOKE = Shape(
     weight=15,
 )
 
+UPGRADE = Shape(
+    "upg",
+    "10.77.15.0/24",
+    3,
+    login_node=False,
+    os=BOOKWORM.codename,
+    provision=("playbooks/site.yml",),
+    proof="a site moved from Debian 12 (Slurm 22.05) to Debian 13 (Slurm 24.11) with "
+    "playbooks/upgrade-export.yml, tacc-lab reimage, site.yml and upgrade-import.yml",
+    weight=20,
+)
+
 SLURM_LAB = SLURM.name  # the cases modules test_slurm_cluster.py collects run there
 
 # module name (tests/integration/<name>.py) -> its lab's shape
@@ -135,6 +149,7 @@ MODULES: dict[str, Shape] = {
     "test_tcloud_mux": AGENT_NODE,
     "test_tcloud_upload": AGENT_NODE,
     "test_release_smoke": BOOKWORM_SMOKE,
+    "test_release_upgrade": UPGRADE,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes
