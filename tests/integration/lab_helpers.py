@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 from tests.conftest import BIN, ROOT, run_cli
-from tests.integration.labs import flavor_env
+from tests.integration.labs import LINEAR, SHAPES, flavor_env
+
+# The playbooks a lab converges with its shape's converge_strategy (labs.Shape).
+CONVERGES = ("playbooks/site.yml", "playbooks/agent.yml")
 
 
 def lab_cli(name: str, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -37,15 +40,23 @@ def ansible_env(inventory: Path) -> dict[str, str]:
     }
 
 
+def converge_strategy(inventory: Path, path: str) -> str:
+    """The strategy `path` runs with on the lab of `inventory` (the factory keeps each
+    shape's inventory in a folder named after it): its shape's for a converge, else
+    linear."""
+    shape = SHAPES.get(inventory.parent.name)
+    return shape.converge_strategy if shape and path in CONVERGES else LINEAR
+
+
 def ansible_tool(
-    tool: str, inventory: Path, *argv: str, timeout: int
+    tool: str, inventory: Path, *argv: str, timeout: int, strategy: str = LINEAR
 ) -> subprocess.CompletedProcess:
     """Run `ansible` or `ansible-playbook` from the venv against a lab inventory."""
     return subprocess.run(
         [str(BIN / tool), "-i", str(inventory), *argv],
         capture_output=True,
         text=True,
-        env=ansible_env(inventory),
+        env={**ansible_env(inventory), "ANSIBLE_STRATEGY": strategy},
         cwd=ROOT,
         timeout=timeout,
         check=False,
@@ -73,7 +84,10 @@ def playbook(
     inventory: Path, path: str, *extra: str, expect_ok: bool = True
 ) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     """Run an ansible-playbook; return the run and changed= per host from the recap."""
-    proc = ansible_tool("ansible-playbook", inventory, path, *extra, timeout=1200)
+    strategy = converge_strategy(inventory, path)
+    proc = ansible_tool(
+        "ansible-playbook", inventory, path, *extra, timeout=1200, strategy=strategy
+    )
     if expect_ok:
         assert proc.returncode == 0, failure_summary(proc)
     changed = {

@@ -16,6 +16,10 @@ Which proof each lab carries:
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
+- the hw lab's site.yml runs use Ansible's default strategy (linear: ansible.cfg); every
+  other lab converges (site.yml, agent.yml) with mitogen_linear, make demo's, which on
+  this 2-core machine measured 121 CPU seconds for a re-run of the slurm shape instead of
+  324 (issue [20]'s note); their other playbooks (rolling, firmware, upgrade) run linear.
 - every other lab boots the PREBAKED image `make demo` boots (prebake.py: the roles'
   packages present, still checked, configured and started by the roles), molecule's
   scenarios included (their molecule.yml).
@@ -37,6 +41,9 @@ import yaml
 from tacc_lab.image import BARE, FLAVOR_ENV, PREBAKED
 from tacc_lab.releases import BOOKWORM, OS_ENV
 
+MITOGEN = "mitogen_linear"  # plugins/strategy: one Python per node for the whole run
+LINEAR = "linear"  # ansible.cfg's default
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -56,6 +63,9 @@ class Shape:
     reset: str = ""
     weight: int = 0  # expected minutes of its modules: the heaviest start first
     os: str = ""  # the nodes' release (tacc-lab up --os); "": tacc-lab's default
+    # Ansible strategy of its site.yml and agent.yml runs (lab_helpers.playbook):
+    # mitogen_linear, make demo's, unless the lab proves the default (linear) itself.
+    converge_strategy: str = MITOGEN
 
     def os_argv(self) -> list[str]:
         """`--os` for tacc-lab up: the shape's release, unless TACC_LAB_OS puts every lab
@@ -96,6 +106,7 @@ HW = Shape(
     },
     proof="install from nothing: site.yml from the bare image (its module converges it)",
     weight=20,
+    converge_strategy=LINEAR,  # the default strategy's proof: converge, re-run, check
 )
 FIRMWARE = Shape(
     "fw",
