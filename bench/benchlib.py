@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -51,6 +52,43 @@ def node_sh(node: str, script: str) -> str:
     # One command line for the node's shell, as with ssh: the script quoted for sh -c.
     command = shlex.join(["sh", "-c", script])
     return sh([str(BIN / "tacc-lab"), "--name", NAME, "ssh", node, command]).stdout
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU of every child this process has waited for (ansible-playbook and
+    the processes it waited for: its workers and their SSH clients)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def node_cpu_seconds(name: str | None = None) -> float:
+    """CPU the lab's nodes have used so far: every process under their systemd-nspawn, with
+    what each has reaped (/proc/PID/stat utime, stime, cutime, cstime)."""
+    marker = f"/tacc-lab/{name or NAME}/nodes/"
+    parent, used, roots = {}, {}, []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        used[pid] = sum(int(value) for value in fields[11:15])
+        if cmdline.startswith(b"systemd-nspawn\0") and marker.encode() in cmdline:
+            roots.append(pid)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0, list(roots)
+    while stack:
+        pid = stack.pop()
+        total += used[pid]
+        stack += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def playbook(inventory: Path, playbook_path: str, *extra: str) -> tuple[float, dict[str, int]]:

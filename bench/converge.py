@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Measure playbooks/site.yml on a fresh 3-node lab: the first converge (packages through
 the lab proxy), the idempotent re-run, --check --diff, and adding a 4th node while a job
-runs. Prints seconds, changed= per host and the re-run/converge ratio.
+runs. Prints seconds, changed= per host, the re-run/converge ratio, and the CPU seconds
+each run cost on this machine (ansible-playbook's side) and on the nodes.
 
 Usage (as root, from the repository root, after `make venv`):
     .venv/bin/python bench/converge.py [--accounting] [--strategy NAME] [--name LAB]
@@ -25,7 +26,15 @@ import tempfile
 from pathlib import Path
 
 import benchlib
-from benchlib import Record, add_json_argument, lab_down, lab_up, node_sh, playbook
+from benchlib import (
+    Record,
+    add_json_argument,
+    children_cpu_seconds,
+    lab_down,
+    lab_up,
+    node_cpu_seconds,
+    node_sh,
+)
 
 SITE = "playbooks/site.yml"
 RERUN_TARGET = 0.20  # issue [12] (issue [2] asked 0.25)
@@ -41,6 +50,18 @@ def snapshot_agent_sources(dest: Path) -> Path:
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
         )
     return dest
+
+
+def playbook(inventory: Path, path: str, *extra: str) -> tuple[float, dict[str, int], dict]:
+    """benchlib.playbook, and the CPU seconds it cost here and on the nodes."""
+    controller, nodes = children_cpu_seconds(), node_cpu_seconds()
+    seconds, changed = benchlib.playbook(inventory, path, *extra)
+    cpu = {
+        "controller": round(children_cpu_seconds() - controller, 1),
+        "nodes": round(node_cpu_seconds() - nodes, 1),
+    }
+    print(f"  CPU: {cpu['controller']} s here, {cpu['nodes']} s on the nodes")
+    return seconds, changed, cpu
 
 
 def changed_text(changed: dict[str, int]) -> str:
@@ -78,11 +99,11 @@ def main() -> int:
         lab_down()
         lab_up(3, inventory)
         try:
-            converge, changed = playbook(inventory, SITE, *extra)
+            converge, changed, cpu = playbook(inventory, SITE, *extra)
             print(f"fresh converge, 3 nodes: {converge:.1f} s (changed {changed_text(changed)})")
-            out["fresh"] = {"seconds": converge, "changed": changed}
+            out["fresh"] = {"seconds": converge, "changed": changed, "cpu": cpu}
             out["slurm_version"] = node_sh("n1", "sinfo --version").strip()
-            rerun, changed = playbook(inventory, SITE, *extra)
+            rerun, changed, cpu = playbook(inventory, SITE, *extra)
             ratio = rerun / converge
             zero = "changed=0: yes" if not any(changed.values()) else "changed=0: NO"
             fast = "meets" if ratio <= RERUN_TARGET else "MISSES"
@@ -94,24 +115,25 @@ def main() -> int:
             out["rerun"] = {
                 "seconds": rerun,
                 "changed": changed,
+                "cpu": cpu,
                 "ratio": ratio,
                 "changed_zero": not any(changed.values()),
                 "target_ratio": RERUN_TARGET,
                 "meets": ratio <= RERUN_TARGET,
             }
-            check, changed = playbook(inventory, SITE, "--check", "--diff", *extra)
+            check, changed, cpu = playbook(inventory, SITE, "--check", "--diff", *extra)
             print(f"--check --diff: {check:.1f} s (changed {changed_text(changed)})")
-            out["check"] = {"seconds": check, "changed": changed}
+            out["check"] = {"seconds": check, "changed": changed, "cpu": cpu}
 
             job = node_sh("n1", "sbatch --parsable -N1 -w n2 --wrap 'sleep 600'").strip()
             lab_up(4, inventory)
-            add, changed = playbook(inventory, SITE, *extra)
+            add, changed, cpu = playbook(inventory, SITE, *extra)
             state = node_sh("n1", f"squeue -h -j {job} -o %T").strip()
             print(
                 f"add-node run (n4 joins): {add:.1f} s (changed {changed_text(changed)}); "
                 f"job {job} on n2 afterwards: {state}"
             )
-            out["add_node"] = {"seconds": add, "changed": changed, "job_state": state}
+            out["add_node"] = {"seconds": add, "changed": changed, "cpu": cpu, "job_state": state}
             node_sh("n1", f"scancel {job}")
         finally:
             lab_down()
