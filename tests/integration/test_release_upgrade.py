@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 import sys
 import time
@@ -179,6 +180,22 @@ def test_u4_the_export_carries_it_all_out_root_only(story):
     highest = max(int(job) for job in story["old_jobs"]) + 1  # the cancelled held job
     assert int((carried / "first_job_id").read_text()) == highest + 1
     assert sh("n1", "sacct -a -X -n -S 2020-01-01 -o JobIDRaw").strip() == ""
+
+
+@pytest.mark.security
+def test_u4b_a_researcher_on_the_head_node_reads_nothing_of_the_export(story):
+    """The backup holds every user's job records (and the database's password hashes):
+    root's only, on the node as on the operator's machine."""
+    base = "/var/lib/tacc-upgrade"
+    for attempt in (
+        f"ls {base}",
+        f"ls {base}/archive",
+        f"head -c1 {base}/accounting.sql",
+        f"head -c1 {base}/associations.cfg",
+    ):
+        proc = node_sh(NAME, "n1", f"su - alice -c {shlex.quote(attempt)}")
+        assert proc.returncode != 0 and "Permission denied" in proc.stderr, (attempt, proc)
+    assert stat.S_IMODE((story["carried"] / "archive").stat().st_mode) == 0o700
 
 
 def test_u5_every_node_is_reinstalled_with_trixie_and_converged(story):

@@ -47,7 +47,7 @@ FLAVOR_ENV = "TACC_LAB_IMAGE_FLAVOR"
 BARE = "bare"
 PREBAKED = "prebaked"
 FLAVORS = (BARE, PREBAKED)
-PREBAKE_RECIPE_VERSION = "4"
+PREBAKE_RECIPE_VERSION = "5"  # 5: without SKIPPED_RECOMMENDS
 
 
 def image_flavor(environ: dict[str, str] | None = None) -> str:

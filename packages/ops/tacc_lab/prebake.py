@@ -69,6 +69,11 @@ LEFT_TO_ROLES = (
     "prometheus-alertmanager",
 )
 
+# Recommends of ROLE_PACKAGES that their roles leave out (install_recommends: false), so
+# the image must too: node_exporter's prometheus-node-exporter-collectors, whose timers run
+# apt, SMART, NVMe, IPMI and HCA scripts on every node (none on a bare-image node).
+SKIPPED_RECOMMENDS = ("prometheus-node-exporter-collectors",)
+
 # The common role's service accounts (roles/common/defaults: common_service_accounts),
 # created before the packages that would otherwise pick other IDs (the role cannot move
 # their files afterwards): (name, uid = gid, comment).
@@ -99,8 +104,8 @@ def mmdebstrap_argv(
 ) -> list[str]:
     """mmdebstrap's command line: the minbase system plus `base_packages` as debootstrap
     would install them (no Recommends), then the roles' packages as Ansible's apt module
-    installs them (with Recommends), all from `sources` (the host's apt sources for the
-    image's release: releases.write_node_sources)."""
+    installs them (with Recommends, but SKIPPED_RECOMMENDS), all from `sources` (the
+    host's apt sources for the image's release: releases.write_node_sources)."""
     accounts = " && ".join(
         in_root(["groupadd", "--system", "--gid", str(uid), name])
         + " && "
@@ -120,8 +125,19 @@ def mmdebstrap_argv(
         )
         for name, uid, comment in SERVICE_ACCOUNTS
     )
+    # `package-` on apt-get's command line: not installed, though recommended.
+    skipped = [f"{package}-" for package in SKIPPED_RECOMMENDS]
     install_roles = in_root(
-        ["apt-get", "install", "-y", "-q", "-o", "APT::Install-Recommends=true", *ROLE_PACKAGES]
+        [
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "-o",
+            "APT::Install-Recommends=true",
+            *ROLE_PACKAGES,
+            *skipped,
+        ]
     )
     disable = in_root(["systemctl", "disable", "--quiet", *GROUP_DAEMONS])
     return [

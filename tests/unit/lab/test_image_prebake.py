@@ -60,6 +60,19 @@ def test_the_image_holds_every_package_the_roles_install_on_lab_nodes() -> None:
     assert not baked & set(prebake.LEFT_TO_ROLES)
 
 
+def test_recommends_a_role_leaves_out_are_left_out_of_the_image(tmp_path: Path) -> None:
+    """node_exporter installs without Recommends: the image must not bring its collectors'
+    timers (scripts on every prebaked node that no bare-image node runs)."""
+    tasks = yaml.safe_load((ROLES / "node_exporter/tasks/main.yml").read_text())
+    install = next(t for t in tasks if t.get("name") == "Install the node exporter (Debian family)")
+    assert install["ansible.builtin.apt"]["install_recommends"] is False
+    assert "prometheus-node-exporter" in prebake.ROLE_PACKAGES
+    assert "prometheus-node-exporter-collectors" in prebake.SKIPPED_RECOMMENDS
+    argv = prebake.mmdebstrap_argv("trixie", image.PACKAGES, tmp_path / "root", [])
+    hook = next(arg for arg in argv if "APT::Install-Recommends=true" in arg)
+    assert "prometheus-node-exporter-collectors-" in hook
+
+
 def test_service_accounts_are_the_common_roles_fixed_ids() -> None:
     """The packages' files are owned by these IDs; the role would otherwise renumber the
     accounts and leave munge unable to read its own directories."""
