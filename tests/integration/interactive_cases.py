@@ -201,7 +201,12 @@ def test_i6_an_idle_session_stops_itself_and_leaves_no_process_or_allocation(ali
         ):
             time.sleep(1)
         assert left == "", f"{node}: {left}"
-    queue = node_sh(SLURM_LAB, "n1", f"squeue -h -j {job} 2>/dev/null || true").stdout.strip()
+    # Its allocation is released once slurmctld hears the nodes are done (it shows as
+    # CG, completing, for a moment on a loaded host).
+    deadline = time.monotonic() + 60
+    query = f"squeue -h -j {job} 2>/dev/null || true"
+    while (queue := node_sh(SLURM_LAB, "n1", query).stdout.strip()) and time.monotonic() < deadline:
+        time.sleep(1)
     assert queue == "", queue
 
 
