@@ -1,7 +1,8 @@
 """The lab's container base image (`tacc-lab up --container-image`), built on this host.
 
 No outside registry is reachable, so the lab makes its own image: mmdebstrap (minbase
-bookworm + Python, NumPy, mpi4py and Open MPI, from this host's apt sources) writes a
+bookworm + Python, NumPy, mpi4py and Open MPI, from this host's apt sources under
+bookworm's suite names, so a Debian 13 host builds it too: releases.node_sources) writes a
 tar of the root filesystem; device nodes are filtered out (a rootless `umoci unpack`
 cannot create them, and `ch-run` binds the host's /dev anyway); umoci turns that tar
 into one layer of an OCI image with a config whose Env sets PATH; skopeo writes the
@@ -30,14 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacc_lab.apt_sources import source_files
 from tacc_lab.config import OCI_CACHE
 from tacc_lab.errors import LabError
 from tacc_lab.prereqs import CONTAINER_IMAGE_COMMANDS, missing_commands
+from tacc_lab.releases import BOOKWORM, write_node_sources
 from tacc_lab.runner import run
 from tacc_lab.state import locked
 
-SUITE = "bookworm"
+SUITE = BOOKWORM.codename
 # What tasks in the lab's image need: Python, NumPy, MPI for Python and Open MPI (whose
 # libopenmpi3 brings PMIx for `srun --mpi=pmix`).
 PACKAGES = ("python3", "python3-numpy", "python3-mpi4py", "openmpi-bin", "libpmix2")
@@ -214,7 +215,7 @@ def ensure_oci_image(cache: Path = OCI_CACHE, log=print) -> OciImage:
         with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as scratch:
             work = Path(scratch)
             layer = work / "rootfs.tar"
-            _write_layer(source_files(), layer)
+            _write_layer(write_node_sources(BOOKWORM, work / "sources"), layer)
             layout = work / "layout"
             for argv in umoci_argvs(layout, layer):
                 run(argv)

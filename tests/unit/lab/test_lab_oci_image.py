@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tacc_lab import oci_image
+from tacc_lab import oci_image, releases
 from tacc_lab.errors import LabError
 from tacc_lab.prereqs import CONTAINER_IMAGE_COMMANDS, check_prerequisites
 
@@ -153,3 +153,31 @@ def test_leftovers_go_but_a_fresh_build_and_the_previous_archive_stay(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [".build-running", current.name, previous.name]
     )
+
+
+def test_a_debian_13_host_builds_the_bookworm_image_from_bookworm_suites(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """On a trixie host the host's sources name trixie: mmdebstrap gets them renamed for
+    bookworm (before, it asked trixie's archive for bookworm and apt failed)."""
+    host_sources = tmp_path / "debian.sources"
+    host_sources.write_text(
+        "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie trixie-updates\n"
+        "Components: main\n"
+    )
+    monkeypatch.setattr(releases, "source_files", lambda: [host_sources])
+    monkeypatch.setattr(releases, "host_codename", lambda: "trixie")
+    monkeypatch.setattr(oci_image, "missing_commands", lambda **_kw: {})
+    seen: list[str] = []
+
+    class Built(Exception):
+        pass
+
+    def write_layer(sources: list[Path], _layer: Path) -> None:
+        seen.extend(source.read_text() for source in sources)
+        raise Built
+
+    monkeypatch.setattr(oci_image, "_write_layer", write_layer)
+    with pytest.raises(Built):
+        oci_image.ensure_oci_image(tmp_path / "cache", log=lambda _m: None)
+    assert seen == [host_sources.read_text().replace("trixie", "bookworm")]
