@@ -23,8 +23,10 @@ LAB_INVENTORY := inventory/$(LAB_NAME)/hosts.yml
 # signatures: gpgv and debian-archive-keyring come with apt itself.
 # mmdebstrap builds the demo's prebaked node image (packages/ops/tacc_lab/prebake.py);
 # with umoci and skopeo also the lab's container image (`tacc-lab up --container-image`).
+# procps: the tests look for leftover processes with pgrep (a minimal Debian 13 lacks it).
 APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 openssh-client \
-	python3-venv python3-pip ca-certificates rsync umoci skopeo prometheus prometheus-alertmanager
+	python3-venv python3-pip ca-certificates rsync umoci skopeo prometheus prometheus-alertmanager \
+	procps
 STAMP := .cache/stamps
 
 .PHONY: help deps venv demo test check lint unit playbook integration molecule upgrade-test lab-up lab-down clean gpu-check
