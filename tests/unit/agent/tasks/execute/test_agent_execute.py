@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +36,9 @@ def test_wrapper_sets_the_variables_and_records_the_exit(tmp_path):
         "tacc: transport tcp: no active RDMA port on "
         + os.uname().nodename
         + " (fail-safe switching, NCCL_IB_DISABLE=1)",
-        "0/1 0/1 0 127.0.0.1 tcp 1 hi there 1",
+        # MASTER_ADDR: the node's own address (127.0.1.1 where Debian's installer wrote
+        # the host name into /etc/hosts, 127.0.0.1 on other machines).
+        f"0/1 0/1 0 {socket.gethostbyname(os.uname().nodename)} tcp 1 hi there 1",
         f"{job_dir}/code",
     ]
     rank = records.ranks(job_dir)[0]
