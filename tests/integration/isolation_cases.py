@@ -19,35 +19,25 @@ import pytest
 
 from tacc_lab.config import STATE_ROOT
 from tacc_lab.demo import researcher_env
-from tests.integration.lab_helpers import lab_status, node_sh, submit, wait_state
+from tests.integration.lab_helpers import (
+    lab_ssh_as,
+    lab_status,
+    node_address,
+    node_sh,
+    submit,
+    wait_state,
+)
 from tests.integration.labs import SLURM_LAB
 
 LAB_DIR = STATE_ROOT / SLURM_LAB
 
 
 def address(node: str) -> str:
-    return next(n["address"] for n in lab_status(SLURM_LAB)["nodes"] if n["name"] == node)
+    return node_address(SLURM_LAB, node)
 
 
 def ssh_as(user: str, node: str, command: str) -> subprocess.CompletedProcess:
-    """`ssh USER@NODE COMMAND` from this machine with the lab researcher's own key."""
-    key = LAB_DIR / "users" / user / "id_ed25519"
-    argv = [
-        "ssh",
-        "-i",
-        str(key),
-        "-o",
-        f"UserKnownHostsFile={LAB_DIR / 'ssh/known_hosts'}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=10",
-        f"{user}@{address(node)}",
-        command,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return lab_ssh_as(SLURM_LAB, user, node, command)
 
 
 def sleeper(root: Path, node_count: int = 2) -> Path:

@@ -43,6 +43,7 @@ class LabFactory:
         argv = ["up", "--nodes", str(shape.nodes), "--subnet", shape.subnet]
         argv += [] if shape.login_node else ["--no-login-node"]
         argv += ["--container-image"] if shape.container_image else []
+        argv += ["--directory"] if shape.directory else []
         argv += shape.os_argv()
         proc = lab_cli(shape.name, *argv, "--inventory", str(inventory))
         assert proc.returncode == 0, proc.stderr

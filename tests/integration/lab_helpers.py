@@ -10,11 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from tacc_lab.config import STATE_ROOT
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.labs import LINEAR, SHAPES, flavor_env
 
 # The playbooks a lab converges with its shape's converge_strategy (labs.Shape).
-CONVERGES = ("playbooks/site.yml", "playbooks/agent.yml")
+CONVERGES = ("playbooks/site.yml", "playbooks/agent.yml", "playbooks/directory.yml")
 
 
 def lab_cli(name: str, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -105,6 +106,36 @@ def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dic
 def node_sh(name: str, node: str, script: str) -> subprocess.CompletedProcess:
     # One command line for the node's shell, as with ssh: the script quoted for sh -c.
     return lab_cli(name, "ssh", node, shlex.join(["sh", "-c", script]), timeout=120)
+
+
+def node_address(name: str, node: str) -> str:
+    return next(n["address"] for n in lab_status(name)["nodes"] if n["name"] == node)
+
+
+def lab_ssh_as(
+    name: str, user: str, node: str, command: str, *, key_of: str = ""
+) -> subprocess.CompletedProcess:
+    """`ssh USER@NODE COMMAND` from this machine with the lab researcher's own key (or
+    `key_of`'s), verifying the node's host key."""
+    lab_dir = STATE_ROOT / name
+    argv = [
+        "ssh",
+        "-i",
+        str(lab_dir / "users" / (key_of or user) / "id_ed25519"),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={lab_dir / 'ssh/known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        f"{user}@{node_address(name, node)}",
+        command,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
 def host_leftovers(name: str, state_dir: Path) -> list[str]:

@@ -55,6 +55,7 @@ class Shape:
     proof: str  # what this lab proves, printed when it boots
     login_node: bool = True
     container_image: bool = False  # the registry image and container runtime (issue [13])
+    directory: bool = False  # slapd on n1, SSSD everywhere (tacc-lab up --directory; [21])
     flavor: str = PREBAKED  # BARE: the install-from-nothing proof
     provision: tuple[str, ...] = ()  # playbooks run once after the boot
     host_vars: dict = field(default_factory=dict, hash=False)
@@ -113,8 +114,10 @@ FIRMWARE = Shape(
     "10.77.12.0/24",
     3,
     login_node=False,
-    proof="playbooks/firmware.yml against FAKE ConnectX-6 Dx devices",
-    weight=5,
+    directory=True,
+    proof="playbooks/firmware.yml against FAKE ConnectX-6 Dx devices; playbooks/"
+    "directory.yml: a real LDAP directory (slapd with TLS on n1) and SSSD on every node",
+    weight=8,
 )
 AGENT_NODE = Shape(
     "tc",
@@ -161,6 +164,7 @@ MODULES: dict[str, Shape] = {
     "test_tcloud_upload": AGENT_NODE,
     "test_release_smoke": BOOKWORM_SMOKE,
     "test_release_upgrade": UPGRADE,
+    "test_identity": FIRMWARE,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes

@@ -105,6 +105,18 @@ CASES = [
     ),
     ("common", {"common_ntp_servers": {"pool": "x"}}, ["common_ntp_servers", "list"], None),
     (
+        "directory_server",
+        {"directory_server_bind_password": SECRET, "directory_server_users": {"carol": 20001}},
+        ["directory_server_users", "list"],
+        None,
+    ),
+    (
+        "identity",
+        {"identity_ldap_bind_password": SECRET, "identity_min_id": "low"},
+        ["identity_min_id", "int"],
+        None,
+    ),
+    (
         "cluster_dns",
         {"cluster_dns_upstream_servers": {"site": "9.9.9.9"}},
         ["cluster_dns_upstream_servers", "list"],

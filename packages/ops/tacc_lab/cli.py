@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "login nodes (default: as the lab already is; none for a new lab)",
     )
     p_up.add_argument(
+        "--directory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="an LDAP directory (slapd, TLS) on n1 with researchers carol and dave, and "
+        "SSSD on every node (default: as the lab already is; none for a new lab)",
+    )
+    p_up.add_argument(
         "--os",
         type=os_argument,
         metavar="{" + ",".join(RELEASES) + "}",
@@ -235,6 +242,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 login_node=args.login_node,
                 container_image=args.container_image,
                 release=args.os,
+                directory=args.directory,
             )
         except LabError as exc:
             hint = "(what started is left for inspection; `tacc-lab down` removes it)"

@@ -41,7 +41,12 @@ COMPUTE_GROUPS = ("slurm_compute", "nfs_clients", "gpu_nodes", "rdma_nodes", "sm
 # The head node also runs the cluster's image registry in a lab with a container image
 # (`tacc-lab up --container-image`); other labs skip the registry and the runtime.
 REGISTRY_GROUP = "image_registry"
-ALL_GROUPS = tuple(dict.fromkeys((*HEAD_GROUPS, REGISTRY_GROUP, *LOGIN_GROUPS, *COMPUTE_GROUPS)))
+# The head node also runs the lab's LDAP directory in a lab with one (`tacc-lab up
+# --directory`: tacc_lab/directory.py); every node then reads users from it (SSSD).
+DIRECTORY_GROUP = "directory_server"
+ALL_GROUPS = tuple(
+    dict.fromkeys((*HEAD_GROUPS, REGISTRY_GROUP, DIRECTORY_GROUP, *LOGIN_GROUPS, *COMPUTE_GROUPS))
+)
 REGISTRY_PORT = 5000
 # Where the lab's alert test listens for Alertmanager's webhook, on the head node.
 ALERT_WEBHOOK_PORT = 9099
@@ -172,6 +177,7 @@ def render_inventory(
     package_cache_wheels: list[str] | None = None,
     container_image: ContainerImage | None = None,
     accounting_password: str | None = None,
+    directory: dict | None = None,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
 
@@ -179,6 +185,8 @@ def render_inventory(
     with that key. `package_cache_wheels` (paths on this machine) are uploaded into the
     cluster package cache on the head node. `container_image` makes the head node the
     lab's image registry, seeded with it, and installs the container runtime.
+    `directory` (tacc_lab.directory.directory_vars) makes the head node the lab's LDAP
+    directory and every node read users from it.
     """
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
@@ -191,6 +199,8 @@ def render_inventory(
         hosts[node.name] = {"ansible_host": node.address}
         for group in groups_for(node.index, count, login_node=login_node, image_registry=registry):
             groups[group]["hosts"][node.name] = None
+    if directory is not None:
+        groups[DIRECTORY_GROUP]["hosts"][head] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
         "-o ControlMaster=auto -o ControlPersist=60s"
@@ -260,6 +270,8 @@ def render_inventory(
                 # Containers (docs/containers.md): roles/image_registry, roles/container_runtime.
                 **container_vars(head, container_image),
                 **accounting_vars(accounting_password, [user["name"] for user in users]),
+                # The lab's directory (roles/directory_server, roles/identity), if it has one.
+                **(directory or {}),
                 # Monitoring (roles/monitoring on the head node): short intervals, so the
                 # lab's alert test sees an alert within seconds; the webhook is a receiver
                 # the test starts on the head node.

@@ -13,7 +13,15 @@ from pathlib import Path
 
 from tacc_lab.addressing import LOGIN_INDEX, node_address, node_name
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
+from tacc_lab.directory import (
+    directory_dir,
+    directory_vars,
+    ensure_directory,
+    has_directory,
+    remove_directory,
+)
 from tacc_lab.errors import LabError
+from tacc_lab.files import write_private
 from tacc_lab.host_limits import raise_host_limits
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import (
@@ -45,7 +53,7 @@ from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
 from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
 from tacc_lab.releases import Release, requested_release
-from tacc_lab.researchers import ensure_researcher_keys
+from tacc_lab.researchers import RESEARCHERS, ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
 from tacc_lab.wheels import host_find_links_wheels
@@ -83,12 +91,15 @@ def up(
     login_node: bool | None = None,
     container_image: bool | None = None,
     release: Release | None = None,
+    directory: bool | None = None,
 ) -> UpResult:
     """Boot n1..n`node_count` (and the separate login node `login1` when `login_node`;
     None: yes from two nodes on, or as the lab already is). With `container_image` the
     lab's container image is built (once per machine) and the inventory seeds it into an
     image registry on n1 (None: as the lab already is; False: no containers). The nodes
-    run `release` (None: TACC_LAB_OS, or as the lab already is, or releases.DEFAULT)."""
+    run `release` (None: TACC_LAB_OS, or as the lab already is, or releases.DEFAULT).
+    With `directory` n1 runs the lab's LDAP directory and every node reads users from it
+    (tacc_lab/directory.py; None: as the lab already is; False: none)."""
     if node_count < 1:
         raise LabError(f"--nodes must be at least 1, got {node_count}")
     check_prerequisites(container_image=bool(container_image))
@@ -118,6 +129,10 @@ def up(
         release = _release_for(cfg, state, release)
         image, built = _image_for(cfg, state, release, log)
         seeded, seeded_built = _container_image_for(cfg, container_image, log)
+        if directory is True:
+            directory_dir(cfg).mkdir(mode=0o700, parents=True, exist_ok=True)
+        elif directory is False:
+            remove_directory(cfg)
         ensure_ssh_key(cfg)
         cfg.shared_dir.mkdir(parents=True, exist_ok=True)
         cfg.package_cache_dir.mkdir(parents=True, exist_ok=True)
@@ -287,6 +302,12 @@ def _image_for(cfg: LabConfig, state: LabState, release: Release, log) -> tuple[
 
 def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
     nodes = [InventoryNode(n.name, n.address, n.index) for n in state.sorted_nodes()]
+    keys = ensure_researcher_keys(cfg)
+    directory = None
+    if has_directory(cfg):
+        head = min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index)
+        files = ensure_directory(cfg, head.name, head.address)
+        directory = directory_vars(files, head.name, keys)
     text = render_inventory(
         nodes,
         ssh_key=cfg.ssh_key,
@@ -295,25 +316,16 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         lab_name=cfg.name,
         hardware=host_hardware(),
         subnet=str(cfg.subnet),
-        researchers=ensure_researcher_keys(cfg),
+        researchers={name: keys[name] for name, _uid in RESEARCHERS},
         package_cache_wheels=host_find_links_wheels(state.release),
         container_image=lab_container_image(cfg),
         accounting_password=ensure_accounting_password(cfg),
+        directory=directory,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         write_private(path, text)  # it holds the accounting database's password
     path.chmod(0o600)
-
-
-def write_private(path: Path, text: str) -> None:
-    """`text` into `path`, mode 0600 from its first byte, replaced whole."""
-    partial = path.with_name(path.name + ".partial")
-    partial.unlink(missing_ok=True)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(partial, path)
 
 
 def ensure_accounting_password(cfg: LabConfig) -> str:

@@ -16,12 +16,16 @@ from tacc_lab.nodes import generate_ed25519_key
 
 # (name, uid): the same UID on every node, like production's common_cluster_users.
 RESEARCHERS = (("alice", 2001), ("bob", 2002))
+# (name, uid): researchers who exist only in the lab's LDAP directory (`tacc-lab up
+# --directory`: tacc_lab/directory.py), in SSSD's ID range (roles/identity's
+# identity_min_id..identity_max_id), clear of the inventory's.
+DIRECTORY_RESEARCHERS = (("carol", 20001), ("dave", 20002))
 # The tcloud cluster name in each researcher's config.
 CLUSTER_NAME = "lab"
 
 
 def researcher_names() -> list[str]:
-    return [name for name, _uid in RESEARCHERS]
+    return [name for name, _uid in (*RESEARCHERS, *DIRECTORY_RESEARCHERS)]
 
 
 def check_researcher(name: str) -> None:

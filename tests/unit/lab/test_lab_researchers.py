@@ -22,7 +22,7 @@ def lab(tmp_path) -> LabConfig:
 
 def test_one_key_per_researcher_created_once(lab):
     keys = ensure_researcher_keys(lab)
-    assert sorted(keys) == ["alice", "bob"]
+    assert sorted(keys) == ["alice", "bob", "carol", "dave"]  # carol, dave: the directory's
     assert keys["alice"].startswith("ssh-ed25519 ")
     assert keys["alice"].endswith(" alice@tacc-lab-lab")
     private = lab.researcher_key("alice")
@@ -47,8 +47,10 @@ def test_user_config_is_what_tcloud_reads(lab, monkeypatch):
 
 
 def test_user_config_needs_a_researcher_and_a_key(lab):
-    with pytest.raises(LabError, match=r"'carol' is not a lab researcher.*alice, bob"):
-        write_user_config(lab, "carol", "10.77.0.11")
+    with pytest.raises(
+        LabError, match=r"'mallory' is not a lab researcher.*alice, bob, carol, dave"
+    ):
+        write_user_config(lab, "mallory", "10.77.0.11")
     with pytest.raises(LabError, match="run `tacc-lab up`"):
         write_user_config(lab, "alice", "10.77.0.11")
 
@@ -56,7 +58,10 @@ def test_user_config_needs_a_researcher_and_a_key(lab):
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("carol", "'carol' is not a lab researcher; the researchers are: alice, bob"),
+        (
+            "mallory",
+            "'mallory' is not a lab researcher; the researchers are: alice, bob, carol, dave",
+        ),
         ("alice", "is not up"),
     ],
 )

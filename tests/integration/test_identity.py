@@ -1,0 +1,139 @@
+"""Issue [21] point 1, directory users, on the factory's `fw` lab (tests/integration/
+labs.py: FIRMWARE, 10.77.12.0/24, three nodes, `tacc-lab up --directory`), which it
+shares with test_smartnic_firmware.py: playbooks/directory.yml puts slapd with TLS on n1
+and SSSD on every node, and a second run changes nothing. carol and dave exist only in
+the directory and resolve by name and number the same on every node, beside the
+inventory's alice; carol logs in with the SSH key the directory holds and not with
+dave's; the directory gives nothing to anonymous readers and takes no password over a
+connection without TLS; the bind password is root's only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.lab_helpers import lab_ssh_as, node_sh, playbook
+from tests.integration.labs import FIRMWARE
+
+pytestmark = pytest.mark.lab
+
+NAME = FIRMWARE.name
+NODES = ("n1", "n2", "n3")
+SERVER = "ldap://n1"
+
+
+def sh(node: str, script: str) -> str:
+    proc = node_sh(NAME, node, script)
+    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def converged(shaped_lab, tmp_path_factory):
+    """site.yml's first plays (the cluster DNS every node then resolves through, and
+    roles/common: the inventory's users alice and bob), then playbooks/directory.yml
+    twice: the second run's changed count per host."""
+    base = tmp_path_factory.mktemp("base") / "base.yml"
+    base.write_text(
+        "".join(
+            f"- name: {hosts}\n  hosts: {hosts}\n  gather_facts: true\n"
+            f"  gather_subset: [min]\n  roles: [{role}]\n"
+            for hosts, role in (("cluster_dns", "cluster_dns"), ("all", "common"))
+        )
+    )
+    playbook(shaped_lab.inventory, str(base))
+    playbook(shaped_lab.inventory, "playbooks/directory.yml")
+    _, second = playbook(shaped_lab.inventory, "playbooks/directory.yml")
+    return {"inventory": shaped_lab.inventory, "second": second}
+
+
+def test_d1_a_second_run_changes_nothing(converged):
+    assert set(converged["second"]) == set(NODES), converged["second"]
+    assert all(count == 0 for count in converged["second"].values()), converged["second"]
+
+
+def test_d1_directory_users_resolve_by_name_and_number_the_same_on_every_node(converged):
+    seen = {}
+    for node in NODES:
+        seen[node] = sh(
+            node,
+            "getent passwd carol dave 20001; getent group vision visitors 30001; "
+            "id carol; getent -s files passwd carol || echo 'not local'",
+        )
+    assert len(set(seen.values())) == 1, seen  # the same answers on every node
+    lines = seen["n1"].splitlines()
+    assert lines[0] == "carol:*:20001:20001:carol:/home/carol:/bin/bash", lines
+    assert lines[1].startswith("dave:*:20002:20002:"), lines
+    assert lines[2] == lines[0]  # by number: the same user
+    assert lines[3] == "vision:*:30001:carol", lines
+    assert lines[4] == "visitors:*:30002:dave", lines
+    assert lines[5] == lines[3]
+    assert lines[6] == "uid=20001(carol) gid=20001(carol) groups=20001(carol),30001(vision)"
+    assert lines[7] == "not local"  # from the directory, not /etc/passwd
+
+
+def test_d1_inventory_users_live_beside_the_directory(converged):
+    for node in NODES:
+        local = sh(node, "getent -s files passwd alice; getent -s sss passwd alice || true")
+        assert local.splitlines() == [local.splitlines()[0]], local  # files only
+        assert local.startswith("alice:x:2001:2001:"), local
+
+
+def test_d1_a_researcher_logs_in_with_the_key_the_directory_holds(converged):
+    login = lab_ssh_as(NAME, "carol", "n1", "id -un; test -e ~/.ssh/authorized_keys || echo none")
+    assert login.returncode == 0, login.stderr
+    assert login.stdout.split() == ["carol", "none"], login.stdout  # no key file: the directory's
+    keys = sh("n1", "sss_ssh_authorizedkeys carol")
+    assert keys.startswith("ssh-ed25519 ") and keys.rstrip().endswith(f"carol@tacc-lab-{NAME}")
+
+
+@pytest.mark.security
+def test_d1_anothers_key_does_not_log_in_and_a_local_name_gets_no_directory_key(converged):
+    """dave's key is dave's: carol's account does not take it; alice (local, not in the
+    directory) gets no key from it."""
+    refused = lab_ssh_as(NAME, "carol", "n1", "id -un", key_of="dave")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
+    assert lab_ssh_as(NAME, "dave", "n1", "id -un").stdout.strip() == "dave"
+    assert node_sh(NAME, "n1", "sss_ssh_authorizedkeys alice").stdout == ""
+
+
+@pytest.mark.security
+def test_d1_the_directory_gives_anonymous_nothing_and_no_password_without_tls(converged):
+    ca = "LDAPTLS_CACERT=/etc/ldap/tls/ca.crt"
+    anonymous = node_sh(
+        NAME, "n1", f"{ca} ldapsearch -x -ZZ -LLL -H {SERVER} -b dc=cluster,dc=internal uid=carol"
+    )
+    assert anonymous.returncode == 32, anonymous  # No such object: the tree is not readable
+    # The SSSD account's password over plain LDAP is refused before it is checked.
+    plain = node_sh(
+        NAME,
+        "n1",
+        "umask 077; grep '^ldap_default_authtok =' /etc/sssd/sssd.conf | cut -d' ' -f3- "
+        "| tr -d '\\n' > /root/bindpw; "
+        f"ldapwhoami -x -H {SERVER} -D uid=sssd,ou=services,dc=cluster,dc=internal "
+        "-y /root/bindpw; echo rc=$?; rm -f /root/bindpw",
+    )
+    assert "Confidentiality required" in plain.stdout + plain.stderr, plain
+    # With StartTLS it binds, and sees users but not their passwords.
+    bound = node_sh(
+        NAME,
+        "n1",
+        "umask 077; grep '^ldap_default_authtok =' /etc/sssd/sssd.conf | cut -d' ' -f3- "
+        "| tr -d '\\n' > /root/bindpw; "
+        f"{ca} ldapsearch -x -ZZ -LLL -H {SERVER} -D uid=sssd,ou=services,dc=cluster,dc=internal "
+        "-y /root/bindpw -b dc=cluster,dc=internal '(objectClass=*)' userPassword uid; "
+        "echo rc=$?; rm -f /root/bindpw",
+    )
+    assert "rc=0" in bound.stdout and "uid: carol" in bound.stdout, bound
+    assert "userPassword" not in bound.stdout, bound
+
+
+@pytest.mark.security
+def test_d1_the_bind_password_is_root_only_and_the_server_is_verified(converged):
+    for node in NODES:
+        mode = sh(node, "stat -c '%U:%G %a' /etc/sssd/sssd.conf").strip()
+        assert mode in ("root:root 600", "root:root 640"), (node, mode)
+        conf = sh(node, "grep -E '^ldap_(tls_reqcert|id_use_start_tls|uri) ' /etc/sssd/sssd.conf")
+        assert "ldap_tls_reqcert = demand" in conf and "ldap_id_use_start_tls = true" in conf
+    key = sh("n1", "stat -c '%U:%G %a' /etc/ldap/tls/server.key").strip()
+    assert key == "root:openldap 640", key
