@@ -1,5 +1,5 @@
 # TACC stack: the two commands a newcomer runs are `make demo` and `make test`.
-# Both install what they need on a fresh Debian 12 machine (run as root).
+# Both install what they need on a fresh Debian 13 or 12 machine (run as root).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help

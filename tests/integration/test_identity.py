@@ -10,8 +10,11 @@ connection without TLS; the bind password is root's only.
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
+from tacc_lab.config import STATE_ROOT
 from tests.integration.lab_helpers import lab_ssh_as, node_sh, playbook
 from tests.integration.labs import FIRMWARE
 
@@ -95,6 +98,43 @@ def test_d1_anothers_key_does_not_log_in_and_a_local_name_gets_no_directory_key(
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
     assert lab_ssh_as(NAME, "dave", "n1", "id -un").stdout.strip() == "dave"
     assert node_sh(NAME, "n1", "sss_ssh_authorizedkeys alice").stdout == ""
+
+
+@pytest.mark.security
+def test_d1_a_directory_entry_named_like_a_local_account_or_group_gets_nothing(converged):
+    """What a site's directory admin (or an accidental name clash) could add by hand: a
+    user `bob`, named like the inventory's local bob, holding dave's key, and a group
+    `sudo` with carol in it. Neither lends anything: bob stays the local account, dave's
+    key does not log in as him, carol gains no group named sudo."""
+    ldif = (
+        "dn: uid=bob,ou=people,dc=cluster,dc=internal\nobjectClass: inetOrgPerson\n"
+        "objectClass: posixAccount\nobjectClass: ldapPublicKey\nuid: bob\ncn: bob\nsn: bob\n"
+        "uidNumber: 20099\ngidNumber: 20099\nhomeDirectory: /home/bob\n"
+        "sshPublicKey: $(cat /root/dave.pub)\n\n"
+        "dn: cn=sudo,ou=groups,dc=cluster,dc=internal\nobjectClass: posixGroup\ncn: sudo\n"
+        "gidNumber: 20027\nmemberUid: carol\n"
+    )
+    dave_key = (STATE_ROOT / NAME / "users/dave/id_ed25519.pub").read_text().strip()
+    sh("n1", f"echo {shlex.quote(dave_key)} > /root/dave.pub")
+    sh("n1", f'printf "{ldif}" | ldapadd -Q -Y EXTERNAL -H ldapi:///')
+    try:
+        for node in NODES:
+            sh(node, "sss_cache -E")
+        refused = lab_ssh_as(NAME, "bob", "n1", "id -un", key_of="dave")
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
+        for node in NODES:
+            seen = sh(node, "getent passwd bob; id -Gn carol; sss_ssh_authorizedkeys bob || true")
+            lines = seen.splitlines()
+            assert lines[0].startswith("bob:x:2002:"), seen  # the local bob, not 20099
+            assert "sudo" not in lines[1].split(), seen
+            assert not any(line.startswith("ssh-") for line in lines[2:]), seen
+    finally:
+        node_sh(
+            NAME,
+            "n1",
+            "ldapdelete -Q -Y EXTERNAL -H ldapi:/// uid=bob,ou=people,dc=cluster,dc=internal "
+            "cn=sudo,ou=groups,dc=cluster,dc=internal; rm -f /root/dave.pub",
+        )
 
 
 @pytest.mark.security
