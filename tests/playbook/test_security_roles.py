@@ -358,6 +358,29 @@ def refused(tmp_path_factory) -> Refused:
             "refused_role": "nfs_server",
             "nfs_server_client_groups": ["nfs_clients"],
         },
+        # SSSD answering for IDs an inventory user has (alice, 2001).
+        "idrange": {
+            **LOCAL,
+            "refused_role": "identity",
+            "identity_ldap_uri": "ldap://ldap.example.org",
+            "identity_ldap_base_dn": "dc=example,dc=org",
+            "identity_ldap_bind_dn": "uid=sssd,ou=services,dc=example,dc=org",
+            "identity_ldap_bind_password": "a-bind-password-of-the-test",
+            "identity_ldap_ca_file": "/nonexistent/ca.pem",
+            "identity_min_id": 2000,
+            "common_cluster_users": [{"name": "alice", "uid": 2001}],
+        },
+        # A directory user named like an inventory user.
+        "dirname": {
+            **LOCAL,
+            "refused_role": "directory_server",
+            "directory_server_tls_ca_file": "/nonexistent/ca.pem",
+            "directory_server_tls_cert_file": "/nonexistent/server.pem",
+            "directory_server_tls_key_file": "/nonexistent/server.key",
+            "directory_server_bind_password": "a-bind-password-of-the-test",
+            "directory_server_users": [{"name": "alice", "uid": 20001}],
+            "common_cluster_users": [{"name": "alice", "uid": 2001}],
+        },
     }
     inventory = {
         "all": {
@@ -394,6 +417,28 @@ def test_p1_an_export_that_names_no_clients_is_refused(refused):
     assert refused.failed_task("noclients") == "nfs_server : Refuse an export that names no clients"
     assert "nfs_server_exports: /srv/shared names no clients" in refused.output
     assert "Traceback" not in refused.output
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+def test_d1_an_id_range_holding_an_inventory_users_uid_is_refused(refused):
+    """A directory user numbered like alice would own her files."""
+    assert refused.failed_task("idrange") == (
+        "identity : Refuse an ID range that holds an inventory user's uid or gid"
+    )
+    assert "holds uids or gids of common_cluster_users (['alice'])" in refused.output
+    assert "a-bind-password-of-the-test" not in refused.output
+
+
+@pytest.mark.security
+@pytest.mark.bad_input
+def test_d1_a_directory_user_named_like_an_inventory_user_is_refused(refused):
+    """Such an entry would lend the local account its password (pam_sss by name)."""
+    assert refused.failed_task("dirname") == (
+        "directory_server : Refuse a user or group the directory would get wrong"
+    )
+    assert '"alice" needs a name of' in refused.output
+    assert "a-bind-password-of-the-test" not in refused.output
 
 
 # ------------------------------------------------------------- 2: SSH only with a job
