@@ -83,11 +83,14 @@ except ImportError:  # reported by main()
 SALT_BYTES = 8
 
 
+def sha1_digest(password: str, salt: bytes) -> bytes:
+    return hashlib.sha1(password.encode() + salt).digest()  # noqa: S324 - slapd's {SSHA}
+
+
 def ssha(password: str, salt: bytes | None = None) -> bytes:
     """userPassword in slapd's default {SSHA} form: base64(sha1(password + salt) + salt)."""
     salt = os.urandom(SALT_BYTES) if salt is None else salt
-    digest = hashlib.sha1(password.encode() + salt).digest()  # noqa: S324 - slapd's {SSHA}
-    return b"{SSHA}" + base64.b64encode(digest + salt)
+    return b"{SSHA}" + base64.b64encode(sha1_digest(password, salt) + salt)
 
 
 def ssha_matches(stored: bytes, password: str) -> bool:
@@ -99,7 +102,7 @@ def ssha_matches(stored: bytes, password: str) -> bool:
     except ValueError:
         return False
     digest, salt = raw[:20], raw[20:]
-    return hmac.compare_digest(ssha(password, salt)[6:], base64.b64encode(digest + salt))
+    return hmac.compare_digest(sha1_digest(password, salt), digest)
 
 
 def wanted_values(attributes: dict) -> dict[str, list[bytes]]:
