@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +22,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tacc_lab.config import LabConfig
-from tacc_lab.files import write_private
+from tacc_lab.files import ensure_secret, write_private
 from tacc_lab.researchers import DIRECTORY_RESEARCHERS
 
 # (name, gid, members): carol's research group; dave is in none a site maps to an account.
 DIRECTORY_GROUPS = (("vision", 30001, ("carol",)), ("visitors", 30002, ("dave",)))
 DOMAIN = "cluster.internal"  # roles/cluster_dns's default domain: the server's FQDN
-BASE_DN = "dc=cluster,dc=internal"
+BASE_DN = ",".join(f"dc={part}" for part in DOMAIN.split("."))
 VALID_DAYS = 3650
 
 
@@ -65,16 +64,13 @@ def ensure_directory(cfg: LabConfig, head: str, head_address: str) -> DirectoryF
     account's password: made on first use, then kept."""
     where = directory_dir(cfg)
     where.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = DirectoryFiles(where / "ca.crt", where / "server.crt", where / "server.key", "")
-    if not (files.ca.exists() and files.cert.exists() and files.key.exists()):
-        _make_tls(files, head, head_address)
-    password_file = where / "sssd-bind-password"
-    if not password_file.exists():
-        write_private(password_file, secrets.token_urlsafe(24))
-    return DirectoryFiles(files.ca, files.cert, files.key, password_file.read_text().strip())
+    ca, cert, key = where / "ca.crt", where / "server.crt", where / "server.key"
+    if not (ca.exists() and cert.exists() and key.exists()):
+        _make_tls(ca, cert, key, head, head_address)
+    return DirectoryFiles(ca, cert, key, ensure_secret(where / "sssd-bind-password"))
 
 
-def _make_tls(files: DirectoryFiles, head: str, head_address: str) -> None:
+def _make_tls(ca_file: Path, cert_file: Path, key_file: Path, head: str, head_address: str) -> None:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "TACC lab directory CA")])
@@ -113,13 +109,13 @@ def _make_tls(files: DirectoryFiles, head: str, head_address: str) -> None:
     )
     pem = serialization.Encoding.PEM
     write_private(
-        files.key,
+        key_file,
         key.private_bytes(
             pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode(),
     )
-    files.cert.write_text(cert.public_bytes(pem).decode())
-    files.ca.write_text(ca.public_bytes(pem).decode())
+    cert_file.write_text(cert.public_bytes(pem).decode())
+    ca_file.write_text(ca.public_bytes(pem).decode())
 
 
 def _usage(*, cert_sign: bool) -> x509.KeyUsage:

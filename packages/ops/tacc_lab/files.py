@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -14,3 +15,11 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(partial, path)
+
+
+def ensure_secret(path: Path) -> str:
+    """A random secret kept in `path`: made once (mode 0600, its folder 0700), then read."""
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(path, secrets.token_urlsafe(24))
+    return path.read_text().strip()

@@ -146,6 +146,11 @@ def accounting_vars(password: str | None, users: list[str]) -> dict:
     }
 
 
+def head_node(nodes: list[InventoryNode]) -> InventoryNode:
+    """The head node: the lowest-numbered node that is not the login node (n1)."""
+    return min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index)
+
+
 def numbered_count(indexes: list[int]) -> int:
     """How many of the lab's nodes are numbered (n1..): all but the login node."""
     return sum(1 for index in indexes if index != LOGIN_INDEX)
@@ -191,7 +196,7 @@ def render_inventory(
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
     login_node = LOGIN_INDEX in indexes
-    head = min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index).name
+    head = head_node(nodes).name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
     hosts: dict[str, dict] = {}
     registry = container_image is not None

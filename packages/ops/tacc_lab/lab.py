@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from tacc_lab.directory import (
     remove_directory,
 )
 from tacc_lab.errors import LabError
-from tacc_lab.files import write_private
+from tacc_lab.files import ensure_secret, write_private
 from tacc_lab.host_limits import raise_host_limits
 from tacc_lab.image import ensure_image
 from tacc_lab.inventory import (
@@ -29,6 +28,7 @@ from tacc_lab.inventory import (
     InventoryNode,
     NodeHardware,
     groups_for,
+    head_node,
     numbered_count,
     render_inventory,
 )
@@ -305,7 +305,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
     keys = ensure_researcher_keys(cfg)
     directory = None
     if has_directory(cfg):
-        head = min((n for n in nodes if n.index != LOGIN_INDEX), key=lambda n: n.index)
+        head = head_node(nodes)
         files = ensure_directory(cfg, head.name, head.address)
         directory = directory_vars(files, head.name, keys)
     text = render_inventory(
@@ -331,11 +331,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
 def ensure_accounting_password(cfg: LabConfig) -> str:
     """The lab's Slurm accounting database password: made once, kept in the lab's state
     directory (mode 0600), never on a command line."""
-    where = cfg.state_dir / "secrets" / "slurmdbd-db-password"
-    if not where.exists():
-        where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_private(where, secrets.token_urlsafe(24))
-    return where.read_text().strip()
+    return ensure_secret(cfg.state_dir / "secrets" / "slurmdbd-db-password")
 
 
 def host_hardware() -> NodeHardware:
