@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.lab_helpers import node_sh
+from tests.integration.lab_helpers import node_ok
 from tests.integration.labs import SLURM_LAB
 
 LAB = SLURM_LAB  # a module setting, so the cases can run on another lab by hand
@@ -44,9 +44,7 @@ def archive_digest(archive: Path) -> str:
 
 
 def sh(node: str, script: str) -> str:
-    proc = node_sh(LAB, node, script)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return node_ok(LAB, node, script)
 
 
 @pytest.mark.lab

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.integration.lab_helpers import lab_cli, node_sh, site
+from tests.integration.lab_helpers import lab_cli, node_ok, site
 
 NAME = "hw"
 STATE_DIR = "/root/allox-test"
@@ -18,9 +18,7 @@ TICK = "tacc-agent --config /root/allox.yaml queue-tick"
 
 
 def sh(script: str, node: str = "n1") -> str:
-    proc = node_sh(NAME, node, script)
-    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
+    return node_ok(NAME, node, script)
 
 
 def as_alice(argv: str) -> str:

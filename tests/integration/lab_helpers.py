@@ -108,6 +108,13 @@ def node_sh(name: str, node: str, script: str) -> subprocess.CompletedProcess:
     return lab_cli(name, "ssh", node, shlex.join(["sh", "-c", script]), timeout=120)
 
 
+def node_ok(name: str, node: str, script: str) -> str:
+    """node_sh that must succeed: its standard output."""
+    proc = node_sh(name, node, script)
+    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
 def node_address(name: str, node: str) -> str:
     return next(n["address"] for n in lab_status(name)["nodes"] if n["name"] == node)
 

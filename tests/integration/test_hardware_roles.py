@@ -21,6 +21,7 @@ from tests.integration.lab_helpers import (
     changed_by_role,
     changed_tasks,
     lab_cli,
+    node_ok,
     node_sh,
     site,
     site_killed_at,
@@ -37,9 +38,7 @@ KILL_AT = "TASK [slurm : Set up accounting]"
 
 
 def sh(node: str, script: str) -> str:
-    proc = node_sh(NAME, node, script)
-    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
+    return node_ok(NAME, node, script)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import shlex
 import pytest
 
 from tacc_lab.config import STATE_ROOT
-from tests.integration.lab_helpers import lab_ssh_as, node_sh, playbook
+from tests.integration.lab_helpers import lab_ssh_as, node_ok, node_sh, playbook
 from tests.integration.labs import FIRMWARE
 
 pytestmark = pytest.mark.lab
@@ -26,9 +26,7 @@ SERVER = "ldap://n1"
 
 
 def sh(node: str, script: str) -> str:
-    proc = node_sh(NAME, node, script)
-    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
+    return node_ok(NAME, node, script)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
     lab_cli,
     lab_status,
-    node_sh,
+    node_ok,
     site,
     submit,
     wait_state,
@@ -38,9 +38,7 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
 def sh(node: str, script: str) -> str:
-    proc = node_sh(NAME, node, script)
-    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
+    return node_ok(NAME, node, script)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tacc_lab.releases import BOOKWORM, OS_ENV, TRIXIE
-from tests.integration.lab_helpers import lab_cli, node_sh, playbook, site
+from tests.integration.lab_helpers import lab_cli, node_ok, node_sh, playbook, site
 from tests.integration.labs import UPGRADE
 
 pytestmark = [
@@ -67,9 +67,7 @@ TRANSCRIPT: list[str] = []
 
 
 def sh(node: str, script: str) -> str:
-    proc = node_sh(NAME, node, script)
-    assert proc.returncode == 0, f"{node}: {script}\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
+    return node_ok(NAME, node, script)
 
 
 def record(title: str, node: str, script: str) -> str:
