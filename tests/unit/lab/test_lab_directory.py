@@ -5,16 +5,14 @@ directory with researchers carol and dave, every node reading users from it."""
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tacc_lab import directory
 from tacc_lab.config import LabConfig
-from tacc_lab.inventory import InventoryNode, NodeHardware, render_inventory
+from tests.unit.lab.test_lab_inventory import render_lab
 
 
 @pytest.fixture
@@ -52,18 +50,9 @@ def test_the_inventory_makes_n1_the_directory_and_points_every_node_at_it(
 ) -> None:
     files = directory.ensure_directory(lab, "n1", "10.77.0.11")
     keys = {"carol": "ssh-ed25519 AAAAcarol carol@tacc-lab-lab", "alice": "ssh-ed25519 AAAAa"}
-    text = render_inventory(
-        [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in (1, 2, 3)],
-        ssh_key=Path("/k"),
-        known_hosts=Path("/kh"),
-        proxy_url="http://10.77.0.1:3128",
-        lab_name="lab",
-        hardware=NodeHardware(cpus=2, memory_mb=24000),
-        subnet="10.77.0.0/24",
-        researchers={"alice": keys["alice"]},
-        directory=directory.directory_vars(files, "n1", keys),
-    )
-    data = yaml.safe_load(text)["all"]
+    data = render_lab(
+        3, {"alice": keys["alice"]}, directory=directory.directory_vars(files, "n1", keys)
+    )["all"]
     assert data["children"]["directory_server"]["hosts"] == {"n1": None}
     variables = data["vars"]
     assert variables["identity_ldap_uri"] == "ldap://n1"

@@ -25,6 +25,7 @@ def render_lab(
     *,
     login_node: bool = False,
     accounting_password: str | None = None,
+    directory: dict | None = None,
 ) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
     if login_node:
@@ -39,6 +40,7 @@ def render_lab(
         subnet="10.77.0.0/24",
         researchers=KEYS if researchers is None else researchers,
         accounting_password=accounting_password,
+        directory=directory,
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)
