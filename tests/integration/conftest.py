@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.lab_factory import LabFactory
-from tests.integration.labs import MODULES, Lab
+from tests.integration.labs import HW, MODULES, Lab
+from tests.integration.site_from_nothing import converge_from_nothing
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,11 @@ def shaped_lab(lab_factory, request) -> Lab:
     module = request.module.__name__.rsplit(".", 1)[-1]
     assert module in MODULES, f"{module} has no lab shape in tests/integration/labs.py"
     return lab_factory.lab(MODULES[module], module)
+
+
+@pytest.fixture(scope="module")
+def site_from_nothing(shaped_lab, lab_factory) -> dict:
+    """site.yml's install-from-nothing runs on the hw lab (site_from_nothing.py), made
+    once for all of its modules."""
+    assert shaped_lab.shape == HW, f"{shaped_lab.name}: only the hw lab converges from nothing"
+    return lab_factory.once(shaped_lab, "site", lambda: converge_from_nothing(shaped_lab.inventory))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.integration.lab_helpers import lab_cli, lab_status, node_sh, playbook
 from tests.integration.labs import Lab, Shape, write_vars
@@ -21,6 +23,7 @@ class LabFactory:
         self.labs: dict[str, Lab] = {}
         self.kept: set[str] = set()  # reused labs: left up
         self.user: dict[str, str] = {}  # lab name -> the module that has it now
+        self.made: dict[tuple[str, str], Any] = {}  # (lab name, what) -> once()'s result
 
     def lab(self, shape: Shape, module: str) -> Lab:
         """The lab of `shape` for `module`: booted and provisioned on first use, reset
@@ -32,6 +35,14 @@ class LabFactory:
             self._reset(lab)
         self.user[shape.name] = module
         return lab
+
+    def once(self, lab: Lab, what: str, make: Callable[[], Any]) -> Any:
+        """make()'s result, made the first time a module of `lab` asks for `what` (the
+        hw lab's site.yml runs, which every module on that lab builds on)."""
+        key = (lab.name, what)
+        if key not in self.made:
+            self.made[key] = make()
+        return self.made[key]
 
     def _boot(self, shape: Shape) -> Lab:
         inventory = self.workdir / shape.name / "hosts.yml"

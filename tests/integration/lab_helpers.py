@@ -82,10 +82,11 @@ def failure_summary(proc: subprocess.CompletedProcess) -> str:
 
 
 def playbook(
-    inventory: Path, path: str, *extra: str, expect_ok: bool = True
+    inventory: Path, path: str, *extra: str, expect_ok: bool = True, strategy: str = ""
 ) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
-    """Run an ansible-playbook; return the run and changed= per host from the recap."""
-    strategy = converge_strategy(inventory, path)
+    """Run an ansible-playbook (with `strategy`, else converge_strategy's); return the run
+    and changed= per host from the recap."""
+    strategy = strategy or converge_strategy(inventory, path)
     proc = ansible_tool(
         "ansible-playbook", inventory, path, *extra, timeout=1200, strategy=strategy
     )
@@ -98,9 +99,11 @@ def playbook(
     return proc, changed
 
 
-def site(inventory: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+def site(
+    inventory: Path, *extra: str, strategy: str = ""
+) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     """Run playbooks/site.yml; it must succeed."""
-    return playbook(inventory, "playbooks/site.yml", *extra)
+    return playbook(inventory, "playbooks/site.yml", *extra, strategy=strategy)
 
 
 def node_sh(name: str, node: str, script: str) -> subprocess.CompletedProcess:

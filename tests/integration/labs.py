@@ -16,10 +16,11 @@ Which proof each lab carries:
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
-- the hw lab's site.yml runs use Ansible's default strategy (linear: ansible.cfg); every
-  other lab converges (site.yml, agent.yml) with mitogen_linear, make demo's, which on
-  this 2-core machine measured 121 CPU seconds for a re-run of the slurm shape instead of
-  324 (issue [20]'s note); their other playbooks (rolling, firmware, upgrade) run linear.
+- the hw lab's install and killed run use Ansible's default strategy (linear:
+  ansible.cfg), its re-run and --check --diff mitogen_linear; every other lab converges
+  (site.yml, agent.yml) with mitogen_linear, make demo's, which on this 2-core machine
+  measured 121 CPU seconds for a re-run of the slurm shape instead of 324 (issue [20]'s
+  note); their other playbooks (rolling, firmware, upgrade) run linear.
 - every other lab boots the PREBAKED image `make demo` boots (prebake.py: the roles'
   packages present, still checked, configured and started by the roles), molecule's
   scenarios included (their molecule.yml).
@@ -105,19 +106,19 @@ HW = Shape(
             "smartnic_firmware_mlxconfig": {"SRIOV_EN": "True", "NUM_OF_VFS": 8},
         }
     },
-    proof="install from nothing: site.yml from the bare image (its module converges it)",
-    weight=20,
-    converge_strategy=LINEAR,  # the default strategy's proof: converge, re-run, check
+    directory=True,
+    proof="install from nothing: site.yml from the bare image (site_from_nothing.py), "
+    "a real LDAP directory (slapd with TLS on n1) and SSSD on every node among it",
+    weight=22,
+    converge_strategy=LINEAR,  # the default strategy's proof: from nothing, a killed run
 )
 FIRMWARE = Shape(
     "fw",
     "10.77.12.0/24",
     3,
     login_node=False,
-    directory=True,
-    proof="playbooks/firmware.yml against FAKE ConnectX-6 Dx devices; playbooks/"
-    "directory.yml: a real LDAP directory (slapd with TLS on n1) and SSSD on every node",
-    weight=8,
+    proof="playbooks/firmware.yml against FAKE ConnectX-6 Dx devices",
+    weight=3,
 )
 AGENT_NODE = Shape(
     "tc",
@@ -164,7 +165,8 @@ MODULES: dict[str, Shape] = {
     "test_tcloud_upload": AGENT_NODE,
     "test_release_smoke": BOOKWORM_SMOKE,
     "test_release_upgrade": UPGRADE,
-    "test_identity": FIRMWARE,
+    "test_identity": HW,
+    "test_directory_accounts": HW,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes

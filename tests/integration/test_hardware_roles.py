@@ -18,13 +18,9 @@ from tacc_agent.config import AgentConfig
 from tacc_lab.demo import researcher_env
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
-    changed_by_role,
     changed_tasks,
-    lab_cli,
     node_ok,
     node_sh,
-    site,
-    site_killed_at,
 )
 
 pytestmark = pytest.mark.lab
@@ -32,9 +28,15 @@ pytestmark = pytest.mark.lab
 NAME = "hw"
 SUBNET = "10.77.11.0/24"
 SERVER = "10.77.11.11"
-ROLES = ("nfs_server", "nfs_client", "rdma", "nvidia_gpu", "smartnic_firmware")
-# The task after the one that writes slurm.conf: its header means that one is done.
-KILL_AT = "TASK [slurm : Set up accounting]"
+ROLES = (
+    "nfs_server",
+    "nfs_client",
+    "rdma",
+    "nvidia_gpu",
+    "smartnic_firmware",
+    "directory_server",
+    "identity",
+)
 
 
 def sh(node: str, script: str) -> str:
@@ -42,42 +44,9 @@ def sh(node: str, script: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(shaped_lab) -> dict:
-    """The install-from-nothing proof (labs.HW boots the bare image): site.yml's runs."""
-    inventory = shaped_lab.inventory
-    fake = lab_cli(
-        NAME,
-        "fake-hw",
-        "n2",
-        "--gpus",
-        "4",
-        "--nvswitches",
-        "2",
-        "--nics",
-        "1",
-        "--rdma",
-        "1",
-        "--link-layer",
-        "Ethernet",
-    )
-    assert fake.returncode == 0, fake.stderr
-    # The first converge is killed (SIGKILL) just after slurm.conf was written and before
-    # the restart it notified: the re-run must finish the job from there.
-    killed = site_killed_at(inventory, KILL_AT)
-    first, _ = site(inventory)
-    second, second_hosts = site(inventory)
-    check, check_hosts = site(inventory, "--check", "--diff")
-    return {
-        "inventory": inventory,
-        "killed": killed,
-        "rerun": first.stdout,
-        "first": killed + first.stdout,
-        "second": second_hosts,
-        "check": check_hosts,
-        "first_roles": changed_by_role(killed + first.stdout),
-        "second_roles": changed_by_role(second.stdout),
-        "check_roles": changed_by_role(check.stdout),
-    }
+def runs(site_from_nothing) -> dict:
+    """site.yml's install-from-nothing runs (site_from_nothing.py)."""
+    return site_from_nothing
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -1,7 +1,7 @@
-"""Issue [21] point 1, directory users, on the factory's `fw` lab (tests/integration/
-labs.py: FIRMWARE, 10.77.12.0/24, three nodes, `tacc-lab up --directory`), which it
-shares with test_smartnic_firmware.py: playbooks/directory.yml puts slapd with TLS on n1
-and SSSD on every node, and a second run changes nothing. carol and dave exist only in
+"""Issue [21] point 1, directory users, on the factory's `hw` lab (tests/integration/
+labs.py: HW, 10.77.11.0/24, three nodes, `tacc-lab up --directory`), converged from the
+bare image by site.yml, which imports playbooks/directory.yml: slapd with TLS on n1 and
+SSSD on every node. carol and dave exist only in
 the directory and resolve by name and number the same on every node, beside the
 inventory's alice; carol logs in with the SSH key the directory holds and not with
 dave's; the directory gives nothing to anonymous readers and takes no password over a
@@ -15,12 +15,12 @@ import shlex
 import pytest
 
 from tacc_lab.config import STATE_ROOT
-from tests.integration.lab_helpers import lab_ssh_as, node_ok, node_sh, playbook
-from tests.integration.labs import FIRMWARE
+from tests.integration.lab_helpers import lab_ssh_as, node_ok, node_sh
+from tests.integration.labs import HW
 
 pytestmark = pytest.mark.lab
 
-NAME = FIRMWARE.name
+NAME = HW.name
 NODES = ("n1", "n2", "n3")
 SERVER = "ldap://n1"
 
@@ -30,27 +30,11 @@ def sh(node: str, script: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def converged(shaped_lab, tmp_path_factory):
-    """site.yml's first plays (the cluster DNS every node then resolves through, and
-    roles/common: the inventory's users alice and bob), then playbooks/directory.yml
-    twice: the second run's changed count per host."""
-    base = tmp_path_factory.mktemp("base") / "base.yml"
-    base.write_text(
-        "".join(
-            f"- name: {hosts}\n  hosts: {hosts}\n  gather_facts: true\n"
-            f"  gather_subset: [min]\n  roles: [{role}]\n"
-            for hosts, role in (("cluster_dns", "cluster_dns"), ("all", "common"))
-        )
-    )
-    playbook(shaped_lab.inventory, str(base))
-    playbook(shaped_lab.inventory, "playbooks/directory.yml")
-    _, second = playbook(shaped_lab.inventory, "playbooks/directory.yml")
-    return {"inventory": shaped_lab.inventory, "second": second}
-
-
-def test_d1_a_second_run_changes_nothing(converged):
-    assert set(converged["second"]) == set(NODES), converged["second"]
-    assert all(count == 0 for count in converged["second"].values()), converged["second"]
+def converged(site_from_nothing) -> dict:
+    """The hw lab after site.yml's runs (site_from_nothing.py; test_hardware_roles.py
+    checks that identity and directory_server change nothing in the second run and in
+    --check --diff)."""
+    return site_from_nothing
 
 
 def test_d1_directory_users_resolve_by_name_and_number_the_same_on_every_node(converged):

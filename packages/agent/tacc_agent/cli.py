@@ -373,6 +373,14 @@ def accept(call: Call) -> int:
     return acceptance.accept(call.config, args.node, args.peer, args.thresholds, args.json)
 
 
+def accounts_sync(call: Call) -> int:
+    from tacc_agent.accounts import sync  # lazy verb import
+
+    args = call.args
+    root = args.workspace_root or ""
+    return sync.run_sync(call.config, not args.no_slurm, root, args.dry_run, args.json)
+
+
 def serve(call: Call) -> int:
     """The node daemon. Its settings are read plainly (not call.config, which loads the
     plug-ins' task fields and with them the task schema): only the controller's daemon
@@ -469,6 +477,7 @@ STREAMS: dict[Verb, Callable[[Call], int]] = {
     node_verbs.CHECK: health_check,
     node_verbs.SERVE: serve,
     node_verbs.ACCEPT: accept,
+    node_verbs.ACCOUNTS_SYNC: accounts_sync,
     node_verbs.REPORT_USAGE: report_usage,
     node_verbs.BATCH: batch,
     node_verbs.EXEC: execute,

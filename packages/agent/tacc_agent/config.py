@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tacc_agent.accounts import mapping
 from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
@@ -153,6 +154,14 @@ class AgentConfig:
     # Acceptance of a new or rebooted node (`tacc-agent accept`): the figures it must
     # reach; a key left out keeps its default (tacc_agent/health/acceptance.py).
     acceptance: dict | None = None
+    # --- accounts that follow the site's directory (issue [21], docs/directory.md) ---
+    # Directory group -> Slurm account (tacc_agent/accounts/mapping.py: GroupAccount, read
+    # from [{group, account, fairshare, qos, default_qos}]), kept by `tacc-agent accounts
+    # sync` (root, on the controller; roles/tacc_agent's timer runs it).
+    directory_accounts: tuple = ()
+    # The jobs of a user who left every group of an account: "finish" (no new ones,
+    # pending ones cancelled, running ones run to their end) or "cancel" (all cancelled).
+    directory_removed_jobs: str = "finish"
 
 
 def load_config(path: Path | None = None) -> AgentConfig:
@@ -186,6 +195,13 @@ def load_config(path: Path | None = None) -> AgentConfig:
     check_kernel_log(path, data.get("kernel_log"))
     check_switches(path, data.get("checks"))
     check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
+    try:
+        data["directory_accounts"] = mapping.group_accounts(data.get("directory_accounts"))
+        data["directory_removed_jobs"] = mapping.removed_jobs(
+            data.get("directory_removed_jobs", "finish")
+        )
+    except ValueError as exc:
+        raise AgentError(f"{path}: {exc}", AGENT_CLUSTER) from None
     return AgentConfig(**data)
 
 

@@ -50,6 +50,19 @@ ACCEPT = Verb(
     errors=("failed", "rejected", "cluster"),
     streams=True,
 )
+ACCOUNTS_SYNC = Verb(
+    ("accounts", "sync"),
+    "(root) Slurm accounts and workspaces from the directory's groups (the config's "
+    "directory_accounts)",
+    (
+        Field("no_slurm", bool, "--no-slurm", help="leave Slurm's associations alone"),
+        Field("workspace_root", flag="--workspace-root", help="make members' workspaces here"),
+        Field("dry_run", bool, "--dry-run", help="say what would change, change nothing"),
+        JSON,
+    ),
+    errors=("failed", "cluster"),
+    streams=True,
+)
 QUEUE_TICK = Verb[QueueTick](
     ("queue-tick",),
     "one round of the scheduling plug-ins' queue hooks (root)",
@@ -91,6 +104,7 @@ NODE_VERBS: tuple[Verb, ...] = (
     CHECK,
     SERVE,
     ACCEPT,
+    ACCOUNTS_SYNC,
     QUEUE_TICK,
     REPORT_USAGE,
     BATCH,

@@ -27,6 +27,7 @@ from tacc_lab.researchers import DIRECTORY_RESEARCHERS
 
 # (name, gid, members): carol's research group; dave is in none a site maps to an account.
 DIRECTORY_GROUPS = (("vision", 30001, ("carol",)), ("visitors", 30002, ("dave",)))
+MAPPED_GROUPS = ("vision",)  # the groups the lab maps to Slurm accounts
 DOMAIN = "cluster.internal"  # roles/cluster_dns's default domain: the server's FQDN
 BASE_DN = ",".join(f"dc={part}" for part in DOMAIN.split("."))
 VALID_DAYS = 3650
@@ -154,4 +155,12 @@ def directory_vars(files: DirectoryFiles, head: str, keys: dict[str, str]) -> di
         "identity_ldap_bind_dn": f"uid=sssd,ou=services,{BASE_DN}",
         "identity_ldap_bind_password": files.bind_password,
         "identity_ldap_ca_file": str(files.ca),
+        # carol's group gives an account (roles/slurm, docs/directory.md); dave's none.
+        "slurm_directory_accounts": [
+            {"group": name, "account": name, "fairshare": 10}
+            for name, _, _ in DIRECTORY_GROUPS
+            if name in MAPPED_GROUPS
+        ],
+        # A user added to the group submits within seconds here (the default: 2min).
+        "tacc_agent_accounts_sync_interval": "20s",
     }

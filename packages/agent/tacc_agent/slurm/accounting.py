@@ -218,3 +218,51 @@ def own_jobs_since(start: str, timeout: float = run.TIMEOUT) -> list[tuple[str, 
     time: YYYY-MM-DDTHH:MM:SS); [] when accounting does not answer them."""
     argv = [*SACCT, "--allocations", f"--user={os.getuid()}", f"--starttime={start}"]
     return parse_job_places(run.output([*argv, "--format=JobID,WorkDir,Comment"], timeout, False))
+
+
+# --- associations (tacc_agent/accounts: accounts that follow the directory) ----------------
+
+ASSOCIATION_FIELDS = ("Account", "User", "Fairshare", "QOS", "DefaultQOS", "MaxSubmit")
+
+
+@dataclass(frozen=True)
+class Association:
+    """One association of an account: the account's own (user "") or a user's."""
+
+    account: str
+    user: str
+    fairshare: str
+    qos: frozenset[str]
+    default_qos: str
+    max_submit: str  # "" none; "0": no new jobs
+
+
+def parse_associations(text: str) -> list[Association]:
+    """`associations`' rows (ASSOCIATION_FIELDS, --parsable2); a row of another shape is
+    an error: an association not read would be one the sync adds again, or never ends."""
+    found = []
+    for row in parsable(text):
+        if len(row) != len(ASSOCIATION_FIELDS):
+            raise AgentError(f"sacctmgr: an association's line not understood: {'|'.join(row)!r}")
+        account, user, fairshare, qos, default_qos, max_submit = row
+        names = frozenset(name for name in qos.split(",") if name)
+        found.append(Association(account, user, fairshare, names, default_qos, max_submit))
+    return found
+
+
+def associations(cluster: str, accounts: list[str], timeout: float) -> list[Association]:
+    """The associations of `accounts` on `cluster` (theirs and their users')."""
+    if not accounts:
+        return []
+    where = ["assoc", "where", f"cluster={cluster}", f"accounts={','.join(accounts)}"]
+    argv = [*SACCTMGR_SHOW, *where, "format=" + ",".join(ASSOCIATION_FIELDS)]
+    return parse_associations(run.output(argv, timeout))
+
+
+def default_accounts(users: list[str], timeout: float) -> dict[str, str]:
+    """The default account of each of `users` that Slurm knows."""
+    if not users:
+        return {}
+    where = ["user", "where", f"names={','.join(users)}"]
+    rows = sacctmgr_show(where, ("User", "DefaultAccount"), timeout)
+    return {row[0]: row[1] for row in rows if len(row) == 2}

@@ -9,7 +9,8 @@
 - `--format=%F|%k`: the caller's jobs by tag (parse_tags);
 - `--format=%i|%r`: pending jobs' reasons (parse_reasons);
 - `-o "%P %T"`: jobs per partition and state (parse_partition_states);
-- `--format=%U`: the uids of the jobs on a node (parse_uids).
+- `--format=%U`: the uids of the jobs on a node (parse_uids);
+- `--format=%u|%a|%T`: whose jobs wait or run, in which account (parse_owners).
 """
 
 from __future__ import annotations
@@ -322,3 +323,30 @@ def uids_on_node(node: str, states: str, timeout: float = run.TIMEOUT) -> set[in
         return parse_uids(run.output(argv, timeout))
     except AgentError:
         return None
+
+
+# --- whose jobs wait or run, by account (tacc_agent/accounts) ------------------------------
+
+OWNERS_FORMAT = "--format=%u|%a|%T"
+OWNER_LINE = re.compile(r"([^\s|]+)\|([^\s|]*)\|([A-Z_]+)")
+
+
+def parse_owners(out: str) -> set[tuple[str, str, str]]:
+    """(user, account, state) of every line; AgentError naming a line that is not one:
+    a job not seen would be an association removed under it."""
+    owners = set()
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        match = OWNER_LINE.fullmatch(line.strip())
+        if match is None:
+            raise AgentError(f"squeue: a job's owner line not understood: {line[:200]!r}")
+        owners.add((match.group(1), match.group(2), match.group(3)))
+    return owners
+
+
+def job_owners(timeout: float = run.TIMEOUT) -> set[tuple[str, str, str]]:
+    """(user, account, state) of every job not ended (squeue's default states: pending,
+    running, completing, ...; as root: every partition's)."""
+    argv = ["squeue", "--noheader", "--all", "--array", OWNERS_FORMAT]
+    return parse_owners(run.output(argv, timeout))
