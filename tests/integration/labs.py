@@ -167,6 +167,7 @@ MODULES: dict[str, Shape] = {
     "test_release_upgrade": UPGRADE,
     "test_identity": HW,
     "test_directory_accounts": HW,
+    "test_backup_restore": HW,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes

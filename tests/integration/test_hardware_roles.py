@@ -36,6 +36,7 @@ ROLES = (
     "smartnic_firmware",
     "directory_server",
     "identity",
+    "backup",
 )
 
 

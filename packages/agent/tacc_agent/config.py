@@ -162,6 +162,9 @@ class AgentConfig:
     # The jobs of a user who left every group of an account: "finish" (no new ones,
     # pending ones cancelled, running ones run to their end) or "cancel" (all cancelled).
     directory_removed_jobs: str = "finish"
+    # The directory's uids (roles/identity's identity_min_id..identity_max_id): a group
+    # member outside them (root, a service account, nobody, a local user) gets nothing.
+    directory_id_range: tuple = (10000, 59999)
 
 
 def load_config(path: Path | None = None) -> AgentConfig:
@@ -199,6 +202,9 @@ def load_config(path: Path | None = None) -> AgentConfig:
         data["directory_accounts"] = mapping.group_accounts(data.get("directory_accounts"))
         data["directory_removed_jobs"] = mapping.removed_jobs(
             data.get("directory_removed_jobs", "finish")
+        )
+        data["directory_id_range"] = mapping.id_range(
+            data.get("directory_id_range", (10000, 59999))
         )
     except ValueError as exc:
         raise AgentError(f"{path}: {exc}", AGENT_CLUSTER) from None

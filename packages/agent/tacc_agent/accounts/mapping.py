@@ -88,3 +88,17 @@ def removed_jobs(raw: object) -> str:
             f"directory_removed_jobs: expected {' or '.join(REMOVED_JOBS)}, not {raw!r}"
         )
     return str(raw)
+
+
+def id_range(raw: object) -> tuple[int, int]:
+    """[lowest, highest] uid of the directory's users: whole numbers, 1000 <= low <= high."""
+    if (
+        not isinstance(raw, list | tuple)
+        or len(raw) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in raw)
+        or not 1000 <= raw[0] <= raw[1]
+    ):
+        raise ValueError(
+            f"directory_id_range: expected [lowest, highest] uids >= 1000, not {raw!r}"
+        )
+    return (raw[0], raw[1])

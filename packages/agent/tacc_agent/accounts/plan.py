@@ -3,19 +3,21 @@ no I/O: a list of steps, each one sacctmgr or scancel command and a line that sa
 
 For each mapped account: it is made (or its fair share and QoS set) as the mapping says;
 each member of its groups without an association gets one; a member whose association
-was held gets it back. A user of the account who is in none of its groups any more:
-- "finish": their pending jobs in the account are cancelled; with none running the
-  association goes, else it is held (MaxSubmitJobs=0: no new job) while the running
-  ones run to their end, and goes at the first sync that finds none running;
-- "cancel": all of their jobs in the account are cancelled and the association goes
-  (a removal refused while the jobs end is tried again by the next sync).
-Before a user's default account goes, another of theirs becomes the default. Accounts
-the mapping does not name, and their users, are never touched.
+was held gets it back. A user of the account who is in none of its groups any more is
+held at once (MaxSubmitJobs=0: no new job), then:
+- "finish": their pending jobs in the account are cancelled, running ones run to their
+  end, and the association goes at the first sync that finds none of theirs there;
+- "cancel": all of their jobs in the account are cancelled, and the association goes
+  at the first sync that finds them ended.
+Before a user's default account goes, another of theirs (mapped or not) becomes the
+default. Nobody leaves an account while one of its groups is unknown to NSS, nor while
+they are listed in a group but their own entry did not resolve (an outage takes no
+association away). Accounts the mapping does not name are never touched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tacc_agent.accounts.mapping import GroupAccount
 from tacc_agent.slurm.accounting import Association
@@ -41,17 +43,33 @@ class Slurm:
     defaults: dict[str, str]
     waiting: frozenset[tuple[str, str]]
     running: frozenset[tuple[str, str]]
+    elsewhere: dict[str, frozenset[str]] = field(default_factory=dict)  # unmapped accounts
+
+
+@dataclass(frozen=True)
+class Groups:
+    """What NSS said: group -> its members' names (a group it did not know is absent),
+    and the names listed somewhere whose own entry did not resolve (never leavers)."""
+
+    members: dict[str, tuple[str, ...]]
+    unresolved: frozenset[str] = frozenset()
 
 
 def wanted_users(
     mapping: tuple[GroupAccount, ...], members: dict[str, tuple[str, ...]]
 ) -> dict[str, set[str]]:
-    """account -> the users its groups give it (a group NSS did not know: not here)."""
+    """account -> the users its known groups give it (an account none of whose groups
+    NSS knew: not here)."""
     wanted: dict[str, set[str]] = {}
     for entry in mapping:
         if entry.group in members:
             wanted.setdefault(entry.account, set()).update(members[entry.group])
     return wanted
+
+
+def unsure_accounts(mapping: tuple[GroupAccount, ...], members: dict) -> set[str]:
+    """Accounts with a group NSS did not know: members may be added, none removed."""
+    return {entry.account for entry in mapping if entry.group not in members}
 
 
 def account_steps(entry: GroupAccount, own: Association | None, cluster: str) -> list[Step]:
@@ -84,19 +102,19 @@ def leaving_steps(
     held = next(
         a.max_submit == HELD for a in slurm.associations if (a.user, a.account) == (user, account)
     )
-    stays = (user, account) in slurm.running and policy != "cancel"
+    pair = (user, account)
     steps = []
-    if stays and not held:
+    if not held:
         argv = (*SACCTMGR, "modify", "user", *user_where(user, account, cluster))
         steps.append(Step((*argv, "set", f"maxsubmitjobs={HELD}"), f"{user} held in {account}"))
-    if policy == "cancel" and (user, account) in slurm.waiting | slurm.running:
+    if policy == "cancel" and pair in slurm.waiting | slurm.running:
         scancel = ("scancel", f"--user={user}", f"--account={account}")
         steps.append(Step(scancel, f"{user}'s jobs in {account} cancelled"))
-    elif (user, account) in slurm.waiting:
+    elif pair in slurm.waiting:
         scancel = ("scancel", f"--user={user}", f"--account={account}", "--state=PENDING")
         steps.append(Step(scancel, f"{user}'s pending jobs in {account} cancelled"))
-    if stays:
-        return steps  # held until their running jobs end
+    if pair in slurm.waiting | slurm.running:
+        return steps  # held until their jobs there have ended
     if slurm.defaults.get(user) == account and remaining:
         argv = (*SACCTMGR, "modify", "user", "where", f"name={user}", f"cluster={cluster}")
         says = f"{user}'s default account is {remaining[0]}"
@@ -107,16 +125,11 @@ def leaving_steps(
 
 
 def plan(
-    mapping: tuple[GroupAccount, ...],
-    members: dict[str, tuple[str, ...]],
-    slurm: Slurm,
-    policy: str,
-    cluster: str,
+    mapping: tuple[GroupAccount, ...], groups: Groups, slurm: Slurm, policy: str, cluster: str
 ) -> list[Step]:
-    """The steps that make the mapped accounts' associations follow `members` (group ->
-    user names; a group missing from it is one NSS did not know: its account is left
-    as it is)."""
-    wanted = wanted_users(mapping, members)
+    """The steps that make the mapped accounts' associations follow `groups`."""
+    wanted = wanted_users(mapping, groups.members)
+    unsure = unsure_accounts(mapping, groups.members)
     have: dict[str, dict[str, Association]] = {}
     for association in slurm.associations:
         have.setdefault(association.account, {})[association.user] = association
@@ -127,6 +140,8 @@ def plan(
     for account, users in wanted.items():
         for user in users:
             every_account.setdefault(user, set()).add(account)
+    for user, accounts in slurm.elsewhere.items():
+        every_account.setdefault(user, set()).update(accounts)
     first: dict[str, GroupAccount] = {}  # account -> its first entry (they agree: mapping.py)
     for entry in mapping:
         first.setdefault(entry.account, entry)
@@ -144,8 +159,9 @@ def plan(
                 argv = (*SACCTMGR, "modify", "user", *user_where(user, entry.account, cluster))
                 says = f"{user} may submit to {entry.account} again"
                 steps.append(Step((*argv, "set", f"maxsubmitjobs={UNHELD}"), says))
-    for entry in entries:
-        for user in sorted(set(have.get(entry.account, {})) - wanted[entry.account] - {""}):
+    for entry in (entry for entry in entries if entry.account not in unsure):
+        leavers = set(have.get(entry.account, {})) - wanted[entry.account] - {""}
+        for user in sorted(leavers - groups.unresolved):
             remaining = sorted(
                 account
                 for account in every_account[user] - {entry.account}

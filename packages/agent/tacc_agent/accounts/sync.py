@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tacc_agent import locks
 from tacc_agent.accounts import membership
 from tacc_agent.accounts.mapping import GroupAccount
 from tacc_agent.accounts.membership import Member, Membership
-from tacc_agent.accounts.plan import Slurm, Step, plan
+from tacc_agent.accounts.plan import Groups, Slurm, Step, plan
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AGENT_OK, AgentError
 from tacc_agent.slurm import accounting, controller, queue, run
@@ -42,14 +43,19 @@ class Outcome:
         return {**self.__dict__, "changed": changed}
 
 
-def slurm_state(config: AgentConfig, cluster: str, accounts: list[str]) -> Slurm:
+def slurm_state(cluster: str, accounts: list[str]) -> Slurm:
     found = accounting.associations(cluster, accounts, TIMEOUT)
     users = sorted({a.user for a in found if a.user})
+    elsewhere: dict[str, set[str]] = {}
+    for other in accounting.user_associations(cluster, users, TIMEOUT):
+        if other.account not in accounts:
+            elsewhere.setdefault(other.user, set()).add(other.account)
     jobs = queue.job_owners(TIMEOUT)
     waiting = frozenset((user, account) for user, account, state in jobs if state == "PENDING")
     running = frozenset((user, account) for user, account, state in jobs if state != "PENDING")
     defaults = accounting.default_accounts(users, TIMEOUT)
-    return Slurm(tuple(found), defaults, waiting, running)
+    frozen = {user: frozenset(names) for user, names in elsewhere.items()}
+    return Slurm(tuple(found), defaults, waiting, running, frozen)
 
 
 def apply(steps: list[Step], outcome: Outcome, dry_run: bool) -> None:
@@ -65,30 +71,64 @@ def apply(steps: list[Step], outcome: Outcome, dry_run: bool) -> None:
             outcome.errors.append(f"{step.says}: {' '.join(step.argv)}: {why[0]}")
 
 
+class WorkspaceProblem(Exception):
+    """The workspace root cannot be trusted: no workspace is made under it."""
+
+
+def workspace_root(root: Path) -> int:
+    """The root opened without following a link: WorkspaceProblem unless it is a
+    directory of root's that nobody else may write to."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise WorkspaceProblem(f"workspace root {root}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise WorkspaceProblem(f"workspace root {root}: not root's alone (0755 root expected)")
+    return fd
+
+
 def make_workspaces(root: Path, users: list[Member], outcome: Outcome, dry_run: bool) -> None:
-    """<root>/<user>, owned by the user and their primary group, 0700, where missing; one
-    that exists is theirs already (the role or an earlier sync made it) and is left alone."""
-    if not root.is_dir():
-        outcome.errors.append(f"workspace root {root}: not a directory on this host")
+    """<root>/<user>, owned by the user and their primary group, 0700, where missing
+    (made inside the root opened once, never through a link); one that exists must be
+    the user's already (the role or an earlier sync made it), else it is an error."""
+    try:
+        fd = workspace_root(root)
+    except WorkspaceProblem as exc:
+        outcome.errors.append(str(exc))
         return
-    for user in users:
-        path = root / user.name
-        if path.exists() or path.is_symlink():
-            continue
-        if not dry_run:
-            os.mkdir(path, 0o700)
-            os.chown(path, user.uid, user.gid, follow_symlinks=False)
-            os.chmod(path, 0o700, follow_symlinks=False)
-        outcome.workspaces.append(f"{path} made for {user.name}")
+    try:
+        for user in users:
+            path = root / user.name
+            try:
+                have = os.stat(user.name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                have = None
+            if have is not None:
+                if not stat.S_ISDIR(have.st_mode) or have.st_uid != user.uid:
+                    outcome.errors.append(f"{path}: exists, not {user.name}'s directory")
+                continue
+            if not dry_run:
+                try:
+                    os.mkdir(user.name, 0o700, dir_fd=fd)
+                    os.chown(user.name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+                    os.chmod(user.name, 0o700, dir_fd=fd, follow_symlinks=False)
+                except OSError as exc:
+                    outcome.errors.append(f"{path}: {exc.strerror}")
+                    continue
+            outcome.workspaces.append(f"{path} made for {user.name}")
+    finally:
+        os.close(fd)
 
 
-def sync(config: AgentConfig, slurm: bool, workspace_root: str, dry_run: bool) -> Outcome:
+def sync(config: AgentConfig, slurm: bool, root: str, dry_run: bool) -> Outcome:
     entries: tuple[GroupAccount, ...] = config.directory_accounts
     outcome = Outcome()
-    found: Membership = membership.read(entry.group for entry in entries)
+    found: Membership = membership.read((e.group for e in entries), config.directory_id_range)
     outcome.skipped += found.skipped
     outcome.errors += [
-        f"group {group}: unknown to this node (NSS/SSSD): its account is left as it is"
+        f"group {group}: unknown to this node (NSS/SSSD): nobody leaves its account"
         for group in found.unknown_groups
     ]
     if slurm and entries:
@@ -97,26 +137,26 @@ def sync(config: AgentConfig, slurm: bool, workspace_root: str, dry_run: bool) -
             raise AgentError("scontrol show config: no ClusterName")
         accounts = sorted({entry.account for entry in entries})
         names = {group: tuple(m.name for m in users) for group, users in found.members.items()}
-        state = slurm_state(config, cluster, accounts)
-        steps = plan(entries, names, state, config.directory_removed_jobs, cluster)
-        apply(steps, outcome, dry_run)
-    if workspace_root:
-        users = {m.name: m for members in found.members.values() for m in members}
-        make_workspaces(
-            Path(workspace_root), sorted(users.values(), key=lambda m: m.name), outcome, dry_run
+        groups = Groups(names, found.unresolved)
+        steps = plan(
+            entries, groups, slurm_state(cluster, accounts), config.directory_removed_jobs, cluster
         )
+        apply(steps, outcome, dry_run)
+    if root:
+        users = {m.name: m for members in found.members.values() for m in members}
+        ordered = sorted(users.values(), key=lambda m: m.name)
+        make_workspaces(Path(root), ordered, outcome, dry_run)
     return outcome
 
 
-def run_sync(
-    config: AgentConfig, slurm: bool, workspace_root: str, dry_run: bool, as_json: bool
-) -> int:
+def run_sync(config: AgentConfig, slurm: bool, root: str, dry_run: bool, as_json: bool) -> int:
+    """The verb: `root` is --workspace-root ("" none)."""
     if os.geteuid() != 0:
         print("accounts sync: run it as root (the timer tacc-accounts-sync does)")
         return EXIT_NOT_ROOT
     # One round at a time on a host: the timer's and a playbook's never add the same user.
     with locks.lock_file(LOCK, locks.FLOCK, wait=True):
-        outcome = sync(config, slurm, workspace_root, dry_run)
+        outcome = sync(config, slurm, root, dry_run)
     if as_json:
         print(json.dumps(outcome.as_dict(), sort_keys=True))
     else:

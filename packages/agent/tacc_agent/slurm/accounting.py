@@ -259,6 +259,15 @@ def associations(cluster: str, accounts: list[str], timeout: float) -> list[Asso
     return parse_associations(run.output(argv, timeout))
 
 
+def user_associations(cluster: str, users: list[str], timeout: float) -> list[Association]:
+    """Every association of `users` on `cluster`, whatever the account."""
+    if not users:
+        return []
+    where = ["assoc", "where", f"cluster={cluster}", f"users={','.join(users)}"]
+    argv = [*SACCTMGR_SHOW, *where, "format=" + ",".join(ASSOCIATION_FIELDS)]
+    return parse_associations(run.output(argv, timeout))
+
+
 def default_accounts(users: list[str], timeout: float) -> dict[str, str]:
     """The default account of each of `users` that Slurm knows."""
     if not users:

@@ -63,3 +63,9 @@ def test_one_account_given_two_settings_is_refused(tmp_path):
 def test_an_unknown_removal_policy_is_refused(tmp_path):
     with pytest.raises(AgentError, match="directory_removed_jobs: expected finish or cancel"):
         load(tmp_path, directory_removed_jobs="keep")
+
+
+@pytest.mark.parametrize("ids", [[10000], [0, 5], [20000, 10000], ["1000", 2000], True])
+def test_a_wrong_directory_id_range_is_refused(tmp_path, ids):
+    with pytest.raises(AgentError, match=r"directory_id_range: expected \[lowest, highest\]"):
+        load(tmp_path, directory_id_range=ids)
