@@ -10,6 +10,10 @@ from pathlib import Path
 
 from tests.conftest import BIN, ROOT
 
+# --tags slurm: the Slurm files only (render-cluster-files.yml), a third of a whole render's
+# time, for the tests that read slurm.conf, gres.conf or cgroup.conf alone.
+SLURM_ONLY = ("--tags", "slurm")
+
 
 def render(out: Path, *extra: str, inventory: Path = ROOT / "inventory/example") -> None:
     proc = subprocess.run(

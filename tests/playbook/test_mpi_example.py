@@ -20,7 +20,7 @@ import yaml
 
 from tcloud.compile.task_file import load_task
 from tests.conftest import BIN, ROOT
-from tests.playbook.slurm_render import render
+from tests.playbook.slurm_render import SLURM_ONLY, render
 
 EXAMPLE = ROOT / "examples" / "mpi-allreduce"
 
@@ -160,8 +160,8 @@ def test_the_readme_names_both_task_files():
 
 def test_slurm_conf_mpi_default(tmp_path):
     """Default pmix (what Debian 12's OpenMPI works with), or the inventory's choice."""
-    render(tmp_path / "default", "--limit", "ctl1")
-    render(tmp_path / "pmi2", "--limit", "ctl1", "-e", "slurm_mpi_default=pmi2")
+    render(tmp_path / "default", "--limit", "ctl1", *SLURM_ONLY)
+    render(tmp_path / "pmi2", "--limit", "ctl1", "-e", "slurm_mpi_default=pmi2", *SLURM_ONLY)
     default = (tmp_path / "default/ctl1/slurm.conf").read_text().splitlines()
     chosen = (tmp_path / "pmi2/ctl1/slurm.conf").read_text().splitlines()
     assert [line for line in default if line.startswith("Mpi")] == ["MpiDefault=pmix"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.playbook.slurm_render import render
+from tests.playbook.slurm_render import SLURM_ONLY, render
 from tests.unit.hostlist_reading import expand
 
 
@@ -154,7 +154,7 @@ def mixed(tmp_path_factory) -> Path:
     cluster["slurm_partitions"].append({"name": "small", "nodes": "gpu07,gpu03,gpu04"})
     (inventory / "group_vars/all/cluster.yml").write_text(yaml.safe_dump(cluster))
     out = tmp_path_factory.mktemp("mixed")
-    render(out, "--limit", "ctl1,gpu07", inventory=inventory)
+    render(out, "--limit", "ctl1,gpu07", *SLURM_ONLY, inventory=inventory)
     assert (out / "ctl1/slurm.conf").read_bytes() == (out / "gpu07/slurm.conf").read_bytes()
     return out / "ctl1/slurm.conf"
 
@@ -217,7 +217,7 @@ def shared(tmp_path_factory) -> Path:
     cluster["slurm_qos"] = [{"name": "urgent", "priority": 100}]
     (inventory / "group_vars/all/cluster.yml").write_text(yaml.safe_dump(cluster))
     out = tmp_path_factory.mktemp("shared")
-    render(out, "--limit", "ctl1,gpu05", inventory=inventory)
+    render(out, "--limit", "ctl1,gpu05", *SLURM_ONLY, inventory=inventory)
     assert (out / "ctl1/slurm.conf").read_bytes() == (out / "gpu05/slurm.conf").read_bytes()
     assert (out / "ctl1/gres.conf").read_bytes() == (out / "gpu05/gres.conf").read_bytes()
     return out / "ctl1"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
-from tests.playbook.slurm_render import render
+from tests.playbook.slurm_render import SLURM_ONLY, render
 
 ROLE = ROOT / "roles/slurm"
 TEMPLATE = ROLE / "templates/slurm.conf.j2"
@@ -94,7 +94,7 @@ def test_rendered_conf_has_exactly_the_guarded_keys(tmp_path):
     the rendered slurm.conf's keys are the guard's, not one more or less."""
     weights = {factor: 1 for factor in PRIORITY_FACTORS} | {"TRES": "CPU=1"}
     extra = {"slurm_priority_weights": weights, "slurm_extra_config": {}}
-    render(tmp_path, "--limit", "ctl1", "-e", json.dumps(extra))
+    render(tmp_path, "--limit", "ctl1", "-e", json.dumps(extra), *SLURM_ONLY)
     lines = (tmp_path / "ctl1/slurm.conf").read_text().splitlines()
     rendered = {line.split("=", 1)[0] for line in lines if line and not line.startswith("#")}
     assert folded(rendered) == folded(GUARD_KEYS)

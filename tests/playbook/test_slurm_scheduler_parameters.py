@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.playbook.slurm_render import render
+from tests.playbook.slurm_render import SLURM_ONLY, render
 
 
 def scheduler_lines(conf: str) -> list[str]:
@@ -15,15 +15,22 @@ def scheduler_lines(conf: str) -> list[str]:
 
 
 def test_batch_jobs_are_scheduled_on_the_next_tick_by_default(tmp_path):
-    render(tmp_path, "--limit", "ctl1")
+    render(tmp_path, "--limit", "ctl1", *SLURM_ONLY)
     conf = (tmp_path / "ctl1/slurm.conf").read_text()
     assert scheduler_lines(conf) == ["SchedulerParameters=batch_sched_delay=0"]
 
 
 def test_the_parameters_are_joined_and_none_leaves_the_line_out(tmp_path):
     several = {"slurm_scheduler_parameters": ["batch_sched_delay=20", "bf_continue"]}
-    render(tmp_path / "several", "--limit", "ctl1", "-e", json.dumps(several))
+    render(tmp_path / "several", "--limit", "ctl1", "-e", json.dumps(several), *SLURM_ONLY)
     conf = (tmp_path / "several/ctl1/slurm.conf").read_text()
     assert scheduler_lines(conf) == ["SchedulerParameters=batch_sched_delay=20,bf_continue"]
-    render(tmp_path / "none", "--limit", "ctl1", "-e", '{"slurm_scheduler_parameters": []}')
+    render(
+        tmp_path / "none",
+        "--limit",
+        "ctl1",
+        "-e",
+        '{"slurm_scheduler_parameters": []}',
+        *SLURM_ONLY,
+    )
     assert scheduler_lines((tmp_path / "none/ctl1/slurm.conf").read_text()) == []
