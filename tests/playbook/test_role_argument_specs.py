@@ -168,6 +168,13 @@ CASES = [
         "import",
     ),
     ("munge", {"munge_key": "{{ vault_munge_key }}"}, ["'vault_munge_key' is undefined"], None),
+    ("backup", {"backup_keep_days": "two weeks"}, ["backup_keep_days", "int"], None),
+    (
+        "backup",
+        {"backup_restore_slurm_state": "maybe"},
+        ["backup_restore_slurm_state", "bool"],
+        None,
+    ),
     (
         "nfs_client",
         {"nfs_client_mounts": [{"src": "ctl1:/srv/shared"}]},
