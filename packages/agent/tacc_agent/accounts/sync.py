@@ -44,10 +44,10 @@ class Outcome:
 
 
 def slurm_state(cluster: str, accounts: list[str]) -> Slurm:
-    found = accounting.associations(cluster, accounts, TIMEOUT)
+    found = accounting.associations(cluster, "accounts", accounts, TIMEOUT)
     users = sorted({a.user for a in found if a.user})
     elsewhere: dict[str, set[str]] = {}
-    for other in accounting.user_associations(cluster, users, TIMEOUT):
+    for other in accounting.associations(cluster, "users", users, TIMEOUT):
         if other.account not in accounts:
             elsewhere.setdefault(other.user, set()).add(other.account)
     jobs = queue.job_owners(TIMEOUT)

@@ -250,20 +250,12 @@ def parse_associations(text: str) -> list[Association]:
     return found
 
 
-def associations(cluster: str, accounts: list[str], timeout: float) -> list[Association]:
-    """The associations of `accounts` on `cluster` (theirs and their users')."""
-    if not accounts:
+def associations(cluster: str, of: str, names: list[str], timeout: float) -> list[Association]:
+    """The associations on `cluster` of `names`, which are `of` "accounts" (theirs and
+    their users') or "users" (theirs, whatever the account)."""
+    if not names:
         return []
-    where = ["assoc", "where", f"cluster={cluster}", f"accounts={','.join(accounts)}"]
-    argv = [*SACCTMGR_SHOW, *where, "format=" + ",".join(ASSOCIATION_FIELDS)]
-    return parse_associations(run.output(argv, timeout))
-
-
-def user_associations(cluster: str, users: list[str], timeout: float) -> list[Association]:
-    """Every association of `users` on `cluster`, whatever the account."""
-    if not users:
-        return []
-    where = ["assoc", "where", f"cluster={cluster}", f"users={','.join(users)}"]
+    where = ["assoc", "where", f"cluster={cluster}", f"{of}={','.join(names)}"]
     argv = [*SACCTMGR_SHOW, *where, "format=" + ",".join(ASSOCIATION_FIELDS)]
     return parse_associations(run.output(argv, timeout))
 
