@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tacc_lab.config import STATE_ROOT
 from tests.conftest import BIN, ROOT, run_cli
-from tests.integration.labs import LINEAR, SHAPES, flavor_env
+from tests.integration.labs import LINEAR, MITOGEN, SHAPES, flavor_env
 
-# The playbooks a lab converges with its shape's converge_strategy (labs.Shape).
+# The playbooks a factory lab converges with mitogen_linear (labs.py says why).
 CONVERGES = ("playbooks/site.yml", "playbooks/agent.yml", "playbooks/directory.yml")
 
 
@@ -43,10 +43,9 @@ def ansible_env(inventory: Path) -> dict[str, str]:
 
 def converge_strategy(inventory: Path, path: str) -> str:
     """The strategy `path` runs with on the lab of `inventory` (the factory keeps each
-    shape's inventory in a folder named after it): its shape's for a converge, else
-    linear."""
-    shape = SHAPES.get(inventory.parent.name)
-    return shape.converge_strategy if shape and path in CONVERGES else LINEAR
+    shape's inventory in a folder named after it): mitogen_linear for a factory lab's
+    converge, else linear."""
+    return MITOGEN if inventory.parent.name in SHAPES and path in CONVERGES else LINEAR
 
 
 def ansible_tool(

@@ -16,9 +16,9 @@ Which proof each lab carries:
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
-- the hw lab's install and killed run use Ansible's default strategy (linear:
-  ansible.cfg), its re-run and --check --diff mitogen_linear; every other lab converges
-  (site.yml, agent.yml) with mitogen_linear, make demo's, which on this 2-core machine
+- the hw lab's killed first run uses Ansible's default strategy (linear: ansible.cfg);
+  the run that finishes it, its re-run and --check --diff, and every lab's converges
+  (site.yml, agent.yml) use mitogen_linear, make demo's, which on this 2-core machine
   measured 121 CPU seconds for a re-run of the slurm shape instead of 324 (issue [20]'s
   note); their other playbooks (rolling, firmware, upgrade) run linear.
 - every other lab boots the PREBAKED image `make demo` boots (prebake.py: the roles'
@@ -65,9 +65,6 @@ class Shape:
     reset: str = ""
     weight: int = 0  # expected minutes of its modules: the heaviest start first
     os: str = ""  # the nodes' release (tacc-lab up --os); "": tacc-lab's default
-    # Ansible strategy of its site.yml and agent.yml runs (lab_helpers.playbook):
-    # mitogen_linear, make demo's, unless the lab proves the default (linear) itself.
-    converge_strategy: str = MITOGEN
 
     def os_argv(self) -> list[str]:
         """`--os` for tacc-lab up: the shape's release, unless TACC_LAB_OS puts every lab
@@ -110,7 +107,6 @@ HW = Shape(
     proof="install from nothing: site.yml from the bare image (site_from_nothing.py), "
     "a real LDAP directory (slapd with TLS on n1) and SSSD on every node among it",
     weight=22,
-    converge_strategy=LINEAR,  # the default strategy's proof: from nothing, a killed run
 )
 FIRMWARE = Shape(
     "fw",

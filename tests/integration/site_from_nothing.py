@@ -4,12 +4,12 @@ checks what each role changed in them, test_identity.py and test_directory_accou
 use the site they leave (slapd on n1, SSSD everywhere, Slurm with accounting).
 
 - the first run is killed (SIGKILL) just after slurm.conf was written and before the
-  restart it notified, and a second run finishes the job: both with Ansible's default
-  strategy (linear: ansible.cfg), what an operator's plain ansible-playbook runs;
-- then a re-run and a --check --diff run, which must change nothing, with make demo's
-  mitogen_linear (the same modules and the same changed results; 121 CPU seconds for a
-  re-run of the slurm shape instead of linear's 324, on two cores shared with the other
-  labs).
+  restart it notified, with Ansible's default strategy (linear: ansible.cfg), what an
+  operator's plain ansible-playbook runs;
+- a second run finishes the job, then a re-run and a --check --diff run must change
+  nothing: these three with make demo's mitogen_linear (the same modules and the same
+  changed results; 121 CPU seconds for a re-run of the slurm shape instead of linear's
+  324, on two cores shared with the other labs).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.integration.lab_helpers import changed_by_role, lab_cli, site, site_killed_at
-from tests.integration.labs import HW, LINEAR, MITOGEN
+from tests.integration.labs import HW, MITOGEN
 
 # The task after the one that writes slurm.conf: its header means that one is done.
 KILL_AT = "TASK [slurm : Set up accounting]"
@@ -30,7 +30,7 @@ def converge_from_nothing(inventory: Path) -> dict:
     fake = lab_cli(HW.name, "fake-hw", *FAKE_HW, "--link-layer", "Ethernet")
     assert fake.returncode == 0, fake.stderr
     killed = site_killed_at(inventory, KILL_AT)
-    first, _ = site(inventory, strategy=LINEAR)
+    first, _ = site(inventory, strategy=MITOGEN)
     second, second_hosts = site(inventory, strategy=MITOGEN)
     check, check_hosts = site(inventory, "--check", "--diff", strategy=MITOGEN)
     return {

@@ -50,25 +50,7 @@ def runs(site_from_nothing) -> dict:
     return site_from_nothing
 
 
-# KNOWN BUG (issue [21], this session's note): from a bare node, identity's filter of local
-# names (tacc-sssd-local-names) still changes once in the second site.yml run, and sssd
-# was found stopped after the killed run. Tracked by the strict xfail below, which fails
-# (XPASS) once it is fixed; every other role keeps the full check.
-IDENTITY_BUG = "identity's local-name filter converges in two runs from a bare node"
-
-
-def identity_excluded(tasks: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    return {task for task in tasks if not task[0].startswith(("identity : ", "HANDLER identity"))}
-
-
-@pytest.mark.xfail(reason=IDENTITY_BUG, strict=True)
-def test_identity_changes_nothing_in_the_second_run_from_a_bare_node(runs):
-    assert runs["second_roles"].get("identity", 0) == 0, runs["second_roles"]
-    killed, rerun = changed_tasks(runs["killed"]), changed_tasks(runs["rerun"])
-    assert identity_excluded(killed & rerun) == killed & rerun
-
-
-@pytest.mark.parametrize("role", [role for role in ROLES if role != "identity"])
+@pytest.mark.parametrize("role", ROLES)
 def test_role_changes_first_then_nothing_and_check_mode_is_clean(runs, role):
     assert runs["first_roles"].get(role, 0) > 0, runs["first_roles"]
     assert runs["second_roles"].get(role, 0) == 0, runs["second_roles"]
@@ -80,7 +62,7 @@ def test_a_killed_run_is_finished_by_the_next_one_which_changes_only_what_was_le
     killed, rerun = changed_tasks(runs["killed"]), changed_tasks(runs["rerun"])
     assert killed and rerun, (len(killed), len(rerun))
     # Nothing the killed run did is done again...
-    assert identity_excluded(killed & rerun) == set(), sorted(killed & rerun)
+    assert killed & rerun == set(), sorted(killed & rerun)
     # ...and the restarts its slurm.conf change notified, never run, are not lost: every
     # daemon runs a configuration at least as new as the file.
     assert "RUNNING HANDLER [slurm" not in runs["killed"]
@@ -93,11 +75,7 @@ def test_a_killed_run_is_finished_by_the_next_one_which_changes_only_what_was_le
 
 
 def test_whole_site_second_run_and_check_mode_change_nothing(runs):
-    # Every change of the second run is identity's (IDENTITY_BUG), and no more than one a node.
-    assert set(runs["second_roles"]) <= {"identity"}, runs["second_roles"]
-    assert set(runs["second"].values()) <= {0, 1}, runs["second"]
-    assert runs["first_roles"].get("identity", 0) > 0
-    assert runs["check_roles"].get("identity", 0) == 0, runs["check_roles"]
+    assert set(runs["second"].values()) == {0}, runs["second"]
     assert set(runs["check"].values()) == {0}, runs["check"]
 
 
