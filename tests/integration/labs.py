@@ -164,6 +164,7 @@ MODULES: dict[str, Shape] = {
     "test_identity": HW,
     "test_directory_accounts": HW,
     "test_backup_restore": HW,
+    "test_day_one": HW,
 }
 SHAPES: dict[str, Shape] = {shape.name: shape for shape in MODULES.values()}
 # modules that boot and remove labs of their own -> expected minutes
