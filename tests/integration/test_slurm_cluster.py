@@ -847,15 +847,14 @@ def test_added_node_joins_without_disturbing_a_running_job(cluster, tmp_path):
     impossible = {"mpi_allreduce_node_min_mbps": 10**9}
     extra = acceptance_override(tmp_path, "n4", impossible)
     started = time.monotonic()
-    slurmd_pids = {n: node_sh(NAME, n, "pidof slurmd").stdout for n in ("n2", "n3")}
     run, changed = playbook(
         cluster, "playbooks/site.yml", "-i", str(extra), "--limit", "n1,n4", expect_ok=False
     )
     print(f"add-node converge (n4 joins): {time.monotonic() - started:.1f} s; changed {changed}")
     # The controller (DNS records, slurm.conf) and the new node change; the old nodes'
-    # slurmd learn n4 without a restart.
+    # slurmd learn n4 from `scontrol reconfigure` (24.11's slurmd re-executes itself for
+    # it: a new process, its job steps untouched).
     assert changed["n4"] > 0 and changed["n1"] > 0 and set(changed) == {"n1", "n4"}
-    assert {n: node_sh(NAME, n, "pidof slurmd").stdout for n in ("n2", "n3")} == slurmd_pids
     # n4's acceptance failed, on its figure: the run says so, n4 stays drained.
     assert run.returncode != 0 and re.search(r"^fatal: \[n4 -> n1", run.stdout, re.M), run.stdout[
         -3000:
