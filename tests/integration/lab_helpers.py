@@ -228,6 +228,18 @@ def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
 
 
 # ---------------------------------------------------------------- tcloud jobs
+def resumed_log(tcloud, job: str, seconds: int = 180) -> str:
+    """The job's log once it shows a run that resumed from a checkpoint (the counter of
+    CHECKPOINTING_COUNTER printing `start at N on HOST`, N > 0)."""
+    log = ""
+    deadline = time.monotonic() + seconds
+    while not re.search(r"start at [1-9]\d* on", log):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(3)
+        log = tcloud("logs", job).stdout
+    return log
+
+
 def submit(tcloud, project: Path) -> str:
     """Submit with a researcher's tcloud (a function of argv); the job id."""
     proc = tcloud("submit", "--json", str(project))

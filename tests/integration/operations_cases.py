@@ -30,6 +30,7 @@ from tests.integration.lab_helpers import (
     CHECKPOINTING_COUNTER,
     node_sh,
     playbook,
+    resumed_log,
     submit,
     wait_state,
 )
@@ -248,12 +249,7 @@ def test_o4_a_rolling_reboot_in_two_waves_keeps_a_checkpointing_job_alive(cluste
         assert changed["n2"] > 0 and changed["n3"] > 0
         print(f"rolling reboot of n2, n3 in two waves: {seconds:.1f} s")
         # The job lives on: running again, from its checkpoint (its count goes on).
-        log = ""
-        deadline = time.monotonic() + 180
-        while not re.search(r"start at [1-9]\d* on", log):
-            assert time.monotonic() < deadline, log[-3000:]
-            time.sleep(3)
-            log = alice("logs", job).stdout
+        log = resumed_log(alice, job)
         # A job that starts on n2 is requeued by both waves (n2's, then n3's); the log
         # keeps each node's lines together, so every resume is matched to any checkpoint.
         saved = {int(n) for n in re.findall(r"checkpoint (\d+)", log)}

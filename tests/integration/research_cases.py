@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 from tests.integration.lab_helpers import (
     CHECKPOINTING_COUNTER,
     node_sh,
+    resumed_log,
     status,
     submit,
     wait_state,
@@ -129,12 +130,7 @@ def test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_wa
         workdir = status(alice, hog)["workdir"]
         reasons = node_sh(SLURM_LAB, "n1", f"cat {workdir}/status/events/*").stdout
         assert "halted: preempted by tiresias: queue 1, for job" in reasons, reasons
-        log = ""
-        deadline = time.monotonic() + 180
-        while not re.search(r"start at [1-9]\d* on", log):
-            assert time.monotonic() < deadline, log[-3000:]
-            time.sleep(3)
-            log = alice("logs", hog).stdout
+        log = resumed_log(alice, hog)
         saved = int(re.findall(r"checkpoint (\d+)", log)[0])
         assert int(re.findall(r"start at ([1-9]\d*) on", log)[0]) == saved >= 3, log[-3000:]
     finally:  # a failure leaves no job holding the nodes for the next test
