@@ -104,6 +104,10 @@ class AgentConfig:
     check_timeout_seconds: float = 5.0
     proc_root: str = "/proc"
     state_dir: str = "/var/lib/tacc-agent"
+    # The queue ticks' records (the scheduling plug-ins' state, node ranges) and their
+    # lock; "" = state_dir. With a backup controller: a root-only folder on storage both
+    # controllers mount, so the one in control goes on from the other's records.
+    cluster_state_dir: str = ""
     nvidia_smi: str = "nvidia-smi"
     expected_gpus: int = 0  # 0: GPUs are optional (absent is fine)
     # Where Xid lines are read: the kernel ring buffer, or "journal" (journalctl -k, the
@@ -165,6 +169,11 @@ class AgentConfig:
     # The directory's uids (roles/identity's identity_min_id..identity_max_id): a group
     # member outside them (root, a service account, nobody, a local user) gets nothing.
     directory_id_range: tuple = (10000, 59999)
+
+    @property
+    def queue_state_dir(self) -> str:
+        """Where the queue ticks keep their records: cluster_state_dir, else state_dir."""
+        return self.cluster_state_dir or self.state_dir
 
 
 def load_config(path: Path | None = None) -> AgentConfig:

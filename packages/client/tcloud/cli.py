@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_add.add_argument("--proxy-jump", dest="proxy_jump", help="[user@]jumphost[:port]")
     p_add.add_argument("--known-hosts", dest="known_hosts", help="extra known_hosts file")
     p_add.add_argument(
+        "--fallback-host",
+        dest="fallback_hosts",
+        action="append",
+        help="another login host, tried when --host does not answer (repeat for more)",
+    )
+    p_add.add_argument(
         "--userdir", help="your directory on the cluster (default: the cluster's workspace)"
     )
     p_use = config_sub.add_parser("use", help="make NAME the current cluster")
@@ -300,7 +306,16 @@ def build_text(build: dict) -> str:
 
 def cmd_config(args: argparse.Namespace) -> int:
     if args.config_command == "add":
-        fields = ("host", "user", "port", "key", "proxy_jump", "known_hosts", "userdir")
+        fields = (
+            "host",
+            "user",
+            "port",
+            "key",
+            "proxy_jump",
+            "known_hosts",
+            "userdir",
+            "fallback_hosts",
+        )
         entry = local.add_cluster(args.name, **{f: getattr(args, f) for f in fields})
         print(f"cluster {entry.name!r}: {entry.user or '(ssh config)'}@{entry.host}")
     elif args.config_command == "use":

@@ -4,13 +4,16 @@
     clusters:
       lab: {host: 10.77.0.11, user: alice, port: 22, key: ~/.ssh/id_ed25519,
             proxy_jump: null, known_hosts: null, userdir: null,
-            multiplex: true, multiplex_idle: 300}
+            multiplex: true, multiplex_idle: 300, fallback_hosts: [10.77.0.13]}
 
 `host` may be an alias from ~/.ssh/config; HostName, User, Port, IdentityFile and
 ProxyJump from there fill what the entry leaves out. `userdir` is the user's directory
 on the cluster (default: ~/tcloud on the login node, which should be on shared storage).
 `multiplex` (default true) shares one SSH connection between commands through a
 connection master that exits after `multiplex_idle` seconds unused (tcloud.transport.mux).
+`fallback_hosts` (default none) are other login hosts of the same cluster, tried in order
+when `host` does not answer (its node is down: a site with a backup controller on a
+second head node); each is verified against known_hosts like `host`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ FIELDS = (
     "userdir",
     "multiplex",
     "multiplex_idle",
+    "fallback_hosts",
 )
-NOT_TEXT = ("port", "multiplex", "multiplex_idle")
+NOT_TEXT = ("port", "multiplex", "multiplex_idle", "fallback_hosts")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Cluster:
     userdir: str | None = None
     multiplex: bool | None = None
     multiplex_idle: int | None = None
+    fallback_hosts: tuple[str, ...] = ()
 
 
 def config_path() -> Path:
@@ -101,6 +106,8 @@ def set_cluster(name: str, values: dict) -> Cluster:
         raise TcloudError(f"unknown cluster settings: {', '.join(unknown)}")
     if values.get("port") is not None:
         check_port(values["port"], f"cluster {name!r}")
+    if values.get("fallback_hosts") is not None:
+        values = {**values, "fallback_hosts": list(values["fallback_hosts"])}
     data = load()
     old = data["clusters"].get(name)
     old = old if isinstance(old, dict) else {}
@@ -149,7 +156,17 @@ def cluster(name: str | None = None) -> Cluster:
         raise TcloudError(f"{where}: needs a host (`tcloud config add {name} --host HOST`)")
     if values["port"] is not None:
         values["port"] = check_port(values["port"], where)
+    values["fallback_hosts"] = check_fallback_hosts(values["fallback_hosts"], where)
     return Cluster(name=name, **values)
+
+
+def check_fallback_hosts(value: object, where: str) -> tuple[str, ...]:
+    """fallback_hosts: a list of host names (none when unset)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(h, str) and h for h in value):
+        raise TcloudError(f"{where}: fallback_hosts must be a list of host names, got {value!r}")
+    return tuple(value)
 
 
 def listing() -> list[dict]:

@@ -45,9 +45,9 @@ def plugins(task: TaskLike | None = None, *, base_dir: PathLike | None = None) -
         raise TcloudError(str(exc)) from None
 
 
-def add_cluster(name: str, **settings: str | int | None) -> config.Cluster:
+def add_cluster(name: str, **settings: str | int | list[str] | None) -> config.Cluster:
     """Add or update a cluster of tcloud's config (host, user, port, key, proxy_jump,
-    known_hosts, userdir); the first one added becomes the current one."""
+    known_hosts, userdir, fallback_hosts); the first one added becomes the current one."""
     return config.set_cluster(name, settings)
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tacc_lab.addressing import LOGIN_NAME
+from tacc_lab.backup_controller import backup_node
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
@@ -131,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         "SSSD on every node (default: as the lab already is; none for a new lab)",
     )
     p_up.add_argument(
+        "--backup-controller",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the last node also runs a backup slurmctld and is a second login host; the "
+        "controllers share their state through a host directory on every node (default: "
+        "as the lab already is; none for a new lab)",
+    )
+    p_up.add_argument(
         "--os",
         type=os_argument,
         metavar="{" + ",".join(RELEASES) + "}",
@@ -243,6 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 container_image=args.container_image,
                 release=args.os,
                 directory=args.directory,
+                backup_controller=args.backup_controller,
             )
         except LabError as exc:
             hint = "(what started is left for inspection; `tacc-lab down` removes it)"
@@ -295,7 +305,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "user":
         check_researcher(args.researcher)
         login = find_login_node(cfg)
-        config = write_user_config(cfg, args.researcher, login.address)
+        backup = backup_node(cfg)
+        fallback = [find_node(cfg, backup).address] if backup and backup != login.name else []
+        config = write_user_config(cfg, args.researcher, login.address, fallback)
         print(f"export TCLOUD_CONFIG={shlex.quote(str(config))}")
         print(f"export TCLOUD_CACHE_DIR={shlex.quote(str(user_cache_dir(cfg, args.researcher)))}")
         return 0

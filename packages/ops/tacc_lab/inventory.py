@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from tacc_lab.addressing import LOGIN_INDEX
+from tacc_lab.backup_controller import inventory_vars as backup_controller_vars
 from tacc_lab.config import NODE_PACKAGE_CACHE
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
@@ -183,6 +184,7 @@ def render_inventory(
     container_image: ContainerImage | None = None,
     accounting_password: str | None = None,
     directory: dict | None = None,
+    backup_controller: str | None = None,
 ) -> str:
     """YAML text of the inventory for `nodes`, with host-key checking against the lab's file.
 
@@ -191,7 +193,8 @@ def render_inventory(
     cluster package cache on the head node. `container_image` makes the head node the
     lab's image registry, seeded with it, and installs the container runtime.
     `directory` (tacc_lab.directory.directory_vars) makes the head node the lab's LDAP
-    directory and every node read users from it.
+    directory and every node read users from it. `backup_controller` (a node's name)
+    also runs a backup slurmctld and is a second login host (tacc_lab.backup_controller).
     """
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
@@ -206,6 +209,11 @@ def render_inventory(
             groups[group]["hosts"][node.name] = None
     if directory is not None:
         groups[DIRECTORY_GROUP]["hosts"][head] = None
+    if backup_controller is not None:
+        if backup_controller not in hosts:
+            raise LabError(f"backup controller {backup_controller!r} is not a node of this lab")
+        for group in ("slurm_controller", "login"):
+            groups[group]["hosts"][backup_controller] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
         "-o ControlMaster=auto -o ControlPersist=60s"
@@ -277,6 +285,8 @@ def render_inventory(
                 **accounting_vars(accounting_password, [user["name"] for user in users]),
                 # The lab's directory (roles/directory_server, roles/identity), if it has one.
                 **(directory or {}),
+                # A backup controller's shared state (tacc_lab.backup_controller).
+                **(backup_controller_vars() if backup_controller else {}),
                 # Monitoring (roles/monitoring on the head node): short intervals, so the
                 # lab's alert test sees an alert within seconds; the webhook is a receiver
                 # the test starts on the head node.

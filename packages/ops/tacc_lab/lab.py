@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacc_lab import backup_controller as backup_controllers
 from tacc_lab.addressing import LOGIN_INDEX, node_address, node_name
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.directory import (
@@ -92,6 +93,7 @@ def up(
     container_image: bool | None = None,
     release: Release | None = None,
     directory: bool | None = None,
+    backup_controller: bool | None = None,
 ) -> UpResult:
     """Boot n1..n`node_count` (and the separate login node `login1` when `login_node`;
     None: yes from two nodes on, or as the lab already is). With `container_image` the
@@ -99,7 +101,9 @@ def up(
     image registry on n1 (None: as the lab already is; False: no containers). The nodes
     run `release` (None: TACC_LAB_OS, or as the lab already is, or releases.DEFAULT).
     With `directory` n1 runs the lab's LDAP directory and every node reads users from it
-    (tacc_lab/directory.py; None: as the lab already is; False: none)."""
+    (tacc_lab/directory.py; None: as the lab already is; False: none). With
+    `backup_controller` the last numbered node also runs a backup slurmctld
+    (tacc_lab/backup_controller.py; None: as the lab already is; False: none)."""
     if node_count < 1:
         raise LabError(f"--nodes must be at least 1, got {node_count}")
     check_prerequisites(container_image=bool(container_image))
@@ -147,6 +151,10 @@ def up(
         for record in wanted:
             state.nodes.setdefault(record.name, record)
         nodes = state.sorted_nodes()
+        if backup_controller is True:
+            backup_controllers.choose(cfg, [n.name for n in nodes if n.index != LOGIN_INDEX])
+        elif backup_controller is False:
+            backup_controllers.remove(cfg)
         to_start = [node for node in nodes if not node_alive(cfg, node)]
         for node in to_start:
             paths = NodePaths(cfg, node.name)
@@ -321,6 +329,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         container_image=lab_container_image(cfg),
         accounting_password=ensure_accounting_password(cfg),
         directory=directory,
+        backup_controller=backup_controllers.backup_node(cfg),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacc_lab import backup_controller
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.processes import process_alive, stop_process
@@ -162,6 +163,7 @@ def start_node(cfg: LabConfig, node: NodeRecord, paths: NodePaths) -> Boot:
         "--resolv-conf=off",
         f"--bind={cfg.shared_dir}:/shared",
         *cache,
+        *backup_controller.bind_argv(cfg),
         # NFS-Ganesha's VFS backend needs open_by_handle_at, which nspawn's default
         # seccomp filter denies (EPERM -> NFS3ERR_PERM); /shared is exported from n1.
         "--system-call-filter=open_by_handle_at",

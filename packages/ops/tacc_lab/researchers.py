@@ -56,8 +56,11 @@ def user_cache_dir(cfg: LabConfig, name: str) -> Path:
     return cfg.users_dir / name / "cache"
 
 
-def write_user_config(cfg: LabConfig, name: str, login_address: str) -> Path:
-    """Write NAME's tcloud config (one cluster, "lab", current) and return its path.
+def write_user_config(
+    cfg: LabConfig, name: str, login_address: str, fallback_addresses: list[str] | None = None
+) -> Path:
+    """Write NAME's tcloud config (one cluster, "lab", current) and return its path;
+    `fallback_addresses`: the other login hosts tcloud tries when the first is down.
 
     Same format as tcloud/config.py reads and writes, which only writes to the path in
     $TCLOUD_CONFIG. No `userdir`: the cluster decides it.
@@ -74,6 +77,7 @@ def write_user_config(cfg: LabConfig, name: str, login_address: str) -> Path:
                 "user": name,
                 "key": str(key),
                 "known_hosts": str(cfg.known_hosts),
+                **({"fallback_hosts": fallback_addresses} if fallback_addresses else {}),
             }
         },
     }

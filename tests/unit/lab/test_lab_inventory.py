@@ -26,6 +26,7 @@ def render_lab(
     login_node: bool = False,
     accounting_password: str | None = None,
     directory: dict | None = None,
+    backup_controller: str | None = None,
 ) -> dict:
     nodes = [InventoryNode(f"n{i}", f"10.77.0.{10 + i}", i) for i in range(count, 0, -1)]
     if login_node:
@@ -41,6 +42,7 @@ def render_lab(
         researchers=KEYS if researchers is None else researchers,
         accounting_password=accounting_password,
         directory=directory,
+        backup_controller=backup_controller,
     )
     assert text.startswith("# Written by `tacc-lab up`")
     return yaml.safe_load(text)
@@ -55,6 +57,17 @@ def test_head_node_and_compute_nodes_get_their_groups():
     assert list(children["login"]["hosts"]) == ["n1"]
     assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
     assert list(children["gpu_nodes"]["hosts"]) == ["n2", "n3"]
+
+
+def test_a_backup_controller_is_a_second_controller_and_login_host_with_shared_state():
+    data = render_lab(3, backup_controller="n3")["all"]
+    children = data["children"]
+    assert list(children["slurm_controller"]["hosts"]) == ["n1", "n3"]  # the primary first
+    assert list(children["login"]["hosts"]) == ["n1", "n3"]
+    assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
+    assert data["vars"]["slurm_state_save_location"] == "/srv/tacc-controllers/slurm-state"
+    assert data["vars"]["tacc_agent_cluster_state_dir"] == "/srv/tacc-controllers/tacc-agent"
+    assert "slurm_state_save_location" not in render_lab(3)["all"]["vars"]
 
 
 def test_the_production_shape_has_a_separate_login_node_that_mounts_shared():

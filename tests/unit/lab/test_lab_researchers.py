@@ -44,6 +44,15 @@ def test_user_config_is_what_tcloud_reads(lab, monkeypatch):
     assert cluster.key == str(lab.researcher_key("bob"))
     assert cluster.known_hosts == str(lab.known_hosts)
     assert cluster.userdir is None  # the cluster decides
+    assert cluster.fallback_hosts == ()
+
+
+def test_user_config_of_a_lab_with_a_backup_controller_falls_back_to_it(lab, monkeypatch):
+    ensure_researcher_keys(lab)
+    path = write_user_config(lab, "bob", "10.77.0.11", ["10.77.0.13"])
+    monkeypatch.setenv("TCLOUD_CONFIG", str(path))
+    monkeypatch.delenv("TCLOUD_CLUSTER", raising=False)
+    assert tcloud_config.cluster().fallback_hosts == ("10.77.0.13",)
 
 
 def test_user_config_needs_a_researcher_and_a_key(lab):

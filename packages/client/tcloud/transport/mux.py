@@ -157,6 +157,7 @@ def connection_key(settings: Cluster) -> str:
         "key": settings.key,
         "proxy_jump": settings.proxy_jump,
         "known_hosts": settings.known_hosts,
+        "fallback_hosts": list(settings.fallback_hosts),
         "agent": protocol.command(verbs.SESSION.request()),
         "protocol": protocol.PROTOCOL_VERSION,
         "ssh_config": contents_digest(ssh_dir / "config"),

@@ -35,6 +35,10 @@ USER_KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
+class Unreachable(TcloudError):
+    """The host did not answer (down, no route, refused): another login host may."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
     hostname: str
@@ -128,7 +132,7 @@ def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHCli
         who = f"{endpoint.user}@{endpoint.hostname}"
         raise TcloudError(f"{who}: authentication failed: {exc}") from None
     except (paramiko.SSHException, OSError) as exc:
-        raise TcloudError(f"cannot connect to {endpoint.hostname}:{endpoint.port}: {exc}") from None
+        raise Unreachable(f"cannot connect to {endpoint.hostname}:{endpoint.port}: {exc}") from None
     return client
 
 
@@ -159,23 +163,47 @@ def host_keys_known(cluster: Cluster) -> bool:
     return True
 
 
+def open_login(cluster: Cluster, host: str, opened: list[paramiko.SSHClient]) -> None:
+    """Connect to one login host (via its ProxyJump); what was opened goes into `opened`."""
+    known_hosts = known_hosts_path(cluster)
+    target = resolve(host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
+    sock = None
+    if target.proxy_jump:
+        jump = jump_endpoint(target.proxy_jump)
+        opened.append(connect(jump, known_hosts))
+        try:
+            sock = (
+                opened[-1]
+                .get_transport()
+                .open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0))
+            )
+        except (paramiko.SSHException, OSError) as exc:
+            where = f"{target.hostname}:{target.port} through {target.proxy_jump}"
+            raise Unreachable(f"cannot connect to {where}: {exc}") from None
+    opened.append(connect(target, known_hosts, sock=sock))
+
+
 @contextmanager
 def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
-    """A connected, verified client for the cluster's login node (via its ProxyJump)."""
-    known_hosts = known_hosts_path(cluster)
-    target = resolve(cluster.host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
+    """A connected, verified client for the cluster's login node (via its ProxyJump): its
+    `host`, else the first of its `fallback_hosts` that answers. Only a host that does not
+    answer is passed over: a wrong host key or a refused login stops here."""
     opened: list[paramiko.SSHClient] = []
+    hosts = [cluster.host, *cluster.fallback_hosts]
     try:
         with step("connect"):
-            sock = None
-            if target.proxy_jump:
-                jump = jump_endpoint(target.proxy_jump)
-                opened.append(connect(jump, known_hosts))
-                transport = opened[-1].get_transport()
-                sock = transport.open_channel(
-                    "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0)
-                )
-            opened.append(connect(target, known_hosts, sock=sock))
+            failures: list[str] = []
+            for host in hosts:
+                try:
+                    open_login(cluster, host, opened)
+                    break
+                except Unreachable as exc:
+                    failures.append(str(exc))
+                    for client in reversed(opened):
+                        client.close()
+                    opened.clear()
+            else:
+                raise Unreachable("; ".join(failures))
         yield opened[-1]
     finally:
         for client in reversed(opened):

@@ -379,7 +379,7 @@ def recorded_range(
     --nodes, slurm.accounting.submitted_nodes), else, without accounting, the owner's range capped
     at the maximum Slurm shows while it waits (a job that ran shows only what it held).
     None while none is recorded. OSError when the record cannot be written."""
-    path = node_ranges.store_path(config.state_dir)
+    path = node_ranges.store_path(config.queue_state_dir)
     key = (job.job_id, job.uid, str(job.job_dir))
     bounds = node_ranges.recorded(path, key)
     if bounds is None:

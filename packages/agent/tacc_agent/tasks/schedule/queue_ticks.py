@@ -57,7 +57,7 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
         plugins = in_layer(select(config.plugins, policy_from=config.plugins), "schedule")
     except PluginError as exc:
         raise Rejected(str(exc), "plugins") from None
-    state_dir = Path(config.state_dir)
+    state_dir = Path(config.queue_state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # the daemon's own directory: flock
     with locks.lock_file(state_dir / LOCK_FILE, locks.FLOCK, wait=True, flags=flags):
@@ -70,7 +70,7 @@ def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[st
             ["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"], config.slurm_timeout_seconds
         )
 
-    queue = Queue(read_queue(config), set_nice, time.time(), Path(config.state_dir), config)
+    queue = Queue(read_queue(config), set_nice, time.time(), Path(config.queue_state_dir), config)
     queue.requeue = lambda job_id, reason: preempt.requeue(
         job_id, reason, config, queue.notes.append
     )
@@ -79,7 +79,7 @@ def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[st
     )
     queue.set_features = Narrowing(
         queue.jobs,
-        Path(config.state_dir),
+        Path(config.queue_state_dir),
         config.slurm_timeout_seconds,
         queue.notes.append,
         queue.now,

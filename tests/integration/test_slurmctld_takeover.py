@@ -1,0 +1,158 @@
+"""Issue [21] point 3: a controller that survives its node, on the hw lab (site.yml from
+the bare image, site_from_nothing.py). n1 runs the primary slurmctld, n3 the backup
+(`tacc-lab up --backup-controller`), their saved state on storage apart from both (a host
+directory on every node, the lab's stand-in for a NAS). n1's power is cut while a 2-node
+job runs and another waits: the backup takes over, both jobs end, researchers' tcloud
+(its config names n3 as a fallback login host) keeps working; n1 powered back takes
+control again. Runs last on the lab (modules in name order): it cuts n1's power.
+
+The takeover time (the cut to the first `squeue` answered) is printed to stderr with
+the transcript (pytest -s shows it; docs/operations.md "A backup controller" keeps the
+measured one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tacc_lab.backup_controller import NODE_DIR
+from tacc_lab.demo import researcher_env
+from tests.conftest import run_cli
+from tests.integration.lab_helpers import lab_cli, node_ok, node_sh, status, submit, wait_state
+from tests.integration.labs import HW
+
+pytestmark = pytest.mark.lab
+
+NAME = HW.name
+PRIMARY, BACKUP = "n1", "n3"
+SQUEUE = "timeout 20 squeue -h -o %i"  # a controller in control answers; a standby does not
+
+
+@pytest.fixture(scope="module")
+def site(site_from_nothing) -> dict:
+    return site_from_nothing
+
+
+@pytest.fixture(scope="module")
+def alice(site, tmp_path_factory):
+    env = researcher_env(NAME, "alice")
+    home = tmp_path_factory.mktemp("alice")
+
+    def tcloud_cli(*argv: str):
+        return run_cli("tcloud", *argv, env=env, cwd=home)
+
+    return tcloud_cli
+
+
+def say(transcript: list[str], start: float, line: str) -> None:
+    transcript.append(f"[{time.monotonic() - start:6.1f} s] {line}")
+    print(transcript[-1], file=sys.stderr, flush=True)
+
+
+def task(root: Path, name: str, run: list[str]) -> Path:
+    root.mkdir()
+    limits = {"nodes": 2, "mem": "100M", "time": "10"}
+    (root / "tcloud.yaml").write_text(json.dumps({"name": name, "resources": limits, "run": run}))
+    return root
+
+
+def ping(node: str) -> str:
+    return node_sh(NAME, node, "timeout 20 scontrol ping").stdout
+
+
+def test_both_controllers_run_and_share_their_saved_state(site):
+    conf = node_ok(
+        NAME, BACKUP, "grep -E '^(SlurmctldHost|StateSaveLocation)=' /etc/slurm/slurm.conf"
+    )
+    assert conf.split() == [
+        f"SlurmctldHost={PRIMARY}(10.77.11.11)",
+        f"SlurmctldHost={BACKUP}(10.77.11.13)",
+        f"StateSaveLocation={NODE_DIR}/slurm-state",
+    ]
+    answer = ping(BACKUP)
+    assert f"Slurmctld(primary) at {PRIMARY} is UP" in answer, answer
+    assert f"Slurmctld(backup) at {BACKUP} is UP" in answer, answer
+    # The primary writes the state the backup will read; root and slurm alone see it.
+    listing = node_ok(
+        NAME, BACKUP, f"stat -c '%U %a' {NODE_DIR}/slurm-state; ls {NODE_DIR}/slurm-state"
+    )
+    assert listing.startswith("slurm 700\n") and "job_state" in listing, listing
+    options = node_ok(NAME, "n2", "cat /etc/default/slurmd")
+    assert "--conf-server 10.77.11.11:6817,10.77.11.13:6817" in options, options
+
+
+@pytest.mark.fault
+def test_the_backup_takes_over_when_the_primary_loses_power(site, alice, tmp_path):
+    transcript: list[str] = []
+    start = time.monotonic()
+    running = submit(
+        alice,
+        task(
+            tmp_path / "a",
+            "outlives-n1",
+            ['for i in $(seq 1 60); do sleep 1; done; echo "running job ended on $(hostname)"'],
+        ),
+    )
+    wait_state(alice, running, ("RUNNING",), 120)
+    queued = submit(alice, task(tmp_path / "b", "waits", ['echo "queued job ran on $(hostname)"']))
+    assert status(alice, queued)["state"] == "QUEUED"
+    say(transcript, start, f"job {running} RUNNING on n2,n3; job {queued} QUEUED")
+    off = lab_cli(NAME, "poweroff", PRIMARY)
+    assert off.returncode == 0 and "power cut" in off.stdout, off
+    cut = time.monotonic()
+    say(transcript, start, f"{PRIMARY} power cut")
+    powered_back = False
+    try:
+        while node_sh(NAME, BACKUP, SQUEUE).returncode != 0:
+            assert time.monotonic() - cut < 180, f"{BACKUP} never took over:\n{ping(BACKUP)}"
+            time.sleep(1)
+        takeover = time.monotonic() - cut
+        say(transcript, start, f"{BACKUP} answers squeue: takeover {takeover:.1f} s after the cut")
+        say(
+            transcript,
+            start,
+            "scontrol ping on n3: " + " / ".join(ping(BACKUP).split("\n")).strip(),
+        )
+        # Researchers' tcloud falls back to n3 (tacc-lab user lists it) while n1 is off.
+        for job, line in (
+            (running, "running job ended on n"),
+            (queued, "queued job ran on n"),
+        ):
+            info = wait_state(alice, job, ("COMPLETED", "FAILED", "CANCELLED"), 240)
+            assert info["state"] == "COMPLETED", info
+            log = alice("logs", job).stdout
+            assert line + "2" in log and line + "3" in log, log
+            say(transcript, start, f"job {job} {info['state']}; tcloud logs: {line}2, {line}3")
+        listed = alice("ps").stdout
+        assert running in listed and queued in listed, listed
+        say(transcript, start, "tcloud ps lists both (through n3)")
+        up = lab_cli(NAME, "up", "--nodes", str(HW.nodes), "--inventory", str(site["inventory"]))
+        assert up.returncode == 0, up.stderr
+        powered_back = True
+        say(transcript, start, f"{PRIMARY} powered on (tacc-lab up)")
+        deadline = time.monotonic() + 240
+        while (
+            f"Slurmctld(primary) at {PRIMARY} is UP" not in (answer := ping(PRIMARY))
+            or node_sh(NAME, PRIMARY, SQUEUE).returncode != 0
+        ):
+            assert time.monotonic() < deadline, f"{PRIMARY} never took control back:\n{answer}"
+            time.sleep(2)
+        say(
+            transcript,
+            start,
+            f"{PRIMARY} answers squeue again: " + " / ".join(answer.split("\n")).strip(),
+        )
+        after = submit(
+            alice, task(tmp_path / "c", "after", ['echo "after the return on $(hostname)"'])
+        )
+        info = wait_state(alice, after, ("COMPLETED", "FAILED", "CANCELLED"), 180)
+        assert info["state"] == "COMPLETED", info
+        say(transcript, start, f"job {after} submitted after the return: COMPLETED")
+    finally:
+        if not powered_back:
+            lab_cli(NAME, "up", "--nodes", str(HW.nodes), "--inventory", str(site["inventory"]))
+        print("\n".join(["failover transcript:", *transcript]), file=sys.stderr)
