@@ -90,10 +90,16 @@ def test_guard_names_a_role_variable_that_exists():
 
 
 def test_rendered_conf_has_exactly_the_guarded_keys(tmp_path):
-    """Every optional line on (accounting, Gres, health check, every priority factor):
-    the rendered slurm.conf's keys are the guard's, not one more or less."""
+    """Every optional line on (accounting, Gres, health check, every priority factor, a
+    backup controller): the rendered slurm.conf's keys are the guard's, not one more or
+    less."""
     weights = {factor: 1 for factor in PRIORITY_FACTORS} | {"TRES": "CPU=1"}
-    extra = {"slurm_priority_weights": weights, "slurm_extra_config": {}}
+    extra = {
+        "slurm_priority_weights": weights,
+        "slurm_extra_config": {},
+        "slurm_controller_hosts": ["ctl1", "login1"],
+        "slurm_state_save_location": "/srv/ha/slurm-state",
+    }
     render(tmp_path, "--limit", "ctl1", "-e", json.dumps(extra), *SLURM_ONLY)
     lines = (tmp_path / "ctl1/slurm.conf").read_text().splitlines()
     rendered = {line.split("=", 1)[0] for line in lines if line and not line.startswith("#")}
