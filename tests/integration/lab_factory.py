@@ -55,7 +55,6 @@ class LabFactory:
         argv += [] if shape.login_node else ["--no-login-node"]
         argv += ["--container-image"] if shape.container_image else []
         argv += ["--directory"] if shape.directory else []
-        argv += ["--backup-controller"] if shape.backup_controller else []
         argv += shape.os_argv()
         proc = lab_cli(shape.name, *argv, "--inventory", str(inventory))
         assert proc.returncode == 0, proc.stderr

@@ -57,8 +57,6 @@ class Shape:
     login_node: bool = True
     container_image: bool = False  # the registry image and container runtime (issue [13])
     directory: bool = False  # slapd on n1, SSSD everywhere (tacc-lab up --directory; [21])
-    # A backup slurmctld on the last node (tacc-lab up --backup-controller; [21])
-    backup_controller: bool = False
     flavor: str = PREBAKED  # BARE: the install-from-nothing proof
     provision: tuple[str, ...] = ()  # playbooks run once after the boot
     host_vars: dict = field(default_factory=dict, hash=False)
@@ -106,10 +104,9 @@ HW = Shape(
         }
     },
     directory=True,
-    backup_controller=True,
     proof="install from nothing: site.yml from the bare image (site_from_nothing.py), "
-    "a real LDAP directory (slapd with TLS on n1) and SSSD on every node among it, "
-    "a backup slurmctld on n3 that takes over when n1 loses power",
+    "a real LDAP directory (slapd with TLS on n1) and SSSD on every node among it; "
+    "last, n4 joins as a backup controller that takes over when n1 loses power",
     weight=22,
 )
 FIRMWARE = Shape(

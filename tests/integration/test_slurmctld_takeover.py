@@ -1,10 +1,12 @@
 """Issue [21] point 3: a controller that survives its node, on the hw lab (site.yml from
-the bare image, site_from_nothing.py). n1 runs the primary slurmctld, n3 the backup
-(`tacc-lab up --backup-controller`), their saved state on storage apart from both (a host
-directory on every node, the lab's stand-in for a NAS). n1's power is cut while a 2-node
-job runs and another waits: the backup takes over, both jobs end, researchers' tcloud
-(its config names n3 as a fallback login host) keeps working; n1 powered back takes
-control again. Runs last on the lab (modules in name order): it cuts n1's power.
+the bare image, site_from_nothing.py). As a site adds a second head to a running
+cluster (docs/operations.md "A backup controller"): n1's saved state is moved to the
+controllers' shared storage (a host folder on every lab node, the lab's stand-in for a
+NAS), n4 joins as the backup controller and a second login host (`tacc-lab up --nodes 4
+--backup-controller`) and site.yml runs. Then n1's power is cut while a 2-node job runs
+and another waits: the backup takes over, both jobs end, researchers' tcloud (its config
+names n4 as a fallback login host) keeps working; n1 powered back takes control again.
+Runs last on the lab (modules in name order): it grows the lab and cuts n1's power.
 
 The takeover time (the cut to the first `squeue` answered) is printed to stderr with
 the transcript (pytest -s shows it; docs/operations.md "A backup controller" keeps the
@@ -22,23 +24,46 @@ import pytest
 from tacc_lab.backup_controller import NODE_DIR
 from tacc_lab.demo import researcher_env
 from tests.conftest import run_cli
-from tests.integration.lab_helpers import lab_cli, node_ok, node_sh, status, submit, wait_state
-from tests.integration.labs import HW
+from tests.integration.lab_helpers import (
+    lab_cli,
+    node_ok,
+    node_sh,
+    site,
+    status,
+    submit,
+    wait_state,
+)
+from tests.integration.labs import HW, MITOGEN
 
 pytestmark = pytest.mark.lab
 
 NAME = HW.name
-PRIMARY, BACKUP = "n1", "n3"
+PRIMARY, BACKUP = "n1", "n4"
+NODES = HW.nodes + 1  # the backup controller joins
+STATE = f"{NODE_DIR}/slurm-state"
 SQUEUE = "timeout 20 squeue -h -o %i"  # a controller in control answers; a standby does not
 
 
 @pytest.fixture(scope="module")
-def site(site_from_nothing) -> dict:
-    return site_from_nothing
+def heads(site_from_nothing) -> Path:
+    """The running hw site given a backup controller, the documented way: slurmctld
+    stopped, its state copied to the shared folder, the new head in inventory, site.yml."""
+    inventory = site_from_nothing["inventory"]
+    node_ok(
+        NAME,
+        PRIMARY,
+        f"systemctl stop slurmctld && install -d -o slurm -g slurm -m 0700 {STATE} "
+        f"&& cp -a /var/lib/slurm/slurmctld/. {STATE}/",
+    )
+    grow = "up", "--nodes", str(NODES), "--backup-controller", "--inventory", str(inventory)
+    up = lab_cli(NAME, *grow)
+    assert up.returncode == 0, up.stderr
+    site(inventory, strategy=MITOGEN)
+    return inventory
 
 
 @pytest.fixture(scope="module")
-def alice(site, tmp_path_factory):
+def alice(heads, tmp_path_factory):
     env = researcher_env(NAME, "alice")
     home = tmp_path_factory.mktemp("alice")
 
@@ -64,13 +89,13 @@ def ping(node: str) -> str:
     return node_sh(NAME, node, "timeout 20 scontrol ping").stdout
 
 
-def test_both_controllers_run_and_share_their_saved_state(site):
+def test_both_controllers_run_and_share_their_saved_state(heads):
     conf = node_ok(
         NAME, BACKUP, "grep -E '^(SlurmctldHost|StateSaveLocation)=' /etc/slurm/slurm.conf"
     )
     assert conf.split() == [
         f"SlurmctldHost={PRIMARY}(10.77.11.11)",
-        f"SlurmctldHost={BACKUP}(10.77.11.13)",
+        f"SlurmctldHost={BACKUP}(10.77.11.14)",
         f"StateSaveLocation={NODE_DIR}/slurm-state",
     ]
     answer = ping(BACKUP)
@@ -82,11 +107,11 @@ def test_both_controllers_run_and_share_their_saved_state(site):
     )
     assert listing.startswith("slurm 700\n") and "job_state" in listing, listing
     options = node_ok(NAME, "n2", "cat /etc/default/slurmd")
-    assert "--conf-server 10.77.11.11:6817,10.77.11.13:6817" in options, options
+    assert "--conf-server 10.77.11.11:6817,10.77.11.14:6817" in options, options
 
 
 @pytest.mark.fault
-def test_the_backup_takes_over_when_the_primary_loses_power(site, alice, tmp_path):
+def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_path):
     transcript: list[str] = []
     start = time.monotonic()
     running = submit(
@@ -115,9 +140,9 @@ def test_the_backup_takes_over_when_the_primary_loses_power(site, alice, tmp_pat
         say(
             transcript,
             start,
-            "scontrol ping on n3: " + " / ".join(ping(BACKUP).split("\n")).strip(),
+            f"scontrol ping on {BACKUP}: " + " / ".join(ping(BACKUP).split("\n")).strip(),
         )
-        # Researchers' tcloud falls back to n3 (tacc-lab user lists it) while n1 is off.
+        # Researchers' tcloud falls back to n4 (tacc-lab user lists it) while n1 is off.
         for job, line in (
             (running, "running job ended on n"),
             (queued, "queued job ran on n"),
@@ -129,8 +154,8 @@ def test_the_backup_takes_over_when_the_primary_loses_power(site, alice, tmp_pat
             say(transcript, start, f"job {job} {info['state']}; tcloud logs: {line}2, {line}3")
         listed = alice("ps").stdout
         assert running in listed and queued in listed, listed
-        say(transcript, start, "tcloud ps lists both (through n3)")
-        up = lab_cli(NAME, "up", "--nodes", str(HW.nodes), "--inventory", str(site["inventory"]))
+        say(transcript, start, f"tcloud ps lists both (through {BACKUP})")
+        up = lab_cli(NAME, "up", "--nodes", str(NODES), "--inventory", str(heads))
         assert up.returncode == 0, up.stderr
         powered_back = True
         say(transcript, start, f"{PRIMARY} powered on (tacc-lab up)")
@@ -154,5 +179,5 @@ def test_the_backup_takes_over_when_the_primary_loses_power(site, alice, tmp_pat
         say(transcript, start, f"job {after} submitted after the return: COMPLETED")
     finally:
         if not powered_back:
-            lab_cli(NAME, "up", "--nodes", str(HW.nodes), "--inventory", str(site["inventory"]))
+            lab_cli(NAME, "up", "--nodes", str(NODES), "--inventory", str(heads))
         print("\n".join(["failover transcript:", *transcript]), file=sys.stderr)

@@ -1,15 +1,17 @@
 """A lab with a backup Slurm controller (`tacc-lab up --backup-controller`; issue [21]).
 
-The lab's last numbered node when the option is first given (n3 of a 3-node lab) also
-runs a backup slurmctld and is a second login host, so a researcher's tcloud can fall
-back to it while n1, the primary's node, is powered off. The controllers share their
-saved state through a host directory bind-mounted at NODE_DIR on every node: the lab's
-stand-in for a NAS, apart from both controllers (a power cut of n1 leaves it reachable).
+The lab's last numbered node when the option is first given (n4 after `up --nodes 4
+--backup-controller` on a 3-node lab) also runs a backup slurmctld and is a second login
+host, so a researcher's tcloud can fall back to it while n1, the primary's node, is
+powered off. The controllers share their saved state through a host directory that
+every node of every lab has at NODE_DIR from its boot (so a running lab can gain a
+backup controller without restarting n1): the lab's stand-in for a NAS, apart from both
+controllers (a power cut of n1 leaves it reachable). Only root and slurm can enter the
+folders the roles make there; a site exports its storage to the controllers alone.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from tacc_lab.config import LabConfig
@@ -44,19 +46,18 @@ def choose(cfg: LabConfig, numbered: list[str]) -> str:
     if len(numbered) < 2:
         raise LabError("--backup-controller needs at least 2 nodes (n1 is the primary)")
     chosen = numbered[-1]
-    host_dir(cfg).mkdir(mode=0o755, parents=True, exist_ok=True)
     marker(cfg).write_text(chosen + "\n")
     return chosen
 
 
 def remove(cfg: LabConfig) -> None:
     marker(cfg).unlink(missing_ok=True)
-    shutil.rmtree(host_dir(cfg), ignore_errors=True)
 
 
 def bind_argv(cfg: LabConfig) -> list[str]:
-    """systemd-nspawn's bind of the shared storage, on every node of a lab with one."""
-    return [f"--bind={host_dir(cfg)}:{NODE_DIR}"] if backup_node(cfg) else []
+    """systemd-nspawn's bind of the shared storage (made if missing), on every node."""
+    host_dir(cfg).mkdir(mode=0o755, parents=True, exist_ok=True)
+    return [f"--bind={host_dir(cfg)}:{NODE_DIR}"]
 
 
 def inventory_vars() -> dict:

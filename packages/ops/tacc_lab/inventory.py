@@ -194,7 +194,8 @@ def render_inventory(
     lab's image registry, seeded with it, and installs the container runtime.
     `directory` (tacc_lab.directory.directory_vars) makes the head node the lab's LDAP
     directory and every node read users from it. `backup_controller` (a node's name)
-    also runs a backup slurmctld and is a second login host (tacc_lab.backup_controller).
+    is a second head: a backup slurmctld and a login host, no compute node
+    (tacc_lab.backup_controller).
     """
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
@@ -212,7 +213,11 @@ def render_inventory(
     if backup_controller is not None:
         if backup_controller not in hosts:
             raise LabError(f"backup controller {backup_controller!r} is not a node of this lab")
-        for group in ("slurm_controller", "login"):
+        # A second head: no jobs run there (and researchers who log in to it are on no
+        # compute node).
+        for group in COMPUTE_GROUPS:
+            groups[group]["hosts"].pop(backup_controller, None)
+        for group in ("slurm_controller", *LOGIN_GROUPS):
             groups[group]["hosts"][backup_controller] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "

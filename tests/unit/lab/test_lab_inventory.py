@@ -60,11 +60,14 @@ def test_head_node_and_compute_nodes_get_their_groups():
 
 
 def test_a_backup_controller_is_a_second_controller_and_login_host_with_shared_state():
-    data = render_lab(3, backup_controller="n3")["all"]
+    data = render_lab(4, backup_controller="n4")["all"]
     children = data["children"]
-    assert list(children["slurm_controller"]["hosts"]) == ["n1", "n3"]  # the primary first
-    assert list(children["login"]["hosts"]) == ["n1", "n3"]
+    assert list(children["slurm_controller"]["hosts"]) == ["n1", "n4"]  # the primary first
+    assert list(children["login"]["hosts"]) == ["n1", "n4"]
+    assert list(children["nfs_clients"]["hosts"]) == ["n2", "n3", "n4"]
+    # A second head, not a compute node: no jobs there, no researcher beside them.
     assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
+    assert "n4" not in children["gpu_nodes"]["hosts"]
     assert data["vars"]["slurm_state_save_location"] == "/srv/tacc-controllers/slurm-state"
     assert data["vars"]["tacc_agent_cluster_state_dir"] == "/srv/tacc-controllers/tacc-agent"
     assert "slurm_state_save_location" not in render_lab(3)["all"]["vars"]

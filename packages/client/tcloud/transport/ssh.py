@@ -79,14 +79,24 @@ class AskOrRefuse(paramiko.MissingHostKeyPolicy):
     """Unknown host: show the fingerprint; accept only on an explicit "yes" at a terminal.
     A revoked key is refused without asking (it is never among the known keys)."""
 
-    def __init__(self, known_hosts: Path, known: known_hosts_file.KnownHosts) -> None:
+    def __init__(
+        self, known_hosts: Path, known: known_hosts_file.KnownHosts, *, may_ask: bool = True
+    ) -> None:
         self.known_hosts = known_hosts
         self.known = known
+        self.may_ask = may_ask
 
     def missing_host_key(self, client, hostname, key) -> None:
         shown = f"{hostname} offers a {key.get_name()} host key {fingerprint(key)}"
         if self.known.is_revoked(key):
             raise TcloudError(f"REVOKED HOST KEY: {shown}, marked @revoked in known_hosts")
+        if not self.may_ask:
+            # A fallback host is tried when `host` does not answer, which someone on the
+            # network can arrange: its key must be known beforehand, never asked for then.
+            raise TcloudError(
+                f"unknown fallback host: {shown}. A fallback host's key must already be in "
+                f"{self.known_hosts} (verify it and add it, or connect to it once as --host)"
+            )
         if not sys.stdin.isatty():
             raise TcloudError(
                 f"unknown host: {shown}. Verify it, then add it to {self.known_hosts} "
@@ -99,17 +109,20 @@ class AskOrRefuse(paramiko.MissingHostKeyPolicy):
         known_hosts_file.append(self.known_hosts, hostname, key)
 
 
-def verifying_client(known_hosts: Path) -> paramiko.SSHClient:
-    """A client that knows the keys of ~/.ssh/known_hosts and `known_hosts`."""
+def verifying_client(known_hosts: Path, *, may_ask: bool = True) -> paramiko.SSHClient:
+    """A client that knows the keys of ~/.ssh/known_hosts and `known_hosts`; an unknown
+    key is asked about at a terminal only when `may_ask`."""
     client = paramiko.SSHClient()
     paths = dict.fromkeys([USER_KNOWN_HOSTS, known_hosts])  # once, when they are the same
     known = known_hosts_file.load(paths, client.get_host_keys())
-    client.set_missing_host_key_policy(AskOrRefuse(known_hosts, known))
+    client.set_missing_host_key_policy(AskOrRefuse(known_hosts, known, may_ask=may_ask))
     return client
 
 
-def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHClient:
-    client = verifying_client(known_hosts)
+def connect(
+    endpoint: Endpoint, known_hosts: Path, sock=None, *, may_ask: bool = True
+) -> paramiko.SSHClient:
+    client = verifying_client(known_hosts, may_ask=may_ask)
     try:
         client.connect(
             endpoint.hostname,
@@ -131,8 +144,10 @@ def connect(endpoint: Endpoint, known_hosts: Path, sock=None) -> paramiko.SSHCli
     except paramiko.AuthenticationException as exc:
         who = f"{endpoint.user}@{endpoint.hostname}"
         raise TcloudError(f"{who}: authentication failed: {exc}") from None
-    except (paramiko.SSHException, OSError) as exc:
+    except OSError as exc:  # no route, refused, timed out: another login host may answer
         raise Unreachable(f"cannot connect to {endpoint.hostname}:{endpoint.port}: {exc}") from None
+    except paramiko.SSHException as exc:  # it answered, but not as an SSH server should
+        raise TcloudError(f"cannot connect to {endpoint.hostname}:{endpoint.port}: {exc}") from None
     return client
 
 
@@ -163,8 +178,11 @@ def host_keys_known(cluster: Cluster) -> bool:
     return True
 
 
-def open_login(cluster: Cluster, host: str, opened: list[paramiko.SSHClient]) -> None:
-    """Connect to one login host (via its ProxyJump); what was opened goes into `opened`."""
+def open_login(
+    cluster: Cluster, host: str, opened: list[paramiko.SSHClient], *, fallback: bool = False
+) -> None:
+    """Connect to one login host (via its ProxyJump); what was opened goes into `opened`.
+    A `fallback` host's key must be known already (AskOrRefuse)."""
     known_hosts = known_hosts_path(cluster)
     target = resolve(host, cluster.user, cluster.port, cluster.key, cluster.proxy_jump)
     sock = None
@@ -180,7 +198,7 @@ def open_login(cluster: Cluster, host: str, opened: list[paramiko.SSHClient]) ->
         except (paramiko.SSHException, OSError) as exc:
             where = f"{target.hostname}:{target.port} through {target.proxy_jump}"
             raise Unreachable(f"cannot connect to {where}: {exc}") from None
-    opened.append(connect(target, known_hosts, sock=sock))
+    opened.append(connect(target, known_hosts, sock=sock, may_ask=not fallback))
 
 
 @contextmanager
@@ -193,9 +211,9 @@ def session(cluster: Cluster) -> Iterator[paramiko.SSHClient]:
     try:
         with step("connect"):
             failures: list[str] = []
-            for host in hosts:
+            for index, host in enumerate(hosts):
                 try:
-                    open_login(cluster, host, opened)
+                    open_login(cluster, host, opened, fallback=index > 0)
                     break
                 except Unreachable as exc:
                     failures.append(str(exc))

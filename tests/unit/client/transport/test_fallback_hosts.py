@@ -29,9 +29,11 @@ class Client:
         self.closed = True
 
 
-def fake_connect(answering: set[str], tried: list[str], error=ssh.Unreachable):
-    def connect(endpoint, known_hosts, sock=None):
+def fake_connect(answering: set[str], tried: list[str], error=ssh.Unreachable, asked=None):
+    def connect(endpoint, known_hosts, sock=None, may_ask=True):
         tried.append(endpoint.hostname)
+        if asked is not None:
+            asked[endpoint.hostname] = may_ask
         if endpoint.hostname not in answering:
             raise error(f"cannot connect to {endpoint.hostname}:22: No route to host")
         return Client(endpoint.hostname)
@@ -80,6 +82,42 @@ def test_a_host_key_mismatch_is_not_passed_over_for_a_fallback(cfg, monkeypatch)
     ):
         pass
     assert tried == ["head1"]
+
+
+@pytest.mark.security
+def test_a_fallback_hosts_unknown_key_is_refused_not_asked_about(cfg, monkeypatch):
+    """Someone on the network can make `host` not answer; the fallback's key must then be
+    known already: tcloud never asks a user to trust a new key at that moment."""
+    tried: list[str] = []
+    asked: dict[str, bool] = {}
+    monkeypatch.setattr(ssh, "connect", fake_connect({"head2"}, tried, asked=asked))
+    with ssh.session(Cluster(name="lab", host="head1", fallback_hosts=("head2",))):
+        pass
+    assert asked == {"head1": True, "head2": False}
+    monkeypatch.setattr(ssh.sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda _prompt: pytest.fail("asked about a fallback"))
+    known = ssh.known_hosts_file.load({cfg.parent / "known_hosts": None})
+    policy = ssh.AskOrRefuse(cfg.parent / "known_hosts", known, may_ask=False)
+    key = ssh.paramiko.RSAKey.generate(1024)
+    with pytest.raises(TcloudError, match="unknown fallback host: head2 offers a ssh-rsa"):
+        policy.missing_host_key(ssh.paramiko.SSHClient(), "head2", key)
+
+
+@pytest.mark.security
+def test_a_host_that_answers_but_not_as_ssh_should_is_not_passed_over(cfg, monkeypatch):
+    """Only a host that does not answer at all (OSError: no route, refused, timed out) is
+    skipped: a failed handshake stops tcloud there."""
+
+    def handshake_fails(*args, **kwargs):
+        raise ssh.paramiko.SSHException("Error reading SSH protocol banner")
+
+    client = ssh.verifying_client(cfg.parent / "known_hosts")
+    monkeypatch.setattr(client, "connect", handshake_fails)
+    monkeypatch.setattr(ssh, "verifying_client", lambda *args, **kwargs: client)
+    endpoint = ssh.Endpoint("head1", 22, "alice", [], None)
+    with pytest.raises(TcloudError, match="head1:22: Error reading SSH protocol banner") as err:
+        ssh.connect(endpoint, cfg.parent / "known_hosts")
+    assert not isinstance(err.value, ssh.Unreachable)
 
 
 def test_config_add_keeps_fallback_hosts_in_order(cfg):

@@ -58,7 +58,14 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
     except PluginError as exc:
         raise Rejected(str(exc), "plugins") from None
     state_dir = Path(config.queue_state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    if not config.cluster_state_dir:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    elif not state_dir.is_dir():  # made by the role on shared storage: never a local stand-in
+        raise Rejected(
+            f"cluster_state_dir {state_dir} is missing: is the controllers' shared storage "
+            "mounted?",
+            "cluster_state_dir",
+        )
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # the daemon's own directory: flock
     with locks.lock_file(state_dir / LOCK_FILE, locks.FLOCK, wait=True, flags=flags):
         return tick_locked(config, plugins, {} if allowed is None else allowed)

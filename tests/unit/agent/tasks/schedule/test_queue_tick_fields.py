@@ -158,3 +158,23 @@ def test_one_tick_at_a_time(ticking, tmp_path):
     assert not done.wait(0.5)  # waits for the lock
     os.close(held)
     assert done.wait(10)
+
+
+def test_the_controllers_ticks_share_cluster_state_dir_and_its_lock(ticking, tmp_path):
+    """With a backup controller the ticks' records and lock are in cluster_state_dir (on
+    storage both controllers mount), not in either daemon's own state_dir."""
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir()
+    config = AgentConfig(state_dir=str(own), cluster_state_dir=str(shared))
+    queue_ticks.tick(config)
+    assert (shared / queue_ticks.LOCK_FILE).exists() and not own.exists()
+
+
+@pytest.mark.fault
+def test_a_missing_cluster_state_dir_is_an_error_not_a_local_stand_in(ticking, tmp_path):
+    """Storage not mounted: the tick refuses instead of keeping records on local disk the
+    other controller would never see."""
+    config = AgentConfig(state_dir=str(tmp_path), cluster_state_dir=str(tmp_path / "absent"))
+    with pytest.raises(AgentError, match="cluster_state_dir .*absent is missing"):
+        queue_ticks.tick(config)
+    assert not (tmp_path / "absent").exists()
