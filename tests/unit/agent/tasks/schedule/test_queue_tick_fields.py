@@ -175,6 +175,6 @@ def test_a_missing_cluster_state_dir_is_an_error_not_a_local_stand_in(ticking, t
     """Storage not mounted: the tick refuses instead of keeping records on local disk the
     other controller would never see."""
     config = AgentConfig(state_dir=str(tmp_path), cluster_state_dir=str(tmp_path / "absent"))
-    with pytest.raises(AgentError, match="cluster_state_dir .*absent is missing"):
+    with pytest.raises(AgentError, match=r"cluster_state_dir .*absent is missing"):
         queue_ticks.tick(config)
     assert not (tmp_path / "absent").exists()
