@@ -89,6 +89,26 @@ def ping(node: str) -> str:
     return node_sh(NAME, node, "timeout 20 scontrol ping").stdout
 
 
+def state_saved_after(moment: int, limit: float = 60) -> float:
+    """Seconds until the shared job_state is newer than `moment` (the backup's clock)."""
+    began = time.monotonic()
+    stat = f"stat -c %Y {STATE}/job_state"
+    while int(node_ok(NAME, BACKUP, stat).strip()) <= moment:
+        assert time.monotonic() - began < limit, f"{PRIMARY} never saved its state"
+        time.sleep(1)
+    return time.monotonic() - began
+
+
+def diagnosis() -> str:
+    """The backup's view when the test fails: the nodes, the queue, its log's end."""
+    return node_sh(
+        NAME,
+        BACKUP,
+        "timeout 20 scontrol show node n2 n3; timeout 20 squeue -t all; "
+        "tail -n 40 /var/log/slurm/slurmctld.log",
+    ).stdout
+
+
 def test_both_controllers_run_and_share_their_saved_state(heads):
     conf = node_ok(
         NAME, BACKUP, "grep -E '^(SlurmctldHost|StateSaveLocation)=' /etc/slurm/slurm.conf"
@@ -126,6 +146,10 @@ def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_pa
     queued = submit(alice, task(tmp_path / "b", "waits", ['echo "queued job ran on $(hostname)"']))
     assert status(alice, queued)["state"] == "QUEUED"
     say(transcript, start, f"job {running} RUNNING on n2,n3; job {queued} QUEUED")
+    # Slurm writes its state a few seconds after a change: the cut comes once the primary
+    # has saved both jobs, as they are now (what it had not saved is lost with it).
+    saved = state_saved_after(int(node_ok(NAME, BACKUP, "date +%s").strip()))
+    say(transcript, start, f"{PRIMARY} saved its state to {STATE} ({saved:.1f} s later)")
     off = lab_cli(NAME, "poweroff", PRIMARY)
     assert off.returncode == 0 and "power cut" in off.stdout, off
     cut = time.monotonic()
@@ -177,6 +201,9 @@ def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_pa
         info = wait_state(alice, after, ("COMPLETED", "FAILED", "CANCELLED"), 180)
         assert info["state"] == "COMPLETED", info
         say(transcript, start, f"job {after} submitted after the return: COMPLETED")
+    except AssertionError:
+        transcript.append(f"what {BACKUP} says:\n{diagnosis()}")
+        raise
     finally:
         if not powered_back:
             lab_cli(NAME, "up", "--nodes", str(NODES), "--inventory", str(heads))

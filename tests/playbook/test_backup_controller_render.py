@@ -51,6 +51,9 @@ def test_both_controllers_are_in_slurm_conf_the_primary_first(rendered):
     ]
     assert f"StateSaveLocation={STATE}" in conf
     assert "SlurmctldTimeout=120" in conf
+    # A backup that handed control back restarts as a fresh standby (Slurm 24.11 forgets
+    # its ClusterID in control and would not take over again with slurmdbd away).
+    assert "SlurmctldPrimaryOffProg=/usr/local/sbin/tacc-slurmctld-standby" in conf
     # Each controller keeps the same file (it reads its own when it takes over).
     assert (rendered / "login1/slurm.conf").read_bytes() == (
         rendered / "ctl1/slurm.conf"
@@ -76,7 +79,7 @@ def test_one_controller_keeps_its_state_on_its_own_disk(tmp_path):
     render(tmp_path, "--limit", "ctl1", "--tags", "slurm")
     conf = (tmp_path / "ctl1/slurm.conf").read_text().splitlines()
     assert "StateSaveLocation=/var/lib/slurm/slurmctld" in conf
-    assert not [line for line in conf if line.startswith("SlurmctldTimeout=")]
+    assert not [line for line in conf if line.startswith(("SlurmctldTimeout=", "SlurmctldPrim"))]
 
 
 # The role's validate step for real (connection local, as test_slurm_extra_config_guard.py).

@@ -214,10 +214,11 @@ def render_inventory(
         if backup_controller not in hosts:
             raise LabError(f"backup controller {backup_controller!r} is not a node of this lab")
         # A second head: no jobs run there (and researchers who log in to it are on no
-        # compute node).
+        # compute node). It serves the cluster's names too (every node's resolv.conf
+        # lists it after n1): with n1's power cut, jobs still find their nodes.
         for group in COMPUTE_GROUPS:
             groups[group]["hosts"].pop(backup_controller, None)
-        for group in ("slurm_controller", *LOGIN_GROUPS):
+        for group in ("slurm_controller", "cluster_dns", *LOGIN_GROUPS):
             groups[group]["hosts"][backup_controller] = None
     ssh_args = (
         f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "

@@ -64,6 +64,7 @@ def test_a_backup_controller_is_a_second_controller_and_login_host_with_shared_s
     children = data["children"]
     assert list(children["slurm_controller"]["hosts"]) == ["n1", "n4"]  # the primary first
     assert list(children["login"]["hosts"]) == ["n1", "n4"]
+    assert list(children["cluster_dns"]["hosts"]) == ["n1", "n4"]  # names outlive n1
     assert list(children["nfs_clients"]["hosts"]) == ["n2", "n3", "n4"]
     # A second head, not a compute node: no jobs there, no researcher beside them.
     assert list(children["slurm_compute"]["hosts"]) == ["n2", "n3"]
