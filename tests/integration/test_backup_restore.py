@@ -8,6 +8,7 @@ the same fair share. A backup written by a newer Slurm is refused before anythin
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import pytest
@@ -80,9 +81,21 @@ def test_d4_the_database_destroyed_and_restored_shows_the_same_history_and_fair_
     sh("n1", "systemctl stop slurmdbd && mariadb -e 'DROP DATABASE slurm_acct_db'")
     run, _ = playbook(backup["inventory"], "playbooks/restore.yml")
     print(run.stdout[-1500:])
+    restored, after = sh("n1", SACCT), shares()
+    # The transcript (pytest -s shows it): what sacct and sshare said before and after.
+    print(
+        "restore transcript:",
+        f"$ {SACCT}  # before",
+        backup["sacct"].rstrip(),
+        f"$ {SACCT}  # after the restore",
+        restored.rstrip(),
+        f"sshare before: {backup['sshare']}",
+        f"sshare after: {after}",
+        sep="\n",
+        file=sys.stderr,
+    )
     # A job cancelled minutes before loses "by UID" (docs/operations.md "Backups").
-    assert cancelled_by_anyone(sh("n1", SACCT)) == cancelled_by_anyone(backup["sacct"])
-    after = shares()
+    assert cancelled_by_anyone(restored) == cancelled_by_anyone(backup["sacct"])
     assert after.keys() == backup["sshare"].keys()
     for key, (raw, norm, usage) in backup["sshare"].items():
         assert after[key][:2] == (raw, norm), key

@@ -78,9 +78,9 @@ def say(transcript: list[str], start: float, line: str) -> None:
     print(transcript[-1], file=sys.stderr, flush=True)
 
 
-def task(root: Path, name: str, run: list[str]) -> Path:
+def task(root: Path, name: str, run: list[str], cpus: int = 1) -> Path:
     root.mkdir()
-    limits = {"nodes": 2, "mem": "100M", "time": "10"}
+    limits = {"nodes": 2, "cpus": cpus, "mem": "100M", "time": "10"}
     (root / "tcloud.yaml").write_text(json.dumps({"name": name, "resources": limits, "run": run}))
     return root
 
@@ -134,12 +134,15 @@ def test_both_controllers_run_and_share_their_saved_state(heads):
 def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_path):
     transcript: list[str] = []
     start = time.monotonic()
+    # Every CPU of both compute nodes: the second job waits for them (it did not with one).
+    whole = int(node_ok(NAME, PRIMARY, "sinfo -h -n n2 -o %c").strip())
     running = submit(
         alice,
         task(
             tmp_path / "a",
             "outlives-n1",
             ['for i in $(seq 1 60); do sleep 1; done; echo "running job ended on $(hostname)"'],
+            cpus=whole,
         ),
     )
     wait_state(alice, running, ("RUNNING",), 120)
