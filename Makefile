@@ -29,7 +29,7 @@ APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 open
 	procps
 STAMP := .cache/stamps
 
-.PHONY: help deps venv demo test check lint unit playbook integration molecule upgrade-test lab-up lab-down clean gpu-check
+.PHONY: help deps venv demo test check lint unit playbook integration molecule upgrade-test lab-up lab-down clean gpu-check gpu-check-bundle
 
 help:
 	@echo "make demo      set up everything, boot the lab, provision it, show it working"
@@ -41,6 +41,7 @@ help:
 	@echo "make lab-down  remove the virtual cluster, leaving nothing behind"
 	@echo "make bench     run every bench script on a lab: bench/REPORT.md, results.json, PNG"
 	@echo "make gpu-check on a machine with NVIDIA GPUs: the GPU paths against the real driver"
+	@echo "make gpu-check-bundle  the pure-Python libraries gpu-check needs, for a GPU machine"
 
 # $(call apt_install,PACKAGES): install those of PACKAGES the host lacks, then touch the target.
 define apt_install
@@ -102,6 +103,11 @@ $(VENV)/.bench-installed: $(PYPROJECTS) $(VENV)/.installed
 # It needs no venv and no network: the machine's Python with PyTorch, and nvidia-smi.
 gpu-check:
 	$(PYTHON) tools/gpu_check.py
+
+# What gpu-check imports beyond the GPU machine's Python, copied from the venv into
+# .cache/gpu-check-site (the device tool carries it: that machine has no network).
+gpu-check-bundle: $(VENV)/.runtime-installed
+	$(VENV)/bin/python tools/gpu_check.py --bundle
 
 # tacc-lab is in the runtime venv (`make venv` installs it too): `make lab-down` after
 # `make demo` installs no dev tools.

@@ -2,7 +2,9 @@
 """`make gpu-check`: the project's GPU-facing code against a real GPU (not in `make test`:
 CI has no GPU). Run it on a GPU machine, e.g. the one the device tool lends; it needs no
 venv and no network: the machine's Python (PyYAML for the agent's config and tcloud,
-torch for the last check), nvidia-smi and, for the PCI side, lspci.
+torch for the last check), nvidia-smi and, for the PCI side, lspci. The pure-Python
+libraries the sources need beyond those (PURE_PYTHON) travel in .cache/gpu-check-site:
+`make gpu-check-bundle` fills it from the venv; carry it to the GPU machine.
 
 One report line per check, "PASS|FAIL|SKIP name: detail", details indented below it:
 
@@ -52,6 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # each distribution under packages/ goes on the path.
 DISTRIBUTIONS = ("contract", "plugins", "client", "agent", "ops")
 SOURCE_DIRS = [str(ROOT / "packages" / dist) for dist in DISTRIBUTIONS]
+# The pure-Python libraries the sources import beyond the standard library, PyYAML and
+# torch, which a GPU machine without network lacks: `make gpu-check-bundle` copies them
+# from the venv into BUNDLE, and the device tool carries it (carry: [.cache/gpu-check-site]).
+PURE_PYTHON = ("dockerfile_parse",)
+BUNDLE = ROOT / ".cache" / "gpu-check-site"
+if BUNDLE.is_dir():
+    SOURCE_DIRS.append(str(BUNDLE))
 for _source in SOURCE_DIRS:
     if _source not in sys.path:
         sys.path.insert(0, _source)
@@ -504,19 +513,27 @@ def compare_tools(
     return differences, record
 
 
-def fake_state(gpus: list[dict[str, str]]) -> dict:
-    """A fake node with as many GPUs, of the same model, as the real one lists."""
+def real_versions(smi: str) -> dict[str, str]:
+    """The driver and CUDA versions in the real summary table's header ({} if none)."""
+    header = run([smi]).stdout
+    found = re.search(r"Driver Version: (\S+)\s+CUDA Version: (\S+)", header)
+    return {"driver_version": found[1], "cuda_version": found[2]} if found else {}
+
+
+def fake_state(gpus: list[dict[str, str]], versions: dict[str, str]) -> dict:
+    """A fake node with as many GPUs, of the same model and driver series, as the real one:
+    the fake prints the table layout of the driver series it is given."""
     from tacc_lab.fakehw import GPU_MODELS, FakeHardware, device_state
 
     names = " ".join(g["name"] for g in gpus).lower()
     model = next((key for key in GPU_MODELS if key in names), "h100")
     hardware = FakeHardware(gpus=max(len(gpus), 1), gpu_model=model)
-    return device_state(hardware, socket.gethostname())
+    return {**device_state(hardware, socket.gethostname()), **versions}
 
 
 def fake_vs_real(smi: str, gpus: list[dict[str, str]], out_dir: Path) -> list[Line]:
     name = CHECKS["compare"]
-    state = fake_state(gpus)
+    state = fake_state(gpus, real_versions(smi))
     lines = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-fake-") as tmp:
         state_file = Path(tmp) / "state.json"
@@ -569,6 +586,7 @@ def make_job(tmp: Path, gpus: int) -> Path:
     """A committed job directory for train.py, as tests/unit/agent_jobs.py builds one."""
     import yaml
 
+    from tacc_agent.tasks.schedule import instruction as agent_instruction
     from tacc_agent.tasks.store import delta as store
     from tcloud.compile.compiler import compile_task
     from tcloud.compile.task_file import load_task
@@ -584,6 +602,8 @@ def make_job(tmp: Path, gpus: int) -> Path:
     }
     (project / "tcloud.yaml").write_text(yaml.safe_dump(task))
     instruction = compile_task(load_task(project / "tcloud.yaml"))
+    if os.environ.get("TACC_PLUGINS"):  # as the agent's CLI does with its config's plugins
+        agent_instruction.configure(os.environ["TACC_PLUGINS"].split(","))
     user_dir = tmp / "workspace" / "user"
     user_dir.mkdir(parents=True, mode=0o700)
     return Path(store.commit_local(user_dir, instruction)["workdir"])
@@ -732,13 +752,38 @@ def guarded(name: str, check: Callable[[], list[Line]]) -> list[Line]:
     try:
         return check()
     except ImportError as exc:
-        return [Line(FAIL, name, f"cannot import what it needs: {exc}")]
+        hint = (
+            f": run `make gpu-check-bundle` where the venv is and carry {BUNDLE.relative_to(ROOT)}"
+            if exc.name in PURE_PYTHON
+            else ""
+        )
+        return [Line(FAIL, name, f"cannot import what it needs: {exc}{hint}")]
     except Exception as exc:
         return [Line(FAIL, name, f"check crashed: {type(exc).__name__}: {exc}")]
 
 
+def bundle(target: Path = BUNDLE) -> int:
+    """Copy the PURE_PYTHON packages, as this interpreter imports them, into target."""
+    target.mkdir(parents=True, exist_ok=True)
+    for module in PURE_PYTHON:
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            print(f"gpu-check: {module} is not importable here: run it with the venv's python")
+            return 1
+        shutil.rmtree(target / module, ignore_errors=True)
+        source = Path(next(iter(spec.submodule_search_locations)))
+        shutil.copytree(source, target / module, ignore=shutil.ignore_patterns("__pycache__"))
+        print(f"gpu-check: {module} from {source} -> {target / module}")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--bundle",
+        action="store_true",
+        help=f"copy {', '.join(PURE_PYTHON)} from this interpreter into {BUNDLE} and stop",
+    )
     parser.add_argument(
         "--nvidia-smi", default="nvidia-smi", help="the real nvidia-smi (default: the one on PATH)"
     )
@@ -750,6 +795,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.bundle:
+        return bundle()
     chosen = args.only or list(CHECKS)
     smi = shutil.which(args.nvidia_smi)
     if smi is None:

@@ -34,6 +34,7 @@ NODE_RDMA_CONFIGFS = f"/{OPT}/config/rdma_cm"
 
 GPU_MODELS = {
     "h100": ("2330", "NVIDIA H100 80GB HBM3", 81559),
+    "h200": ("2335", "NVIDIA H200", 143771),
     "a100": ("20b2", "NVIDIA A100-SXM4-80GB", 81920),
     "l40s": ("26b9", "NVIDIA L40S", 46068),
 }

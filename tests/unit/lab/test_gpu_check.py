@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tacc_lab.fakehw import FakeHardware, device_state
+from tacc_lab.fakes import nvidia_smi
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "tools" / "gpu_check.py"
@@ -289,3 +290,24 @@ def test_blob_names_are_the_stores_own():
     for mode in (0o644, 0o755):
         assert blob_name("ab" * 32, mode) == f"{'ab' * 32}-{mode:o}"
     assert not hasattr(gpu_check, "blob_name")
+
+
+RECORDED_580 = Path(__file__).parent / "recorded" / "nvidia-smi-580-h200.txt"
+
+
+def test_the_fake_table_matches_the_real_580_driver_on_an_h200():
+    """The summary table the real nvidia-smi 580.159.04 printed on an H200 (`make
+    gpu-check` through the device tool, 2026-12-04) and the fake's for the same driver
+    series and model are alike in form; the 550 layout is not (its rule under the version
+    line starts with "|")."""
+    real = gpu_check.Output(0, RECORDED_580.read_text())
+    table = gpu_check.Invocation("table", (), (), "table")
+    hardware = FakeHardware(gpus=1, gpu_model="h200")
+    versions = {"driver_version": "580.159.04", "cuda_version": "13.0"}
+    state = {**device_state(hardware, "gpu01"), **versions}
+    names = (["NVIDIA H200"], ["NVIDIA H200"])
+    fake = gpu_check.Output(0, "\n".join(nvidia_smi.table(state)) + "\n")
+    assert gpu_check.compare(table, real, fake, names) == []
+    old = {**state, "driver_version": "550.54.15", "cuda_version": "12.4"}
+    fake_550 = gpu_check.Output(0, "\n".join(nvidia_smi.table(old)) + "\n")
+    assert any(d.startswith("line 4:") for d in gpu_check.compare(table, real, fake_550, names))

@@ -163,16 +163,29 @@ def row(left: str, middle: str, right: str) -> str:
     return f"|{left:<41}|{middle:<24}|{right:<22}|"
 
 
+def driver_series(state: dict[str, Any]) -> int:
+    """The driver's major version (550 for "550.54.15"), 0 when the state has none."""
+    major = str(state.get("driver_version", "")).split(".")[0]
+    return int(major) if major.isdigit() else 0
+
+
 def table(state: dict[str, Any]) -> list[str]:
-    """The default summary table, in the 550-series driver layout."""
+    """The default summary table in the layout of the state's driver series: the 550
+    series, or the 580 series as the real 580.159.04 prints it (`make gpu-check` on an
+    H200, 2026-12-04): a "+" rule under the version line, an empty line between the GPU
+    and process tables and a wider PID column."""
+    new_layout = driver_series(state) >= 580
     rule = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
     wide_rule = "+" + "-" * 89 + "+"
     driver, cuda = state.get("driver_version", "N/A"), state.get("cuda_version", "N/A")
+    now = time.localtime()
+    # The day of the month is padded with a space, as C's asctime() does: "Dec  4".
+    date = time.strftime("%a %b ", now) + f"{now.tm_mday:>2}" + time.strftime(" %H:%M:%S %Y", now)
     lines = [
-        time.strftime("%a %b %d %H:%M:%S %Y"),
+        date,
         wide_rule,
         f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}|",
-        "|" + rule[1:],
+        rule if new_layout else "|" + rule[1:],
         row(
             " GPU  Name                 Persistence-M",
             " Bus-Id          Disp.A",
@@ -202,11 +215,16 @@ def table(state: dict[str, Any]) -> list[str]:
             row("", "", f"{'Disabled':>21}"),
             rule,
         ]
+    processes = (
+        " GPU   GI   CI              PID   Type   Process name"
+        if new_layout
+        else " GPU   GI   CI        PID   Type   Process name"
+    )
     lines += [
-        " " * 89,
+        "" if new_layout else " " * 89,
         wide_rule,
         f"| {'Processes:':<88}|",
-        f"| {' GPU   GI   CI        PID   Type   Process name':<77}GPU Memory |",
+        f"| {processes:<77}GPU Memory |",
         f"| {'       ID   ID':<77}Usage      |",
         "|" + "=" * 89 + "|",
         f"| {' No running processes found':<88}|",
