@@ -171,7 +171,7 @@ def test_gpu_shards_let_jobs_share_n2s_gpus(runs):
     MULTIPLE_SHARING_GRES_PJ before 23.02), so each job asks for 2 of a GPU's 4 shards."""
     assert "shard:h100:16" in sh("n1", "scontrol show node n2")
     # Configless: n2 runs the controller's gres.conf, fetched into /run/slurm/conf.
-    assert "Name=shard Count=16" in sh("n2", "cat /run/slurm/conf/gres.conf")
+    assert "Name=shard Type=h100 Count=16" in sh("n2", "cat /run/slurm/conf/gres.conf")
     sh("n1", "timeout 60 srun -w n2 --gres=shard:1 true")
     jobs = [
         sh(

@@ -31,6 +31,9 @@ def two_controllers(inventory: Path) -> None:
             {"slurm_state_save_location": STATE, "tacc_agent_cluster_state_dir": AGENT_STATE}
         )
     )
+    # gpu01 offers its GPUs as shards too: both controllers must describe them alike.
+    with (inventory / "host_vars/gpu01.yml").open("a") as host_vars:
+        host_vars.write("slurm_gpu_sharing: shard\n")
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +57,20 @@ def test_both_controllers_are_in_slurm_conf_the_primary_first(rendered):
     # A backup that handed control back restarts as a fresh standby (Slurm 24.11 forgets
     # its ClusterID in control and would not take over again with slurmdbd away).
     assert "SlurmctldPrimaryOffProg=/usr/local/sbin/tacc-slurmctld-standby" in conf
-    # Each controller keeps the same file (it reads its own when it takes over).
-    assert (rendered / "login1/slurm.conf").read_bytes() == (
-        rendered / "ctl1/slurm.conf"
-    ).read_bytes()
+    # Each controller keeps the same files (it reads its own when it takes over, and
+    # configless slurmds fetch theirs from whichever is in control).
+    for name in ("slurm.conf", "gres.conf"):
+        assert (rendered / "login1" / name).read_bytes() == (rendered / "ctl1" / name).read_bytes()
+
+
+def test_shards_are_typed_like_their_gpus_for_a_controller_that_takes_over(rendered):
+    """slurmd reports shards with their GPU's type; a backup that takes over from the
+    saved state drained a node whose shards slurm.conf listed untyped (Slurm 24.11)."""
+    conf = (rendered / "login1/slurm.conf").read_text()
+    assert "NodeName=gpu01 NodeAddr=10.10.1.1 CPUs=64 RealMemory=489250 " in conf
+    assert "Gres=gpu:a100:8,shard:a100:32 " in conf
+    gres = (rendered / "login1/gres.conf").read_text().splitlines()
+    assert "NodeName=gpu01 Name=shard Type=a100 Count=32" in gres
 
 
 def test_slurmd_asks_both_controllers_for_its_configuration(rendered):

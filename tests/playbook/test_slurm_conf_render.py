@@ -230,9 +230,9 @@ def test_shared_gpus_add_shard_and_mps_gres_per_node(shared):
         for line in lines
         if line.startswith("NodeName=")
     ] == [
-        "NodeName=gpu[01-04] 489250 Gres=gpu:a100:8,shard:32 Features=a100,ib State=UNKNOWN",
+        "NodeName=gpu[01-04] 489250 Gres=gpu:a100:8,shard:a100:32 Features=a100,ib State=UNKNOWN",
         "NodeName=gpu[05-06] 489250 Gres=gpu:h100:4,mps:400 Features=h100,ib State=UNKNOWN",
-        "NodeName=gpu07 489250 Gres=gpu:a100:8,shard:16 Features=a100,ib,nvme State=UNKNOWN",
+        "NodeName=gpu07 489250 Gres=gpu:a100:8,shard:a100:16 Features=a100,ib,nvme State=UNKNOWN",
         "NodeName=gpu08 489250 Gres=gpu:a100:2,gpu:l40s:2 Features=a100,l40s,ib State=UNKNOWN",
     ]
     assert "GresTypes=gpu,shard,mps" in lines
@@ -245,11 +245,11 @@ def test_gres_conf_counts_shares_and_numbers_devices_across_gpu_types(shared):
     lines = (shared / "gres.conf").read_text().splitlines()
     assert [line for line in lines if line.startswith("NodeName=")] == [
         "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-7]",
-        "NodeName=gpu[01-04] Name=shard Count=32",
+        "NodeName=gpu[01-04] Name=shard Type=a100 Count=32",
         "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[0-3]",
         "NodeName=gpu[05-06] Name=mps Count=400",
         "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-7]",
-        "NodeName=gpu07 Name=shard Count=16",
+        "NodeName=gpu07 Name=shard Type=a100 Count=16",
         "NodeName=gpu08 Name=gpu Type=a100 File=/dev/nvidia[0-1]",
         "NodeName=gpu08 Name=gpu Type=l40s File=/dev/nvidia[2-3]",
     ]

@@ -229,10 +229,15 @@ def test_role_defaults_are_the_fallback_of_a_host_without_the_variable():
 @pytest.mark.parametrize(
     ("gres", "sharing", "expected"),
     [
-        (["gpu:h100:4"], "shard", ["gpu:h100:4", "shard:16"]),
+        (["gpu:h100:4"], "shard", ["gpu:h100:4", "shard:h100:16"]),
         (["gpu:h100:4"], "mps", ["gpu:h100:4", "mps:400"]),
         (["gpu:h100:4"], "none", ["gpu:h100:4"]),
-        (["gpu:a100:2", "gpu:l40s:2"], "shard", ["gpu:a100:2", "gpu:l40s:2", "shard:16"]),
+        (
+            ["gpu:a100:2", "gpu:l40s:2"],
+            "shard",
+            ["gpu:a100:2", "gpu:l40s:2", "shard:a100:8", "shard:l40s:8"],
+        ),
+        (["gpu:a100:2", "gpu:a100:2"], "shard", ["gpu:a100:2", "gpu:a100:2", "shard:a100:16"]),
         ("gpu:2,nic:1", "shard", ["gpu:2", "nic:1", "shard:8"]),  # a string, untyped GPUs
         ([], "shard", []),  # no GPU: nothing to share
         (["nic:2"], "mps", ["nic:2"]),
@@ -268,14 +273,14 @@ def test_features_split_nodes_that_differ_only_in_features():
     assert [(g["names"], g["gres"], g["features"]) for g in groups] == [
         ("g[1-2]", "gpu:h100:4", "h100"),
         ("g3", "gpu:h100:4", "h100,ib"),
-        ("g4", "gpu:h100:4,shard:16", "h100"),
+        ("g4", "gpu:h100:4,shard:h100:16", "h100"),
     ]
     assert hostlist.tacc_gres_types(groups) == "gpu,shard"
     # gres.conf only cares about the Gres: g1-g3 share their lines.
     assert hostlist.tacc_gres_conf(groups) == [
         "NodeName=g[1-3] Name=gpu Type=h100 File=/dev/nvidia[0-3]",
         "NodeName=g4 Name=gpu Type=h100 File=/dev/nvidia[0-3]",
-        "NodeName=g4 Name=shard Count=16",
+        "NodeName=g4 Name=shard Type=h100 Count=16",
     ]
 
 
