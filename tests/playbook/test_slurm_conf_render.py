@@ -50,6 +50,12 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
     ]
     assert "SlurmctldHost=ctl1(10.10.0.10)" in conf
     assert "PartitionName=urgent Nodes=ALL Default=NO MaxTime=12:00:00" in conf
+    # A GPU job naming no CPUs or memory gets a node's share per GPU: 64 CPUs and
+    # 489250 MB over 8 GPUs.
+    assert (
+        "PartitionName=batch Nodes=ALL Default=YES MaxTime=3-00:00:00 State=UP PriorityTier=1 "
+        "DefCpuPerGPU=8 DefMemPerGPU=61156\n"
+    ) in conf
     assert "PriorityTier=10 QOS=urgent" in conf
     for line in (
         "PreemptType=preempt/partition_prio",
@@ -169,7 +175,11 @@ def test_nodes_with_the_same_hardware_share_a_line(mixed):
         "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 RealMemory=978500 Gres=gpu:a100:8 "
         "Features=a100,ib State=UNKNOWN",
     ]
-    assert "PartitionName=small Nodes=gpu[03-04,07] Default=NO" in mixed.read_text()
+    # gpu03 and gpu07 could give 16 CPUs per GPU, gpu04 only 8: the partition's default
+    # is what every node of it can give.
+    small = next(line for line in lines if line.startswith("PartitionName=small "))
+    assert small.startswith("PartitionName=small Nodes=gpu[03-04,07] Default=NO"), small
+    assert small.endswith(" DefCpuPerGPU=8 DefMemPerGPU=61156"), small
 
 
 def test_nodename_and_nodeaddr_expand_to_each_hosts_address(mixed):

@@ -109,6 +109,36 @@ def tacc_hostlist(nodes: str | Iterable[str]) -> str:
     return compress(sorted(set(map(_check, nodes)), key=natural_key))
 
 
+def _top_level_terms(text: str) -> list[str]:
+    """The comma-separated terms of a hostlist, commas inside brackets kept."""
+    terms, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            terms.append(text[start:index])
+            start = index + 1
+    return [term.strip() for term in [*terms, text[start:]] if term.strip()]
+
+
+def expand(hostlist: str) -> list[str]:
+    """The names a hostlist stands for, in order: "gpu[01-02],n3" -> gpu01, gpu02, n3."""
+    names: list[str] = []
+    for term in _top_level_terms(hostlist):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", term)
+        if match is None:
+            names.append(_check(term))
+            continue
+        prefix, ranges, rest = match.groups()
+        tails = expand(rest) if rest else [""]
+        for part in ranges.split(","):
+            low, _, high = part.strip().partition("-")
+            if not low.isdigit() or not (high or low).isdigit():
+                raise ValueError(f"{term!r}: {part!r} is not a number or a range of numbers")
+            for number in range(int(low), int(high or low) + 1):
+                names += [f"{prefix}{number:0{len(low)}d}{tail}" for tail in tails]
+    return names
+
+
 SHARING = ("none", "shard", "mps")
 
 
@@ -202,8 +232,9 @@ def gres_conf_lines(gres: list[str]) -> list[str]:
 
 def _host_key(
     values: Mapping, cpus: object, memory_mb: object, memory_factor: float, defaults: dict
-) -> tuple[str, int, str, str]:
-    """(cpus, RealMemory, Gres, Features) of one host: what its NodeName line says."""
+) -> tuple[str, int, str, str, int, int]:
+    """(cpus, RealMemory, Gres, Features, CoreSpecCount, MemSpecLimit) of one host: what
+    its NodeName line says."""
     gres = node_gres(
         values.get("slurm_node_gres", defaults["gres"]),
         str(values.get("slurm_gpu_sharing", defaults["sharing"])),
@@ -216,6 +247,8 @@ def _host_key(
         int(float(values.get("slurm_node_memory_mb", memory_mb)) * float(memory_factor)),
         ",".join(gres),
         ",".join(features),
+        int(values.get("slurm_node_core_spec_count", defaults["core_spec"])),
+        int(values.get("slurm_node_mem_spec_limit_mb", defaults["mem_spec"])),
     )
 
 
@@ -232,6 +265,8 @@ ROLE_DEFAULTS = {
     "slurm_gpu_shards_per_gpu": 4,
     "slurm_gpu_mps_per_gpu": 100,
     "slurm_node_features": [],
+    "slurm_node_core_spec_count": 0,
+    "slurm_node_mem_spec_limit_mb": 0,
 }
 
 
@@ -246,6 +281,8 @@ def tacc_slurm_nodes(
     shards_per_gpu: object = ROLE_DEFAULTS["slurm_gpu_shards_per_gpu"],
     mps_per_gpu: object = ROLE_DEFAULTS["slurm_gpu_mps_per_gpu"],
     features: object = (),
+    core_spec: object = ROLE_DEFAULTS["slurm_node_core_spec_count"],
+    mem_spec: object = ROLE_DEFAULTS["slurm_node_mem_spec_limit_mb"],
 ) -> list[dict]:
     """slurm.conf's node lines for `hosts`: one dict per distinct hardware, {names, addrs,
     cpus, real_memory, gres, features, hosts}. names is a hostlist; addrs is the hostlist
@@ -268,14 +305,17 @@ def tacc_slurm_nodes(
         "shards_per_gpu": shards_per_gpu,
         "mps_per_gpu": mps_per_gpu,
         "features": features,
+        "core_spec": core_spec,
+        "mem_spec": mem_spec,
     }
-    groups: dict[tuple[str, int, str, str], list[tuple[str, str]]] = {}
+    groups: dict[tuple[str, int, str, str, int, int], list[tuple[str, str]]] = {}
     for host in hosts:
         values = hostvars[host]  # the costly part: all of the host's variables
         key = _host_key(values, cpus, memory_mb, memory_factor, defaults)
         groups.setdefault(key, []).append((_check(host), _check(values.get("ansible_host", host))))
     result = []
-    for (node_cpus, real_memory, node_gres_text, node_feature_text), pairs in groups.items():
+    for key, pairs in groups.items():
+        node_cpus, real_memory, node_gres_text, node_feature_text, core_spec_count, mem_spec = key
         pairs.sort(key=lambda pair: natural_key(pair[0]))
         names = [name for name, _ in pairs]
         if len(set(names)) != len(names):
@@ -288,6 +328,8 @@ def tacc_slurm_nodes(
             "real_memory": real_memory,
             "gres": node_gres_text,
             "features": node_feature_text,
+            "core_spec_count": core_spec_count,
+            "mem_spec_limit": mem_spec,
             "hosts": names,
         }
         result.append((natural_key(names[0]), group))
@@ -320,6 +362,34 @@ def tacc_gres_conf(groups: Iterable[Mapping]) -> list[str]:
     ]
 
 
+def tacc_partition_gpu_defaults(groups: Iterable[Mapping], partition: Mapping) -> dict[str, int]:
+    """DefCpuPerGPU and DefMemPerGPU (MB) of a partition (a slurm_partitions entry) from
+    tacc_slurm_nodes' groups: over the partition's GPU nodes, the most CPUs and memory
+    per GPU that every one of them can give (its CPUs less CoreSpecCount, its RealMemory
+    less MemSpecLimit, divided by its GPUs), so a job of default size fits on any of
+    them; none where some node has fewer than one per GPU. The entry's def_cpu_per_gpu /
+    def_mem_per_gpu win (0 leaves one out); {} for a partition without GPU nodes. A GPU job that names no CPUs or memory gets these
+    (cons_tres), not one CPU and DefMemPerCPU."""
+    members = partition.get("nodes", "ALL")
+    if isinstance(members, str):
+        chosen = None if members.strip().upper() == "ALL" else set(expand(members))
+    else:
+        chosen = {_check(name) for name in members}
+    cpus, memory = [], []
+    for group in groups:
+        gpus = _gpu_count(map(_parse_gres, _gres_list(group["gres"])))
+        if not gpus or (chosen is not None and not chosen.intersection(group["hosts"])):
+            continue
+        cpus.append((int(group["cpus"]) - int(group.get("core_spec_count", 0))) // gpus)
+        memory.append((int(group["real_memory"]) - int(group.get("mem_spec_limit", 0))) // gpus)
+    # A node with fewer CPUs than GPUs cannot give each GPU one: no CPU default then.
+    found = {"DefCpuPerGPU": min(cpus), "DefMemPerGPU": min(memory)} if cpus else {}
+    for key, option in (("DefCpuPerGPU", "def_cpu_per_gpu"), ("DefMemPerGPU", "def_mem_per_gpu")):
+        if partition.get(option) is not None:
+            found[key] = int(partition[option])
+    return {key: value for key, value in found.items() if value > 0}
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -327,4 +397,5 @@ class FilterModule:
             "tacc_slurm_nodes": tacc_slurm_nodes,
             "tacc_gres_types": tacc_gres_types,
             "tacc_gres_conf": tacc_gres_conf,
+            "tacc_partition_gpu_defaults": tacc_partition_gpu_defaults,
         }

@@ -140,6 +140,8 @@ def test_the_lab_compute_nodes_share_one_line():
             "real_memory": 972,
             "gres": "",
             "features": "",
+            "core_spec_count": 0,
+            "mem_spec_limit": 0,
             "hosts": ["n2", "n3"],
         }
     ]
@@ -151,7 +153,8 @@ def test_nodes_group_by_hardware_and_pair_addresses():
     hostvars["gpu06"]["slurm_node_memory_mb"] = 2048
     hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
     groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
-    assert [{k: v for k, v in g.items() if k != "hosts"} for g in groups] == [
+    spec = ("hosts", "core_spec_count", "mem_spec_limit")
+    assert [{k: v for k, v in g.items() if k not in spec} for g in groups] == [
         {
             "names": "gpu[01-02,04-05,08]",
             "addrs": "10.10.1.[1-2,4-5,8]",
@@ -292,3 +295,85 @@ def test_gres_conf_lines_number_devices_across_entries():
         "Name=nic Type=ib Count=1",
     ]
     assert hostlist.tacc_gres_types([{"gres": ""}, {"gres": "nic:1,gpu:2"}]) == "gpu,nic"
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("gpu[01-03],n7", ["gpu01", "gpu02", "gpu03", "n7"]),
+        ("n[1,3-4]", ["n1", "n3", "n4"]),
+        ("rack[1-2]-gpu[1-2]", ["rack1-gpu1", "rack1-gpu2", "rack2-gpu1", "rack2-gpu2"]),
+        ("login1", ["login1"]),
+    ],
+)
+def test_expand_is_the_inverse_of_compress(text, names):
+    assert hostlist.expand(text) == names
+    assert hostlist.expand(hostlist.compress(names)) == names
+
+
+def test_expand_names_a_range_that_is_not_one():
+    with pytest.raises(ValueError, match="'n\\[a-b\\]': 'a-b' is not a number"):
+        hostlist.expand("n[a-b]")
+
+
+def gpu_shapes() -> dict[str, dict]:
+    """Two kinds of GPU node and a CPU node: 64 CPUs / 8 GPUs and 48 CPUs / 4 GPUs."""
+    return {
+        "big1": {
+            "slurm_node_cpus": 64,
+            "slurm_node_memory_mb": 1_000_000,
+            "slurm_node_gres": ["gpu:h100:8"],
+        },
+        "small1": {
+            "slurm_node_cpus": 48,
+            "slurm_node_memory_mb": 200_000,
+            "slurm_node_gres": ["gpu:l40s:4"],
+        },
+        "cpu1": {"slurm_node_cpus": 128, "slurm_node_memory_mb": 512_000},
+    }
+
+
+def test_a_gpu_partition_gets_the_cpus_and_memory_per_gpu_every_node_can_give():
+    groups = hostlist.tacc_slurm_nodes(gpu_shapes(), gpu_shapes(), memory_factor=1.0)
+    defaults = hostlist.tacc_partition_gpu_defaults
+    # big: 64/8 = 8 CPUs, 125000 MB; small: 48/4 = 12 CPUs, 50000 MB: the least of each.
+    assert defaults(groups, {"name": "all", "nodes": "ALL"}) == {
+        "DefCpuPerGPU": 8,
+        "DefMemPerGPU": 50000,
+    }
+    assert defaults(groups, {"name": "s", "nodes": "small[1-2]"}) == {
+        "DefCpuPerGPU": 12,
+        "DefMemPerGPU": 50000,
+    }
+    assert defaults(groups, {"name": "b", "nodes": ["big1", "cpu1"]}) == {
+        "DefCpuPerGPU": 8,
+        "DefMemPerGPU": 125000,
+    }
+    assert defaults(groups, {"name": "cpu", "nodes": "cpu1"}) == {}  # no GPU node
+    # The entry's own values win; 0 leaves one out.
+    own = {"name": "all", "def_cpu_per_gpu": 4, "def_mem_per_gpu": 0}
+    assert defaults(groups, own) == {"DefCpuPerGPU": 4}
+
+
+def test_cores_and_memory_kept_for_the_system_are_not_shared_out():
+    shapes = gpu_shapes()
+    shapes["big1"] |= {"slurm_node_core_spec_count": 8, "slurm_node_mem_spec_limit_mb": 40000}
+    groups = hostlist.tacc_slurm_nodes(["big1"], shapes, memory_factor=1.0)
+    assert (groups[0]["core_spec_count"], groups[0]["mem_spec_limit"]) == (8, 40000)
+    assert hostlist.tacc_partition_gpu_defaults(groups, {"name": "b"}) == {
+        "DefCpuPerGPU": 7,  # (64 - 8) / 8
+        "DefMemPerGPU": 120000,  # (1000000 - 40000) / 8
+    }
+
+
+def test_no_cpu_default_where_a_node_has_fewer_cpus_than_gpus():
+    """The lab's n2: 2 CPUs, 4 GPUs. One CPU per GPU would leave --gres=gpu:4 pending."""
+    shapes = {
+        "n2": {
+            "slurm_node_cpus": 2,
+            "slurm_node_memory_mb": 24000,
+            "slurm_node_gres": ["gpu:h100:4"],
+        }
+    }
+    groups = hostlist.tacc_slurm_nodes(["n2"], shapes, memory_factor=1.0)
+    assert hostlist.tacc_partition_gpu_defaults(groups, {"name": "batch"}) == {"DefMemPerGPU": 6000}
