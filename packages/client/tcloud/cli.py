@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tacc_contract import schema
+from tacc_contract import cpus_and_memory, schema
 from tacc_contract.jobs import FINAL_STATES
 from tcloud import local
 from tcloud.compile import imagebuild, local_paths, tasks
@@ -285,10 +285,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if task.spec.image_build:
         build = imagebuild.locate(task.spec, task.source)
         image = {"image_build": {"file": build.file, "base": build.build.base}}
+    per_node = cpus_and_memory.described(task.spec.resources)
     if args.json:
-        print(json.dumps({"file": task.source, "valid": True, "name": task.name, **image}))
+        fields = {"file": task.source, "valid": True, "name": task.name, "per_node": per_node}
+        print(json.dumps({**fields, **image}))
         return EXIT_OK
     print(f"{task.source}: valid task {task.name!r}")
+    print(f"  per node: {per_node}")
     if task.spec.image:
         print(f"  image {task.spec.image} ({tasks.IMAGE_AT_SUBMIT})")
     if "image_build" in image:

@@ -21,6 +21,7 @@ from tacc_contract.registry import PluginError, available, from_env, in_layer, i
 from tacc_contract.schema import (
     CLUSTER,
     TaskSpec,
+    check_cpus_and_memory,
     check_image,
     check_image_value,
     check_session,
@@ -191,6 +192,7 @@ def _parse(text: str, source: str, configured: list[str], pinned: bool) -> TaskS
     check_image_build(validator, task_node, task)
     check_image(validator, task_node, task, prefix="task.")
     check_session(validator, task_node, task, prefix="task.")
+    check_cpus_and_memory(validator, task_node, task, prefix="task.")
     if pinned:
         check_pinned(validator, task_node, task)
     check_with_plugins(validator, task_node, task, configured)

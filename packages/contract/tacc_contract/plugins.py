@@ -158,6 +158,9 @@ class Partition:
     name: str
     default: bool
     nodes: tuple[str, ...]
+    # Its JobDefaults: what a GPU job that names no CPUs or memory gets per GPU (0: none).
+    cpus_per_gpu: int = 0
+    mem_per_gpu_mb: int = 0
 
 
 @dataclass(frozen=True)

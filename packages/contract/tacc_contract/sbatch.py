@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tacc_contract import cpus_and_memory
 from tacc_contract.errors import Rejected
 
 # A task that sets no time; USR1 this long before the limit (defined where the agent's
@@ -59,8 +60,11 @@ def base_options(task: TaskSpec, job_dir: Path, config: SbatchDefaults) -> dict[
         "nodes": str(res["nodes"]),
         # One Slurm task per process (srun, mpirun's slots); torchrun starts its own.
         "ntasks-per-node": str(slurm_tasks_per_node(task)),
-        "cpus-per-task": str(res["cpus"]),
-        "mem": res["mem"],
+        **dict(
+            option
+            for option in (cpus_and_memory.cpu_option(res), cpus_and_memory.memory_option(res))
+            if option
+        ),
         "time": res["time"] or config.default_time_limit,
         "requeue": None,
         "chdir": str(job_dir),

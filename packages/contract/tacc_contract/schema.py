@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from tacc_contract import cpus_and_memory
 from tacc_contract.errors import Problem, Rejected, TaskFileError
 from tacc_contract.fields import (
     Field,
@@ -116,8 +117,12 @@ RESOURCES = {
         check=between(1, MAX_PROCESSES_PER_NODE),
         expected=f"processes per node (1 to {MAX_PROCESSES_PER_NODE})",
     ),
-    "cpus": Field("int", default=1, check=at_least(1), expected="CPUs per task (>= 1)"),
-    "mem": Field("str", default="4G", check=positive_size, expected="a size like 4G or 512M"),
+    # Unset: per GPU, the partition's DefCpuPerGPU / DefMemPerGPU for a task with whole
+    # GPUs, else 1 CPU per process and 4G per node (tacc_contract.cpus_and_memory).
+    "cpus": Field("int", check=at_least(1), expected="CPUs per task (>= 1)"),
+    "mem": Field("str", check=positive_size, expected="a size like 4G or 512M"),
+    "cpus_per_gpu": Field("int", check=at_least(1), expected="CPUs per GPU (>= 1)"),
+    "mem_per_gpu": Field("str", check=positive_size, expected="a size like 64G or 512M"),
     # Unset: the cluster's default (tacc-agent default_time_limit, 01:00:00), or a
     # prediction from earlier runs (the duration plug-in).
     "time": Field("str", check=slurm_time, expected="a Slurm time"),
@@ -398,6 +403,16 @@ def check_session(validator: Validator, root: yaml.Node, data: dict, prefix: str
         validator.problem(node_at(root, name), f"{prefix}{name}", SESSION_TIME_REFUSED)
 
 
+def check_cpus_and_memory(
+    validator: Validator, root: yaml.Node, data: dict, prefix: str = ""
+) -> None:
+    """cpus_per_gpu and mem_per_gpu need whole GPUs and go instead of cpus and mem."""
+    resources = data.get("resources") or {}
+    for name, message in cpus_and_memory.conflicts(resources):
+        field = f"resources.{name}"
+        validator.problem(node_at(root, field), f"{prefix}{field}", message)
+
+
 # The environment fields an image replaces: its own software is the environment.
 IMAGE_EXCLUDES = ("requirements", "lock", "modules")
 BUILD_PATH_EXPECTED = (
@@ -487,6 +502,7 @@ def validated(path: Path, root: yaml.Node, selection: list[str]) -> TaskSpec:
         check_image_value(validator, root, data)
         check_image(validator, root, data)
         check_session(validator, root, data)
+        check_cpus_and_memory(validator, root, data)
     if not validator.problems:
         # Plug-ins see every section with its defaults filled in.
         for section in ("code", "resources", "environment", "runtime"):

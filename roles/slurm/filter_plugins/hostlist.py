@@ -368,8 +368,9 @@ def tacc_partition_gpu_defaults(groups: Iterable[Mapping], partition: Mapping) -
     per GPU that every one of them can give (its CPUs less CoreSpecCount, its RealMemory
     less MemSpecLimit, divided by its GPUs), so a job of default size fits on any of
     them; none where some node has fewer than one per GPU. The entry's def_cpu_per_gpu /
-    def_mem_per_gpu win (0 leaves one out); {} for a partition without GPU nodes. A GPU job that names no CPUs or memory gets these
-    (cons_tres), not one CPU and DefMemPerCPU."""
+    def_mem_per_gpu win (0 leaves one out); {} for a partition without GPU nodes. A GPU
+    job that names no CPUs or memory gets these (cons_tres), not one CPU and
+    DefMemPerCPU."""
     members = partition.get("nodes", "ALL")
     if isinstance(members, str):
         chosen = None if members.strip().upper() == "ALL" else set(expand(members))

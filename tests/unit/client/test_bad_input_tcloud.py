@@ -314,6 +314,24 @@ TASK_FILE_CASES = [
         ["resources.cpus: expected an integer >= 1, got 0"],
     ),
     (
+        "cpus-and-cpus-per-gpu",
+        "name: t\nrun: [x]\nresources:\n  gpus_per_node: 8\n  cpus: 4\n  cpus_per_gpu: 8\n",
+        ["tcloud.yaml:6:17: resources.cpus_per_gpu: set either cpus or cpus_per_gpu, not both"],
+    ),
+    (
+        "mem-per-gpu-without-gpus",
+        "name: t\nrun: [x]\nresources: {mem_per_gpu: 64G}\n",
+        [
+            "tcloud.yaml:3:26: resources.mem_per_gpu: needs whole GPUs: set "
+            "resources.gpus_per_node (1 or more)"
+        ],
+    ),
+    (
+        "cpus-per-gpu-zero",
+        "name: t\nrun: [x]\nresources: {gpus_per_node: 2, cpus_per_gpu: 0}\n",
+        ["resources.cpus_per_gpu: expected an integer >= 1, got 0"],
+    ),
+    (
         "gpus-negative",
         "name: t\nrun: [x]\nresources: {gpus_per_node: -1}\n",
         ["resources.gpus_per_node: expected whole GPUs (0, 1, 2, ...) or a", "got -1"],

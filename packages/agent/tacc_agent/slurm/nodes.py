@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tacc_agent.errors import AgentError
 from tacc_agent.slurm import gres, oneliner, run
@@ -96,6 +96,14 @@ class PartitionRecord:
     default: bool
     max_nodes: str  # a count, or UNLIMITED
     qos: str  # its own QOS, as printed (N/A for none): `QoS=`, a job's is `QOS=`
+    # JobDefaults=DefCpuPerGPU=8,DefMemPerGPU=65536 ((null) for none): {name: number}.
+    job_defaults: dict[str, int] = field(default_factory=dict)
+
+
+def job_defaults(text: str) -> dict[str, int]:
+    """`JobDefaults=` of a partition: {"DefCpuPerGPU": 8, "DefMemPerGPU": 65536}."""
+    pairs = (item.partition("=") for item in text.split(",") if "=" in item)
+    return {name: int(value) for name, _, value in pairs if value.isdigit()}
 
 
 def partition_of(record: dict[str, str]) -> PartitionRecord:
@@ -104,6 +112,7 @@ def partition_of(record: dict[str, str]) -> PartitionRecord:
         record.get("Default") == "YES",
         record.get("MaxNodes", ""),
         record.get("QoS", ""),
+        job_defaults(record.get("JobDefaults", "")),
     )
 
 

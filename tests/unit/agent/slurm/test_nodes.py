@@ -65,6 +65,14 @@ def test_a_partition_record_as_scontrol_prints_it():
     assert nodes.partition_of(parse_oneliner(PARTITION)) == nodes.PartitionRecord(
         "gpu", False, "4", "gpu-part"
     )
+    # The per-GPU defaults the slurm role sets; Slurm prints "(null)" for none.
+    with_defaults = PARTITION + " JobDefaults=DefCpuPerGPU=8,DefMemPerGPU=61156"
+    assert nodes.partition_of(parse_oneliner(with_defaults)).job_defaults == {
+        "DefCpuPerGPU": 8,
+        "DefMemPerGPU": 61156,
+    }
+    none = nodes.partition_of(parse_oneliner(PARTITION + " JobDefaults=(null)"))
+    assert none.job_defaults == {}
 
 
 def test_the_queries_and_the_one_drain_and_resume(monkeypatch):

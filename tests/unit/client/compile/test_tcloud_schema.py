@@ -137,3 +137,30 @@ def test_cli_init_writes_a_valid_file_once(tmp_path):
     assert run_cli("tcloud", "validate", str(tmp_path / "proj")).returncode == 0
     again = run_cli("tcloud", "init", str(tmp_path / "proj"))
     assert again.returncode == 4 and "--force" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("resources", "per_node"),
+    [
+        (
+            "{gpus_per_node: 8}",
+            "CPUs: the partition's DefCpuPerGPU x 8 GPU(s); "
+            "memory: the partition's DefMemPerGPU x 8 GPU(s)",
+        ),
+        (
+            "{gpus_per_node: 2, cpus_per_gpu: 6, mem: 100G}",
+            "CPUs: 6 per GPU x 2; memory: 100G per node",
+        ),
+        ("{}", "CPUs: 1 per process; memory: 4G per node"),
+        ("{gpus_per_node: 0.5}", "CPUs: 1 per process; memory: 4G per node"),  # a share
+    ],
+)
+def test_validate_says_what_cpus_and_memory_the_job_will_get(tmp_path, resources, per_node):
+    """Issue [22]: a task that names GPUs but not CPUs or memory gets the per-GPU
+    defaults, never 1 CPU; `tcloud validate` says which."""
+    (tmp_path / "tcloud.yaml").write_text(f"name: t\nrun: [x]\nresources: {resources}\n")
+    proc = run_cli("tcloud", "validate", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert f"  per node: {per_node}\n" in proc.stdout
+    as_json = run_cli("tcloud", "validate", "--json", str(tmp_path))
+    assert f'"per_node": "{per_node}"' in as_json.stdout

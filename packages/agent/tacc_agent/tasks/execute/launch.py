@@ -44,6 +44,7 @@ from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.schedule import transport
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.schedule.submit import cluster_plugins
+from tacc_contract import cpus_and_memory
 from tacc_contract.images import parse_reference
 from tacc_contract.plugins import Launch, Outcome
 from tacc_contract.registry import in_layer
@@ -403,6 +404,26 @@ def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder
     )
 
 
+def wrapper_cpus(task: TaskSpec, per_node: int) -> int:
+    """CPUs per wrapper: the task's `cpus`; else (per-GPU CPUs, chosen by the task or the
+    partition) an even part of what Slurm gave the job on this node."""
+    option = cpus_and_memory.cpu_option(task.resources)
+    if option is not None and option[0] == "cpus-per-task":
+        return int(option[1])
+    on_node = int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0)
+    return max(on_node // max(per_node, 1), 1)
+
+
+def wrapper_memory(task: TaskSpec) -> list[str]:
+    """Memory per node for the wrappers' step: the job's own memory when it was given per
+    GPU (a step asks for memory per CPU otherwise, DefMemPerCPU, and per-GPU memory
+    reaches a step only with GPUs it asks for)."""
+    option = cpus_and_memory.memory_option(task.resources)
+    if option is None or option[0] == "mem-per-gpu":
+        return ["--mem=0"]  # all of the job's memory on each node
+    return []
+
+
 def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
     """How the batch step starts the wrappers: srun, one per process (launcher srun) or
     per node (torchrun); mpirun's one wrapper runs right here, in the batch step, so
@@ -414,14 +435,16 @@ def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:
     nodes = 1 if task.runtime["launcher"] in FIRST_NODE_LAUNCHERS else allocated
     per_node = wrappers_per_node(task)
     # Slurm 22.05's srun no longer takes the job's cpus-per-task from the environment:
-    # each wrapper (and what it starts: torchrun's workers) gets the CPUs the task asked.
+    # each wrapper (and what it starts: torchrun's workers) gets the CPUs the task asked,
+    # or, where Slurm chose them per GPU, its part of the node's.
     return [
         "srun",
         "--kill-on-bad-exit=1",
         f"--nodes={nodes}",
         f"--ntasks={nodes * per_node}",
         f"--ntasks-per-node={per_node}",
-        f"--cpus-per-task={task.resources['cpus']}",
+        f"--cpus-per-task={wrapper_cpus(task, per_node)}",
+        *wrapper_memory(task),
         f"--mpi={task.runtime['mpi']}",
         "--export=ALL",
         *AGENT,

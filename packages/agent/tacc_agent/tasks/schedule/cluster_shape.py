@@ -31,6 +31,8 @@ def scheduling_partitions(records: list[PartitionRecord], nodes: list[Node]) -> 
             name=record.name,
             default=record.default,
             nodes=tuple(n.name for n in nodes if record.name in n.partitions),
+            cpus_per_gpu=record.job_defaults.get("DefCpuPerGPU", 0),
+            mem_per_gpu_mb=record.job_defaults.get("DefMemPerGPU", 0),
         )
         for record in records
     ]

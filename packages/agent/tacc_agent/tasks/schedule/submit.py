@@ -26,6 +26,7 @@ from tacc_agent.tasks.schedule import found_again as submitting
 from tacc_agent.tasks.schedule.cluster_shape import read_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.store import workspace
+from tacc_contract import cpus_and_memory
 from tacc_contract.instruction import digest_of
 from tacc_contract.jobs import SCRIPT
 from tacc_contract.plugins import (
@@ -50,6 +51,31 @@ def memory_mb(text: str) -> float:
     return int(match.group(1)) * UNITS_MB[match.group(2)] if match else 0
 
 
+def wanted_cpus(task: TaskSpec, partition: Partition) -> tuple[str, float, str]:
+    """(field, CPUs per node, what they are) the job will hold on each node; 0 when the
+    partition's per-GPU default decides and it has none (Slurm's own then)."""
+    res, gpus = task.resources, cpus_and_memory.whole_gpus(task.resources)
+    option = cpus_and_memory.cpu_option(res)
+    if option is None:
+        return "gpus_per_node", gpus * partition.cpus_per_gpu, f"CPUs ({gpus} GPUs x DefCpuPerGPU)"
+    if option[0] == "cpus-per-gpu":
+        return "cpus_per_gpu", gpus * int(option[1]), f"CPUs ({gpus} GPUs x {option[1]})"
+    tasks = slurm_tasks_per_node(task)  # each Slurm task gets `cpus` CPUs
+    what = "CPUs" if tasks == 1 else f"CPUs ({tasks} processes x {option[1]})"
+    return "cpus", int(option[1]) * tasks, what
+
+
+def wanted_memory(task: TaskSpec, partition: Partition) -> tuple[str, float, str]:
+    """(field, MB per node, what they are) as wanted_cpus."""
+    res, gpus = task.resources, cpus_and_memory.whole_gpus(task.resources)
+    option = cpus_and_memory.memory_option(res)
+    if option is None:
+        return "gpus_per_node", gpus * partition.mem_per_gpu_mb, "MB of memory (DefMemPerGPU)"
+    if option[0] == "mem-per-gpu":
+        return "mem_per_gpu", gpus * memory_mb(option[1]), f"MB of memory ({gpus} GPUs)"
+    return "mem", memory_mb(option[1]), "MB of memory"
+
+
 def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node]) -> str:
     """The partition the job goes to; Rejected when no state of the cluster could run it."""
     res = task.resources
@@ -72,18 +98,10 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
             )
         partition = defaults[0]
     members = [n for n in nodes if n.name in partition.nodes]
-    want_mem = memory_mb(res["mem"])
-    tasks = slurm_tasks_per_node(task)  # each Slurm task gets `cpus` CPUs
-    cpus = (
-        "cpus",
-        res["cpus"] * tasks,
-        "CPUs" if tasks == 1 else f"CPUs ({tasks} processes x {res['cpus']})",
-        lambda n: n.cpus,
-    )
     limits = (
         ("gpus_per_node", res["gpus_per_node"], "GPUs", lambda n: n.gpus),
-        cpus,
-        ("mem", want_mem, "MB of memory", lambda n: n.memory_mb),
+        (*wanted_cpus(task, partition), lambda n: n.cpus),
+        (*wanted_memory(task, partition), lambda n: n.memory_mb),
     )
     for field, wanted, what, have in limits:
         most = max((have(n) for n in members), default=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ NODES = [
     "NodeName=cpu01 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu,all State=IDLE",
 ]
 PARTITIONS = [
-    "PartitionName=gpu AllowGroups=ALL Default=NO Nodes=gpu[01-02] State=UP",
+    "PartitionName=gpu AllowGroups=ALL Default=NO Nodes=gpu[01-02] State=UP "
+    "JobDefaults=DefCpuPerGPU=8,DefMemPerGPU=64000",
     "PartitionName=cpu Default=YES Nodes=cpu01 State=UP",
     "PartitionName=all Default=NO Nodes=gpu[01-02],cpu01 State=UP",
 ]
@@ -84,6 +86,17 @@ def test_default_partition_and_fitting_request_pass():
             "2 nodes requested, but partition 'gpu' has 1 node(s) that fit",
         ),
         ({"cpus": 65, "partition": "all"}, "resources.cpus", "65 CPUs per node"),
+        (
+            {"partition": "gpu", "gpus_per_node": 8, "cpus_per_gpu": 9},
+            "resources.cpus_per_gpu",
+            "72 CPUs (8 GPUs x 9) per node requested, but the most any node in partition "
+            "'gpu' has is 64",
+        ),
+        (
+            {"partition": "gpu", "gpus_per_node": 8, "mem_per_gpu": "64001M"},
+            "resources.mem_per_gpu",
+            "512008 MB of memory (8 GPUs) per node requested",
+        ),
         ({"mem": "1T", "partition": "all"}, "resources.mem", "1.04858e+06 MB of memory"),
     ],
 )
@@ -114,3 +127,43 @@ def test_the_cluster_revalidates_the_instruction_with_positions():
     assert "task.resources.nodes: expected a node count >= 1, or a range like 2-4" in text
     assert "task.resources.gpus_per_nod: unknown key (did you mean 'gpus_per_node'?)" in text
     assert "task.run: expected at least one entry" in text
+
+
+def test_a_gpu_task_naming_no_cpus_or_memory_takes_the_partitions_per_gpu_defaults(
+    tmp_path: Path,
+):
+    """Issue [22]: 8 GPUs and nothing else was 1 CPU and 4G; now Slurm's DefCpuPerGPU and
+    DefMemPerGPU decide (no -c, no --mem), and the feasibility check counts them."""
+    gpus = task(partition="gpu", gpus_per_node=8)
+    argv = sbatch_argv(gpus, tmp_path, AgentConfig())
+    assert "--gres=gpu:8" in argv
+    assert not [word for word in argv if word.startswith(("--cpus-per", "--mem"))], argv
+    assert check_feasible(gpus, *shape()) == "gpu"  # 8 x 8 CPUs, 8 x 64000 MB fit gpu01
+    # Per GPU, named by the task.
+    per_gpu = sbatch_argv(
+        task(partition="gpu", gpus_per_node=2, cpus_per_gpu=6, mem_per_gpu="32G"),
+        tmp_path,
+        AgentConfig(),
+    )
+    assert "--cpus-per-gpu=6" in per_gpu and "--mem-per-gpu=32G" in per_gpu
+    # Without GPUs (and what a task names): as before.
+    plain = sbatch_argv(task(), tmp_path, AgentConfig())
+    assert "--cpus-per-task=1" in plain and "--mem=4G" in plain
+    named = sbatch_argv(task(gpus_per_node=1, cpus=3, mem="10G"), tmp_path, AgentConfig())
+    assert "--cpus-per-task=3" in named and "--mem=10G" in named
+
+
+def test_the_partition_default_counts_against_the_node_it_would_land_on():
+    partitions, nodes = shape()
+    small = [p for p in partitions if p.name != "gpu"] + [
+        replace(next(p for p in partitions if p.name == "gpu"), cpus_per_gpu=9)
+    ]
+    with pytest.raises(Rejected) as caught:
+        check_feasible(task(partition="gpu", gpus_per_node=8), small, nodes)
+    assert caught.value.field == "resources.gpus_per_node"
+    assert "72 CPUs (8 GPUs x DefCpuPerGPU) per node requested" in str(caught.value)
+
+
+def test_an_instruction_with_cpus_per_gpu_and_cpus_is_refused_on_the_cluster_too():
+    with pytest.raises(InvalidInstruction, match=r"task\.resources\.cpus_per_gpu: set either"):
+        task(gpus_per_node=2, cpus=2, cpus_per_gpu=4)

@@ -210,9 +210,29 @@ def test_wrappers_get_the_tasks_cpus_and_slurms_node_rank(tmp_path, monkeypatch)
     task = task_of(tmp_path, {"nodes": 2, "processes_per_node": 2, "cpus": 3}, "torchrun")
     assert "--cpus-per-task=3" in wrapper_argv(task, Path("/j"))
     assert "--mpi=none" in wrapper_argv(task, Path("/j"))  # no PMIx unless runtime.mpi asks
+    assert not [w for w in wrapper_argv(task, Path("/j")) if w.startswith("--mem")]
     monkeypatch.setenv("SLURM_NODEID", "1")
     assert slurm_node_rank(["n2", "n3"], "n2.cluster.example") == 1  # not the host's name
     monkeypatch.delenv("SLURM_NODEID")
     assert slurm_node_rank(["n2", "n3"], "n3") == 1
     with pytest.raises(AgentError, match="not one of the job's nodes"):
         slurm_node_rank(["n2", "n3"], "elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("resources", "launcher", "cpus"),
+    [
+        ({"gpus_per_node": 8}, "torchrun", 64),  # one wrapper a node: all its CPUs
+        ({"gpus_per_node": 8}, "srun", 8),  # one a GPU: an even part
+        ({"gpus_per_node": 8, "cpus_per_gpu": 8, "mem_per_gpu": "60G"}, "srun", 8),
+    ],
+)
+def test_wrappers_of_a_gpu_job_share_the_cpus_slurm_gave_per_gpu(
+    tmp_path, monkeypatch, resources, launcher, cpus
+):
+    """Issue [22]: with CPUs and memory per GPU (the partition's or the task's), each
+    wrapper gets its part of the node's CPUs (SLURM_CPUS_ON_NODE) and the step the job's
+    memory (--mem=0), never one CPU or DefMemPerCPU."""
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "64")
+    argv = wrapper_argv(task_of(tmp_path, resources, launcher), Path("/j"))
+    assert f"--cpus-per-task={cpus}" in argv and "--mem=0" in argv, argv

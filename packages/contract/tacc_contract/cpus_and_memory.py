@@ -1,0 +1,75 @@
+"""The CPUs and memory a task asks Slurm for (issue [22]). What the task names wins:
+`cpus` (per process) or `cpus_per_gpu`, `mem` (per node) or `mem_per_gpu`. A task with
+whole GPUs that names neither asks for nothing, so Slurm gives it the partition's
+per-GPU defaults (DefCpuPerGPU, DefMemPerGPU: the slurm role sets them from the nodes'
+shapes), never one CPU and a few GB for eight GPUs. A task without GPUs (a GPU share
+included: it runs on shards, which no per-GPU default covers) that names neither gets
+CPUS_DEFAULT and MEM_DEFAULT."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+CPUS_DEFAULT = 1  # per process
+MEM_DEFAULT = "4G"  # per node
+
+
+def whole_gpus(resources: Mapping) -> int:
+    """The task's whole GPUs per node (0 for none or a fraction of one)."""
+    gpus = resources.get("gpus_per_node") or 0
+    return int(gpus) if gpus >= 1 else 0
+
+
+def cpu_option(resources: Mapping) -> tuple[str, str] | None:
+    """The sbatch option for CPUs, or None: the partition's DefCpuPerGPU decides."""
+    if resources.get("cpus"):
+        return "cpus-per-task", str(resources["cpus"])
+    if resources.get("cpus_per_gpu"):
+        return "cpus-per-gpu", str(resources["cpus_per_gpu"])
+    if whole_gpus(resources):
+        return None
+    return "cpus-per-task", str(CPUS_DEFAULT)
+
+
+def memory_option(resources: Mapping) -> tuple[str, str] | None:
+    """The sbatch option for memory, or None: the partition's DefMemPerGPU decides."""
+    if resources.get("mem"):
+        return "mem", str(resources["mem"])
+    if resources.get("mem_per_gpu"):
+        return "mem-per-gpu", str(resources["mem_per_gpu"])
+    if whole_gpus(resources):
+        return None
+    return "mem", MEM_DEFAULT
+
+
+def conflicts(resources: Mapping) -> list[tuple[str, str]]:
+    """(field, what is wrong) for per-GPU settings that cannot hold."""
+    found = []
+    for total, per_gpu in (("cpus", "cpus_per_gpu"), ("mem", "mem_per_gpu")):
+        if resources.get(per_gpu) is None:
+            continue
+        if resources.get(total) is not None:
+            found.append((per_gpu, f"set either {total} or {per_gpu}, not both"))
+        elif not whole_gpus(resources):
+            found.append((per_gpu, "needs whole GPUs: set resources.gpus_per_node (1 or more)"))
+    return found
+
+
+def described(resources: Mapping) -> str:
+    """What the job gets per node, in words (`tcloud validate`, the dry run)."""
+    gpus = whole_gpus(resources)
+    cpus, memory = cpu_option(resources), memory_option(resources)
+    words = []
+    if cpus is None:
+        words.append(f"CPUs: the partition's DefCpuPerGPU x {gpus} GPU(s)")
+    elif cpus[0] == "cpus-per-gpu":
+        words.append(f"CPUs: {cpus[1]} per GPU x {gpus}")
+    else:
+        words.append(f"CPUs: {cpus[1]} per process")
+    if memory is None:
+        words.append(f"memory: the partition's DefMemPerGPU x {gpus} GPU(s)")
+    elif memory[0] == "mem-per-gpu":
+        words.append(f"memory: {memory[1]} per GPU x {gpus}")
+    else:
+        words.append(f"memory: {memory[1]} per node")
+    return "; ".join(words)
