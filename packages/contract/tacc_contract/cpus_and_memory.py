@@ -20,24 +20,27 @@ def whole_gpus(resources: Mapping) -> int:
     return int(gpus) if gpus >= 1 else 0
 
 
-def cpu_option(resources: Mapping) -> tuple[str, str] | None:
-    """The sbatch option for CPUs, or None: the partition's DefCpuPerGPU decides."""
+def cpu_option(resources: Mapping, per_gpu_default: bool = True) -> tuple[str, str] | None:
+    """The sbatch option for CPUs, or None: the partition's DefCpuPerGPU decides.
+    `per_gpu_default` False (the agent knows the partition has none): CPUS_DEFAULT, as
+    Slurm would otherwise give one CPU and DefMemPerCPU for the whole job."""
     if resources.get("cpus"):
         return "cpus-per-task", str(resources["cpus"])
     if resources.get("cpus_per_gpu"):
         return "cpus-per-gpu", str(resources["cpus_per_gpu"])
-    if whole_gpus(resources):
+    if whole_gpus(resources) and per_gpu_default:
         return None
     return "cpus-per-task", str(CPUS_DEFAULT)
 
 
-def memory_option(resources: Mapping) -> tuple[str, str] | None:
-    """The sbatch option for memory, or None: the partition's DefMemPerGPU decides."""
+def memory_option(resources: Mapping, per_gpu_default: bool = True) -> tuple[str, str] | None:
+    """The sbatch option for memory, or None: the partition's DefMemPerGPU decides
+    (`per_gpu_default` False: MEM_DEFAULT, as cpu_option)."""
     if resources.get("mem"):
         return "mem", str(resources["mem"])
     if resources.get("mem_per_gpu"):
         return "mem-per-gpu", str(resources["mem_per_gpu"])
-    if whole_gpus(resources):
+    if whole_gpus(resources) and per_gpu_default:
         return None
     return "mem", MEM_DEFAULT
 
@@ -56,18 +59,21 @@ def conflicts(resources: Mapping) -> list[tuple[str, str]]:
 
 
 def described(resources: Mapping) -> str:
-    """What the job gets per node, in words (`tcloud validate`, the dry run)."""
+    """What the job gets per node, in words (`tcloud validate`): per GPU, the partition's
+    default (where it has none, the agent asks for CPUS_DEFAULT / MEM_DEFAULT)."""
     gpus = whole_gpus(resources)
     cpus, memory = cpu_option(resources), memory_option(resources)
     words = []
     if cpus is None:
-        words.append(f"CPUs: the partition's DefCpuPerGPU x {gpus} GPU(s)")
+        words.append(f"CPUs: the partition's DefCpuPerGPU x {gpus} GPU(s), or 1 if it has none")
     elif cpus[0] == "cpus-per-gpu":
         words.append(f"CPUs: {cpus[1]} per GPU x {gpus}")
     else:
         words.append(f"CPUs: {cpus[1]} per process")
     if memory is None:
-        words.append(f"memory: the partition's DefMemPerGPU x {gpus} GPU(s)")
+        words.append(
+            f"memory: the partition's DefMemPerGPU x {gpus} GPU(s), or {MEM_DEFAULT} if it has none"
+        )
     elif memory[0] == "mem-per-gpu":
         words.append(f"memory: {memory[1]} per GPU x {gpus}")
     else:

@@ -52,19 +52,24 @@ def slurm_tasks_per_node(task: TaskSpec) -> int:
     return 1
 
 
-def base_options(task: TaskSpec, job_dir: Path, config: SbatchDefaults) -> dict[str, str | None]:
-    """The sbatch options of the task as written, before any scheduling plug-in."""
+def base_options(
+    task: TaskSpec,
+    job_dir: Path,
+    config: SbatchDefaults,
+    per_gpu_defaults: tuple[bool, bool] = (True, True),
+) -> dict[str, str | None]:
+    """The sbatch options of the task as written, before any scheduling plug-in.
+    `per_gpu_defaults`: whether the partition has DefCpuPerGPU and DefMemPerGPU (the
+    agent knows; tcloud's dry run assumes it)."""
     res = task.resources
+    cpus = cpus_and_memory.cpu_option(res, per_gpu_defaults[0])
+    memory = cpus_and_memory.memory_option(res, per_gpu_defaults[1])
     options: dict[str, str | None] = {
         "job-name": task.name,
         "nodes": str(res["nodes"]),
         # One Slurm task per process (srun, mpirun's slots); torchrun starts its own.
         "ntasks-per-node": str(slurm_tasks_per_node(task)),
-        **dict(
-            option
-            for option in (cpus_and_memory.cpu_option(res), cpus_and_memory.memory_option(res))
-            if option
-        ),
+        **dict(option for option in (cpus, memory) if option),
         "time": res["time"] or config.default_time_limit,
         "requeue": None,
         "chdir": str(job_dir),

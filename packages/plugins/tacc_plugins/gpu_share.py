@@ -18,13 +18,13 @@ WHOLE_OR_FRACTION = "whole GPUs (0, 1, 2, ...) or a fraction of one GPU (0 < x <
 
 
 def gpus_value(value: float) -> str | None:
-    if value < 0 or (value > 1 and value != int(value)):
+    if not math.isfinite(value) or value < 0 or (value > 1 and value != int(value)):
         return WHOLE_OR_FRACTION
     return None
 
 
 def share_value(value: float) -> str | None:
-    return None if 0 < value < 1 else "a fraction of one GPU (0 < x < 1)"
+    return None if math.isfinite(value) and 0 < value < 1 else "a fraction of one GPU (0 < x < 1)"
 
 
 class GpuShare(Plugin):

@@ -110,11 +110,12 @@ def tacc_hostlist(nodes: str | Iterable[str]) -> str:
 
 
 def _top_level_terms(text: str) -> list[str]:
-    """The comma-separated terms of a hostlist, commas inside brackets kept."""
+    """The terms of a hostlist, split at commas and spaces (as tacc_hostlist reads a
+    list) outside brackets."""
     terms, depth, start = [], 0, 0
     for index, char in enumerate(text):
         depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
+        if (char == "," or char.isspace()) and depth == 0:
             terms.append(text[start:index])
             start = index + 1
     return [term.strip() for term in [*terms, text[start:]] if term.strip()]
@@ -132,8 +133,8 @@ def expand(hostlist: str) -> list[str]:
         tails = expand(rest) if rest else [""]
         for part in ranges.split(","):
             low, _, high = part.strip().partition("-")
-            if not low.isdigit() or not (high or low).isdigit():
-                raise ValueError(f"{term!r}: {part!r} is not a number or a range of numbers")
+            if not low.isdigit() or not (high or low).isdigit() or int(high or low) < int(low):
+                raise ValueError(f"{term!r}: {part!r} is not a number or a rising range")
             for number in range(int(low), int(high or low) + 1):
                 names += [f"{prefix}{number:0{len(low)}d}{tail}" for tail in tails]
     return names

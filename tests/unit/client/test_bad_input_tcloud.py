@@ -332,6 +332,16 @@ TASK_FILE_CASES = [
         ["resources.cpus_per_gpu: expected an integer >= 1, got 0"],
     ),
     (
+        "gpus-not-a-number",
+        "name: t\nrun: [x]\nresources: {gpus_per_node: .nan}\n",
+        ["tcloud.yaml:3:28: resources.gpus_per_node: expected whole GPUs", "got nan"],
+    ),
+    (
+        "gpus-infinite",
+        "name: t\nrun: [x]\nresources: {gpus_per_node: .inf}\n",
+        ["tcloud.yaml:3:28: resources.gpus_per_node: expected whole GPUs", "got inf"],
+    ),
+    (
         "gpus-negative",
         "name: t\nrun: [x]\nresources: {gpus_per_node: -1}\n",
         ["resources.gpus_per_node: expected whole GPUs (0, 1, 2, ...) or a", "got -1"],

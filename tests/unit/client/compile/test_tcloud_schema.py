@@ -144,8 +144,8 @@ def test_cli_init_writes_a_valid_file_once(tmp_path):
     [
         (
             "{gpus_per_node: 8}",
-            "CPUs: the partition's DefCpuPerGPU x 8 GPU(s); "
-            "memory: the partition's DefMemPerGPU x 8 GPU(s)",
+            "CPUs: the partition's DefCpuPerGPU x 8 GPU(s), or 1 if it has none; "
+            "memory: the partition's DefMemPerGPU x 8 GPU(s), or 4G if it has none",
         ),
         (
             "{gpus_per_node: 2, cpus_per_gpu: 6, mem: 100G}",

@@ -21,13 +21,14 @@ import contextlib
 import ctypes
 import getpass
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tacc_agent import slurm
@@ -294,6 +295,10 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         return 128 + signal.SIGTERM
     marks.mark("srun")
     marks.save()
+    # sbatch's per-GPU requests reach the step as SLURM_CPUS_PER_GPU / SLURM_MEM_PER_GPU:
+    # beside the wrapper's --cpus-per-task, any srun the program runs would refuse them
+    # as mutually exclusive. The wrapper's own options say what its step gets.
+    step_env = {k: v for k, v in env.items() if k not in PER_GPU_JOB_VARIABLES}
     started = time.monotonic()
     # An interactive session: stopped once idle for its idle_timeout (tasks/interactive/idle.py).
     watchdog = idle.start(task.session, job_dir, job_id, config.slurm_timeout_seconds, say)
@@ -301,7 +306,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         code = run_line(
             argv,
             job_dir,
-            env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")},
+            step_env | {"TACC_VENV": env.get("VIRTUAL_ENV", "")},
             forwarder,
             sys.stdout.buffer.write,
         )
@@ -404,14 +409,23 @@ def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder
     )
 
 
+def job_cpus_per_node(environ: Mapping[str, str]) -> int:
+    """The fewest CPUs Slurm gave the job on any of its nodes: SLURM_JOB_CPUS_PER_NODE
+    ("64,32", "32(x2),16"), else this node's SLURM_CPUS_ON_NODE; 0 when neither says."""
+    counts = re.findall(r"(\d+)(?:\(x\d+\))?", environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    if counts:
+        return min(int(count) for count in counts)
+    return int(environ.get("SLURM_CPUS_ON_NODE", "0") or 0)
+
+
 def wrapper_cpus(task: TaskSpec, per_node: int) -> int:
     """CPUs per wrapper: the task's `cpus`; else (per-GPU CPUs, chosen by the task or the
-    partition) an even part of what Slurm gave the job on this node."""
+    partition) an even part of what Slurm gave the job on its smallest node (one step
+    size for every node: srun --ntasks-per-node)."""
     option = cpus_and_memory.cpu_option(task.resources)
     if option is not None and option[0] == "cpus-per-task":
         return int(option[1])
-    on_node = int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0)
-    return max(on_node // max(per_node, 1), 1)
+    return max(job_cpus_per_node(os.environ) // max(per_node, 1), 1)
 
 
 def wrapper_memory(task: TaskSpec) -> list[str]:
@@ -422,6 +436,9 @@ def wrapper_memory(task: TaskSpec) -> list[str]:
     if option is None or option[0] == "mem-per-gpu":
         return ["--mem=0"]  # all of the job's memory on each node
     return []
+
+
+PER_GPU_JOB_VARIABLES = ("SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU")
 
 
 def wrapper_argv(task: TaskSpec, job_dir: Path) -> list[str]:

@@ -55,7 +55,7 @@ def wanted_cpus(task: TaskSpec, partition: Partition) -> tuple[str, float, str]:
     """(field, CPUs per node, what they are) the job will hold on each node; 0 when the
     partition's per-GPU default decides and it has none (Slurm's own then)."""
     res, gpus = task.resources, cpus_and_memory.whole_gpus(task.resources)
-    option = cpus_and_memory.cpu_option(res)
+    option = cpus_and_memory.cpu_option(res, partition.cpus_per_gpu > 0)
     if option is None:
         return "gpus_per_node", gpus * partition.cpus_per_gpu, f"CPUs ({gpus} GPUs x DefCpuPerGPU)"
     if option[0] == "cpus-per-gpu":
@@ -68,7 +68,7 @@ def wanted_cpus(task: TaskSpec, partition: Partition) -> tuple[str, float, str]:
 def wanted_memory(task: TaskSpec, partition: Partition) -> tuple[str, float, str]:
     """(field, MB per node, what they are) as wanted_cpus."""
     res, gpus = task.resources, cpus_and_memory.whole_gpus(task.resources)
-    option = cpus_and_memory.memory_option(res)
+    option = cpus_and_memory.memory_option(res, partition.mem_per_gpu_mb > 0)
     if option is None:
         return "gpus_per_node", gpus * partition.mem_per_gpu_mb, "MB of memory (DefMemPerGPU)"
     if option[0] == "mem-per-gpu":
@@ -169,9 +169,11 @@ def plan(
     check_container(task)
     partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
     partition = check_feasible(task, partitions, nodes)
+    chosen = next(p for p in partitions if p.name == partition)
+    per_gpu_defaults = (chosen.cpus_per_gpu > 0, chosen.mem_per_gpu_mb > 0)
     submission = Submission(
         task=task,
-        options=base_options(task, job_dir, config),
+        options=base_options(task, job_dir, config, per_gpu_defaults),
         partition=partition,
         partitions=partitions,
         nodes=nodes,

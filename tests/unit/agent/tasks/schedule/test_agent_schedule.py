@@ -14,8 +14,14 @@ from tacc_agent.slurm.nodes import node_of, partition_of
 from tacc_agent.slurm.oneliner import parse_oneliner
 from tacc_agent.tasks.schedule.cluster_shape import scheduling_nodes, scheduling_partitions
 from tacc_agent.tasks.schedule.instruction import parse
-from tacc_agent.tasks.schedule.submit import check_feasible, sbatch_argv
+from tacc_agent.tasks.schedule.submit import (
+    check_feasible,
+    sbatch_argv,
+    wanted_cpus,
+    wanted_memory,
+)
 from tacc_contract.instruction import InvalidInstruction
+from tacc_contract.sbatch import base_options
 from tacc_contract.slurm_time import time_seconds
 
 NODES = [
@@ -167,3 +173,20 @@ def test_the_partition_default_counts_against_the_node_it_would_land_on():
 def test_an_instruction_with_cpus_per_gpu_and_cpus_is_refused_on_the_cluster_too():
     with pytest.raises(InvalidInstruction, match=r"task\.resources\.cpus_per_gpu: set either"):
         task(gpus_per_node=2, cpus=2, cpus_per_gpu=4)
+
+
+def test_a_partition_without_per_gpu_defaults_keeps_one_cpu_and_4g(tmp_path: Path):
+    """Where Slurm has no DefCpuPerGPU/DefMemPerGPU (a slurm.conf the role did not
+    write, def_*_per_gpu: 0), a GPU task naming neither would get one CPU and
+    DefMemPerCPU (256 MB): the agent asks for the old 1 CPU per process and 4G, and the
+    feasibility check counts a CPU per process."""
+    partitions, nodes = shape()
+    bare = [replace(p, cpus_per_gpu=0, mem_per_gpu_mb=0) for p in partitions]
+    gpus = task(partition="gpu", gpus_per_node=8)
+    assert check_feasible(gpus, bare, nodes) == "gpu"
+    chosen = next(p for p in bare if p.name == "gpu")
+    assert wanted_cpus(gpus, chosen) == ("cpus", 8, "CPUs (8 processes x 1)")  # srun: 8 ranks
+    assert wanted_memory(gpus, chosen) == ("mem", 4096, "MB of memory")
+    options = base_options(gpus, tmp_path, AgentConfig(), (False, False))
+    argv = sbatch_argv(gpus, tmp_path, AgentConfig(), options)
+    assert "--cpus-per-task=1" in argv and "--mem=4G" in argv, argv

@@ -14,7 +14,14 @@ import yaml
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks.execute.launch import AGENT, RankLogs, slurm_node_rank, wrapper_argv
+from tacc_agent.tasks.execute.launch import (
+    AGENT,
+    PER_GPU_JOB_VARIABLES,
+    RankLogs,
+    job_cpus_per_node,
+    slurm_node_rank,
+    wrapper_argv,
+)
 from tacc_agent.tasks.schedule.instruction import parse
 from tacc_agent.tasks.schedule.submit import Node, Partition, check_feasible, sbatch_argv
 from tacc_contract.plugins import Launch
@@ -236,3 +243,19 @@ def test_wrappers_of_a_gpu_job_share_the_cpus_slurm_gave_per_gpu(
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "64")
     argv = wrapper_argv(task_of(tmp_path, resources, launcher), Path("/j"))
     assert f"--cpus-per-task={cpus}" in argv and "--mem=0" in argv, argv
+    # Nodes of different sizes (sbatch --exclusive): one step size, the smallest node's.
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "128,64(x2)")
+    argv = wrapper_argv(task_of(tmp_path, resources, launcher, name="u.yaml"), Path("/j"))
+    assert f"--cpus-per-task={cpus}" in argv, argv
+
+
+def test_the_job_cpus_per_node_are_read_in_slurms_forms():
+    assert job_cpus_per_node({"SLURM_JOB_CPUS_PER_NODE": "64,32"}) == 32
+    assert (
+        job_cpus_per_node({"SLURM_JOB_CPUS_PER_NODE": "32(x2),16", "SLURM_CPUS_ON_NODE": "32"})
+        == 16
+    )
+    assert job_cpus_per_node({"SLURM_CPUS_ON_NODE": "8"}) == 8
+    assert job_cpus_per_node({}) == 0
+    # The per-GPU requests sbatch exports are kept from the wrappers' step.
+    assert PER_GPU_JOB_VARIABLES == ("SLURM_CPUS_PER_GPU", "SLURM_MEM_PER_GPU")
