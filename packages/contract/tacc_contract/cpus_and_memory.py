@@ -9,9 +9,25 @@ CPUS_DEFAULT and MEM_DEFAULT."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 CPUS_DEFAULT = 1  # per process
 MEM_DEFAULT = "4G"  # per node
+
+
+class Kind(NamedTuple):
+    """One resource: its own field and sbatch option, their per-GPU twins, and what a
+    task without GPUs that names neither asks for."""
+
+    field: str
+    option: str
+    per_gpu_field: str
+    per_gpu_option: str
+    default: str
+
+
+CPUS = Kind("cpus", "cpus-per-task", "cpus_per_gpu", "cpus-per-gpu", str(CPUS_DEFAULT))
+MEMORY = Kind("mem", "mem", "mem_per_gpu", "mem-per-gpu", MEM_DEFAULT)
 
 
 def whole_gpus(resources: Mapping) -> int:
@@ -20,35 +36,34 @@ def whole_gpus(resources: Mapping) -> int:
     return int(gpus) if gpus >= 1 else 0
 
 
+def _option(resources: Mapping, kind: Kind, per_gpu_default: bool) -> tuple[str, str] | None:
+    if resources.get(kind.field):
+        return kind.option, str(resources[kind.field])
+    if resources.get(kind.per_gpu_field):
+        return kind.per_gpu_option, str(resources[kind.per_gpu_field])
+    if whole_gpus(resources) and per_gpu_default:
+        return None
+    return kind.option, kind.default
+
+
 def cpu_option(resources: Mapping, per_gpu_default: bool = True) -> tuple[str, str] | None:
     """The sbatch option for CPUs, or None: the partition's DefCpuPerGPU decides.
     `per_gpu_default` False (the agent knows the partition has none): CPUS_DEFAULT, as
     Slurm would otherwise give one CPU and DefMemPerCPU for the whole job."""
-    if resources.get("cpus"):
-        return "cpus-per-task", str(resources["cpus"])
-    if resources.get("cpus_per_gpu"):
-        return "cpus-per-gpu", str(resources["cpus_per_gpu"])
-    if whole_gpus(resources) and per_gpu_default:
-        return None
-    return "cpus-per-task", str(CPUS_DEFAULT)
+    return _option(resources, CPUS, per_gpu_default)
 
 
 def memory_option(resources: Mapping, per_gpu_default: bool = True) -> tuple[str, str] | None:
     """The sbatch option for memory, or None: the partition's DefMemPerGPU decides
     (`per_gpu_default` False: MEM_DEFAULT, as cpu_option)."""
-    if resources.get("mem"):
-        return "mem", str(resources["mem"])
-    if resources.get("mem_per_gpu"):
-        return "mem-per-gpu", str(resources["mem_per_gpu"])
-    if whole_gpus(resources) and per_gpu_default:
-        return None
-    return "mem", MEM_DEFAULT
+    return _option(resources, MEMORY, per_gpu_default)
 
 
 def conflicts(resources: Mapping) -> list[tuple[str, str]]:
     """(field, what is wrong) for per-GPU settings that cannot hold."""
     found = []
-    for total, per_gpu in (("cpus", "cpus_per_gpu"), ("mem", "mem_per_gpu")):
+    for kind in (CPUS, MEMORY):
+        total, per_gpu = kind.field, kind.per_gpu_field
         if resources.get(per_gpu) is None:
             continue
         if resources.get(total) is not None:

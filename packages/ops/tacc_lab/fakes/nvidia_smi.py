@@ -178,11 +178,8 @@ def table(state: dict[str, Any]) -> list[str]:
     rule = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
     wide_rule = "+" + "-" * 89 + "+"
     driver, cuda = state.get("driver_version", "N/A"), state.get("cuda_version", "N/A")
-    now = time.localtime()
-    # The day of the month is padded with a space, as C's asctime() does: "Dec  4".
-    date = time.strftime("%a %b ", now) + f"{now.tm_mday:>2}" + time.strftime(" %H:%M:%S %Y", now)
     lines = [
-        date,
+        time.asctime(),  # the day padded with a space, as the real one: "Dec  4"
         wide_rule,
         f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}|",
         rule if new_layout else "|" + rule[1:],
