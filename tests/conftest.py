@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,13 @@ from tests.integration.labs import scope_of_nodeid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+# A hung test must end in a failure with its stack, not in CI's kill at 90 minutes with
+# nothing said: past this many minutes from the start of the run, the test in progress
+# fails (pytest-timeout, its SIGALRM method: the fixtures' teardowns still run, so no lab
+# is left behind) and every one after it has a second. `make test` must finish in 35.
+DEADLINE_ENV = "TACC_TEST_DEADLINE"  # epoch seconds, set here unless set; workers inherit
+DEADLINE_MINUTES = 65
 
 
 def role_module(role: str, name: str):
@@ -95,6 +103,23 @@ def process_umask_is_kept():
     yield
     after = os.umask(before)
     assert after == before, f"the test left the process umask {after:o} (was {before:o})"
+
+
+def pytest_configure(config) -> None:
+    """The controller (or a run without xdist) fixes the deadline for every worker."""
+    os.environ.setdefault(DEADLINE_ENV, str(int(time.time()) + DEADLINE_MINUTES * 60))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item):
+    """Bound the test, its setup and teardown included, by the run's deadline (before
+    pytest-timeout's own wrapper reads the `timeout` marker)."""
+    left = int(os.environ[DEADLINE_ENV]) - time.time()
+    marker = item.get_closest_marker("timeout")
+    own = marker.args[0] if marker and marker.args else None
+    if own is None or own > left:
+        item.add_marker(pytest.mark.timeout(max(left, 1), method="signal", func_only=False))
+    yield
 
 
 class LabScopeScheduling(LoadScopeScheduling):

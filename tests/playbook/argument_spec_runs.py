@@ -4,13 +4,13 @@ roles' validation tasks (tagged `always`) and the play's own tasks run."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 
 NO_TASK_TAG = "tacc-bad-input-no-such-tag"
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -19,17 +19,7 @@ LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.execut
 def ansible_playbook(
     inventory: Path, play: Path, tmp: Path, *extra: str, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    full_env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        # Private fact cache and no colours: labs running next to this share neither.
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        **(env or {}),
-    }
+    full_env = ansible_env(tmp / "facts", **(env or {}))
     return subprocess.run(
         [
             str(BIN / "ansible-playbook"),

@@ -6,7 +6,6 @@ share these."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 
 ROLE = ROOT / "roles/monitoring"
 NODE_ROLE = ROOT / "roles/node_exporter"
@@ -62,14 +62,7 @@ def inventory(tmp: Path, *, dns: bool) -> Path:
 def ansible_playbook(tmp: Path, inventory_path: Path, play: list[dict], extra: dict, *argv: str):
     path = tmp / "play.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_STRATEGY": "linear",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
-    }
+    env = ansible_env(tmp / "facts")
     argv = [
         str(BIN / "ansible-playbook"),
         "-i",

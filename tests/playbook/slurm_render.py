@@ -4,11 +4,11 @@ test_slurm_scheduler_parameters.py render slurm.conf with it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 
 # --tags slurm: the Slurm files only (render-cluster-files.yml), a third of a whole render's
 # time, for the tests that read slurm.conf, gres.conf or cgroup.conf alone.
@@ -30,7 +30,7 @@ def render(out: Path, *extra: str, inventory: Path = ROOT / "inventory/example")
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        env=ansible_env(),
         cwd=ROOT,
         timeout=300,
         check=False,

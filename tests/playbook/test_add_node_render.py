@@ -27,7 +27,6 @@ for byte and mode for mode."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -37,6 +36,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 
 NEW = "gpu09"
 NEW_ADDRESS = "10.10.1.9"
@@ -124,14 +124,7 @@ def renders(tmp_path_factory) -> dict[str, Path]:
     shutil.copytree(ROOT / "inventory/example", inventory)
     playbook = base / "render-variants.yml"
     playbook.write_text(yaml.safe_dump(render_plays(inventory, base), sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STRATEGY": "mitogen_linear",
-        # A private fact cache: the labs running next to this share none of it.
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(base / "facts"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
+    env = ansible_env(base / "facts")
     # A guard against a hung run, not a timing: the run shares the CPUs with the labs
     # that converge beside this module in `make test`.
     proc = subprocess.run(

@@ -6,7 +6,6 @@ out."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 from tests.playbook.slurm_render import render
 
 STATE = "/srv/ha/slurm-state"
@@ -126,12 +126,7 @@ def validate(
         }
     ]
     (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
+    env = ansible_env()
     return subprocess.run(
         [
             str(BIN / "ansible-playbook"),

@@ -6,7 +6,6 @@ writable on the loopback only, TLS when given, and the seed list's names are che
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 
 ROLE = ROOT / "roles/image_registry"
 
@@ -35,13 +35,7 @@ def playbook(tmp_path: Path, play: list[dict], *extra_vars: dict) -> subprocess.
     ]
     for extra in extra_vars:
         argv += ["-e", json.dumps(extra)]
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_STRATEGY": "linear",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
+    env = ansible_env()
     return subprocess.run(
         argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False
     )

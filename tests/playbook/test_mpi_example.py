@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import types
@@ -20,6 +19,7 @@ import yaml
 
 from tcloud.compile.task_file import load_task
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 from tests.playbook.slurm_render import SLURM_ONLY, render
 
 EXAMPLE = ROOT / "examples" / "mpi-allreduce"
@@ -217,11 +217,7 @@ def test_mca_params_file(tmp_path):
         cwd=ROOT,
         timeout=300,
         check=False,
-        env={
-            **os.environ,
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
-        },
+        env=ansible_env(tmp_path / "facts"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT, role_module
+from tests.playbook.local_ansible import ansible_env
 
 ROLE = ROOT / "roles/nvidia_gpu"
 module = role_module("nvidia_gpu", "nvidia_gpu_driver_dir")
@@ -241,13 +242,7 @@ def run_role(tmp_path: Path, driver: Path, target: Path) -> list[dict]:
         "-e",
         json.dumps({"ansible_connection": "local", "ansible_python_interpreter": sys.executable}),
     ]
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_STRATEGY": "linear",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
+    env = ansible_env()
     proc = subprocess.run(
         argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False
     )

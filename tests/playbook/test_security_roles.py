@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
 import re
 import shutil
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 from tests.playbook.security_role_readers import (
     PAM_FILES,
     Login,
@@ -56,14 +56,7 @@ def ansible_playbook(
 ) -> subprocess.CompletedProcess:
     path = tmp / f"play-{len(list(tmp.glob('play-*')))}.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
-        "ANSIBLE_NOCOLOR": "1",
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-    }
+    env = ansible_env(tmp / "facts")
     return subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), str(path), *extra],
         capture_output=True,

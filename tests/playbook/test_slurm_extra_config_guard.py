@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import ansible_env
 from tests.playbook.slurm_render import SLURM_ONLY, render
 
 ROLE = ROOT / "roles/slurm"
@@ -169,15 +169,11 @@ def validate_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         }
     ]
     (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
-        "ANSIBLE_CALLBACK_TREE_DIR": str(tmp / "results"),
-    }
+    env = ansible_env(
+        tmp / "facts",
+        ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
+        ANSIBLE_CALLBACK_TREE_DIR=str(tmp / "results"),
+    )
     proc = subprocess.run(
         [
             str(BIN / "ansible-playbook"),
