@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tacc_lab.config import STATE_ROOT
+from tacc_lab.image import FLAVOR_ENV
 from tests.conftest import BIN, ROOT, run_cli
 from tests.integration.labs import LINEAR, MITOGEN, SHAPES, flavor_env
 
@@ -18,9 +19,13 @@ from tests.integration.labs import LINEAR, MITOGEN, SHAPES, flavor_env
 CONVERGES = ("playbooks/site.yml", "playbooks/agent.yml", "playbooks/directory.yml")
 
 
-def lab_cli(name: str, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """tacc-lab on lab `name`, booting (and growing) it from its shape's image."""
-    return run_cli("tacc-lab", "--name", name, *argv, env=flavor_env(name), timeout=timeout)
+def lab_cli(
+    name: str, *argv: str, timeout: int = 900, flavor: str = ""
+) -> subprocess.CompletedProcess:
+    """tacc-lab on lab `name`, booting (and growing) it from its shape's image, or the
+    nodes it adds from `flavor`'s."""
+    env = {FLAVOR_ENV: flavor} if flavor else flavor_env(name)
+    return run_cli("tacc-lab", "--name", name, *argv, env=env, timeout=timeout)
 
 
 def lab_status(name: str) -> dict:

@@ -106,7 +106,8 @@ HW = Shape(
     directory=True,
     proof="install from nothing: site.yml from the bare image (site_from_nothing.py), "
     "a real LDAP directory (slapd with TLS on n1) and SSSD on every node among it; "
-    "last, n4 joins as a backup controller that takes over when n1 loses power",
+    "last, n4 joins (from the prebaked image) as a backup controller that takes over "
+    "when n1 loses power",
     weight=22,
 )
 FIRMWARE = Shape(

@@ -3,7 +3,8 @@ the bare image, site_from_nothing.py). As a site adds a second head to a running
 cluster (docs/operations.md "A backup controller"): n1's saved state is moved to the
 controllers' shared storage (a host folder on every lab node, the lab's stand-in for a
 NAS), n4 joins as the backup controller and a second login host (`tacc-lab up --nodes 4
---backup-controller`) and site.yml runs. Then n1's power is cut while a 2-node job runs
+--backup-controller`, from the prebaked image: a server racked later, installed from the
+site's image) and site.yml runs. Then n1's power is cut while a 2-node job runs
 and another waits: the backup takes over, both jobs end, researchers' tcloud (its config
 names n4 as a fallback login host) keeps working; n1 powered back takes control again.
 Runs last on the lab (modules in name order): it grows the lab and cuts n1's power.
@@ -23,6 +24,7 @@ import pytest
 
 from tacc_lab.backup_controller import NODE_DIR
 from tacc_lab.demo import researcher_env
+from tacc_lab.image import PREBAKED
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
     lab_cli,
@@ -56,7 +58,9 @@ def heads(site_from_nothing) -> Path:
         f"&& cp -a /var/lib/slurm/slurmctld/. {STATE}/",
     )
     grow = "up", "--nodes", str(NODES), "--backup-controller", "--inventory", str(inventory)
-    up = lab_cli(NAME, *grow)
+    # n4 is a server racked later, installed from the site's image (the prebaked one): n1-n3
+    # proved the install from nothing, and keep running the bare image.
+    up = lab_cli(NAME, *grow, flavor=PREBAKED)
     assert up.returncode == 0, up.stderr
     site(inventory, strategy=MITOGEN)
     return inventory

@@ -8,6 +8,8 @@ Two flavors: `bare` (the default: what `tacc-lab up`, the bench and the test sui
 install-from-nothing lab boot, so converges prove the roles' installs from nothing) and
 `prebaked` (TACC_LAB_IMAGE_FLAVOR: the bare image plus the packages the roles install,
 prebake.py; `make demo`, molecule's scenarios and the test suite's other labs boot it).
+The nodes `up` adds to a running lab boot its image, or, when TACC_LAB_IMAGE_FLAVOR is
+set, that flavor's (lab.py: the running nodes keep theirs).
 """
 
 from __future__ import annotations

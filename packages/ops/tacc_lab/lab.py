@@ -23,7 +23,7 @@ from tacc_lab.directory import (
 from tacc_lab.errors import LabError
 from tacc_lab.files import ensure_secret, write_private
 from tacc_lab.host_limits import raise_host_limits
-from tacc_lab.image import ensure_image
+from tacc_lab.image import FLAVOR_ENV, ensure_image
 from tacc_lab.inventory import (
     ContainerImage,
     InventoryNode,
@@ -206,13 +206,18 @@ def reimage(cfg: LabConfig, name: str, release: Release, log=print) -> float:
 
 def record_reimage(state: LabState, node: NodeRecord, image: Path, release: Release) -> None:
     """`node` boots `image` of `release`, which becomes the lab's (the nodes `up` adds);
-    every other node keeps the image it runs, now named on its own record (a None there
-    would follow the lab's to the new release at its next boot)."""
-    for other in state.nodes.values():
-        if other.image is None:
-            other.image, other.os = state.image, state.release.codename
+    every other node keeps the image it runs."""
+    pin_images(state)
     node.pid, node.image, node.os = None, str(image), release.codename
     state.image, state.os = str(image), release.codename
+
+
+def pin_images(state: LabState) -> None:
+    """Name on each node's record the image it runs (a None there would follow the lab's
+    image, and release, at the node's next boot): before the lab's image changes."""
+    for node in state.nodes.values():
+        if node.image is None:
+            node.image, node.os = state.image, state.release.codename
 
 
 def write_lab_known_hosts(cfg: LabConfig, state: LabState) -> None:
@@ -302,10 +307,17 @@ def _release_for(cfg: LabConfig, state: LabState, asked: Release | None) -> Rele
 
 
 def _image_for(cfg: LabConfig, state: LabState, release: Release, log) -> tuple[Path, float | None]:
-    """Running nodes pin their image: new nodes must share the same lower layer."""
-    if state.nodes and state.image and Path(state.image).is_dir():
-        return Path(state.image), None
-    return ensure_image(cfg, log=log, release=release)
+    """The image the nodes `up` adds boot: a running lab's, unless TACC_LAB_IMAGE_FLAVOR
+    names a flavor (a server racked later is installed from the site's image of the
+    day): then that flavor's, and the running nodes keep theirs (pinned on their
+    records). A new lab's is built, or found cached."""
+    running = Path(state.image) if state.nodes and state.image else None
+    if running is not None and running.is_dir() and not os.environ.get(FLAVOR_ENV):
+        return running, None
+    image, built = ensure_image(cfg, log=log, release=release)
+    if running is not None and image != running:
+        pin_images(state)
+    return image, built
 
 
 def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:

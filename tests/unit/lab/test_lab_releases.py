@@ -4,6 +4,7 @@ wrong name is one clear line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,29 @@ def test_a_reimage_moves_the_lab_and_that_node_only():
     assert (n1.image, n1.os) == ("/images/bookworm", "bookworm")
     assert (n2.image, n2.os, n2.pid) == ("/images/trixie", "trixie", None)
     assert (state.image, state.release) == ("/images/trixie", TRIXIE)
+
+
+def test_nodes_added_under_a_named_flavor_boot_its_image_the_others_keep_theirs(
+    monkeypatch, tmp_path
+):
+    """TACC_LAB_IMAGE_FLAVOR on a running lab: the nodes `up` adds boot that flavor's
+    image (a server racked later, from the site's image), the running ones keep theirs."""
+    bare, prebaked = tmp_path / "trixie-bare", tmp_path / "trixie-prebaked"
+    bare.mkdir()
+    prebaked.mkdir()
+    cfg = LabConfig.create("t", "10.77.0.0/24", state_root=tmp_path)
+    state = lab_with_nodes("trixie")
+    state.image = str(bare)
+    images = {"bare": bare, "prebaked": prebaked}
+    monkeypatch.setattr(
+        lab, "ensure_image", lambda *_, **__: (images[os.environ["TACC_LAB_IMAGE_FLAVOR"]], None)
+    )
+    monkeypatch.delenv("TACC_LAB_IMAGE_FLAVOR", raising=False)
+    assert lab._image_for(cfg, state, TRIXIE, print) == (bare, None)  # none named: the lab's
+    assert state.nodes["n1"].image is None
+    monkeypatch.setenv("TACC_LAB_IMAGE_FLAVOR", "bare")
+    assert lab._image_for(cfg, state, TRIXIE, print) == (bare, None)  # the same image
+    assert state.nodes["n1"].image is None
+    monkeypatch.setenv("TACC_LAB_IMAGE_FLAVOR", "prebaked")
+    assert lab._image_for(cfg, state, TRIXIE, print) == (prebaked, None)
+    assert (state.nodes["n1"].image, state.nodes["n1"].os) == (str(bare), "trixie")
