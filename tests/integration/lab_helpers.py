@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -221,12 +224,20 @@ def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
     )
     lines: list[str] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if marker in line:
-            os.killpg(proc.pid, 9)
-            break
-    proc.wait(timeout=timeout)
+    # Reading the output waits for as long as the run prints nothing: a run that hangs
+    # (an apt download that never ends) is killed at `timeout`, which ends the output.
+    watchdog = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                break
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
     output = "".join(lines)
     assert marker in output, f"site.yml ended (rc={proc.returncode}) before {marker!r}"
     return output

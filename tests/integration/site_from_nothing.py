@@ -14,25 +14,52 @@ use the site they leave (slapd on n1, SSSD everywhere, Slurm with accounting).
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tests.integration.lab_helpers import changed_by_role, lab_cli, site, site_killed_at
 from tests.integration.labs import HW, MITOGEN
 
+T = TypeVar("T")
 # The task after the one that writes slurm.conf: its header means that one is done.
 KILL_AT = "TASK [slurm : Set up accounting]"
 # n2's FAKE hardware (tacc-lab fake-hw): 4 H100s, 2 NVSwitches, a ConnectX-6 Dx, RoCE.
 FAKE_HW = ("n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1", "--rdma", "1")
 
 
+class Phases:
+    """Runs each phase and keeps its wall time, for pytest -s (what the fixture costs
+    is in its setup duration; this says where it goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, step: Callable[..., T], *args, **kwargs) -> T:
+        start = time.monotonic()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            self.seconds[name] = time.monotonic() - start
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.seconds.items())
+
+
 def converge_from_nothing(inventory: Path) -> dict:
     """site.yml's runs on the bare hw lab: their output, per-host and per-role changes."""
     fake = lab_cli(HW.name, "fake-hw", *FAKE_HW, "--link-layer", "Ethernet")
     assert fake.returncode == 0, fake.stderr
-    killed = site_killed_at(inventory, KILL_AT)
-    first, _ = site(inventory, strategy=MITOGEN)
-    second, second_hosts = site(inventory, strategy=MITOGEN)
-    check, check_hosts = site(inventory, "--check", "--diff", strategy=MITOGEN)
+    phases = Phases()
+    killed = phases("the killed run (linear)", site_killed_at, inventory, KILL_AT)
+    first, _ = phases("the run that finishes it", site, inventory, strategy=MITOGEN)
+    second, second_hosts = phases("the re-run", site, inventory, strategy=MITOGEN)
+    check, check_hosts = phases(
+        "--check --diff", site, inventory, "--check", "--diff", strategy=MITOGEN
+    )
+    print(f"site from nothing: {phases}", file=sys.stderr, flush=True)
     return {
         "inventory": inventory,
         "killed": killed,
