@@ -50,8 +50,14 @@ def test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end(ali
     assert info["state"] == "COMPLETED" and info["reason"] == "9 COMPLETED", (info, log[-3000:])
     stopped = re.findall(r"fluid: stopped at rung \d+ of 3 \(step (\d+)\)", log)
     finished = re.findall(r"fluid: ran to the last rung \(step 9\)", log)
-    # ASHA keeps the top third at each rung: most trials stop early, at least one runs on.
-    assert len(stopped) >= 4 and finished, log[-4000:]
+    # ASHA keeps the top third at each rung: trials stop early, at least one runs on. How
+    # many of the first two waves go on depends on the order their values arrive (ASHA
+    # is asynchronous: the first value at a rung is the top of it; seen under a loaded
+    # run, all three lr=0.05 trials ran to the end); the last wave (lr=0.01, behind the
+    # six values before it at the first rung) always stops there.
+    assert len(stopped) >= 3 and finished, log[-4000:]
+    weakest = re.findall(r"\] step 1/9 lr=0\.01 .*\n.*stopped early at step 1", log)
+    assert len(weakest) == 3, log[-4000:]
     assert len(stopped) + len(finished) == 9, log[-4000:]
     # The best learning rate (0.05 by the example's curve) is among those run to the end.
     assert re.search(r"\] step 9/9 lr=0\.05 ", log), log[-4000:]
