@@ -3,13 +3,12 @@ ansible.cfg finds it, and a play under it runs modules, check mode and handlers 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from tests.conftest import BIN, ROOT
+from tests.playbook.local_ansible import MITOGEN, ansible_env
 
 PLAY = """
 - hosts: localhost
@@ -38,14 +37,10 @@ PLAY = """
 def run_play(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     play = tmp_path / "play.yml"
     play.write_text(PLAY)
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STRATEGY": "mitogen_linear",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-    }
+    # The strategy named here too: this module is its proof, whatever the default.
+    env = ansible_env(
+        tmp_path / "facts", ANSIBLE_STRATEGY=MITOGEN, ANSIBLE_INVENTORY_UNPARSED_WARNING="false"
+    )
     argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", str(play)]
     # As the lab inventory does (ansible_python_interpreter): under a local connection
     # Mitogen could not start the interpreter that auto discovery picked (EOF on stream).
