@@ -43,6 +43,7 @@ NAME = HW.name
 PRIMARY, BACKUP = "n1", "n4"
 NODES = HW.nodes + 1  # the backup controller joins
 STATE = f"{NODE_DIR}/slurm-state"
+SLURMCTLD_LOG = "/var/log/slurm/slurmctld.log"
 SQUEUE = "timeout 20 squeue -h -o %i"  # a controller in control answers; a standby does not
 
 
@@ -109,7 +110,7 @@ def diagnosis() -> str:
         NAME,
         BACKUP,
         "timeout 20 scontrol show node n2 n3; timeout 20 squeue -t all; "
-        "tail -n 40 /var/log/slurm/slurmctld.log",
+        f"tail -n 40 {SLURMCTLD_LOG}",
     ).stdout
 
 
@@ -157,6 +158,7 @@ def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_pa
     # has saved both jobs, as they are now (what it had not saved is lost with it).
     saved = state_saved_after(int(node_ok(NAME, BACKUP, "date +%s").strip()))
     say(transcript, start, f"{PRIMARY} saved its state to {STATE} ({saved:.1f} s later)")
+    logged = int(node_ok(NAME, BACKUP, f"wc -l < {SLURMCTLD_LOG}").strip())
     off = lab_cli(NAME, "poweroff", PRIMARY)
     assert off.returncode == 0 and "power cut" in off.stdout, off
     cut = time.monotonic()
@@ -202,6 +204,21 @@ def test_the_backup_takes_over_when_the_primary_loses_power(heads, alice, tmp_pa
             start,
             f"{PRIMARY} answers squeue again: " + " / ".join(answer.split("\n")).strip(),
         )
+        # n1 read the state n4 saved as it stopped (the unit's ExecStartPre asked it to):
+        # the jobs that ended under n4 stay ended, none runs twice.
+        queue = node_ok(NAME, PRIMARY, "timeout 20 squeue -h -t all -o %i").split()
+        assert running not in queue and queued not in queue, queue
+        # (n4 kept their records for slurmdbd, on n1, in the shared state: sent on return.)
+        expected = sorted([f"{running}|COMPLETED", f"{queued}|COMPLETED"])
+        sacct = f"sacct -X -n -P -j {running},{queued} -o JobID,State"
+        deadline = time.monotonic() + 60
+        while sorted(accounted := node_ok(NAME, PRIMARY, sacct).split()) != expected:
+            assert time.monotonic() < deadline, accounted
+            time.sleep(2)
+        since_cut = f"tail -n +{logged + 1} {SLURMCTLD_LOG} | grep -c 'Old state possible'"
+        stale = node_sh(NAME, BACKUP, since_cut)
+        assert stale.stdout.strip() in ("", "0"), f"{BACKUP} handed back old state"
+        say(transcript, start, f"{PRIMARY} has {BACKUP}'s last state: both jobs ended, once")
         after = submit(
             alice, task(tmp_path / "c", "after", ['echo "after the return on $(hostname)"'])
         )
