@@ -131,6 +131,19 @@ def test_every_agent_serves_its_job_series_to_the_prometheus_that_scrapes_it(ren
         assert f"srv-host=_tacc-agent._tcp.cluster.internal,{host}.cluster.internal,{port}" in dns
 
 
+def test_the_agent_knows_whether_the_inventory_gives_its_node_rdma(rendered):
+    """Issue [22] point 4: a job that falls back to TCP on a node of rdma_nodes (the
+    example's GPU nodes) warns its owner; elsewhere TCP is the normal case."""
+    full, _ = rendered
+    declared = {
+        path.parents[3].name: yaml.safe_load(path.read_text())["rdma_declared"]
+        for path in full.glob("*/root/etc/tacc-agent/config.yaml")
+    }
+    assert {host for host, value in declared.items() if value} == {
+        f"gpu0{n}" for n in range(1, 9)
+    }, declared
+
+
 def test_etc_hosts_is_rendered_next_to_them(rendered):
     """With a cluster DNS (the example's cluster_dns group) a node's hosts file names
     itself only: a node that joins rewrites no other node's copy."""

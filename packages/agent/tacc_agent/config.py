@@ -33,6 +33,9 @@ class AgentConfig:
     uv: str = ""
     # Where /sys/class/infiniband lives (a fixture tree in tests, the FAKE tree in the lab).
     rdma_sysfs_root: str = "/sys"
+    # The inventory gives this node RDMA (group rdma_nodes): a job that falls back to TCP
+    # here says so loudly (tacc_plugins/transport.py).
+    rdma_declared: bool = False
     # Node facts written by `tacc-agent serve`; the execution layer reads them when fresh.
     facts_file: str = "/run/tacc-agent/facts.json"
     facts_max_age_seconds: int = 120

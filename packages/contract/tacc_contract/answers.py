@@ -126,6 +126,7 @@ class JobStatus(TypedDict):
     history: NotRequired[list[Event]]
     nodes: NotRequired[list[NodeState]]
     plugins: NotRequired[dict]
+    warnings: NotRequired[list[str]]
     environment: NotRequired[dict | None]
     image: NotRequired[dict | None]
     code_digest: NotRequired[str | None]

@@ -335,11 +335,16 @@ class Queue:
 @dataclass(frozen=True)
 class Transport:
     """How the ranks talk to each other: a name for the record ("rdma", "tcp"), the
-    reason for the job log, and the variables it sets (NCCL_IB_DISABLE, ...)."""
+    reason for the job log, and the variables it sets (NCCL_IB_DISABLE, ...). `warning`:
+    what the job's owner must see beside it (`tcloud status` and `tcloud logs`: a node
+    the inventory gives RDMA runs without it); `error`: why the job cannot run as asked
+    (it fails with this, nothing starts)."""
 
     name: str
     reason: str
     env: dict[str, str]
+    warning: str = ""
+    error: str = ""
 
 
 # decide(every rank's facts) -> the answer all ranks use (JSON-able)

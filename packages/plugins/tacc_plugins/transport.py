@@ -1,14 +1,18 @@
 """Built-in execution plug-in: fail-safe transport switching. RDMA when every allocated
 node has an active RDMA port, else TCP with NCCL_IB_DISABLE=1, with the reason for the
-job log. The ranks agree (`Launch.agree`): rank 0 decides from every rank's facts (each
-rank's `rdma` as the agent read it: the node's fresh facts file, else sysfs) and the
-other ranks use what it decided, so all agree even if a rank's facts came late; a rank
-that never hears the decision falls back to TCP."""
+job log. Where a node the inventory gives RDMA (group rdma_nodes) has none active, the
+fallback is a warning the job's owner sees in `tcloud status` and `tcloud logs`; a task
+that asks for `transport: rdma` is not run over TCP: it fails with the reason. The ranks
+agree (`Launch.agree`): rank 0 decides from every rank's facts (each rank's `rdma` as
+the agent read it: the node's fresh facts file, else sysfs) and the other ranks use what
+it decided, so all agree even if a rank's facts came late; a rank that never hears the
+decision falls back to TCP."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Launch, Plugin, Transport
 
 RDMA_ENV = {"NCCL_IB_DISABLE": "0"}
@@ -16,19 +20,30 @@ TCP_ENV = {"NCCL_IB_DISABLE": "1"}
 
 
 def choose(requested: str, ranks: list[dict]) -> Transport:
-    """ranks: each rank's facts {"host", "rdma": {"active_ports"}} (a node with several
-    ranks is named once)."""
+    """ranks: each rank's facts {"host", "rdma": {"active_ports", "declared"}} (a node
+    with several ranks is named once)."""
     if requested == "tcp":
         return Transport("tcp", "the task asks for tcp", TCP_ENV)
     ranks = list({r["host"]: r for r in ranks}.values())
-    lacking = [r["host"] for r in ranks if not r.get("rdma", {}).get("active_ports")]
+    lacking = [r for r in ranks if not r.get("rdma", {}).get("active_ports")]
     if ranks and not lacking:
         counts = ", ".join(f"{r['host']}: {r['rdma']['active_ports']}" for r in ranks)
         return Transport("rdma", f"active RDMA ports on every node ({counts})", RDMA_ENV)
-    why = f"no active RDMA port on {', '.join(lacking)}" if lacking else "no node facts"
+    names = ", ".join(r["host"] for r in lacking)
+    why = f"no active RDMA port on {names}" if lacking else "no node facts"
     if requested == "rdma":
-        why = f"the task asks for rdma, but {why}; falling back"
-    return Transport("tcp", f"{why} (fail-safe switching, NCCL_IB_DISABLE=1)", TCP_ENV)
+        error = f"transport: rdma: {why}; the job does not run over TCP (transport: auto would)"
+        return Transport("none", error, {}, error=error)
+    fallback = Transport("tcp", f"{why} (fail-safe switching, NCCL_IB_DISABLE=1)", TCP_ENV)
+    down = [r["host"] for r in lacking if r.get("rdma", {}).get("declared")]
+    if not down:
+        return fallback
+    warning = (
+        f"RDMA is down on {', '.join(down)}, which the inventory gives RDMA: this job runs "
+        "over TCP, slower (the node's rdma health check says why; transport: rdma fails "
+        "instead of falling back)"
+    )
+    return Transport(fallback.name, fallback.reason, fallback.env, warning=warning)
 
 
 def agreed(launch: Launch) -> Transport:
@@ -46,6 +61,8 @@ class FailSafeTransport(Plugin):
 
     def execute(self, launch: Launch) -> None:
         choice = agreed(launch)
+        if choice.error:
+            raise AgentError(choice.error)
         launch.transport = choice
         launch.env.update(choice.env, TACC_TRANSPORT=choice.name)
         launch.note(self.name, f"{choice.name}: {choice.reason}")

@@ -140,6 +140,8 @@ def describe(info: dict, out=None) -> None:
     print(f"job {info['job_id']} {info['name']}: {info['state']}{code}", file=out)
     if info.get("reason"):
         print(f"reason: {info['reason']}", file=out)
+    for warning in info.get("warnings") or []:
+        print(f"WARNING: {warning}", file=out)
     print(f"workdir: {info['workdir']}", file=out)
     if info.get("code_digest"):
         again = f" (a rerun of job {info['rerun_of']})" if info.get("rerun_of") else ""

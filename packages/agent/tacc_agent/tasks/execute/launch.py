@@ -648,12 +648,21 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             node_features=lambda: node_features(host, config),
             agree=Agreement(job_dir, rank, wrappers, config.rendezvous_timeout_seconds),
         )
-        for plugin in in_layer(cluster_plugins(task, config), "execute"):
-            plugin.execute(launch)
+        try:
+            for plugin in in_layer(cluster_plugins(task, config), "execute"):
+                plugin.execute(launch)
+        except AgentError as exc:  # a plug-in will not run the job as asked: why, no run
+            note(str(exc))
+            if rank == 0:
+                records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
+            records.write_rank(job_dir, rank, state="EXITED", exit_code=1, ended=time.time())
+            return 1
         marks.mark("rendezvous")
         choice = launch.transport
         if rank == 0 and choice is not None:
             note(f"transport {choice.name}: {choice.reason}")
+            if choice.warning:
+                note(f"WARNING: {choice.warning}")
         env = launch.env
         if os.environ.get("TACC_VENV"):
             envcache.activate(Path(os.environ["TACC_VENV"]), env)
@@ -666,12 +675,14 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         records.write_rank(job_dir, rank, state="RUNNING", started=time.time())
         if rank == 0:
             shaped = {k: v for k, v in launch.notes.items() if k != "transport"}
+            warnings = [choice.warning] if choice and choice.warning else []
             records.add_event(
                 job_dir,
                 "RUNNING",
                 nodes=nodes,
                 transport=choice.name if choice else "none",
                 **({"plugins": shaped} if shaped else {}),
+                **({"warnings": warnings} if warnings else {}),
             )
         command = launch.command or (
             lambda line: ["bash", "-euo", "pipefail", "-c", with_modules(task, line)]

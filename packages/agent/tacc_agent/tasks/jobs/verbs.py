@@ -176,6 +176,14 @@ def sweep_status(
     }
 
 
+def _warnings(history: list[dict]) -> list[str]:
+    """What the job's last run warns its owner of (a transport fallback on a node the
+    inventory gives RDMA)."""
+    running = [e for e in history if e["state"] == "RUNNING"]
+    warnings = running[-1].get("warnings", []) if running else []
+    return [str(w) for w in warnings] if isinstance(warnings, list) else []
+
+
 def _plugins(job_dir: Path) -> dict:
     """What the plug-ins did to the job: compile passes, scheduling, execution."""
     document = records.read_json(job_dir / "instruction.json") or {}
@@ -242,6 +250,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
         ],
         "nodes": nodes,
         "plugins": _plugins(sweep_root(job_dir, job_id)) | _plugins(job_dir),
+        "warnings": _warnings(history),
         "environment": envcache.job_environment(job_dir),
         "image": imagecache.job_image(job_dir),
         "code_digest": code_digest(instruction),

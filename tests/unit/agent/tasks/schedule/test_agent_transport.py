@@ -1,13 +1,26 @@
-"""Fail-safe transport switching, from fixture sysfs trees and facts files."""
+"""Fail-safe transport switching, from fixture sysfs trees and facts files: the choice,
+its warning where the inventory gives a node RDMA it lacks (issue [22] point 4), the
+refusal of `transport: rdma` without it, and what `tcloud status` shows."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 
+import pytest
+import yaml
+
 from tacc_agent.config import AgentConfig
+from tacc_agent.tasks.jobs import verbs as job_verbs
+from tacc_agent.tasks.schedule.instruction import parse
 from tacc_agent.tasks.schedule.transport import local_rdma, sysfs_ports
-from tacc_plugins.transport import choose
+from tacc_contract.errors import AgentError
+from tacc_contract.plugins import Launch
+from tacc_plugins.transport import FailSafeTransport, choose
+from tcloud.compile.compiler import compile_task
+from tcloud.compile.task_file import load_task
+from tcloud.jobs.verbs import describe
 
 
 def fixture_tree(root, states: dict[str, str]):
@@ -31,9 +44,9 @@ def test_fresh_facts_win_over_sysfs_and_stale_ones_do_not(tmp_path):
     facts = tmp_path / "facts.json"
     config = AgentConfig(rdma_sysfs_root=str(tmp_path / "none"), facts_file=str(facts))
     facts.write_text(json.dumps({"time": time.time(), "rdma": {"active_ports": 2}}))
-    assert local_rdma(config) == {"active_ports": 2, "source": "agent facts"}
+    assert local_rdma(config) == {"active_ports": 2, "source": "agent facts", "declared": False}
     facts.write_text(json.dumps({"time": time.time() - 3600, "rdma": {"active_ports": 2}}))
-    assert local_rdma(config) == {"active_ports": 0, "source": "sysfs"}
+    assert local_rdma(config) == {"active_ports": 0, "source": "sysfs", "declared": False}
 
 
 def rank(host: str, ports: int) -> dict:
@@ -47,6 +60,59 @@ def test_rdma_only_when_every_node_has_an_active_port():
     one = choose("auto", [rank("n2", 2), rank("n3", 0)])
     assert one.name == "tcp" and one.env == {"NCCL_IB_DISABLE": "1"}
     assert one.reason.startswith("no active RDMA port on n3 (fail-safe switching")
-    asked = choose("rdma", [rank("n2", 0)])
-    assert asked.name == "tcp" and "the task asks for rdma, but no active" in asked.reason
     assert choose("tcp", [rank("n2", 2)]).reason == "the task asks for tcp"
+    assert not one.warning and not one.error  # n3's inventory gives it no RDMA
+
+
+def test_a_task_that_asks_for_rdma_fails_where_a_node_has_none_instead_of_using_tcp():
+    asked = choose("rdma", [rank("n2", 2), rank("n3", 0)])
+    assert asked.error == (
+        "transport: rdma: no active RDMA port on n3; the job does not run over TCP "
+        "(transport: auto would)"
+    )
+    assert asked.env == {} and asked.name == "none"
+    assert choose("rdma", [rank("n2", 2), rank("n3", 1)]).error == ""
+
+
+def test_falling_back_on_a_node_the_inventory_gives_rdma_is_a_warning():
+    down = {"host": "n3", "rdma": {"active_ports": 0, "declared": True}}
+    fallback = choose("auto", [rank("n2", 2), down])
+    assert fallback.name == "tcp" and fallback.env == {"NCCL_IB_DISABLE": "1"}
+    assert fallback.warning.startswith("RDMA is down on n3, which the inventory gives RDMA")
+    assert not fallback.error
+
+
+def test_the_plugin_refuses_the_launch_with_the_reason(tmp_path):
+    path = tmp_path / "task.yaml"
+    path.write_text(
+        yaml.safe_dump({"name": "x", "run": ["true"], "runtime": {"transport": "rdma"}})
+    )
+    task = parse(json.dumps(compile_task(load_task(path)).document), "instruction")
+    launch = Launch(task, 0, ["n2"], ["10.0.0.2"], "7", {}, facts=rank("n2", 0))
+    with pytest.raises(AgentError, match="transport: rdma: no active RDMA port on n2"):
+        FailSafeTransport().execute(launch)
+    assert launch.transport is None and "TACC_TRANSPORT" not in launch.env
+
+
+def test_the_node_facts_say_whether_the_inventory_gives_it_rdma(tmp_path):
+    config = AgentConfig(rdma_sysfs_root=str(tmp_path), facts_file=str(tmp_path / "none"))
+    assert local_rdma(config)["declared"] is False
+    declared = AgentConfig(
+        rdma_sysfs_root=str(tmp_path), facts_file=str(tmp_path / "none"), rdma_declared=True
+    )
+    assert local_rdma(declared) == {"active_ports": 0, "source": "sysfs", "declared": True}
+
+
+def test_tcloud_status_shows_the_last_runs_warning():
+    down = "RDMA is down on n3, which the inventory gives RDMA: this job runs over TCP"
+    history = [
+        {"state": "RUNNING", "warnings": ["an earlier run's"]},
+        {"state": "QUEUED"},
+        {"state": "RUNNING", "warnings": [down]},
+    ]
+    assert job_verbs._warnings(history) == [down]
+    assert job_verbs._warnings([{"state": "RUNNING"}]) == []
+    out = io.StringIO()
+    status = {"job_id": "7", "name": "x", "state": "RUNNING", "workdir": "/w", "warnings": [down]}
+    describe(status, out)
+    assert f"WARNING: {down}\n" in out.getvalue()
