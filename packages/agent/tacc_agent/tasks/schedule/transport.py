@@ -24,12 +24,15 @@ def sysfs_ports(sysfs_root: str) -> list[dict]:
 
 
 def local_rdma(config: AgentConfig) -> dict:
-    """{"active_ports", "source", "declared": whether the inventory gives the node RDMA}."""
-    declared = {"declared": bool(config.rdma_declared)}
+    """{"active_ports", "source", "declared"}: declared when the inventory gives the node
+    RDMA (rdma_nodes: the agent's rdma_declared) and it has an RDMA device, whatever its
+    ports' state; a node of that group with no device at all is one the rdma role
+    skipped (it says so), and TCP is its normal case."""
+    ports = sysfs_ports(config.rdma_sysfs_root)
+    declared = {"declared": bool(config.rdma_declared and ports)}
     facts = records.read_json(Path(config.facts_file))
     if facts and time.time() - facts.get("time", 0) <= config.facts_max_age_seconds:
         rdma = facts.get("rdma")
         if isinstance(rdma, dict) and "active_ports" in rdma:
             return {"active_ports": int(rdma["active_ports"]), "source": "agent facts"} | declared
-    ports = sysfs_ports(config.rdma_sysfs_root)
     return {"active_ports": sum(p["active"] for p in ports), "source": "sysfs"} | declared

@@ -95,12 +95,19 @@ def test_the_plugin_refuses_the_launch_with_the_reason(tmp_path):
 
 
 def test_the_node_facts_say_whether_the_inventory_gives_it_rdma(tmp_path):
-    config = AgentConfig(rdma_sysfs_root=str(tmp_path), facts_file=str(tmp_path / "none"))
-    assert local_rdma(config)["declared"] is False
-    declared = AgentConfig(
-        rdma_sysfs_root=str(tmp_path), facts_file=str(tmp_path / "none"), rdma_declared=True
-    )
-    assert local_rdma(declared) == {"active_ports": 0, "source": "sysfs", "declared": True}
+    """Declared: in rdma_nodes (rdma_declared) with an RDMA device, whatever its ports'
+    state; a node of the group without any device is one the rdma role skipped."""
+    down = fixture_tree(tmp_path / "down", {"mlx5_0/1": "1: DOWN"})
+
+    def facts(root, declared: bool) -> dict:
+        config = AgentConfig(
+            rdma_sysfs_root=str(root), facts_file=str(tmp_path / "none"), rdma_declared=declared
+        )
+        return local_rdma(config)
+
+    assert facts(down, True) == {"active_ports": 0, "source": "sysfs", "declared": True}
+    assert facts(down, False)["declared"] is False
+    assert facts(tmp_path / "no-device", True)["declared"] is False
 
 
 def test_tcloud_status_shows_the_last_runs_warning():
