@@ -255,6 +255,35 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     assert re.search(r"\[n2:0\] GPU=\d? type=h100 on n2", log), log  # 22.05: see above
 
 
+@pytest.mark.fault
+def test_a_task_that_asks_for_rdma_fails_with_the_reason_where_a_node_has_none(runs, tmp_path):
+    """Issue [22] point 4: n2 has an active RoCE port, n3 none; `transport: rdma` across
+    both does not quietly run over TCP: the job FAILS, tcloud status names n3, and its
+    program never ran."""
+    env = researcher_env(NAME, "alice")
+    task = {
+        "name": "needs-rdma",
+        "run": ["echo the program ran"],
+        "resources": {"nodes": 2, "mem": "50M", "time": "5"},
+        "runtime": {"transport": "rdma"},
+    }
+    (tmp_path / "tcloud.yaml").write_text(json.dumps(task))
+    proc = run_cli("tcloud", "submit", "--json", str(tmp_path), env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)["job_id"]
+    for _ in range(90):
+        info = json.loads(run_cli("tcloud", "status", "--json", job, env=env, cwd=tmp_path).stdout)
+        if info["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        sh("n1", "sleep 1")
+    assert info["state"] == "FAILED", info
+    assert info["reason"].startswith("transport: rdma: no active RDMA port on n3"), info
+    text = run_cli("tcloud", "status", job, env=env, cwd=tmp_path).stdout
+    assert "reason: transport: rdma: no active RDMA port on n3" in text, text
+    log = run_cli("tcloud", "logs", job, env=env, cwd=tmp_path).stdout
+    assert "the program ran" not in log and "transport: rdma: no active RDMA port" in log, log
+
+
 def test_mlxconfig_settings_are_set_for_next_boot(runs):
     config = sh("n2", "mlxconfig -d 0000:3b:00.0 q SRIOV_EN NUM_OF_VFS")
     assert "True(1)" in config and "8" in config

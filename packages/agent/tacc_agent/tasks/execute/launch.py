@@ -653,8 +653,8 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
                 plugin.execute(launch)
         except AgentError as exc:  # a plug-in will not run the job as asked: why, no run
             note(str(exc))
-            if rank == 0:
-                records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
+            # Every rank (all decided alike): srun may stop the others once one exits.
+            records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
             records.write_rank(job_dir, rank, state="EXITED", exit_code=1, ended=time.time())
             return 1
         marks.mark("rendezvous")
