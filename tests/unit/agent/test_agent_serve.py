@@ -35,7 +35,11 @@ def test_one_run_writes_the_facts_file_and_a_valid_exposition(tmp_path):
     assert oct(Path(config.facts_file).stat().st_mode & 0o777) == "0o644"
     assert oct(Path(config.facts_file).parent.stat().st_mode & 0o777) == "0o755"
     # the execution layer's fail-safe switching reads these facts
-    assert transport.local_rdma(config) == {"active_ports": 2, "source": "agent facts"}
+    assert transport.local_rdma(config) == {
+        "active_ports": 2,
+        "source": "agent facts",
+        "declared": False,
+    }
     families = parse_exposition(daemon.exposition().decode())
     assert families["tacc_agent_healthy"] == ["tacc_agent_healthy 1.0"]
     assert (
