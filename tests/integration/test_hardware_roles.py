@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from tests.integration.lab_helpers import (
     changed_tasks,
     node_ok,
     node_sh,
+    submit,
+    wait_state,
 )
 
 pytestmark = pytest.mark.lab
@@ -40,8 +43,21 @@ ROLES = (
 )
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED")
+
+
 def sh(node: str, script: str) -> str:
     return node_ok(NAME, node, script)
+
+
+def researcher(cwd: Path):
+    """alice's tcloud on this lab (a function of argv), run in `cwd`."""
+    env = researcher_env(NAME, "alice")
+
+    def tcloud_cli(*argv: str):
+        return run_cli("tcloud", *argv, env=env, cwd=cwd)
+
+    return tcloud_cli
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +236,7 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     """Issue [8] items 2 and 7 end to end: the compiler marks the fraction, the
     scheduling plug-ins map it to shards and the GPU type to a constraint, and the job
     record names the type the node had."""
-    env = researcher_env(NAME, "alice")
+    alice = researcher(tmp_path)
     line = 'echo "GPU=${CUDA_VISIBLE_DEVICES:-} type=$TACC_GPU_TYPE on $(hostname)"'
     (tmp_path / "tcloud.yaml").write_text(
         json.dumps(
@@ -236,7 +252,7 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
             }
         )
     )
-    proc = run_cli("tcloud", "submit", "--json", str(tmp_path), env=env, cwd=tmp_path)
+    proc = alice("submit", "--json", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     assert answer["plugins"]["gpu_share"] == "0.5 GPU -> 2 of 4 shards of one GPU", answer
@@ -244,14 +260,10 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
         answer["plugins"]["gpu_types"] == "constraint h100 (no a100 node in partition 'batch')"
     ), answer
     job = answer["job_id"]
-    for _ in range(90):
-        info = json.loads(run_cli("tcloud", "status", "--json", job, env=env, cwd=tmp_path).stdout)
-        if info["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
-            break
-        sh("n1", "sleep 1")
+    info = wait_state(alice, job, ENDED)
     assert info["state"] == "COMPLETED", info
     assert info["plugins"]["gpu_types"] == "h100", info  # the type n2 had
-    log = run_cli("tcloud", "logs", job, env=env, cwd=tmp_path).stdout
+    log = alice("logs", job).stdout
     assert re.search(r"\[n2:0\] GPU=\d? type=h100 on n2", log), log  # 22.05: see above
 
 
@@ -260,7 +272,7 @@ def test_a_task_that_asks_for_rdma_fails_with_the_reason_where_a_node_has_none(r
     """Issue [22] point 4: n2 has an active RoCE port, n3 none; `transport: rdma` across
     both does not quietly run over TCP: the job FAILS, tcloud status names n3, and its
     program never ran."""
-    env = researcher_env(NAME, "alice")
+    alice = researcher(tmp_path)
     task = {
         "name": "needs-rdma",
         "run": ["echo the program ran"],
@@ -268,19 +280,13 @@ def test_a_task_that_asks_for_rdma_fails_with_the_reason_where_a_node_has_none(r
         "runtime": {"transport": "rdma"},
     }
     (tmp_path / "tcloud.yaml").write_text(json.dumps(task))
-    proc = run_cli("tcloud", "submit", "--json", str(tmp_path), env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    job = json.loads(proc.stdout)["job_id"]
-    for _ in range(90):
-        info = json.loads(run_cli("tcloud", "status", "--json", job, env=env, cwd=tmp_path).stdout)
-        if info["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
-            break
-        sh("n1", "sleep 1")
+    job = submit(alice, tmp_path)
+    info = wait_state(alice, job, ENDED)
     assert info["state"] == "FAILED", info
     assert info["reason"].startswith("transport: rdma: no active RDMA port on n3"), info
-    text = run_cli("tcloud", "status", job, env=env, cwd=tmp_path).stdout
+    text = alice("status", job).stdout
     assert "reason: transport: rdma: no active RDMA port on n3" in text, text
-    log = run_cli("tcloud", "logs", job, env=env, cwd=tmp_path).stdout
+    log = alice("logs", job).stdout
     assert "the program ran" not in log and "transport: rdma: no active RDMA port" in log, log
 
 

@@ -10,7 +10,7 @@ decision falls back to TCP."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Launch, Plugin, Transport
@@ -43,7 +43,7 @@ def choose(requested: str, ranks: list[dict]) -> Transport:
         "over TCP, slower (the node's rdma health check says why; transport: rdma fails "
         "instead of falling back)"
     )
-    return Transport(fallback.name, fallback.reason, fallback.env, warning=warning)
+    return replace(fallback, warning=warning)
 
 
 def agreed(launch: Launch) -> Transport:
