@@ -42,7 +42,7 @@ def tick() -> list[str]:
 
 
 def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_one(runs):
-    """n2: 4 h100 held by a job with 3 min left; n3 (a FAKE L40S, added by a re-run of
+    """n2: 8 h100 held by a job with 3 min left; n3 (a FAKE L40S, added by a re-run of
     site.yml): its GPU held for 1 min. alice's "fast" runs 10 s on h100 and 400 s on
     l40s, her "same" 20 s and 21 s (runs the plug-in has seen before, seeded into its
     state). The matching sends fast to h100 (a 3 min wait) and same to l40s; once n3 is
@@ -70,7 +70,7 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     )
     sbatch = "sbatch --parsable -o /dev/null"
     hogs = [
-        as_alice(f"{sbatch} -J hog -t 3 --gres=gpu:h100:4 --wrap 'sleep 300'"),
+        as_alice(f"{sbatch} -J hog -t 3 --gres=gpu:h100:8 --wrap 'sleep 300'"),
         as_alice(f"{sbatch} -J hog2 -t 1 --gres=gpu:l40s:1 --wrap 'sleep 300'"),
     ]
     jobs: list[str] = []

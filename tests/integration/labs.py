@@ -94,10 +94,16 @@ HW = Shape(
     login_node=False,
     flavor=BARE,
     # n2's GPUs are declared in inventory (slurm.conf never comes from facts); they are
-    # also offered as shards (4 per GPU by default), n2's alone.
+    # also offered as shards (4 per GPU by default), n2's alone. n2 is a FAKE two-socket
+    # HGX: 8 GPUs, 16 cores (config_overrides: the lab's nodes share the host's CPUs),
+    # GPUs 0-3 near socket 0's cores, 4-7 near socket 1's (nvidia-smi topo -m).
     host_vars={
         "n2": {
-            "slurm_node_gres": ["gpu:h100:4"],
+            "slurm_node_gres": ["gpu:h100:8"],
+            "slurm_node_cpus": 16,
+            "slurm_node_sockets": 2,
+            "slurm_node_cores_per_socket": 8,
+            "slurm_node_gpu_cores": ["0-7"] * 4 + ["8-15"] * 4,
             "slurm_gpu_sharing": "shard",
             "rdma_roce_tos": 106,
             "smartnic_firmware_mlxconfig": {"SRIOV_EN": "True", "NUM_OF_VFS": 8},

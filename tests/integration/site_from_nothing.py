@@ -26,8 +26,10 @@ from tests.integration.labs import HW, MITOGEN
 T = TypeVar("T")
 # The task after the one that writes slurm.conf: its header means that one is done.
 KILL_AT = "TASK [slurm : Set up accounting]"
-# n2's FAKE hardware (tacc-lab fake-hw): 4 H100s, 2 NVSwitches, a ConnectX-6 Dx, RoCE.
-FAKE_HW = ("n2", "--gpus", "4", "--nvswitches", "2", "--nics", "1", "--rdma", "1")
+# n2's FAKE hardware (tacc-lab fake-hw): 8 H100s over 2 sockets of 8 cores, 2 NVSwitches,
+# a ConnectX-6 Dx, RoCE.
+FAKE_HW = ("n2", "--gpus", "8", "--sockets", "2", "--cores-per-socket", "8")
+FAKE_HW += ("--nvswitches", "2", "--nics", "1", "--rdma", "1")
 
 
 class Phases:

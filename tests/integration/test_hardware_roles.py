@@ -1,7 +1,7 @@
 """Issue [3] on a real lab: nfs_server/nfs_client, rdma, nvidia_gpu and smartnic_firmware
 converge (first run changes, second run and --check change nothing), do the real thing
 where the lab allows it (NFS-Ganesha serving /shared over NFS, proven from another node
-with libnfs), and meet FAKE hardware at the tool boundary (tacc-lab fake-hw): n2 has 4
+with libnfs), and meet FAKE hardware at the tool boundary (tacc-lab fake-hw): n2 has 8
 H100s, 2 NVSwitches, a ConnectX-6 Dx and a RoCE device; n3 has none and is skipped with a
 message. Runs in CI as root, on the factory's `hw` lab (tests/integration/labs.py: HW,
 10.77.11.0/24, n2's host_vars), the one lab that converges from the bare image.
@@ -19,12 +19,14 @@ from tacc_agent.config import AgentConfig
 from tacc_lab.demo import researcher_env
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
+    ansible_tool,
     changed_tasks,
     node_ok,
     node_sh,
     submit,
     wait_state,
 )
+from tests.integration.labs import MITOGEN
 
 pytestmark = pytest.mark.lab
 
@@ -148,7 +150,7 @@ def test_rdma_userspace_memlock_and_roce_defaults(runs):
 
 def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
     fact = sh("n2", "cat /etc/ansible/facts.d/nvidia_gpu.fact")
-    assert '"gres": "gpu:h100:4"' in fact
+    assert '"gres": "gpu:h100:8"' in fact
     assert '"nvswitch_count": 2' in fact
     assert sh("n2", "systemctl is-active nvidia-persistenced nvidia-fabricmanager").split() == [
         "active",
@@ -167,11 +169,13 @@ def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
     assert inodes[0] == inodes[1]  # a hard link, not a copy
     assert node_sh(NAME, "n3", f"test -e {driver_dir}").returncode != 0  # no GPU, no directory
     sinfo = sh("n1", "sinfo -h -N -o '%N %t %G'")
-    # slurmd reports the shards typed like the GPUs they share.
-    assert "n2 idle gpu:h100:4,shard:h100:16" in sinfo
+    # slurmd reports the shards typed like the GPUs they share (and, since gres.conf
+    # binds them to cores, the sockets they sit near: "(S:0-1)").
+    line = next(line for line in sinfo.splitlines() if line.startswith("n2 "))
+    assert re.fullmatch(r"n2 idle gpu:h100:8(\(S:0-1\))?,shard:h100:32(\(S:0-1\))?", line), line
     assert "n3 idle (null)" in sinfo
     sh("n1", "timeout 60 srun -w n2 --gres=gpu:h100:2 true")
-    too_many = node_sh(NAME, "n1", "timeout 60 srun --gres=gpu:h100:5 true")
+    too_many = node_sh(NAME, "n1", "timeout 60 srun --gres=gpu:h100:9 true")
     assert too_many.returncode != 0
     assert "Requested node configuration is not available" in too_many.stderr
 
@@ -181,13 +185,13 @@ def job_state(job: str) -> str:
 
 
 def test_gpu_shards_let_jobs_share_n2s_gpus(runs):
-    """Issue [8] item 2: n2 (slurm_gpu_sharing: shard) offers 16 shards; a job can take
-    one, and two jobs holding shards run on n2 at the same time. n2 has 2 CPUs, so two
-    jobs fill it. Slurm 22.05 takes one job's shards from a single GPU (there is no
-    MULTIPLE_SHARING_GRES_PJ before 23.02), so each job asks for 2 of a GPU's 4 shards."""
-    assert "shard:h100:16" in sh("n1", "scontrol show node n2")
+    """Issue [8] item 2: n2 (slurm_gpu_sharing: shard) offers 32 shards; a job can take
+    one, and two jobs holding shards run on n2 at the same time. Slurm 22.05 takes one
+    job's shards from a single GPU (there is no MULTIPLE_SHARING_GRES_PJ before 23.02), so
+    each job asks for 2 of a GPU's 4 shards."""
+    assert "shard:h100:32" in sh("n1", "scontrol show node n2")
     # Configless: n2 runs the controller's gres.conf, fetched into /run/slurm/conf.
-    assert "Name=shard Type=h100 Count=16" in sh("n2", "cat /run/slurm/conf/gres.conf")
+    assert "Name=shard Type=h100 Count=32" in sh("n2", "cat /run/slurm/conf/gres.conf")
     sh("n1", "timeout 60 srun -w n2 --gres=shard:1 true")
     jobs = [
         sh(
@@ -267,6 +271,107 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     assert re.search(r"\[n2:0\] GPU=\d? type=h100 on n2", log), log  # 22.05: see above
 
 
+def slurm_job(job: str) -> str:
+    """`scontrol show -d job` of a job: its CPUs, memory and, per node, the CPU_IDs and
+    GPU indexes (IDX) it holds."""
+    return sh("n1", f"scontrol show -d job {job}")
+
+
+def field(text: str, name: str) -> str:
+    match = re.search(rf"(?:^|[\s,=]){re.escape(name)}=([^\s,]+)", text)
+    assert match, f"no {name}= in {text}"
+    return match.group(1)
+
+
+def ids(text: str) -> set[int]:
+    """ "0-3,6" -> {0, 1, 2, 3, 6}"""
+    found: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
+def gpu_tasks(alice, tmp_path: Path, gpus: int, count: int) -> list[str]:
+    """`count` tcloud tasks asking for `gpus` GPUs and nothing else (no cpus, no mem),
+    once all are RUNNING."""
+    task = {"name": f"gpus{gpus}", "run": ["sleep 300"], "resources": {"gpus_per_node": gpus}}
+    (tmp_path / "tcloud.yaml").write_text(json.dumps(task))
+    jobs = [submit(alice, tmp_path) for _ in range(count)]
+    for job in jobs:
+        wait_state(alice, job, ("RUNNING",))
+    return jobs
+
+
+def test_a_gpu_task_gets_cpus_and_memory_per_gpu_on_its_gpus_sockets(runs, tmp_path):
+    """Issue [22] points 1 and 2: n2 is a FAKE two-socket node, GPUs 0-3 near cores 0-7
+    and 4-7 near cores 8-15 (its inventory, checked by the nvidia_gpu role against
+    `nvidia-smi topo -m`), written as gres.conf Cores=. A task naming only
+    `gpus_per_node: 8` gets the partition's DefCpuPerGPU and DefMemPerGPU for each GPU
+    (16 CPUs, not 1; 8 x the memory, not 4G); two naming 4 GPUs run side by side, each
+    on the cores of the socket its GPUs sit near."""
+    conf = sh("n2", "cat /run/slurm/conf/gres.conf")
+    assert "NodeName=n2 Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-7\n" in conf, conf
+    assert "NodeName=n2 Name=gpu Type=h100 File=/dev/nvidia[4-7] Cores=8-15\n" in conf, conf
+    node = sh("n1", "scontrol show node n2 -o")
+    assert [field(node, name) for name in ("Sockets", "CoresPerSocket", "CPUTot")] == [
+        "2",
+        "8",
+        "16",
+    ]
+    alice = researcher(tmp_path)
+    jobs = gpu_tasks(alice, tmp_path, 8, 1)
+    try:
+        shown = slurm_job(jobs[0])
+        print(f"scontrol show -d job {jobs[0]} (8 GPUs):\n{shown}")
+        partition = sh("n1", f"scontrol show partition {field(shown, 'Partition')} -o")
+        per_gpu = field(partition, "DefCpuPerGPU"), field(partition, "DefMemPerGPU")
+        assert (per_gpu[0], field(shown, "NumCPUs")) == ("2", "16"), shown
+        assert field(shown, "CPU_IDs") == "0-15" and "gpu:h100:8(IDX:0-7)" in shown, shown
+        assert field(shown, "Mem") == str(8 * int(per_gpu[1])), (per_gpu, shown)
+    finally:
+        alice("cancel", *jobs)
+    wait_state(alice, jobs[0], ENDED)
+    jobs = gpu_tasks(alice, tmp_path, 4, 2)
+    try:
+        sockets = []
+        for job in jobs:
+            shown = slurm_job(job)
+            print(f"scontrol show -d job {job} (4 GPUs):\n{shown}")
+            gpus = ids(re.search(r"gpu:h100:4\(IDX:([\d,-]+)\)", shown).group(1))
+            cpus = ids(field(shown, "CPU_IDs"))
+            socket = 0 if gpus == {0, 1, 2, 3} else 1 if gpus == {4, 5, 6, 7} else None
+            assert socket is not None and cpus == {*range(8 * socket, 8 * socket + 8)}, shown
+            sockets.append(socket)
+        assert sorted(sockets) == [0, 1]
+    finally:
+        alice("cancel", *jobs)
+    for job in jobs:
+        wait_state(alice, job, ENDED)
+
+
+@pytest.mark.bad_input
+def test_gpu_cores_unlike_the_topology_are_refused_with_the_line_to_use(runs):
+    """Issue [22] point 2: an inventory whose slurm_node_gpu_cores differ from what
+    `nvidia-smi topo -m` says (here: every GPU near every core) fails the nvidia_gpu
+    role on n2, naming what was found and the line to put in host_vars."""
+    wrong = {"tacc_test_hosts": "n2", "tacc_test_role": "nvidia_gpu"}
+    wrong["slurm_node_gpu_cores"] = ["0-15"] * 8
+    proc = ansible_tool(
+        "ansible-playbook",
+        runs["inventory"],
+        "tests/integration/playbooks/one_role.yml",
+        "-e",
+        json.dumps(wrong),
+        timeout=300,
+        strategy=MITOGEN,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    wanted = json.dumps(["0-7"] * 4 + ["8-15"] * 4)
+    said = " ".join(proc.stdout.split())  # the YAML callback folds long messages
+    assert f"put slurm_node_gpu_cores: {wanted} in host_vars/n2.yml" in said, proc.stdout
+
+
 @pytest.mark.fault
 def test_a_task_that_asks_for_rdma_fails_with_the_reason_where_a_node_has_none(runs, tmp_path):
     """Issue [22] point 4: n2 has an active RoCE port, n3 none; `transport: rdma` across
@@ -306,17 +411,17 @@ SCRAPE = (
 
 
 def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
-    """Issue [6] at the FAKE hardware boundary: n2's GPUs (expected 4, from its Gres) and
+    """Issue [6] at the FAKE hardware boundary: n2's GPUs (expected 8, from its Gres) and
     its RoCE port pass the checks and show up in the facts file and /metrics; n3 has
     neither, and says so."""
     report = json.loads(sh("n2", "tacc-agent check --json --no-slurm"))
     checks = {check["check"]: check for check in report["checks"]}
-    assert (checks["gpu"]["status"], checks["gpu"]["detail"]) == ("ok", "4 GPU(s)")
+    assert (checks["gpu"]["status"], checks["gpu"]["detail"]) == ("ok", "8 GPU(s)")
     assert (checks["rdma"]["status"], checks["rdma"]["detail"]) == ("ok", "1 port(s) active")
     facts = json.loads(sh("n2", "cat /run/tacc-agent/facts.json"))
-    assert facts["gpu"] == {"count": 4} and facts["rdma"] == {"active_ports": 1}
+    assert facts["gpu"] == {"count": 8} and facts["rdma"] == {"active_ports": 1}
     metrics = sh("n2", SCRAPE).splitlines()
-    assert len([m for m in metrics if m.startswith("tacc_agent_gpu_power_watts{")]) == 4
+    assert len([m for m in metrics if m.startswith("tacc_agent_gpu_power_watts{")]) == 8
     assert "tacc_agent_healthy 1.0" in metrics and "tacc_agent_rdma_ports_active 1.0" in metrics
     bare = {
         c["check"]: c["status"]

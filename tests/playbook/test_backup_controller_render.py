@@ -18,6 +18,9 @@ from tests.conftest import BIN, ROOT
 from tests.playbook.local_ansible import ansible_env
 from tests.playbook.slurm_render import render
 
+# The example inventory's GPU nodes: two sockets of 32 cores.
+TOPOLOGY = "Sockets=2 CoresPerSocket=32 ThreadsPerCore=1"
+
 STATE = "/srv/ha/slurm-state"
 AGENT_STATE = "/srv/ha/tacc-agent"
 
@@ -67,7 +70,7 @@ def test_shards_are_typed_like_their_gpus_for_a_controller_that_takes_over(rende
     """slurmd reports shards with their GPU's type; a backup that takes over from the
     saved state drained a node whose shards slurm.conf listed untyped (Slurm 24.11)."""
     conf = (rendered / "login1/slurm.conf").read_text()
-    assert "NodeName=gpu01 NodeAddr=10.10.1.1 CPUs=64 RealMemory=489250 " in conf
+    assert f"NodeName=gpu01 NodeAddr=10.10.1.1 CPUs=64 {TOPOLOGY} RealMemory=489250 " in conf
     assert "Gres=gpu:a100:8,shard:a100:32 " in conf
     gres = (rendered / "login1/gres.conf").read_text().splitlines()
     assert "NodeName=gpu01 Name=shard Type=a100 Count=32" in gres

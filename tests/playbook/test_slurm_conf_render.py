@@ -15,6 +15,9 @@ from tests.conftest import ROOT
 from tests.playbook.slurm_render import SLURM_ONLY, render
 from tests.unit.hostlist_reading import expand
 
+# The example inventory's GPU nodes: two sockets of 32 cores.
+TOPOLOGY = "Sockets=2 CoresPerSocket=32 ThreadsPerCore=1"
+
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> tuple[Path, Path]:
@@ -45,7 +48,7 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
     nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
     # Features: the GPU type from the Gres, then the group's slurm_node_features.
     assert nodes == [
-        "NodeName=gpu[01-08] NodeAddr=10.10.1.[1-8] CPUs=64 RealMemory=489250 "
+        f"NodeName=gpu[01-08] NodeAddr=10.10.1.[1-8] CPUs=64 {TOPOLOGY} RealMemory=489250 "
         "Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN"
     ]
     assert "SlurmctldHost=ctl1(10.10.0.10)" in conf
@@ -82,7 +85,8 @@ def test_nodes_partitions_and_policy_come_from_group_vars(rendered):
 def test_gres_conf_names_each_gpu_device_once_for_identical_nodes(rendered):
     gres = (rendered[0] / "gpu01/gres.conf").read_text().splitlines()
     assert [line for line in gres if line.startswith("NodeName=")] == [
-        "NodeName=gpu[01-08] Name=gpu Type=a100 File=/dev/nvidia[0-7]"
+        "NodeName=gpu[01-08] Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-31",
+        "NodeName=gpu[01-08] Name=gpu Type=a100 File=/dev/nvidia[4-7] Cores=32-63",
     ]
     assert len({p.read_bytes() for p in rendered[0].glob("*/gres.conf")}) == 1
 
@@ -167,7 +171,10 @@ def mixed(tmp_path_factory) -> Path:
     hosts["all"]["hosts"]["gpu02"]["ansible_host"] = "10.10.9.200"
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     for host in ("gpu03", "gpu07"):
-        (inventory / f"host_vars/{host}.yml").write_text('slurm_node_gres: ["gpu:a100:4"]\n')
+        (inventory / f"host_vars/{host}.yml").write_text(
+            'slurm_node_gres: ["gpu:a100:4"]\n'
+            'slurm_node_gpu_cores: ["0-31", "0-31", "32-63", "32-63"]\n'
+        )
     (inventory / "host_vars/gpu06.yml").write_text("slurm_node_memory_mb: 1030000\n")
     cluster = yaml.safe_load((inventory / "group_vars/all/cluster.yml").read_text())
     cluster["slurm_partitions"].append({"name": "small", "nodes": "gpu07,gpu03,gpu04"})
@@ -182,11 +189,11 @@ def test_nodes_with_the_same_hardware_share_a_line(mixed):
     lines = mixed.read_text().splitlines()
     assert [line for line in lines if line.startswith("NodeName=")] == [
         "NodeName=gpu[01-02,04-05,08] NodeAddr=10.10.1.1,10.10.9.200,10.10.1.[4-5,8] CPUs=64 "
-        "RealMemory=489250 Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN",
-        "NodeName=gpu[03,07] NodeAddr=10.10.1.[3,7] CPUs=64 RealMemory=489250 "
-        "Gres=gpu:a100:4 Features=a100,ib State=UNKNOWN",
-        "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 RealMemory=978500 Gres=gpu:a100:8 "
-        "Features=a100,ib State=UNKNOWN",
+        f"{TOPOLOGY} RealMemory=489250 Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN",
+        f"NodeName=gpu[03,07] NodeAddr=10.10.1.[3,7] CPUs=64 {TOPOLOGY} "
+        "RealMemory=489250 Gres=gpu:a100:4 Features=a100,ib State=UNKNOWN",
+        "NodeName=gpu06 NodeAddr=10.10.1.6 CPUs=64 Sockets=2 CoresPerSocket=32 ThreadsPerCore=1 "
+        "RealMemory=978500 Gres=gpu:a100:8 Features=a100,ib State=UNKNOWN",
     ]
     # gpu03 and gpu07 could give 16 CPUs per GPU, gpu04 only 8: the partition's default
     # is what every node of it can give.
@@ -213,6 +220,9 @@ def test_nodename_and_nodeaddr_expand_to_each_hosts_address(mixed):
     assert pairs == {**expected, "gpu02": "10.10.9.200"}
 
 
+FOUR_GPU_CORES = ["0-31", "0-31", "32-63", "32-63"]
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Path:
     """GPU sharing per node group: gpu01-04 shard their 8 A100s (default 4 shards each),
@@ -223,7 +233,11 @@ def shared(tmp_path_factory) -> Path:
     host_vars = {
         **{f"gpu0{i}": {"slurm_gpu_sharing": "shard"} for i in range(1, 5)},
         **{
-            f"gpu0{i}": {"slurm_gpu_sharing": "mps", "slurm_node_gres": ["gpu:h100:4"]}
+            f"gpu0{i}": {
+                "slurm_gpu_sharing": "mps",
+                "slurm_node_gres": ["gpu:h100:4"],
+                "slurm_node_gpu_cores": FOUR_GPU_CORES,
+            }
             for i in (5, 6)
         },
         "gpu07": {
@@ -231,7 +245,10 @@ def shared(tmp_path_factory) -> Path:
             "slurm_gpu_shards_per_gpu": 2,
             "slurm_node_features": ["ib", "nvme"],
         },
-        "gpu08": {"slurm_node_gres": ["gpu:a100:2", "gpu:l40s:2"]},
+        "gpu08": {
+            "slurm_node_gres": ["gpu:a100:2", "gpu:l40s:2"],
+            "slurm_node_gpu_cores": FOUR_GPU_CORES,
+        },
     }
     for host, values in host_vars.items():
         (inventory / f"host_vars/{host}.yml").write_text(yaml.safe_dump(values))
@@ -267,12 +284,15 @@ def test_shared_gpus_add_shard_and_mps_gres_per_node(shared):
 def test_gres_conf_counts_shares_and_numbers_devices_across_gpu_types(shared):
     lines = (shared / "gres.conf").read_text().splitlines()
     assert [line for line in lines if line.startswith("NodeName=")] == [
-        "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-7]",
+        "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-31",
+        "NodeName=gpu[01-04] Name=gpu Type=a100 File=/dev/nvidia[4-7] Cores=32-63",
         "NodeName=gpu[01-04] Name=shard Type=a100 Count=32",
-        "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[0-3]",
+        "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-31",
+        "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[2-3] Cores=32-63",
         "NodeName=gpu[05-06] Name=mps Count=400",
-        "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-7]",
+        "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-31",
+        "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[4-7] Cores=32-63",
         "NodeName=gpu07 Name=shard Type=a100 Count=16",
-        "NodeName=gpu08 Name=gpu Type=a100 File=/dev/nvidia[0-1]",
-        "NodeName=gpu08 Name=gpu Type=l40s File=/dev/nvidia[2-3]",
+        "NodeName=gpu08 Name=gpu Type=a100 File=/dev/nvidia[0-1] Cores=0-31",
+        "NodeName=gpu08 Name=gpu Type=l40s File=/dev/nvidia[2-3] Cores=32-63",
     ]

@@ -210,6 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="InfiniBand",
         help="link layer of the RDMA ports (Ethernet = RoCE)",
     )
+    p_fake.add_argument(
+        "--sockets", type=int, default=1, help="CPU sockets the GPUs are spread over (default: 1)"
+    )
+    p_fake.add_argument(
+        "--cores-per-socket",
+        type=int,
+        default=0,
+        help="cores per socket (default: the host's CPUs over the sockets)",
+    )
     return parser
 
 
@@ -298,6 +307,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             nic_fw=args.nic_fw,
             ib_devices=args.rdma,
             link_layer=args.link_layer,
+            sockets=args.sockets,
+            cores_per_socket=args.cores_per_socket,
         )
         installed = install(NodePaths(cfg, node.name).rootfs, node.name, hardware)
         print(f"{node.name}: FAKE hardware installed: {'; '.join(installed)}")

@@ -2,10 +2,12 @@
 
 The lab has none of these, so roles are tested against fakes at the tool boundary
 (tacc_lab/fakes): `lspci`, `mstflint`, `mlxconfig`, `mlxfwmanager` wrappers in
-/usr/local/bin, a device state file, an RDMA sysfs tree under /opt/tacc-fake-hw/sys, and
-a local apt repository whose "driver" package ships the fake `nvidia-smi` and stub
-persistenced/fabric manager daemons, so the nvidia_gpu role really installs a driver
-package from a repository given in variables. Everything is written into the node's
+/usr/local/bin, a device state file, an RDMA sysfs tree under /opt/tacc-fake-hw/sys, a
+CPU topology sysfs tree under /opt/tacc-fake-hw/sys/devices/system/cpu (the sockets and
+cores the fake GPUs sit next to, as `nvidia-smi topo -m` reports them), and a local apt
+repository whose "driver" package ships the fake `nvidia-smi` and stub persistenced/fabric
+manager daemons, so the nvidia_gpu role really installs a driver package from a
+repository given in variables. Everything is written into the node's
 root filesystem from the host.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -26,11 +29,13 @@ FAKES_SRC = Path(__file__).resolve().parent / "fakes"
 OPT = Path("opt/tacc-fake-hw")
 REPO = OPT / "repo"
 SYSFS = OPT / "sys/class/infiniband"
+CPU_SYSFS = OPT / "sys/devices/system/cpu"
 TOOLS = ("lspci", "mstflint", "mlxconfig", "mlxfwmanager")
 # Node-side locations the lab inventory points the roles at.
 NODE_REPO_URI = f"file:/{REPO}"
 NODE_RDMA_SYSFS = f"/{SYSFS}"
 NODE_RDMA_CONFIGFS = f"/{OPT}/config/rdma_cm"
+NODE_CPU_SYSFS = f"/{CPU_SYSFS}"
 
 GPU_MODELS = {
     "h100": ("2330", "NVIDIA H100 80GB HBM3", 81559),
@@ -61,6 +66,18 @@ class FakeHardware:
     nic_fw: str = "22.36.1010"
     ib_devices: int = 0
     link_layer: str = "InfiniBand"
+    # The CPU topology the GPUs sit in (0: one socket of the host's CPUs): GPUs are
+    # spread evenly over the sockets, in PCI order.
+    sockets: int = 1
+    cores_per_socket: int = 0
+
+
+def cpu_layout(hw: FakeHardware) -> dict:
+    """{"sockets", "cores_per_socket", "threads_per_core"} of the fake node."""
+    if hw.sockets < 1 or hw.cores_per_socket < 0:
+        raise LabError("a fake node needs at least one socket and no negative core count")
+    cores = hw.cores_per_socket or max(1, (os.cpu_count() or 1) // hw.sockets)
+    return {"sockets": hw.sockets, "cores_per_socket": cores, "threads_per_core": 1}
 
 
 def device_state(hw: FakeHardware, node: str) -> dict:
@@ -75,6 +92,7 @@ def device_state(hw: FakeHardware, node: str) -> dict:
             "name": name,
             "uuid": f"GPU-{seed[:8]}-{seed[8:12]}-{seed[12:16]}-{i:04x}-{seed[16:28]}",
             "memory_mib": memory,
+            "socket": i * hw.sockets // hw.gpus,
         }
         for i in range(hw.gpus)
     ]
@@ -106,6 +124,7 @@ def device_state(hw: FakeHardware, node: str) -> dict:
         "driver_version": "550.54.15",
         "cuda_version": "12.4",
         "nics": nics,
+        "cpu": cpu_layout(hw),
     }
 
 
@@ -222,6 +241,20 @@ def build_rdma_tree(root: Path, hw: FakeHardware) -> None:
     root.mkdir(parents=True, exist_ok=True)
 
 
+def build_cpu_tree(root: Path, layout: dict) -> None:
+    """/sys/devices/system/cpu look-alike: cpuN/topology/{physical_package_id,core_id},
+    CPUs numbered socket by socket as Linux numbers them on most two-socket servers."""
+    if root.exists():
+        shutil.rmtree(root)
+    cores = layout["cores_per_socket"]
+    for socket in range(layout["sockets"]):
+        for core in range(cores):
+            topology = root / f"cpu{socket * cores + core}" / "topology"
+            _write(topology / "physical_package_id", f"{socket}\n")
+            _write(topology / "core_id", f"{core}\n")
+    root.mkdir(parents=True, exist_ok=True)
+
+
 def install(rootfs: Path, node: str, hw: FakeHardware) -> list[str]:
     """Install the fakes into a node's root filesystem; return what was installed."""
     if not (rootfs / "etc").is_dir():
@@ -241,10 +274,12 @@ def install(rootfs: Path, node: str, hw: FakeHardware) -> list[str]:
     (rootfs / "var/log/tacc-fake-hw").mkdir(parents=True, exist_ok=True)
     build_driver_repo(rootfs / REPO)
     build_rdma_tree(rootfs / SYSFS, hw)
+    build_cpu_tree(rootfs / CPU_SYSFS, state["cpu"])
     (rootfs / OPT / "config/rdma_cm").mkdir(parents=True, exist_ok=True)
     return [
         f"{len(state['gpus'])} x {hw.gpu_model} GPU",
         f"{len(state['nvswitches'])} NVSwitch",
         f"{len(state['nics'])} ConnectX-6 Dx (fw {hw.nic_fw})",
         f"{hw.ib_devices} RDMA device ({hw.link_layer})",
+        "{sockets} socket x {cores_per_socket} core CPU".format(**state["cpu"]),
     ]

@@ -19,7 +19,7 @@ from tacc_lab.addressing import LOGIN_INDEX
 from tacc_lab.backup_controller import inventory_vars as backup_controller_vars
 from tacc_lab.config import NODE_PACKAGE_CACHE
 from tacc_lab.errors import LabError
-from tacc_lab.fakehw import NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
+from tacc_lab.fakehw import NODE_CPU_SYSFS, NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
 from tacc_lab.researchers import RESEARCHERS
 
 # Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
@@ -248,7 +248,15 @@ def render_inventory(
                 # A node that stops answering (power cut) is DOWN after SlurmdTimeout
                 # (300 s by default) and its jobs requeued; 30 s keeps the lab's fault
                 # tests short while a loaded host still answers every ping in time.
-                "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdTimeout": 30},
+                # Nodes share the host's CPUs: a node given a FAKE CPU layout for its
+                # FAKE GPUs (tacc-lab fake-hw --sockets) is declared with that layout,
+                # which slurmd takes from slurm.conf (config_overrides) instead of
+                # draining the node for the CPUs it sees.
+                "slurm_extra_config": {
+                    "AuthInfo": "cred_expire=20",
+                    "SlurmdTimeout": 30,
+                    "SlurmdParameters": "config_overrides",
+                },
                 "slurm_node_memory_mb": hardware.memory_mb,
                 # No kernel NFS in nspawn nodes: n1 serves /shared (a host directory
                 # bind-mounted on every node) with NFS-Ganesha; clients get enabled mount
@@ -268,6 +276,7 @@ def render_inventory(
                 # fakes have neither, exactly like nodes without the hardware.
                 "rdma_sysfs_root": NODE_RDMA_SYSFS,
                 "rdma_configfs_root": NODE_RDMA_CONFIGFS,
+                "nvidia_gpu_cpu_sysfs": NODE_CPU_SYSFS,
                 "nvidia_gpu_repo_uri": NODE_REPO_URI,
                 "nvidia_gpu_repo_suites": ["./"],
                 "nvidia_gpu_repo_trusted": True,

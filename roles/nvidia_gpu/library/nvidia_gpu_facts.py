@@ -12,16 +12,26 @@ description:
     (classes 0300, 0302) are GPUs, class 0680 functions are NVSwitches.
   - When C(nvidia-smi) is installed, reads each GPU's name, UUID, memory and the driver
     version, and derives the Gres type from the model name (H100 -> h100).
+  - With the driver loaded, reads C(nvidia-smi topo -m) for the CPUs near each GPU and
+    turns them into Slurm's logical core indexes (gres.conf C(Cores=): core 0 is the
+    first core of the first socket) with the CPU topology under O(cpu_sysfs). C(cores)
+    is the list per GPU, empty when every GPU is near every core (one socket: nothing
+    to bind).
   - Read-only; returns facts under C(nvidia_gpu).
 options:
   gres_type:
     description: Gres type to use instead of the one derived from the model name.
     type: str
     default: ""
+  cpu_sysfs:
+    description: The CPU topology in sysfs (cpuN/topology/physical_package_id, core_id).
+    type: str
+    default: /sys/devices/system/cpu
 author: TACC stack
 """
 
 import re  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -69,6 +79,75 @@ def parse_smi(text: str) -> list[dict]:
     return rows
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """ "0-7,16-23" -> [0, ..., 7, 16, ..., 23]; "N/A" -> []."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def compress_ids(ids: list[int]) -> str:
+    """[0, 1, 2, 3, 8, 9] -> "0-3,8-9", as gres.conf's Cores= takes them."""
+    ranges: list[str] = []
+    ordered = sorted(set(ids))
+    start = 0
+    for i, value in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != value + 1:
+            first = ordered[start]
+            ranges.append(str(first) if first == value else f"{first}-{value}")
+            start = i + 1
+    return ",".join(ranges)
+
+
+def parse_topo(text: str) -> list[list[int]]:
+    """`nvidia-smi topo -m`: each GPU's "CPU Affinity" as OS CPU numbers, in GPU order.
+    The matrix is tab-separated; its header names the columns."""
+    lines = [line.split("\t") for line in text.splitlines() if "\t" in line]
+    if not lines:
+        return []
+    header = [cell.strip() for cell in lines[0]]
+    if "CPU Affinity" not in header:
+        return []
+    column = header.index("CPU Affinity")
+    return [
+        parse_cpu_list(cells[column]) if len(cells) > column else []
+        for cells in lines[1:]
+        if re.fullmatch(r"GPU\d+", cells[0].strip())
+    ]
+
+
+def logical_cores(cpu_sysfs: Path) -> dict[int, int]:
+    """OS CPU number -> Slurm's logical core index: the node's (socket, core) pairs in
+    order, so core 0 is the first core of the first socket and a core's threads share
+    its index."""
+    found: dict[int, tuple[int, int]] = {}
+    for topology in cpu_sysfs.glob("cpu[0-9]*/topology"):
+        cpu = int(topology.parent.name[3:])
+        package = int((topology / "physical_package_id").read_text().strip())
+        core = int((topology / "core_id").read_text().strip())
+        found[cpu] = (package, core)
+    index = {pair: i for i, pair in enumerate(sorted(set(found.values())))}
+    return {cpu: index[pair] for cpu, pair in found.items()}
+
+
+def gpu_cores(affinity: list[list[int]], cores_of: dict[int, int]) -> list[str]:
+    """Cores= of each GPU, or [] when every GPU is near every core (nothing to bind).
+    A CPU the topology does not list raises ValueError."""
+    result = []
+    for index, cpus in enumerate(affinity):
+        missing = [cpu for cpu in cpus if cpu not in cores_of]
+        if missing:
+            raise ValueError(
+                f"GPU{index} is near CPUs {compress_ids(missing)}, not in the CPU topology"
+            )
+        result.append(compress_ids([cores_of[cpu] for cpu in cpus]))
+    every = compress_ids(list(cores_of.values()))
+    return [] if all(cores in ("", every) for cores in result) else result
+
+
 def gres_type(model: str) -> str:
     """A Slurm Gres type from a model name: "NVIDIA H100 80GB HBM3" -> "h100",
     "NVIDIA A100-SXM4-80GB" -> "a100", "NVIDIA GeForce RTX 3090" -> "rtx3090"."""
@@ -84,7 +163,10 @@ def gres_type(model: str) -> str:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"gres_type": {"type": "str", "default": ""}},
+        argument_spec={
+            "gres_type": {"type": "str", "default": ""},
+            "cpu_sysfs": {"type": "str", "default": "/sys/devices/system/cpu"},
+        },
         supports_check_mode=True,
     )
     lspci = module.get_bin_path("lspci")
@@ -103,6 +185,15 @@ def main() -> None:
         if rc == 0:
             smi_rows = parse_smi(out)
             driver = smi_rows[0]["driver_version"] if smi_rows else ""
+    cores: list[str] = []
+    if smi_rows:
+        rc, out, err = module.run_command([smi, "topo", "-m"])
+        if rc != 0:
+            module.fail_json(msg=f"nvidia-smi topo -m failed: {(err or out).strip()}")
+        try:
+            cores = gpu_cores(parse_topo(out), logical_cores(Path(module.params["cpu_sysfs"])))
+        except (OSError, ValueError) as exc:
+            module.fail_json(msg=f"cannot map the GPUs' CPU affinity to cores: {exc}")
     models = sorted({row["name"] for row in smi_rows})
     kind = module.params["gres_type"] or (gres_type(models[0]) if models else "")
     count = len(gpus)
@@ -121,6 +212,7 @@ def main() -> None:
                 "gres_type": kind,
                 "gres": gres,
                 "mixed_models": len(models) > 1,
+                "cores": cores,
             }
         },
     )

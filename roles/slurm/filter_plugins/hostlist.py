@@ -17,7 +17,7 @@ class (all unpadded, or all padded to the same width); anything else starts a ne
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 # Characters that separate or delimit hostlist terms: a name containing one cannot be
@@ -212,30 +212,85 @@ def node_features(gres: list[str], features: object) -> list[str]:
     return result
 
 
-def gres_conf_lines(gres: list[str]) -> list[str]:
+def gres_conf_lines(gres: list[str], gpu_cores: Sequence[str] = ()) -> list[str]:
     """gres.conf lines (without NodeName) for a node's Gres: GPUs by device file, each
-    GPU entry after the previous one's files (/dev/nvidia0..N-1 in order); shard, mps
-    and any other Gres by Count (Slurm spreads shards and MPS evenly over the GPUs)."""
+    GPU entry after the previous one's files (/dev/nvidia0..N-1 in order), consecutive
+    GPUs near the same cores (gpu_cores, one entry per GPU, may be empty) on one line with
+    their Cores=; shard, mps and any other Gres by Count (Slurm spreads shards and MPS
+    evenly over the GPUs)."""
     lines, next_device = [], 0
     for name, gres_type, count in map(_parse_gres, gres):
         type_field = f" Type={gres_type}" if gres_type else ""
         if name != "gpu":
             lines.append(f"Name={name}{type_field} Count={count}")
             continue
-        if int(count) == 0:
-            continue
-        last = next_device + int(count) - 1
-        files = f"{next_device}" if last == next_device else f"[{next_device}-{last}]"
-        lines.append(f"Name=gpu{type_field} File=/dev/nvidia{files}")
-        next_device = last + 1
+        devices = range(next_device, next_device + int(count))
+        next_device += int(count)
+        runs: list[tuple[str, list[int]]] = []
+        for device in devices:
+            cores = gpu_cores[device] if gpu_cores else ""
+            if runs and runs[-1][0] == cores:
+                runs[-1][1].append(device)
+            else:
+                runs.append((cores, [device]))
+        for cores, run in runs:
+            files = f"{run[0]}" if len(run) == 1 else f"[{run[0]}-{run[-1]}]"
+            cores_field = f" Cores={cores}" if cores else ""
+            lines.append(f"Name=gpu{type_field} File=/dev/nvidia{files}{cores_field}")
     return lines
+
+
+def _id_list(text: str) -> list[int]:
+    """ "0-7,16" -> [0, ..., 7, 16]; ValueError for anything else."""
+    ids: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()) or int(last or first) < int(first):
+            raise ValueError(f"{text!r} is not a list of core numbers like 0-7 or 0-3,8-11")
+        ids.extend(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def node_topology(cpus: int, sockets: int, cores_per_socket: int, threads: int) -> str:
+    """Sockets=/CoresPerSocket=/ThreadsPerCore= of a NodeName line ("" when the inventory
+    gives no sockets: Slurm then counts CPUs only). They must multiply to the CPUs."""
+    if not sockets:
+        return ""
+    if sockets * cores_per_socket * threads != cpus:
+        raise ValueError(
+            f"slurm_node_sockets {sockets} x slurm_node_cores_per_socket {cores_per_socket} x "
+            f"slurm_node_threads_per_core {threads} is not slurm_node_cpus {cpus}"
+        )
+    return f"Sockets={sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore={threads}"
+
+
+def checked_gpu_cores(gpu_cores: object, gres: list[str], cores: int) -> tuple[str, ...]:
+    """slurm_node_gpu_cores: one core list per GPU (Slurm's logical core numbers, below
+    the node's cores), or none at all."""
+    entries = [
+        str(entry) for entry in ([gpu_cores] if isinstance(gpu_cores, str) else gpu_cores or [])
+    ]
+    if not entries:
+        return ()
+    gpus = _gpu_count(map(_parse_gres, gres))
+    if len(entries) != gpus:
+        raise ValueError(
+            f"slurm_node_gpu_cores has {len(entries)} entries for {gpus} GPUs: give one per GPU"
+        )
+    for entry in entries:
+        beyond = [core for core in _id_list(entry) if core >= cores]
+        if beyond:
+            raise ValueError(
+                f"slurm_node_gpu_cores {entry!r} names core {beyond[0]}; the node has {cores} cores"
+            )
+    return tuple(entry.replace(" ", "") for entry in entries)
 
 
 def _host_key(
     values: Mapping, cpus: object, memory_mb: object, memory_factor: float, defaults: dict
-) -> tuple[str, int, str, str, int, int]:
-    """(cpus, RealMemory, Gres, Features, CoreSpecCount, MemSpecLimit) of one host: what
-    its NodeName line says."""
+) -> tuple:
+    """(cpus, RealMemory, Gres, Features, CoreSpecCount, MemSpecLimit, socket layout,
+    cores per GPU) of one host: what its NodeName and gres.conf lines say."""
     gres = node_gres(
         values.get("slurm_node_gres", defaults["gres"]),
         str(values.get("slurm_gpu_sharing", defaults["sharing"])),
@@ -243,13 +298,32 @@ def _host_key(
         values.get("slurm_gpu_mps_per_gpu", defaults["mps_per_gpu"]),
     )
     features = node_features(gres, values.get("slurm_node_features", defaults["features"]))
+    node_cpus = int(values.get("slurm_node_cpus", cpus))
+    threads = int(
+        values.get("slurm_node_threads_per_core", ROLE_DEFAULTS["slurm_node_threads_per_core"])
+    )
+    topology = node_topology(
+        node_cpus,
+        int(values.get("slurm_node_sockets", ROLE_DEFAULTS["slurm_node_sockets"])),
+        int(
+            values.get("slurm_node_cores_per_socket", ROLE_DEFAULTS["slurm_node_cores_per_socket"])
+        ),
+        threads,
+    )
+    gpu_cores = checked_gpu_cores(
+        values.get("slurm_node_gpu_cores", ROLE_DEFAULTS["slurm_node_gpu_cores"]),
+        gres,
+        node_cpus // threads if topology else node_cpus,
+    )
     return (
-        str(values.get("slurm_node_cpus", cpus)),
+        str(node_cpus),
         int(float(values.get("slurm_node_memory_mb", memory_mb)) * float(memory_factor)),
         ",".join(gres),
         ",".join(features),
         int(values.get("slurm_node_core_spec_count", defaults["core_spec"])),
         int(values.get("slurm_node_mem_spec_limit_mb", defaults["mem_spec"])),
+        topology,
+        gpu_cores,
     )
 
 
@@ -268,6 +342,10 @@ ROLE_DEFAULTS = {
     "slurm_node_features": [],
     "slurm_node_core_spec_count": 0,
     "slurm_node_mem_spec_limit_mb": 0,
+    "slurm_node_sockets": 0,
+    "slurm_node_cores_per_socket": 0,
+    "slurm_node_threads_per_core": 1,
+    "slurm_node_gpu_cores": [],
 }
 
 
@@ -286,7 +364,8 @@ def tacc_slurm_nodes(
     mem_spec: object = ROLE_DEFAULTS["slurm_node_mem_spec_limit_mb"],
 ) -> list[dict]:
     """slurm.conf's node lines for `hosts`: one dict per distinct hardware, {names, addrs,
-    cpus, real_memory, gres, features, hosts}. names is a hostlist; addrs is the hostlist
+    cpus, real_memory, gres, features, core_spec_count, mem_spec_limit, topology,
+    gpu_cores, hosts}. names is a hostlist; addrs is the hostlist
     of the nodes' ansible_host in the order of the names ("" when every address is the
     node's name); hosts the node names in that order.
 
@@ -309,14 +388,15 @@ def tacc_slurm_nodes(
         "core_spec": core_spec,
         "mem_spec": mem_spec,
     }
-    groups: dict[tuple[str, int, str, str, int, int], list[tuple[str, str]]] = {}
+    groups: dict[tuple, list[tuple[str, str]]] = {}
     for host in hosts:
         values = hostvars[host]  # the costly part: all of the host's variables
         key = _host_key(values, cpus, memory_mb, memory_factor, defaults)
         groups.setdefault(key, []).append((_check(host), _check(values.get("ansible_host", host))))
     result = []
     for key, pairs in groups.items():
-        node_cpus, real_memory, node_gres_text, node_feature_text, core_spec_count, mem_spec = key
+        (node_cpus, real_memory, node_gres_text, node_feature_text) = key[:4]
+        core_spec_count, mem_spec, topology, gpu_cores = key[4:]
         pairs.sort(key=lambda pair: natural_key(pair[0]))
         names = [name for name, _ in pairs]
         if len(set(names)) != len(names):
@@ -331,6 +411,8 @@ def tacc_slurm_nodes(
             "features": node_feature_text,
             "core_spec_count": core_spec_count,
             "mem_spec_limit": mem_spec,
+            "topology": topology,
+            "gpu_cores": list(gpu_cores),
             "hosts": names,
         }
         result.append((natural_key(names[0]), group))
@@ -349,17 +431,18 @@ def tacc_gres_types(groups: Iterable[Mapping]) -> str:
 
 
 def tacc_gres_conf(groups: Iterable[Mapping]) -> list[str]:
-    """gres.conf's node lines from tacc_slurm_nodes' groups: nodes whose Gres are the
-    same share one hostlist line per Gres entry."""
-    by_gres: dict[str, list[str]] = {}
+    """gres.conf's node lines from tacc_slurm_nodes' groups: nodes whose Gres and cores
+    per GPU are the same share one hostlist line per Gres entry."""
+    by_gres: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for group in groups:
         if group["gres"]:
-            by_gres.setdefault(group["gres"], []).extend(group["hosts"])
+            key = (group["gres"], tuple(group.get("gpu_cores", ())))
+            by_gres.setdefault(key, []).extend(group["hosts"])
     ordered = sorted(by_gres.items(), key=lambda item: natural_key(min(item[1], key=natural_key)))
     return [
         f"NodeName={tacc_hostlist(hosts)} {line}"
-        for gres, hosts in ordered
-        for line in gres_conf_lines(_gres_list(gres))
+        for (gres, gpu_cores), hosts in ordered
+        for line in gres_conf_lines(_gres_list(gres), gpu_cores)
     ]
 
 

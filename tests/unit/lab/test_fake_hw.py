@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.health.checks.gpu import check_gpus
-from tests.conftest import ROOT
+from tacc_lab.fakehw import FakeHardware, build_cpu_tree, device_state
+from tests.conftest import ROOT, role_module
 
 PCI = "0000:3b:00.0"
 UUID0 = "GPU-5f2a1c3e-8b7d-4e6f-9a1b-2c3d4e5f6a7b"
@@ -494,3 +495,22 @@ def test_reboot_applies_pending_firmware_and_config(lab):
     assert lab.ok("lspci", "-D", "-n", "-d", "15b3:") == "0000:3b:00.0 0207: 15b3:101d\n"
     assert lab.log_lines()[-1].split(" ", 3)[1:3] == ["hwstate", PCI]
     assert lab.ok("hwstate", "reboot") == "nothing pending\n"
+
+
+def test_nvidia_smi_topo_of_two_sockets_reads_as_each_sockets_cores(tmp_path):
+    """Issue [22] point 2: the FAKE 2-socket, 8-GPU node (`tacc-lab fake-hw n2 --gpus 8
+    --sockets 2 --cores-per-socket 8`) prints `nvidia-smi topo -m` that the nvidia_gpu
+    role's module turns into Cores=0-7 for GPUs 0-3 and 8-15 for GPUs 4-7, against the
+    fake CPU sysfs tree written beside it."""
+    hw = FakeHardware(gpus=8, nvswitches=2, sockets=2, cores_per_socket=8)
+    state = device_state(hw, "n2")
+    build_cpu_tree(tmp_path / "cpu", state["cpu"])
+    lab = Lab(tmp_path, state)
+    topo = lab.ok("nvidia_smi", "topo", "-m")
+    header, first = topo.splitlines()[:2]
+    assert header.split("\t")[-3:] == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    assert first.split("\t")[:3] == ["GPU0", " X ", "NV18"]
+    module = role_module("nvidia_gpu", "nvidia_gpu_facts")
+    cores = module.gpu_cores(module.parse_topo(topo), module.logical_cores(tmp_path / "cpu"))
+    assert cores == ["0-7"] * 4 + ["8-15"] * 4
+    assert lab.run("nvidia_smi", "topo", "-x").returncode == 2

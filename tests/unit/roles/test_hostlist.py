@@ -142,9 +142,59 @@ def test_the_lab_compute_nodes_share_one_line():
             "features": "",
             "core_spec_count": 0,
             "mem_spec_limit": 0,
+            "topology": "",
+            "gpu_cores": [],
             "hosts": ["n2", "n3"],
         }
     ]
+
+
+EIGHT_GPUS_TWO_SOCKETS = {
+    "slurm_node_cpus": 16,
+    "slurm_node_sockets": 2,
+    "slurm_node_cores_per_socket": 8,
+    "slurm_node_gres": ["gpu:h100:8"],
+    "slurm_node_gpu_cores": ["0-7"] * 4 + ["8-15"] * 4,
+}
+
+
+def test_gpus_near_a_socket_get_its_cores_in_gres_conf():
+    """Issue [22] point 2: each socket's GPUs share a gres.conf line with their Cores=,
+    the node line says its sockets, and nodes alike share both."""
+    hostvars = {"gpu1": dict(EIGHT_GPUS_TWO_SOCKETS), "gpu2": dict(EIGHT_GPUS_TWO_SOCKETS)}
+    hostvars["gpu3"] = {**EIGHT_GPUS_TWO_SOCKETS, "slurm_node_gpu_cores": []}
+    groups = nodes(hostvars)
+    assert groups[0]["topology"] == "Sockets=2 CoresPerSocket=8 ThreadsPerCore=1"
+    assert hostlist.tacc_gres_conf(groups) == [
+        "NodeName=gpu[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-7",
+        "NodeName=gpu[1-2] Name=gpu Type=h100 File=/dev/nvidia[4-7] Cores=8-15",
+        "NodeName=gpu3 Name=gpu Type=h100 File=/dev/nvidia[0-7]",
+    ]
+
+
+def test_gpu_cores_alternating_sockets_keep_one_line_per_run():
+    gres = ["gpu:a100:2", "gpu:l40s:2"]
+    assert hostlist.gres_conf_lines(gres, ["0-3", "4-7", "4-7", "0-3"]) == [
+        "Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-3",
+        "Name=gpu Type=a100 File=/dev/nvidia1 Cores=4-7",
+        "Name=gpu Type=l40s File=/dev/nvidia2 Cores=4-7",
+        "Name=gpu Type=l40s File=/dev/nvidia3 Cores=0-3",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"slurm_node_cores_per_socket": 4}, "is not slurm_node_cpus 16"),
+        ({"slurm_node_gpu_cores": ["0-7"] * 7}, "has 7 entries for 8 GPUs"),
+        ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["8-16"]}, "names core 16; the node has 16 cores"),
+        ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["socket1"]}, "is not a list of core numbers"),
+        ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["7-0"]}, "is not a list of core numbers"),
+    ],
+)
+def test_bad_node_layout_or_gpu_cores_are_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        nodes({"gpu1": {**EIGHT_GPUS_TWO_SOCKETS, **change}})
 
 
 def test_nodes_group_by_hardware_and_pair_addresses():
@@ -153,7 +203,7 @@ def test_nodes_group_by_hardware_and_pair_addresses():
     hostvars["gpu06"]["slurm_node_memory_mb"] = 2048
     hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
     groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
-    spec = ("hosts", "core_spec_count", "mem_spec_limit")
+    spec = ("hosts", "core_spec_count", "mem_spec_limit", "topology", "gpu_cores")
     assert [{k: v for k, v in g.items() if k not in spec} for g in groups] == [
         {
             "names": "gpu[01-02,04-05,08]",

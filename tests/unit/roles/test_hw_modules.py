@@ -56,6 +56,57 @@ def test_nvidia_smi_csv_rows():
     ]
 
 
+# `nvidia-smi topo -m` of a two-socket, 56-core-per-socket HGX H100 with SMT (the
+# shape NVIDIA documents for DGX H100): GPUs 0-3 near socket 0, 4-7 near socket 1.
+def hgx_topo() -> str:
+    header = ["", *(f"GPU{i}" for i in range(8)), "NIC0"]
+    lines = ["\t".join([*header, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
+    for i in range(8):
+        links = [" X " if j == i else "NV18" for j in range(8)]
+        near = ["0-55,112-167", "0"] if i < 4 else ["56-111,168-223", "1"]
+        lines.append("\t".join([f"GPU{i}", *links, "PIX", *near, "", "N/A"]))
+    lines.append("\t".join(["NIC0", *["PIX"] * 8, " X "]))
+    return "\n".join([*lines, "", "Legend:", "", "  X    = Self", ""])
+
+
+def cpu_tree(root, sockets: int, cores: int, threads: int):
+    """A /sys/devices/system/cpu look-alike numbered as Linux numbers a two-socket server:
+    the first threads socket by socket, then the second threads."""
+    for thread in range(threads):
+        for socket in range(sockets):
+            for core in range(cores):
+                topology = root / f"cpu{(thread * sockets + socket) * cores + core}" / "topology"
+                topology.mkdir(parents=True)
+                (topology / "physical_package_id").write_text(f"{socket}\n")
+                (topology / "core_id").write_text(f"{core * 2}\n")  # core ids with gaps
+    return root
+
+
+def test_topo_matrix_gives_each_gpus_cores_in_slurms_numbers(tmp_path):
+    """Issue [22] point 2: CPU affinity 0-55,112-167 (socket 0 and its second threads)
+    is Slurm's logical cores 0-55; the NIC row and the legend are not GPUs."""
+    affinity = gpu.parse_topo(hgx_topo())
+    assert len(affinity) == 8 and affinity[0][:2] == [0, 1] and affinity[0][-1] == 167
+    cores_of = gpu.logical_cores(cpu_tree(tmp_path, sockets=2, cores=56, threads=2))
+    assert gpu.gpu_cores(affinity, cores_of) == ["0-55"] * 4 + ["56-111"] * 4
+
+
+def test_gpus_near_every_core_need_no_cores(tmp_path):
+    topo = (
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t X \tPHB\t0-63\t0\t\tN/A\n"
+        "GPU1\tPHB\t X \t0-63\t0\t\tN/A\n"
+    )
+    cores_of = gpu.logical_cores(cpu_tree(tmp_path, sockets=1, cores=64, threads=1))
+    assert gpu.gpu_cores(gpu.parse_topo(topo), cores_of) == []
+
+
+def test_affinity_beyond_the_cpu_topology_is_an_error(tmp_path):
+    cores_of = gpu.logical_cores(cpu_tree(tmp_path, sockets=1, cores=4, threads=1))
+    with pytest.raises(ValueError, match="GPU0 is near CPUs 4-7, not in the CPU topology"):
+        gpu.gpu_cores([[0, 1, 2, 3, 4, 5, 6, 7]], cores_of)
+
+
 def test_mstflint_query_fields():
     out = (
         "Image type:            FS4\n"

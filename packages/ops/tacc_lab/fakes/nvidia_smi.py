@@ -6,6 +6,9 @@ Supported::
     nvidia-smi -L | --list-gpus      GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)
     nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]
     nvidia-smi --query-compute-apps=APP_FIELDS --format=csv[,noheader][,nounits]
+    nvidia-smi topo -m | --matrix      the GPU topology matrix with each GPU's CPU and NUMA
+                                     affinity (from the state's "cpu" layout and each
+                                     GPU's "socket"), tab-separated as the real one
 
 FIELDS is any subset, in any order, of index, name, uuid, memory.total, pci.bus_id,
 driver_version, the figures temperature.gpu, utilization.gpu, memory.used, power.draw,
@@ -230,7 +233,64 @@ def table(state: dict[str, Any]) -> list[str]:
     return lines
 
 
+TOPO_LEGEND = (
+    "",
+    "Legend:",
+    "",
+    "  X    = Self",
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes"
+    " (e.g., QPI/UPI)",
+    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges"
+    " within a NUMA node",
+    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host"
+    " Bridge)",
+    "  PIX  = Connection traversing at most a single PCIe bridge",
+    "  NV#  = Connection traversing a bonded set of # NVLinks",
+)
+
+
+def socket_cpus(layout: dict[str, Any], socket: int) -> str:
+    """The CPU list of one socket as nvidia-smi prints it ("0-7", or "0-7,16-23" with two
+    threads per core): CPUs numbered socket by socket, then the second threads."""
+    sockets, cores = int(layout["sockets"]), int(layout["cores_per_socket"])
+    ranges = []
+    for thread in range(int(layout.get("threads_per_core", 1))):
+        first = thread * sockets * cores + socket * cores
+        ranges.append(f"{first}-{first + cores - 1}" if cores > 1 else str(first))
+    return ",".join(ranges)
+
+
+def topo_matrix(state: dict[str, Any]) -> list[str]:
+    """`nvidia-smi topo -m`: GPU-to-GPU links (NV18 through NVSwitches, else NODE within a
+    socket and SYS across), then each GPU's CPU Affinity, NUMA Affinity and GPU NUMA ID."""
+    found = gpus(state)
+    layout = state.get("cpu") or {"sockets": 1, "cores_per_socket": os.cpu_count() or 1}
+    nvlink = bool(state.get("nvswitches"))
+    header = ["", *(f"GPU{g['index']}" for g in found), "CPU Affinity", "NUMA Affinity"]
+    lines = ["\t".join([*header, "GPU NUMA ID"])]
+    for gpu in found:
+        socket = int(gpu.get("socket", 0))
+        links = [
+            " X "
+            if other is gpu
+            else "NV18"
+            if nvlink
+            else "NODE"
+            if int(other.get("socket", 0)) == socket
+            else "SYS"
+            for other in found
+        ]
+        cells = [f"GPU{gpu['index']}", *links, socket_cpus(layout, socket), str(socket), "", "N/A"]
+        lines.append("\t".join(cells))
+    return [*lines, *TOPO_LEGEND]
+
+
 def parse(argv: list[str]) -> dict[str, str]:
+    if argv[:1] == ["topo"]:
+        if argv[1:] not in (["-m"], ["--matrix"]):
+            raise UsageError(BAD_ARGS)
+        return {"topo": "1"}
     opts: dict[str, str] = {}
     args = iter(argv)
     for arg in args:
@@ -262,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             lines = [f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})" for g in gpus(state)]
         elif "query-gpu" in opts:
             lines = query(state, opts["query-gpu"], opts["format"])
+        elif "topo" in opts:
+            lines = topo_matrix(state)
         elif "query-compute-apps" in opts:
             lines = query_apps(state, opts["query-compute-apps"], opts["format"])
         else:
