@@ -350,6 +350,36 @@ def test_a_gpu_task_gets_cpus_and_memory_per_gpu_on_its_gpus_sockets(runs, tmp_p
         wait_state(alice, job, ENDED)
 
 
+UCX_PROGRAM = (
+    'python3 -c "from mpi4py import MPI; import os; c = MPI.COMM_WORLD; '
+    "print('pml', os.environ['OMPI_MCA_pml'], 'sum', c.allreduce(c.rank + 1), flush=True)\""
+)
+
+
+def test_an_mpi_job_where_every_node_has_rdma_runs_over_ucx(runs, tmp_path):
+    """Issue [22] point 4: n2's RoCE port is active, so an MPI task there (2 ranks, srun
+    and PMIx) runs over UCX: both ranks select OpenMPI's ucx PML (which fails MPI_Init
+    when it cannot start), though the node's own OpenMPI defaults leave UCX off."""
+    assert "pml = ^ucx" in sh("n2", "cat /etc/openmpi/openmpi-mca-params.conf")
+    task = {
+        "name": "ucx",
+        "resources": {"processes_per_node": 2, "gpus_per_node": 1, "mem": "300M", "time": "5"},
+        "environment": {"requirements": [], "env": {"OMPI_MCA_pml_base_verbose": "10"}},
+        "runtime": {"launcher": "srun", "mpi": "pmix"},
+        "run": [UCX_PROGRAM],
+    }
+    (tmp_path / "tcloud.yaml").write_text(json.dumps(task))
+    alice = researcher(tmp_path)
+    job = submit(alice, tmp_path)
+    info = wait_state(alice, job, ENDED, 180)
+    log = alice("logs", job).stdout
+    assert info["state"] == "COMPLETED", (info, log[-3000:])
+    assert "[n2:0] tacc: transport rdma: active RDMA ports on every node (n2: 1)" in log, log
+    for rank in (0, 1):
+        assert re.search(rf"\[n2:{rank}\] \[n2:\d+\] select: component ucx selected", log), log
+        assert f"[n2:{rank}] pml ucx sum 3" in log, log
+
+
 @pytest.mark.bad_input
 def test_gpu_cores_unlike_the_topology_are_refused_with_the_line_to_use(runs):
     """Issue [22] point 2: an inventory whose slurm_node_gpu_cores differ from what

@@ -1,8 +1,10 @@
 """Built-in execution plug-in: fail-safe transport switching. RDMA when every allocated
-node has an active RDMA port, else TCP with NCCL_IB_DISABLE=1, with the reason for the
-job log. Where a node the inventory gives RDMA (group rdma_nodes) has none active, the
-fallback is a warning the job's owner sees in `tcloud status` and `tcloud logs`; a task
-that asks for `transport: rdma` is not run over TCP: it fails with the reason. The ranks
+node has an active RDMA port (NCCL over InfiniBand/RoCE, OpenMPI's UCX), else TCP with
+NCCL_IB_DISABLE=1 and the nodes' OpenMPI defaults (the mpi role: UCX off), with the
+reason for the job log. Where a node the inventory gives RDMA (group rdma_nodes) has
+none active, the fallback is a warning the job's owner sees in `tcloud status` and
+`tcloud logs`; a task that asks for `transport: rdma` is not run over TCP: it fails
+with the reason. The ranks
 agree (`Launch.agree`): rank 0 decides from every rank's facts (each rank's `rdma` as
 the agent read it: the node's fresh facts file, else sysfs) and the other ranks use what
 it decided, so all agree even if a rank's facts came late; a rank that never hears the
@@ -15,7 +17,21 @@ from dataclasses import asdict, replace
 from tacc_contract.errors import AgentError
 from tacc_contract.plugins import Launch, Plugin, Transport
 
-RDMA_ENV = {"NCCL_IB_DISABLE": "0"}
+# OpenMPI through UCX (pml and one-sided), its RDMA-era BTLs off, for the whole job: the
+# ranks agree on the transport, so every rank selects the same PML (a job whose ranks
+# mix ucx and ob1 fails in MPI_Init). mpirun passes OMPI_MCA_* on to the ranks it starts.
+# OpenMPI's own UCX device list is mlx* only: on another vendor's RDMA NIC (irdma,
+# bnxt_re) the ucx PML would refuse to start and fail MPI_Init, so any device and any
+# UCX transport are allowed (UCX then takes the RDMA one between nodes, shared memory
+# within one).
+RDMA_ENV = {
+    "NCCL_IB_DISABLE": "0",
+    "OMPI_MCA_pml": "ucx",
+    "OMPI_MCA_osc": "ucx",
+    "OMPI_MCA_btl": "^uct,openib,ofi",
+    "OMPI_MCA_pml_ucx_devices": "any",
+    "OMPI_MCA_pml_ucx_tls": "any",
+}
 TCP_ENV = {"NCCL_IB_DISABLE": "1"}
 
 

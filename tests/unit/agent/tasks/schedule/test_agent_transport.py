@@ -55,10 +55,18 @@ def rank(host: str, ports: int) -> dict:
 
 def test_rdma_only_when_every_node_has_an_active_port():
     both = choose("auto", [rank("n2", 2), rank("n3", 1)])
-    assert both.name == "rdma" and both.env == {"NCCL_IB_DISABLE": "0"}
+    # Issue [22] point 4: UCX for MPI where RDMA exists, for every rank alike.
+    assert both.name == "rdma" and both.env == {
+        "NCCL_IB_DISABLE": "0",
+        "OMPI_MCA_pml": "ucx",
+        "OMPI_MCA_osc": "ucx",
+        "OMPI_MCA_btl": "^uct,openib,ofi",
+        "OMPI_MCA_pml_ucx_devices": "any",
+        "OMPI_MCA_pml_ucx_tls": "any",
+    }
     assert both.reason == "active RDMA ports on every node (n2: 2, n3: 1)"
     one = choose("auto", [rank("n2", 2), rank("n3", 0)])
-    assert one.name == "tcp" and one.env == {"NCCL_IB_DISABLE": "1"}
+    assert one.name == "tcp" and one.env == {"NCCL_IB_DISABLE": "1"}  # the nodes' MPI defaults
     assert one.reason.startswith("no active RDMA port on n3 (fail-safe switching")
     assert choose("tcp", [rank("n2", 2)]).reason == "the task asks for tcp"
     assert not one.warning and not one.error  # n3's inventory gives it no RDMA
