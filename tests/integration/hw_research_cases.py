@@ -43,7 +43,7 @@ def tick() -> list[str]:
 
 def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_one(runs):
     """n2: 8 h100 held by a job with 3 min left; n3 (a FAKE L40S, added by a re-run of
-    site.yml): its GPU held for 1 min. alice's "fast" runs 10 s on h100 and 400 s on
+    site.yml, shared by MPS): its GPU held for 1 min. alice's "fast" runs 10 s on h100 and 400 s on
     l40s, her "same" 20 s and 21 s (runs the plug-in has seen before, seeded into its
     state). The matching sends fast to h100 (a 3 min wait) and same to l40s; once n3 is
     free and same has run there, fast still waits for an h100 rather than take the idle
@@ -51,7 +51,10 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     the tick starts as soon as a tick places it; one its owner set to begin later does
     not."""
     inventory = runs["inventory"]
-    (inventory.parent / "host_vars/n3.yml").write_text('---\nslurm_node_gres: ["gpu:l40s:1"]\n')
+    # Shared by CUDA MPS (test_hardware_roles' last test: a quarter of it).
+    (inventory.parent / "host_vars/n3.yml").write_text(
+        '---\nslurm_node_gres: ["gpu:l40s:1"]\nslurm_gpu_sharing: mps\n'
+    )
     fake = lab_cli(NAME, "fake-hw", "n3", "--gpus", "1", "--gpu-model", "l40s")
     assert fake.returncode == 0, fake.stderr
     site(inventory, "--limit", "n1,n3")  # n3's new GPU: its node line on the controller

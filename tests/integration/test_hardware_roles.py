@@ -259,7 +259,10 @@ def test_tcloud_task_asking_for_half_an_h100_gets_shards_on_n2(runs, tmp_path):
     proc = alice("submit", "--json", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
-    assert answer["plugins"]["gpu_share"] == "0.5 GPU -> 2 of 4 shards of one GPU", answer
+    assert answer["plugins"]["gpu_share"] == (
+        "0.5 GPU -> 2 of 4 shards of one GPU "
+        "(as Slurm shards nothing limits its GPU memory or compute)"
+    ), answer
     assert (
         answer["plugins"]["gpu_types"] == "constraint h100 (no a100 node in partition 'batch')"
     ), answer
@@ -464,3 +467,28 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
 from tests.integration.hw_research_cases import (  # noqa: E402, F401  (issue [16]: allox)
     test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_one,
 )
+
+
+def test_a_quarter_gpu_on_an_mps_node_gets_the_limits_of_its_share(runs, tmp_path):
+    """Issue [22] point 6, after the allox case gave n3 a FAKE L40S shared by CUDA MPS
+    (slurm_gpu_sharing: mps): 0.25 of a GPU is served as 25 of n3's 100 MPS shares, and
+    the job's process gets a quarter of the GPU's threads and memory (46068 MiB) as its
+    MPS client limits, over the whole GPU its own environment asked for."""
+    alice = researcher(tmp_path)
+    task = {
+        "name": "quarter",
+        "resources": {"gpus_per_node": 0.25, "mem": "50M", "time": "5"},
+        "environment": {"env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}},
+        "run": ["env | grep -E '^(CUDA_MPS|TACC_GPU_SHARE)' | sort"],
+    }
+    (tmp_path / "tcloud.yaml").write_text(json.dumps(task))
+    proc = alice("submit", "--json", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["plugins"]["gpu_share"].startswith("0.25 GPU -> 25 of 100 MPS shares"), answer
+    info = wait_state(alice, answer["job_id"], ENDED)
+    log = alice("logs", answer["job_id"]).stdout
+    assert info["state"] == "COMPLETED", (info, log)
+    assert "[n3:0] CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\n" in log, log
+    assert "[n3:0] CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11517M\n" in log, log
+    assert "[n3:0] TACC_GPU_SHARE=0.25" in log, log

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tacc_contract import cpus_and_memory, schema
 from tacc_contract.jobs import FINAL_STATES
+from tacc_plugins import gpu_share
 from tcloud import local
 from tcloud.compile import imagebuild, local_paths, tasks
 from tcloud.errors import (
@@ -286,12 +287,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         build = imagebuild.locate(task.spec, task.source)
         image = {"image_build": {"file": build.file, "base": build.build.base}}
     per_node = cpus_and_memory.described(task.spec.resources)
+    share = gpu_share.described(task.spec.resources)
     if args.json:
         fields = {"file": task.source, "valid": True, "name": task.name, "per_node": per_node}
-        print(json.dumps({**fields, **image}))
+        print(json.dumps({**fields, **({"gpu_share": share} if share else {}), **image}))
         return EXIT_OK
     print(f"{task.source}: valid task {task.name!r}")
     print(f"  per node: {per_node}")
+    if share:
+        print(f"  GPU: {share}")
     if task.spec.image:
         print(f"  image {task.spec.image} ({tasks.IMAGE_AT_SUBMIT})")
     if "image_build" in image:

@@ -134,6 +134,7 @@ class Node:
     gpus: int
     partitions: tuple[str, ...]
     shards: int = 0  # GPU shards (gres/shard), for fractions of a GPU
+    mps: int = 0  # CUDA MPS shares (gres/mps, 100 per GPU by default), for fractions too
     features: tuple[str, ...] = ()  # Slurm node features (GPU types: a100, h100, ...)
     # Slurm's state words (IDLE, MIXED, ALLOCATED, DRAIN, DOWN, ...); "" when not read.
     state: str = ""

@@ -1,9 +1,23 @@
 """Fine-grained GPU sharing: a task may ask for a fraction of a GPU
 (`gpus_per_node: 0.25`). The compiler marks the fraction (`resources.gpu_share`), and
-the scheduling layer maps it to Slurm GPU shards (gres/shard, set up by the slurm role
-with `slurm_gpu_sharing: shard`): ceil(fraction x shards per GPU) shards, so several
-small tasks pack onto one GPU. The program gets TACC_GPU_SHARE (the fraction). Slurm
-22.05 (Debian 12) does not set CUDA_VISIBLE_DEVICES for shard jobs; later releases do."""
+the scheduling layer serves it one of two ways, set up by the slurm role
+(`slurm_gpu_sharing`):
+
+- CUDA MPS (gres/mps, `mps`), where the partition's nodes offer it:
+  ceil(fraction x MPS shares per GPU) of one GPU's shares, and the job's processes get
+  the limits of their share: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the share of the GPU's
+  compute) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (the share of its memory, from
+  nvidia-smi on the node), set over whatever the task's own environment said. The MPS
+  daemon obeys the lower of these and its own limits; it serves one user's processes
+  on a GPU at a time (another user's wait), so a share never runs beside someone
+  else's.
+- Slurm GPU shards (gres/shard, `shard`) elsewhere: ceil(fraction x shards per GPU)
+  shards, so several small tasks pack onto one GPU. Nothing limits a shard job's
+  compute or GPU memory: a neighbour on the same GPU can take all of either (SHARDS_WARN,
+  shown by `tcloud validate` and in the submit answer).
+
+The program gets TACC_GPU_SHARE (the fraction). Slurm 22.05 (Debian 12) does not set
+CUDA_VISIBLE_DEVICES for shard jobs; later releases do."""
 
 from __future__ import annotations
 
@@ -15,6 +29,8 @@ from tacc_contract.fields import Field
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
 
 WHOLE_OR_FRACTION = "whole GPUs (0, 1, 2, ...) or a fraction of one GPU (0 < x < 1, e.g. 0.25)"
+SHARDS_WARN = "as Slurm shards nothing limits its GPU memory or compute"
+MPS_LIMITS = "CUDA MPS limits its compute and GPU memory to its share"
 
 
 def gpus_value(value: float) -> str | None:
@@ -61,19 +77,65 @@ class GpuShare(Plugin):
         if not share:
             return
         members = [n for n in submission.nodes if submission.partition in n.partitions]
+        mps = [n.mps // n.gpus for n in members if n.gpus and n.mps]
+        if mps:
+            units = max(1, math.ceil(share * min(mps)))
+            submission.options["gres"] = f"mps:{units}"
+            submission.note(
+                self.name,
+                f"{share:g} GPU -> {units} of {min(mps)} MPS shares of one GPU ({MPS_LIMITS})",
+            )
+            return
         per_gpu = [n.shards // n.gpus for n in members if n.gpus and n.shards]
         if not per_gpu:
             raise Rejected(
-                f"a fraction of a GPU ({share:g}) needs GPU sharing (gres/shard), and no node "
-                f"in partition {submission.partition!r} has shards; ask for whole GPUs, or ask "
-                "ops to set slurm_gpu_sharing: shard",
+                f"a fraction of a GPU ({share:g}) needs GPU sharing (gres/mps or gres/shard), "
+                f"and no node in partition {submission.partition!r} has either; ask for whole "
+                "GPUs, or ask ops to set slurm_gpu_sharing: mps (or shard)",
                 "resources.gpus_per_node",
             )
         shards = max(1, math.ceil(share * min(per_gpu)))
         submission.options["gres"] = f"shard:{shards}"
-        submission.note(self.name, f"{share:g} GPU -> {shards} of {min(per_gpu)} shards of one GPU")
+        submission.note(
+            self.name,
+            f"{share:g} GPU -> {shards} of {min(per_gpu)} shards of one GPU ({SHARDS_WARN})",
+        )
 
     def execute(self, launch: Launch) -> None:
         share = launch.task.resources.get("gpu_share")
-        if share:  # the program may size itself (batch, memory) to its share
-            launch.env["TACC_GPU_SHARE"] = f"{share:g}"
+        if not share:
+            return
+        launch.env["TACC_GPU_SHARE"] = f"{share:g}"  # the program may size itself to it
+        if launch.facts.get("gpu_sharing") == "mps":
+            limits = mps_limits(share, launch.facts.get("gpu_memory_mib"))
+            launch.env.update(limits)
+            launch.note(
+                self.name, "MPS limits: " + ", ".join(f"{k}={v}" for k, v in limits.items())
+            )
+
+
+def described(resources: dict) -> str | None:
+    """What a task asking for part of a GPU gets, in words (`tcloud validate`); None for
+    whole GPUs."""
+    share = resources.get("gpu_share")
+    gpus = resources.get("gpus_per_node", 0)
+    if not share and isinstance(gpus, float) and 0 < gpus < 1:
+        share = gpus
+    if not share:
+        return None
+    return (
+        f"{share:g} of one GPU: through CUDA MPS (where the partition's nodes offer it) its "
+        f"compute and GPU memory are limited to its share ({math.floor(share * 100)}% of the "
+        f"threads, {share:g} of the memory); {SHARDS_WARN}: a job beside it on the same GPU "
+        "can take all of either"
+    )
+
+
+def mps_limits(share: float, memory_mib: int | None) -> dict[str, str]:
+    """The CUDA MPS client limits of a share: its percentage of the GPU's threads, and of
+    its memory (device 0: the one GPU Slurm gave the job) where the memory is known."""
+    limits = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, math.floor(share * 100)))}
+    if memory_mib:
+        limit = max(1, math.floor(share * int(memory_mib)))
+        limits["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
+    return limits

@@ -40,9 +40,12 @@ NODES = [
     "Partitions=gpu State=IDLE",
     "NodeName=c1 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu State=IDLE",
     "NodeName=c2 CPUTot=32 RealMemory=128000 Gres=(null) Partitions=cpu State=IDLE",
+    "NodeName=m1 CPUTot=32 RealMemory=256000 Gres=gpu:l40s:2(S:0),mps:200(S:0) "
+    "AvailableFeatures=l40s Partitions=mps State=IDLE",
 ]
 PARTITIONS = [
     "PartitionName=gpu Default=NO Nodes=g[1-2] State=UP",
+    "PartitionName=mps Default=NO Nodes=m1 State=UP",
     "PartitionName=cpu Default=YES Nodes=c[1-2] State=UP",
 ]
 
@@ -192,7 +195,10 @@ def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
     _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25, "partition": "gpu"}))
     submission = planned(task)
     assert submission.options["gres"] == "shard:1"
-    assert submission.notes["gpu_share"] == "0.25 GPU -> 1 of 4 shards of one GPU"
+    assert submission.notes["gpu_share"] == (
+        "0.25 GPU -> 1 of 4 shards of one GPU "
+        "(as Slurm shards nothing limits its GPU memory or compute)"
+    )
     _, half = compiled(tmp_path, base(resources={"gpus_per_node": 0.5, "partition": "gpu"}))
     assert planned(half).options["gres"] == "shard:2"
     launch = Launch(task, 0, ["g1"], ["10.0.0.1"], "7", {})
@@ -202,10 +208,56 @@ def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
     assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
 
 
+def test_a_fraction_of_a_gpu_where_nodes_run_mps_gets_the_limits_of_its_share(tmp_path):
+    """Issue [22] point 6: a partition whose nodes offer gres/mps serves 0.25 of a GPU as
+    25 of its 100 MPS shares, and the job's processes get 25% of the GPU's threads and a
+    quarter of its memory (46068 MiB: an L40S) as their MPS client limits."""
+    _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25, "partition": "mps"}))
+    submission = planned(task)
+    assert submission.options["gres"] == "mps:25"
+    assert submission.notes["gpu_share"].startswith("0.25 GPU -> 25 of 100 MPS shares of one")
+    facts = {"gpu_sharing": "mps", "gpu_memory_mib": 46068}
+    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", {}, facts=facts)
+    gpu_share.GpuShare().execute(launch)
+    assert launch.env == {
+        "TACC_GPU_SHARE": "0.25",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=11517M",
+    }
+    # Where nvidia-smi did not say the GPU's memory, the compute limit still holds.
+    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", {}, facts={"gpu_sharing": "mps"})
+    gpu_share.GpuShare().execute(launch)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in launch.env
+    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+@pytest.mark.security
+def test_a_shares_own_environment_cannot_raise_its_mps_limits(tmp_path):
+    """The task's environment names a whole GPU's threads and no memory limit; the plug-in
+    sets its share's over them (the MPS daemon obeys the lower of its own and these)."""
+    own = {"env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}}
+    _, task = compiled(
+        tmp_path,
+        base(resources={"gpus_per_node": 0.25, "partition": "mps"}, environment=own),
+    )
+    env = dict(task.environment["env"])
+    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", env, facts={"gpu_sharing": "mps"})
+    gpu_share.GpuShare().execute(launch)
+    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def test_validate_says_what_a_share_of_a_gpu_gets_and_that_shards_limit_nothing():
+    said = gpu_share.described({"gpus_per_node": 0.25})
+    assert said.startswith("0.25 of one GPU: through CUDA MPS")
+    assert "25% of the threads, 0.25 of the memory" in said
+    assert "as Slurm shards nothing limits its GPU memory or compute" in said
+    assert gpu_share.described({"gpus_per_node": 2}) is None
+
+
 @pytest.mark.bad_input
 def test_a_fraction_without_shards_is_refused_with_the_field(tmp_path):
     _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25}))  # cpu partition
-    with pytest.raises(Rejected, match=r"needs GPU sharing .gres/shard.") as caught:
+    with pytest.raises(Rejected, match=r"needs GPU sharing .gres/mps or gres/shard.") as caught:
         planned(task)
     assert caught.value.field == "resources.gpus_per_node"
 

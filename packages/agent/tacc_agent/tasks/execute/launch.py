@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tacc_agent import slurm
+from tacc_agent import gpu_memory, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.self_command import AGENT
@@ -225,6 +225,16 @@ def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
 
 def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
     return {**env, **task.environment["env"]}
+
+
+def gpu_share_facts(task: TaskSpec, config: AgentConfig) -> dict:
+    """For a share of a GPU that Slurm served by CUDA MPS (a gres/mps job: Slurm sets
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its environment), what its limits are taken
+    from: {"gpu_sharing": "mps", "gpu_memory_mib"}; {} otherwise."""
+    if not task.resources.get("gpu_share") or "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ:
+        return {}
+    memory = gpu_memory.smallest_mib(config.nvidia_smi, config.slurm_timeout_seconds)
+    return {"gpu_sharing": "mps", "gpu_memory_mib": memory}
 
 
 # ---------------------------------------------------------------- batch step
@@ -630,6 +640,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             "host": host,
             "ip": ips[node_rank] if ips else "",
             "rdma": transport.local_rdma(config),
+            **gpu_share_facts(task, config),
         }
         records.write_rank(job_dir, rank, **facts, state="PROVISIONING", pid=os.getpid())
         launch = Launch(

@@ -17,6 +17,7 @@ def scheduling_nodes(records: list[NodeRecord]) -> list[Node]:
             gpus=record.gpus,
             partitions=record.partitions,
             shards=slurm.gres.count(record.gres, "shard"),
+            mps=slurm.gres.count(record.gres, "mps"),
             features=record.features,
             state=record.state,
             gpu_kinds=slurm.gres.gpu_kinds(record.gres),
