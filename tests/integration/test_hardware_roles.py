@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.slurm.gres import indices
 from tacc_lab.demo import researcher_env
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
@@ -286,15 +287,6 @@ def field(text: str, name: str) -> str:
     return match.group(1)
 
 
-def ids(text: str) -> set[int]:
-    """ "0-3,6" -> {0, 1, 2, 3, 6}"""
-    found: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        found.update(range(int(first), int(last or first) + 1))
-    return found
-
-
 def gpu_tasks(alice, tmp_path: Path, gpus: int, count: int) -> list[str]:
     """`count` tcloud tasks asking for `gpus` GPUs and nothing else (no cpus, no mem),
     once all are RUNNING."""
@@ -341,8 +333,8 @@ def test_a_gpu_task_gets_cpus_and_memory_per_gpu_on_its_gpus_sockets(runs, tmp_p
         for job in jobs:
             shown = slurm_job(job)
             print(f"scontrol show -d job {job} (4 GPUs):\n{shown}")
-            gpus = ids(re.search(r"gpu:h100:4\(IDX:([\d,-]+)\)", shown).group(1))
-            cpus = ids(field(shown, "CPU_IDs"))
+            gpus = indices(re.search(r"gpu:h100:4\(IDX:([\d,-]+)\)", shown).group(1))
+            cpus = indices(field(shown, "CPU_IDs"))
             socket = 0 if gpus == {0, 1, 2, 3} else 1 if gpus == {4, 5, 6, 7} else None
             assert socket is not None and cpus == {*range(8 * socket, 8 * socket + 8)}, shown
             sockets.append(socket)
