@@ -484,3 +484,6 @@ def test_a_quarter_gpu_on_an_mps_node_gets_the_limits_of_its_share(runs, tmp_pat
     assert "[n3:0] CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\n" in log, log
     assert "[n3:0] CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11517M\n" in log, log
     assert "[n3:0] TACC_GPU_SHARE=0.25" in log, log
+    # The FAKE driver ships no MPS daemon: the job's notes say the limits bind nothing.
+    status = alice("status", answer["job_id"]).stdout
+    assert "no CUDA MPS daemon answers on this node: these limits bind nothing" in status, status

@@ -1,5 +1,5 @@
-"""The memory of a node's GPUs as nvidia-smi reports it, for what health checks and the
-task layers both need (like rdma_sysfs): a share of a GPU's memory is taken of it."""
+"""The memory of a node's GPUs as nvidia-smi reports it: a job's share of a GPU under
+CUDA MPS gets its part of it as a memory limit (tasks/execute/launch.py)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,17 @@ the scheduling layer serves it one of two ways, set up by the slurm role
 (`slurm_gpu_sharing`):
 
 - CUDA MPS (gres/mps, `mps`), where the partition's nodes offer it:
-  ceil(fraction x MPS shares per GPU) of one GPU's shares, and the job's processes get
-  the limits of their share: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the share of the GPU's
-  compute) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (the share of its memory, from
-  nvidia-smi on the node), set over whatever the task's own environment said. The MPS
-  daemon obeys the lower of these and its own limits; it serves one user's processes
-  on a GPU at a time (another user's wait), so a share never runs beside someone
-  else's.
+  ceil(fraction x MPS shares per GPU) of one GPU's shares, with `--exclusive=user`: a
+  node's MPS daemon serves one user's processes at a time (another user's CUDA programs
+  on that node would wait for it), so while the share runs the node runs only its
+  owner's jobs. Each of the job's processes on a node gets its part of the share's
+  limits (the share over the node's processes): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (of
+  the GPU's compute; never above what Slurm set for the job) and
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (of its memory, from nvidia-smi on the node), set
+  over the task's own environment and a container image's. The MPS daemon obeys the
+  lower of these and its own limits; they bind the owner's programs, which could set
+  their own environment, among the owner's jobs only. Where no MPS daemon answers on
+  the node (none installed, or it stopped) the job's notes say the limits bind nothing.
 - Slurm GPU shards (gres/shard, `shard`) elsewhere: ceil(fraction x shards per GPU)
   shards, so several small tasks pack onto one GPU. Nothing limits a shard job's
   compute or GPU memory: a neighbour on the same GPU can take all of either (SHARDS_WARN,
@@ -27,10 +31,12 @@ from typing import ClassVar
 from tacc_contract.errors import Rejected
 from tacc_contract.fields import Field
 from tacc_contract.plugins import Launch, Plugin, Problem, Submission
+from tacc_contract.schema import processes_per_node
 
 WHOLE_OR_FRACTION = "whole GPUs (0, 1, 2, ...) or a fraction of one GPU (0 < x < 1, e.g. 0.25)"
 SHARDS_WARN = "as Slurm shards nothing limits its GPU memory or compute"
 MPS_LIMITS = "CUDA MPS limits its compute and GPU memory to its share"
+NO_MPS_DAEMON = "WARNING: no CUDA MPS daemon answers on this node: these limits bind nothing"
 
 
 def gpus_value(value: float) -> str | None:
@@ -81,9 +87,11 @@ class GpuShare(Plugin):
         if mps:
             units = max(1, math.ceil(share * min(mps)))
             submission.options["gres"] = f"mps:{units}"
+            submission.options["exclusive"] = "user"
             submission.note(
                 self.name,
-                f"{share:g} GPU -> {units} of {min(mps)} MPS shares of one GPU ({MPS_LIMITS})",
+                f"{share:g} GPU -> {units} of {min(mps)} MPS shares of one GPU ({MPS_LIMITS}; "
+                "the node runs only your jobs meanwhile)",
             )
             return
         per_gpu = [n.shards // n.gpus for n in members if n.gpus and n.shards]
@@ -106,12 +114,20 @@ class GpuShare(Plugin):
         if not share:
             return
         launch.env["TACC_GPU_SHARE"] = f"{share:g}"  # the program may size itself to it
-        if launch.facts.get("gpu_sharing") == "mps":
-            limits = mps_limits(share, launch.facts.get("gpu_memory_mib"))
-            launch.env.update(limits)
-            launch.note(
-                self.name, "MPS limits: " + ", ".join(f"{k}={v}" for k, v in limits.items())
-            )
+        facts = launch.facts
+        if facts.get("gpu_sharing") != "mps":
+            return
+        percent = math.floor(share * 100)
+        if facts.get("slurm_mps_percentage"):  # what Slurm allocated, if less
+            percent = min(percent, int(facts["slurm_mps_percentage"]))
+        processes = processes_per_node(launch.task.resources)
+        limits = mps_limits(percent, processes, facts.get("gpu_memory_mib"))
+        launch.env.update(limits)
+        said = ", ".join(f"{k}={v}" for k, v in limits.items())
+        warning = "" if facts.get("mps_daemon") else f"; {NO_MPS_DAEMON}"
+        launch.note(
+            self.name, f"MPS limits, each of {processes} process(es) on a node: {said}{warning}"
+        )
 
 
 def described(resources: dict) -> str | None:
@@ -124,18 +140,19 @@ def described(resources: dict) -> str | None:
     if not share:
         return None
     return (
-        f"{share:g} of one GPU: through CUDA MPS (where the partition's nodes offer it) its "
-        f"compute and GPU memory are limited to its share ({math.floor(share * 100)}% of the "
-        f"threads, {share:g} of the memory); {SHARDS_WARN}: a job beside it on the same GPU "
-        "can take all of either"
+        f"{share:g} of one GPU: through CUDA MPS, where the partition's nodes offer it, its "
+        f"processes together are limited to about {math.floor(share * 100)}% of the GPU's "
+        "threads and memory, and the node runs only your jobs meanwhile; "
+        f"{SHARDS_WARN}: a job beside it on the same GPU can take all of either"
     )
 
 
-def mps_limits(share: float, memory_mib: int | None) -> dict[str, str]:
-    """The CUDA MPS client limits of a share: its percentage of the GPU's threads, and of
-    its memory (device 0: the one GPU Slurm gave the job) where the memory is known."""
-    limits = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, math.floor(share * 100)))}
+def mps_limits(percent: int, processes: int, memory_mib: int | None) -> dict[str, str]:
+    """The CUDA MPS client limits of each of a node's `processes` sharing `percent` of
+    one GPU: its part of the GPU's threads, and of its memory (device 0: the one GPU
+    Slurm gave the job) where the memory is known."""
+    limits = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, percent // processes))}
     if memory_mib:
-        limit = max(1, math.floor(share * int(memory_mib)))
+        limit = max(1, int(memory_mib) * percent // (100 * processes))
         limits["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
     return limits

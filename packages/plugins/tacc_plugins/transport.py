@@ -80,5 +80,9 @@ class FailSafeTransport(Plugin):
         if choice.error:
             raise AgentError(choice.error)
         launch.transport = choice
-        launch.env.update(choice.env, TACC_TRANSPORT=choice.name)
+        # OpenMPI settings the task makes itself stay (an MPI built without UCX keeps
+        # its ob1): the same on every rank, so the ranks still agree.
+        own = launch.task.environment["env"]
+        env = {k: v for k, v in choice.env.items() if not (k.startswith("OMPI_MCA_") and k in own)}
+        launch.env.update(env, TACC_TRANSPORT=choice.name)
         launch.note(self.name, f"{choice.name}: {choice.reason}")

@@ -15,8 +15,8 @@ description:
   - With the driver loaded, reads C(nvidia-smi topo -m) for the CPUs near each GPU and
     turns them into Slurm's logical core indexes (gres.conf C(Cores=): core 0 is the
     first core of the first socket) with the CPU topology under O(cpu_sysfs). C(cores)
-    is the list per GPU, empty when every GPU is near every core (one socket: nothing
-    to bind).
+    is the list per GPU, empty when every GPU is near every core (nothing to bind);
+    C(cores_error) says why they could not be read (then C(cores) is empty).
   - Read-only; returns facts under C(nvidia_gpu).
 options:
   gres_type:
@@ -102,10 +102,14 @@ def compress_ids(ids: list[int]) -> str:
     return ",".join(ranges)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def parse_topo(text: str) -> list[list[int]]:
-    """`nvidia-smi topo -m`: each GPU's "CPU Affinity" as OS CPU numbers, in GPU order.
-    The matrix is tab-separated; its header names the columns."""
-    lines = [line.split("\t") for line in text.splitlines() if "\t" in line]
+    """`nvidia-smi topo -m`: each GPU's "CPU Affinity" as OS CPU numbers, in GPU order
+    ([] for a GPU without one: "N/A"). The matrix is tab-separated; its header names the
+    columns (underlined with terminal codes on a terminal)."""
+    lines = [ANSI.sub("", line).split("\t") for line in text.splitlines() if "\t" in line]
     if not lines:
         return []
     header = [cell.strip() for cell in lines[0]]
@@ -134,8 +138,10 @@ def logical_cores(cpu_sysfs: Path) -> dict[int, int]:
 
 
 def gpu_cores(affinity: list[list[int]], cores_of: dict[int, int]) -> list[str]:
-    """Cores= of each GPU, or [] when every GPU is near every core (nothing to bind).
-    A CPU the topology does not list raises ValueError."""
+    """Cores= of each GPU, or [] when every GPU is near every core (nothing to bind); a
+    GPU the driver gives no affinity is near every core. A CPU the topology does not
+    list raises ValueError."""
+    every = compress_ids(list(cores_of.values()))
     result = []
     for index, cpus in enumerate(affinity):
         missing = [cpu for cpu in cpus if cpu not in cores_of]
@@ -143,9 +149,8 @@ def gpu_cores(affinity: list[list[int]], cores_of: dict[int, int]) -> list[str]:
             raise ValueError(
                 f"GPU{index} is near CPUs {compress_ids(missing)}, not in the CPU topology"
             )
-        result.append(compress_ids([cores_of[cpu] for cpu in cpus]))
-    every = compress_ids(list(cores_of.values()))
-    return [] if all(cores in ("", every) for cores in result) else result
+        result.append(compress_ids([cores_of[cpu] for cpu in cpus]) or every)
+    return [] if all(cores == every for cores in result) else result
 
 
 def gres_type(model: str) -> str:
@@ -186,14 +191,20 @@ def main() -> None:
             smi_rows = parse_smi(out)
             driver = smi_rows[0]["driver_version"] if smi_rows else ""
     cores: list[str] = []
+    cores_error = ""
     if smi_rows:
         rc, out, err = module.run_command([smi, "topo", "-m"])
-        if rc != 0:
-            module.fail_json(msg=f"nvidia-smi topo -m failed: {(err or out).strip()}")
+        affinity = parse_topo(out) if rc == 0 else []
         try:
-            cores = gpu_cores(parse_topo(out), logical_cores(Path(module.params["cpu_sysfs"])))
+            if rc != 0:
+                raise ValueError(f"nvidia-smi topo -m failed: {(err or out).strip()}")
+            if len(affinity) != len(smi_rows):
+                raise ValueError(
+                    f"nvidia-smi topo -m lists {len(affinity)} GPUs, not {len(smi_rows)}"
+                )
+            cores = gpu_cores(affinity, logical_cores(Path(module.params["cpu_sysfs"])))
         except (OSError, ValueError) as exc:
-            module.fail_json(msg=f"cannot map the GPUs' CPU affinity to cores: {exc}")
+            cores_error = f"cannot tell the GPUs' cores: {exc}"
     models = sorted({row["name"] for row in smi_rows})
     kind = module.params["gres_type"] or (gres_type(models[0]) if models else "")
     count = len(gpus)
@@ -213,6 +224,7 @@ def main() -> None:
                 "gres": gres,
                 "mixed_models": len(models) > 1,
                 "cores": cores,
+                "cores_error": cores_error,
             }
         },
     )

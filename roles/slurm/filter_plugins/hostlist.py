@@ -251,12 +251,24 @@ def _id_list(text: str) -> list[int]:
     return ids
 
 
+def _whole(values: Mapping, name: str, default: object = None) -> int:
+    """A whole-number node variable (the host's, else `default`, else the role's)."""
+    value = values.get(name, ROLE_DEFAULTS[name] if default is None else default)
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return number
+
+
 def node_topology(cpus: int, sockets: int, cores_per_socket: int, threads: int) -> str:
     """Sockets=/CoresPerSocket=/ThreadsPerCore= of a NodeName line ("" when the inventory
     gives no sockets: Slurm then counts CPUs only). They must multiply to the CPUs."""
     if not sockets:
         return ""
-    if sockets * cores_per_socket * threads != cpus:
+    if sockets * cores_per_socket * threads != cpus or not threads:
         raise ValueError(
             f"slurm_node_sockets {sockets} x slurm_node_cores_per_socket {cores_per_socket} x "
             f"slurm_node_threads_per_core {threads} is not slurm_node_cpus {cpus}"
@@ -298,22 +310,21 @@ def _host_key(
         values.get("slurm_gpu_mps_per_gpu", defaults["mps_per_gpu"]),
     )
     features = node_features(gres, values.get("slurm_node_features", defaults["features"]))
-    node_cpus = int(values.get("slurm_node_cpus", cpus))
-    threads = int(
-        values.get("slurm_node_threads_per_core", ROLE_DEFAULTS["slurm_node_threads_per_core"])
-    )
+    node_cpus = _whole(values, "slurm_node_cpus", cpus)
+    threads = _whole(values, "slurm_node_threads_per_core")
+    sockets = _whole(values, "slurm_node_sockets")
     topology = node_topology(
-        node_cpus,
-        int(values.get("slurm_node_sockets", ROLE_DEFAULTS["slurm_node_sockets"])),
-        int(
-            values.get("slurm_node_cores_per_socket", ROLE_DEFAULTS["slurm_node_cores_per_socket"])
-        ),
-        threads,
+        node_cpus, sockets, _whole(values, "slurm_node_cores_per_socket"), threads
     )
+    given_cores = values.get("slurm_node_gpu_cores", ROLE_DEFAULTS["slurm_node_gpu_cores"])
+    if given_cores and not topology:
+        raise ValueError(
+            "slurm_node_gpu_cores needs the node's CPU layout: set slurm_node_sockets and "
+            "slurm_node_cores_per_socket (and slurm_node_threads_per_core) too, or Slurm "
+            "numbers the cores differently"
+        )
     gpu_cores = checked_gpu_cores(
-        values.get("slurm_node_gpu_cores", ROLE_DEFAULTS["slurm_node_gpu_cores"]),
-        gres,
-        node_cpus // threads if topology else node_cpus,
+        given_cores, gres, node_cpus // threads if topology else node_cpus
     )
     return (
         str(node_cpus),

@@ -208,48 +208,67 @@ def test_a_fraction_of_a_gpu_becomes_shards(tmp_path):
     assert "--gres=shard:1" in argv and not any(a.startswith("--gres=gpu") for a in argv)
 
 
+def mps_launch(task, **facts) -> Launch:
+    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", dict(task.environment["env"]))
+    launch.facts = {"gpu_sharing": "mps", "mps_daemon": True, **facts}
+    gpu_share.GpuShare().execute(launch)
+    return launch
+
+
 def test_a_fraction_of_a_gpu_where_nodes_run_mps_gets_the_limits_of_its_share(tmp_path):
     """Issue [22] point 6: a partition whose nodes offer gres/mps serves 0.25 of a GPU as
-    25 of its 100 MPS shares, and the job's processes get 25% of the GPU's threads and a
-    quarter of its memory (46068 MiB: an L40S) as their MPS client limits."""
+    25 of its 100 MPS shares on a node of the owner's jobs only (the MPS daemon serves
+    one user at a time), and the job's process gets 25% of the GPU's threads and a
+    quarter of its memory (46068 MiB: an L40S) as its MPS client limits."""
     _, task = compiled(tmp_path, base(resources={"gpus_per_node": 0.25, "partition": "mps"}))
     submission = planned(task)
     assert submission.options["gres"] == "mps:25"
+    assert submission.options["exclusive"] == "user"
     assert submission.notes["gpu_share"].startswith("0.25 GPU -> 25 of 100 MPS shares of one")
-    facts = {"gpu_sharing": "mps", "gpu_memory_mib": 46068}
-    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", {}, facts=facts)
-    gpu_share.GpuShare().execute(launch)
+    launch = mps_launch(task, slurm_mps_percentage=25, gpu_memory_mib=46068)
     assert launch.env == {
         "TACC_GPU_SHARE": "0.25",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=11517M",
     }
+    assert "WARNING" not in launch.notes["gpu_share"]
     # Where nvidia-smi did not say the GPU's memory, the compute limit still holds.
-    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", {}, facts={"gpu_sharing": "mps"})
-    gpu_share.GpuShare().execute(launch)
+    launch = mps_launch(task, slurm_mps_percentage=25)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in launch.env
     assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
+def test_an_mps_share_is_split_over_the_nodes_processes_and_never_above_slurms(tmp_path):
+    """Limits are per CUDA process: 4 processes of a 0.5 share get an eighth each; where
+    Slurm gave less than the share asked (a node with 200 MPS shares per GPU), Slurm's
+    percentage wins; with no daemon answering, the notes say the limits bind nothing."""
+    resources = {"gpus_per_node": 0.5, "partition": "mps", "processes_per_node": 4}
+    _, task = compiled(tmp_path, base(resources=resources))
+    launch = mps_launch(task, slurm_mps_percentage=50, gpu_memory_mib=80000)
+    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12"
+    assert launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10000M"
+    launch = mps_launch(task, slurm_mps_percentage=25, gpu_memory_mib=80000, mps_daemon=False)
+    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "6"
+    assert launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5000M"
+    assert gpu_share.NO_MPS_DAEMON in launch.notes["gpu_share"]
+
+
 @pytest.mark.security
 def test_a_shares_own_environment_cannot_raise_its_mps_limits(tmp_path):
-    """The task's environment names a whole GPU's threads and no memory limit; the plug-in
-    sets its share's over them (the MPS daemon obeys the lower of its own and these)."""
+    """The task's environment names a whole GPU's threads; the plug-in sets its share's
+    over it (the MPS daemon obeys the lower of its own and these)."""
     own = {"env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}}
     _, task = compiled(
         tmp_path,
         base(resources={"gpus_per_node": 0.25, "partition": "mps"}, environment=own),
     )
-    env = dict(task.environment["env"])
-    launch = Launch(task, 0, ["m1"], ["10.0.0.1"], "7", env, facts={"gpu_sharing": "mps"})
-    gpu_share.GpuShare().execute(launch)
-    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert mps_launch(task).env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
 def test_validate_says_what_a_share_of_a_gpu_gets_and_that_shards_limit_nothing():
     said = gpu_share.described({"gpus_per_node": 0.25})
     assert said.startswith("0.25 of one GPU: through CUDA MPS")
-    assert "25% of the threads, 0.25 of the memory" in said
+    assert "limited to about 25% of the GPU's threads and memory" in said
     assert "as Slurm shards nothing limits its GPU memory or compute" in said
     assert gpu_share.described({"gpus_per_node": 2}) is None
 

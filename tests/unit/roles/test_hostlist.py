@@ -190,6 +190,9 @@ def test_gpu_cores_alternating_sockets_keep_one_line_per_run():
         ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["8-16"]}, "names core 16; the node has 16 cores"),
         ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["socket1"]}, "is not a list of core numbers"),
         ({"slurm_node_gpu_cores": ["0-7"] * 7 + ["7-0"]}, "is not a list of core numbers"),
+        ({"slurm_node_sockets": 0}, "slurm_node_gpu_cores needs the node's CPU layout"),
+        ({"slurm_node_sockets": "two"}, "slurm_node_sockets must be a whole number, got 'two'"),
+        ({"slurm_node_cores_per_socket": -8}, "must not be negative, got -8"),
     ],
 )
 def test_bad_node_layout_or_gpu_cores_are_refused_by_name(change, message):

@@ -101,6 +101,20 @@ def test_gpus_near_every_core_need_no_cores(tmp_path):
     assert gpu.gpu_cores(gpu.parse_topo(topo), cores_of) == []
 
 
+def test_a_terminals_underlined_header_and_a_gpu_without_affinity_still_read(tmp_path):
+    """On a terminal nvidia-smi underlines the header; a GPU whose affinity the driver
+    does not know ("N/A", seen in VMs) is near every core."""
+    topo = (
+        "\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+        "GPU0\t X \tSYS\t0-3\t0\t\tN/A\n"
+        "GPU1\tSYS\t X \tN/A\tN/A\t\tN/A\n"
+    )
+    affinity = gpu.parse_topo(topo)
+    assert affinity == [[0, 1, 2, 3], []]
+    cores_of = gpu.logical_cores(cpu_tree(tmp_path, sockets=2, cores=4, threads=1))
+    assert gpu.gpu_cores(affinity, cores_of) == ["0-3", "0-7"]
+
+
 def test_affinity_beyond_the_cpu_topology_is_an_error(tmp_path):
     cores_of = gpu.logical_cores(cpu_tree(tmp_path, sockets=1, cores=4, threads=1))
     with pytest.raises(ValueError, match="GPU0 is near CPUs 4-7, not in the CPU topology"):

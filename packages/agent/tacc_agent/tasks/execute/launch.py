@@ -227,14 +227,33 @@ def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
     return {**env, **task.environment["env"]}
 
 
+# The daemon's default pipe directory (nvidia-cuda-mps-control(1)): only looked at, and
+# only a root-owned control pipe counts (anyone may create a directory in /tmp).
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # noqa: S108
+
+
 def gpu_share_facts(task: TaskSpec, config: AgentConfig) -> dict:
     """For a share of a GPU that Slurm served by CUDA MPS (a gres/mps job: Slurm sets
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its environment), what its limits are taken
-    from: {"gpu_sharing": "mps", "gpu_memory_mib"}; {} otherwise."""
-    if not task.resources.get("gpu_share") or "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ:
+    from: {"gpu_sharing": "mps", "slurm_mps_percentage", "gpu_memory_mib", "mps_daemon"
+    (whether the daemon's control pipe is there)}; {} otherwise."""
+    slurm_percent = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
+    if not task.resources.get("gpu_share") or not slurm_percent:
         return {}
-    memory = gpu_memory.smallest_mib(config.nvidia_smi, config.slurm_timeout_seconds)
-    return {"gpu_sharing": "mps", "gpu_memory_mib": memory}
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY
+    return {
+        "gpu_sharing": "mps",
+        "slurm_mps_percentage": int(slurm_percent) if slurm_percent.isdigit() else 0,
+        "gpu_memory_mib": gpu_memory.smallest_mib(config.nvidia_smi, config.slurm_timeout_seconds),
+        "mps_daemon": root_owned(Path(pipes, "control")),
+    }
+
+
+def root_owned(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == 0
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------- batch step
@@ -330,12 +349,20 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
 
 
 def job_container(
-    task: TaskSpec, job_dir: Path, config: AgentConfig, *, prepare: bool = False, job_id: str = ""
+    task: TaskSpec,
+    job_dir: Path,
+    config: AgentConfig,
+    *,
+    prepare: bool = False,
+    job_id: str = "",
+    over_image: Mapping[str, str] | None = None,
 ) -> containers.Container | None:
     """The job's container (None for a task without an image). `prepare` (the batch
     step): pull the image, or build it from the task's build file, if this user's cache
     lacks it, record it in the job, and make the mount points the binds need; the
-    wrappers then find everything in place."""
+    wrappers then find everything in place. `over_image`: variables the plug-ins set
+    for the job (an MPS share's limits, the transport's), which win over the image's
+    like the task's own."""
     if not task.image_build and not task.image:
         return None
     user_dir = user_dir_of(job_dir)
@@ -380,7 +407,10 @@ def job_container(
         imagecache.make_mount_points_at(user_dir, hex_key, name, job.mount_points, lock_timeout)
     runtime = containers.runtime_named(config.container_runtime)
     env = containers.container_env(
-        marker.get("env") or {}, task.environment["env"], runtime.defaults, job.search_paths
+        marker.get("env") or {},
+        {**task.environment["env"], **(over_image or {})},
+        runtime.defaults,
+        job.search_paths,
     )
     return containers.Container(
         runtime=runtime,
@@ -659,6 +689,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             node_features=lambda: node_features(host, config),
             agree=Agreement(job_dir, rank, wrappers, config.rendezvous_timeout_seconds),
         )
+        before_plugins = dict(launch.env)
         try:
             for plugin in in_layer(cluster_plugins(task, config), "execute"):
                 plugin.execute(launch)
@@ -668,6 +699,9 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
             records.add_event(job_dir, "FAILED", exit_code=1, reason=str(exc))
             records.write_rank(job_dir, rank, state="EXITED", exit_code=1, ended=time.time())
             return 1
+        # What the plug-ins set (an MPS share's limits, the transport's variables) wins
+        # over a container image's own values, as the task's environment does.
+        set_by_plugins = {k: v for k, v in launch.env.items() if before_plugins.get(k) != v}
         marks.mark("rendezvous")
         choice = launch.transport
         if rank == 0 and choice is not None:
@@ -678,7 +712,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
         if os.environ.get("TACC_VENV"):
             envcache.activate(Path(os.environ["TACC_VENV"]), env)
         try:
-            container = job_container(task, job_dir, config)
+            container = job_container(task, job_dir, config, over_image=set_by_plugins)
         except AgentError as exc:  # the batch step pulled the image: it is gone, or broken
             note(str(exc))
             records.write_rank(job_dir, rank, state="EXITED", exit_code=1, ended=time.time())

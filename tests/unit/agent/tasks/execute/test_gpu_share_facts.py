@@ -3,6 +3,7 @@ served by CUDA MPS (its limits are taken from the GPU's memory, from nvidia-smi)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,7 +39,9 @@ def test_an_mps_served_share_reads_the_gpu_memory_and_others_read_nothing(tmp_pa
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")  # what Slurm sets (gres/mps)
     assert gpu_share_facts(share_task(0.25), config) == {
         "gpu_sharing": "mps",
+        "slurm_mps_percentage": 25,
         "gpu_memory_mib": 46068,
+        "mps_daemon": False,  # no root-owned /tmp/nvidia-mps/control here
     }
     assert gpu_share_facts(share_task(None), config) == {}  # whole GPUs: no MPS limits
     monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
@@ -48,3 +51,19 @@ def test_an_mps_served_share_reads_the_gpu_memory_and_others_read_nothing(tmp_pa
 @pytest.fixture(autouse=True)
 def _no_mps(monkeypatch):
     monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+
+
+@pytest.mark.security
+def test_only_a_root_owned_control_pipe_counts_as_the_mps_daemon(tmp_path, monkeypatch):
+    """Anyone may create /tmp/nvidia-mps: a user's own "control" file must not make the
+    notes claim that MPS limits bind."""
+    pipes = tmp_path / "pipes"
+    pipes.mkdir()
+    (pipes / "control").write_text("")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    config = AgentConfig(nvidia_smi=fake_smi(tmp_path))
+    if os.geteuid() == 0:  # CI: a root-owned pipe counts, one handed to nobody does not
+        assert gpu_share_facts(share_task(0.25), config)["mps_daemon"] is True
+        os.chown(pipes / "control", 65534, 65534)
+    assert gpu_share_facts(share_task(0.25), config)["mps_daemon"] is False

@@ -102,6 +102,22 @@ def test_the_plugin_refuses_the_launch_with_the_reason(tmp_path):
     assert launch.transport is None and "TACC_TRANSPORT" not in launch.env
 
 
+def test_an_rdma_job_gets_ucx_unless_its_task_sets_openmpis_own(tmp_path):
+    """Issue [22] point 4: every rank of an RDMA job selects OpenMPI's UCX; a task that
+    names its own PML (an MPI built without UCX) keeps it, on every rank alike."""
+    path = tmp_path / "task.yaml"
+    own = {"env": {"OMPI_MCA_pml": "ob1"}}
+    for environment, pml in (({}, "ucx"), (own, "ob1")):
+        task_file = {"name": "x", "run": ["true"], "environment": environment}
+        path.write_text(yaml.safe_dump(task_file))
+        task = parse(json.dumps(compile_task(load_task(path)).document), "instruction")
+        env = dict(task.environment["env"])
+        launch = Launch(task, 0, ["n2"], ["10.0.0.2"], "7", env, facts=rank("n2", 1))
+        FailSafeTransport().execute(launch)
+        assert launch.env["OMPI_MCA_pml"] == pml and launch.env["OMPI_MCA_osc"] == "ucx"
+        assert launch.env["NCCL_IB_DISABLE"] == "0"
+
+
 def test_the_node_facts_say_whether_the_inventory_gives_it_rdma(tmp_path):
     """Declared: in rdma_nodes (rdma_declared) with an RDMA device, whatever its ports'
     state; a node of the group without any device is one the rdma role skipped."""
