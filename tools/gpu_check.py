@@ -419,11 +419,12 @@ def rows(inv: Invocation, text: str) -> tuple[list[str] | None, list[list[str]]]
 def table_lines(text: str, names: list[str]) -> list[str]:
     """The summary table as layout: each line's width, its cells with numbers as 9, GPU
     names as <name> and state words by kind; the first line (the time stamp) keeps its
-    spacing, digit for digit, less trailing blanks."""
+    spacing, digit for digit and letter for letter (the day and month names change with
+    the date), less trailing blanks."""
     found = []
     for number, line in enumerate(text.splitlines()):
         if number == 0:
-            found.append(re.sub(r"\d", "9", line.rstrip()))
+            found.append(re.sub(r"[A-Za-z]", "a", re.sub(r"\d", "9", line.rstrip())))
             continue
         width = len(line)
         for gpu_name in sorted(names, key=len, reverse=True):

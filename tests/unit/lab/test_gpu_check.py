@@ -133,7 +133,7 @@ def test_lspci_ids_are_hex_and_a_longer_gpu_name_is_the_same_table():
     assert gpu_check.compare(table, real, fake, names) == []
     zero_padded = gpu_check.Output(0, "Tue Jun 04 11:22:33 2024\n" + fake.stdout.split("\n", 1)[1])
     assert gpu_check.compare(table, real, zero_padded, names) == [
-        "line 1: real 'Tue Jun  9 99:99:99 9999', fake 'Tue Jun 99 99:99:99 9999'"
+        "line 1: real 'aaa aaa  9 99:99:99 9999', fake 'aaa aaa 99 99:99:99 9999'"
     ]
 
 
