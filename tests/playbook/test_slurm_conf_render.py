@@ -271,7 +271,7 @@ def test_shared_gpus_add_shard_and_mps_gres_per_node(shared):
         if line.startswith("NodeName=")
     ] == [
         "NodeName=gpu[01-04] 489250 Gres=gpu:a100:8,shard:a100:32 Features=a100,ib State=UNKNOWN",
-        "NodeName=gpu[05-06] 489250 Gres=gpu:h100:4,mps:400 Features=h100,ib State=UNKNOWN",
+        "NodeName=gpu[05-06] 489250 Gres=gpu:h100:4,mps:h100:400 Features=h100,ib State=UNKNOWN",
         "NodeName=gpu07 489250 Gres=gpu:a100:8,shard:a100:16 Features=a100,ib,nvme State=UNKNOWN",
         "NodeName=gpu08 489250 Gres=gpu:a100:2,gpu:l40s:2 Features=a100,l40s,ib State=UNKNOWN",
     ]
@@ -289,7 +289,7 @@ def test_gres_conf_counts_shares_and_numbers_devices_across_gpu_types(shared):
         "NodeName=gpu[01-04] Name=shard Type=a100 Count=32",
         "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[0-1] Cores=0-31",
         "NodeName=gpu[05-06] Name=gpu Type=h100 File=/dev/nvidia[2-3] Cores=32-63",
-        "NodeName=gpu[05-06] Name=mps Count=400",
+        "NodeName=gpu[05-06] Name=mps Type=h100 Count=400",
         "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-31",
         "NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[4-7] Cores=32-63",
         "NodeName=gpu07 Name=shard Type=a100 Count=16",

@@ -166,14 +166,15 @@ def _gpu_count(parsed: Iterable[tuple[str, str, str]]) -> int:
 
 def node_gres(gres: object, sharing: str, shards_per_gpu: object, mps_per_gpu: object) -> list[str]:
     """A node's Gres with its GPUs' shares added: gpu:h100:4 and shard (4 per GPU) give
-    ["gpu:h100:4", "shard:h100:16"], MPS (100 per GPU) ["gpu:h100:4", "mps:400"].
+    ["gpu:h100:4", "shard:h100:16"], MPS (100 per GPU) ["gpu:h100:4", "mps:h100:400"].
     Nothing is added without GPUs, or when the inventory already lists a shard/mps Gres.
 
-    Shards are typed like their GPUs, one entry per GPU type: slurmd reports each shard
-    with its GPU's type, a running slurmctld adds that type to the node and saves it, and
-    a controller that starts from the saved state (a restart, or the backup taking over)
-    with untyped shards in slurm.conf drains the node with "gres/shard type (h100)
-    reported but not configured" (Slurm 24.11, seen in the hw lab's takeover)."""
+    Shares are typed like their GPUs, one entry per GPU type: slurmd reports each shard
+    or MPS share with its GPU's type, a running slurmctld adds that type to the node and
+    saves it, and a controller that starts from the saved state (a restart, or the
+    backup taking over) with untyped shares in slurm.conf drains the node with
+    "gres/shard type (h100) reported but not configured" (Slurm 24.11, seen in the hw
+    lab's takeover; the same for gres/mps, seen with n3's MPS-shared L40S)."""
     entries = _gres_list(gres)
     if sharing not in SHARING:
         raise ValueError(f"slurm_gpu_sharing must be one of {', '.join(SHARING)}, got {sharing!r}")
@@ -181,19 +182,16 @@ def node_gres(gres: object, sharing: str, shards_per_gpu: object, mps_per_gpu: o
     gpus = _gpu_count(parsed)
     if sharing == "none" or gpus == 0 or any(name == sharing for name, _, _ in parsed):
         return entries
-    if sharing == "mps":
-        return [*entries, f"mps:{gpus * int(mps_per_gpu)}"]
+    per_gpu = int(mps_per_gpu if sharing == "mps" else shards_per_gpu)
     by_type: dict[str, int] = {}
     for name, gres_type, count in parsed:
         if name == "gpu" and int(count):
             by_type[gres_type] = by_type.get(gres_type, 0) + int(count)
-    shards = [
-        f"shard:{gres_type}:{n * int(shards_per_gpu)}"
-        if gres_type
-        else f"shard:{n * int(shards_per_gpu)}"
+    shares = [
+        f"{sharing}:{gres_type}:{n * per_gpu}" if gres_type else f"{sharing}:{n * per_gpu}"
         for gres_type, n in by_type.items()
     ]
-    return [*entries, *shards]
+    return [*entries, *shares]
 
 
 def node_features(gres: list[str], features: object) -> list[str]:

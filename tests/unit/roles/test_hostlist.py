@@ -286,7 +286,9 @@ def test_role_defaults_are_the_fallback_of_a_host_without_the_variable():
     ("gres", "sharing", "expected"),
     [
         (["gpu:h100:4"], "shard", ["gpu:h100:4", "shard:h100:16"]),
-        (["gpu:h100:4"], "mps", ["gpu:h100:4", "mps:400"]),
+        # MPS typed like its GPUs too: a backup taking over drained n3 for untyped MPS.
+        (["gpu:h100:4"], "mps", ["gpu:h100:4", "mps:h100:400"]),
+        (["gpu:2"], "mps", ["gpu:2", "mps:200"]),
         (["gpu:h100:4"], "none", ["gpu:h100:4"]),
         (
             ["gpu:a100:2", "gpu:l40s:2"],
