@@ -45,6 +45,12 @@ def gpus_value(value: float) -> str | None:
     return None
 
 
+def fraction_asked(resources: dict) -> float | None:
+    """The fraction of one GPU a task's gpus_per_node asks for (0 < x < 1), else None."""
+    gpus = resources.get("gpus_per_node", 0)
+    return gpus if isinstance(gpus, float) and 0 < gpus < 1 else None
+
+
 def share_value(value: float) -> str | None:
     return None if math.isfinite(value) and 0 < value < 1 else "a fraction of one GPU (0 < x < 1)"
 
@@ -72,8 +78,8 @@ class GpuShare(Plugin):
 
     def compile(self, document: dict) -> str | None:
         res = document["task"]["resources"]
-        gpus = res.get("gpus_per_node", 0)
-        if isinstance(gpus, float) and 0 < gpus < 1:
+        gpus = fraction_asked(res)
+        if gpus is not None:
             res["gpus_per_node"], res["gpu_share"] = 0, gpus
             return f"gpus_per_node {gpus:g} -> gpu_share {gpus:g} (scheduled as GPU shards)"
         return None
@@ -133,10 +139,7 @@ class GpuShare(Plugin):
 def described(resources: dict) -> str | None:
     """What a task asking for part of a GPU gets, in words (`tcloud validate`); None for
     whole GPUs."""
-    share = resources.get("gpu_share")
-    gpus = resources.get("gpus_per_node", 0)
-    if not share and isinstance(gpus, float) and 0 < gpus < 1:
-        share = gpus
+    share = resources.get("gpu_share") or fraction_asked(resources)
     if not share:
         return None
     return (
