@@ -51,9 +51,11 @@ def test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_
     the tick starts as soon as a tick places it; one its owner set to begin later does
     not."""
     inventory = runs["inventory"]
-    # Shared by CUDA MPS (test_hardware_roles' last test: a quarter of it).
+    # Shared by CUDA MPS (test_hardware_roles' last test: a quarter of it); its driver
+    # from Debian's own packages (nvidia-driver), n2's from NVIDIA's repository's.
     (inventory.parent / "host_vars/n3.yml").write_text(
         '---\nslurm_node_gres: ["gpu:l40s:1"]\nslurm_gpu_sharing: mps\n'
+        "nvidia_gpu_driver_source: debian\n"
     )
     fake = lab_cli(NAME, "fake-hw", "n3", "--gpus", "1", "--gpu-model", "l40s")
     assert fake.returncode == 0, fake.stderr

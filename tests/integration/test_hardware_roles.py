@@ -18,12 +18,14 @@ import pytest
 from tacc_agent.config import AgentConfig
 from tacc_agent.slurm.gres import indices
 from tacc_lab.demo import researcher_env
+from tacc_lab.fakehw import DRIVER_VERSIONS, FAKE_HEADERS_PACKAGE
 from tests.conftest import run_cli
 from tests.integration.lab_helpers import (
     ansible_tool,
     changed_tasks,
     node_ok,
     node_sh,
+    playbook,
     submit,
     wait_state,
 )
@@ -157,7 +159,16 @@ def test_gpu_node_runs_driver_services_and_offers_its_gres(runs):
         "active",
         "active",
     ]
-    assert "tacc-fake-nvidia-driver" in sh("n2", "dpkg-query -W -f '${Package}\\n'")
+    # NVIDIA's repository shape (n2 has NVSwitches): the branch's meta package and fabric
+    # manager at the version the inventory holds, the FAKE kernel headers for DKMS,
+    # nouveau blacklisted.
+    installed = sh("n2", "dpkg-query -W -f '${Package} ${Version}\\n'").splitlines()
+    for package in ("cuda-drivers-550", "nvidia-fabricmanager-550", "nvidia-kernel-dkms"):
+        assert f"{package} {DRIVER_VERSIONS[0]}-1" in installed, installed
+    assert f"{FAKE_HEADERS_PACKAGE} 1.0" in installed
+    hold = sh("n2", "cat /etc/apt/preferences.d/tacc-nvidia-driver.pref")
+    assert f"Pin: version {DRIVER_VERSIONS[0]}-*\nPin-Priority: 1001" in hold, hold
+    assert "blacklist nouveau" in sh("n2", "cat /etc/modprobe.d/tacc-blacklist-nouveau.conf")
     # The driver's user-space files for containers (/usr/local/nvidia in a GPU job's image):
     # the fake driver ships nvidia-smi and no libcuda, so bin/ has it and lib64/ is empty.
     driver_dir = "/usr/local/lib/tacc-nvidia"
@@ -455,6 +466,79 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
     assert bare["gpu"] == "absent" and bare["rdma"] == "absent"
 
 
+@pytest.mark.bad_input
+def test_a_driver_version_that_is_no_version_is_refused_by_name(runs):
+    """Issue [22] point 3: nvidia_gpu_driver_version must be what nvidia-smi prints."""
+    wrong = {"tacc_test_hosts": "n2", "tacc_test_role": "nvidia_gpu"}
+    wrong["nvidia_gpu_driver_version"] = "latest"
+    proc = ansible_tool(
+        "ansible-playbook",
+        runs["inventory"],
+        "tests/integration/playbooks/one_role.yml",
+        "-e",
+        json.dumps(wrong),
+        timeout=300,
+        strategy=MITOGEN,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    said = " ".join(proc.stdout.split())
+    assert 'n2: nvidia_gpu_driver_version "latest" is not a driver version' in said, said
+    assert "n2: the NVIDIA driver needs a reboot" not in said  # stopped before any change
+
+
+BOOTED = "cut -d' ' -f22 /proc/1/stat"  # a lab node's init start time: new at each boot
+
+
+def test_a_driver_upgrade_reboots_its_node_alone_and_the_job_elsewhere_runs_on(runs):
+    """Issue [22] point 3: the inventory holds n2's driver at a newer version whose module
+    needs a reboot (FAKE: the new nvidia-smi reports NVML's version mismatch until then).
+    The rolling play's driver action leaves n3 alone (no GPU: not even drained)
+    while alice's job runs on n3, drains n2, brings its packages to the version (held by
+    apt preferences), reboots it because the driver says so, accepts it and resumes it.
+    A second roll finds nothing to do."""
+    inventory = runs["inventory"]
+    host_vars = inventory.parent / "host_vars/n2.yml"
+    new = DRIVER_VERSIONS[1]
+    boot = sh("n2", BOOTED)
+    job = sh(
+        "n1",
+        "cd /tmp && runuser -u alice -- sbatch --parsable -w n3 -t 10 -o /dev/null "
+        "--wrap 'sleep 600'",
+    ).strip()
+    try:
+        wait_for_state = sh(
+            "n1",
+            f"for i in $(seq 60); do s=$(squeue -h -j {job} -o %T); "
+            f'[ "$s" = RUNNING ] && break; sleep 1; done; echo $s',
+        )
+        assert wait_for_state.strip() == "RUNNING"
+        started = sh("n1", f"squeue -h -j {job} -o %S")
+        host_vars.write_text(host_vars.read_text() + f'nvidia_gpu_driver_version: "{new}"\n')
+        run, changed = playbook(inventory, "playbooks/rolling.yml", "-e", "rolling_action=driver")
+        said = " ".join(run.stdout.split())
+        assert "n3: no NVIDIA GPU; not rolled" in said, said
+        assert f"n2: replace cuda-drivers-550 {DRIVER_VERSIONS[0]}-1 with {new}" in said, said
+        assert "Driver/library version mismatch" in said, said  # why it rebooted
+        assert changed["n3"] == 0 and changed["n2"] > 0
+        assert sh("n2", BOOTED) != boot  # rebooted for real
+        versions = sh("n2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert set(versions.split()) == {new}
+        assert f"cuda-drivers-550 {new}-1" in sh(
+            "n2", "dpkg-query -W -f '${Package} ${Version}\\n'"
+        )
+        assert sh("n1", "sinfo -h -N -n n2 -o %t").strip() == "idle"  # accepted, resumed
+        # n3 was never drained, and the job there runs on from where it started.
+        assert sh("n1", f"squeue -h -j {job} -o '%T %S'").split() == ["RUNNING", started.strip()]
+        assert "rolling" not in sh("n1", "sacctmgr -n show event nodes=n3 format=reason%40 || true")
+        again, changed = playbook(
+            inventory, "playbooks/rolling.yml", "--limit", "n2", "-e", "rolling_action=driver"
+        )
+        assert f"n2: nothing: driver {new}; not rolled" in " ".join(again.stdout.split())
+        assert changed["n2"] == 0
+    finally:
+        sh("n1", f"scancel {job}")
+
+
 # Last: it gives n3 a FAKE L40S (the tests above prove n3 has no GPU).
 from tests.integration.hw_research_cases import (  # noqa: E402, F401  (issue [16]: allox)
     test_r4_allox_waits_for_the_faster_type_and_sends_the_other_job_to_the_free_one,
@@ -484,6 +568,9 @@ def test_a_quarter_gpu_on_an_mps_node_gets_the_limits_of_its_share(runs, tmp_pat
     assert "[n3:0] CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\n" in log, log
     assert "[n3:0] CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11517M\n" in log, log
     assert "[n3:0] TACC_GPU_SHARE=0.25" in log, log
+    # n3's driver came from Debian's shape of the FAKE repository (nvidia_gpu_driver_source).
+    installed = sh("n3", "dpkg-query -W -f '${Package} ${Version}\\n'")
+    assert f"nvidia-driver {DRIVER_VERSIONS[0]}-1" in installed and "cuda-drivers" not in installed
     # The FAKE driver ships no MPS daemon: the job's notes say the limits bind nothing.
     status = alice("status", answer["job_id"]).stdout
     assert "no CUDA MPS daemon answers on this node: these limits bind nothing" in status, status

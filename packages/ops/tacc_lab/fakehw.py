@@ -44,6 +44,11 @@ GPU_MODELS = {
     "l40s": ("26b9", "NVIDIA L40S", 46068),
 }
 NIC_PSID = "MT_0000000359"
+# The FAKE repository's driver versions (the lab installs the first; the second is an
+# upgrade that needs a reboot), DCGM's and the kernel headers package's name.
+DRIVER_VERSIONS = ("550.54.15", "550.163.01")
+DCGM_VERSION = "1:3.3.9"
+FAKE_HEADERS_PACKAGE = "tacc-fake-linux-headers"
 # The real driver creates /dev/nvidiaN; slurmd stat()s the gres.conf File= paths. nspawn
 # nodes cannot mknod GPU devices, so empty placeholder files stand in (lab only).
 DEV_NODES_SCRIPT = """\
@@ -121,7 +126,6 @@ def device_state(hw: FakeHardware, node: str) -> dict:
     return {
         "gpus": gpus,
         "nvswitches": switches,
-        "driver_version": "550.54.15",
         "cuda_version": "12.4",
         "nics": nics,
         "cpu": cpu_layout(hw),
@@ -142,18 +146,29 @@ def _wrapper(tool: str) -> str:
     )
 
 
-def _build_deb(workdir: Path, name: str, files: dict[str, tuple[str, int]], out: Path) -> Path:
-    """A minimal binary package (dpkg-deb) holding `files` {path: (text, mode)}."""
-    root = workdir / name
-    for rel, (text, mode) in files.items():
+@dataclass(frozen=True)
+class FakePackage:
+    """One binary package of the FAKE driver repository."""
+
+    name: str
+    version: str
+    files: dict[str, tuple[str, int]]
+    depends: str = ""
+
+
+def _build_deb(workdir: Path, package: FakePackage, out: Path) -> Path:
+    """A minimal binary package (dpkg-deb) holding its files {path: (text, mode)}."""
+    root = workdir / f"{package.name}_{package.version}"
+    for rel, (text, mode) in package.files.items():
         _write(root / rel, text, mode)
     control = (
-        f"Package: {name}\nVersion: 1.0\nArchitecture: all\n"
+        f"Package: {package.name}\nVersion: {package.version}\nArchitecture: all\n"
         "Maintainer: tacc-lab <root@localhost>\n"
-        f"Description: FAKE (lab only) {name}: emulates an NVIDIA package for tests\n"
+        + (f"Depends: {package.depends}\n" if package.depends else "")
+        + f"Description: FAKE (lab only) {package.name}: emulates a vendor package for tests\n"
     )
     _write(root / "DEBIAN/control", control)
-    deb = out / f"{name}_1.0_all.deb"
+    deb = out / f"{package.name}_{package.version.split(':')[-1]}_all.deb"
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)],
         check=True,
@@ -169,45 +184,131 @@ def _daemon_unit(description: str, binary: str) -> str:
     )
 
 
-def build_driver_repo(repo: Path) -> None:
-    """A flat apt repository with fake driver and fabric manager packages."""
-    repo.mkdir(parents=True, exist_ok=True)
-    stub = "#!/bin/sh\n# FAKE (lab only) NVIDIA daemon: does nothing\nexec sleep infinity\n"
-    devnodes_unit = (
-        "[Unit]\nDescription=FAKE (lab only) /dev/nvidia* placeholders for the fake GPUs\n"
-        "Before=slurmd.service nvidia-persistenced.service\n\n"
-        "[Service]\nType=oneshot\nRemainAfterExit=yes\n"
-        "ExecStart=/usr/bin/python3 /usr/lib/tacc-fake-hw/make-dev-nodes\n\n"
+def _oneshot_unit(description: str, command: str, before: str) -> str:
+    return (
+        f"[Unit]\nDescription=FAKE (lab only) {description}\nBefore={before}\n\n"
+        f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={command}\n\n"
         "[Install]\nWantedBy=multi-user.target\n"
     )
-    postinst = (
-        "#!/bin/sh\nset -e\nsystemctl enable tacc-fake-nvidia-devnodes.service\n"
-        "systemctl start tacc-fake-nvidia-devnodes.service\n"
+
+
+STUB_DAEMON = "#!/bin/sh\n# FAKE (lab only) NVIDIA daemon: does nothing\nexec sleep infinity\n"
+HWSTATE = f"/usr/bin/python3 /{OPT}/fakes/hwstate.py"
+# What DKMS says when it cannot build (no headers for the running kernel): the package is
+# installed, no module is.
+DKMS_POSTINST = """\
+#!/bin/sh
+set -e
+systemctl enable tacc-fake-nvidia-module.service
+if [ ! -d "/usr/src/linux-headers-$(uname -r)" ]; then
+    echo "Module build for kernel $(uname -r) was skipped since the kernel headers" \\
+        "for this kernel do not seem to be installed."
+    exit 0
+fi
+{hwstate} module-built {version}
+"""
+
+
+def driver_packages(version: str) -> list[FakePackage]:
+    """One driver version in both repository shapes: Debian's (nvidia-driver,
+    nvidia-kernel-dkms) and NVIDIA's CUDA repository's (cuda-drivers, cuda-drivers-BRANCH,
+    nvidia-fabricmanager-BRANCH), all at `version`-1 as both number them."""
+    deb_version, branch = f"{version}-1", version.split(".")[0]
+    exact = f"(= {deb_version})"
+    smi = (
+        "#!/bin/sh\n# FAKE (lab only): see /opt/tacc-fake-hw/fakes/README\n"
+        f"export TACC_FAKE_NVML_VERSION={version}\n"
+        f'exec /usr/bin/python3 /{OPT}/fakes/nvidia_smi.py "$@"\n'
     )
-    packages = {
-        "tacc-fake-nvidia-driver": {
-            "usr/bin/nvidia-smi": (_wrapper("nvidia-smi"), 0o755),
-            "usr/lib/tacc-fake-hw/make-dev-nodes": (DEV_NODES_SCRIPT, 0o755),
-            "lib/systemd/system/tacc-fake-nvidia-devnodes.service": (devnodes_unit, 0o644),
-            "DEBIAN/postinst": (postinst, 0o755),
-            "usr/bin/nvidia-persistenced": (stub, 0o755),
-            "lib/systemd/system/nvidia-persistenced.service": (
-                _daemon_unit("NVIDIA persistence daemon", "/usr/bin/nvidia-persistenced"),
-                0o644,
-            ),
-        },
-        "tacc-fake-nvidia-fabricmanager": {
-            "usr/bin/nv-fabricmanager": (stub, 0o755),
-            "lib/systemd/system/nvidia-fabricmanager.service": (
-                _daemon_unit("NVIDIA fabric manager", "/usr/bin/nv-fabricmanager"),
-                0o644,
-            ),
-        },
-    }
+    devnodes = _oneshot_unit(
+        "/dev/nvidia* placeholders for the fake GPUs",
+        "/usr/bin/python3 /usr/lib/tacc-fake-hw/make-dev-nodes",
+        "slurmd.service nvidia-persistenced.service",
+    )
+    module = _oneshot_unit(
+        "load the NVIDIA kernel module DKMS built last",
+        f"{HWSTATE} load-driver",
+        "tacc-fake-nvidia-devnodes.service nvidia-persistenced.service slurmd.service",
+    )
+    return [
+        FakePackage(
+            "nvidia-kernel-dkms",
+            deb_version,
+            {
+                "lib/systemd/system/tacc-fake-nvidia-module.service": (module, 0o644),
+                "DEBIAN/postinst": (DKMS_POSTINST.format(hwstate=HWSTATE, version=version), 0o755),
+            },
+        ),
+        FakePackage(
+            "nvidia-driver",
+            deb_version,
+            {
+                "usr/bin/nvidia-smi": (smi, 0o755),
+                "usr/lib/tacc-fake-hw/make-dev-nodes": (DEV_NODES_SCRIPT, 0o755),
+                "lib/systemd/system/tacc-fake-nvidia-devnodes.service": (devnodes, 0o644),
+                "DEBIAN/postinst": (
+                    "#!/bin/sh\nset -e\nsystemctl enable tacc-fake-nvidia-devnodes.service\n"
+                    "systemctl start tacc-fake-nvidia-devnodes.service\n",
+                    0o755,
+                ),
+                "usr/bin/nvidia-persistenced": (STUB_DAEMON, 0o755),
+                "lib/systemd/system/nvidia-persistenced.service": (
+                    _daemon_unit("NVIDIA persistence daemon", "/usr/bin/nvidia-persistenced"),
+                    0o644,
+                ),
+            },
+            depends=f"nvidia-kernel-dkms {exact}",
+        ),
+        FakePackage(f"cuda-drivers-{branch}", deb_version, {}, f"nvidia-driver {exact}"),
+        FakePackage("cuda-drivers", deb_version, {}, f"cuda-drivers-{branch} {exact}"),
+        FakePackage(
+            f"nvidia-fabricmanager-{branch}",
+            deb_version,
+            {
+                "usr/bin/nv-fabricmanager": (STUB_DAEMON, 0o755),
+                "lib/systemd/system/nvidia-fabricmanager.service": (
+                    _daemon_unit("NVIDIA fabric manager", "/usr/bin/nv-fabricmanager"),
+                    0o644,
+                ),
+            },
+        ),
+    ]
+
+
+def other_packages() -> list[FakePackage]:
+    """DCGM (its own numbering) and the kernel headers DKMS builds against."""
+    headers = f"usr/src/linux-headers-{os.uname().release}/Makefile"
+    return [
+        FakePackage(
+            "datacenter-gpu-manager",
+            DCGM_VERSION,
+            {
+                "usr/bin/nv-hostengine": (STUB_DAEMON, 0o755),
+                "lib/systemd/system/nvidia-dcgm.service": (
+                    _daemon_unit("NVIDIA DCGM host engine", "/usr/bin/nv-hostengine"),
+                    0o644,
+                ),
+            },
+        ),
+        FakePackage(
+            FAKE_HEADERS_PACKAGE,
+            "1.0",
+            {headers: ("# FAKE (lab only) kernel headers for DKMS\n", 0o644)},
+        ),
+    ]
+
+
+def build_driver_repo(repo: Path) -> None:
+    """A flat apt repository with every FAKE driver version in both shapes, DCGM and the
+    kernel headers."""
+    if repo.exists():
+        shutil.rmtree(repo)
+    repo.mkdir(parents=True)
+    packages = [p for v in DRIVER_VERSIONS for p in driver_packages(v)] + other_packages()
     stanzas = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, files in packages.items():
-            deb = _build_deb(Path(tmp), name, files, repo)
+        for package in packages:
+            deb = _build_deb(Path(tmp), package, repo)
             data = deb.read_bytes()
             control = subprocess.run(
                 ["dpkg-deb", "--field", str(deb)], check=True, capture_output=True, text=True
@@ -270,7 +371,11 @@ def install(rootfs: Path, node: str, hw: FakeHardware) -> list[str]:
     for tool in TOOLS:
         _write(rootfs / "usr/local/bin" / tool, _wrapper(tool), 0o755)
     state = device_state(hw, node)
-    _write(rootfs / "etc/tacc-fake-hw/state.json", json.dumps(state, indent=2) + "\n")
+    state_file = rootfs / "etc/tacc-fake-hw/state.json"
+    if state_file.exists():  # new cards, same kernel: its NVIDIA module stays as it was
+        old = json.loads(state_file.read_text())
+        state.update({k: old[k] for k in ("driver_version", "driver_built") if k in old})
+    _write(state_file, json.dumps(state, indent=2) + "\n")
     (rootfs / "var/log/tacc-fake-hw").mkdir(parents=True, exist_ok=True)
     build_driver_repo(rootfs / REPO)
     build_rdma_tree(rootfs / SYSFS, hw)

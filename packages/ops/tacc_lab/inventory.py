@@ -19,7 +19,14 @@ from tacc_lab.addressing import LOGIN_INDEX
 from tacc_lab.backup_controller import inventory_vars as backup_controller_vars
 from tacc_lab.config import NODE_PACKAGE_CACHE
 from tacc_lab.errors import LabError
-from tacc_lab.fakehw import NODE_CPU_SYSFS, NODE_RDMA_CONFIGFS, NODE_RDMA_SYSFS, NODE_REPO_URI
+from tacc_lab.fakehw import (
+    DRIVER_VERSIONS,
+    FAKE_HEADERS_PACKAGE,
+    NODE_CPU_SYSFS,
+    NODE_RDMA_CONFIGFS,
+    NODE_RDMA_SYSFS,
+    NODE_REPO_URI,
+)
 from tacc_lab.researchers import RESEARCHERS
 
 # Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
@@ -280,8 +287,13 @@ def render_inventory(
                 "nvidia_gpu_repo_uri": NODE_REPO_URI,
                 "nvidia_gpu_repo_suites": ["./"],
                 "nvidia_gpu_repo_trusted": True,
-                "nvidia_gpu_driver_packages": ["tacc-fake-nvidia-driver"],
-                "nvidia_gpu_fabricmanager_packages": ["tacc-fake-nvidia-fabricmanager"],
+                # Its packages are named as NVIDIA's CUDA repository names them
+                # (cuda-drivers-550, nvidia-fabricmanager-550) and as Debian does
+                # (nvidia-driver), in two versions: the lab holds the first; the second
+                # is an upgrade whose module waits for a reboot. The kernel headers DKMS
+                # needs are a FAKE package (the host's kernel has no Debian headers).
+                "nvidia_gpu_driver_version": DRIVER_VERSIONS[0],
+                "nvidia_gpu_kernel_headers_packages": [FAKE_HEADERS_PACKAGE],
                 # The lab's researchers (`tacc-lab user NAME` points tcloud at them).
                 "common_cluster_users": users,
                 "tacc_agent_workspace": "/shared/tcloud",

@@ -17,6 +17,10 @@ description:
     first core of the first socket) with the CPU topology under O(cpu_sysfs). C(cores)
     is the list per GPU, empty when every GPU is near every core (nothing to bind);
     C(cores_error) says why they could not be read (then C(cores) is empty).
+  - C(reboot_needed) is true on a node with GPUs whose C(nvidia-smi) cannot reach the
+    driver (exit 9: no module loaded, e.g. a first install beside nouveau) or reports a
+    driver/library version mismatch (exit 18: the driver was upgraded, the old module
+    still runs), or where nouveau is loaded; C(driver_error) is what nvidia-smi said.
   - Read-only; returns facts under C(nvidia_gpu).
 options:
   gres_type:
@@ -27,6 +31,10 @@ options:
     description: The CPU topology in sysfs (cpuN/topology/physical_package_id, core_id).
     type: str
     default: /sys/devices/system/cpu
+  module_sysfs:
+    description: Where loaded kernel modules are listed (nouveau loaded is a reboot to do).
+    type: str
+    default: /sys/module
 author: TACC stack
 """
 
@@ -40,6 +48,10 @@ NVSWITCH_CLASS = "0680"
 _LSPCI = re.compile(r"^(\S+) ([0-9a-f]{4}): 10de:([0-9a-f]{4})", re.I)
 _PREFIXES = ("nvidia", "tesla", "geforce", "quadro")
 SMI_FIELDS = "index,name,uuid,memory.total,pci.bus_id,driver_version"
+# nvidia-smi's exit codes (NVML's return codes) that a reboot cures: no kernel module
+# loaded (NVML_ERROR_DRIVER_NOT_LOADED) and a module older than the library
+# (NVML_ERROR_LIB_RM_VERSION_MISMATCH).
+REBOOT_CODES = {9: "driver not loaded", 18: "driver/library version mismatch"}
 
 
 def parse_lspci(text: str) -> tuple[list[dict], list[dict]]:
@@ -171,6 +183,7 @@ def main() -> None:
         argument_spec={
             "gres_type": {"type": "str", "default": ""},
             "cpu_sysfs": {"type": "str", "default": "/sys/devices/system/cpu"},
+            "module_sysfs": {"type": "str", "default": "/sys/module"},
         },
         supports_check_mode=True,
     )
@@ -182,7 +195,8 @@ def main() -> None:
         module.fail_json(msg=f"lspci failed: {err.strip()}")
     gpus, switches = parse_lspci(out)
     smi_rows: list[dict] = []
-    driver = ""
+    driver = driver_error = ""
+    reboot_for = ""
     smi = module.get_bin_path("nvidia-smi")
     if smi and gpus:
         query = [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]
@@ -190,6 +204,11 @@ def main() -> None:
         if rc == 0:
             smi_rows = parse_smi(out)
             driver = smi_rows[0]["driver_version"] if smi_rows else ""
+        else:
+            driver_error = " ".join((out.strip() or err.strip()).splitlines()[:2])
+            reboot_for = REBOOT_CODES.get(rc, "")
+    if gpus and Path(module.params["module_sysfs"], "nouveau").exists():
+        reboot_for = reboot_for or "nouveau is loaded"
     cores: list[str] = []
     cores_error = ""
     if smi_rows:
@@ -225,6 +244,9 @@ def main() -> None:
                 "mixed_models": len(models) > 1,
                 "cores": cores,
                 "cores_error": cores_error,
+                "driver_error": driver_error,
+                "reboot_needed": bool(reboot_for),
+                "reboot_reason": reboot_for,
             }
         },
     )

@@ -514,3 +514,40 @@ def test_nvidia_smi_topo_of_two_sockets_reads_as_each_sockets_cores(tmp_path):
     cores = module.gpu_cores(module.parse_topo(topo), module.logical_cores(tmp_path / "cpu"))
     assert cores == ["0-7"] * 4 + ["8-15"] * 4
     assert lab.run("nvidia_smi", "topo", "-x").returncode == 2
+
+
+# --- the FAKE driver's kernel module: loaded at install, or after a reboot ------------------
+
+
+def smi_of(lab: Lab, version: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """nvidia-smi as the FAKE driver package `version` installs it (its library's version)."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TACC_FAKE_HW_STATE": str(lab.state_file),
+        "TACC_FAKE_NVML_VERSION": version,
+    }
+    argv = [sys.executable, "-m", "tacc_lab.fakes.nvidia_smi", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+
+def test_a_driver_upgrade_runs_the_old_module_until_a_reboot(tmp_path):
+    """As on a real node: the first install's module loads at once (no nouveau); an
+    upgrade's waits for the boot, and until then the new nvidia-smi exits 18 with NVML's
+    version mismatch; with no module at all it exits 9."""
+    lab = Lab(tmp_path, {k: v for k, v in STATE.items() if k != "driver_version"})
+    none = smi_of(lab, "550.54.15", "-L")
+    assert none.returncode == 9 and "couldn't communicate with the NVIDIA driver" in none.stdout
+    assert lab.ok("hwstate", "module-built", "550.54.15") == "module 550.54.15 loaded\n"
+    assert smi_of(lab, "550.54.15", "-L").returncode == 0
+    out = lab.ok("hwstate", "module-built", "550.163.01")
+    assert out == "module 550.163.01 built; 550.54.15 stays loaded until a reboot\n"
+    mismatch = smi_of(lab, "550.163.01", "--query-gpu=driver_version", "--format=csv")
+    assert mismatch.returncode == 18
+    assert mismatch.stdout == (
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+        "NVML library version: 550.163\n"
+    )
+    assert lab.ok("hwstate", "load-driver") == "module 550.163.01 loaded at boot\n"
+    after = smi_of(lab, "550.163.01", "--query-gpu=driver_version", "--format=csv,noheader")
+    assert (after.returncode, after.stdout) == (0, "550.163.01\n550.163.01\n")
+    assert lab.state()["nics"][0]["pending_fw"] is None  # the cards are not touched

@@ -37,7 +37,8 @@ def run_tool(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def state_file(tmp: Path, gpus: int = 2) -> Path:
     path = tmp / "state.json"
-    path.write_text(json.dumps(device_state(FakeHardware(gpus=gpus), "n1")))
+    loaded = {"driver_version": "550.54.15"}  # the module the FAKE driver package loads
+    path.write_text(json.dumps({**device_state(FakeHardware(gpus=gpus), "n1"), **loaded}))
     return path
 
 

@@ -144,3 +144,30 @@ def test_mlxconfig_next_boot_values_and_enum_comparison():
     assert cfg.same_value("ETH(2)", "ETH") and cfg.same_value("ETH(2)", "2")
     assert cfg.same_value("True(1)", "true") and cfg.same_value("8", "8")
     assert not cfg.same_value("ETH(2)", "IB") and not cfg.same_value("8", "16")
+
+
+plan = load("nvidia_gpu", "nvidia_gpu_driver_plan")
+
+
+def test_the_driver_plan_names_missing_packages_and_ones_at_another_version():
+    installed = plan.parse_installed(
+        "cuda-drivers-550\t550.54.15-1\tii \n"
+        "nvidia-fabricmanager-550\t550.163.01-1\tii \n"
+        "tacc-fake-linux-headers\t1.0\trc \n"  # removed, its configuration kept
+    )
+    assert installed == {
+        "cuda-drivers-550": "550.54.15-1",
+        "nvidia-fabricmanager-550": "550.163.01-1",
+    }
+    packages = ["tacc-fake-linux-headers", "cuda-drivers-550", "nvidia-fabricmanager-550"]
+    pinned = ["cuda-drivers-550", "nvidia-fabricmanager-550"]
+    assert plan.changes(installed, packages, pinned, "550.163.01") == [
+        "install tacc-fake-linux-headers",
+        "replace cuda-drivers-550 550.54.15-1 with 550.163.01",
+    ]
+    # 550.163.1 is not 550.163.01's prefix; with no version held only what is missing counts.
+    assert plan.changes(installed, pinned, pinned, "550.163.1") == [
+        "replace cuda-drivers-550 550.54.15-1 with 550.163.1",
+        "replace nvidia-fabricmanager-550 550.163.01-1 with 550.163.1",
+    ]
+    assert plan.changes(installed, packages, pinned, "") == ["install tacc-fake-linux-headers"]

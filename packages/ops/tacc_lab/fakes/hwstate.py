@@ -8,6 +8,13 @@ changes are appended to ``$TACC_FAKE_HW_LOG`` (default ``/var/log/tacc-fake-hw/b
 ``python3 -m tacc_lab.fakes.hwstate reboot`` does what a reboot does to the cards: pending
 firmware starts running and ``next_boot`` config becomes the current config.
 ``python3 -m tacc_lab.fakes.hwstate show`` prints the state.
+
+The NVIDIA kernel module is the state's ``driver_version`` (the module loaded; absent: none)
+and ``driver_built`` (the one DKMS built for the next boot). The FAKE ``nvidia-kernel-dkms``
+package runs ``hwstate module-built VERSION`` after its install: with no module loaded it is
+loaded at once (``modprobe nvidia`` on a node without nouveau), with another one loaded it
+waits for the boot, when its unit runs ``hwstate load-driver``. Until then the FAKE
+``nvidia-smi`` of the new version reports the version mismatch the real one does.
 """
 
 from __future__ import annotations
@@ -148,13 +155,39 @@ def reboot(state: State) -> list[tuple[str, str]]:
     return changes
 
 
+def module_built(state: State, version: str) -> str:
+    """DKMS built `version`'s module: loaded now when none is, else at the next boot."""
+    state["driver_built"] = version
+    if not state.get("driver_version"):
+        state["driver_version"] = version
+        return f"module {version} loaded"
+    if state["driver_version"] == version:
+        return f"module {version} already loaded"
+    return f"module {version} built; {state['driver_version']} stays loaded until a reboot"
+
+
+def load_driver(state: State) -> str:
+    """At boot: the module built last is the one loaded."""
+    built = state.get("driver_built")
+    if not built:
+        return "no module built"
+    state["driver_version"] = built
+    return f"module {built} loaded at boot"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["show"]:
         print(json.dumps(load(), indent=2))
         return 0
+    if (len(args) == 2 and args[0] == "module-built") or args == ["load-driver"]:
+        with update() as state:
+            event = module_built(state, args[1]) if len(args) == 2 else load_driver(state)
+        log_event("hwstate", "nvidia", event)
+        print(event)
+        return 0
     if args != ["reboot"]:
-        print("usage: hwstate {reboot|show}", file=sys.stderr)
+        print("usage: hwstate {reboot|show|module-built VERSION|load-driver}", file=sys.stderr)
         return 2
     with update() as state:
         changes = reboot(state)

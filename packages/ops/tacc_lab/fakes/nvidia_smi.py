@@ -23,6 +23,13 @@ gpu_uuid, gpu_name, gpu_bus_id, used_gpu_memory (alias used_memory [MiB]); with 
 processes the header (or, with noheader, nothing) is printed and it exits 0, as the real
 tool does. GPUs are numbered in PCI bus order. With no GPUs it prints "No devices were
 found" and exits 6, as the real tool does.
+
+Installed by the FAKE driver package, the wrapper sets ``TACC_FAKE_NVML_VERSION`` to the
+package's version (the user-space library's). Then, as the real tool: with no kernel module
+loaded (the state's "driver_version" absent) it says it cannot communicate with the driver
+and exits 9 (NVML_ERROR_DRIVER_NOT_LOADED); with another module version loaded (a driver
+upgraded, not yet rebooted) it prints "Failed to initialize NVML: Driver/library version
+mismatch" and exits 18 (NVML_ERROR_LIB_RM_VERSION_MISMATCH).
 """
 
 from __future__ import annotations
@@ -64,7 +71,11 @@ UNITS = {
 }
 APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "gpu_name", "gpu_bus_id", "used_gpu_memory")
-RC_INVALID_ARGS, RC_NO_DEVICES = 2, 6
+RC_INVALID_ARGS, RC_NO_DEVICES, RC_NO_DRIVER, RC_MISMATCH = 2, 6, 9, 18
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
 
@@ -315,6 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = parse(sys.argv[1:] if argv is None else argv)
         state = hwstate.load()
+        library = os.environ.get("TACC_FAKE_NVML_VERSION", "")
+        if library and not state.get("driver_version"):
+            print(NO_DRIVER)
+            return RC_NO_DRIVER
+        if library and state["driver_version"] != library:
+            short = ".".join(library.split(".")[:2])
+            print("Failed to initialize NVML: Driver/library version mismatch")
+            print(f"NVML library version: {short}")
+            return RC_MISMATCH
         if not state["gpus"]:
             print("No devices were found")
             return RC_NO_DEVICES
