@@ -25,7 +25,9 @@ from tests.integration.lab_helpers import (
     lab_cli,
     lab_status,
     node_ok,
+    node_sh,
     site,
+    status,
     submit,
     wait_state,
 )
@@ -129,3 +131,42 @@ from tests.integration.frameworks_cases import (  # noqa: E402, F401  (issue [9]
     test_pytorch_ddp_trains_through_torchrun_on_two_nodes_by_two_processes,
     test_rerun_builds_the_same_locked_versions_from_the_same_files,
 )
+
+# The python acceptance's torch test runs: root's, on /shared (every node sees it), built
+# from the cluster's package cache with the torch alice's DDP job locked.
+TORCH_ENV = "/shared/.tacc-accept-torch"
+
+
+def test_bw5_acceptance_runs_a_torch_all_reduce_between_two_nodes_and_keeps_a_slow_node_out(
+    alice,
+    ddp_job,  # noqa: F811  (the fixture imported above)
+):
+    """Issue [22] point 5: `tacc-agent accept n3 --peer n2` runs torch.distributed's
+    all_reduce between the two nodes (gloo: no GPUs), the path researchers' jobs take,
+    with the python the acceptance setting torch_python names; its bus bandwidth under
+    the floor leaves n3 drained with the figure as the reason."""
+    lock = status(alice, ddp_job[0])["environment"]
+    pin = next(line for line in lock["lock"] if line.startswith("torch=="))
+    uv = "/opt/tacc-agent/venv/bin/uv"  # the one the agent builds environments with
+    build = (
+        f"set -e; rm -rf {TORCH_ENV}; {uv} venv -q --python /usr/bin/python3 {TORCH_ENV}; "
+        f"{uv} pip install -q --python {TORCH_ENV}/bin/python --index-url {lock['index']} '{pin}'"
+    )
+    built = node_sh(NAME, "n2", build)
+    assert built.returncode == 0, built.stdout + built.stderr
+    floor = {"torch_python": f"{TORCH_ENV}/bin/python", "torch_allreduce_pair_min_gbps": 1000}
+    try:
+        proc = node_sh(
+            NAME, "n1", f"tacc-agent accept n3 --peer n2 --json --thresholds '{json.dumps(floor)}'"
+        )
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        tests = {test["name"]: test for test in json.loads(proc.stdout)["tests"]}
+        torch = tests["torch all_reduce with n2"]
+        assert torch["status"] == "failed", torch
+        assert torch["detail"] == "gloo, 32 MiB x 10" and 0 < torch["figure"] < 1000, torch
+        assert tests["mpi allreduce with n2"]["status"] == "passed", tests
+        reason = sh("n1", "sinfo -h -N -n n3 -o %E").strip()
+        assert reason.startswith("tacc: acceptance failed: torch all_reduce with n2 "), reason
+        assert reason.endswith("< 1000 GB/s"), reason
+    finally:
+        sh("n1", f"scontrol update NodeName=n3 State=RESUME; rm -rf {TORCH_ENV}")

@@ -16,11 +16,19 @@ import path. Each mode prints one JSON line per task and exits 0; a failure prin
                               perftest's ib_write_bw between the two nodes of the step:
                               the task on NODE serves, the other connects and prints the
                               average bandwidth in Gb/s
+  torch --mib N --iterations K --master-node NODE --master-address ADDR --port P
+                              torch.distributed all_reduce (SUM, float32) of N MiB between
+                              the step's two tasks (NCCL on a GPU each where CUDA is there,
+                              else gloo), rank 0 on NODE; rank 0 prints the bus bandwidth in
+                              GB/s (nccl-tests' busbw: size x 2(n-1)/n over the slowest
+                              rank's time per call). Run by a python with torch (the
+                              acceptance setting torch_python), not the OS's.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -39,6 +47,12 @@ try:  # the OS's python3-mpi4py: only `allreduce` needs it, and starts MPI itsel
     from mpi4py import MPI
 except ImportError:
     MPI = None
+
+try:  # only `torch` needs it, run by a python that has it (the OS's python3 has not)
+    import torch
+    import torch.distributed as torch_distributed
+except ImportError:
+    torch = None
 
 MIB = 1 << 20
 INFINIBAND = Path("/sys/class/infiniband")
@@ -176,6 +190,66 @@ def rdma(server_node: str, server_address: str) -> dict | None:
     raise ProbeError(f"ib_write_bw client exit {proc.returncode}: {proc.stderr[-200:]}")
 
 
+def torch_allreduce(
+    mib: float, iterations: int, master_node: str, master_address: str, port: int, timeout: float
+) -> dict | None:
+    """The pair's all_reduce figures on rank 0 (the task on master_node), None on rank 1."""
+    if torch is None:
+        raise ProbeError(f"{sys.executable} has no torch (the acceptance setting torch_python)")
+    world = int(os.environ.get("SLURM_NTASKS", "0"))
+    if world != 2:
+        raise ProbeError(f"the torch test runs one task on each of two nodes, not {world}")
+    rank = 0 if node_name() == master_node else 1
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    torch_distributed.init_process_group(
+        backend,
+        init_method=f"tcp://{master_address}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    try:
+        return torch_figures(mib, iterations, backend, device, rank, world)
+    finally:
+        torch_distributed.destroy_process_group()
+
+
+def torch_figures(mib: float, iterations: int, backend: str, device, rank: int, world: int):
+    count = max(1, int(mib * MIB) // 4)
+    tensor = torch.ones(count, dtype=torch.float32, device=device)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch_distributed.all_reduce(tensor)  # warm-up: connections
+    synchronize()
+    torch_distributed.barrier()
+    started = time.perf_counter()
+    for _ in range(iterations):
+        torch_distributed.all_reduce(tensor)
+    synchronize()
+    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
+    torch_distributed.all_reduce(slowest, op=torch_distributed.ReduceOp.MAX)
+    expected = float(world ** (iterations + 1))  # every call doubles the ones (2 ranks)
+    if float(tensor[0]) != expected or float(tensor[-1]) != expected:
+        raise ProbeError(f"all_reduce gave {float(tensor[0])}, not {expected}")
+    if rank != 0:
+        return None
+    per_call = float(slowest[0]) / iterations
+    size = count * 4
+    return {
+        "backend": backend,
+        "ranks": world,
+        "bytes": size,
+        "iterations": iterations,
+        "seconds_per_call": round(per_call, 6),
+        "busbw_gbytes": round(size / per_call / 1e9 * 2 * (world - 1) / world, 3),
+    }
+
+
 class ProbeError(Exception):
     pass
 
@@ -195,6 +269,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p_rdma = modes.add_parser("rdma")
     p_rdma.add_argument("--server-node", required=True)
     p_rdma.add_argument("--server-address", required=True)
+    p_torch = modes.add_parser("torch")
+    p_torch.add_argument("--mib", type=float, default=32.0)
+    p_torch.add_argument("--iterations", type=int, default=10)
+    p_torch.add_argument("--master-node", required=True)
+    p_torch.add_argument("--master-address", required=True)
+    p_torch.add_argument("--port", type=int, required=True)
+    p_torch.add_argument("--timeout", type=float, default=300.0)
     return parser.parse_args(argv)
 
 
@@ -207,9 +288,18 @@ def main(argv: list[str] | None = None) -> int:
             found = allreduce(args.mib, args.iterations)
         elif args.mode == "nccl":
             found = nccl(args.gpus, args.binary, args.timeout)
+        elif args.mode == "torch":
+            found = torch_allreduce(
+                args.mib,
+                args.iterations,
+                args.master_node,
+                args.master_address,
+                args.port,
+                args.timeout,
+            )
         else:
             found = rdma(args.server_node, args.server_address)
-    except (ProbeError, OSError, subprocess.SubprocessError) as exc:
+    except (ProbeError, OSError, subprocess.SubprocessError, RuntimeError) as exc:
         say({"node": node_name(), "error": f"{type(exc).__name__}: {exc}"})
         return 1
     if found is not None:

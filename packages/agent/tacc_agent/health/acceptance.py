@@ -12,7 +12,10 @@ the Slurm controller. The node stays drained until it passes:
    agent checks (`tacc-agent check --no-slurm` on NODE); an MPI allreduce within NODE
    (2 ranks) and between NODE and the peer (one rank each); nccl-tests' all_reduce_perf
    where NODE has gpu gres and the binary; perftest's ib_write_bw between NODE and the
-   peer where both have RDMA devices. What cannot run is "skipped: <why>", never passed.
+   peer where both have RDMA devices; a torch.distributed all_reduce between NODE and
+   the peer (the path researchers' jobs take: NCCL, one GPU each, where both have GPUs,
+   else gloo) with the python the setting torch_python names (one with torch, at the
+   same path on every node). What cannot run is "skipped: <why>", never passed.
 5. Pass: NODE stays resumed. Fail (a figure under its threshold, a failed check, a step
    Slurm refused or that timed out, an interrupt): NODE is drained with reason
    "tacc: acceptance failed: <test> <figure> < <threshold>" (or the cause). The
@@ -33,6 +36,7 @@ import contextlib
 import json
 import math
 import re
+import secrets
 import signal
 import sys
 import time
@@ -59,17 +63,24 @@ DEFAULTS: dict[str, float | int | str] = {
     "mpi_allreduce_pair_min_mbps": 0.0,  # MB/s, one rank on the node, one on the peer
     "nccl_allreduce_min_gbps": 0.0,  # GB/s, all_reduce_perf's average bus bandwidth
     "rdma_write_min_gbps": 0.0,  # Gb/s (gigabits), ib_write_bw's average
+    "torch_allreduce_pair_min_gbps": 0.0,  # GB/s, torch.distributed's bus bandwidth
     "test_timeout_seconds": 300,  # each test (Slurm step)
     "mpi_message_mib": 32,  # the allreduce's message
     "mpi_iterations": 10,
     "all_reduce_perf": "all_reduce_perf",  # nccl-tests' binary: a path, or a name on PATH
+    # A python with torch at this path on every node (root-owned: root runs it); empty
+    # skips the torch.distributed test.
+    "torch_python": "",
 }
 THRESHOLDS = (
     "mpi_allreduce_node_min_mbps",
     "mpi_allreduce_pair_min_mbps",
     "nccl_allreduce_min_gbps",
     "rdma_write_min_gbps",
+    "torch_allreduce_pair_min_gbps",
 )
+# torch.distributed's rendezvous port on NODE (rank 0's), one of these at random.
+TORCH_PORTS = range(29400, 29500)
 # The program the steps run on the nodes, by its path (the agent sits at the same path on
 # every node); not imported here, it is the OS python3's.
 PROBE = Path(__file__).with_name("accept_probe.py")
@@ -132,7 +143,11 @@ def checked(given: dict, where: str, code: int) -> dict:
         )
     for key, value in given.items():
         default = DEFAULTS[key]
-        if isinstance(default, str):
+        if key == "torch_python":
+            good = isinstance(value, str) and (value == "" or value.startswith("/"))
+            good = good and "\0" not in value
+            expected = "an absolute path to a python with torch, or empty"
+        elif isinstance(default, str):
             good = isinstance(value, str) and value != "" and "\0" not in value
             expected = "a non-empty string"
         else:
@@ -268,7 +283,9 @@ class Test:
     def failure(self) -> str:
         """The drain reason's part: "<test> <figure> < <threshold>" or "<test>: <cause>"."""
         if self.figure is not None and self.threshold:
-            return f"{self.name} {self.figure:.0f} {self.unit} < {self.threshold:g} {self.unit}"
+            # Whole units from 10 on; below, three digits (a gloo pair's 0.412 GB/s).
+            figure = f"{self.figure:.0f}" if self.figure >= 10 else f"{self.figure:.3g}"
+            return f"{self.name} {figure} {self.unit} < {self.threshold:g} {self.unit}"
         return f"{self.name}: {self.detail}"
 
 
@@ -372,13 +389,7 @@ class Steps:
         return found
 
     def mpi(self, nodes: list[str], per_node: int, name: str, threshold: float) -> Test:
-        words = (
-            "allreduce",
-            "--mib",
-            f"{self.limits['mpi_message_mib']:g}",
-            "--iterations",
-            str(int(self.limits["mpi_iterations"])),
-        )
+        words = ("allreduce", *self.message_words())
         out = self.srun(nodes, per_node, self.probe(*words), extra=("--mpi=pmix",))
         found = next((d for d in json_lines(out.stdout) if "mbps" in d), None)
         if out.code != 0 or found is None or not isinstance(found["mbps"], int | float):
@@ -431,6 +442,47 @@ class Steps:
             return Test(name, FAILED, self.cause(out), unit="Gb/s", threshold=threshold)
         return measured(name, float(found["gbits"]), "Gb/s", threshold, str(found.get("device")))
 
+    def torch(self) -> Test:
+        peer = self.plan.peer
+        name = f"torch all_reduce with {peer.name}" if peer else "torch all_reduce"
+        threshold = float(self.limits["torch_allreduce_pair_min_gbps"])
+        python = str(self.limits["torch_python"])
+        if peer is None:
+            return Test(name, SKIPPED, f"skipped: {self.plan.peer_note}")
+        if not python:
+            return Test(name, SKIPPED, "skipped: no torch_python in the acceptance settings")
+        gpus = self.plan.node.gpus > 0 and peer.gpus > 0
+        program = [
+            python,
+            "-I",
+            str(PROBE),
+            "torch",
+            *self.message_words(),
+            "--master-node",
+            self.plan.node.name,
+            "--master-address",
+            self.plan.node.address,
+            "--port",
+            str(secrets.choice(TORCH_PORTS)),
+            "--timeout",
+            f"{max(1.0, self.timeout - 10):g}",
+        ]
+        out = self.srun(self.plan.nodes, 1, program, extra=("--gres=gpu:1",) if gpus else ())
+        found = next((d for d in json_lines(out.stdout) if "busbw_gbytes" in d), None)
+        if out.code != 0 or found is None or not isinstance(found["busbw_gbytes"], int | float):
+            return Test(name, FAILED, self.cause(out), unit="GB/s", threshold=threshold)
+        mib = found.get("bytes", 0) // (1 << 20)
+        detail = f"{found.get('backend')}, {mib} MiB x {found.get('iterations')}"
+        return measured(name, float(found["busbw_gbytes"]), "GB/s", threshold, detail)
+
+    def message_words(self) -> tuple[str, ...]:
+        return (
+            "--mib",
+            f"{self.limits['mpi_message_mib']:g}",
+            "--iterations",
+            str(int(self.limits["mpi_iterations"])),
+        )
+
     def run_all(self, tests: list[Test]) -> None:
         """Each test into `tests` as it ends: an interrupt or a failed facts step keeps
         the ones that ran in the record."""
@@ -449,6 +501,7 @@ class Steps:
         tests.append(self.said(pair))
         tests.append(self.said(self.nccl(facts[node])))
         tests.append(self.said(self.rdma(facts)))
+        tests.append(self.said(self.torch()))
 
     def said(self, test: Test) -> Test:
         self.progress(test)

@@ -72,7 +72,7 @@ class GateSlurm(FakeSlurm):
         kind = (
             "check"
             if "check" in argv
-            else next(w for w in ("facts", "allreduce", "nccl", "rdma") if w in argv)
+            else next(w for w in ("facts", "allreduce", "nccl", "rdma", "torch") if w in argv)
         )
         said = self.steps[kind]
         if isinstance(said, BaseException):
@@ -136,6 +136,10 @@ def test_a_node_that_passes_is_resumed_and_recorded(slurm, config, capsys):
         "mpi allreduce with n3": ("passed", "32 MiB x 10"),
         "nccl all_reduce": ("skipped", "skipped: no GPUs"),
         "rdma write with n3": ("skipped", "skipped: no RDMA device on n2"),
+        "torch all_reduce with n3": (
+            "skipped",
+            "skipped: no torch_python in the acceptance settings",
+        ),
     }
     out = capsys.readouterr().out
     assert "n2: accepted, resumed (in service)" in out
@@ -365,6 +369,52 @@ def test_gpus_and_rdma_are_measured_where_the_hardware_and_tools_exist(slurm, co
     assert tests["rdma write with n3"]["figure"] == 180.5
 
 
+TORCH = "/opt/tacc-torch/bin/python"
+
+
+def test_a_torch_all_reduce_with_the_peer_below_its_floor_drains_the_node(slurm, config):
+    """Issue [22] point 5: the path researchers' jobs take (torch.distributed), between
+    the node and its peer, run by the configured torch python; rank 0 on the node."""
+    slurm.steps["torch"] = answer(
+        0,
+        '{"node": "n2", "backend": "gloo", "busbw_gbytes": 0.412, "bytes": 33554432, '
+        '"iterations": 10}\n',
+    )
+    limits = {"torch_python": TORCH, "torch_allreduce_pair_min_gbps": 10}
+    assert accept(config, slurm, thresholds=json.dumps(limits)) == 1
+    assert slurm.nodes["n2"]["reason"] == (
+        "tacc: acceptance failed: torch all_reduce with n3 0.412 GB/s < 10 GB/s"
+    )
+    step = slurm.sruns("torch")[0]
+    assert option(step, "--nodelist") == "n2,n3" and option(step, "--ntasks-per-node") == "1"
+    assert not any(word.startswith("--gres") for word in step)  # no GPUs: gloo, no Gres
+    program = step[step.index(TORCH) :]
+    assert program[:4] == [TORCH, "-I", accept_probe.__file__, "torch"]
+    assert program[program.index("--master-node") + 1] == "n2"
+    assert program[program.index("--master-address") + 1] == "10.0.0.2"
+    assert int(program[program.index("--port") + 1]) in acceptance.TORCH_PORTS
+    test = {t["name"]: t for t in record(config)["tests"]}["torch all_reduce with n3"]
+    assert (test["status"], test["detail"]) == ("failed", "gloo, 32 MiB x 10")
+
+
+def test_the_torch_pair_of_gpu_nodes_takes_a_gpu_on_each(slurm, config):
+    for name in ("n2", "n3"):
+        slurm.nodes[name]["gres"] = "gpu:h100:8"
+    slurm.steps["torch"] = answer(0, '{"backend": "nccl", "busbw_gbytes": 40.5}\n')
+    assert accept(config, slurm, thresholds=json.dumps({"torch_python": TORCH})) == 0
+    assert "--gres=gpu:1" in slurm.sruns("torch")[0]
+
+
+def test_a_torch_step_that_fails_names_its_cause(slurm, config):
+    error = '{"node": "n3", "error": "ProbeError: /usr/bin/python3 has no torch"}\n'
+    slurm.steps["torch"] = answer(1, error)
+    assert accept(config, slurm, thresholds=json.dumps({"torch_python": "/usr/bin/python3"})) == 1
+    assert slurm.nodes["n2"]["reason"].startswith(
+        "tacc: acceptance failed: torch all_reduce with n3"
+    )
+    assert "has no torch" in record(config)["reason"]
+
+
 def test_gpus_without_nccl_tests_or_a_peer_without_rdma_are_skipped_not_passed(slurm, config):
     slurm.nodes["n2"]["gres"] = "gpu:4"
     tools = {"all_reduce_perf": None, "ib_write_bw": IB_WRITE_BW}
@@ -393,6 +443,8 @@ def test_json_output_is_the_record(slurm, config, capsys):
         ('{"rdma_write_min_gbps": NaN}', "rdma_write_min_gbps: expected a number"),
         ('{"test_timeout_seconds": 0}', "test_timeout_seconds: expected a number above 0"),
         ('{"all_reduce_perf": 3}', "all_reduce_perf: expected a non-empty string"),
+        ('{"torch_python": "python3"}', "torch_python: expected an absolute path to a python"),
+        ('{"torch_python": 3}', "torch_python: expected an absolute path to a python"),
         ("[1]", "--thresholds: expected a JSON object"),
         ("{nope", "--thresholds: expected a JSON object"),
     ],
