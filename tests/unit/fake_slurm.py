@@ -111,7 +111,7 @@ class FakeSlurm:
         alloc: int = 0,
         **more,
     ) -> None:
-        """A node; `more`: cpus, memory (MB), features, addr."""
+        """A node; `more`: cpus, memory (MB), features, addr, gres_used (GresUsed=)."""
         self.nodes[name] = {
             "state": state,
             "reason": reason,
@@ -282,6 +282,7 @@ class FakeSlurm:
             "RealMemory": str(node["memory"]),
             "AvailableFeatures": node["features"],
             "Gres": node["gres"],
+            "GresUsed": node.get("gres_used", "gpu:0"),
             "NodeAddr": node["addr"],
             "NodeHostName": name,
             "State": node["state"],

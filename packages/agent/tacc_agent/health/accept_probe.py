@@ -4,8 +4,11 @@ OS's python3-mpi4py, for the allreduce), so it needs neither the agent's venv no
 import path. Each mode prints one JSON line per task and exits 0; a failure prints
 {"error": ...} and exits 1.
 
-  facts                       this node's name, GPUs (/dev/nvidiaN), RDMA devices
-                              (/sys/class/infiniband) and where the tools are (PATH)
+  facts [--python PATH]       this node's name, GPUs (/dev/nvidiaN), RDMA devices
+                              (/sys/class/infiniband), where the tools are (PATH), and
+                              why root must not run PATH (python_unsafe: a file of it,
+                              of its venv or a directory above them that is not root's or
+                              that others may write; "" when safe)
   allreduce --mib N --iterations K
                               MPI allreduce (SUM, float64) of N MiB between every rank;
                               rank 0 prints the algorithm bandwidth in MB/s (10^6 bytes/s:
@@ -16,10 +19,12 @@ import path. Each mode prints one JSON line per task and exits 0; a failure prin
                               perftest's ib_write_bw between the two nodes of the step:
                               the task on NODE serves, the other connects and prints the
                               average bandwidth in Gb/s
-  torch --mib N --iterations K --master-node NODE --master-address ADDR --port P
+  torch --backend B --mib N --iterations K --master-node NODE --master-address ADDR --port P
                               torch.distributed all_reduce (SUM, float32) of N MiB between
-                              the step's two tasks (NCCL on a GPU each where CUDA is there,
-                              else gloo), rank 0 on NODE; rank 0 prints the bus bandwidth in
+                              the step's two tasks (backend nccl: a GPU each; gloo: CPU),
+                              rank 0 on NODE; both first prove they hold the step's token
+                              ($TACC_ACCEPT_TOKEN: a process of another user that joins the
+                              rendezvous has not); rank 0 prints the bus bandwidth in
                               GB/s (nccl-tests' busbw: size x 2(n-1)/n over the slowest
                               rank's time per call). Run by a python with torch (the
                               acceptance setting torch_python), not the OS's.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -87,13 +93,47 @@ def gpu_count(dev: Path = DEV) -> int:
         return 0
 
 
-def facts(tools: list[str]) -> dict:
-    return {
+def facts(tools: list[str], python: str = "") -> dict:
+    found = {
         "node": node_name(),
         "gpus": gpu_count(),
         "rdma_devices": rdma_devices(),
         "tools": {tool: shutil.which(tool) for tool in tools},
     }
+    return found | ({"python_unsafe": unsafe_python(python)} if python else {})
+
+
+def not_roots(path: Path) -> str:
+    """Why `path` (not followed) lets another user change what root runs: "" when it is
+    root's and only root may write it."""
+    info = path.lstat()
+    if info.st_uid != 0:
+        return f"{path} belongs to uid {info.st_uid}"
+    if not path.is_symlink() and info.st_mode & 0o022:
+        return f"{path} may be written by others (mode {info.st_mode & 0o7777:o})"
+    return ""
+
+
+def unsafe_python(program: str) -> str:
+    """Why root must not run the python `program` (the acceptance's torch_python): it,
+    its real file, the directories above them and, for a venv, every file in the venv
+    must be root's and writable by root only. "" when safe."""
+    path = Path(program)
+    real = Path(os.path.realpath(program))
+    if not path.is_absolute() or not real.is_file():
+        return f"{program}: no such program"
+    venv = path.parent.parent
+    checked = [path, real, *path.parents, *real.parents]
+    try:
+        if (venv / "pyvenv.cfg").is_file():
+            for folder, dirs, files in os.walk(venv):
+                checked.extend(Path(folder, name) for name in dirs + files)
+        for each in checked:
+            if why := not_roots(each):
+                return why
+    except OSError as exc:
+        return f"{program}: {exc}"
+    return ""
 
 
 def allreduce(mib: float, iterations: int) -> dict | None:
@@ -190,19 +230,34 @@ def rdma(server_node: str, server_address: str) -> dict | None:
     raise ProbeError(f"ib_write_bw client exit {proc.returncode}: {proc.stderr[-200:]}")
 
 
+def token_words(token: str) -> list[int]:
+    """The step's token as eight numbers below 2**32 (an int64 tensor sums two safely)."""
+    digest = hashlib.sha256(token.encode()).digest()
+    return [int.from_bytes(digest[i : i + 4], "big") for i in range(0, 32, 4)]
+
+
 def torch_allreduce(
-    mib: float, iterations: int, master_node: str, master_address: str, port: int, timeout: float
+    backend: str,
+    mib: float,
+    iterations: int,
+    master: tuple[str, str, int],
+    timeout: float,
 ) -> dict | None:
-    """The pair's all_reduce figures on rank 0 (the task on master_node), None on rank 1."""
+    """The pair's all_reduce figures on rank 0 (the task on the master node), None on
+    rank 1. master: (node, address, port) of rank 0's rendezvous."""
     if torch is None:
         raise ProbeError(f"{sys.executable} has no torch (the acceptance setting torch_python)")
     world = int(os.environ.get("SLURM_NTASKS", "0"))
     if world != 2:
         raise ProbeError(f"the torch test runs one task on each of two nodes, not {world}")
+    token = os.environ.get("TACC_ACCEPT_TOKEN", "")
+    if not token:
+        raise ProbeError("no TACC_ACCEPT_TOKEN: the step's token is missing")
+    master_node, master_address, port = master
     rank = 0 if node_name() == master_node else 1
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ProbeError(f"{node_name()}: backend nccl but torch sees no CUDA device")
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     torch_distributed.init_process_group(
         backend,
         init_method=f"tcp://{master_address}:{port}",
@@ -211,6 +266,13 @@ def torch_allreduce(
         timeout=datetime.timedelta(seconds=timeout),
     )
     try:
+        proof = torch.tensor(token_words(token), dtype=torch.int64, device=device)
+        torch_distributed.all_reduce(proof)
+        if proof.tolist() != [2 * word for word in token_words(token)]:
+            raise ProbeError(
+                "the other rank did not hold this step's token: a process outside the "
+                f"acceptance step joined the rendezvous on port {port}"
+            )
         return torch_figures(mib, iterations, backend, device, rank, world)
     finally:
         torch_distributed.destroy_process_group()
@@ -259,6 +321,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     modes = parser.add_subparsers(dest="mode", required=True)
     p_facts = modes.add_parser("facts")
     p_facts.add_argument("--tool", action="append", default=[])
+    p_facts.add_argument("--python", default="")
     p_allreduce = modes.add_parser("allreduce")
     p_allreduce.add_argument("--mib", type=float, default=32.0)
     p_allreduce.add_argument("--iterations", type=int, default=10)
@@ -270,6 +333,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p_rdma.add_argument("--server-node", required=True)
     p_rdma.add_argument("--server-address", required=True)
     p_torch = modes.add_parser("torch")
+    p_torch.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     p_torch.add_argument("--mib", type=float, default=32.0)
     p_torch.add_argument("--iterations", type=int, default=10)
     p_torch.add_argument("--master-node", required=True)
@@ -283,20 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.mode == "facts":
-            found: dict | None = facts(args.tool or list(TOOLS))
+            found: dict | None = facts(args.tool or list(TOOLS), args.python)
         elif args.mode == "allreduce":
             found = allreduce(args.mib, args.iterations)
         elif args.mode == "nccl":
             found = nccl(args.gpus, args.binary, args.timeout)
         elif args.mode == "torch":
-            found = torch_allreduce(
-                args.mib,
-                args.iterations,
-                args.master_node,
-                args.master_address,
-                args.port,
-                args.timeout,
-            )
+            master = (args.master_node, args.master_address, args.port)
+            found = torch_allreduce(args.backend, args.mib, args.iterations, master, args.timeout)
         else:
             found = rdma(args.server_node, args.server_address)
     except (ProbeError, OSError, subprocess.SubprocessError, RuntimeError) as exc:

@@ -331,7 +331,10 @@ class Steps:
         program: list[str],
         memory: str = STEP_MEMORY,
         extra: tuple[str, ...] = (),
+        secrets_env: dict[str, str] | None = None,
     ) -> Output:
+        """The step; `secrets_env` reaches its tasks through srun's environment (never
+        its command line, which other users on the nodes can read)."""
         minutes = math.ceil(self.timeout / 60) + 1
         argv = [
             "srun",
@@ -344,13 +347,13 @@ class Steps:
             f"--time={minutes}",
             f"--immediate={IMMEDIATE_SECONDS}",
             f"--mem={memory}",
-            "--export=PATH,HOME",
+            "--export=" + ",".join(["PATH", "HOME", *sorted(secrets_env or {})]),
             "--job-name=tacc-accept",
             *extra,
             *program,
         ]
         try:
-            done = slurm.run.command(argv, self.timeout)
+            done = slurm.run.command(argv, self.timeout, env=secrets_env)
         except AgentError as exc:  # srun missing or hung (killed: its step ends)
             return Output(None, "", str(exc))
         return Output(done.code, done.stdout, done.stderr.strip())
@@ -380,9 +383,10 @@ class Steps:
     def facts(self) -> dict[str, dict]:
         """Each node's facts (GPUs, RDMA devices, tools); AgentError when the step fails."""
         binary = str(self.limits["all_reduce_perf"])
-        out = self.srun(
-            self.plan.nodes, 1, self.probe("facts", "--tool", binary, "--tool", "ib_write_bw")
-        )
+        words = ["facts", "--tool", binary, "--tool", "ib_write_bw"]
+        if self.limits["torch_python"]:
+            words += ["--python", str(self.limits["torch_python"])]
+        out = self.srun(self.plan.nodes, 1, self.probe(*words))
         found = {d.get("node"): d for d in json_lines(out.stdout) if "error" not in d}
         if out.code != 0 or set(found) != set(self.plan.nodes):
             raise AgentError(f"node facts: {self.cause(out)}", AGENT_CLUSTER)
@@ -442,7 +446,7 @@ class Steps:
             return Test(name, FAILED, self.cause(out), unit="Gb/s", threshold=threshold)
         return measured(name, float(found["gbits"]), "Gb/s", threshold, str(found.get("device")))
 
-    def torch(self) -> Test:
+    def torch(self, facts: dict[str, dict]) -> Test:
         peer = self.plan.peer
         name = f"torch all_reduce with {peer.name}" if peer else "torch all_reduce"
         threshold = float(self.limits["torch_allreduce_pair_min_gbps"])
@@ -451,12 +455,19 @@ class Steps:
             return Test(name, SKIPPED, f"skipped: {self.plan.peer_note}")
         if not python:
             return Test(name, SKIPPED, "skipped: no torch_python in the acceptance settings")
+        for node in self.plan.nodes:  # root runs it: nobody else may change what it runs
+            if why := facts[node].get("python_unsafe"):
+                return Test(name, FAILED, f"torch_python not run as root on {node}: {why}")
         gpus = self.plan.node.gpus > 0 and peer.gpus > 0
+        if gpus and peer.gpus_free < 1:
+            return Test(name, SKIPPED, f"skipped: every GPU of {peer.name} is in a job")
         program = [
             python,
             "-I",
             str(PROBE),
             "torch",
+            "--backend",
+            "nccl" if gpus else "gloo",
             *self.message_words(),
             "--master-node",
             self.plan.node.name,
@@ -467,7 +478,13 @@ class Steps:
             "--timeout",
             f"{max(1.0, self.timeout - 10):g}",
         ]
-        out = self.srun(self.plan.nodes, 1, program, extra=("--gres=gpu:1",) if gpus else ())
+        out = self.srun(
+            self.plan.nodes,
+            1,
+            program,
+            extra=("--gres=gpu:1",) if gpus else (),
+            secrets_env={"TACC_ACCEPT_TOKEN": secrets.token_hex(16)},
+        )
         found = next((d for d in json_lines(out.stdout) if "busbw_gbytes" in d), None)
         if out.code != 0 or found is None or not isinstance(found["busbw_gbytes"], int | float):
             return Test(name, FAILED, self.cause(out), unit="GB/s", threshold=threshold)
@@ -501,7 +518,7 @@ class Steps:
         tests.append(self.said(pair))
         tests.append(self.said(self.nccl(facts[node])))
         tests.append(self.said(self.rdma(facts)))
-        tests.append(self.said(self.torch()))
+        tests.append(self.said(self.torch(facts)))
 
     def said(self, test: Test) -> Test:
         self.progress(test)

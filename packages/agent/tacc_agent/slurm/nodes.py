@@ -47,10 +47,15 @@ class NodeRecord:
     cpus_allocated: int  # CPUAlloc
     memory_mb: int  # RealMemory
     address: str  # NodeAddr, else its name
+    gres_used: str = ""  # GresUsed=, e.g. gpu:a100:2(IDX:0-1),shard:0
 
     @property
     def gpus(self) -> int:
         return gres.count(self.gres)
+
+    @property
+    def gpus_free(self) -> int:
+        return self.gpus - gres.count(self.gres_used)
 
 
 def node_of(record: dict[str, str]) -> NodeRecord:
@@ -67,6 +72,7 @@ def node_of(record: dict[str, str]) -> NodeRecord:
         cpus_allocated=number(record.get("CPUAlloc", "")),
         memory_mb=number(record.get("RealMemory", "")),
         address=record.get("NodeAddr", "") or name,
+        gres_used=record.get("GresUsed", ""),
     )
 
 

@@ -72,7 +72,7 @@ class GateSlurm(FakeSlurm):
         kind = (
             "check"
             if "check" in argv
-            else next(w for w in ("facts", "allreduce", "nccl", "rdma", "torch") if w in argv)
+            else next(w for w in ("facts", "allreduce", "torch", "nccl", "rdma") if w in argv)
         )
         said = self.steps[kind]
         if isinstance(said, BaseException):
@@ -397,22 +397,79 @@ def test_a_torch_all_reduce_with_the_peer_below_its_floor_drains_the_node(slurm,
     assert (test["status"], test["detail"]) == ("failed", "gloo, 32 MiB x 10")
 
 
-def test_the_torch_pair_of_gpu_nodes_takes_a_gpu_on_each(slurm, config):
+def test_the_torch_pair_of_gpu_nodes_takes_a_gpu_on_each_and_a_secret_token(
+    slurm, config, monkeypatch
+):
+    """NCCL where both nodes have GPUs (the controller says so: both ranks agree), one GPU
+    each; the step's token reaches the ranks through srun's environment, never its
+    command line (other users on the nodes can read that)."""
     for name in ("n2", "n3"):
         slurm.nodes[name]["gres"] = "gpu:h100:8"
+    slurm.nodes["n3"]["gres_used"] = "gpu:h100:7(IDX:0-6)"
     slurm.steps["torch"] = answer(0, '{"backend": "nccl", "busbw_gbytes": 40.5}\n')
+    seen: list[dict] = []
+    original = acceptance.slurm.run.command
+
+    def recording(argv, timeout, env=None, **kwargs):
+        if "torch" in argv:
+            seen.append(dict(env or {}))
+        return original(argv, timeout, env, **kwargs)
+
+    monkeypatch.setattr(acceptance.slurm.run, "command", recording)
     assert accept(config, slurm, thresholds=json.dumps({"torch_python": TORCH})) == 0
-    assert "--gres=gpu:1" in slurm.sruns("torch")[0]
+    step = slurm.sruns("torch")[0]
+    assert "--gres=gpu:1" in step and step[step.index("--backend") + 1] == "nccl"
+    assert option(step, "--export") == "PATH,HOME,TACC_ACCEPT_TOKEN"
+    token = seen[0]["TACC_ACCEPT_TOKEN"]
+    assert len(token) == 32 and not any(token in word for word in step)
 
 
-def test_a_torch_step_that_fails_names_its_cause(slurm, config):
-    error = '{"node": "n3", "error": "ProbeError: /usr/bin/python3 has no torch"}\n'
-    slurm.steps["torch"] = answer(1, error)
-    assert accept(config, slurm, thresholds=json.dumps({"torch_python": "/usr/bin/python3"})) == 1
-    assert slurm.nodes["n2"]["reason"].startswith(
-        "tacc: acceptance failed: torch all_reduce with n3"
+def test_a_peer_whose_gpus_are_all_in_jobs_skips_the_torch_test_not_fails_it(slurm, config):
+    for name in ("n2", "n3"):
+        slurm.nodes[name]["gres"] = "gpu:h100:8"
+    slurm.nodes["n3"]["gres_used"] = "gpu:h100:8(IDX:0-7)"
+    assert accept(config, slurm, thresholds=json.dumps({"torch_python": TORCH})) == 0
+    test = {t["name"]: t for t in record(config)["tests"]}["torch all_reduce with n3"]
+    assert (test["status"], test["detail"]) == ("skipped", "skipped: every GPU of n3 is in a job")
+    assert slurm.sruns("torch") == []
+
+
+@pytest.mark.security
+def test_a_torch_python_others_may_change_is_never_run_as_root(slurm, config):
+    """The facts step (the OS python3) checks torch_python on every node first: root runs
+    it, so a venv another user may write would run their code as root."""
+    slurm.facts["n3"]["python_unsafe"] = "/shared/envs/alice/bin belongs to uid 1001"
+    limits = {"torch_python": "/shared/envs/alice/bin/python"}
+    assert accept(config, slurm, thresholds=json.dumps(limits)) == 1
+    assert slurm.sruns("torch") == []
+    facts = slurm.sruns("facts")[0]
+    assert facts[facts.index("--python") + 1] == "/shared/envs/alice/bin/python"
+    assert record(config)["reason"] == (
+        "tacc: acceptance failed: torch all_reduce with n3: torch_python not run as root on "
+        "n3: /shared/envs/alice/bin belongs to uid 1001"
     )
-    assert "has no torch" in record(config)["reason"]
+
+
+@pytest.mark.security
+@pytest.mark.skipif(os.getuid() != 0, reason="checks ownership as root sees it")
+def test_the_probe_finds_a_python_another_user_could_change(tmp_path):
+    assert accept_probe.unsafe_python("/usr/bin/python3") == ""  # the OS's: root's only
+    assert accept_probe.unsafe_python("python3") == "python3: no such program"
+    venv = tmp_path / "venv"
+    site = venv / "lib/site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin/python").symlink_to("/usr/bin/python3")
+    (site / "evil.pth").write_text("import os\n")
+    # Under /tmp (1777) anyone may put a file in the way.
+    assert "/tmp may be written by others (mode 1777)" in accept_probe.unsafe_python(
+        str(venv / "bin/python")
+    )
+    (site / "evil.pth").chmod(0o666)
+    assert accept_probe.not_roots(site / "evil.pth").endswith("may be written by others (mode 666)")
+    os.chown(site / "evil.pth", 1001, 1001)
+    assert accept_probe.not_roots(site / "evil.pth").endswith("belongs to uid 1001")
 
 
 def test_gpus_without_nccl_tests_or_a_peer_without_rdma_are_skipped_not_passed(slurm, config):
