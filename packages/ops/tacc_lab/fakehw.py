@@ -24,6 +24,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from tacc_lab.errors import LabError
+from tacc_lab.fakes.nvidia_mig import mig_minors
 
 FAKES_SRC = Path(__file__).resolve().parent / "fakes"
 OPT = Path("opt/tacc-fake-hw")
@@ -36,6 +37,8 @@ NODE_REPO_URI = f"file:/{REPO}"
 NODE_RDMA_SYSFS = f"/{SYSFS}"
 NODE_RDMA_CONFIGFS = f"/{OPT}/config/rdma_cm"
 NODE_CPU_SYSFS = f"/{CPU_SYSFS}"
+MIG_MINORS = OPT / "proc/driver/nvidia-caps/mig-minors"
+NODE_MIG_MINORS = f"/{MIG_MINORS}"
 
 GPU_MODELS = {
     "h100": ("2330", "NVIDIA H100 80GB HBM3", 81559),
@@ -205,6 +208,8 @@ if [ ! -d "/usr/src/linux-headers-$(uname -r)" ]; then
         "for this kernel do not seem to be installed."
     exit 0
 fi
+mkdir -p "/lib/modules/$(uname -r)/updates/dkms"
+echo "FAKE (lab only) nvidia {version}" > "/lib/modules/$(uname -r)/updates/dkms/nvidia.ko"
 {hwstate} module-built {version}
 """
 
@@ -380,6 +385,7 @@ def install(rootfs: Path, node: str, hw: FakeHardware) -> list[str]:
     build_driver_repo(rootfs / REPO)
     build_rdma_tree(rootfs / SYSFS, hw)
     build_cpu_tree(rootfs / CPU_SYSFS, state["cpu"])
+    _write(rootfs / MIG_MINORS, mig_minors(len(state["gpus"])))
     (rootfs / OPT / "config/rdma_cm").mkdir(parents=True, exist_ok=True)
     return [
         f"{len(state['gpus'])} x {hw.gpu_model} GPU",

@@ -29,17 +29,33 @@ options:
     description: The driver version the inventory holds (550.163.01); empty for any.
     type: str
     default: ""
+  held:
+    description:
+      - Name patterns (fnmatch) of the driver's packages the version hold covers. Every
+        installed package matching one, at a driver-numbered version (like 550.54.15-1)
+        other than I(version), is to replace too (C(others)): a downgrade of the meta
+        package alone would leave the libraries where they were.
+    type: list
+    elements: str
+    default: []
 author: TACC stack
 """
 
 RETURN = r"""
 changes: {description: One line per package to install or replace., type: list, returned: always}
 installed: {description: Installed version per package found., type: dict, returned: always}
+others: {description: Held packages at another driver version., type: list, returned: always}
+replaces: {description: A driver package is at another version., type: bool, returned: always}
 """
+
+import fnmatch  # noqa: E402
+import re  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 QUERY_FORMAT = "${Package}\t${Version}\t${db:Status-Abbrev}\n"
+# How both sources number the driver's packages: 550.163.01-1, 535.247.01-1~deb12u1.
+DRIVER_NUMBERED = re.compile(r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?-")
 
 
 def parse_installed(text: str) -> dict[str, str]:
@@ -66,25 +82,49 @@ def changes(
     return found
 
 
+def held_others(installed: dict[str, str], held: list[str], version: str) -> list[str]:
+    """Installed packages the hold covers that sit at another driver version."""
+    return sorted(
+        name
+        for name, have in installed.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in held)
+        and DRIVER_NUMBERED.match(have)
+        and not have.startswith(f"{version}-")
+    )
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "packages": {"type": "list", "elements": "str", "required": True},
             "pinned": {"type": "list", "elements": "str", "default": []},
             "version": {"type": "str", "default": ""},
+            "held": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     params = module.params
-    # Exit status 1 when some package is unknown to dpkg: those are simply not installed.
-    rc, out, err = module.run_command(["dpkg-query", "-W", "-f", QUERY_FORMAT, *params["packages"]])
-    if rc not in (0, 1):
+    rc, out, err = module.run_command(["dpkg-query", "-W", "-f", QUERY_FORMAT])
+    if rc != 0:
         module.fail_json(msg=f"dpkg-query failed: {err.strip()}")
     installed = parse_installed(out)
+    version = params["version"]
+    others = held_others(installed, params["held"], version) if version else []
+    found = changes(installed, params["packages"], params["pinned"], version)
+    found += [
+        f"replace {name} {installed[name]} with {version}"
+        for name in others
+        if name not in params["packages"]
+    ]
     module.exit_json(
         changed=False,
-        installed=installed,
-        changes=changes(installed, params["packages"], params["pinned"], params["version"]),
+        installed={name: installed[name] for name in params["packages"] if name in installed},
+        others=others,
+        changes=found,
+        # Only a driver that is there can be swapped under running jobs: on a first
+        # install (none of the pinned packages yet) the others just come along.
+        replaces=any(name in installed for name in params["pinned"])
+        and any(line.startswith("replace ") for line in found),
     )
 
 

@@ -35,9 +35,17 @@ options:
     description: Where loaded kernel modules are listed (nouveau loaded is a reboot to do).
     type: str
     default: /sys/module
+  modules_root:
+    description:
+      - Where kernel modules are installed per kernel release. No module loaded (exit 9)
+        is a reboot to do only where an nvidia module was built for the running kernel
+        (DKMS needs its headers): else a reboot would not help, and C(driver_error) says so.
+    type: str
+    default: /lib/modules
 author: TACC stack
 """
 
+import os  # noqa: E402
 import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -184,6 +192,7 @@ def main() -> None:
             "gres_type": {"type": "str", "default": ""},
             "cpu_sysfs": {"type": "str", "default": "/sys/devices/system/cpu"},
             "module_sysfs": {"type": "str", "default": "/sys/module"},
+            "modules_root": {"type": "str", "default": "/lib/modules"},
         },
         supports_check_mode=True,
     )
@@ -207,6 +216,14 @@ def main() -> None:
         else:
             driver_error = " ".join((out.strip() or err.strip()).splitlines()[:2])
             reboot_for = REBOOT_CODES.get(rc, "")
+            release = os.uname().release
+            built = Path(module.params["modules_root"], release)
+            if rc == 9 and not any(built.rglob("nvidia.ko*")):
+                reboot_for = ""
+                driver_error += (
+                    f"; no nvidia kernel module built for kernel {release} under {built} "
+                    "(DKMS needs that kernel's headers)"
+                )
     if gpus and Path(module.params["module_sysfs"], "nouveau").exists():
         reboot_for = reboot_for or "nouveau is loaded"
     cores: list[str] = []

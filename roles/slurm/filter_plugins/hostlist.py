@@ -210,20 +210,95 @@ def node_features(gres: list[str], features: object) -> list[str]:
     return result
 
 
-def gres_conf_lines(gres: list[str], gpu_cores: Sequence[str] = ()) -> list[str]:
+# MIG devices (NVIDIA's /proc/driver/nvidia-caps/mig-minors): the capability minors start
+# at 3 (1 and 2 are config and monitor); each GPU has 15 GPU instances of 9 minors each,
+# the instance's access then its 8 compute instances'.
+MIG_FIRST_MINOR, MIG_MINORS_PER_GPU, MIG_MINORS_PER_GI = 3, 135, 9
+MIG_MAX_GI, MIG_MAX_CI = 14, 7
+MigDevice = tuple[int, str, int, int]  # (GPU index, profile, GPU instance, compute instance)
+
+
+def mig_files(device: MigDevice) -> str:
+    """MultipleFiles= of a MIG device: its GPU and the two capability files a process
+    needs (the GPU instance's and the compute instance's access), as Slurm's MIG
+    documentation configures them by hand."""
+    gpu, _, gi, ci = device
+    gi_minor = MIG_FIRST_MINOR + MIG_MINORS_PER_GPU * gpu + MIG_MINORS_PER_GI * gi
+    caps = "/dev/nvidia-caps/nvidia-cap"
+    return f"/dev/nvidia{gpu},{caps}{gi_minor},{caps}{gi_minor + 1 + ci}"
+
+
+def checked_mig_devices(devices: object, gres: list[str]) -> tuple[MigDevice, ...]:
+    """slurm_node_mig_devices: each {gpu, type, gi, ci} as the nvidia_gpu role reads them
+    from the driver (it prints the list to use); every MIG type declared in the node's
+    Gres (gpu:3g.40gb:2) with as many devices, no GPU instance twice."""
+    found: list[MigDevice] = []
+    for entry in devices or []:
+        try:
+            device = (
+                int(entry["gpu"]),
+                str(entry["type"]),
+                int(entry["gi"]),
+                int(entry["ci"]),
+            )
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(
+                f"slurm_node_mig_devices entry {entry!r} is not {{gpu: N, type: PROFILE, gi: N, "
+                "ci: N}} (what the nvidia_gpu role prints)"
+            ) from None
+        gpu, profile, gi, ci = device
+        if gpu < 0 or not 0 <= gi <= MIG_MAX_GI or not 0 <= ci <= MIG_MAX_CI or not profile:
+            raise ValueError(
+                f"slurm_node_mig_devices entry {entry!r}: gpu must be 0 or more, gi 0-"
+                f"{MIG_MAX_GI}, ci 0-{MIG_MAX_CI}, type a MIG profile like 3g.40gb"
+            )
+        if any(other[0] == gpu and other[2:] == (gi, ci) for other in found):
+            raise ValueError(f"slurm_node_mig_devices lists GPU {gpu} instance {gi}/{ci} twice")
+        found.append(device)
+    declared = {t: int(c) for n, t, c in map(_parse_gres, gres) if n == "gpu" and t}
+    for profile in sorted({device[1] for device in found}):
+        have = sum(device[1] == profile for device in found)
+        if declared.get(profile) != have:
+            raise ValueError(
+                f"slurm_node_mig_devices has {have} {profile} device(s); slurm_node_gres must "
+                f"declare gpu:{profile}:{have}"
+            )
+    return tuple(found)
+
+
+def _physical_gpus(gres: list[str], mig: Sequence[MigDevice]) -> int:
+    """The node's GPUs: the whole ones its Gres declares and the ones split by MIG."""
+    mig_types = {device[1] for device in mig}
+    whole = sum(int(c) for n, t, c in map(_parse_gres, gres) if n == "gpu" and t not in mig_types)
+    return whole + len({device[0] for device in mig})
+
+
+def gres_conf_lines(
+    gres: list[str], gpu_cores: Sequence[str] = (), mig: Sequence[MigDevice] = ()
+) -> list[str]:
     """gres.conf lines (without NodeName) for a node's Gres: GPUs by device file, each
-    GPU entry after the previous one's files (/dev/nvidia0..N-1 in order), consecutive
-    GPUs near the same cores (gpu_cores, one entry per GPU, may be empty) on one line with
-    their Cores=; shard, mps and any other Gres by Count (Slurm spreads shards and MPS
-    evenly over the GPUs)."""
-    lines, next_device = [], 0
+    GPU entry after the previous one's files (/dev/nvidia0..N-1 in order, past the GPUs
+    split by MIG), consecutive GPUs near the same cores (gpu_cores, one entry per
+    physical GPU, may be empty) on one line with their Cores=; a MIG type's entry one
+    line per device (mig: slurm_node_mig_devices) by its MultipleFiles, with its GPU's
+    Cores=; shard, mps and any other Gres by Count (Slurm spreads shards and MPS evenly
+    over the GPUs)."""
+    mig_types = {device[1] for device in mig}
+    split = {device[0] for device in mig}
+    whole = [d for d in range(_physical_gpus(gres, mig)) if d not in split]
+    lines, next_whole = [], 0
     for name, gres_type, count in map(_parse_gres, gres):
         type_field = f" Type={gres_type}" if gres_type else ""
         if name != "gpu":
             lines.append(f"Name={name}{type_field} Count={count}")
             continue
-        devices = range(next_device, next_device + int(count))
-        next_device += int(count)
+        if gres_type in mig_types:
+            for device in (d for d in mig if d[1] == gres_type):
+                cores = f" Cores={gpu_cores[device[0]]}" if gpu_cores else ""
+                lines.append(f"Name=gpu{type_field} MultipleFiles={mig_files(device)}{cores}")
+            continue
+        devices = whole[next_whole : next_whole + int(count)]
+        next_whole += int(count)
         runs: list[tuple[str, list[int]]] = []
         for device in devices:
             cores = gpu_cores[device] if gpu_cores else ""
@@ -231,11 +306,24 @@ def gres_conf_lines(gres: list[str], gpu_cores: Sequence[str] = ()) -> list[str]
                 runs[-1][1].append(device)
             else:
                 runs.append((cores, [device]))
-        for cores, run in runs:
+        for cores, run in _consecutive(runs):
             files = f"{run[0]}" if len(run) == 1 else f"[{run[0]}-{run[-1]}]"
             cores_field = f" Cores={cores}" if cores else ""
             lines.append(f"Name=gpu{type_field} File=/dev/nvidia{files}{cores_field}")
     return lines
+
+
+def _consecutive(runs: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    """Runs of GPUs near the same cores split where a device number is skipped (a GPU
+    split by MIG between them), so each is one File=/dev/nvidia[A-B] range."""
+    split: list[tuple[str, list[int]]] = []
+    for cores, run in runs:
+        for device in run:
+            if split and split[-1][0] == cores and split[-1][1][-1] == device - 1:
+                split[-1][1].append(device)
+            else:
+                split.append((cores, [device]))
+    return split
 
 
 def _id_list(text: str) -> list[int]:
@@ -274,15 +362,17 @@ def node_topology(cpus: int, sockets: int, cores_per_socket: int, threads: int) 
     return f"Sockets={sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore={threads}"
 
 
-def checked_gpu_cores(gpu_cores: object, gres: list[str], cores: int) -> tuple[str, ...]:
-    """slurm_node_gpu_cores: one core list per GPU (Slurm's logical core numbers, below
-    the node's cores), or none at all."""
+def checked_gpu_cores(
+    gpu_cores: object, gres: list[str], cores: int, mig: Sequence[MigDevice] = ()
+) -> tuple[str, ...]:
+    """slurm_node_gpu_cores: one core list per physical GPU (Slurm's logical core numbers,
+    below the node's cores), or none at all."""
     entries = [
         str(entry) for entry in ([gpu_cores] if isinstance(gpu_cores, str) else gpu_cores or [])
     ]
     if not entries:
         return ()
-    gpus = _gpu_count(map(_parse_gres, gres))
+    gpus = _physical_gpus(gres, mig)
     if len(entries) != gpus:
         raise ValueError(
             f"slurm_node_gpu_cores has {len(entries)} entries for {gpus} GPUs: give one per GPU"
@@ -300,7 +390,7 @@ def _host_key(
     values: Mapping, cpus: object, memory_mb: object, memory_factor: float, defaults: dict
 ) -> tuple:
     """(cpus, RealMemory, Gres, Features, CoreSpecCount, MemSpecLimit, socket layout,
-    cores per GPU) of one host: what its NodeName and gres.conf lines say."""
+    cores per GPU, MIG devices) of one host: what its NodeName and gres.conf lines say."""
     gres = node_gres(
         values.get("slurm_node_gres", defaults["gres"]),
         str(values.get("slurm_gpu_sharing", defaults["sharing"])),
@@ -321,8 +411,19 @@ def _host_key(
             "slurm_node_cores_per_socket (and slurm_node_threads_per_core) too, or Slurm "
             "numbers the cores differently"
         )
+    mig = checked_mig_devices(
+        values.get("slurm_node_mig_devices", ROLE_DEFAULTS["slurm_node_mig_devices"]), gres
+    )
+    sharing = str(values.get("slurm_gpu_sharing", defaults["sharing"]))
+    if mig and sharing != "none":
+        # slurmd 24.11 stops: "_build_shared_list: bad configuration, multiple
+        # configurations without File" (seen in a lab with shards over MIG devices).
+        raise ValueError(
+            f"slurm_gpu_sharing: {sharing} cannot share a node with MIG devices "
+            "(slurm_node_mig_devices): MIG is its sharing; set slurm_gpu_sharing: none there"
+        )
     gpu_cores = checked_gpu_cores(
-        given_cores, gres, node_cpus // threads if topology else node_cpus
+        given_cores, gres, node_cpus // threads if topology else node_cpus, mig
     )
     return (
         str(node_cpus),
@@ -333,6 +434,7 @@ def _host_key(
         int(values.get("slurm_node_mem_spec_limit_mb", defaults["mem_spec"])),
         topology,
         gpu_cores,
+        mig,
     )
 
 
@@ -355,6 +457,7 @@ ROLE_DEFAULTS = {
     "slurm_node_cores_per_socket": 0,
     "slurm_node_threads_per_core": 1,
     "slurm_node_gpu_cores": [],
+    "slurm_node_mig_devices": [],
 }
 
 
@@ -405,7 +508,7 @@ def tacc_slurm_nodes(
     result = []
     for key, pairs in groups.items():
         (node_cpus, real_memory, node_gres_text, node_feature_text) = key[:4]
-        core_spec_count, mem_spec, topology, gpu_cores = key[4:]
+        core_spec_count, mem_spec, topology, gpu_cores, mig = key[4:]
         pairs.sort(key=lambda pair: natural_key(pair[0]))
         names = [name for name, _ in pairs]
         if len(set(names)) != len(names):
@@ -422,6 +525,7 @@ def tacc_slurm_nodes(
             "mem_spec_limit": mem_spec,
             "topology": topology,
             "gpu_cores": list(gpu_cores),
+            "mig": [list(device) for device in mig],
             "hosts": names,
         }
         result.append((natural_key(names[0]), group))
@@ -442,16 +546,17 @@ def tacc_gres_types(groups: Iterable[Mapping]) -> str:
 def tacc_gres_conf(groups: Iterable[Mapping]) -> list[str]:
     """gres.conf's node lines from tacc_slurm_nodes' groups: nodes whose Gres and cores
     per GPU are the same share one hostlist line per Gres entry."""
-    by_gres: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    by_gres: dict[tuple[str, tuple[str, ...], tuple[MigDevice, ...]], list[str]] = {}
     for group in groups:
         if group["gres"]:
-            key = (group["gres"], tuple(group.get("gpu_cores", ())))
+            mig = tuple((int(g), str(t), int(i), int(c)) for g, t, i, c in group.get("mig", ()))
+            key = (group["gres"], tuple(group.get("gpu_cores", ())), mig)
             by_gres.setdefault(key, []).extend(group["hosts"])
     ordered = sorted(by_gres.items(), key=lambda item: natural_key(min(item[1], key=natural_key)))
     return [
         f"NodeName={tacc_hostlist(hosts)} {line}"
-        for (gres, gpu_cores), hosts in ordered
-        for line in gres_conf_lines(_gres_list(gres), gpu_cores)
+        for (gres, gpu_cores, mig), hosts in ordered
+        for line in gres_conf_lines(_gres_list(gres), gpu_cores, mig)
     ]
 
 

@@ -144,6 +144,7 @@ def test_the_lab_compute_nodes_share_one_line():
             "mem_spec_limit": 0,
             "topology": "",
             "gpu_cores": [],
+            "mig": [],
             "hosts": ["n2", "n3"],
         }
     ]
@@ -182,6 +183,81 @@ def test_gpu_cores_alternating_sockets_keep_one_line_per_run():
     ]
 
 
+# GPU 0 split in two 3g.40gb instances (GPU instances 1 and 2), GPU 5 in two 1g.10gb
+# (instances 9 and 10), as the nvidia_gpu role reads them from the driver.
+MIG_DEVICES = [
+    {"gpu": 0, "type": "3g.40gb", "gi": 1, "ci": 0},
+    {"gpu": 0, "type": "3g.40gb", "gi": 2, "ci": 0},
+    {"gpu": 5, "type": "1g.10gb", "gi": 9, "ci": 0},
+    {"gpu": 5, "type": "1g.10gb", "gi": 10, "ci": 0},
+]
+MIG_NODE = {
+    **EIGHT_GPUS_TWO_SOCKETS,
+    "slurm_node_gres": ["gpu:h100:6", "gpu:3g.40gb:2", "gpu:1g.10gb:2"],
+    "slurm_node_mig_devices": MIG_DEVICES,
+}
+
+
+def test_a_mig_layout_is_rendered_into_gres_conf_by_its_device_files():
+    """Issue [22] point 6: each MIG device is a gres.conf line of its type with the GPU
+    and its two capability files (NVIDIA's mig-minors numbering: gpu0/gi1/access is
+    nvidia-cap12, gpu0/gi1/ci0/access nvidia-cap13, 135 minors per GPU) and its GPU's
+    cores; the whole GPUs keep their device numbers around the split ones."""
+    groups = nodes({"gpu1": dict(MIG_NODE)})
+    assert groups[0]["gres"] == "gpu:h100:6,gpu:3g.40gb:2,gpu:1g.10gb:2"
+    caps = "/dev/nvidia-caps/nvidia-cap"
+    assert hostlist.tacc_gres_conf(groups) == [
+        "NodeName=gpu1 Name=gpu Type=h100 File=/dev/nvidia[1-3] Cores=0-7",
+        "NodeName=gpu1 Name=gpu Type=h100 File=/dev/nvidia4 Cores=8-15",
+        "NodeName=gpu1 Name=gpu Type=h100 File=/dev/nvidia[6-7] Cores=8-15",
+        f"NodeName=gpu1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia0,{caps}12,{caps}13"
+        " Cores=0-7",
+        f"NodeName=gpu1 Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia0,{caps}21,{caps}22"
+        " Cores=0-7",
+        f"NodeName=gpu1 Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia5,{caps}759,{caps}760"
+        " Cores=8-15",
+        f"NodeName=gpu1 Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia5,{caps}768,{caps}769"
+        " Cores=8-15",
+    ]
+    # A node without MIG keeps its plain lines; the MIG types are features like GPU types.
+    assert "3g.40gb" in groups[0]["features"].split(",")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"slurm_node_gres": ["gpu:h100:6", "gpu:3g.40gb:1", "gpu:1g.10gb:2"]},
+            "has 2 3g.40gb device(s); slurm_node_gres must declare gpu:3g.40gb:2",
+        ),
+        (
+            {"slurm_node_mig_devices": [*MIG_DEVICES, {"gpu": 0, "type": "3g.40gb"}]},
+            "is not {gpu: N, type: PROFILE, gi: N, ci: N}",
+        ),
+        (
+            {"slurm_node_mig_devices": [{**MIG_DEVICES[0], "gi": 15}, *MIG_DEVICES[1:]]},
+            "gi 0-14, ci 0-7",
+        ),
+        (
+            {"slurm_node_mig_devices": [*MIG_DEVICES, MIG_DEVICES[0]]},
+            "lists GPU 0 instance 1/0 twice",
+        ),
+        (
+            {"slurm_node_gres": ["gpu:h100:7", "gpu:3g.40gb:2", "gpu:1g.10gb:2"]},
+            "has 8 entries for 9 GPUs",
+        ),
+        (
+            {"slurm_gpu_sharing": "shard"},
+            "slurm_gpu_sharing: shard cannot share a node with MIG devices",
+        ),
+    ],
+)
+def test_a_mig_layout_unlike_its_gres_is_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        nodes({"gpu1": {**MIG_NODE, **change}})
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -206,7 +282,7 @@ def test_nodes_group_by_hardware_and_pair_addresses():
     hostvars["gpu06"]["slurm_node_memory_mb"] = 2048
     hostvars["gpu07"]["slurm_node_gres"] = ["gpu:h100:4"]
     groups = nodes(hostvars, cpus=64, gres=["gpu:h100:8"])
-    spec = ("hosts", "core_spec_count", "mem_spec_limit", "topology", "gpu_cores")
+    spec = ("hosts", "core_spec_count", "mem_spec_limit", "topology", "gpu_cores", "mig")
     assert [{k: v for k, v in g.items() if k not in spec} for g in groups] == [
         {
             "names": "gpu[01-02,04-05,08]",

@@ -3,9 +3,16 @@ smartnic_config), on the real tools' documented output formats."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import role_module
+from tacc_lab.fakehw import FakeHardware, device_state
+from tacc_lab.fakes.nvidia_mig import mig_minors
+from tests.conftest import ROOT, role_module
 
 load = role_module
 
@@ -171,3 +178,91 @@ def test_the_driver_plan_names_missing_packages_and_ones_at_another_version():
         "replace nvidia-fabricmanager-550 550.163.01-1 with 550.163.1",
     ]
     assert plan.changes(installed, packages, pinned, "") == ["install tacc-fake-linux-headers"]
+
+
+def test_the_plan_finds_the_driver_libraries_a_meta_package_downgrade_leaves_behind():
+    """Review of the driver roll: NVIDIA's meta packages depend with >=, so going back
+    to an older version moves the meta package alone unless every held package that
+    sits at another driver version is named too."""
+    installed = {
+        "cuda-drivers-550": "550.54.15-1",
+        "libnvidia-gl": "550.163.01-1",
+        "libgl1-nvidia-glvnd-glx": "550.163.01-1",
+        "firmware-nvidia-gsp": "535.247.01-1~deb12u1",
+        "nvidia-container-toolkit": "1.17.8-1",  # other numbering: not the driver's
+        "nvidia-kernel-dkms": "550.54.15-1",
+    }
+    held = ["cuda-drivers-*", "nvidia-*", "libnvidia-*", "libgl1-nvidia*", "firmware-nvidia-*"]
+    assert plan.held_others(installed, held, "550.54.15") == [
+        "firmware-nvidia-gsp",
+        "libgl1-nvidia-glvnd-glx",
+        "libnvidia-gl",
+    ]
+
+
+# --- MIG: nvidia_gpu_mig against the FAKE nvidia-smi ----------------------------------------
+
+mig = load("nvidia_gpu", "nvidia_gpu_mig")
+
+
+def fake_smi(tmp_path: Path, state: dict):
+    """A runner for nvidia_gpu_mig: `nvidia-smi` is the lab's FAKE one on `state`."""
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(state))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TACC_FAKE_HW_STATE": str(state_file),
+        "TACC_FAKE_HW_LOG": str(tmp_path / "burns.log"),
+        "TACC_FAKE_DEV": str(tmp_path / "dev"),
+    }
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        assert argv[0] == "nvidia-smi"
+        argv = [sys.executable, "-m", "tacc_lab.fakes.nvidia_smi", *argv[1:]]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run
+
+
+def test_a_mig_layout_is_made_by_nvidia_smi_and_read_back_as_slurm_devices(tmp_path):
+    """Issue [22] point 6, FAKE-tested: GPU 0 of two H100s split in 3g.40gb + 3g.40gb,
+    then 1g.10gb x 2 (instances destroyed and made again), then whole again; the devices
+    read back are what slurm_node_mig_devices renders, with NVIDIA's capability minors."""
+    state = device_state(FakeHardware(gpus=2), "n2")
+    run = fake_smi(tmp_path, state)
+    first = mig.Mig(run)
+    assert first.apply(0, ["3g.40gb", "3g.40gb"]) is False and first.apply(1, []) is False
+    assert first.changes == ["GPU 0: MIG on", "GPU 0: MIG 3g.40gb,3g.40gb"]
+    devices = first.instances()
+    assert devices == [
+        {"gpu": 0, "type": "3g.40gb", "gi": 1, "ci": 0},
+        {"gpu": 0, "type": "3g.40gb", "gi": 2, "ci": 0},
+    ]
+    assert mig.gres(devices, 2, "h100") == ["gpu:h100:1", "gpu:3g.40gb:2"]
+    assert (tmp_path / "dev/nvidia-caps/nvidia-cap22").exists()  # gpu0/gi2/ci0
+    assert mig.minors_error(devices, mig_minors(2)) == ""
+    assert mig.minors_error(devices, "gpu0/gi1/access 40\n").startswith("mig-minors gives")
+    again = mig.Mig(run)
+    assert again.apply(0, ["3g.40gb", "3g.40gb"]) is False and again.changes == []
+    dry = mig.Mig(run, check_mode=True)
+    dry.apply(0, ["1g.10gb", "1g.10gb"])
+    assert dry.changes[-1] == "GPU 0: MIG 1g.10gb,1g.10gb" and len(dry.instances()) == 2
+    resplit = mig.Mig(run)
+    resplit.apply(0, ["1g.10gb", "1g.10gb"])
+    assert [(d["type"], d["gi"]) for d in resplit.instances()] == [("1g.10gb", 7), ("1g.10gb", 8)]
+    whole = mig.Mig(run)
+    whole.apply(0, [])
+    assert whole.changes[-1] == "GPU 0: MIG off" and whole.instances() == []
+
+
+@pytest.mark.bad_input
+def test_a_mig_layout_a_gpu_cannot_take_is_refused_by_name(tmp_path):
+    run = fake_smi(tmp_path, device_state(FakeHardware(gpus=1, gpu_model="l40s"), "n3"))
+    with pytest.raises(mig.MigError, match=r"GPU 0 has no MIG \(nvidia-smi says \[N/A\]\)"):
+        mig.Mig(run).apply(0, ["1g.10gb"])
+    run = fake_smi(tmp_path, device_state(FakeHardware(gpus=1), "n2"))
+    with pytest.raises(mig.MigError, match="Insufficient Resources"):
+        mig.Mig(run).apply(0, ["4g.40gb", "4g.40gb"])
+    with pytest.raises(mig.MigError, match=r"'3' is not a GPU index of this node \(0-1\)"):
+        mig.layout_of({"3": ["1g.10gb"]}, 2)

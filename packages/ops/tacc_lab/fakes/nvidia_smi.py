@@ -41,10 +41,11 @@ import uuid
 from typing import Any
 
 try:
-    from . import hwstate
+    from . import hwstate, nvidia_mig
 except ImportError:  # run as a standalone file: hwstate.py sits next to this one
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hwstate
+    import nvidia_mig
 
 ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 FIELDS = (
@@ -61,6 +62,8 @@ FIELDS = (
     "power.draw",
     "ecc.errors.uncorrected.volatile.total",
     "remapped_rows.failure",
+    "mig.mode.current",
+    "mig.mode.pending",
 )
 UNITS = {
     "memory.total": "MiB",
@@ -113,8 +116,16 @@ def field_value(gpu: dict[str, Any], state: dict[str, Any], field: str, units: b
         "power.draw": "70.00 W" if units else "70.00",
         "ecc.errors.uncorrected.volatile.total": str(gpu.get("ecc_uncorrected", 0)),
         "remapped_rows.failure": "Yes" if gpu.get("remap_failed") else "No",
+        "mig.mode.current": mig_mode(gpu),
+        "mig.mode.pending": mig_mode(gpu),
     }
     return values[field]
+
+
+def mig_mode(gpu: dict[str, Any]) -> str:
+    if not nvidia_mig.capable(gpu):
+        return "[N/A]"
+    return "Enabled" if gpu.get("mig_mode") else "Disabled"
 
 
 def format_options(format_arg: str) -> list[str]:
@@ -157,7 +168,9 @@ def query_apps(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[
     return lines
 
 
-def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
+def query(
+    state: dict[str, Any], fields_arg: str, format_arg: str, chosen: str | None = None
+) -> list[str]:
     options = format_options(format_arg)
     fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
     for field in fields:
@@ -167,7 +180,7 @@ def query(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
     if "noheader" not in options:
         lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in fields))
     units = "nounits" not in options
-    for gpu in gpus(state):
+    for gpu in chosen_gpus(state, chosen):
         lines.append(", ".join(field_value(gpu, state, ALIASES.get(f, f), units) for f in fields))
     return lines
 
@@ -298,6 +311,12 @@ def topo_matrix(state: dict[str, Any]) -> list[str]:
 
 
 def parse(argv: list[str]) -> dict[str, str]:
+    if argv[:1] == ["mig"]:
+        return {"mig": "1"}
+    if argv[:1] == ["-mig"]:
+        if argv[1:] not in (["0"], ["1"]):
+            raise UsageError(BAD_ARGS)
+        return {"mig-mode": argv[1]}
     if argv[:1] == ["topo"]:
         if argv[1:] not in (["-m"], ["--matrix"]):
             raise UsageError(BAD_ARGS)
@@ -322,9 +341,43 @@ def parse(argv: list[str]) -> dict[str, str]:
     return opts
 
 
+def gpu_option(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The GPU `-i N` / `--id=N` names (None: all) and the other words."""
+    rest, chosen = [], None
+    words = iter(argv)
+    for word in words:
+        if word in ("-i", "--id"):
+            chosen = next(words, "")
+        elif word.startswith("--id="):
+            chosen = word.split("=", 1)[1]
+        else:
+            rest.append(word)
+    return chosen, rest
+
+
+def chosen_gpus(state: dict[str, Any], chosen: str | None) -> list[dict[str, Any]]:
+    found = gpus(state)
+    if chosen is None:
+        return found
+    picked = [g for g in found if chosen in (str(g["index"]), g["uuid"], g["bus_id"])]
+    if not picked:
+        raise UsageError(f"No GPU with ID {chosen} found.")
+    return picked
+
+
+def mig_change(opts: dict[str, str], words: list[str], chosen: str | None) -> list[str]:
+    """-mig 0|1 and `mig ...`: they change the state (kept under its lock)."""
+    with hwstate.update() as state:
+        found = chosen_gpus(state, chosen)
+        if "mig" in opts:
+            return nvidia_mig.mig_command(found, words[1:])
+        return [line for gpu in found for line in nvidia_mig.set_mode(gpu, opts["mig-mode"] == "1")]
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        opts = parse(sys.argv[1:] if argv is None else argv)
+        chosen, words = gpu_option(sys.argv[1:] if argv is None else argv)
+        opts = parse(words)
         state = hwstate.load()
         library = os.environ.get("TACC_FAKE_NVML_VERSION", "")
         if library and not state.get("driver_version"):
@@ -338,10 +391,19 @@ def main(argv: list[str] | None = None) -> int:
         if not state["gpus"]:
             print("No devices were found")
             return RC_NO_DEVICES
-        if "list" in opts:
-            lines = [f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})" for g in gpus(state)]
+        if "mig" in opts or "mig-mode" in opts:
+            lines = mig_change(opts, words, chosen)
+        elif "list" in opts:
+            lines = [
+                line
+                for g in chosen_gpus(state, chosen)
+                for line in (
+                    f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})",
+                    *nvidia_mig.list_lines(g),
+                )
+            ]
         elif "query-gpu" in opts:
-            lines = query(state, opts["query-gpu"], opts["format"])
+            lines = query(state, opts["query-gpu"], opts["format"], chosen)
         elif "topo" in opts:
             lines = topo_matrix(state)
         elif "query-compute-apps" in opts:
@@ -351,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(err, file=sys.stderr)
         return RC_INVALID_ARGS
+    except nvidia_mig.MigError as err:
+        print(err)
+        return err.rc
     if lines:  # csv,noheader with no processes prints nothing at all
         print("\n".join(lines))
     return 0
