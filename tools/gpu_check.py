@@ -23,6 +23,12 @@ One report line per check, "PASS|FAIL|SKIP name: detail", details indented below
    compile + the agent's store, no SSH) run by `python3 -m tacc_agent exec JOBDIR` with
    launcher torchrun, one process per GPU; passes when it exits 0 and every rank's log
    shows backend nccl on a cuda device and the loss falls.
+5. acceptance torch pair: what `tacc-agent accept` runs between two nodes
+   (tacc_agent/health/accept_probe.py torch), here as two local processes standing in for
+   the node and its peer, each given one GPU (CUDA_VISIBLE_DEVICES, as --gres=gpu:1 does):
+   NCCL where there are two GPUs, gloo on the CPU where there is one (NCCL needs a GPU
+   per rank); passes when both ranks agree on the step's token and rank 0 reports the
+   bus bandwidth.
 
 Exit status: 0 nothing failed, 1 something failed, 2 no nvidia-smi here (all skipped).
 """
@@ -79,7 +85,10 @@ CHECKS = {  # --only key -> report name
     "facts": "nvidia_gpu_facts",
     "compare": "fake vs real nvidia-smi",
     "torchrun": "torchrun + NCCL through the exec wrapper",
+    "accept": "acceptance torch pair",
 }
+ACCEPT_PROBE = ROOT / "packages" / "agent" / "tacc_agent" / "health" / "accept_probe.py"
+ACCEPT_WORDS = ("--mib", "64", "--iterations", "20", "--timeout", "120")
 TOOL_TIMEOUT = 30.0  # one nvidia-smi or lspci call
 TRAIN_TIMEOUT = 300.0
 FAKES = ROOT / "packages" / "ops" / "tacc_lab" / "fakes"
@@ -747,6 +756,61 @@ def run_training(gpus: int, out_dir: Path, timeout: float, notes: list[str]) -> 
     return Line(PASS, name, detail, more)
 
 
+def accept_pair_check(gpus: int) -> list[Line]:
+    name = CHECKS["accept"]
+    if importlib.util.find_spec("torch") is None:
+        return [Line(SKIP, name, f"torch is not importable by {sys.executable}")]
+    cuda, about = torch_facts()
+    backend = "nccl" if cuda and gpus >= 2 else "gloo"
+    why = "" if backend == "nccl" else " (NCCL needs a GPU per rank: fewer than two here)"
+    with socket.socket() as probe:  # a free port for rank 0's rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = os.urandom(16).hex()
+    ranks = []
+    for rank in (0, 1):
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+            "SLURM_NTASKS": "2",
+            "SLURMD_NODENAME": f"rank{rank}",
+            "TACC_ACCEPT_TOKEN": token,
+            **({"CUDA_VISIBLE_DEVICES": str(rank)} if backend == "nccl" else {}),
+        }
+        argv = [sys.executable, "-I", str(ACCEPT_PROBE), "torch", "--backend", backend]
+        argv += ["--master-node", "rank0", "--master-address", "127.0.0.1", "--port", str(port)]
+        ranks.append(
+            subprocess.Popen(
+                [*argv, *ACCEPT_WORDS],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = []
+    for proc in ranks:
+        try:
+            stdout, stderr = proc.communicate(timeout=TRAIN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        outs.append(Output(proc.returncode, stdout, stderr))
+    found = [json.loads(line) for line in outs[0].stdout.splitlines() if line.startswith("{")]
+    figures = next((d for d in found if "busbw_gbytes" in d), None)
+    more = [
+        about,
+        *(f"rank {r}: exit {o.rc} {o.stdout.strip()[-300:]}" for r, o in enumerate(outs)),
+    ]
+    if figures is None or any(o.rc != 0 for o in outs):
+        tail = " | ".join(o.stderr.strip().splitlines()[-1] for o in outs if o.stderr.strip())
+        return [Line(FAIL, name, f"{backend}: the pair did not finish: {tail[-300:]}", more)]
+    detail = (
+        f"{figures['backend']}{why}: bus bandwidth {figures['busbw_gbytes']} GB/s "
+        f"({figures['bytes'] >> 20} MiB x {figures['iterations']})"
+    )
+    return [Line(PASS, name, detail, more)]
+
+
 # ---------------------------------------------------------------- main
 def guarded(name: str, check: Callable[[], list[Line]]) -> list[Line]:
     """A check that raises is that check's FAIL, never a traceback."""
@@ -823,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         "facts": lambda: gpu_facts(smi, count),
         "compare": lambda: fake_vs_real(smi, gpus, out_dir),
         "torchrun": lambda: torchrun_check(count, out_dir),
+        "accept": lambda: accept_pair_check(count),
     }
     for key in chosen:
         for line in guarded(CHECKS[key], checks[key]):
