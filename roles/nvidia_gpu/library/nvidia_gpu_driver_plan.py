@@ -45,17 +45,20 @@ RETURN = r"""
 changes: {description: One line per package to install or replace., type: list, returned: always}
 installed: {description: Installed version per package found., type: dict, returned: always}
 others: {description: Held packages at another driver version., type: list, returned: always}
+obsolete: {description: Another branch's own packages, to remove., type: list, returned: always}
 replaces: {description: A driver package is at another version., type: bool, returned: always}
 """
 
 import fnmatch  # noqa: E402
 import re  # noqa: E402
+from collections import Counter  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 QUERY_FORMAT = "${Package}\t${Version}\t${db:Status-Abbrev}\n"
 # How both sources number the driver's packages: 550.163.01-1, 535.247.01-1~deb12u1.
 DRIVER_NUMBERED = re.compile(r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?-")
+OTHER_BRANCH = re.compile(r"-[0-9]{3}$")  # cuda-drivers-550, nvidia-fabricmanager-550
 
 
 def parse_installed(text: str) -> dict[str, str]:
@@ -83,14 +86,23 @@ def changes(
 
 
 def held_others(installed: dict[str, str], held: list[str], version: str) -> list[str]:
-    """Installed packages the hold covers that sit at another driver version."""
-    return sorted(
-        name
+    """The installed driver's packages the hold covers, when that driver is another
+    version: the held packages at the driver version most of them share (the installed
+    driver's; packages of other sources that lag it, like Debian's nvidia-persistenced
+    or nvidia-settings, keep theirs and stay out)."""
+    numbered = {
+        name: have.split(":")[-1].split("-")[0]
         for name, have in installed.items()
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in held)
-        and DRIVER_NUMBERED.match(have)
-        and not have.startswith(f"{version}-")
-    )
+        and DRIVER_NUMBERED.match(have.split(":")[-1])
+    }
+    if not numbered:
+        return []
+    counts = Counter(numbered.values())
+    driver = max(sorted(counts), key=lambda v: counts[v])
+    if driver == version:
+        return []
+    return sorted(name for name, have in numbered.items() if have == driver)
 
 
 def main() -> None:
@@ -109,22 +121,29 @@ def main() -> None:
         module.fail_json(msg=f"dpkg-query failed: {err.strip()}")
     installed = parse_installed(out)
     version = params["version"]
-    others = held_others(installed, params["held"], version) if version else []
+    found_others = held_others(installed, params["held"], version) if version else []
+    # Another branch's own packages (cuda-drivers-550 when 570 is held) have no such
+    # version: they go, the new branch's come with the driver.
+    branch = version.split(".")[0]
+    obsolete = [n for n in found_others if OTHER_BRANCH.search(n) and not n.endswith(f"-{branch}")]
+    others = [n for n in found_others if n not in obsolete]
     found = changes(installed, params["packages"], params["pinned"], version)
     found += [
         f"replace {name} {installed[name]} with {version}"
         for name in others
         if name not in params["packages"]
     ]
+    found += [f"remove {name} {installed[name]}" for name in obsolete]
     module.exit_json(
         changed=False,
         installed={name: installed[name] for name in params["packages"] if name in installed},
         others=others,
+        obsolete=obsolete,
         changes=found,
-        # Only a driver that is there can be swapped under running jobs: on a first
-        # install (none of the pinned packages yet) the others just come along.
-        replaces=any(name in installed for name in params["pinned"])
-        and any(line.startswith("replace ") for line in found),
+        # A driver that is there (its packages at another version, whatever their
+        # names: a branch or source change pins names not installed yet) would be
+        # swapped under running jobs; a first install has none.
+        replaces=any(line.startswith(("replace ", "remove ")) for line in found),
     )
 
 

@@ -10,16 +10,19 @@ short_description: Apply a MIG layout with nvidia-smi and report the MIG devices
 description:
   - For each GPU index in I(layout) (a list of MIG profile names, e.g. 3g.40gb), turns MIG
     mode on (C(nvidia-smi -i N -mig 1)) and, when the GPU's instances are not those
-    profiles, destroys them and creates the profiles with a compute instance each
-    (C(nvidia-smi mig -i N -cgi P,P -C)). A GPU not in I(layout) whose MIG mode is on is
-    emptied and turned back to a whole GPU. A GPU without MIG ([N/A]) named in the layout
-    fails the module.
+    profiles, destroys them and creates the profiles, largest first, with a compute
+    instance each (C(nvidia-smi mig -i N -cgi P,P -C)). A GPU listed with no profiles is
+    emptied and turned back whole; a GPU not listed is left as it is. A GPU without MIG
+    ([N/A]) named in the layout fails the module, and so does a GPU to change that runs
+    processes (drain the node first: the rolling play).
   - A GPU whose MIG mode stays pending (it needs a GPU reset) is reported in
     C(reboot_needed).
   - Returns C(devices), each {gpu, type, gi, ci} from C(nvidia-smi mig -lci), and C(gres):
     the whole GPUs of I(gres_type) and the count of each MIG type, as slurm_node_gres
     declares them; C(minors_error) when /proc/driver/nvidia-caps/mig-minors (I(minors))
     numbers a device's capabilities otherwise than the slurm role writes them.
+  - Returns C(create), GPU index -> the profiles as created (largest first), for the
+    boot unit that makes them again (MIG instances do not outlive a reboot).
   - Check mode reports what would change without changing it.
 options:
   layout: {description: "GPU index -> MIG profiles.", type: dict, default: {}}
@@ -101,47 +104,79 @@ class Mig:
         if not self.check_mode:
             self.smi(*words)
 
-    def mode(self, gpu: int) -> tuple[str, str]:
+    def modes(self) -> dict[int, tuple[str, str]]:
+        """Each GPU's MIG mode, (current, pending): Enabled, Disabled or [N/A]."""
         out = self.smi(
-            "-i", str(gpu), "--query-gpu=mig.mode.current,mig.mode.pending", "--format=csv,noheader"
+            "--query-gpu=index,mig.mode.current,mig.mode.pending", "--format=csv,noheader"
         )
-        current, _, pending = out.strip().partition(",")
-        return current.strip(), pending.strip()
+        found = {}
+        for line in out.splitlines():
+            words = [word.strip() for word in line.split(",")]
+            if len(words) == 3 and words[0].isdigit():
+                found[int(words[0])] = (words[1], words[2])
+        return found
 
     def instances(self, gpu: int | None = None) -> list[dict]:
         words = ["mig", *(["-i", str(gpu)] if gpu is not None else []), "-lci"]
         return parse_compute_instances(self.smi(*words, allow=(RC_NOT_FOUND,)))
 
-    def apply(self, gpu: int, wanted: list[str]) -> bool:
+    def refuse_busy(self, gpu: int) -> None:
+        out = self.smi("-i", str(gpu), "--query-compute-apps=pid", "--format=csv,noheader")
+        if out.strip():
+            raise MigError(
+                f"GPU {gpu} runs processes ({', '.join(out.split())}): its MIG layout changes "
+                "only on a drained node (ansible-playbook playbooks/rolling.yml)"
+            )
+
+    def apply(self, gpu: int, wanted: list[str], mode: tuple[str, str]) -> bool:
         """Bring one GPU to `wanted` (no profiles: a whole GPU); True when its MIG mode
         waits for a GPU reset."""
-        current, pending = self.mode(gpu)
+        current, pending = mode
         if current == "[N/A]":
             if wanted:
                 raise MigError(f"GPU {gpu} has no MIG (nvidia-smi says [N/A]): layout {wanted}")
             return False
         have = self.instances(gpu) if current == "Enabled" else []
         if not wanted:
-            if current == "Enabled" or pending == "Enabled":
-                self.empty(gpu, have)
+            if current == "Enabled" and pending != "Disabled":
+                self.refuse_busy(gpu)
+                self.empty(gpu, current)
                 self.change(f"GPU {gpu}: MIG off", "-i", str(gpu), "-mig", "0")
-            return False
+                if self.check_mode:
+                    return False
+                current = self.modes()[gpu][0]
+            return current == "Enabled"  # turned off at the next GPU reset (a reboot)
         if current != "Enabled":
-            self.change(f"GPU {gpu}: MIG on", "-i", str(gpu), "-mig", "1")
-            if not self.check_mode and self.mode(gpu)[0] != "Enabled":
-                return True  # enabled at the next GPU reset (reboot): nothing to split yet
+            if pending != "Enabled":
+                self.refuse_busy(gpu)
+                self.change(f"GPU {gpu}: MIG on", "-i", str(gpu), "-mig", "1")
+            if self.check_mode or self.modes()[gpu][0] != "Enabled":
+                return not self.check_mode  # enabled at the next GPU reset (a reboot)
         if Counter(d["type"] for d in have) != Counter(wanted):
-            self.empty(gpu, have)
+            self.refuse_busy(gpu)
+            self.empty(gpu, current)  # just turned on: nothing to remove
+            ordered = sorted(wanted, key=slices, reverse=True)  # placements fill best so
             self.change(
-                f"GPU {gpu}: MIG {','.join(wanted)}",
-                *("mig", "-i", str(gpu), "-cgi", ",".join(wanted), "-C"),
+                f"GPU {gpu}: MIG {','.join(ordered)}",
+                *("mig", "-i", str(gpu), "-cgi", ",".join(ordered), "-C"),
             )
         return False
 
-    def empty(self, gpu: int, have: list[dict]) -> None:
-        if have:
-            self.change(f"GPU {gpu}: compute instances removed", "mig", "-i", str(gpu), "-dci")
-            self.change(f"GPU {gpu}: GPU instances removed", "mig", "-i", str(gpu), "-dgi")
+    def empty(self, gpu: int, current: str) -> None:
+        """Every compute and GPU instance of the GPU gone (also GPU instances without a
+        compute instance, which `-lci` does not list)."""
+        if current != "Enabled":
+            return
+        for what, flag in (("compute", "-dci"), ("GPU", "-dgi")):
+            self.changes.append(f"GPU {gpu}: {what} instances removed")
+            if not self.check_mode:
+                self.smi("mig", "-i", str(gpu), flag, allow=(RC_NOT_FOUND,))
+
+
+def slices(profile: str) -> int:
+    """A profile's compute slices (3 for 3g.40gb), 0 for a name without them."""
+    head = profile.split("g.", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def layout_of(raw: dict, gpus: int) -> dict[int, list[str]]:
@@ -181,15 +216,24 @@ def main() -> None:
     mig = Mig(lambda argv: module.run_command(argv), module.check_mode)
     try:
         layout = layout_of(params["layout"], params["gpus"])
-        pending = [gpu for gpu in range(params["gpus"]) if mig.apply(gpu, layout.get(gpu, []))]
-        devices = sorted(mig.instances(), key=lambda d: (d["gpu"], d["gi"], d["ci"]))
-    except MigError as exc:
+        modes = mig.modes()
+        pending = [gpu for gpu, wanted in layout.items() if mig.apply(gpu, wanted, modes[gpu])]
+        enabled = any(current == "Enabled" for current, _ in mig.modes().values())
+        devices = mig.instances() if enabled else []
+        devices.sort(key=lambda d: (d["gpu"], d["gi"], d["ci"]))
+    except (MigError, KeyError) as exc:
         module.fail_json(msg=str(exc), changes=mig.changes)
     minors = Path(params["minors"])
     problem = minors_error(devices, minors.read_text()) if devices and minors.exists() else ""
     module.exit_json(
         changed=bool(mig.changes),
         changes=mig.changes,
+        # What the boot unit creates (MIG instances do not outlive a reboot).
+        create={
+            str(gpu): ",".join(sorted(wanted, key=slices, reverse=True))
+            for gpu, wanted in sorted(layout.items())
+            if wanted
+        },
         devices=devices,
         gres=gres(devices, params["gpus"], params["gres_type"]),
         reboot_needed=bool(pending),

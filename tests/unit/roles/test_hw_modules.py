@@ -188,16 +188,27 @@ def test_the_plan_finds_the_driver_libraries_a_meta_package_downgrade_leaves_beh
         "cuda-drivers-550": "550.54.15-1",
         "libnvidia-gl": "550.163.01-1",
         "libgl1-nvidia-glvnd-glx": "550.163.01-1",
-        "firmware-nvidia-gsp": "535.247.01-1~deb12u1",
         "nvidia-container-toolkit": "1.17.8-1",  # other numbering: not the driver's
         "nvidia-kernel-dkms": "550.54.15-1",
     }
+    installed["nvidia-persistenced"] = "535.43.02-1"  # Debian's: its own source, lagging
     held = ["cuda-drivers-*", "nvidia-*", "libnvidia-*", "libgl1-nvidia*", "firmware-nvidia-*"]
+    installed["nvidia-kernel-dkms"] = "550.163.01-1"
+    installed["cuda-drivers-550"] = "550.163.01-1"
+    # Going back to 550.54.15: every package of the installed driver (the version most
+    # share), not the lagging persistenced nor the toolkit.
     assert plan.held_others(installed, held, "550.54.15") == [
-        "firmware-nvidia-gsp",
+        "cuda-drivers-550",
         "libgl1-nvidia-glvnd-glx",
         "libnvidia-gl",
+        "nvidia-kernel-dkms",
     ]
+    assert plan.held_others(installed, held, "550.163.01") == []
+    # A branch change (570 pins cuda-drivers-570, not installed): the 550 driver is there;
+    # its cuda-drivers-550 cannot take 570 (main() sorts it out as obsolete).
+    assert "nvidia-kernel-dkms" in plan.held_others(installed, held, "570.86.15")
+    assert plan.OTHER_BRANCH.search("cuda-drivers-550") and not plan.OTHER_BRANCH.search("libcuda1")
+    assert plan.held_others({"libxnvctrl0": "535.171.04-1+b2"}, held, "550.54.15") == []
 
 
 # --- MIG: nvidia_gpu_mig against the FAKE nvidia-smi ----------------------------------------
@@ -225,15 +236,22 @@ def fake_smi(tmp_path: Path, state: dict):
     return run
 
 
+def apply(run, layout: dict[int, list[str]], check_mode: bool = False):
+    """nvidia_gpu_mig's main() on `layout` (GPU index -> profiles): (Mig, GPUs pending)."""
+    tool = mig.Mig(run, check_mode)
+    modes = tool.modes()
+    return tool, [gpu for gpu, wanted in layout.items() if tool.apply(gpu, wanted, modes[gpu])]
+
+
 def test_a_mig_layout_is_made_by_nvidia_smi_and_read_back_as_slurm_devices(tmp_path):
     """Issue [22] point 6, FAKE-tested: GPU 0 of two H100s split in 3g.40gb + 3g.40gb,
-    then 1g.10gb x 2 (instances destroyed and made again), then whole again; the devices
-    read back are what slurm_node_mig_devices renders, with NVIDIA's capability minors."""
+    then 1g.10gb x 2 (instances destroyed and made again), then whole again; GPU 1, not
+    in the layout, is left alone; the devices read back are what slurm_node_mig_devices
+    renders, with NVIDIA's capability minors."""
     state = device_state(FakeHardware(gpus=2), "n2")
     run = fake_smi(tmp_path, state)
-    first = mig.Mig(run)
-    assert first.apply(0, ["3g.40gb", "3g.40gb"]) is False and first.apply(1, []) is False
-    assert first.changes == ["GPU 0: MIG on", "GPU 0: MIG 3g.40gb,3g.40gb"]
+    first, pending = apply(run, {0: ["3g.40gb", "3g.40gb"]})
+    assert pending == [] and first.changes == ["GPU 0: MIG on", "GPU 0: MIG 3g.40gb,3g.40gb"]
     devices = first.instances()
     assert devices == [
         {"gpu": 0, "type": "3g.40gb", "gi": 1, "ci": 0},
@@ -243,16 +261,14 @@ def test_a_mig_layout_is_made_by_nvidia_smi_and_read_back_as_slurm_devices(tmp_p
     assert (tmp_path / "dev/nvidia-caps/nvidia-cap22").exists()  # gpu0/gi2/ci0
     assert mig.minors_error(devices, mig_minors(2)) == ""
     assert mig.minors_error(devices, "gpu0/gi1/access 40\n").startswith("mig-minors gives")
-    again = mig.Mig(run)
-    assert again.apply(0, ["3g.40gb", "3g.40gb"]) is False and again.changes == []
-    dry = mig.Mig(run, check_mode=True)
-    dry.apply(0, ["1g.10gb", "1g.10gb"])
+    again, _ = apply(run, {0: ["3g.40gb", "3g.40gb"]})
+    assert again.changes == []  # a second run changes nothing
+    dry, _ = apply(run, {0: ["1g.10gb", "1g.10gb"]}, check_mode=True)
     assert dry.changes[-1] == "GPU 0: MIG 1g.10gb,1g.10gb" and len(dry.instances()) == 2
-    resplit = mig.Mig(run)
-    resplit.apply(0, ["1g.10gb", "1g.10gb"])
-    assert [(d["type"], d["gi"]) for d in resplit.instances()] == [("1g.10gb", 7), ("1g.10gb", 8)]
-    whole = mig.Mig(run)
-    whole.apply(0, [])
+    resplit, _ = apply(run, {0: ["1g.10gb", "3g.40gb"]})
+    assert resplit.changes[-1] == "GPU 0: MIG 3g.40gb,1g.10gb"  # the largest first
+    assert [(d["type"], d["gi"]) for d in resplit.instances()] == [("3g.40gb", 1), ("1g.10gb", 7)]
+    whole, _ = apply(run, {0: []})
     assert whole.changes[-1] == "GPU 0: MIG off" and whole.instances() == []
 
 
@@ -260,9 +276,21 @@ def test_a_mig_layout_is_made_by_nvidia_smi_and_read_back_as_slurm_devices(tmp_p
 def test_a_mig_layout_a_gpu_cannot_take_is_refused_by_name(tmp_path):
     run = fake_smi(tmp_path, device_state(FakeHardware(gpus=1, gpu_model="l40s"), "n3"))
     with pytest.raises(mig.MigError, match=r"GPU 0 has no MIG \(nvidia-smi says \[N/A\]\)"):
-        mig.Mig(run).apply(0, ["1g.10gb"])
+        apply(run, {0: ["1g.10gb"]})
     run = fake_smi(tmp_path, device_state(FakeHardware(gpus=1), "n2"))
     with pytest.raises(mig.MigError, match="Insufficient Resources"):
-        mig.Mig(run).apply(0, ["4g.40gb", "4g.40gb"])
+        apply(run, {0: ["4g.40gb", "4g.40gb"]})
     with pytest.raises(mig.MigError, match=r"'3' is not a GPU index of this node \(0-1\)"):
         mig.layout_of({"3": ["1g.10gb"]}, 2)
+
+
+@pytest.mark.fault
+def test_a_gpu_running_processes_keeps_its_mig_layout(tmp_path):
+    """Review: a MIG change destroys instances jobs may use: a GPU with processes is
+    refused (drain the node first), and nothing on it changes."""
+    state = device_state(FakeHardware(gpus=1), "n2")
+    state["gpus"][0]["processes"] = [{"pid": 4242, "name": "python3", "used_mib": 900}]
+    run = fake_smi(tmp_path, state)
+    with pytest.raises(mig.MigError, match=r"GPU 0 runs processes \(4242\).*drained node"):
+        apply(run, {0: ["3g.40gb"]})
+    assert mig.Mig(run).modes() == {0: ("Disabled", "Disabled")}

@@ -22,9 +22,10 @@ import path. Each mode prints one JSON line per task and exits 0; a failure prin
   torch --backend B --mib N --iterations K --master-node NODE --master-address ADDR --port P
                               torch.distributed all_reduce (SUM, float32) of N MiB between
                               the step's two tasks (backend nccl: a GPU each; gloo: CPU),
-                              rank 0 on NODE; both first prove they hold the step's token
-                              ($TACC_ACCEPT_TOKEN: a process of another user that joins the
-                              rendezvous has not); rank 0 prints the bus bandwidth in
+                              rank 0 on NODE; each first shows the other HMAC(token, its
+                              rank) of the step's token ($TACC_ACCEPT_TOKEN: a process of
+                              another user that joins the rendezvous has it not); rank 0
+                              prints the bus bandwidth in
                               GB/s (nccl-tests' busbw: size x 2(n-1)/n over the slowest
                               rank's time per call). Run by a python with torch (the
                               acceptance setting torch_python), not the OS's.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -230,9 +232,11 @@ def rdma(server_node: str, server_address: str) -> dict | None:
     raise ProbeError(f"ib_write_bw client exit {proc.returncode}: {proc.stderr[-200:]}")
 
 
-def token_words(token: str) -> list[int]:
-    """The step's token as eight numbers below 2**32 (an int64 tensor sums two safely)."""
-    digest = hashlib.sha256(token.encode()).digest()
+def token_words(token: str, rank: int) -> list[int]:
+    """What rank `rank` shows of the step's token: HMAC(token, rank) as eight numbers
+    below 2**32. A stranger in the rendezvous, who sees the other rank's, cannot make
+    its own."""
+    digest = hmac.new(token.encode(), f"rank {rank}".encode(), hashlib.sha256).digest()
     return [int.from_bytes(digest[i : i + 4], "big") for i in range(0, 32, 4)]
 
 
@@ -266,9 +270,10 @@ def torch_allreduce(
         timeout=datetime.timedelta(seconds=timeout),
     )
     try:
-        proof = torch.tensor(token_words(token), dtype=torch.int64, device=device)
-        torch_distributed.all_reduce(proof)
-        if proof.tolist() != [2 * word for word in token_words(token)]:
+        mine = torch.tensor(token_words(token, rank), dtype=torch.int64, device=device)
+        shown = [torch.zeros_like(mine) for _ in range(world)]
+        torch_distributed.all_gather(shown, mine)
+        if shown[1 - rank].tolist() != token_words(token, 1 - rank):
             raise ProbeError(
                 "the other rank did not hold this step's token: a process outside the "
                 f"acceptance step joined the rendezvous on port {port}"

@@ -15,7 +15,8 @@ the Slurm controller. The node stays drained until it passes:
    peer where both have RDMA devices; a torch.distributed all_reduce between NODE and
    the peer (the path researchers' jobs take: NCCL, one GPU each, where both have GPUs,
    else gloo) with the python the setting torch_python names (one with torch, at the
-   same path on every node). What cannot run is "skipped: <why>", never passed.
+   same path on every node, root's only; run as nobody). What cannot run is
+   "skipped: <why>", never passed.
 5. Pass: NODE stays resumed. Fail (a figure under its threshold, a failed check, a step
    Slurm refused or that timed out, an interrupt): NODE is drained with reason
    "tacc: acceptance failed: <test> <figure> < <threshold>" (or the cause). The
@@ -48,6 +49,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AGENT_CLUSTER, AGENT_REJECTED, AgentError, Rejected
 from tacc_agent.health.checks.base import Output, write_state
+from tacc_agent.slurm import gres
 from tacc_agent.slurm.nodes import NodeRecord
 
 TAG = "tacc: acceptance"
@@ -79,6 +81,18 @@ THRESHOLDS = (
     "rdma_write_min_gbps",
     "torch_allreduce_pair_min_gbps",
 )
+# The torch step runs as nobody, not root: what torch_python loads (its venv, .pth
+# files, anything they point at) never runs with root's rights, even if the check of its
+# files (facts step) misses a way in.
+UNPRIVILEGED = (
+    "setpriv",
+    "--reuid=nobody",
+    "--regid=nogroup",
+    "--clear-groups",
+    "--no-new-privs",
+    "--",
+)
+MIG_TYPE = re.compile(r"^[0-9]+g\.[0-9]+gb$")  # a MIG profile as a Gres type: 3g.40gb
 # torch.distributed's rendezvous port on NODE (rank 0's), one of these at random.
 TORCH_PORTS = range(29400, 29500)
 # The program the steps run on the nodes, by its path (the agent sits at the same path on
@@ -407,6 +421,9 @@ class Steps:
         binary = facts.get("tools", {}).get(str(self.limits["all_reduce_perf"]))
         if gpus <= 0:
             return Test(name, SKIPPED, "skipped: no GPUs")
+        mig = [kind for kind, _ in gres.gpu_kinds(self.plan.node.gres) if MIG_TYPE.match(kind)]
+        if mig:  # its Gres counts MIG devices, and all_reduce_perf wants whole GPUs
+            return Test(name, SKIPPED, f"skipped: MIG devices ({', '.join(mig)})")
         if not binary:
             return Test(name, SKIPPED, f"skipped: {self.limits['all_reduce_perf']} not installed")
         program = self.probe(
@@ -462,6 +479,7 @@ class Steps:
         if gpus and peer.gpus_free < 1:
             return Test(name, SKIPPED, f"skipped: every GPU of {peer.name} is in a job")
         program = [
+            *UNPRIVILEGED,
             python,
             "-I",
             str(PROBE),

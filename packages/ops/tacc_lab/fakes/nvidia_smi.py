@@ -148,8 +148,10 @@ def app_value(gpu: dict[str, Any], proc: dict[str, Any], field: str, units: bool
     return values[field]
 
 
-def query_apps(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[str]:
-    """--query-compute-apps: one line per compute process on any GPU."""
+def query_apps(
+    state: dict[str, Any], fields_arg: str, format_arg: str, chosen: str | None = None
+) -> list[str]:
+    """--query-compute-apps: one line per compute process on any GPU (the one -i names)."""
     options = format_options(format_arg)
     fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
     for field in fields:
@@ -160,7 +162,7 @@ def query_apps(state: dict[str, Any], fields_arg: str, format_arg: str) -> list[
         named = [APP_ALIASES.get(f, f) for f in fields]
         lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS else f for f in named))
     units = "nounits" not in options
-    for gpu in gpus(state):
+    for gpu in chosen_gpus(state, chosen):
         for proc in gpu.get("processes", ()):
             lines.append(
                 ", ".join(app_value(gpu, proc, APP_ALIASES.get(f, f), units) for f in fields)
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         elif "topo" in opts:
             lines = topo_matrix(state)
         elif "query-compute-apps" in opts:
-            lines = query_apps(state, opts["query-compute-apps"], opts["format"])
+            lines = query_apps(state, opts["query-compute-apps"], opts["format"], chosen)
         else:
             lines = table(state)
     except UsageError as err:

@@ -388,7 +388,11 @@ def test_a_torch_all_reduce_with_the_peer_below_its_floor_drains_the_node(slurm,
     step = slurm.sruns("torch")[0]
     assert option(step, "--nodelist") == "n2,n3" and option(step, "--ntasks-per-node") == "1"
     assert not any(word.startswith("--gres") for word in step)  # no GPUs: gloo, no Gres
-    program = step[step.index(TORCH) :]
+    # Run as nobody: what torch_python loads never has root's rights.
+    at = step.index(TORCH)
+    assert step[at - 6 : at] == list(acceptance.UNPRIVILEGED)
+    assert "--reuid=nobody" in acceptance.UNPRIVILEGED
+    program = step[at:]
     assert program[:4] == [TORCH, "-I", accept_probe.__file__, "torch"]
     assert program[program.index("--master-node") + 1] == "n2"
     assert program[program.index("--master-address") + 1] == "10.0.0.2"
@@ -422,6 +426,15 @@ def test_the_torch_pair_of_gpu_nodes_takes_a_gpu_on_each_and_a_secret_token(
     assert option(step, "--export") == "PATH,HOME,TACC_ACCEPT_TOKEN"
     token = seen[0]["TACC_ACCEPT_TOKEN"]
     assert len(token) == 32 and not any(token in word for word in step)
+
+
+def test_a_mig_node_skips_all_reduce_perf_which_wants_whole_gpus(slurm, config):
+    slurm.nodes["n2"]["gres"] = "gpu:h100:7(S:0-1),gpu:3g.40gb:2(S:0)"
+    perf = "/opt/nccl-tests/build/all_reduce_perf"
+    slurm.facts["n2"] = {"gpus": 8, "rdma_devices": [], "tools": {perf: perf}}
+    assert accept(config, slurm, thresholds=json.dumps({"all_reduce_perf": perf})) == 0
+    test = {t["name"]: t for t in record(config)["tests"]}["nccl all_reduce"]
+    assert test["detail"] == "skipped: MIG devices (3g.40gb)" and slurm.sruns("nccl") == []
 
 
 def test_a_peer_whose_gpus_are_all_in_jobs_skips_the_torch_test_not_fails_it(slurm, config):
