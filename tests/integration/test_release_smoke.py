@@ -150,7 +150,9 @@ def test_bw5_acceptance_runs_a_torch_all_reduce_between_two_nodes_and_keeps_a_sl
     uv = "/opt/tacc-agent/venv/bin/uv"  # the one the agent builds environments with
     build = (
         f"set -e; rm -rf {TORCH_ENV}; {uv} venv -q --python /usr/bin/python3 {TORCH_ENV}; "
-        f"{uv} pip install -q --python {TORCH_ENV}/bin/python --index-url {lock['index']} '{pin}'"
+        f"{uv} pip install -q --python {TORCH_ENV}/bin/python --index-url {lock['index']} '{pin}'; "
+        # uv leaves its .lock writable by anyone (0666): acceptance refuses such a venv.
+        f"chmod -R go-w {TORCH_ENV}"
     )
     built = node_sh(NAME, "n2", build)
     assert built.returncode == 0, built.stdout + built.stderr
