@@ -386,22 +386,26 @@ def test_an_mpi_job_where_every_node_has_rdma_runs_over_ucx(runs, tmp_path):
         assert f"[n2:{rank}] pml ucx sum 3" in log, log
 
 
+def gpu_role_on_n2(runs: dict, **variables: object):
+    """The nvidia_gpu role alone on n2 with extra variables (a bad inventory value)."""
+    extra = {"tacc_test_hosts": "n2", "tacc_test_role": "nvidia_gpu", **variables}
+    return ansible_tool(
+        "ansible-playbook",
+        runs["inventory"],
+        "tests/integration/playbooks/one_role.yml",
+        "-e",
+        json.dumps(extra),
+        timeout=300,
+        strategy=MITOGEN,
+    )
+
+
 @pytest.mark.bad_input
 def test_gpu_cores_unlike_the_topology_are_refused_with_the_line_to_use(runs):
     """Issue [22] point 2: an inventory whose slurm_node_gpu_cores differ from what
     `nvidia-smi topo -m` says (here: every GPU near every core) fails the nvidia_gpu
     role on n2, naming what was found and the line to put in host_vars."""
-    wrong = {"tacc_test_hosts": "n2", "tacc_test_role": "nvidia_gpu"}
-    wrong["slurm_node_gpu_cores"] = ["0-15"] * 8
-    proc = ansible_tool(
-        "ansible-playbook",
-        runs["inventory"],
-        "tests/integration/playbooks/one_role.yml",
-        "-e",
-        json.dumps(wrong),
-        timeout=300,
-        strategy=MITOGEN,
-    )
+    proc = gpu_role_on_n2(runs, slurm_node_gpu_cores=["0-15"] * 8)
     assert proc.returncode == 2, proc.stdout[-3000:]
     wanted = json.dumps(["0-7"] * 4 + ["8-15"] * 4)
     said = " ".join(proc.stdout.split())  # the YAML callback folds long messages
@@ -469,17 +473,7 @@ def test_agent_sees_the_fake_gpus_and_rdma_port_and_exports_their_figures(runs):
 @pytest.mark.bad_input
 def test_a_driver_version_that_is_no_version_is_refused_by_name(runs):
     """Issue [22] point 3: nvidia_gpu_driver_version must be what nvidia-smi prints."""
-    wrong = {"tacc_test_hosts": "n2", "tacc_test_role": "nvidia_gpu"}
-    wrong["nvidia_gpu_driver_version"] = "latest"
-    proc = ansible_tool(
-        "ansible-playbook",
-        runs["inventory"],
-        "tests/integration/playbooks/one_role.yml",
-        "-e",
-        json.dumps(wrong),
-        timeout=300,
-        strategy=MITOGEN,
-    )
+    proc = gpu_role_on_n2(runs, nvidia_gpu_driver_version="latest")
     assert proc.returncode == 2, proc.stdout[-3000:]
     said = " ".join(proc.stdout.split())
     assert 'n2: nvidia_gpu_driver_version "latest" is not a driver version' in said, said
