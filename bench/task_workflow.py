@@ -42,10 +42,11 @@ from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, pla
 
 from tacc_lab.demo import researcher_env
 
-# Declared in slurm.conf so that 40 one-CPU tasks fit on the 2 compute nodes at once;
-# config_overrides makes slurmd accept more CPUs than the node has.
+# Declared in slurm.conf so that 100 one-CPU, 50 MB tasks fit on the 2 compute nodes at
+# once; config_overrides makes slurmd accept more CPUs and memory than the node has.
 DECLARED = {
-    "slurm_node_cpus": 24,
+    "slurm_node_cpus": 50,
+    "slurm_node_memory_mb": 8192,
     "slurm_extra_config": {"AuthInfo": "cred_expire=20", "SlurmdParameters": "config_overrides"},
 }
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")

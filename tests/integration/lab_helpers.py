@@ -209,7 +209,9 @@ def changed_tasks(stdout: str) -> set[tuple[str, str]]:
     return found
 
 
-def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
+def site_killed_at(
+    inventory: Path, marker: str, timeout: int = 1200, strategy: str = LINEAR
+) -> str:
     """Run site.yml and SIGKILL it (and every process it started) the moment its output
     shows `marker` (e.g. a TASK header: the task before it has finished on every host):
     an operator's laptop dying mid-run. Returns the output up to the kill."""
@@ -218,7 +220,7 @@ def site_killed_at(inventory: Path, marker: str, timeout: int = 1200) -> str:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=ansible_env(inventory),
+        env={**ansible_env(inventory), "ANSIBLE_STRATEGY": strategy},
         cwd=ROOT,
         start_new_session=True,
     )

@@ -16,11 +16,11 @@ Which proof each lab carries:
 - `hw` converges site.yml from the BARE image: the proof that an empty machine gets
   everything from the roles (install from nothing, a killed run finished by the next,
   a second run and --check --diff change nothing).
-- the hw lab's killed first run uses Ansible's default strategy (linear: ansible.cfg);
-  the run that finishes it, its re-run and --check --diff, and every lab's converges
-  (site.yml, agent.yml) use mitogen_linear, make demo's, which on this 2-core machine
-  measured 121 CPU seconds for a re-run of the slurm shape instead of 324 (issue [20]'s
-  note); their other playbooks (rolling, firmware, upgrade) run linear.
+- every lab's converges (site.yml, agent.yml), the hw lab's killed first run, the run
+  that finishes it, its re-run and --check --diff included, use mitogen_linear, make
+  demo's, which on this 2-core machine measured 121 CPU seconds for a re-run of the
+  slurm shape instead of 324 (issue [20]'s note); their other playbooks (rolling,
+  firmware, upgrade) run Ansible's default strategy (linear: ansible.cfg).
 - every other lab boots the PREBAKED image `make demo` boots (prebake.py: the roles'
   packages present, still checked, configured and started by the roles), molecule's
   scenarios included (their molecule.yml).

@@ -289,15 +289,19 @@ def store(call: Call) -> object:
     from tacc_agent.tasks.store import delta  # lazy verb import
 
     request = read_request(call.source)
-    partition = None
+    partition, shape = None, None
     if request.get("check") is not None:
         task = parse(json.dumps(request["check"]), "instruction")
-        partition = schedule.check(task, call.config)
+        # Read once: the sbatch below (when this request carries it) is planned against
+        # the same nodes and partitions, moments later.
+        shape = schedule.cluster_shape(call.config.slurm_timeout_seconds)
+        partition = schedule.check(task, call.config, shape)
     answer = delta.handle(call.user_dir, request)
     if partition:
         answer["partition"] = partition
     if request.get("submit") and answer.get("workdir"):
-        answer["job"] = schedule.submit(call.user_dir, Path(answer["workdir"]), call.config)
+        workdir = Path(answer["workdir"])
+        answer["job"] = schedule.submit(call.user_dir, workdir, call.config, shape)
     return protocol.store_answer(request, answer)
 
 

@@ -297,7 +297,9 @@ def no_start(job_id: str) -> bool:
 @dataclass
 class Queue:
     """The queue as a scheduling plug-in's `tick` sees it. It acts through Slurm with
-    `set_nice(job, n)`, and `requeue(job, reason)`: the job gets its checkpoint signal and
+    `set_nice(job, n)` (sent when the plug-in's tick returns, the jobs of one value in one
+    `scontrol update`: a job that ended meanwhile is a note, never an exception), and
+    `requeue(job, reason)`: the job gets its checkpoint signal and
     goes back to the queue, as `tcloud halt` then `tcloud resume` would do it; only a job
     whose task opted in ("preemptible" in `opted_in`) is requeued, and the answer says
     whether it was. `reason` is the plug-in's fixed words, shown in the job's events.

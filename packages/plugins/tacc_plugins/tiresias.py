@@ -282,10 +282,13 @@ class Tiresias(Plugin):
     def preempt(self, queue: Queue, queues: dict[str, int], records: dict, found: Settings) -> None:
         # A job whose requeue failed (its halt found it ending, Slurm did not answer) is
         # not chosen again for a while: not the same failure at every tick.
+        # Only a job that opted in can be a victim: with none running, no waiting job
+        # needs looking at (nor the nodes read).
         running = [
             job
             for job in queue.jobs
             if job.state == "RUNNING"
+            and PREEMPTIBLE in job.opted_in
             and queue.now - records[job.job_id].get("requeue_failed_at", -1e18)
             >= RETRY_FAILED_REQUEUE_SECONDS
         ]
@@ -293,12 +296,17 @@ class Tiresias(Plugin):
             (job for job in queue.jobs if job.state == "PENDING" and job.reason in WAITS_FOR_NODES),
             key=lambda job: (queues[job.job_id], arrival(job)),
         )
+        if not running or not waiting:
+            return
         budget = found.max_preempt_per_tick
-        idle = [node for node in queue.cluster_nodes() if node.idle()] if waiting else []
+        idle = [node for node in queue.cluster_nodes() if node.idle()]
+        free_in: dict[str, tuple[int, float]] = {}  # per partition list, read once a tick
         for job in waiting:
-            mine = [node for node in idle if set(node.partitions) & set(job.partition.split(","))]
-            free = (len(mine), float(sum(node.gpus for node in mine)))
-            victims = victims_for(job, running, queues, found, free)
+            if job.partition not in free_in:
+                wanted = set(job.partition.split(","))
+                mine = [node for node in idle if wanted.intersection(node.partitions)]
+                free_in[job.partition] = (len(mine), float(sum(node.gpus for node in mine)))
+            victims = victims_for(job, running, queues, found, free_in[job.partition])
             if not victims or len(victims) > budget:
                 continue
             for victim in victims:

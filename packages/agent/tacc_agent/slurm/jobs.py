@@ -5,7 +5,7 @@ QOS, Account, its TRES), and the node groups of its detailed record (-d)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tacc_agent.errors import AgentError
 from tacc_agent.slurm import oneliner, run
@@ -14,6 +14,7 @@ from tacc_agent.slurm import oneliner, run
 NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=(\S*)")
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user, QOS, account or partition
 WAITING_STATES = ("PENDING", "REQUEUE_HOLD")  # a held requeued job may show either
+NICE_BATCH = 500  # job ids per `scontrol update JobId=a,b,... Nice=N`: ~5 KiB of argv
 
 
 def job_record(job_id: str, timeout: float = run.TIMEOUT) -> dict[str, str] | None:
@@ -40,6 +41,24 @@ def job_alone(
     heterogeneous job prints several and is never acted on this way."""
     lines = oneliner.show_lines("job", job_id, timeout, env)
     return oneliner.job_record_of(lines[0]) if len(lines) == 1 else None
+
+
+def set_nice(job_ids: Sequence[str], nice: int, timeout: float = run.TIMEOUT) -> list[str]:
+    """Give every one of job_ids this nice: one `scontrol update JobId=a,b,... Nice=N` per
+    NICE_BATCH of them (scontrol updates the rest of a list when one job has ended, and
+    names that one). What scontrol said about the jobs it did not update; [] when none."""
+    problems = []
+    for start in range(0, len(job_ids), NICE_BATCH):
+        argv = ["scontrol", "update", "JobId=" + ",".join(job_ids[start : start + NICE_BATCH])]
+        argv.append(f"Nice={nice}")
+        try:
+            done = run.command(argv, timeout)
+        except AgentError as exc:  # no answer: the next tick sets them again
+            problems.append(str(exc))
+            continue
+        if done.code != 0:
+            problems.append(str(run.failure(argv, done)))
+    return problems
 
 
 def node_counts(num_nodes: str, state: str) -> tuple[int, int]:

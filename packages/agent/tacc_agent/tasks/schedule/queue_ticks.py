@@ -5,8 +5,10 @@ through Slurm (`scontrol update JobId=... Nice=...`). Run by the agent daemon ev
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tacc_agent import locks, slurm
@@ -43,8 +45,13 @@ def read_details(jobs: list[QueuedJob], config: AgentConfig) -> None:
 
 
 # What a running job's record allowed, kept across the daemon's ticks (the record is
-# written once, at submit): (job, owner uid, job directory) -> (opt-ins, node range).
-Allowed = dict[tuple[str, int, str], tuple[frozenset[str], tuple[int, int] | None]]
+# written once, at submit): (job, owner uid, job directory) -> (opt-ins, node range, when
+# to read it again). A record that allowed nothing may be a read that failed (NFS): it is
+# read again EMPTY_REREAD_SECONDS later, not at every tick (where root may not read the
+# users' directories, each read is a process as the owner: thousands of running jobs that
+# opted in to nothing were thousands of processes a tick).
+Allowed = dict[tuple[str, int, str], tuple[frozenset[str], tuple[int, int] | None, float]]
+EMPTY_REREAD_SECONDS = 60.0
 
 
 def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
@@ -71,13 +78,34 @@ def tick(config: AgentConfig, allowed: Allowed | None = None) -> list[str]:
         return tick_locked(config, plugins, {} if allowed is None else allowed)
 
 
-def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[str]:
-    def set_nice(job_id: str, nice: int) -> None:
-        slurm.run.output(
-            ["scontrol", "update", f"JobId={job_id}", f"Nice={nice}"], config.slurm_timeout_seconds
-        )
+class NiceChanges:
+    """The nice values a plug-in sets in its tick, sent to Slurm when the tick returns:
+    one `scontrol update` per value (and slurm.jobs.NICE_BATCH jobs), not one process
+    per job (a first tick of LAS on 10,000 pending jobs was 10,000 of them)."""
 
-    queue = Queue(read_queue(config), set_nice, time.time(), Path(config.queue_state_dir), config)
+    def __init__(self, timeout: float, note: Callable[[str], None]) -> None:
+        self.timeout, self.note = timeout, note
+        self.wanted: dict[str, int] = {}
+
+    def set(self, job_id: str, nice: int) -> None:
+        self.wanted[job_id] = nice
+
+    def send(self) -> None:
+        by_value: dict[int, list[str]] = {}
+        for job_id, nice in self.wanted.items():
+            by_value.setdefault(nice, []).append(job_id)
+        self.wanted = {}
+        for nice, job_ids in sorted(by_value.items()):
+            for problem in slurm.jobs.set_nice(job_ids, nice, self.timeout):
+                self.note(f"agent: nice {nice} not set on every job: {problem}")
+
+
+def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[str]:
+    notes: list[str] = []
+    nices = NiceChanges(config.slurm_timeout_seconds, notes.append)
+    queue = Queue(
+        read_queue(config), nices.set, time.time(), Path(config.queue_state_dir), config, notes
+    )
     queue.requeue = lambda job_id, reason: preempt.requeue(
         job_id, reason, config, queue.notes.append
     )
@@ -111,6 +139,8 @@ def tick_locked(config: AgentConfig, plugins: list, allowed: Allowed) -> list[st
             plugin.tick(queue)
         except Exception as exc:  # one plug-in's failure is not every plug-in's
             queue.notes.append(f"{plugin.name}: tick failed: {type(exc).__name__}: {exc}")
+        finally:
+            nices.send()  # what it set, failed or not, before the next plug-in runs
     return queue.notes
 
 
@@ -138,10 +168,10 @@ def read_records(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
             continue
         key = (job.job_id, record.uid, str(record.job_dir))
         keys.add(key)
-        if key not in allowed:
-            found = preempt.allowed_job(record)
-            if found[0] or found[1]:  # nothing allowed may be a read that failed: again
-                allowed[key] = found
-        job.opted_in, job.node_range = allowed.get(key, (frozenset(), None))
+        if key not in allowed or allowed[key][2] <= queue.now:
+            opted_in, node_range = preempt.allowed_job(record)
+            again = math.inf if opted_in or node_range else queue.now + EMPTY_REREAD_SECONDS
+            allowed[key] = (opted_in, node_range, again)
+        job.opted_in, job.node_range, _ = allowed[key]
     for key in [key for key in allowed if key not in keys]:
         del allowed[key]

@@ -97,7 +97,8 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
                 "resources.partition",
             )
         partition = defaults[0]
-    members = [n for n in nodes if n.name in partition.nodes]
+    in_partition = set(partition.nodes)
+    members = [n for n in nodes if n.name in in_partition]
     limits = (
         ("gpus_per_node", res["gpus_per_node"], "GPUs", lambda n: n.gpus),
         (*wanted_cpus(task, partition), lambda n: n.cpus),
@@ -121,7 +122,12 @@ def check_feasible(task: TaskSpec, partitions: list[Partition], nodes: list[Node
     return partition.name
 
 
-def cluster_shape(timeout: float) -> tuple[list[Partition], list[Node]]:
+# The partitions and nodes a submit is planned against (two scontrol calls, every node's
+# record: read once per request, for its check and its sbatch).
+Shape = tuple[list[Partition], list[Node]]
+
+
+def cluster_shape(timeout: float) -> Shape:
     nodes = read_nodes(timeout)
     return scheduling_partitions(slurm.nodes.all_partitions(timeout), nodes), nodes
 
@@ -164,10 +170,13 @@ def plan(
     config: AgentConfig,
     user_dir: Path | None = None,
     digest: str = "",
+    shape: Shape | None = None,
 ) -> Submission:
-    """Check the task against the cluster, then let the scheduling plug-ins shape it."""
+    """Check the task against the cluster (`shape`, else read now), then let the
+    scheduling plug-ins shape it."""
     check_container(task)
-    partitions, nodes = cluster_shape(config.slurm_timeout_seconds)
+    partitions, nodes = shape or cluster_shape(config.slurm_timeout_seconds)
+    partitions, nodes = list(partitions), list(nodes)  # a plug-in's changes stay its own
     partition = check_feasible(task, partitions, nodes)
     chosen = next(p for p in partitions if p.name == partition)
     per_gpu_defaults = (chosen.cpus_per_gpu > 0, chosen.mem_per_gpu_mb > 0)
@@ -199,13 +208,13 @@ def batch_script(task: TaskSpec, job_dir: Path, digest: str) -> str:
     )
 
 
-def check(task: TaskSpec, config: AgentConfig) -> str:
+def check(task: TaskSpec, config: AgentConfig, shape: Shape | None = None) -> str:
     """The partition the task would go to; Rejected (with the field) when the cluster or
     a scheduling plug-in refuses it."""
-    return plan(task, Path("/nonexistent"), config).partition
+    return plan(task, Path("/nonexistent"), config, shape=shape).partition
 
 
-def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
+def submit(user_dir: Path, job_dir: Path, config: AgentConfig, shape: Shape | None = None) -> dict:
     """sbatch the job in job_dir (built by `store commit`); on refusal remove job_dir.
     Under the job's submission lock: a second submit of it waits, then is refused."""
     job_dir = job_dir.resolve()
@@ -214,7 +223,7 @@ def submit(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
     with submitting.locked(job_dir, wait=True):
         if (job_dir / "status" / "submit.json").exists() or records.history(job_dir):
             raise Rejected(f"{job_dir} was submitted already; submit the task again for a new job")
-        return sbatch_job(user_dir, job_dir, config)
+        return sbatch_job(user_dir, job_dir, config, shape)
 
 
 def discard(user_dir: Path, job_dir: Path) -> None:
@@ -223,7 +232,9 @@ def discard(user_dir: Path, job_dir: Path) -> None:
     shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
+def sbatch_job(
+    user_dir: Path, job_dir: Path, config: AgentConfig, shape: Shape | None = None
+) -> dict:
     """Plan, record, sbatch. The job is recorded and indexed as submitting, with its tag
     (sbatch --comment), before sbatch runs: if this process dies or sbatch times out
     before the id is indexed, the next ps/status/cancel finds the job in Slurm by its tag
@@ -232,7 +243,7 @@ def sbatch_job(user_dir: Path, job_dir: Path, config: AgentConfig) -> dict:
         task = load(job_dir)
         document = records.read_json(job_dir / "instruction.json") or {}
         digest = digest_of(document)
-        submission = plan(task, job_dir, config, user_dir, digest)
+        submission = plan(task, job_dir, config, user_dir, digest, shape)
         partition = submission.partition
         submission.options["comment"] = job_tags.new_tag(job_dir)
         argv = sbatch_argv(task, job_dir, config, submission.options)

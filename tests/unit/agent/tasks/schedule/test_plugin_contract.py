@@ -281,3 +281,18 @@ def test_without_the_agent_a_launch_agrees_with_itself():
 def test_an_agreement_topic_must_be_a_plain_name(tmp_path):
     with pytest.raises(Exception, match=r"agreement topic '../x': expected a plug-in name"):
         Agreement(tmp_path, 0, 1, timeout=0)("../x", lambda ranks: {})
+
+
+def test_a_submits_check_and_sbatch_are_planned_against_one_read_of_the_cluster(cluster):
+    """`store` with a check and a submit reads the nodes and partitions once (two scontrol
+    calls listing every node: at 1,000 nodes, bench/scale.py), and a plug-in that edits
+    the lists it is given changes neither the shape kept for the sbatch nor Slurm's."""
+    config = AgentConfig()
+    shape = schedule.cluster_shape(config.slurm_timeout_seconds)
+    reads = len(cluster.calls)
+    first = schedule.plan(task_for(), Path("/nonexistent"), config, shape=shape)
+    first.nodes.clear()
+    first.partitions.clear()
+    assert schedule.check(task_for("gpu"), config, shape) == "gpu"
+    assert not any(call[:2] == ["scontrol", "show"] for call in cluster.calls[reads:])
+    assert [node.name for node in shape[1]] == ["g1", "c1"]

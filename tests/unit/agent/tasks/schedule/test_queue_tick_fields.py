@@ -117,11 +117,18 @@ def test_the_daemon_reads_a_running_jobs_record_once_not_at_every_tick(
         return answers[min(len(reads) - 1, 1)]  # the first read fails (NFS): read again
 
     monkeypatch.setattr(preempt, "read_submit_record", read)
+    clock = [1000.0]
+    monkeypatch.setattr(queue_ticks.time, "time", lambda: clock[0])
     allowed: queue_ticks.Allowed = {}
     config = AgentConfig(state_dir=str(tmp_path))
+    queue_ticks.tick(config, allowed)
+    clock[0] += 30  # within EMPTY_REREAD_SECONDS: an empty record is not read again yet
+    queue_ticks.tick(config, allowed)
+    assert reads == ["41"] and plugin.seen[0] == ("41", frozenset())
     for _ in range(3):
+        clock[0] += queue_ticks.EMPTY_REREAD_SECONDS
         queue_ticks.tick(config, allowed)
-    assert reads == ["41", "41"]
+    assert reads == ["41", "41"]  # read again once, then kept: it allowed something
     assert plugin.seen[-4] == ("41", frozenset({"preemptible"}))
     assert list(allowed) == [("41", 1001, "/shared/tcloud/alice/jobs/abc-1")]
 
