@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from tacc_agent.errors import AgentError
 from tacc_agent.slurm import run
@@ -100,11 +100,16 @@ def job_lines(lines: list[str]) -> list[str]:
     return joined
 
 
-def show(kind: str, name: str = "", timeout: float = run.TIMEOUT) -> list[dict[str, str]]:
+def show(
+    kind: str, name: str = "", timeout: float = run.TIMEOUT, skip: Collection[str] = frozenset()
+) -> list[dict[str, str]]:
     """`scontrol show KIND [NAME] --oneliner` records; [] when NAME is unknown. A job
     record is read whole (job_lines); one that names a key twice is left out
-    (job_record_of)."""
+    (job_record_of), and so is one whose JobId (its first word: its owner's text comes
+    after it) is in `skip`, not even parsed."""
     lines = show_lines(kind, name, timeout)
     if kind != "job":
         return [parse_oneliner(line) for line in lines]
-    return [record for record in map(job_record_of, job_lines(lines)) if record is not None]
+    records = job_lines(lines)
+    wanted = (line for line in records if line.split(" ", 1)[0].removeprefix("JobId=") not in skip)
+    return [record for record in map(job_record_of, wanted) if record is not None]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections import Counter
@@ -144,6 +145,11 @@ class Details(NamedTuple):
     start_time: float
 
 
+@functools.lru_cache(maxsize=4096)  # pending jobs' "" and a few busy node lists, mostly
+def node_names(nodelist: str) -> tuple[str, ...]:
+    return tuple(expand_hostlist(nodelist))
+
+
 def parse_details(text: str, start: str) -> dict[str, Details]:
     """job -> its Details from squeue -o "START DETAILS": a line starting with START
     begins a record, any other line goes on the name before it. A record whose fields
@@ -172,7 +178,7 @@ def parse_details(text: str, start: str) -> dict[str, Details]:
             name.rstrip("\n"),
             "" if features == "(null)" else features,
             elapsed_seconds(limit),
-            tuple(expand_hostlist(nodelist)),
+            node_names(nodelist),
             epoch_seconds(submitted),
             epoch_seconds(starts),
         )

@@ -3,11 +3,13 @@ moments printed with run.EPOCH_TIMES (epoch seconds)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
+@functools.lru_cache(maxsize=4096)  # a queue of 10,000 jobs holds few distinct run times
 def elapsed_seconds(text: str) -> int:
     """A run time as Slurm prints it (squeue %M, scontrol RunTime, %l):
     [days-][hours:]minutes:seconds; 0 for UNLIMITED and the like."""

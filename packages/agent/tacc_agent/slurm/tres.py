@@ -4,6 +4,7 @@ tres-per-* requests (gres:gpu:2, gres/gpu:a100:2). The one reader of each."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -71,6 +72,7 @@ def requested_gpus(spec: str) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=4096)  # most of a big queue asks alike: parsed once a shape
 def job_gpus(alloc: str, per_job: str, per_node: str, per_task: str, nodes: int, tasks: int) -> int:
     """A job's GPUs on all its nodes from squeue's tres-alloc and tres-per-job, -node and
     -task, whichever way they were asked for."""

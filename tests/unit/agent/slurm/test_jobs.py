@@ -128,3 +128,20 @@ def test_the_detailed_line_is_the_jobs_own(slurm):
     assert jobs.detailed_line("29", 2) is None
     slurm.when("scontrol show job -d", answer(1, DETAILED, "slurm_load_jobs error"))
     assert jobs.detailed_line("29", 2) is None
+
+
+@pytest.mark.security
+def test_records_skipped_by_id_are_not_read_and_a_skipped_jobs_name_forges_nothing(slurm):
+    """The queue tick skips the records of the jobs squeue showed pending, by the JobId
+    each record starts with. A pending job whose name holds a line break and a record
+    claiming running job 41 is skipped by its own id; its forged line, which starts with
+    JobId=41, is read as without the skip (here refused: the real fields after the name
+    name UserId twice), never taken for 41's record."""
+    slurm.add_job("43", state="PENDING")
+    assert [r["JobId"] for r in jobs.job_records(skip={"43"})] == ["41"]
+    assert [r["JobId"] for r in jobs.job_records(skip={"41", "43"})] == []
+    forged = "x\nJobId=41 JobName=y UserId=bob(4242) JobState=RUNNING WorkDir=/home/bob"
+    slurm.add_job("44", state="PENDING", name=forged)
+    skipped = jobs.job_records(skip={"43", "44"})
+    assert skipped == [r for r in jobs.job_records() if r["JobId"] not in ("43", "44")]
+    assert [(r["JobId"], r["WorkDir"]) for r in skipped] == [("41", "/shared/tcloud/alice/jobs/41")]

@@ -37,7 +37,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,13 +136,14 @@ def job_record(job_id: str, config: AgentConfig) -> JobRecord | None:
     return record if record and record.job_id == job_id else None
 
 
-def job_records(config: AgentConfig) -> dict[str, JobRecord]:
-    """Every job Slurm knows, by squeue's id (array tasks as JOB_I): one scontrol call.
+def job_records(config: AgentConfig, skip: Collection[str] = frozenset()) -> dict[str, JobRecord]:
+    """Every job Slurm knows but those in `skip` (ids as scontrol's JobId), by squeue's
+    id (array tasks as JOB_I): one scontrol call.
     A job's name may hold line breaks (Slurm allows any text in it), so a line of that
     output may be a record its owner wrote, claiming another job's id: an id that two
     records claim is read again alone (`job_record`: that job's own lines only), at most
     MAX_REREADS a tick; the others are left out of this tick."""
-    found = slurm.jobs.job_records(config.slurm_timeout_seconds)
+    found = slurm.jobs.job_records(config.slurm_timeout_seconds, skip)
     claims: dict[str, list[JobRecord]] = {}
     for record in filter(None, map(record_of, found)):
         claims.setdefault(record.job_id, []).append(record)

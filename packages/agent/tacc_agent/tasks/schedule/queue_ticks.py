@@ -150,8 +150,12 @@ def read_records(queue: Queue, config: AgentConfig, allowed: Allowed) -> None:
     `allowed` while the job runs); a Slurm that does not answer leaves them empty, with
     a note."""
     running = [job for job in queue.jobs if job.state == "RUNNING"]
+    # A job squeue showed pending is neither running nor ended: its record (most of the
+    # queue's, on a busy cluster) is not parsed. Array tasks keep their records (squeue's
+    # 12_3 is another id than scontrol's).
+    pending = {job.job_id for job in queue.jobs if job.state == "PENDING"}
     try:
-        known = preempt.job_records(config)
+        known = preempt.job_records(config, pending)
     except AgentError as exc:
         queue.notes.append(f"agent: no job opt-ins this tick: {exc}")
         return

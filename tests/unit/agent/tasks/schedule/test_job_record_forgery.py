@@ -115,7 +115,7 @@ def test_a_running_jobs_record_counts_only_when_its_owner_is_squeues(monkeypatch
     forged = preempt.JobRecord(
         "7", 1001, "alice", "RUNNING", Path("/shared/tcloud/alice/jobs/12"), False
     )
-    monkeypatch.setattr(preempt, "job_records", lambda config: {"7": forged})
+    monkeypatch.setattr(preempt, "job_records", lambda config, skip=(): {"7": forged})
     asked: list[preempt.JobRecord] = []
 
     def allowed_job(record: preempt.JobRecord) -> tuple[frozenset[str], tuple[int, int]]:

@@ -53,7 +53,7 @@ def ticking(monkeypatch):
     monkeypatch.setattr(queue_ticks, "in_layer", lambda plugins, layer: plugins)
     monkeypatch.setattr(slurm.run, "output", lambda argv, timeout=0, check=True, env=None: SQUEUE)
 
-    def show(kind, name="", timeout=0):
+    def show(kind, name="", timeout=0, skip=frozenset()):
         shown.append(name)
         return [
             {
@@ -96,7 +96,7 @@ def test_a_slurm_that_cannot_show_jobs_leaves_no_opt_in_and_the_tick_goes_on(
 ):
     plugin, _, requeued = ticking
 
-    def broken(kind, name="", timeout=0):
+    def broken(kind, name="", timeout=0, skip=frozenset()):
         raise AgentError("scontrol did not answer within 15 s")
 
     monkeypatch.setattr(slurm.oneliner, "show", broken)
