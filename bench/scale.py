@@ -321,7 +321,7 @@ def cell(ticks: list[dict], which: str, jobs: int) -> str:
     tick = ticks[0] if which == "cold" else min(ticks[1:] or ticks, key=lambda t: t["wall_s"])
     wall = ticks[0]["wall_s"] if which == "cold" else warm(ticks)
     updates = tick.get("commands", {}).get("scontrol update", [0, 0])[1]
-    said = f"; {updates} updates" if updates else ""
+    said = f"; {updates} update{'s' if updates > 1 else ''}" if updates else ""
     return (
         f"{wall:.2f} s ({slurm_seconds(tick):.2f} in Slurm{said}); {1000 * wall / jobs:.2f} ms/job"
     )
