@@ -89,9 +89,13 @@ def half_life_of(config: object) -> float:
 
 
 def own_nice(job: QueuedJob, niced: dict) -> int:
-    """The job's nice without LAS's adjustment: the one its owner or an admin gave it."""
+    """The job's nice without LAS's adjustment: the one its owner or an admin gave it.
+    The nice LAS set last tick, or the one the job had then ("from": the agent sends the
+    changes after the tick, and one that did not reach Slurm leaves the old value), both
+    mean the recorded own nice: an adjustment that failed is made again, never counted
+    as the owner's."""
     ours = niced.get(job.job_id)
-    if isinstance(ours, dict) and ours.get("set") == job.nice:
+    if isinstance(ours, dict) and job.nice in (ours.get("set"), ours.get("from")):
         return int(ours.get("own", 0))
     return job.nice  # never adjusted by LAS, or set anew since
 
@@ -130,7 +134,7 @@ class LeastAttainedService(Plugin):
             own = own_nice(job, niced)
             nice = own + nice_for(service, thresholds, int(config.las_nice_step))
             nice = max(-NICE_LIMIT, min(NICE_LIMIT, nice))
-            state["niced"][job.job_id] = {"set": nice, "own": own}
+            state["niced"][job.job_id] = {"set": nice, "own": own, "from": job.nice}
             if nice != job.nice:
                 queue.set_nice(job.job_id, nice)
                 kept = f", its own nice {own} kept" if own else ""

@@ -266,7 +266,7 @@ class Tiresias(Plugin):
             own = own_nice(job, niced)
             nice = own + nice_of(record["queue"], queues_count, found.nice_step)
             nice = max(-NICE_LIMIT, min(NICE_LIMIT, nice))
-            record["niced"] = {"set": nice, "own": own}
+            record["niced"] = {"set": nice, "own": own, "from": job.nice}
             if nice == job.nice:
                 continue
             try:

@@ -12,7 +12,8 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.slurm.run import Finished
 from tacc_agent.tasks.schedule import queue_ticks
-from tacc_contract.plugins import Queue
+from tacc_contract.plugins import Queue, QueuedJob
+from tacc_plugins import las
 
 
 def pending(count: int) -> str:
@@ -116,3 +117,44 @@ def test_a_slurm_that_does_not_answer_one_batch_leaves_the_others_sent(monkeypat
     problems = slurm.jobs.set_nice(ids, 7, 15)
     assert problems == ["scontrol did not answer within 15 s"]
     assert [len(call.split(",")) for call in calls] == [500, 500, 1]
+
+
+@pytest.mark.security
+def test_an_id_of_another_shape_goes_in_no_list_and_each_call_has_time_for_its_jobs(monkeypatch):
+    """scontrol refuses a whole JobId= list with one id it cannot read: such an id (none
+    of squeue's shape) is a problem of its own, the others are set; a call of N updates
+    gets the timeout plus NICE_SECONDS_PER_JOB each."""
+    calls: list[tuple[str, float]] = []
+
+    def command(argv, timeout=0, env=None, **kwargs):
+        calls.append((argv[2], timeout))
+        return Finished(0, "", "")
+
+    monkeypatch.setattr(slurm.run, "command", command)
+    problems = slurm.jobs.set_nice(["7", "8_2", "9+1", "1,2", "x"], -5, 15)
+    assert calls == [("JobId=7,8_2,9+1", 15 + 3 * slurm.jobs.NICE_SECONDS_PER_JOB)]
+    assert problems == ["not a job id: '1,2'", "not a job id: 'x'"]
+
+
+@pytest.mark.fault
+def test_a_nice_that_did_not_reach_slurm_is_set_again_never_counted_as_the_owners(tmp_path):
+    """LAS (and tiresias, with the same own_nice) record the nice they set and the one
+    the job had: when the agent's update failed, the job still shows the old value, and
+    the next tick sets the wanted nice again, not the old one taken for the owner's."""
+    config = AgentConfig(las_thresholds=(100.0,), las_nice_step=1000)
+
+    def tick(*jobs: QueuedJob) -> dict[str, int]:
+        wanted: dict[str, int] = {}
+        las.LeastAttainedService().tick(
+            Queue(list(jobs), wanted.__setitem__, 0.0, tmp_path, config)
+        )
+        return wanted
+
+    # bob (nice 300 of his own, no service yet) is favoured: 300 - 1000; Slurm takes it.
+    assert tick(QueuedJob("2", "bob", "PENDING", 300, 1, 0)) == {"2": -700}
+    # His running job passes the threshold: back to his own 300, an update that fails...
+    running = QueuedJob("1", "bob", "RUNNING", 0, 1, 500)
+    assert tick(running, QueuedJob("2", "bob", "PENDING", -700, 1, 0)) == {"2": 300}
+    # ...so Slurm still says -700: that is LAS's old value, not bob's, and 300 goes again.
+    assert tick(running, QueuedJob("2", "bob", "PENDING", -700, 1, 0)) == {"2": 300}
+    assert tick(running, QueuedJob("2", "bob", "PENDING", 300, 1, 0)) == {}
