@@ -8,7 +8,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 
 from tacc_agent.errors import AgentError
-from tacc_agent.slurm import oneliner, run
+from tacc_agent.slurm import oneliner, queue, run
 
 # One node group of `scontrol show job -d --oneliner`: its hosts, CPU ids and GRES.
 NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=(\S*)")
@@ -16,7 +16,6 @@ NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user, QOS, account or par
 WAITING_STATES = ("PENDING", "REQUEUE_HOLD")  # a held requeued job may show either
 NICE_BATCH = 500  # job ids per `scontrol update JobId=a,b,... Nice=N`: ~5 KiB of argv
 NICE_SECONDS_PER_JOB = 0.05  # more time per update in one call (0.74 ms each measured)
-JOB_ID = re.compile(r"\d+(?:_\d+|\+\d+)?")  # a job, array task or het job part, as squeue's
 
 
 def job_record(job_id: str, timeout: float = run.TIMEOUT) -> dict[str, str] | None:
@@ -55,8 +54,13 @@ def set_nice(job_ids: Sequence[str], nice: int, timeout: float = run.TIMEOUT) ->
     names that one; it refuses a whole list with an id it cannot read, so only ids of
     squeue's shape go in one). Each call's timeout grows with its jobs (one update each,
     one after another). What scontrol said about the jobs it did not update; [] when none."""
-    wanted = [job_id for job_id in job_ids if JOB_ID.fullmatch(job_id)]
-    problems = [f"not a job id: {bad[:40]!r}" for bad in job_ids if not JOB_ID.fullmatch(bad)]
+    wanted: list[str] = []
+    problems: list[str] = []
+    for job_id in job_ids:
+        if queue.DETAIL_JOB.fullmatch(job_id):
+            wanted.append(job_id)
+        else:
+            problems.append(f"not a job id: {job_id[:40]!r}")
     for start in range(0, len(wanted), NICE_BATCH):
         batch = wanted[start : start + NICE_BATCH]
         argv = ["scontrol", "update", "JobId=" + ",".join(batch), f"Nice={nice}"]

@@ -20,37 +20,40 @@ def is_key(name: str) -> bool:
     return KEY.fullmatch(name) is not None
 
 
-def parse_oneliner(line: str) -> dict[str, str]:
-    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict. A value may
-    hold spaces (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not
-    start a new Key= continues the value before it. A key seen before does not start a
-    new one either (scontrol prints each key once): free text written after a key
-    (`Comment=x UserId=alice(1001)`) forges nothing. Free text written BEFORE a key can:
-    a job's name comes second, before UserId and the rest, so read job records with
-    `job_record_of`, which refuses a record that names a key twice."""
+def read_words(line: str) -> tuple[dict[str, str], str]:
+    """One `scontrol show ... --oneliner` record's Key=Value words as a dict, and the
+    first key it names twice ("" for none), in one pass. A value may hold spaces
+    (Reason=disk swap [root@...], OS=Linux 6.1 #1 SMP): a word that does not start a new
+    Key= continues the value before it; a key seen before does not start a new one
+    either, it goes on the value before it."""
     fields: dict[str, str] = {}
-    key = ""
+    key, repeated = "", ""
     for word in line.split():
         name, sep, value = word.partition("=")
-        if sep and is_key(name) and name not in fields:
-            key, fields[name] = name, value
-        elif key:
+        if sep and is_key(name):
+            if name not in fields:
+                key, fields[name] = name, value
+                continue
+            repeated = repeated or name
+        if key:
             fields[key] += " " + word
-    return fields
+    return fields, repeated
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """One `scontrol show ... --oneliner` record (Key=Value words) as a dict (read_words).
+    scontrol prints each key once: free text written after a key (`Comment=x
+    UserId=alice(1001)`) forges nothing. Free text written BEFORE a key can: a job's name
+    comes second, before UserId and the rest, so read job records with `job_record_of`,
+    which refuses a record that names a key twice."""
+    return read_words(line)[0]
 
 
 def repeated_key(line: str) -> str:
     """The first Key= word a one-liner holds twice ("" for none). scontrol prints each
     key of a record once, so a repeat is free text (a job's name, its comment) written to
     look like a field."""
-    seen: set[str] = set()
-    for word in line.split():
-        name, sep, _ = word.partition("=")
-        if sep and is_key(name):
-            if name in seen:
-                return name
-            seen.add(name)
-    return ""
+    return read_words(line)[1]
 
 
 def job_record_of(line: str) -> dict[str, str] | None:
@@ -58,19 +61,9 @@ def job_record_of(line: str) -> dict[str, str] | None:
     the job's name comes before UserId, JobState, Restarts, the times and WorkDir, and
     Slurm allows any text in it, so a name such as `x UserId=bob(1002) Restarts=0` would
     be read first. A record that names a key twice is refused whole (the job is read as
-    unknown): only its owner can name her job so, and only her own job is then unseen.
-    One pass: parse_oneliner's reading, stopped at the first repeated key."""
-    fields: dict[str, str] = {}
-    key = ""
-    for word in line.split():
-        name, sep, value = word.partition("=")
-        if sep and is_key(name):
-            if name in fields:
-                return None
-            key, fields[name] = name, value
-        elif key:
-            fields[key] += " " + word
-    return fields
+    unknown): only its owner can name her job so, and only her own job is then unseen."""
+    fields, repeated = read_words(line)
+    return None if repeated else fields
 
 
 def show_lines(
