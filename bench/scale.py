@@ -45,14 +45,13 @@ import time
 from pathlib import Path
 
 from benchlib import BIN, ROOT, Record, add_json_argument
-
-from tacc_lab.demo import researcher_env
+from interactive import USER, Researcher
 
 CONF = "/etc/slurm-scale/slurm.conf"
 CTLD_PORT = 6917
 FIRST_PORT = 20001
 CONTROLLER, HOST, LOGIN = "n1", "n3", "login1"
-FILLER_USERS, RESEARCHER = ("alice", "bob"), "alice"
+FILLER_USERS = (USER, "bob")  # half the queue is the researcher's (interactive.USER)
 # Each plug-in alone, with the settings bench/plugins.py runs it with (a threshold, a
 # nice step: a cold tick sets every pending job's nice).
 PLUGINS = {
@@ -259,24 +258,14 @@ def tick_costs(lab: str, plugin: str, ticks: int) -> list[dict]:
         return [{"error": out[-500:]}]
 
 
-class Researcher:
-    def __init__(self, lab: str) -> None:
-        self.env = {**os.environ, **researcher_env(lab, RESEARCHER)}
-        home = Path(self.env["TCLOUD_CONFIG"]).parent
-        config = (home / "tcloud.yaml").read_text()
-        login = next(line.split()[1] for line in config.splitlines() if "host:" in line)
-        known = next(line.split()[1] for line in config.splitlines() if "known_hosts:" in line)
-        self.ssh = ["ssh", "-i", str(home / "id_ed25519"), "-o", f"UserKnownHostsFile={known}"]
-        self.ssh += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
-        self.ssh.append(f"{RESEARCHER}@{login}")
-
-    def timed(self, argv: list[str]) -> tuple[float, str]:
-        start = time.monotonic()
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, check=False)
-        seconds = time.monotonic() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv[:3])}: {proc.stderr.strip()[-400:]}")
-        return seconds, proc.stdout
+def timed(me: Researcher, argv: list[str]) -> tuple[float, str]:
+    """Seconds argv took as the researcher, and what it printed; it must succeed."""
+    start = time.monotonic()
+    proc = subprocess.run(argv, env=me.env, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])}: {proc.stderr.strip()[-400:]}")
+    return seconds, proc.stdout
 
 
 def user_rows(me: Researcher, project: Path, rounds: int) -> dict:
@@ -284,14 +273,16 @@ def user_rows(me: Researcher, project: Path, rounds: int) -> dict:
     times: dict[str, list[float]] = {key: [] for key in ("ps", "squeue", "submit", "sbatch")}
     rows = 0
     for _ in range(rounds):
-        seconds, out = me.timed([str(BIN / "tcloud"), "ps", "--json"])
+        seconds, out = timed(me, [str(BIN / "tcloud"), "ps", "--json"])
         times["ps"].append(seconds)
         rows = len(json.loads(out))
-        times["squeue"].append(me.timed([*me.ssh, "squeue --me -h"])[0])
-        times["submit"].append(me.timed([str(BIN / "tcloud"), "submit", "--json", str(project)])[0])
+        times["squeue"].append(timed(me, [*me.ssh, "squeue --me -h"])[0])
+        times["submit"].append(
+            timed(me, [str(BIN / "tcloud"), "submit", "--json", str(project)])[0]
+        )
         times["sbatch"].append(
-            me.timed(
-                [*me.ssh, "sbatch -Q -p free -N1 -n1 --mem=50M -t 5 -o /dev/null --wrap true"]
+            timed(
+                me, [*me.ssh, "sbatch -Q -p free -N1 -n1 --mem=50M -t 5 -o /dev/null --wrap true"]
             )[0]
         )
     medians = {key: round(statistics.median(values), 3) for key, values in times.items()}
