@@ -155,7 +155,7 @@ class Mig:
         if Counter(d["type"] for d in have) != Counter(wanted):
             self.refuse_busy(gpu)
             self.empty(gpu, current)  # just turned on: nothing to remove
-            ordered = sorted(wanted, key=slices, reverse=True)  # placements fill best so
+            ordered = largest_first(wanted)
             self.change(
                 f"GPU {gpu}: MIG {','.join(ordered)}",
                 *("mig", "-i", str(gpu), "-cgi", ",".join(ordered), "-C"),
@@ -177,6 +177,12 @@ def slices(profile: str) -> int:
     """A profile's compute slices (3 for 3g.40gb), 0 for a name without them."""
     head = profile.split("g.", 1)[0]
     return int(head) if head.isdigit() else 0
+
+
+def largest_first(profiles: list[str]) -> list[str]:
+    """The order the profiles are created in, here and by the boot unit: the largest
+    first, so the placements fill best."""
+    return sorted(profiles, key=slices, reverse=True)
 
 
 def layout_of(raw: dict, gpus: int) -> dict[int, list[str]]:
@@ -230,7 +236,7 @@ def main() -> None:
         changes=mig.changes,
         # What the boot unit creates (MIG instances do not outlive a reboot).
         create={
-            str(gpu): ",".join(sorted(wanted, key=slices, reverse=True))
+            str(gpu): ",".join(largest_first(wanted))
             for gpu, wanted in sorted(layout.items())
             if wanted
         },
