@@ -177,8 +177,16 @@ upgrade-test: venv
 # beside the other labs; --dist loadfile is tests/conftest.py's scheduler there (one
 # worker per lab shape, heaviest first). Three workers on two cores: the lab modules
 # spend most of their time waiting on Slurm and their nodes, so a third overlaps them.
-test: lint
-	pytest -q -n 3 --dist loadfile --durations=25 tests
+# `make lint` runs beside pytest (its minute overlaps the labs' boots; its output comes
+# after pytest's): either failing fails the target.
+test: venv
+	@mkdir -p .cache && rm -f .cache/lint.log
+	$(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; \
+	tests=0; pytest -q -n 3 --dist loadfile --durations=25 tests || tests=$$?; \
+	linted=0; wait $$lint || linted=$$?; \
+	cat .cache/lint.log; \
+	if [ $$linted -ne 0 ]; then echo "make test: make lint failed (above)" >&2; fi; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 clean: lab-down
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

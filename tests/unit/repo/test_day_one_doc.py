@@ -81,9 +81,12 @@ def make_prerequisites(target: str) -> list[str]:
 
 
 def test_make_venv_is_the_first_thing_make_test_does() -> None:
-    """Step 2: `make test` (what .ci/run calls) goes through lint, which needs the venv."""
-    assert make_prerequisites("test")[:1] == ["lint"]
+    """Step 2: `make test` (what .ci/run calls) builds the venv first and runs lint (which
+    needs it too) beside pytest."""
+    assert make_prerequisites("test")[:1] == ["venv"]
     assert make_prerequisites("lint")[:1] == ["venv"]
+    recipe = (ROOT / "Makefile").read_text().split("\ntest: venv\n", 1)[1].split("\n\n", 1)[0]
+    assert "$(MAKE) --no-print-directory lint" in recipe and "pytest" in recipe
 
 
 def test_the_vault_example_holds_every_vault_variable_and_encrypts(tmp_path) -> None:
