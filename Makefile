@@ -143,10 +143,10 @@ demo: $(STAMP)/image-builder
 	@echo "== a researcher (alice) submits examples/hello with tcloud and follows its logs =="
 	TACC_LAB_NAME=$(LAB_NAME) python -m tacc_lab.demo examples/hello
 
+LINT := ruff check . && ruff format --check . && ansible-lint --profile production --offline
+
 lint: venv
-	ruff check .
-	ruff format --check .
-	ansible-lint --profile production --offline
+	$(LINT)
 
 # tests/unit: no ansible-playbook, no lab, no fresh venv (those are tests/playbook's and
 # tests/integration's); make check runs it after lint.
@@ -177,15 +177,20 @@ upgrade-test: venv
 # beside the other labs; --dist loadfile is tests/conftest.py's scheduler there (one
 # worker per lab shape, heaviest first). Three workers on two cores: the lab modules
 # spend most of their time waiting on Slurm and their nodes, so a third overlaps them.
-# `make lint` runs beside pytest (its minute overlaps the labs' boots; its output comes
-# after pytest's): either failing fails the target.
+# Lint runs beside pytest (its minute overlaps the labs' boots; its output comes after
+# pytest's), in a process group of its own that an interrupted run stops too: either
+# failing fails the target. (Not `$(MAKE) lint`: make runs a line naming $(MAKE) even
+# under -n, and this line holds the whole suite.)
 test: venv
 	@mkdir -p .cache && rm -f .cache/lint.log
-	$(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; \
+	@echo "lint beside pytest: $(LINT)"
+	setsid -w bash -c '$(LINT)' > .cache/lint.log 2>&1 & lint=$$!; \
+	trap 'kill -- -$$lint 2>/dev/null || true' EXIT; \
+	trap 'exit 130' INT TERM; \
 	tests=0; pytest -q -n 3 --dist loadfile --durations=25 tests || tests=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
 	cat .cache/lint.log; \
-	if [ $$linted -ne 0 ]; then echo "make test: make lint failed (above)" >&2; fi; \
+	if [ $$linted -ne 0 ]; then echo "make test: lint failed (above)" >&2; fi; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 clean: lab-down

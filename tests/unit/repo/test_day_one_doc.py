@@ -86,7 +86,8 @@ def test_make_venv_is_the_first_thing_make_test_does() -> None:
     assert make_prerequisites("test")[:1] == ["venv"]
     assert make_prerequisites("lint")[:1] == ["venv"]
     recipe = (ROOT / "Makefile").read_text().split("\ntest: venv\n", 1)[1].split("\n\n", 1)[0]
-    assert "$(MAKE) --no-print-directory lint" in recipe and "pytest" in recipe
+    assert "$(LINT)" in recipe and "pytest" in recipe and "$(MAKE)" not in recipe
+    assert "\nlint: venv\n\t$(LINT)\n" in (ROOT / "Makefile").read_text()
 
 
 def test_the_vault_example_holds_every_vault_variable_and_encrypts(tmp_path) -> None:
