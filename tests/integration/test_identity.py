@@ -120,6 +120,37 @@ def test_d1_a_directory_entry_named_like_a_local_account_or_group_gets_nothing(c
 
 
 @pytest.mark.security
+def test_d1_a_local_group_added_after_the_run_is_kept_from_the_directory_too(converged):
+    """A package or an admin adds a local group after site.yml ran: the watcher
+    (tacc-sssd-local-names.service, no path unit) adds it to SSSD's filter within
+    seconds, so a directory group of that name lends it to nobody."""
+    assert sh("n3", "systemctl is-active tacc-sssd-local-names.service").strip() == "active"
+    assert node_sh(NAME, "n3", "systemctl cat tacc-sssd-local-names.path").returncode != 0
+    ldif = (
+        "dn: cn=labstaff,ou=groups,dc=cluster,dc=internal\nobjectClass: posixGroup\n"
+        "cn: labstaff\ngidNumber: 20028\nmemberUid: carol\n"
+    )
+    sh("n3", "groupadd --system labstaff")
+    try:
+        sh(
+            "n3",
+            "for i in $(seq 60); do grep -q '^filter_groups = .*labstaff' "
+            "/etc/sssd/conf.d/50-tacc-local-names.conf && exit 0; sleep 0.5; done; exit 1",
+        )
+        sh("n1", f'printf "{ldif}" | ldapadd -Q -Y EXTERNAL -H ldapi:///')
+        sh("n3", "sss_cache -E")
+        assert "labstaff" not in sh("n3", "id -Gn carol").split()
+        assert "labstaff" in sh("n1", "sss_cache -E; id -Gn carol").split()  # as written
+    finally:
+        node_sh(NAME, "n3", "groupdel labstaff")
+        node_sh(
+            NAME,
+            "n1",
+            "ldapdelete -Q -Y EXTERNAL -H ldapi:/// cn=labstaff,ou=groups,dc=cluster,dc=internal",
+        )
+
+
+@pytest.mark.security
 def test_d1_the_directory_gives_anonymous_nothing_and_no_password_without_tls(converged):
     ca = "LDAPTLS_CACERT=/etc/ldap/tls/ca.crt"
     anonymous = node_sh(
