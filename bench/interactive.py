@@ -186,6 +186,43 @@ def report(title: str, result: dict, unit: str, higher_is_better: bool = False) 
     )
 
 
+def exec_split(me: Researcher, job: str, rounds: int) -> dict:
+    """Where `tcloud exec --all` spends its time (TCLOUD_TIMING steps, medians of
+    `rounds` runs): the interpreter's start and imports up to its first step, the agent
+    session (mux), the job's check (job target), each channel's opening on the master
+    (mux channel) or on a direct connection (connect), and the rest (the nodes' attach,
+    srun and the command, the exit)."""
+    seconds: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for number in range(rounds):
+            steps_file = Path(tmp) / f"{number}.jsonl"
+            env = {**me.env, "TCLOUD_TIMING": str(steps_file)}
+            start = time.time()
+            subprocess.run(
+                [str(BIN / "tcloud"), "exec", job, "--all", "--", "true"],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            total = time.time() - start
+            steps = [json.loads(line) for line in steps_file.read_text().splitlines()]
+            split = {"start and imports": min(step["start"] for step in steps) - start}
+            for step in steps:
+                name = "job target" if step["step"].startswith("job target") else step["step"]
+                if name in ("mux", "job target", "mux channel", "connect"):
+                    split[name] = max(split.get(name, 0.0), step["end"] - step["start"])
+            split["the rest"] = total - sum(split.values())
+            split["total"] = total
+            for name, value in split.items():
+                seconds.setdefault(name, []).append(value)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    print(
+        "exec --all, where the time goes (medians, s): "
+        + ", ".join(f"{name} {value:.3f}" for name, value in medians.items())
+    )
+    return medians
+
+
 def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> None:
     tcloud = str(BIN / "tcloud")
     srun_shell = ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", "n3", "--pty"]
@@ -205,6 +242,7 @@ def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> Non
     )
     report("exec --all round trip", exec_all, "s")
     out["exec_all"] = exec_all
+    out["exec_all_split"] = exec_split(me, job, rounds)
 
     def through_tcloud() -> float:
         port = free_port()

@@ -66,6 +66,26 @@ def tcloud_pty(user: str, *argv: str, timeout: int = 60) -> pexpect.spawn:
     )
 
 
+def piped(user: str, stdin: str, *argv: str) -> subprocess.CompletedProcess:
+    """The real tcloud with `stdin` on a pipe (no terminal)."""
+    env = {**os.environ, **researcher_env(SLURM_LAB, user)}
+    return subprocess.run(
+        [str(BIN / "tcloud"), *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def alice_logins() -> int:
+    """The SSH logins of alice's the login node's sshd has accepted so far."""
+    script = "journalctl -u ssh --no-pager | grep -c 'Accepted publickey for alice ' || true"
+    return int(node_sh(SLURM_LAB, "login1", script).stdout.strip())
+
+
 class TestIntoARunningJob:
     """i1-i5 share one running two-node job of alice's, cancelled after i5 (class scope),
     so the nodes are free for the cases after them."""
@@ -113,6 +133,22 @@ class TestIntoARunningJob:
         assert proc.returncode == 1, proc.stderr
         assert sorted(proc.stdout.splitlines()) == ["[n2:0] r0", "[n3:1] r1"]
         assert "[n3:1] exited 1" in proc.stderr
+
+    def test_i2_exec_shell_and_logs_ride_the_connection_master_with_no_login_of_their_own(
+        self, alice, served_job
+    ):
+        """Issue [23]: their exec channels open on the master's connection, so they cost
+        no SSH handshake (the login node's sshd counts no new login of alice's)."""
+        assert alice("status", served_job).returncode == 0  # the master runs
+        before = alice_logins()
+        proc = alice("exec", served_job, "--all", "--", "sh", "-c", "echo out; echo err >&2")
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(proc.stdout.splitlines()) == ["[n2:0] out", "[n3:1] out"]
+        assert sorted(proc.stderr.splitlines()) == ["[n2:0] err", "[n3:1] err"]
+        shell = piped("alice", "hostname; exit 3\n", "shell", served_job, "--node", "1")
+        assert (shell.returncode, shell.stdout) == (3, "n3\n"), shell.stderr
+        assert alice("logs", served_job).returncode == 0
+        assert alice_logins() == before
 
     def test_i3_a_forwarded_port_fetches_a_page_served_by_the_job(self, alice, served_job):
         local = free_port()

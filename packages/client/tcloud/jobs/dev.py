@@ -97,7 +97,11 @@ def stop_on_disconnect(
     """The held channel: while it is open the cluster watches it (a heartbeat newline
     every `every` s says it is alive); closing it (here, or the connection dropping)
     cancels the session. Yields the agent's first line."""
-    channel = agent.open_exec(client, verbs.JOB_STOP_ON_DISCONNECT, userdir, job=job_id)
+    # The direct connection: its closing (this process ending) is what stops the session,
+    # whatever a connection master does (`tcloud disconnect` ends what it carries).
+    channel = agent.open_exec(
+        client, verbs.JOB_STOP_ON_DISCONNECT, userdir, shared=False, job=job_id
+    )
     try:
         first = b""
         while not first.endswith(b"\n"):

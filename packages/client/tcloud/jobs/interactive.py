@@ -1,9 +1,10 @@
 """Into a running job (docs/interactive.md): `tcloud shell` and `tcloud exec`. The job
 is checked first (`job target`, a session verb: the agent refuses another user's job
 or one that is not running, exit 4, before any channel opens); then each node's
-command is one exec channel of the verified direct SSH connection running `tacc-agent
-job attach` (every word quoted by shlex.join), which runs it inside the job's
-allocation (`srun --jobid --overlap`).
+command is one exec channel running `tacc-agent job attach` (every word quoted by
+shlex.join), which runs it inside the job's allocation (`srun --jobid --overlap`): on
+the connection master's connection, or on the verified direct SSH connection where
+there is no master.
 
 shell: a PTY (term from $TERM, size from the local terminal), the local terminal in raw
 mode until it ends (restored on every exit path), SIGWINCH passed on as a PTY resize,
@@ -71,11 +72,12 @@ def node_of(answer: dict, rank: int) -> dict:
 
 class ChannelGate:
     """Session channels opened on one connection: an open the server refuses (its
-    MaxSessions reached) is tried again once one of ours has closed."""
+    MaxSessions reached) is tried again once one of ours has closed. (Channels the
+    connection master carries are not its own: it opens more connections itself.)"""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
-        self.count = 0
+        self.opened: set = set()  # ours, open
 
     def open(self, open_session: Callable[[], paramiko.Channel]) -> paramiko.Channel:
         refused_alone = 0
@@ -84,19 +86,21 @@ class ChannelGate:
                 channel = open_session()
             except transport_errors():
                 with self.changed:
-                    refused_alone = 0 if self.count else refused_alone + 1
+                    refused_alone = 0 if self.opened else refused_alone + 1
                     if refused_alone > GATE_RETRIES:
                         raise
                     self.changed.wait(timeout=0.5)
                 continue
             with self.changed:
-                self.count += 1
+                self.opened.add(channel)
             return channel
 
-    def closed(self) -> None:
+    def closed(self, channel) -> None:
+        """`channel` closed: one fewer of ours open (nothing when it was not ours)."""
         with self.changed:
-            self.count -= 1
-            self.changed.notify_all()
+            if channel in self.opened:
+                self.opened.discard(channel)
+                self.changed.notify_all()
 
 
 def open_attach(
@@ -130,7 +134,7 @@ def open_attach(
         )
     except BaseException:
         if gate and opened:
-            gate.closed()
+            gate.closed(opened[-1])
         raise
 
 
@@ -408,7 +412,7 @@ def execute(
         finally:
             running.discard(channel)
             channel.close()
-            gate.closed()
+            gate.closed(channel)
 
     pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_CHANNELS, len(nodes))))
     try:

@@ -180,6 +180,7 @@ class JobWay:
                 verbs.JOB_CONNECT,
                 self.userdir,
                 open_session,
+                shared=False,  # its tuned window, on the direct connection
                 job=self.job,
                 rank=self.rank,
                 check=check,
@@ -192,7 +193,7 @@ class JobWay:
 
     def closed(self, channel) -> None:
         channel.close()
-        self.gate.closed()
+        self.gate.closed(channel)
 
     def say_once(self, lines: list[bytes]) -> None:
         for line in interactive.without_srun_report(lines):

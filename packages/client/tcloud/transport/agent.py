@@ -288,6 +288,14 @@ class SessionSource(Protocol):
     def agent_session(self) -> AgentSession: ...
 
 
+@runtime_checkable
+class ChannelSource(Protocol):
+    """What may carry an exec channel on a shared connection (tcloud.transport.link.Link:
+    the connection master's); None from it means: open one on the direct connection."""
+
+    def shared_channel(self, command: str, terminal: tuple[str, int, int] | None): ...
+
+
 def session(client: paramiko.SSHClient | SessionSource) -> AgentSession:
     """This connection's agent session, opened on first use (or again after it ended);
     AgentMismatch (exit 4) when the agent speaks another protocol (asked again on the
@@ -369,21 +377,28 @@ def open_exec(
     userdir: str | None,
     open_session: Callable[[], paramiko.Channel] | None = None,
     terminal: tuple[str, int, int] | None = None,
+    shared: bool = True,
     **fields: object,
 ) -> paramiko.Channel:
     """A streaming verb on its own exec channel (`job logs`, `attach`, `connect`,
     `stop-on-disconnect`): the agent's protocol checked first (handshake), the channel
-    opened (open_session: the caller's way, e.g. through its gate), a PTY asked for
+    opened (on the connection master's connection when the client has one and `shared`,
+    else open_session: the caller's way, e.g. through its gate), a PTY asked for
     (terminal: (term, columns, rows)), every word quoted. The channel is closed on
     failure."""
     words = verb.request(**fields)
     handshake(client)
+    command = shlex.join(argv_for(words, userdir))
+    if shared and isinstance(client, ChannelSource):
+        carried = client.shared_channel(command, terminal)
+        if carried is not None:
+            return carried
     channel = open_session() if open_session else client.get_transport().open_session()
     try:
         if terminal is not None:
             term, columns, rows = terminal
             channel.get_pty(term=term, width=columns, height=rows)
-        channel.exec_command(shlex.join(argv_for(words, userdir)))
+        channel.exec_command(command)
     except BaseException:
         channel.close()
         raise

@@ -1,7 +1,8 @@
-"""One Cluster's way to the login node: agent sessions through the connection master
-when one can be used (tcloud.transport.mux), a direct verified SSH connection otherwise; and the
-direct connection, opened on first use only, for what the master does not carry (SFTP,
-`job logs` streams)."""
+"""One Cluster's way to the login node: agent sessions and exec channels (`shell`,
+`exec`, `logs`) through the connection master when one can be used
+(tcloud.transport.mux), a direct verified SSH connection otherwise; and the direct
+connection, opened on first use only, for what the master does not carry (SFTP,
+`forward`'s channels)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,14 @@ class Link:
                     self._session = AgentSession(pipe)
                     return self._session
         return agent.session(self.direct)
+
+    def shared_channel(self, command: str, terminal: tuple[str, int, int] | None):
+        """An exec channel on the master's connection (agent.ChannelSource), when this
+        command's agent session came from the master; None: use the direct connection."""
+        if not self.multiplex or self._direct is not None:
+            return None
+        with timing.step("mux channel"):
+            return mux.open_channel(self.settings, command, terminal)
 
     def may_start_master(self) -> bool:
         """A master never asks about a host key: only started once the keys are known."""

@@ -5,7 +5,9 @@ file, agent command; tcloud.transport.mux_master) holds a verified SSH connectio
 a Unix socket in a private directory. A command asks it for an agent session: the
 master hands over a `tacc-agent session` it has already started (its hello read), sends
 that hello line, then relays bytes both ways until either side closes. Each command
-gets its own agent process; all of them share the master's SSH transport.
+gets its own agent process; all of them share the master's SSH transport. A command
+that streams (`shell`, `exec`, `logs`) asks it for an exec channel too
+(tcloud.transport.mux_channel): no SSH handshake of its own either.
 
 Who may use a socket: only its user. The directory is created 0700 and checked on every
 use (owned by this uid, mode 0700, not a symlink), as is the socket (owned by this uid);
@@ -43,6 +45,7 @@ from tacc_contract import protocol, verbs
 from tcloud import timing
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
+from tcloud.transport.mux_channel import MuxChannel
 
 try:
     import fcntl
@@ -54,6 +57,7 @@ ENV_SWITCH = "TCLOUD_MULTIPLEX"
 # How long a starting command waits for the master's socket (its connect has 20 s).
 START_WAIT = 30.0
 REQUEST_TIMEOUT = 30.0
+OK = b'{"ok": true}'
 
 
 class InsecureDirectory(TcloudError):
@@ -388,6 +392,36 @@ def open_session(settings: Cluster, may_start: Callable[[], bool]) -> SocketPipe
     except (OSError, MasterUnusable):
         return None
     return pipe
+
+
+def open_channel(
+    settings: Cluster, command: str, terminal: tuple[str, int, int] | None = None
+) -> MuxChannel | None:
+    """An exec channel running `command` (on a PTY: (term, columns, rows)) on the
+    connection of this connection's master, which must run already (an agent session
+    started it). None: no master, or it said it opened none (`mux_error`): connect
+    directly. Once asked, a master that does not answer is an error, not a direct try:
+    it may have run the command (it never does after mux_master.EXEC_DEADLINE)."""
+    try:
+        sock = connect_socket(socket_path(settings))
+    except (OSError, MasterUnusable):
+        return None
+    if sock is None:
+        return None
+    request = {"op": "exec", "command": command, "pty": list(terminal) if terminal else None}
+    try:
+        sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+        first = read_line(sock.recv)
+    except OSError as exc:
+        sock.close()
+        raise TcloudError(f"the connection master did not answer: {exc}") from None
+    if first.strip() == OK:
+        sock.settimeout(None)
+        return MuxChannel(sock)
+    sock.close()
+    if not first:
+        raise TcloudError("the connection master hung up before it answered")
+    return None  # its mux_error: nothing was run
 
 
 def stop(settings: Cluster) -> bool:

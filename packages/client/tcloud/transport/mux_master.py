@@ -8,6 +8,11 @@ Unix socket. Each client sends one request line:
     {"op": "session"}  -> the agent's hello line, then the bytes of one `tacc-agent
                           session` both ways until either side closes (spare sessions
                           are kept started, so the hello is already there)
+    {"op": "exec", "command": LINE, "pty": [TERM, COLUMNS, ROWS] or null}
+                       -> {"ok": true}, then one exec channel running LINE (on a PTY
+                          when asked) in frames both ways (tcloud.transport.frames)
+                          until it ends; or {"mux_error": WHY} (the command then
+                          connects directly)
     {"op": "exit"}     -> {"ok": true}; the master stops (`tcloud disconnect`)
 
 sshd allows a few sessions per connection (MaxSessions, 10 by default): past
@@ -34,7 +39,7 @@ import paramiko
 from tacc_contract import protocol, verbs
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
-from tcloud.transport import mux, ssh, wire
+from tcloud.transport import frames, mux, ssh, wire
 
 PER_CONNECTION = 8
 # Sessions kept started ahead of need: as many as clients were attached at once (a burst
@@ -51,6 +56,15 @@ KEEPALIVE = 30
 PROBE_AFTER = 10.0
 PROBE_TIMEOUT = 5.0
 CHUNK = 1 << 16
+DROPPED = "the connection master's SSH connection dropped"
+# An exec request's command is run only this soon after it came: well inside the
+# client's wait for the answer (mux.REQUEST_TIMEOUT), after which it reports an error
+# and never runs the command itself.
+EXEC_DEADLINE = 20.0
+# A request line: an exec's command may be long (a few KiB of quoted words).
+REQUEST_LIMIT = 1 << 16
+# The largest PTY a request may ask for (a terminal of 10,000 columns is no terminal).
+MAX_TERMINAL = 10_000
 
 
 def log(message: str) -> None:
@@ -220,10 +234,9 @@ class Master:
         for started, entry in old:
             self.connections.abandon(started.channel, entry)
 
-    def take_session(self) -> tuple[Started, list | None]:
-        """A spare session whose agent still runs, or one started now; after a quiet
-        while, only once the connection answers (else the master exits and the command
-        connects directly)."""
+    def connection_usable(self) -> bool:
+        """After a quiet while, the connection must answer first (else the master exits);
+        a dropped one closes the master to new commands (they connect directly)."""
         with self.lock:
             quiet = self.attached <= 1 and time.monotonic() - self.last_seen > PROBE_AFTER
         if quiet and not self.connections.answers():
@@ -232,7 +245,15 @@ class Master:
             # Its sessions died with it (a cut, a restarted sshd): no new connection is
             # opened in its place by this master; the command connects directly.
             self.refuse_new("the SSH connection dropped")
-            return Started(None, b"", "the connection master's SSH connection dropped"), None
+            return False
+        return True
+
+    def take_session(self) -> tuple[Started, list | None]:
+        """A spare session whose agent still runs, or one started now; after a quiet
+        while, only once the connection answers (else the master exits and the command
+        connects directly)."""
+        if not self.connection_usable():
+            return Started(None, b"", DROPPED), None
         while True:
             with self.lock:
                 taken = self.spares.pop(0) if self.spares else None
@@ -278,10 +299,12 @@ class Master:
         try:
             request = self.request(conn)
             if request.get("op") == "exit":
-                conn.sendall(b'{"ok": true}\n')
+                conn.sendall(mux.OK + b"\n")
                 self.stop("asked to exit")
             elif request.get("op") == "session":
                 self.relay_session(conn)
+            elif request.get("op") == "exec":
+                self.relay_exec(conn, request)
             else:
                 conn.sendall(json.dumps({"mux_error": "unknown request"}).encode() + b"\n")
         except (OSError, ValueError) as exc:
@@ -299,7 +322,7 @@ class Master:
 
     def request(self, conn: socket.socket) -> dict:
         conn.settimeout(mux.REQUEST_TIMEOUT)
-        line = mux.read_line(conn.recv, limit=4096)
+        line = mux.read_line(conn.recv, limit=REQUEST_LIMIT)
         conn.settimeout(None)
         request = json.loads(line or b"{}")
         return request if isinstance(request, dict) else {}
@@ -316,6 +339,45 @@ class Master:
             upstream.start()
             self.to_client(channel, conn)
             upstream.join()
+        finally:
+            channel.close()
+            self.connections.give_back(entry)
+
+    def relay_exec(self, conn: socket.socket, request: dict) -> None:
+        """One exec channel (a PTY first when asked) on a connection of the master's, in
+        frames both ways until the command ends or the client hangs up. Its command is
+        never run once EXEC_DEADLINE has passed since the request came (the client, which
+        waits longer, would have given up), so it never runs twice."""
+        asked = time.monotonic()
+        try:
+            command, terminal = exec_request(request)
+        except ValueError as exc:
+            conn.sendall(json.dumps({"mux_error": str(exc)}).encode() + b"\n")
+            return
+        if not self.connection_usable():
+            conn.sendall(json.dumps({"mux_error": DROPPED}).encode() + b"\n")
+            return
+        entry: list | None = None
+        channel: paramiko.Channel | None = None
+        try:
+            entry = self.connections.take()
+            channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
+            if terminal is not None:
+                term, columns, rows = terminal
+                channel.get_pty(term=term, width=columns, height=rows)
+            if time.monotonic() - asked > EXEC_DEADLINE:
+                raise TimeoutError(f"no channel within {EXEC_DEADLINE:.0f} s")
+            channel.exec_command(command)
+        except Exception as exc:  # whatever it was: the channel goes, and it is said
+            self.connections.abandon(channel, entry)
+            said = f"cannot open a channel: {exc or type(exc).__name__}"
+            conn.sendall(json.dumps({"mux_error": said}).encode() + b"\n")
+            return
+        try:
+            conn.sendall(mux.OK + b"\n")
+            ExecRelay(conn, channel).run()
+        except Exception as exc:  # frames follow OK: no error line any more
+            log(f"exec relay: {type(exc).__name__}: {exc}")
         finally:
             channel.close()
             self.connections.give_back(entry)
@@ -403,6 +465,73 @@ class Master:
         with contextlib.suppress(Exception):
             self.connections.close()
         os._exit(0)
+
+
+def exec_request(request: dict) -> tuple[str, tuple[str, int, int] | None]:
+    """An exec request's command line and PTY (term, columns, rows), or ValueError."""
+    command, terminal = request.get("command"), request.get("pty")
+    if not isinstance(command, str) or not command:
+        raise ValueError("exec: no command")
+    if terminal is None:
+        return command, None
+    if not (
+        isinstance(terminal, list)
+        and len(terminal) == 3
+        and isinstance(terminal[0], str)
+        and all(isinstance(number, int) and 0 <= number <= MAX_TERMINAL for number in terminal[1:])
+    ):
+        raise ValueError(f"exec: pty is [term, columns, rows], at most {MAX_TERMINAL} each")
+    return command, (terminal[0], terminal[1], terminal[2])
+
+
+class ExecRelay:
+    """An exec channel and a client's socket: the channel's stdout and stderr out as
+    frames (an empty one at each one's end), then its exit status; stdin, its end and
+    PTY sizes in. The client hanging up closes the channel."""
+
+    def __init__(self, conn: socket.socket, channel: paramiko.Channel) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.send_lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        with self.send_lock:
+            self.conn.sendall(data)
+
+    def out(self, kind: bytes, receive) -> None:
+        try:
+            while data := receive(CHUNK):
+                self.send(frames.frame(kind, data))
+            self.send(frames.frame(kind))
+        except (OSError, paramiko.SSHException):
+            self.channel.close()  # the client is gone: so is its command
+
+    def inbound(self) -> None:
+        try:
+            while True:
+                kind, payload = frames.read(self.conn.recv)
+                if kind == frames.IN:
+                    self.channel.sendall(payload)
+                elif kind == frames.EOF:
+                    self.channel.shutdown_write()
+                elif kind == frames.RESIZE:
+                    columns, rows = frames.size(payload)
+                    self.channel.resize_pty(width=columns, height=rows)
+        except (OSError, EOFError, frames.FrameError, paramiko.SSHException):
+            pass
+        finally:
+            self.channel.close()  # hung up (or a frame that is none): the command ends
+
+    def run(self) -> None:
+        threading.Thread(target=self.inbound, daemon=True).start()
+        errors = threading.Thread(target=self.out, args=(frames.ERR, self.channel.recv_stderr))
+        errors.start()
+        self.out(frames.OUT, self.channel.recv)
+        errors.join()
+        status = self.channel.recv_exit_status()
+        with contextlib.suppress(OSError):
+            self.send(frames.exit_frame(status))
+            self.conn.shutdown(socket.SHUT_RDWR)
 
 
 def read_spec() -> str:

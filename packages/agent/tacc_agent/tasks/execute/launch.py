@@ -34,6 +34,7 @@ from pathlib import Path
 from tacc_agent import gpu_memory, slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
+from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.self_command import AGENT
 from tacc_agent.tasks.execute import containers, envcache, lost_nodes, timing
 from tacc_agent.tasks.execute.agreement import Agreement
@@ -560,12 +561,13 @@ def finish(job_dir: Path, code: int, terminated: bool) -> None:
 
 # ---------------------------------------------------------------- one node
 def step_hostnames(nodelist: str, timeout: float) -> list[str]:
-    """The step's host names in Slurm's order: a plain list (n2, or n2,n3) as it is, with
-    no scontrol process on a wrapper's start; a hostlist expression (n[2-3]) expanded by
-    `scontrol show hostnames`."""
+    """The step's host names in Slurm's order: a plain list (n2, or n2,n3) as it is, a
+    hostlist expression (n[2-3]) expanded here (tacc_agent.hostlist), with no scontrol
+    process on a wrapper's start or an attach; `scontrol show hostnames` only for an
+    expression that names nobody here."""
     if "[" not in nodelist:
         return [name for name in nodelist.split(",") if name]
-    return slurm.nodes.hostnames(nodelist, timeout)
+    return expand_hostlist(nodelist) or slurm.nodes.hostnames(nodelist, timeout)
 
 
 def slurm_node_rank(nodes: list[str], host: str) -> int:

@@ -118,7 +118,10 @@ def open_socket(path: Path) -> socket.socket:
 
 
 def pipe(sock: socket.socket, stdin_fd: int = 0, stdout_fd: int = 1) -> None:
-    """Bytes both ways until both sides ended; each side's end passed on."""
+    """Bytes both ways; the caller's end (stdin's) passed on to the program, and the
+    program's end ends the relay: srun passes no end of a task's stdout on until the task
+    exits, so waiting for stdin too would leave the forwarded connection open for ever
+    (a program that half-closes and still reads gets no more input: a known limit)."""
 
     def upstream() -> None:
         with contextlib.suppress(OSError):
@@ -136,7 +139,6 @@ def pipe(sock: socket.socket, stdin_fd: int = 0, stdout_fd: int = 1) -> None:
                 view = view[os.write(stdout_fd, view) :]
     with contextlib.suppress(OSError):
         os.close(stdout_fd)
-    sender.join()
     sock.close()
 
 

@@ -132,16 +132,19 @@ def test_a_sample_without_marks_keeps_the_steps_it_has():
     }
 
 
-def test_a_plain_node_list_needs_no_scontrol_and_a_hostlist_expression_does(monkeypatch):
+def test_node_lists_and_hostlist_expressions_need_no_scontrol(monkeypatch):
     asked: list[str] = []
     monkeypatch.setattr(
-        slurm.nodes, "hostnames", lambda nodelist, _timeout: asked.append(nodelist) or ["n2", "n3"]
+        slurm.nodes, "hostnames", lambda nodelist, _timeout: asked.append(nodelist) or ["x1"]
     )
     assert step_hostnames("n2", 5) == ["n2"]
     assert step_hostnames("n3,n2", 5) == ["n3", "n2"]
-    assert asked == []
     assert step_hostnames("n[2-3]", 5) == ["n2", "n3"]
-    assert asked == ["n[2-3]"]
+    assert step_hostnames("gpu[01-02],n[7,9]", 5) == ["gpu01", "gpu02", "n7", "n9"]
+    assert asked == []
+    # An expression this parser does not read is Slurm's to expand.
+    assert step_hostnames("n[2-x]", 5) == ["x1"]
+    assert asked == ["n[2-x]"]
 
 
 def test_rendezvous_polls_start_fast_and_back_off_to_a_tenth_of_a_second():

@@ -112,6 +112,35 @@ def test_a_loopback_port_is_relayed_both_ways_with_each_end(tmp_path):
         assert relayed(sock, b"notebook" * 10000) == b"NOTEBOOK" * 10000
 
 
+@pytest.mark.fault
+def test_the_program_closing_its_connection_ends_the_relay_while_the_caller_still_sends():
+    """An HTTP/1.0 server, a stream that ends: srun ends the forwarded connection only
+    when this step exits, so the relay must not wait for the caller's end too."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def say_and_close() -> None:
+            conn, _ = server.accept()
+            conn.sendall(b"whole answer")
+            conn.close()
+
+        threading.Thread(target=say_and_close, daemon=True).start()
+        sock = relay.open_port(server.getsockname()[1])
+        stdin_read, stdin_write = os.pipe()  # the caller: open, says nothing
+        stdout_read, stdout_write = os.pipe()
+        args = (sock, stdin_read, stdout_write)
+        worker = threading.Thread(target=relay.pipe, args=args, daemon=True)
+        worker.start()
+        got = b""
+        while chunk := os.read(stdout_read, 65536):
+            got += chunk
+        worker.join(timeout=5)
+        assert got == b"whole answer" and not worker.is_alive()
+        for fd in (stdin_read, stdin_write, stdout_read):
+            os.close(fd)
+
+
 def test_a_unix_socket_is_relayed(tmp_path):
     path = tmp_path / "private" / "jupyter.sock"
     path.parent.mkdir(mode=0o700)
