@@ -44,8 +44,15 @@ def project_root() -> Path:
     return ROOT
 
 
-def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout=600):
-    """Run an installed console script (tacc-lab, tcloud, ...) and capture its output."""
+def run_cli(
+    *argv: str,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout=600,
+    stdin: str | None = None,
+):
+    """Run an installed console script (tacc-lab, tcloud, ...) and capture its output
+    (`stdin`: written to its stdin, a pipe; else none)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [str(BIN / argv[0]), *argv[1:]],
@@ -55,6 +62,7 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT, tim
         cwd=cwd,
         timeout=timeout,
         check=False,
+        input=stdin,
     )
 
 

@@ -66,20 +66,6 @@ def tcloud_pty(user: str, *argv: str, timeout: int = 60) -> pexpect.spawn:
     )
 
 
-def piped(user: str, stdin: str, *argv: str) -> subprocess.CompletedProcess:
-    """The real tcloud with `stdin` on a pipe (no terminal)."""
-    env = {**os.environ, **researcher_env(SLURM_LAB, user)}
-    return subprocess.run(
-        [str(BIN / "tcloud"), *argv],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
 def alice_logins() -> int:
     """The SSH logins of alice's the login node's sshd has accepted so far."""
     script = "journalctl -u ssh --no-pager | grep -c 'Accepted publickey for alice ' || true"
@@ -145,7 +131,7 @@ class TestIntoARunningJob:
         assert proc.returncode == 0, proc.stderr
         assert sorted(proc.stdout.splitlines()) == ["[n2:0] out", "[n3:1] out"]
         assert sorted(proc.stderr.splitlines()) == ["[n2:0] err", "[n3:1] err"]
-        shell = piped("alice", "hostname; exit 3\n", "shell", served_job, "--node", "1")
+        shell = alice("shell", served_job, "--node", "1", stdin="hostname; exit 3\n")
         assert (shell.returncode, shell.stdout) == (3, "n3\n"), shell.stderr
         assert alice("logs", served_job).returncode == 0
         assert alice_logins() == before

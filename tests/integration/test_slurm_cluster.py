@@ -142,8 +142,8 @@ def researcher(name: str, tmp: Path):
     """tcloud as a lab researcher: `eval "$(tacc-lab user NAME)"`, nothing else."""
     env = researcher_env(NAME, name)
 
-    def tcloud_cli(*argv: str, cwd: Path = tmp):
-        return run_cli("tcloud", *argv, env=env, cwd=cwd)
+    def tcloud_cli(*argv: str, cwd: Path = tmp, stdin: str | None = None):
+        return run_cli("tcloud", *argv, env=env, cwd=cwd, stdin=stdin)
 
     return tcloud_cli
 

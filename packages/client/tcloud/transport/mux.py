@@ -288,17 +288,23 @@ def ask(path: Path, request: dict) -> tuple[socket.socket, bytes] | None:
     sock = connect_socket(path)
     if sock is None:
         return None
+    return sock, first_answer(sock, request)
+
+
+def first_answer(sock: socket.socket, request: dict) -> bytes:
+    """Send one request line on a connected socket; the master's first answer line.
+    MasterUnusable (the socket closed) when it hung up or did not answer in time."""
     try:
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
         first = read_line(sock.recv)
     except OSError as exc:
         sock.close()
         raise MasterUnusable(f"the connection master did not answer: {exc}") from None
     if not first:
         sock.close()
-        raise MasterUnusable("the connection master hung up")
+        raise MasterUnusable("the connection master hung up before it answered")
     sock.settimeout(None)
-    return sock, first
+    return first
 
 
 def is_hello(line: bytes) -> bool:
@@ -410,17 +416,12 @@ def open_channel(
         return None
     request = {"op": "exec", "command": command, "pty": list(terminal) if terminal else None}
     try:
-        sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
-        first = read_line(sock.recv)
-    except OSError as exc:
-        sock.close()
-        raise TcloudError(f"the connection master did not answer: {exc}") from None
+        first = first_answer(sock, request)
+    except MasterUnusable as exc:
+        raise TcloudError(str(exc)) from None
     if first.strip() == OK:
-        sock.settimeout(None)
         return MuxChannel(sock)
     sock.close()
-    if not first:
-        raise TcloudError("the connection master hung up before it answered")
     return None  # its mux_error: nothing was run
 
 

@@ -133,19 +133,47 @@ class Connections:
         with self.lock:
             entry[1] -= 1
 
-    def start_session(self) -> tuple[Started, list | None]:
-        """A started agent session and the connection it counts against; on failure its
-        channel is closed (the agent and sshd's session end) and the count given back."""
+    def exec_channel(
+        self,
+        command: str,
+        terminal: tuple[str, int, int] | None = None,
+        deadline: float | None = None,
+    ) -> tuple[paramiko.Channel, list]:
+        """An exec channel running `command` (on a PTY when asked: term, columns, rows)
+        and the connection it counts against. Not run once time.monotonic() is past
+        `deadline`. On any failure the channel is closed, the count given back, and the
+        error raised."""
         entry: list | None = None
         channel: paramiko.Channel | None = None
         try:
             entry = self.take()
             channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
-            channel.exec_command(shlex.join(protocol.command(verbs.SESSION.request())))
+            if terminal is not None:
+                term, columns, rows = terminal
+                channel.get_pty(term=term, width=columns, height=rows)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no channel within {EXEC_DEADLINE:.0f} s")
+            channel.exec_command(command)
+        except BaseException:
+            self.abandon(channel, entry)
+            raise
+        return channel, entry
+
+    def start_session(self) -> tuple[Started, list | None]:
+        """A started agent session and the connection it counts against; on failure its
+        channel is closed (the agent and sshd's session end) and the count given back."""
+        failed = (OSError, EOFError, paramiko.SSHException, TcloudError)
+        try:
+            channel, entry = self.exec_channel(
+                shlex.join(protocol.command(verbs.SESSION.request()))
+            )
+        except failed as exc:
+            return Started(None, b"", f"cannot start the agent's session: {exc}"), None
+        try:
             channel.settimeout(HELLO_TIMEOUT)
             hello = mux.read_line(channel.recv)
             channel.settimeout(None)
-        except (OSError, EOFError, paramiko.SSHException, TcloudError) as exc:
+        except failed as exc:
             self.abandon(channel, entry)
             return Started(None, b"", f"cannot start the agent's session: {exc}"), None
         if not mux.is_hello(hello):
@@ -357,19 +385,11 @@ class Master:
         if not self.connection_usable():
             conn.sendall(json.dumps({"mux_error": DROPPED}).encode() + b"\n")
             return
-        entry: list | None = None
-        channel: paramiko.Channel | None = None
         try:
-            entry = self.connections.take()
-            channel = entry[0].get_transport().open_session(timeout=HELLO_TIMEOUT)
-            if terminal is not None:
-                term, columns, rows = terminal
-                channel.get_pty(term=term, width=columns, height=rows)
-            if time.monotonic() - asked > EXEC_DEADLINE:
-                raise TimeoutError(f"no channel within {EXEC_DEADLINE:.0f} s")
-            channel.exec_command(command)
-        except Exception as exc:  # whatever it was: the channel goes, and it is said
-            self.connections.abandon(channel, entry)
+            channel, entry = self.connections.exec_channel(
+                command, terminal, deadline=asked + EXEC_DEADLINE
+            )
+        except Exception as exc:  # whatever it was: the channel is gone, and it is said
             said = f"cannot open a channel: {exc or type(exc).__name__}"
             conn.sendall(json.dumps({"mux_error": said}).encode() + b"\n")
             return
