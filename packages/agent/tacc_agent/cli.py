@@ -430,7 +430,8 @@ def node_usage(call: Call) -> int:
 def relay(call: Call) -> int:
     from tacc_agent.tasks.interactive import relay  # lazy verb import
 
-    return relay.relay(call.args.port, call.args.socket, call.args.check)
+    args = call.args
+    return relay.relay(args.port, args.socket, args.check, args.back)
 
 
 def job_attach(call: Call) -> int:
@@ -441,11 +442,11 @@ def job_attach(call: Call) -> int:
 
 
 def job_connect(call: Call) -> int:
-    from tacc_agent.tasks.interactive import attach  # lazy verb import
+    from tacc_agent.tasks.interactive import connect  # lazy verb import
 
     args = call.args
-    target = attach.RelayTarget(args.port, args.socket, args.check)
-    return attach.connect(call.user_dir, args.job, call.config, args.rank, target)
+    target = connect.RelayTarget(args.port, args.socket, args.check)
+    return connect.connect(call.user_dir, args.job, call.config, args.rank, target)
 
 
 def job_stop_on_disconnect(call: Call) -> int:

@@ -91,8 +91,12 @@ ENTER = Verb(
 )
 RELAY = Verb(
     ("relay",),
-    "(srun) stdin/stdout to a port or socket here",
-    RELAY_TARGET,
+    "(srun) a port or socket here to stdin/stdout, or with --back to a connection back "
+    "to `job connect` (its offer on stdin)",
+    (
+        *RELAY_TARGET,
+        Field("back", bool, "--back", help="connect back to `job connect` (its offer on stdin)"),
+    ),
     streams=True,
     across=connect_target_problem,
 )

@@ -1,8 +1,7 @@
 """Into a running job (docs/interactive.md): where it runs (`job target`), a command or
 a shell on one of its nodes inside its allocation (`job attach`, which execs srun on the
-login node; `enter`, which srun runs on the node), one connection to its program there
-(`job connect`, which execs srun running `relay`: tasks.relay), and `job
-stop-on-disconnect`.
+login node; `enter`, which srun runs on the node), the step that reaches its program
+there for `job connect` (tasks.connect, tasks.relay), and `job stop-on-disconnect`.
 
 Two walls keep users apart: the agent's own checks (the job is in the caller's
 workspace and Slurm's record of its id is this job of the caller's: jobs.checked_info),
@@ -35,14 +34,13 @@ from typing import BinaryIO
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
-from tacc_agent.node_verbs import ENTER, RELAY
+from tacc_agent.node_verbs import ENTER
 from tacc_agent.tasks.execute import containers, envcache
 from tacc_agent.tasks.execute import launch as execute
 from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_contract.instruction import FILE
-from tacc_contract.wire import BadArgument
 
 POLL_SECONDS = 3.0  # stop-on-disconnect: how often it asks whether the job ended alone
 # The client writes a byte on stdin every 10 s; this long without one is a disconnect.
@@ -163,45 +161,6 @@ def srun_argv(job: RunningJob, rank: int, command: Sequence[str], pty: bool) -> 
     """The step that runs `tacc-agent enter` (the command in the job's environment)."""
     enter_words = ENTER.request(jobdir=str(job.job_dir), rank=rank, command=list(command))
     return step_argv(job, rank, enter_words, pty)
-
-
-@dataclass(frozen=True)
-class RelayTarget:
-    """What `job connect` reaches on the node: a loopback port or a Unix socket."""
-
-    port: int | None
-    socket_path: str | None
-    check: bool = False
-
-    def words(self) -> list[str]:
-        """`tacc-agent relay`'s words (exactly one of port and socket_path)."""
-        if (self.port is None) == (self.socket_path is None):
-            raise Rejected("job connect: expected --port PORT or --socket PATH (one of them)")
-        try:
-            return RELAY.request(port=self.port, socket=self.socket_path, check=self.check)
-        except BadArgument as exc:
-            raise Rejected(f"job connect: {exc}") from None
-
-
-def connect(
-    user_dir: Path, job_id: str, config: AgentConfig, rank: int, target: RelayTarget
-) -> int:
-    """`job connect` (one `tcloud forward` connection): checks, then execs srun running
-    `tacc-agent relay` on the rank's node (tasks.relay). stdout is the program's bytes
-    only, so a refusal is one line on stderr here."""
-    try:
-        job = running_job(user_dir, job_id, config)
-        argv = step_argv(job, rank, target.words(), pty=False)
-    except AgentError as exc:
-        print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    sys.stderr.flush()
-    try:
-        os.execvp(argv[0], argv)  # noqa: S606 - srun replaces the agent (argv words)
-    except FileNotFoundError:
-        print("tacc-agent: srun not found: is this a Slurm login node?", file=sys.stderr)
-        return AGENT_CLUSTER
-    return 0  # only when exec is replaced (tests)
 
 
 def attach(

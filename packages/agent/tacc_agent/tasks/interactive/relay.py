@@ -15,19 +15,18 @@ status (tcloud exits 4).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import stat
 import sys
-import threading
 from pathlib import Path
 
-from tacc_agent.errors import AGENT_REJECTED, Rejected
+from tacc_agent.errors import AGENT_CLUSTER, AGENT_REJECTED, Rejected
 from tacc_agent.procfs import PROC
 from tacc_agent.procfs.sockets import LISTEN, endpoint, tcp_sockets
+from tacc_agent.tasks.interactive import backchannel, pumps
+from tacc_agent.tasks.interactive.pumps import End
 
-CHUNK = 1 << 18
 LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
 
 
@@ -118,35 +117,84 @@ def open_socket(path: Path) -> socket.socket:
 
 
 def pipe(sock: socket.socket, stdin_fd: int = 0, stdout_fd: int = 1) -> None:
-    """Bytes both ways; the caller's end (stdin's) passed on to the program, and the
-    program's end ends the relay: srun passes no end of a task's stdout on until the task
-    exits, so waiting for stdin too would leave the forwarded connection open for ever
-    (a program that half-closes and still reads gets no more input: a known limit)."""
-
-    def upstream() -> None:
-        with contextlib.suppress(OSError):
-            while data := os.read(stdin_fd, CHUNK):
-                sock.sendall(data)
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
-
-    sender = threading.Thread(target=upstream, daemon=True)
-    sender.start()
-    with contextlib.suppress(OSError):
-        while data := sock.recv(CHUNK):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(stdout_fd, view) :]
-    with contextlib.suppress(OSError):
-        os.close(stdout_fd)
+    """Bytes both ways over srun's stdio; the caller's end (stdin's) passed on to the
+    program, and the program's end ends the relay: srun passes no end of a task's stdout
+    on until the task exits, so waiting for stdin too would leave the forwarded
+    connection open for ever (a program that half-closes and still reads gets no more
+    input: a known limit of this path, not of the connection back)."""
+    program, caller = End.of_socket(sock), End.of_pipes(stdin_fd, stdout_fd)
+    pumps.start(caller, program)
+    pumps.one_way(program, caller)
     sock.close()
 
 
-def relay(port: int | None, socket_path: str | None, check: bool) -> int:
-    """The verb: the warning (a port), then the connection relayed; with check only
+def across(sock: socket.socket, back: socket.socket) -> None:
+    """Bytes both ways between the program and the connection back. The program's end
+    is passed on, and `job connect` then closes the connection (sshd passes the end of
+    the channel's stdout on only when its stderr, srun's, closes too: when the step
+    ends), which ends the caller's direction here. `job connect` gone (it resets the
+    connection) ends both: the program's side is shut too, even while it is silent."""
+    program, caller = End.of_socket(sock), End.of_socket(back)
+
+    def caller_done(ended: bool) -> None:
+        if not ended:
+            pumps.shut(sock)  # a reset, not an end: nothing more either way
+
+    upstream = pumps.start(caller, program, then=caller_done)
+    if not pumps.one_way(program, caller):
+        pumps.shut(back)  # `job connect` is gone: nothing more to carry either way
+    upstream.join()
+    back.close()
+    sock.close()
+
+
+def fall_back(sock: socket.socket, why: str) -> None:
+    """No connection back: one line on stderr, FALLBACK on stdout, srun's stdio."""
+    print(
+        f"tacc-agent: {why}: relaying through srun's stdio, about 15 MiB/s",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.write(1, backchannel.FALLBACK)
+    pipe(sock)
+
+
+def relay_back(sock: socket.socket, offer: backchannel.Offer) -> int:
+    """Over the connection back to `job connect`. Only when none can be made (no IP
+    address for srun's host, the connection refused or timed out) over srun's stdio
+    (fall_back); an end that takes the connection and fails its proof is an error, not
+    a fallback (`job connect` may have answered meanwhile, and only one way is read)."""
+    host = os.environ.get(backchannel.SRUN_HOST, "")
+    try:
+        address = backchannel.address_of(host)
+        back = backchannel.connection_to(address, offer.port)
+    except (backchannel.Unreachable, OSError) as exc:
+        fall_back(
+            sock, f"no connection back to {host or 'the login node'} port {offer.port} ({exc})"
+        )
+        return 0
+    try:
+        backchannel.prove(back, offer)
+    except OSError as exc:
+        back.close()
+        sock.close()
+        print(
+            f"tacc-agent: the connection back to {address} port {offer.port} failed: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return AGENT_CLUSTER
+    across(sock, back)
+    return 0
+
+
+def relay(port: int | None, socket_path: str | None, check: bool, back: bool = False) -> int:
+    """The verb: the warning (a port), then the connection relayed (with back: over a
+    connection back to `job connect`, its offer read from stdin first); with check only
     the warning (a port) or the socket's presence. Errors: one line on stderr, rejected
     (stdout is the program's bytes only)."""
     try:
+        offer = backchannel.read_offer() if back and not check else None
         if port is not None:
             warning = exposure_warning(port, socket.gethostname())
             if warning:
@@ -155,9 +203,11 @@ def relay(port: int | None, socket_path: str | None, check: bool) -> int:
         else:
             path = checked_socket_path(socket_path or "")
             sock = None if check else open_socket(path)
-    except Rejected as exc:
+    except (Rejected, backchannel.OfferError) as exc:
         print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
         return AGENT_REJECTED
-    if sock is not None:
+    if sock is not None and offer is not None:
+        return relay_back(sock, offer)
+    elif sock is not None:
         pipe(sock)
     return 0

@@ -1,5 +1,5 @@
-"""`tcloud forward`'s node side: `job connect` (the srun it execs on the login node,
-tasks/interactive/attach.py) and `tacc-agent relay` (tasks/interactive/relay.py: the exposure
+"""`tcloud forward`'s node side: `job connect` (the srun it runs on the login node,
+tasks/interactive/connect.py) and `tacc-agent relay` (tasks/interactive/relay.py: the exposure
 warning read from /proc/net/tcp{,6}, the connection to 127.0.0.1:PORT or a Unix socket,
 bytes relayed between it and stdin/stdout, errors on stderr only); the protocol's builder."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AGENT_REJECTED, Rejected
-from tacc_agent.tasks.interactive import attach, relay
+from tacc_agent.tasks.interactive import connect, relay
 from tacc_contract.protocol import BadArgument
 from tacc_contract.verbs import JOB_CONNECT
 from tests.unit.agent.tasks.interactive.test_attach import a_job
@@ -228,20 +228,29 @@ def agent_config(tmp_path: Path) -> AgentConfig:
     return AgentConfig(workspace=str(tmp_path / "workspace"), slurm_timeout_seconds=5)
 
 
-def test_job_connect_execs_srun_running_relay_on_the_ranks_node(
+def test_job_connect_runs_srun_with_relay_on_the_ranks_node(
     tmp_path, slurm_fake, agent_config, monkeypatch
 ):
+    """A connection: srun runs `relay --back` (carry gives it the offer); a check: srun
+    replaces the agent and runs `relay --check`."""
     user_dir, _ = a_job(tmp_path, slurm_fake)
     config = agent_config
-    execs = []
-    monkeypatch.setattr(attach.os, "execvp", lambda file, argv: execs.append(argv))
-    attach.connect(user_dir, "42", config, 1, attach.RelayTarget(8888, None))
-    attach.connect(user_dir, "42", config, 0, attach.RelayTarget(None, "/s/j.sock", True))
+    started, execs = [], []
+
+    def popen(argv, **_kwargs):
+        started.append(argv)
+        return "the step"
+
+    monkeypatch.setattr(connect.subprocess, "Popen", popen)
+    monkeypatch.setattr(connect, "carry", lambda step, *_fds: 0 if step == "the step" else 1)
+    monkeypatch.setattr(connect.os, "execvp", lambda file, argv: execs.append(argv))
+    assert connect.connect(user_dir, "42", config, 1, connect.RelayTarget(8888, None)) == 0
+    connect.connect(user_dir, "42", config, 0, connect.RelayTarget(None, "/s/j.sock", True))
     prefix = ["srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1"]
-    assert execs[0][:5] == prefix and "--nodelist=n3" in execs[0]
-    assert execs[0][-3:] == ["relay", "--port", "8888"]
-    assert execs[1][-4:] == ["relay", "--socket", "/s/j.sock", "--check"]
-    assert sys.executable in execs[0] and "--pty" not in execs[0]
+    assert started[0][:5] == prefix and "--nodelist=n3" in started[0]
+    assert started[0][-4:] == ["relay", "--port", "8888", "--back"]
+    assert execs[0][-4:] == ["relay", "--socket", "/s/j.sock", "--check"]
+    assert sys.executable in started[0] and "--pty" not in started[0]
 
 
 def test_job_connect_into_a_job_not_yours_is_refused_on_stderr(
@@ -250,10 +259,10 @@ def test_job_connect_into_a_job_not_yours_is_refused_on_stderr(
     user_dir, _ = a_job(tmp_path, slurm_fake)
     config = agent_config
     execs = []
-    monkeypatch.setattr(attach.os, "execvp", lambda *a: execs.append(a))
-    assert (
-        attach.connect(user_dir, "77", config, 0, attach.RelayTarget(8888, None)) == AGENT_REJECTED
-    )
+    monkeypatch.setattr(connect.os, "execvp", lambda *a: execs.append(a))
+    monkeypatch.setattr(connect.subprocess, "Popen", lambda *a, **_k: execs.append(a))
+    target = connect.RelayTarget(8888, None)
+    assert connect.connect(user_dir, "77", config, 0, target) == AGENT_REJECTED
     out, err = capfd.readouterr()
     assert out == "" and "77" in err and execs == []
 
