@@ -10,6 +10,7 @@ its lab and its researchers alice and bob. One two-node job serves i1-i4.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,9 +156,14 @@ class TestIntoARunningJob:
                     f"http://127.0.0.1:{local}/index.html", timeout=20
                 ) as page:
                     assert page.read().decode() == PAGE
+            # issue [23]: the bytes went through an OpenSSH master of the forward's
+            masters = [argv for argv in children_argv(forward.pid) if "-M" in argv]
+            assert len(masters) == 1 and Path(masters[0][0]).name == "ssh", masters
         finally:
             forward.send_signal(signal.SIGINT)
             assert forward.wait(timeout=20) == 0, forward.stderr.read() if forward.stderr else ""
+        err = forward.stderr.read() if forward.stderr else ""
+        assert "relaying through srun" not in err, err  # and the node's relay connected back
 
     def test_i4_top_shows_each_nodes_usage_of_the_job(self, alice, served_job):
         proc = alice("top", served_job, "--once", "--json")
@@ -188,6 +194,18 @@ class TestIntoARunningJob:
         script = f"su - bob -c 'srun --jobid={served_job} --overlap -N1 -n1 id' 2>&1; echo rc=$?"
         out = node_sh(SLURM_LAB, "login1", script).stdout
         assert "rc=0" not in out and "uid=" not in out, out
+
+
+def children_argv(pid: int) -> list[list[str]]:
+    """The argv of each process of this machine whose parent is pid."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            parent = int(stat_file.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                cmdline = (stat_file.parent / "cmdline").read_bytes()
+                found.append([word.decode() for word in cmdline.split(b"\0") if word])
+    return found
 
 
 def job_processes(job: str) -> str:

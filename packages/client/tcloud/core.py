@@ -24,7 +24,7 @@ from tcloud.jobs import interactive, portforward
 from tcloud.jobs import usage as usage_report
 from tcloud.jobs import verbs as jobs
 from tcloud.transfer.upload import upload
-from tcloud.transport import agent
+from tcloud.transport import agent, openssh
 from tcloud.transport.link import Direct, Link
 
 PathLike = str | os.PathLike[str]
@@ -373,11 +373,14 @@ class Job:
         pairs = portforward.pairs_of(ports)
         rank = whole_number(rank, "rank") or 0
         interactive.node_of(self.target(), rank)
-        way = portforward.JobWay(self.cluster.client, self.cluster.userdir, self.id, rank, warn)
-        for pair in pairs:
-            way.check(pair)
-        with portforward.Forwarder(pairs, way.open, warn=warn) as forwarder:
-            yield forwarder.mapping
+        with openssh.master_for(self.cluster.settings) as master:
+            client, userdir = self.cluster.client, self.cluster.userdir
+            way = portforward.JobWay(client, userdir, self.id, rank, warn, master)
+            for pair in pairs:
+                way.check(pair)
+            master(wait=openssh.SETTLE_SECONDS)  # its first connections through it too
+            with portforward.Forwarder(pairs, way.open, warn=warn) as forwarder:
+                yield forwarder.mapping
 
     def usage(self) -> answers.JobTop:
         """Its live usage per node now (JOB_TOP): cpu_seconds, memory, GPUs."""

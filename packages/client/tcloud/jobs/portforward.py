@@ -17,11 +17,12 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tacc_contract import verbs
 from tcloud.errors import TcloudError, UsageError
 from tcloud.jobs import interactive
-from tcloud.transport import agent
+from tcloud.transport import agent, openssh
 
 LOCALHOST = "127.0.0.1"
 CHUNK = 1 << 18  # bytes per read on either side
@@ -141,7 +142,14 @@ def relay(sock: socket.socket, channel) -> None:
         sock.close()
 
 
-Opener = Callable[[PortPair, tuple[str, int]], object]  # -> a channel
+class Carrier(Protocol):
+    """One forwarded connection's way to the node: it carries the accepted socket's
+    bytes both ways until both ends are done, then closes it."""
+
+    def carry(self, sock: socket.socket) -> None: ...
+
+
+Opener = Callable[[PortPair, tuple[str, int]], Carrier]
 
 
 def message_of(line: str) -> str:
@@ -160,13 +168,12 @@ class JobWay:
     job: str
     rank: int
     warn: Callable[[str], None]
+    openssh: Callable[[], openssh.Master | None] = lambda: None  # when up: its sessions
     gate: interactive.ChannelGate = field(default_factory=interactive.ChannelGate)
     said: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, pair: PortPair, check: bool = False):
-        remote = pair.remote
-        target = {"socket": remote} if isinstance(remote, str) else {"port": remote}
         opened: list = []
 
         def open_session():
@@ -181,10 +188,8 @@ class JobWay:
                 self.userdir,
                 open_session,
                 shared=False,  # its tuned window, on the direct connection
-                job=self.job,
-                rank=self.rank,
                 check=check,
-                **target,
+                **self.target(pair),
             )
         except BaseException:
             for channel in opened:
@@ -221,8 +226,25 @@ class JobWay:
             raise TcloudError(text or f"{pair.remote}: the node refused (exit {status})")
         self.say_once(kept)
 
-    def open(self, pair: PortPair, _peer: tuple[str, int]) -> Connection:
-        return Connection(self, self.start(pair))
+    def target(self, pair: PortPair) -> dict[str, object]:
+        remote = pair.remote
+        where = {"socket": remote} if isinstance(remote, str) else {"port": remote}
+        return {"job": self.job, "rank": self.rank, **where}
+
+    def open(self, pair: PortPair, _peer: tuple[str, int]) -> Carrier:
+        """Through OpenSSH's master when it is up and has a place (the bytes in C), else
+        an exec channel of tcloud's own connection."""
+        master = self.openssh()
+        if master is not None and master.take_slot():
+            try:
+                command = agent.exec_command(
+                    self.client, verbs.JOB_CONNECT, self.userdir, **self.target(pair)
+                )
+            except BaseException:
+                master.give_slot()
+                raise
+            return OpenSshConnection(self, master, command)
+        return Connection(self, self.start(pair))  # none, or all its places taken
 
 
 class Connection:
@@ -248,6 +270,24 @@ class Connection:
     def close(self) -> None:
         self.errors.join(timeout=5)
         self.way.closed(self.channel)
+
+    def carry(self, sock: socket.socket) -> None:
+        relay(sock, self)
+
+
+@dataclass(frozen=True)
+class OpenSshConnection:
+    """One `job connect` run by a session of OpenSSH's master, the accepted socket its
+    stdin and stdout (tcloud.transport.openssh); its stderr said once per line."""
+
+    way: JobWay
+    master: openssh.Master
+    command: str
+
+    def carry(self, sock: socket.socket) -> None:
+        status = self.master.session(self.command, sock, self.way.say_once)
+        if status == openssh.SSH_FAILED:
+            self.way.warn("a forwarded connection: ssh could not run it (exit 255)")
 
 
 class Forwarder:
@@ -285,12 +325,12 @@ class Forwarder:
     def connect(self, pair: PortPair, sock: socket.socket, peer: tuple[str, int]) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            channel = self.opener(pair, peer)
+            carrier = self.opener(pair, peer)
         except Exception as exc:  # the node refused, the connection dropped: say, go on
             self.warn(f"port {pair.remote}: cannot connect on the node: {exc}")
             sock.close()
             return
-        relay(sock, channel)
+        carrier.carry(sock)
 
     def close(self) -> None:
         self.closed.set()

@@ -371,6 +371,16 @@ def call_streaming(
     return answered(verb, rc, answer)
 
 
+def exec_command(
+    client: paramiko.SSHClient, verb: Verb, userdir: str | None, **fields: object
+) -> str:
+    """The command line that runs a streaming verb, every word quoted, once the agent's
+    protocol is checked (handshake): what an exec channel, tcloud's or OpenSSH's, runs."""
+    words = verb.request(**fields)
+    handshake(client)
+    return shlex.join(argv_for(words, userdir))
+
+
 def open_exec(
     client: paramiko.SSHClient,
     verb: Verb,
@@ -386,9 +396,7 @@ def open_exec(
     else open_session: the caller's way, e.g. through its gate), a PTY asked for
     (terminal: (term, columns, rows)), every word quoted. The channel is closed on
     failure."""
-    words = verb.request(**fields)
-    handshake(client)
-    command = shlex.join(argv_for(words, userdir))
+    command = exec_command(client, verb, userdir, **fields)
     if shared and isinstance(client, ChannelSource):
         carried = client.shared_channel(command, terminal)
         if carried is not None:

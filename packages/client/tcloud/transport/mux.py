@@ -45,6 +45,7 @@ from tacc_contract import protocol, verbs
 from tcloud import timing
 from tcloud.config import Cluster
 from tcloud.errors import TcloudError
+from tcloud.transport import ssh_files
 from tcloud.transport.mux_channel import MuxChannel
 
 try:
@@ -151,9 +152,9 @@ def connection_key(settings: Cluster) -> str:
     contents) and the protocol: an edit there, or a new tcloud, means a new master for the
     next command (tcloud.transport.ssh reads the same files; no import of it here,
     paramiko waits)."""
-    ssh_dir = Path.home() / ".ssh"
-    user_known_hosts = ssh_dir / "known_hosts"
-    known_hosts = Path(os.path.expanduser(settings.known_hosts or user_known_hosts))
+    ssh_dir = ssh_files.user_ssh_dir()
+    user_known_hosts = ssh_files.user_known_hosts()
+    known_hosts = ssh_files.known_hosts_path(settings)
     what = {
         "host": settings.host,
         "port": settings.port,

@@ -27,9 +27,9 @@ from tcloud.config import Cluster
 from tcloud.errors import TcloudError
 from tcloud.timing import step
 from tcloud.transport import known_hosts as known_hosts_file
-from tcloud.transport import wire
+from tcloud.transport import ssh_files, wire
 
-USER_KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
+USER_KNOWN_HOSTS = ssh_files.user_known_hosts()
 # paramiko logs a failed handshake with its traceback from its own thread; with no
 # handler that lands on stderr. tcloud reports the failure itself (`connect`), once.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -62,7 +62,7 @@ def resolve(
 ) -> Endpoint:
     """Fill what is not given from ~/.ssh/config, as ssh(1) would."""
     found: dict = {}
-    path = Path.home() / ".ssh" / "config"
+    path = ssh_files.user_ssh_dir() / "config"
     if path.is_file():
         found = paramiko.SSHConfig.from_path(str(path)).lookup(host)
     keys = [key] if key else list(found.get("identityfile", []))
@@ -152,7 +152,7 @@ def connect(
 
 
 def known_hosts_path(cluster: Cluster) -> Path:
-    return Path(os.path.expanduser(cluster.known_hosts or USER_KNOWN_HOSTS))
+    return ssh_files.known_hosts_path(cluster, USER_KNOWN_HOSTS)
 
 
 def jump_endpoint(proxy_jump: str) -> Endpoint:
