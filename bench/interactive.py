@@ -8,12 +8,16 @@ One running two-node job of the researcher's (n2 = rank 0, n3 = rank 1) serves a
 2. exec round trip: `tcloud exec JOB --all -- true` against `ssh login srun --jobid=JOB
    --overlap -N2 --ntasks-per-node=1 true`;
 3. forwarded throughput (MiB/s): one stream of --mib MiB from a port of the job on n3,
-   read through `tcloud forward` and through `ssh -N -L` at the same time in alternating
-   order (one after the other, not concurrently: each gets the link alone).
+   read through `tcloud forward` and through `ssh -N -L` in alternating order (one
+   after the other, not concurrently: each gets the link alone); split into the time to
+   the first byte (the connection's way to the program) and the rate after it.
 Rounds interleave the two sides, the order alternating each round.
 
 Usage (as root, from the repository root, after `make venv`):
-    .venv/bin/python -u bench/interactive.py [--rounds 5] [--mib 512] [--lab NAME] [--json PATH]
+    .venv/bin/python -u bench/interactive.py [--rounds 5] [--mib 512] [--lab NAME]
+        [--only shell|exec|forward ...] [--json PATH]
+TCLOUD_FORWARD_OPENSSH=0 in the environment measures tcloud's own SSH connection carrying
+a forward's bytes instead of OpenSSH's master.
 Without --lab it boots the bench lab (10.77.7.0/24, 3 nodes), converges it and removes
 it at the end; with --lab, a lab that is up and converged (left up).
 """
@@ -38,6 +42,7 @@ from benchlib import BIN, NAME, SUBNET, Record, add_json_argument, playbook, sh,
 from tacc_lab.demo import researcher_env
 
 USER = "alice"
+PARTS = ("shell", "exec", "forward")
 STREAM_PORT = 8790
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # The job: every node streams --mib MiB of zeros to whoever connects to STREAM_PORT.
@@ -130,13 +135,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def read_all(port: int) -> int:
-    """Bytes read from 127.0.0.1:port until the far side closes."""
-    total = 0
+def read_all(port: int) -> tuple[int, float, int]:
+    """(bytes read from 127.0.0.1:port until the far side closes, seconds from the
+    connection's start to its first byte, bytes of that first read)."""
+    start = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        first = len(conn.recv(1 << 20))
+        first_byte = time.monotonic() - start
+        total = first
         while chunk := conn.recv(1 << 20):
             total += len(chunk)
-    return total
+    return total, first_byte, first
 
 
 def wait_listening(port: int, seconds: float = 30) -> None:
@@ -149,22 +158,25 @@ def wait_listening(port: int, seconds: float = 30) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
-def throughput(forwarder: list[str], port: int, env: dict[str, str], mib: int) -> float:
-    """MiB/s of one stream of `mib` MiB read through the forwarder listening on `port`."""
+def throughput(forwarder: list[str], port: int, env: dict[str, str], mib: int) -> dict[str, float]:
+    """One stream of `mib` MiB read through the forwarder listening on `port`: MiB/s
+    overall (connection included), seconds to the first byte (the connection's way to
+    the program), and MiB/s from the first byte on (the data path alone)."""
     proc = subprocess.Popen(
         forwarder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         wait_listening(port)
         start = time.monotonic()
-        got = read_all(port)
+        got, first_byte, first = read_all(port)
         seconds = time.monotonic() - start
     finally:
         proc.terminate()
         proc.wait(timeout=20)
     if got != mib << 20:
         raise RuntimeError(f"read {got} bytes, expected {mib << 20}")
-    return mib / seconds
+    streaming = (got - first) / (1 << 20) / max(seconds - first_byte, 1e-9)
+    return {"mib_s": mib / seconds, "first_byte_s": first_byte, "streaming_mib_s": streaming}
 
 
 def side_by_side(rounds: int, ours: Callable[[], float], base: Callable[[], float]) -> dict:
@@ -174,6 +186,25 @@ def side_by_side(rounds: int, ours: Callable[[], float], base: Callable[[], floa
         for values, measure in pair if number % 2 == 0 else reversed(pair):
             values.append(measure())
     return {"tcloud": summary(mine), "baseline": summary(theirs)}
+
+
+def side_by_side_parts(
+    rounds: int, ours: Callable[[], dict[str, float]], base: Callable[[], dict[str, float]]
+) -> dict[str, dict]:
+    """side_by_side for measurements of several parts: each part's own summaries."""
+    mine: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for number in range(rounds):
+        pair = [(mine, ours), (theirs, base)]
+        for values, measure in pair if number % 2 == 0 else reversed(pair):
+            values.append(measure())
+    return {
+        part: {
+            "tcloud": summary([one[part] for one in mine]),
+            "baseline": summary([one[part] for one in theirs]),
+        }
+        for part in mine[0]
+    }
 
 
 def report(title: str, result: dict, unit: str, higher_is_better: bool = False) -> None:
@@ -223,8 +254,17 @@ def exec_split(me: Researcher, job: str, rounds: int) -> dict:
     return medians
 
 
-def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> None:
+def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record, only: set[str]) -> None:
     tcloud = str(BIN / "tcloud")
+    if "shell" in only:
+        measure_shell(me, job, rounds, tcloud, out)
+    if "exec" in only:
+        measure_exec(me, job, rounds, tcloud, out)
+    if "forward" in only:
+        measure_forward(me, job, rounds, mib, tcloud, out)
+
+
+def measure_shell(me: Researcher, job: str, rounds: int, tcloud: str, out: Record) -> None:
     srun_shell = ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", "n3", "--pty"]
     plain_shell = [*me.ssh[:1], "-t", *me.ssh[1:], *srun_shell, "bash", "-i"]
     shell = side_by_side(
@@ -234,6 +274,9 @@ def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> Non
     )
     report("shell to first answer", shell, "s")
     out["shell_to_answer"] = shell
+
+
+def measure_exec(me: Researcher, job: str, rounds: int, tcloud: str, out: Record) -> None:
     plain_exec = [*me.ssh, "srun", f"--jobid={job}", "--overlap", "-N2", "--ntasks-per-node=1"]
     exec_all = side_by_side(
         rounds,
@@ -244,19 +287,29 @@ def measure(me: Researcher, job: str, rounds: int, mib: int, out: Record) -> Non
     out["exec_all"] = exec_all
     out["exec_all_split"] = exec_split(me, job, rounds)
 
-    def through_tcloud() -> float:
+
+def measure_forward(
+    me: Researcher, job: str, rounds: int, mib: int, tcloud: str, out: Record
+) -> None:
+
+    def through_tcloud() -> dict[str, float]:
         port = free_port()
         argv = [tcloud, "forward", job, f"{STREAM_PORT}:{port}", "--node", "1"]
         return throughput(argv, port, me.env, mib)
 
-    def through_ssh() -> float:
+    def through_ssh() -> dict[str, float]:
         port = free_port()
         argv = [*me.ssh[:1], "-N", "-L", f"127.0.0.1:{port}:n3:{STREAM_PORT}", *me.ssh[1:]]
         return throughput(argv, port, me.env, mib)
 
-    forward = side_by_side(rounds, through_tcloud, through_ssh)
-    report(f"forwarded throughput ({mib} MiB)", forward, "MiB/s", higher_is_better=True)
-    out["forward_mib_s"] = forward
+    parts = side_by_side_parts(rounds, through_tcloud, through_ssh)
+    report(f"forwarded throughput ({mib} MiB)", parts["mib_s"], "MiB/s", higher_is_better=True)
+    report("  of which the first byte", parts["first_byte_s"], "s")
+    streaming = parts["streaming_mib_s"]
+    report("  and the rate after it", streaming, "MiB/s", higher_is_better=True)
+    out["forward_mib_s"] = parts["mib_s"]
+    out["forward_first_byte_s"] = parts["first_byte_s"]
+    out["forward_streaming_mib_s"] = streaming
 
 
 def main() -> int:
@@ -264,6 +317,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mib", type=int, default=512, help="MiB per forwarded stream")
     parser.add_argument("--lab", help="use this lab, up and converged")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="measure this part only (again for more); default: all",
+    )
     add_json_argument(parser)
     args = parser.parse_args()
     lab = args.lab or NAME
@@ -296,7 +355,8 @@ def main() -> int:
             me = Researcher(lab)
             out["load_at_start"] = os.getloadavg()
             job = start_job(me, work, args.mib)
-            measure(me, job, args.rounds, args.mib, out)  # out saves each row as it comes
+            only = set(args.only or PARTS)
+            measure(me, job, args.rounds, args.mib, out, only)  # out saves each row as it comes
             out["load_at_end"] = os.getloadavg()
         finally:
             if job:
