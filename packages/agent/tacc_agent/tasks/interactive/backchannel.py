@@ -33,6 +33,8 @@ import selectors
 import socket
 from dataclasses import dataclass
 
+from tacc_agent.tasks.interactive import pumps
+
 KEY_BYTES = 32
 CONNECT_SECONDS = 5.0  # the relay's connection back and the answer to its key
 PENDING_LIMIT = 64  # connections not yet proven; beyond, the oldest is dropped
@@ -93,16 +95,6 @@ def listen() -> socket.socket:
         with contextlib.suppress(OSError):
             return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
     return socket.create_server(("", 0))
-
-
-def receive_exactly(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 class Gate:
@@ -206,19 +198,7 @@ def prove(sock: socket.socket, offer: Offer) -> None:
     """The relay's key sent, the connect key expected back; OSError otherwise (nothing
     of the program's is sent before). sock blocks again after."""
     sock.sendall(offer.relay_key)
-    answer = receive_exactly(sock, KEY_BYTES)
+    answer = pumps.read_exactly(sock.recv, KEY_BYTES)
     if not hmac.compare_digest(answer, offer.connect_key):
         raise OSError(f"port {offer.port} did not answer with the connect key")
     sock.settimeout(None)
-
-
-def connect_back(offer: Offer, host: str, timeout: float = CONNECT_SECONDS) -> socket.socket:
-    """The relay's side, whole: a connection to host:PORT that answered the relay's key
-    with the connect key; Unreachable or OSError otherwise."""
-    sock = connection_to(address_of(host), offer.port, timeout)
-    try:
-        prove(sock, offer)
-    except BaseException:
-        sock.close()
-        raise
-    return sock

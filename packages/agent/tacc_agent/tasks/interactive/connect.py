@@ -49,13 +49,6 @@ class RelayTarget:
             raise Rejected(f"job connect: {exc}") from None
 
 
-def read_exactly(fd: int, count: int) -> bytes:
-    data = b""
-    while len(data) < count and (chunk := os.read(fd, count - len(data))):
-        data += chunk
-    return data
-
-
 def channel_gone(fd: int) -> bool:
     """The SSH channel's stdout pipe has no reader any more (sshd closed the channel),
     as against a caller that only ended its sending side."""
@@ -103,7 +96,7 @@ def carry(
         os.close(step_in)  # the relay reads nothing more there
         across(caller, back)
         return exit_status(step.wait())
-    said = read_exactly(step_out, len(backchannel.FALLBACK))
+    said = pumps.read_exactly(lambda size: os.read(step_out, size), len(backchannel.FALLBACK))
     if said != backchannel.FALLBACK:  # the relay refused (its line is on stderr) or broke
         pumps.copy_all(said, caller)
         os.close(step_in)

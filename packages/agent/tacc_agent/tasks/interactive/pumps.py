@@ -32,6 +32,15 @@ class End:
         return cls(read, write, lambda: os.close(write))
 
 
+def read_exactly(receive: Callable[[int], bytes], count: int) -> bytes:
+    """`count` bytes from receive (os.read on a descriptor, a socket's recv), or fewer
+    when its source ends first."""
+    data = b""
+    while len(data) < count and (chunk := receive(count - len(data))):
+        data += chunk
+    return data
+
+
 def write_all(sink: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

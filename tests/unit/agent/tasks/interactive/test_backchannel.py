@@ -88,10 +88,21 @@ def waited(gate: Gate) -> tuple[threading.Thread, list]:
     return thread, found
 
 
+def relay_side(offer: Offer) -> socket.socket:
+    """What the relay does (relay.relay_back): connect to 127.0.0.1:PORT, prove."""
+    sock = backchannel.connection_to("127.0.0.1", offer.port)
+    try:
+        backchannel.prove(sock, offer)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def test_the_relay_and_job_connect_each_prove_their_key():
     listener, offer, stop_read, stop_write = gate_on()
     thread, found = waited(Gate(listener, offer, stop_read))
-    back = backchannel.connect_back(offer, "127.0.0.1")
+    back = relay_side(offer)
     thread.join(timeout=5)
     assert found and found[0] is not None
     found[0].sendall(b"ping")
@@ -116,7 +127,7 @@ def test_strangers_on_the_port_get_no_byte_and_do_not_keep_the_relay_out():
     silent = socket.create_connection(("127.0.0.1", port))
     short = socket.create_connection(("127.0.0.1", port))
     short.sendall(offer.relay_key[:-1])
-    back = backchannel.connect_back(offer, "127.0.0.1")
+    back = relay_side(offer)
     thread.join(timeout=5)
     assert found and found[0] is not None
     wrong.settimeout(5)
@@ -146,7 +157,7 @@ def test_the_relay_sends_nothing_to_an_end_that_does_not_answer_the_connect_key(
 
         threading.Thread(target=answer_wrong, daemon=True).start()
         with pytest.raises(OSError, match="did not answer with the connect key"):
-            backchannel.connect_back(offer, "127.0.0.1")
+            relay_side(offer)
 
 
 def test_the_step_ending_before_any_connection_ends_the_wait():
