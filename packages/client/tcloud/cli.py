@@ -14,15 +14,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tacc_contract import cpus_and_memory, schema
 from tacc_contract.jobs import FINAL_STATES
-from tacc_plugins import gpu_share
-from tcloud import local
-from tcloud.compile import imagebuild, local_paths, tasks
+from tcloud.compile import local_paths
 from tcloud.errors import (
     EXIT_CLUSTER,
     EXIT_INTERNAL,
@@ -36,6 +32,7 @@ from tcloud.errors import (
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from tcloud.compile.tasks import DryRun
     from tcloud.config import Cluster as Settings
     from tcloud.core import Cluster
     from tcloud.transport.link import Direct
@@ -89,6 +86,8 @@ def count(text: str) -> int:
 
 def idle_time(text: str) -> str:
     """argparse type: `tcloud dev --idle`, a Slurm time or 0 (never)."""
+    from tacc_contract import schema  # lazy verb import
+
     expected = schema.idle_timeout(text)
     if expected is not None:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
@@ -275,12 +274,18 @@ def add_interactive_commands(command) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from tcloud import local  # lazy verb import
+
     target = local.init(args.path, args.name, args.force)
     print(f"wrote {target}; edit it, then `tcloud validate` and `tcloud submit`")
     return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from tacc_contract import cpus_and_memory  # lazy verb import
+    from tacc_plugins import gpu_share  # lazy verb import
+    from tcloud.compile import imagebuild, tasks  # lazy verb import
+
     task = tasks.validate(args.path or Path("."), allow_outside=args.allow_outside)
     image = {"image": task.spec.image} if task.spec.image else {}
     if task.spec.image_build:
@@ -305,6 +310,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def build_text(build: dict) -> str:
     """What validate and a dry run say of an image built from a build file."""
+    from tcloud.compile import imagebuild, tasks  # lazy verb import
+
     return (
         f"image build {build['file']} FROM {build['base']} ({imagebuild.BUILT_ON_CLUSTER}; "
         f"the base {tasks.IMAGE_AT_SUBMIT})"
@@ -312,6 +319,8 @@ def build_text(build: dict) -> str:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from tcloud import local  # lazy verb import
+
     if args.config_command == "add":
         fields = (
             "host",
@@ -339,6 +348,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from tcloud import local  # lazy verb import
+
     rows = local.plugins(args.path)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -356,6 +367,8 @@ def print_outside(paths: list[str]) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from tcloud.compile import imagebuild, tasks  # lazy verb import
+
     task = args.path or Path(".")
     options = {"sweep": args.sweep, "allow_outside": args.allow_outside}
     if args.dry_run:
@@ -380,7 +393,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def print_dry_run(plan: tasks.DryRun, as_json: bool) -> int:
+def print_dry_run(plan: DryRun, as_json: bool) -> int:
+    from tcloud.compile import tasks  # lazy verb import
+
     if as_json:
         print(json.dumps(plan.as_dict(), indent=2, sort_keys=True))
         return EXIT_OK
@@ -796,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     if args.version:
+        # Lazy: importlib.metadata (email, zipfile, csv) is 20-40 ms of every start.
+        from importlib.metadata import PackageNotFoundError, version  # lazy verb import
+
         try:
             print(version("tacc-client"))
         except PackageNotFoundError:

@@ -13,19 +13,25 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from tacc_contract import answers, schema, verbs
+from tacc_contract import answers, verbs
 from tacc_contract.jobs import FINAL_STATES
 from tcloud import config
-from tcloud.compile import images, tasks
-from tcloud.compile.tasks import TaskLike
 from tcloud.errors import TcloudError, UsageError
 from tcloud.jobs import interactive, portforward
 from tcloud.jobs import usage as usage_report
 from tcloud.jobs import verbs as jobs
-from tcloud.transfer.upload import upload
 from tcloud.transport import agent, openssh
 from tcloud.transport.link import Direct, Link
+
+if TYPE_CHECKING:
+    from tcloud.compile.tasks import TaskLike
+
+# Lazy start-up imports: the task compiler (the schema, every plug-in's fields, YAML's reader, the
+# build file's parser) is imported by the calls that compile (submit, sweep, dev, images):
+# about 50 ms of every start that `ps`, `exec`, `shell`, `forward` and `logs` no longer pay
+# (tests/unit/client/test_client_startup.py keeps it so).
 
 PathLike = str | os.PathLike[str]
 
@@ -141,6 +147,9 @@ class Cluster:
         TaskFileError, before any upload), have the cluster refuse it if it can never
         run, upload what it lacks and sbatch the job. A task with a sweep section needs
         sweep=True (one Slurm job array)."""
+        from tcloud.compile import images, tasks  # lazy start-up import
+        from tcloud.transfer.upload import upload  # lazy start-up import
+
         checked, _ = tasks.prepare(
             task, sweep=sweep, base_dir=base_dir, allow_outside=allow_outside
         )
@@ -178,6 +187,8 @@ class Cluster:
     ) -> Job:
         """Submit a sweep: one trial per combination of `parameters` (default: the task's
         own sweep section), each trial seeing its values as environment variables."""
+        from tcloud.compile import tasks  # lazy start-up import
+
         task, base_dir = tasks.with_sweep(task, parameters, parallel, base_dir)
         return self.submit(task, sweep=True, base_dir=base_dir, allow_outside=allow_outside)
 
@@ -194,6 +205,9 @@ class Cluster:
         """Submit the task as an interactive session (docs/interactive.md): its
         `session:` block (none: the defaults), with ports added to its ports and
         idle_timeout / stop_on_disconnect, when given, in place of its own."""
+        from tacc_contract import schema  # lazy start-up import
+        from tcloud.compile import tasks  # lazy start-up import
+
         overrides: dict = {}
         if idle_timeout is not None:
             expected = schema.idle_timeout(str(idle_timeout))
@@ -249,6 +263,8 @@ class Cluster:
     def images(self) -> list[answers.Image]:
         """Your container images cached on the cluster (`tcloud images`): digest,
         reference, path, and when known pulled_by_job, seconds, bytes, time, runtime."""
+        from tcloud.compile import images  # lazy start-up import
+
         return images.cached(self.client, self.userdir)
 
     def home(self) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import os
 import re
@@ -73,6 +72,10 @@ def installed_entry_point_modules() -> tuple[str, ...]:
     distribution's metadata is most of a plug-in selection's cost, and a job's wrapper
     selects more than once. A plug-in installed later is seen by the next process (the
     tacc_agent role restarts the daemon after every install)."""
+    # Lazy: importlib.metadata (email, zipfile, csv) costs every start that imports the
+    # schema; only a plug-in selection reads entry points.
+    import importlib.metadata  # lazy start-up import
+
     points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     builtin = [ep for ep in points if ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION]
     others = [ep for ep in points if ep not in builtin]

@@ -88,6 +88,32 @@ def test_importing_the_cli_loads_neither_schema_nor_registry():
     assert out.strip() == "[]", out
 
 
+JOB_STEP_PROBE = """
+import sys
+import tacc_agent.cli
+import tacc_agent.tasks.execute.launch
+import tacc_agent.tasks.interactive.connect
+unused = ("urllib.request", "http.client", "dockerfile_parse", "importlib.metadata",
+          "tacc_agent.tasks.images.build", "tacc_agent.slurm.accounting",
+          "tacc_agent.slurm.reservations", "tacc_agent.slurm.controller")
+print(sorted(m for m in unused if m in sys.modules))
+"""
+
+
+def test_a_job_step_loads_only_what_every_step_uses():
+    """The batch step, each rank's wrapper, `enter` and `job connect` start a Python each
+    on a user's wait (submit -> RUNNING, exec, shell, forward): the build file's parser,
+    urllib, package metadata and the Slurm readers they never call are not imported."""
+    out = subprocess.run(
+        [sys.executable, "-c", JOB_STEP_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert out.strip() == "[]", out
+
+
 DAEMON_PROBE = """
 import sys
 from pathlib import Path

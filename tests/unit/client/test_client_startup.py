@@ -42,3 +42,26 @@ def test_local_commands_do_not_load_the_ssh_stack(argv):
         timeout=60,
     ).stdout
     assert out.strip() == "0 []", out
+
+
+CLUSTER_PROBE = """
+import sys
+import tcloud.cli, tcloud.core
+unused = ("importlib.metadata", "tacc_contract.schema", "tacc_contract.plugins",
+          "tcloud.compile.tasks", "tcloud.compile.compiler", "tacc_contract.buildfile")
+print(sorted(m for m in unused if m in sys.modules))
+"""
+
+
+def test_commands_that_compile_nothing_load_no_compiler():
+    """ps, exec, shell, forward and logs (tcloud.cli, then tcloud.core) load neither the task
+    compiler (schema, plug-ins' fields, build file parser: about 50 ms of every start) nor
+    importlib.metadata (20-40 ms; `--version` and a plug-in selection only)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CLUSTER_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert out.strip() == "[]", out

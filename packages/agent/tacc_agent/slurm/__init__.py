@@ -10,21 +10,30 @@ failures as AgentError), and one typed reader per output shape the agent asks fo
 - accounting.py: sacct, sacctmgr and sshare (--parsable2);
 - tres.py, gres.py, times.py: the TRES and GRES strings and the times in all of them.
 
-`from tacc_agent import slurm` gives them all: slurm.queue.running_jobs(...)."""
+`from tacc_agent import slurm` gives them all: slurm.queue.running_jobs(...). Each is
+imported on its first use (PEP 562's module __getattr__), so a verb pays only for the
+readers it calls: a job step's start reads no sacct, sinfo or reservation module."""
 
-from tacc_agent.slurm import (
-    accounting,
-    controller,
-    gres,
-    jobs,
-    nodes,
-    oneliner,
-    queue,
-    reservations,
-    run,
-    times,
-    tres,
-)
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tacc_agent.slurm import (
+        accounting,
+        controller,
+        gres,
+        jobs,
+        nodes,
+        oneliner,
+        queue,
+        reservations,
+        run,
+        times,
+        tres,
+    )
 
 __all__ = [
     "accounting",
@@ -39,3 +48,9 @@ __all__ = [
     "times",
     "tres",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return importlib.import_module(f"{__name__}.{name}")

@@ -25,6 +25,7 @@ from tcloud import cli, core, dry_run
 from tcloud.compile import images, tasks
 from tcloud.errors import EXIT_CLUSTER, EXIT_INVALID_TASK, TaskFileError, TcloudError
 from tcloud.jobs import verbs as jobs
+from tcloud.transfer import upload as upload_module
 from tcloud.transfer.upload import UploadResult
 from tcloud.transport.agent import AgentMismatch
 from tcloud.transport.link import Direct
@@ -85,7 +86,8 @@ class FakeCluster:
         self.session = FakeSession({("image", "resolve"): (0, RESOLVED)})
         self.uploaded: list = []
         monkeypatch.setattr(core, "Link", lambda *_args: FakeLink(self.session))
-        monkeypatch.setattr(core, "upload", self.upload)
+        # tcloud.core imports upload when a submit needs it (a lazy start-up import)
+        monkeypatch.setattr(upload_module, "upload", self.upload)
 
     def upload(self, client, instruction, userdir, submit=False) -> UploadResult:
         self.uploaded.append(instruction)

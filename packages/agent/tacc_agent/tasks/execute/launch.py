@@ -39,7 +39,6 @@ from tacc_agent.self_command import AGENT
 from tacc_agent.tasks.execute import containers, envcache, lost_nodes, timing
 from tacc_agent.tasks.execute.agreement import Agreement
 from tacc_agent.tasks.execute.proctree import children, descendants
-from tacc_agent.tasks.images import build as imagebuild
 from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.interactive import idle
 from tacc_agent.tasks.jobs import records, sweeps
@@ -369,6 +368,10 @@ def job_container(
     user_dir = user_dir_of(job_dir)
     lock_timeout = config.image_lock_timeout_seconds
     if task.image_build:
+        # Lazy: the build file's parser (dockerfile_parse, logging) is ~8 ms of every job
+        # step's start; only a task with `build:` needs it.
+        from tacc_agent.tasks.images import build as imagebuild  # lazy start-up import
+
         hex_key, name = imagebuild.key_hex(task.image_build), imagebuild.label(task.image_build)
     else:
         ref = parse_reference(task.image) if isinstance(task.image, str) else None

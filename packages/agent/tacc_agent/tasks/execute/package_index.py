@@ -18,8 +18,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -66,6 +64,11 @@ def normalize(name: str) -> str:
 def http_get(url: str, accept: str) -> tuple[int | None, str]:
     """(HTTP status, the start of the answer), or (None, why nothing answered). A
     file:// index (a directory) answers 200 for a page that exists, else 404."""
+    # Lazy: urllib.request (http.client, ssl, email) is ~15 ms of every job step's start
+    # (envcache imports this module); only a failed environment build probes the index.
+    import urllib.error  # lazy start-up import
+    import urllib.request  # lazy start-up import
+
     if urlsplit(url).scheme == "file":
         path = Path(urllib.request.url2pathname(urlsplit(url).path))
         return (200, "") if path.exists() else (404, f"{path}: no such file")
