@@ -187,6 +187,11 @@ class TargetNode(TypedDict):
     host: str
     rank: int
     address: str
+    # The node's `enter` step, checked as `job attach` checks it: srun's words, then the
+    # agent's `enter` words. The caller runs it on an exec channel with "--pty" after
+    # "srun" for a terminal and "--" and the command's words at the end, every word
+    # quoted; no `job attach` (a Python start on the login node) in between.
+    step: NotRequired[list[str]]
 
 
 class JobTarget(TypedDict):

@@ -1,10 +1,11 @@
 """Into a running job (docs/interactive.md): `tcloud shell` and `tcloud exec`. The job
 is checked first (`job target`, a session verb: the agent refuses another user's job
 or one that is not running, exit 4, before any channel opens); then each node's
-command is one exec channel running `tacc-agent job attach` (every word quoted by
-shlex.join), which runs it inside the job's allocation (`srun --jobid --overlap`): on
-the connection master's connection, or on the verified direct SSH connection where
-there is no master.
+command is one exec channel running the node's step from that answer (`srun --jobid
+--overlap ... tacc-agent enter`, every word quoted by shlex.join), inside the job's
+allocation: on the connection master's connection, or on the verified direct SSH
+connection where there is no master. An agent whose answer has no step (older) gets
+`tacc-agent job attach`, which checks again and runs the same step.
 
 shell: a PTY (term from $TERM, size from the local terminal), the local terminal in raw
 mode until it ends (restored on every exit path), SIGWINCH passed on as a PTY resize,
@@ -18,6 +19,7 @@ import contextlib
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import sys
@@ -103,16 +105,26 @@ class ChannelGate:
                 self.changed.notify_all()
 
 
+def step_command(step: Sequence[str], command: Sequence[str], pty: bool) -> str:
+    """The command line of a node's step from `job target` (answers.TargetNode.step):
+    srun's --pty for a terminal, the command's words after "--", every word quoted."""
+    if not step or step[0] != "srun":  # its words are text: the answer's type is checked
+        raise TcloudError(f"the cluster's agent answered a step that is not srun's: {step!r}")
+    words = [step[0], "--pty", *step[1:]] if pty else list(step)
+    return shlex.join([*words, "--", *command] if command else words)
+
+
 def open_attach(
     client,
     userdir: str | None,
+    node: answers.TargetNode,
     job: str,
-    rank: int,
     command: Sequence[str] = (),
     pty: tuple[str, int, int] | None = None,
     gate: ChannelGate | None = None,
 ) -> paramiko.Channel:
-    """One exec channel running `tacc-agent job attach` (pty: (term, columns, rows))."""
+    """One exec channel running the node's step (pty: (term, columns, rows)); an agent
+    that answered no step: `tacc-agent job attach`, which checks and runs it."""
     opened: list[paramiko.Channel] = []
 
     def open_session() -> paramiko.Channel:
@@ -121,6 +133,9 @@ def open_attach(
         return opened[-1]
 
     try:
+        if "step" in node:
+            line = step_command(node["step"], command, pty is not None)
+            return agent.open_command(client, line, open_session, pty)
         return agent.open_exec(
             client,
             verbs.JOB_ATTACH,
@@ -128,7 +143,7 @@ def open_attach(
             open_session,
             pty,
             job=job,
-            rank=rank,
+            rank=node["rank"],
             command=list(command),
             pty=pty is not None,
         )
@@ -264,10 +279,10 @@ def read_some(stream: BinaryIO) -> bytes:
 
 def shell(client, userdir: str | None, job: str, rank: int = 0) -> int:
     """An interactive shell on rank's node of the job: its exit status."""
-    node_of(target(client, userdir, job), rank)
+    node = node_of(target(client, userdir, job), rank)
     stdin = sys.stdin
     if not stdin.isatty():
-        channel = open_attach(client, userdir, job, rank)
+        channel = open_attach(client, userdir, node, job)
         try:
             return relay_plain(channel, stdin.buffer, sys.stdout.buffer, sys.stderr.buffer)
         finally:
@@ -280,7 +295,7 @@ def shell(client, userdir: str | None, job: str, rank: int = 0) -> int:
     fd = stdin.fileno()
     columns, rows = terminal_size(fd)
     term = os.environ.get("TERM") or DEFAULT_TERM
-    channel = open_attach(client, userdir, job, rank, pty=(term, columns, rows))
+    channel = open_attach(client, userdir, node, job, pty=(term, columns, rows))
     try:
         sys.stdout.flush()
         with terminated_exits(), raw_mode(fd), on_resize(channel, fd):
@@ -405,7 +420,7 @@ def execute(
 
     def one(node: dict) -> NodeResult:
         result = NodeResult(node["host"], node["rank"], -1)
-        channel = open_attach(client, userdir, job, node["rank"], command, gate=gate)
+        channel = open_attach(client, userdir, node, job, command, gate=gate)
         try:
             running.add(channel)  # closed at once when Ctrl-C came while it opened
             return run_node(channel, result, sink)

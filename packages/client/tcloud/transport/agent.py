@@ -397,6 +397,18 @@ def open_exec(
     (terminal: (term, columns, rows)), every word quoted. The channel is closed on
     failure."""
     command = exec_command(client, verb, userdir, **fields)
+    return open_command(client, command, open_session, terminal, shared)
+
+
+def open_command(
+    client: paramiko.SSHClient,
+    command: str,
+    open_session: Callable[[], paramiko.Channel] | None = None,
+    terminal: tuple[str, int, int] | None = None,
+    shared: bool = True,
+) -> paramiko.Channel:
+    """One exec channel running `command` (a line whose every word the caller quoted),
+    opened as open_exec opens a verb's."""
     if shared and isinstance(client, ChannelSource):
         carried = client.shared_channel(command, terminal)
         if carried is not None:

@@ -22,6 +22,7 @@ from tcloud.errors import EXIT_CLUSTER, EXIT_USAGE
 from tcloud.jobs import interactive
 from tests.unit.interactive_fakes import (
     NOT_YOURS,
+    TARGET,
     FakeChannel,
     FakeCluster,
     argv_verb,
@@ -469,3 +470,72 @@ def test_split_lines_keeps_the_unfinished_line():
     assert interactive.split_lines(pending, b"\nworld\nmo") == [b"hello", b"world"]
     assert pending == b"mo"
     assert interactive.split_lines(pending, b"re\n") == [b"more"] and pending == b""
+
+
+# --- the agent's step: srun run by tcloud, no `job attach` start on the login node -----
+
+
+def step_of(host: str, rank: int) -> list[str]:
+    """A `job target` node's step as the agent answers it (answers.TargetNode.step)."""
+    return [
+        "srun",
+        "--jobid=42",
+        "--overlap",
+        f"--nodelist={host}",
+        "--chdir=/w/alice/jobs/j 42",  # a space: one word after the round trip
+        "/opt/tacc-agent/venv/bin/python3",
+        "-I",
+        "-m",
+        "tacc_agent",
+        "enter",
+        "/w/alice/jobs/j 42",
+        "--rank",
+        str(rank),
+    ]
+
+
+@pytest.fixture
+def stepped(fake) -> FakeCluster:
+    nodes = [{**node, "step": step_of(node["host"], node["rank"])} for node in TARGET["nodes"]]
+    fake.answer(("job", "target"), 0, {**TARGET, "nodes": nodes})
+    return fake
+
+
+@pytest.mark.security
+def test_with_the_agents_step_exec_runs_it_with_every_word_quoted_and_no_job_attach(stepped):
+    command = ["sh", "-c", "echo $HOME; rm -rf /tmp/x", "a'b", "--rank", "9", "-- x"]
+    code, out, _ = cli_run("exec", "42", "--all", "--", *command)
+    assert code == 3 and "[n2:0] hello\n" in out and "[n3:1] from n3\n" in out
+    commands = sorted(shlex.split(channel.command) for channel in stepped.transport.channels)
+    assert commands == [
+        [*step_of("n2", 0), "--", *command],
+        [*step_of("n3", 1), "--", *command],
+    ]
+    assert all(channel.pty is None for channel in stepped.transport.channels)
+
+
+def test_with_the_agents_step_a_shell_asks_srun_for_a_pty_right_after_srun(stepped, monkeypatch):
+    controller, terminal = os.openpty()
+    monkeypatch.setattr(interactive, "terminal_size", lambda fd: (80, 24))
+    monkeypatch.setattr(interactive, "relay_pty", lambda channel, stdin_fd, stdout_fd: 0)
+    with os.fdopen(terminal, "r") as tty_in:
+        monkeypatch.setattr("sys.stdin", tty_in)
+        code, _, _ = cli_run("shell", "42", "--node", "1")
+    os.close(controller)
+    assert code == 0
+    (channel,) = stepped.transport.channels
+    step = step_of("n3", 1)
+    assert shlex.split(channel.command) == [step[0], "--pty", *step[1:]]
+    assert channel.pty is not None
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("step", [[], ["sh", "-c", "true"], ["srun", 7]])
+def test_a_step_that_is_not_sruns_is_refused_and_opens_no_channel(fake, step):
+    nodes = [{**node, "step": step} for node in TARGET["nodes"]]
+    fake.answer(("job", "target"), 0, {**TARGET, "nodes": nodes})
+    code, out, err = cli_run("exec", "42", "--", "true")
+    assert code != 0 and out == ""
+    assert "not srun's" in err or "does not fit protocol" in err  # a word not text
+    assert "Traceback" not in err
+    assert fake.transport.channels == []

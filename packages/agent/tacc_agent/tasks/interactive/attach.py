@@ -127,7 +127,15 @@ def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = 
     """JOB_TARGET: the caller's running job's nodes by rank (host, rank, address)."""
     job = running_job(user_dir, job_id, config)
     ranks = range(len(job.hosts)) if rank is None else [rank]
-    nodes = [{"host": job.host(r), "rank": r, "address": address_of(job.host(r))} for r in ranks]
+    nodes = [
+        {
+            "host": job.host(r),
+            "rank": r,
+            "address": address_of(job.host(r)),
+            "step": srun_argv(job, r, (), pty=False),
+        }
+        for r in ranks
+    ]
     answer = {
         "job_id": job_id,
         "slurm_job_id": job.slurm_job_id,
@@ -144,6 +152,7 @@ def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool)
     that runs `tacc-agent AGENT_WORDS` there; every word an argv word, never a shell line."""
     return [
         "srun",
+        *(["--pty"] if pty else []),  # right after "srun", where tcloud puts it (target)
         f"--jobid={job.slurm_job_id}",
         "--overlap",
         "--nodes=1",
@@ -151,7 +160,6 @@ def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool)
         f"--nodelist={job.host(rank)}",
         f"--chdir={job.job_dir}",
         "--quiet",
-        *(["--pty"] if pty else []),
         *execute.AGENT,
         *agent_words,
     ]

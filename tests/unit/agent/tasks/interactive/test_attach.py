@@ -100,17 +100,33 @@ def a_job(
 def test_target_names_the_nodes_in_slurms_order_with_their_addresses(tmp_path, fake, config):
     user_dir, _ = a_job(tmp_path, fake)
     answer = JOB_TARGET.check_answer(attach.target(user_dir, "42", config))
-    assert answer == {
+    places = [(node["host"], node["rank"], node["address"]) for node in answer["nodes"]]
+    assert places == [("n2", 0, "10.0.0.2"), ("n3", 1, "10.0.0.3")]
+    assert {k: v for k, v in answer.items() if k != "nodes"} == {
         "job_id": "42",
         "slurm_job_id": "42",
         "state": "RUNNING",
-        "nodes": [
-            {"host": "n2", "rank": 0, "address": "10.0.0.2"},
-            {"host": "n3", "rank": 1, "address": "10.0.0.3"},
-        ],
     }
     one = attach.target(user_dir, "42", config, rank=1)
-    assert one["nodes"] == [{"host": "n3", "rank": 1, "address": "10.0.0.3"}]
+    assert [(node["host"], node["rank"]) for node in one["nodes"]] == [("n3", 1)]
+
+
+def test_targets_step_is_the_srun_that_job_attach_execs_without_its_command(
+    tmp_path, fake, config, monkeypatch
+):
+    """tcloud runs each node's step itself (no `job attach` start on the login node): it
+    must be exactly attach's srun, checked the same way, the command's words to follow
+    "--" and --pty to follow "srun"."""
+    user_dir, job_dir = a_job(tmp_path, fake)
+    execs = []
+    monkeypatch.setattr(attach.os, "execvp", lambda file, argv: execs.append(argv))
+    for rank, node in enumerate(attach.target(user_dir, "42", config)["nodes"]):
+        attach.attach(user_dir, "42", config, rank, [], False)
+        assert node["step"] == execs[-1]
+        attach.attach(user_dir, "42", config, rank, ["true"], True)
+        assert execs[-1] == ["srun", "--pty", *node["step"][1:], "--", "true"]
+        assert f"--nodelist={node['host']}" in node["step"]
+        assert node["step"][-4:] == ["enter", str(job_dir), "--rank", str(rank)]
 
 
 def test_target_of_a_session_carries_its_settings(tmp_path, fake, config):
@@ -132,7 +148,10 @@ def test_target_of_a_sweep_trial_uses_the_trials_own_slurm_id(tmp_path, fake, co
     fake.add_job("42_1", **slurm_job(nodes="n3", JobId="44", ArrayJobId="42", ArrayTaskId="1"))
     answer = JOB_TARGET.check_answer(attach.target(user_dir, "42_1", config))
     assert answer["slurm_job_id"] == "44"
-    assert answer["nodes"] == [{"host": "n3", "rank": 0, "address": "10.0.0.3"}]
+    [node] = answer["nodes"]
+    assert (node["host"], node["rank"], node["address"]) == ("n3", 0, "10.0.0.3")
+    assert "--jobid=44" in node["step"]  # the trial's own allocation
+    assert f"--chdir={sweeps.trial_dir(job_dir, '1')}" in node["step"]
 
 
 @pytest.mark.bad_input
