@@ -10,7 +10,8 @@ on the login node (`job connect`) and on the node (`relay`). What each of those 
 before it does anything is measured here as a `python3 -I -c "import ..."` of the same
 modules, with the node's own agent venv and interpreter:
 
-  new - the agent installed on the node (the tacc_agent role, from this checkout);
+  new - the agent installed on the node (the tacc_agent role, from this checkout); where
+        the new way starts no Python at all (exec/shell on the login node), 0;
   old - the same three packages (agent, contract, plugins) at --before (default HEAD~1),
         `git archive`d into /tmp/agent-startup/REF on the node, first on sys.path.
 
@@ -38,21 +39,31 @@ import time
 from benchlib import BIN, ROOT, Record, add_json_argument
 
 AGENT_PYTHON = "/opt/tacc-agent/venv/bin/python3"
-CASES = {
-    "interpreter alone (`python3 -I -c pass`)": [],
-    "batch step and each rank's wrapper (`batch`/`exec JOBDIR`)": [
-        "tacc_agent.cli",
-        "tacc_agent.tasks.execute.launch",
-    ],
-    "exec/shell: `job attach` on the login node, `enter` on the node": [
-        "tacc_agent.cli",
-        "tacc_agent.tasks.interactive.attach",
-    ],
-    "forward: `job connect` on the login node": [
-        "tacc_agent.cli",
-        "tacc_agent.tasks.interactive.connect",
-    ],
-    "forward: `relay` on the node": ["tacc_agent.cli", "tacc_agent.tasks.interactive.relay"],
+AGENT_CLI = ["tacc_agent.cli"]
+ATTACH = [*AGENT_CLI, "tacc_agent.tasks.interactive.attach"]
+# case -> (old's modules, new's modules; None: the new way starts no Python there)
+CASES: dict[str, tuple[list[str], list[str] | None]] = {
+    "interpreter alone (`python3 -I -c pass`)": ([], []),
+    "batch step and each rank's wrapper (`batch`/`exec JOBDIR`)": (
+        [*AGENT_CLI, "tacc_agent.tasks.execute.launch"],
+        [*AGENT_CLI, "tacc_agent.tasks.execute.launch"],
+    ),
+    "exec/shell, on the login node: `job attach` (new: tcloud runs the step itself)": (
+        ATTACH,
+        None,
+    ),
+    "exec/shell, on the node: `enter` (new: its quick way, a job without an image)": (
+        ATTACH,
+        ["tacc_agent.tasks.interactive.quick_enter"],
+    ),
+    "forward: `job connect` on the login node": (
+        [*AGENT_CLI, "tacc_agent.tasks.interactive.connect"],
+        [*AGENT_CLI, "tacc_agent.tasks.interactive.connect"],
+    ),
+    "forward: `relay` on the node": (
+        [*AGENT_CLI, "tacc_agent.tasks.interactive.relay"],
+        [*AGENT_CLI, "tacc_agent.tasks.interactive.relay"],
+    ),
 }
 NODE_SCRIPT = r"""
 import json, subprocess, sys, time
@@ -61,9 +72,11 @@ def code(modules, old):
     head = f"import sys; sys.path.insert(0, {root!r}); " if old else ""
     return head + ("; ".join(f"import {m}" for m in modules) or "pass")
 out = {}
-for name, modules in cases.items():
-    sides = {"old": code(modules, True), "new": code(modules, False)}
-    times = {"old": [], "new": []}
+for name, (old, new) in cases.items():
+    sides = {"old": code(old, True)}
+    if new is not None:
+        sides["new"] = code(new, False)
+    times = {"old": [], "new": [0.0] * runs if new is None else []}
     for round_ in range(runs + 2):
         for side, text in sides.items():
             start = time.perf_counter()
@@ -123,7 +136,7 @@ def client_side(ref: str, runs: int) -> dict[str, list[float]]:
 
 
 def row(name: str, times: dict[str, list[float]]) -> dict:
-    old, new = statistics.median(times["old"]), statistics.median(times["new"])
+    old, new = statistics.median(times["old"]), statistics.median(times["new"])  # new 0: none
     line = {
         "case": name,
         "old_median_s": round(old, 4),

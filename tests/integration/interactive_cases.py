@@ -137,6 +137,27 @@ class TestIntoARunningJob:
         assert alice("logs", served_job).returncode == 0
         assert alice_logins() == before
 
+    def test_i2_exec_runs_the_nodes_step_itself_with_no_agent_on_the_login_node(
+        self, alice, served_job
+    ):
+        """Issue [23]: `job target` answers each node's step and tcloud runs it, so the
+        login node runs alice's srun and no `tacc-agent job attach` in front of it."""
+        env = researcher_env(SLURM_LAB, "alice")
+        argv = [str(BIN / "tcloud"), "exec", served_job, "--all", "--", "sleep", "4"]
+        running = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        seen = ""
+        try:
+            for _ in range(40):
+                seen = node_sh(SLURM_LAB, "login1", "ps -u alice -o args= || true").stdout
+                if seen.count("srun ") >= 2:
+                    break
+                time.sleep(0.1)
+        finally:
+            assert running.wait(timeout=60) == 0, running.stderr.read() if running.stderr else ""
+        steps = [line for line in seen.splitlines() if line.startswith("srun ")]
+        assert len(steps) == 2 and all(" enter " in line for line in steps), seen
+        assert "job attach" not in seen, seen
+
     def test_i3_a_forwarded_port_fetches_a_page_served_by_the_job(self, alice, served_job):
         local = free_port()
         env = researcher_env(SLURM_LAB, "alice")

@@ -37,12 +37,12 @@ from pathlib import Path
 
 from tacc_agent import locks
 from tacc_agent.errors import AGENT_FAILED, AgentError
-from tacc_agent.tasks.execute import package_index
+from tacc_agent.tasks.execute import job_vars, package_index
 from tacc_agent.tasks.jobs import records
 
 MARKER = "tacc-env.json"
 LOCK_FILE = "tacc-lock.txt"
-JOB_RECORD = "environment.json"  # in the job's status/
+JOB_RECORD = job_vars.ENVIRONMENT_RECORD
 # Seconds before each new try of a uv step that met a transient cache failure: the
 # cache's upstream fetch goes on in the background, so a later try usually finds it done.
 RETRY_DELAYS = (5.0, 15.0, 30.0)
@@ -311,8 +311,3 @@ def listing(user_dir: Path) -> list[dict]:
     envs = user_dir / "envs"
     found = [ready(p) for p in sorted(envs.iterdir()) if p.is_dir()] if envs.is_dir() else []
     return [{**m, "path": str(envs / m["digest"])} for m in found if m]
-
-
-def activate(env_dir: Path, env: dict[str, str]) -> None:
-    env["VIRTUAL_ENV"] = str(env_dir)
-    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"

@@ -36,8 +36,9 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError
 from tacc_agent.hostlist import expand_hostlist
 from tacc_agent.self_command import AGENT
-from tacc_agent.tasks.execute import containers, envcache, lost_nodes, timing
+from tacc_agent.tasks.execute import containers, envcache, job_vars, lost_nodes, timing
 from tacc_agent.tasks.execute.agreement import Agreement
+from tacc_agent.tasks.execute.job_vars import user_dir_of
 from tacc_agent.tasks.execute.proctree import children, descendants
 from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.interactive import idle
@@ -64,10 +65,6 @@ KILL_GRACE_SECONDS = 10
 
 def say(message: str) -> None:
     print(f"tacc: {message}", flush=True)
-
-
-def user_dir_of(job_dir: Path) -> Path:
-    return job_dir.parent.parent  # <userdir>/jobs/<dir>
 
 
 class Forwarder:
@@ -206,25 +203,13 @@ def stop_leftovers() -> None:
 
 
 def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
-    """The agent's own environment (srun, the wrapper): the task's variables are only
-    for the program, so they cannot break srun or the agent. TACC_WORKDIR is the job's
-    directory, or its code/ for tasks that ask for the legacy meaning (tuxiv.conf)."""
-    # Not the SSH session tcloud submitted from: with SSH_CLIENT set, Debian's bash
-    # sources bashrc files even when non-interactive (and trips on `set -u`).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    """job_vars.base_env, TACC_WORKDIR as the task asks (runtime.workdir)."""
     legacy = task is not None and task.runtime.get("workdir") == "code"
-    env.update(
-        TACC_WORKDIR=str(job_dir / "code" if legacy else job_dir),
-        TACC_JOB_DIR=str(job_dir),
-        TACC_USERDIR=str(user_dir_of(job_dir)),
-        TACC_DATASETS=str(job_dir / "datasets"),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return job_vars.base_env(job_dir, legacy)
 
 
 def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:
-    return {**env, **task.environment["env"]}
+    return job_vars.program_env(task.environment["env"], env)
 
 
 # The daemon's default pipe directory (nvidia-cuda-mps-control(1)): only looked at, and
@@ -294,7 +279,7 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
                 task.environment.get("lock"),
             )
             envcache.record_for_job(job_dir, environment)
-            envcache.activate(Path(environment["path"]), env)
+            job_vars.activate(Path(environment["path"]), env)
         container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
         if container:
             runtime_user(env)
@@ -715,7 +700,7 @@ def execute(job_dir: Path, config: AgentConfig) -> int:
                 note(f"WARNING: {choice.warning}")
         env = launch.env
         if os.environ.get("TACC_VENV"):
-            envcache.activate(Path(os.environ["TACC_VENV"]), env)
+            job_vars.activate(Path(os.environ["TACC_VENV"]), env)
         try:
             container = job_container(task, job_dir, config, over_image=set_by_plugins)
         except AgentError as exc:  # the batch step pulled the image: it is gone, or broken

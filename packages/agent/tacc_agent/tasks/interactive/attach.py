@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -35,8 +34,10 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 from tacc_agent.node_verbs import ENTER
-from tacc_agent.tasks.execute import containers, envcache
+from tacc_agent.tasks.execute import containers, envcache, job_vars
 from tacc_agent.tasks.execute import launch as execute
+from tacc_agent.tasks.interactive import quick_enter
+from tacc_agent.tasks.interactive.quick_enter import command_status, on_terminal, shell_argv
 from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.jobs import verbs as jobs
 from tacc_agent.tasks.schedule.instruction import load
@@ -48,8 +49,6 @@ HEARTBEAT_TIMEOUT_SECONDS = 30.0
 # The disconnect's cancel, again after each of these while Slurm does not answer (~3 min).
 CANCEL_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 64.0)
 DISCONNECT_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE)
-EXIT_NOT_FOUND = 127  # as a shell: the command is not there
-EXIT_NOT_EXECUTABLE = 126  # as a shell: it is there, it cannot be run
 STATE_HINTS = {
     "QUEUED": "it runs on no node yet (tcloud status {job})",
     "PROVISIONING": "its nodes are being prepared; try again in a moment (tcloud status {job})",
@@ -209,38 +208,8 @@ def job_env(job_dir: Path, task, rank: int) -> dict[str, str]:
     env["TACC_NODE_RANK"] = str(rank)
     environment = envcache.job_environment(job_dir) or {}
     if environment.get("path"):
-        envcache.activate(Path(environment["path"]), env)
+        job_vars.activate(Path(environment["path"]), env)
     return env
-
-
-def command_status(word: str, search_path: str, root: Path | None = None) -> int:
-    """0 when `word` can be run (on the host, or in the image at root); else what a
-    shell would exit with: 127 (not found), 126 (found, not executable). In an image
-    only presence is checked (its links may point at paths only it has)."""
-    if root is not None:
-        if "/" in word and not word.startswith("/"):
-            return 0  # relative to the working directory: the runtime says
-        places = [word] if "/" in word else [f"{d}/{word}" for d in search_path.split(":") if d]
-        found = any(os.path.lexists(root / place.lstrip("/")) for place in places)
-        return 0 if found else EXIT_NOT_FOUND
-    path = word if "/" in word else shutil.which(word, path=search_path)
-    if path is None or not os.path.exists(path):
-        return EXIT_NOT_FOUND
-    runnable = os.access(path, os.X_OK) and not os.path.isdir(path)
-    return 0 if runnable else EXIT_NOT_EXECUTABLE
-
-
-def shell_argv(search_path: str, root: Path | None = None, interactive: bool = True) -> list[str]:
-    """The user's shell: bash, or sh where there is no bash (root: an image's); `-i` on a
-    terminal. Without one (no PTY: commands piped in), a plain shell reads stdin as ssh's
-    does, with no prompts and no job-control warnings on stderr."""
-    shell = "bash" if command_status("bash", search_path, root) == 0 else "sh"
-    return [shell, "-i"] if interactive else [shell]
-
-
-def on_terminal() -> bool:
-    """stdin is a terminal (srun --pty): the shell is interactive."""
-    return os.isatty(0)
 
 
 def enter_argv(
@@ -270,21 +239,7 @@ def enter(job_dir: Path, rank: int, command: list[str], config: AgentConfig) -> 
     task = load(job_dir)
     env = job_env(job_dir, task, rank)
     argv, code = enter_argv(task, job_dir, env, command, config)
-    if code:
-        what = "command not found" if code == EXIT_NOT_FOUND else "permission denied"
-        word = command[0] if command else argv[0]
-        print(f"tacc: {word}: {what}", file=sys.stderr, flush=True)
-        return code
-    workdir = job_dir / "code"
-    os.chdir(workdir if workdir.is_dir() else job_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(argv[0], argv, env)  # noqa: S606 - the command replaces the agent
-    except OSError as exc:
-        print(f"tacc: {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
-        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
-    return 0  # only when exec is replaced (tests)
+    return quick_enter.run(argv, code, command, env, job_dir)
 
 
 # ---------------------------------------------------------------- stop on disconnect
