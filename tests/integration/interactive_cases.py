@@ -149,13 +149,15 @@ class TestIntoARunningJob:
         try:
             for _ in range(40):
                 seen = node_sh(SLURM_LAB, "login1", "ps -u alice -o args= || true").stdout
-                if seen.count("srun ") >= 2:
+                if "--nodelist=n2" in seen and "--nodelist=n3" in seen:
                     break
                 time.sleep(0.1)
         finally:
             assert running.wait(timeout=60) == 0, running.stderr.read() if running.stderr else ""
-        steps = [line for line in seen.splitlines() if line.startswith("srun ")]
-        assert len(steps) == 2 and all(" enter " in line for line in steps), seen
+        steps = [line.split() for line in seen.splitlines() if line.startswith("srun ")]
+        nodes = {word for words in steps for word in words if word.startswith("--nodelist=")}
+        assert nodes == {"--nodelist=n2", "--nodelist=n3"}, seen  # srun shows as 2 processes
+        assert all("enter" in words for words in steps), seen
         assert "job attach" not in seen, seen
 
     def test_i3_a_forwarded_port_fetches_a_page_served_by_the_job(self, alice, served_job):
