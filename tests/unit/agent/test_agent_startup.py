@@ -220,3 +220,21 @@ def test_the_cli_module_runs_as_the_console_script(tmp_path):
         cwd=Path(tmp_path),
     )
     assert done.returncode == 2 and "the following arguments are required: jobdir" in done.stderr
+
+
+WARM_PROBE = """
+import sys
+from tacc_agent import session
+before = [m for m in session.WARM_MODULES if m in sys.modules]
+session.warm_up().join(60)
+print(before, all(m in sys.modules for m in session.WARM_MODULES))
+"""
+
+
+def test_a_session_loads_the_waited_on_verbs_modules_before_its_first_request():
+    """Issue [23]: a spare session (tcloud's master starts them ahead) has `job target`'s,
+    `store`'s and ps' modules loaded by the time a command asks (on its own thread)."""
+    out = subprocess.run(
+        [sys.executable, "-c", WARM_PROBE], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[] True", out
