@@ -143,8 +143,11 @@ class TestIntoARunningJob:
         """Issue [23]: `job target` answers each node's step and tcloud runs it, so the
         login node runs alice's srun and no `tacc-agent job attach` in front of it."""
         env = researcher_env(SLURM_LAB, "alice")
-        argv = [str(BIN / "tcloud"), "exec", served_job, "--all", "--", "sleep", "4"]
-        running = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        command = ["sh", "-c", "umask; sleep 4"]
+        argv = [str(BIN / "tcloud"), "exec", served_job, "--all", "--", *command]
+        running = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         seen = ""
         try:
             for _ in range(40):
@@ -153,7 +156,10 @@ class TestIntoARunningJob:
                     break
                 time.sleep(0.1)
         finally:
-            assert running.wait(timeout=60) == 0, running.stderr.read() if running.stderr else ""
+            out, err = running.communicate(timeout=60)
+        assert running.returncode == 0, err
+        # srun hands the login shell's umask (0002) on; the job's is the agent's private one
+        assert sorted(out.splitlines()) == ["[n2:0] 0077", "[n3:1] 0077"], out + err
         steps = [line.split() for line in seen.splitlines() if line.startswith("srun ")]
         nodes = {word for words in steps for word in words if word.startswith("--nodelist=")}
         assert nodes == {"--nodelist=n2", "--nodelist=n3"}, seen  # srun shows as 2 processes

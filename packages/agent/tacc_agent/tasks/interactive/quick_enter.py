@@ -125,6 +125,9 @@ def enter_quickly(argv: Sequence[str]) -> bool:
     command (no return); False when the full way must decide (then nothing was done)."""
     if argv[:1] != ["enter"] or (words := parsed(argv[1:])) is None:
         return False
+    # As cli.main does for every verb: srun hands its caller's umask (a login shell's
+    # 0002) on to the step, and what a shell or command writes must stay the user's.
+    os.umask(0o077)
     job_dir, rank, command = words
     try:
         resolved = job_dir.resolve()

@@ -29,9 +29,13 @@ class Caught:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], dict[str, str], str]] = []
+        self.umasks: list[int] = []
 
     def __call__(self, file: str, argv: list[str], env: dict[str, str]) -> None:
         self.calls.append((argv, env, os.getcwd()))
+        umask = os.umask(0o077)
+        os.umask(umask)
+        self.umasks.append(umask)
 
 
 @pytest.fixture
@@ -39,7 +43,9 @@ def caught(monkeypatch) -> Caught:
     calls = Caught()
     monkeypatch.setattr(os, "execvpe", calls)
     monkeypatch.chdir(os.getcwd())  # both ways change directory: put it back after
-    return calls
+    umask = os.umask(0o077)
+    yield calls
+    os.umask(umask)
 
 
 def a_job(tmp_path: Path, task: dict = TASK, venv: bool = True) -> Path:
@@ -199,3 +205,14 @@ def test_python_m_tacc_agent_enter_takes_the_quick_way(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == f"3 0.1 {job_dir / 'code'}\n"
     assert "tacc_agent.cli" not in proc.stderr
+
+
+@pytest.mark.security
+def test_the_command_runs_with_the_agents_private_umask_whatever_srun_handed_on(tmp_path, caught):
+    """srun gives the step its caller's umask: a login shell's 0002 since tcloud runs the
+    step itself. What alice's shell or command writes on the node (/tmp, scratch) must
+    not be readable by bob: 0077, as in her job's own run lines."""
+    job_dir = a_job(tmp_path)
+    os.umask(0o002)
+    assert quickly(job_dir, 0, ["touch", "x"]) == 0
+    assert caught.umasks == [0o077]
