@@ -70,6 +70,12 @@ def test_no_verb_prints_the_help_and_exits_2(capsys):
     assert capsys.readouterr().out.startswith("usage: tacc-agent")
 
 
+def probe(code: str, *argv: str) -> str:
+    """What a fresh Python running `code` (with argv) prints."""
+    command = [sys.executable, "-c", code, *argv]
+    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
 PROBE = """
 import sys
 import tacc_agent.cli
@@ -104,13 +110,7 @@ def test_a_job_step_loads_only_what_every_step_uses():
     """The batch step, each rank's wrapper, `enter` and `job connect` start a Python each
     on a user's wait (submit -> RUNNING, exec, shell, forward): the build file's parser,
     urllib, package metadata and the Slurm readers they never call are not imported."""
-    out = subprocess.run(
-        [sys.executable, "-c", JOB_STEP_PROBE],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = probe(JOB_STEP_PROBE)
     assert out.strip() == "[]", out
 
 
@@ -133,13 +133,7 @@ def test_a_compute_nodes_daemon_loads_no_scheduling_backend(tmp_path):
     """`tacc-agent serve` off the controller, plug-ins named in its settings: the health
     half only (the queue ticks and the task schema cost the daemon about 1.2 MiB of its
     30 MiB budget; only the controller's daemon pays)."""
-    out = subprocess.run(
-        [sys.executable, "-c", DAEMON_PROBE, str(tmp_path / "agent.yaml")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = probe(DAEMON_PROBE, str(tmp_path / "agent.yaml"))
     assert out.strip() == "[]", out
 
 
@@ -234,7 +228,5 @@ print(before, all(m in sys.modules for m in session.WARM_MODULES))
 def test_a_session_loads_the_waited_on_verbs_modules_before_its_first_request():
     """Issue [23]: a spare session (tcloud's master starts them ahead) has `job target`'s,
     `store`'s and ps' modules loaded by the time a command asks (on its own thread)."""
-    out = subprocess.run(
-        [sys.executable, "-c", WARM_PROBE], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
+    out = probe(WARM_PROBE)
     assert out.strip() == "[] True", out

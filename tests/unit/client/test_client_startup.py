@@ -23,6 +23,14 @@ print(code, loaded)
 """
 
 
+def run_probe(code: str, *argv: str) -> str:
+    """What a fresh Python running `code` (with argv) in the repository prints."""
+    command = [sys.executable, "-c", code, *argv]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 LOCAL_COMMANDS = [
     ["--help"],
     ["validate", "examples/hello"],
@@ -33,14 +41,7 @@ LOCAL_COMMANDS = [
 
 @pytest.mark.parametrize("argv", LOCAL_COMMANDS)
 def test_local_commands_do_not_load_the_ssh_stack(argv):
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = run_probe(PROBE, *argv)
     assert out.strip() == "0 []", out
 
 
@@ -57,11 +58,5 @@ def test_commands_that_compile_nothing_load_no_compiler():
     """ps, exec, shell, forward and logs (tcloud.cli, then tcloud.core) load neither the task
     compiler (schema, plug-ins' fields, build file parser: about 50 ms of every start) nor
     importlib.metadata (20-40 ms; `--version` and a plug-in selection only)."""
-    out = subprocess.run(
-        [sys.executable, "-c", CLUSTER_PROBE],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = run_probe(CLUSTER_PROBE)
     assert out.strip() == "[]", out
