@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
 MAX_CHANNELS = 32  # exec: nodes run at once. sshd's MaxSessions (10 by default) may
 # allow fewer session channels per connection: one it refuses waits for one of ours to
 # close (ChannelGate), as nothing else tells how many the server allows.
+# A node's step from `job target` is run for this long after the answer; a node whose
+# turn comes later (more nodes than channels at once) gets `job attach`, which checks the
+# job again (ended meanwhile: the agent's message, not srun's).
+STEP_FRESH_SECONDS = 5.0
 GATE_RETRIES = 3  # refused opens with none of ours open: then the refusal is the answer
 CHUNK = 65536
 DEFAULT_TERM = "xterm-256color"
@@ -414,12 +419,15 @@ def execute(
     if not command:
         raise UsageError("exec: expected a command after `--` (tcloud exec JOB -- CMD ...)")
     nodes = ranks_of(target(client, userdir, job), ranks)
+    answered = time.monotonic()
 
     gate = ChannelGate()
     running = OpenChannels()
 
     def one(node: dict) -> NodeResult:
         result = NodeResult(node["host"], node["rank"], -1)
+        if time.monotonic() - answered > STEP_FRESH_SECONDS:
+            node = {key: value for key, value in node.items() if key != "step"}
         channel = open_attach(client, userdir, node, job, command, gate=gate)
         try:
             running.add(channel)  # closed at once when Ctrl-C came while it opened

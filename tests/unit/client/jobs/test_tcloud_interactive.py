@@ -539,3 +539,13 @@ def test_a_step_that_is_not_sruns_is_refused_and_opens_no_channel(fake, step):
     assert "not srun's" in err or "does not fit protocol" in err  # a word not text
     assert "Traceback" not in err
     assert fake.transport.channels == []
+
+
+def test_a_node_whose_turn_comes_late_gets_job_attach_which_checks_again(stepped, monkeypatch):
+    """More nodes than channels at once: a step answered long before its node's turn is not
+    run blind; `job attach` checks the job again (an ended job: the agent's message)."""
+    monkeypatch.setattr(interactive, "STEP_FRESH_SECONDS", -1.0)
+    code, _, _ = cli_run("exec", "42", "--all", "--", "true")
+    assert code == 3
+    verbs = sorted(argv_verb(shlex.split(c.command))[:2] for c in stepped.transport.channels)
+    assert verbs == [["job", "attach"], ["job", "attach"]]
