@@ -69,8 +69,19 @@ def test_p3_researchers_reach_the_separate_login_node_whose_shared_is_nfs(alice)
     assert node_sh(SLURM_LAB, "n1", "test -d /shared/tcloud/alice").returncode == 0
 
 
+def no_job_left_on(user: str, node: str, seconds: float = 60) -> None:
+    """Wait until Slurm shows none of user's jobs on node: a job an earlier case ended
+    may still be completing there (CG), and pam_slurm_adopt admits its owner until then."""
+    deadline = time.monotonic() + seconds
+    script = f"squeue -h -u {user} -w {node} -o %i"
+    while node_sh(SLURM_LAB, "login1", script).stdout.strip():
+        assert time.monotonic() < deadline, f"{user} still has a job on {node}"
+        time.sleep(1)
+
+
 @pytest.mark.security
 def test_p2_a_compute_node_admits_a_researcher_only_while_they_have_a_job_there(alice, tmp_path):
+    no_job_left_on("alice", "n2")
     refused = ssh_as("alice", "n2", "hostname")
     assert refused.returncode != 0, refused.stdout
     assert ssh_as("alice", "login1", "hostname").stdout.strip() == "login1"
