@@ -17,6 +17,11 @@ def user_dir_of(job_dir: Path) -> Path:
     return job_dir.parent.parent  # <userdir>/jobs/<dir>
 
 
+def legacy_workdir(runtime: Mapping[str, object]) -> bool:
+    """Whether the task asks for TACC_WORKDIR's legacy meaning, its code/ (`runtime`)."""
+    return runtime.get("workdir") == "code"
+
+
 def base_env(job_dir: Path, legacy_workdir: bool = False) -> dict[str, str]:
     """The agent's own environment (srun, the wrapper): the task's variables are only
     for the program, so they cannot break srun or the agent. TACC_WORKDIR is the job's
@@ -43,3 +48,15 @@ def activate(env_dir: Path, env: dict[str, str]) -> None:
     """The venv at env_dir, first on PATH."""
     env["VIRTUAL_ENV"] = str(env_dir)
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+
+
+def entered_env(
+    job_dir: Path, legacy: bool, task_env: Mapping[str, str], rank: int, venv: str | None
+) -> dict[str, str]:
+    """What a command `enter` runs sees (both ways, tasks/interactive): the job's
+    variables, the task's own, the node's rank and the venv its batch step recorded."""
+    env = program_env(task_env, base_env(job_dir, legacy))
+    env["TACC_NODE_RANK"] = str(rank)
+    if venv:
+        activate(Path(venv), env)
+    return env

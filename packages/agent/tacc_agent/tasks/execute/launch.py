@@ -204,8 +204,7 @@ def stop_leftovers() -> None:
 
 def base_env(job_dir: Path, task: TaskSpec | None = None) -> dict[str, str]:
     """job_vars.base_env, TACC_WORKDIR as the task asks (runtime.workdir)."""
-    legacy = task is not None and task.runtime.get("workdir") == "code"
-    return job_vars.base_env(job_dir, legacy)
+    return job_vars.base_env(job_dir, task is not None and job_vars.legacy_workdir(task.runtime))
 
 
 def program_env(task: TaskSpec, env: dict[str, str]) -> dict[str, str]:

@@ -204,12 +204,11 @@ def caller_job_dir(job_dir: Path) -> Path:
 def job_env(job_dir: Path, task, rank: int) -> dict[str, str]:
     """What the job's program sees: the agent's job variables, the task's own, the
     node's rank and the job's venv (the one its batch step recorded)."""
-    env = execute.program_env(task, execute.base_env(job_dir, task))
-    env["TACC_NODE_RANK"] = str(rank)
     environment = envcache.job_environment(job_dir) or {}
-    if environment.get("path"):
-        job_vars.activate(Path(environment["path"]), env)
-    return env
+    legacy = job_vars.legacy_workdir(task.runtime)
+    return job_vars.entered_env(
+        job_dir, legacy, task.environment["env"], rank, environment.get("path")
+    )
 
 
 def enter_argv(

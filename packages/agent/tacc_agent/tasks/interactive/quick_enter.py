@@ -111,13 +111,12 @@ def job_env(job_dir: Path, rank: int) -> dict[str, str] | None:
         isinstance(word, str) for word in [*task_env.keys(), *task_env.values()]
     ):
         return None
-    legacy = runtime.get("workdir") == "code"
-    env = job_vars.program_env(task_env, job_vars.base_env(job_dir, legacy))
-    env["TACC_NODE_RANK"] = str(rank)
     record = read_json(job_dir / "status" / job_vars.ENVIRONMENT_RECORD)
-    if isinstance(record, dict) and isinstance(record.get("path"), str) and record["path"]:
-        job_vars.activate(Path(record["path"]), env)
-    return env
+    venv = record.get("path") if isinstance(record, dict) else None
+    legacy = job_vars.legacy_workdir(runtime)
+    return job_vars.entered_env(
+        job_dir, legacy, task_env, rank, venv if isinstance(venv, str) else None
+    )
 
 
 def enter_quickly(argv: Sequence[str]) -> bool:
