@@ -1,8 +1,11 @@
 """Seconds per task and per role of one ansible-playbook run, slowest first (what
 ansible.posix's profile_tasks/profile_roles print; that collection is not installed).
 
-    ANSIBLE_CALLBACK_PLUGINS=bench/callback_plugins ANSIBLE_CALLBACKS_ENABLED=task_profile \\
-        ansible-playbook -i INVENTORY playbooks/site.yml
+    ANSIBLE_CALLBACK_PLUGINS=plugins/callback:bench/callback_plugins \\
+        ANSIBLE_CALLBACKS_ENABLED=task_profile ansible-playbook -i INVENTORY playbooks/site.yml
+
+(plugins/callback keeps ansible.cfg's jinja_plugins_preload on the path: the variable
+replaces the configured path.)
 
 TASK_PROFILE_TOP (default 40) limits the task list; TASK_PROFILE_JSON=PATH also writes
 every task's seconds as JSON. It also counts, per host, the results of tasks that run on
