@@ -24,6 +24,15 @@ NAME = "bench"
 SUBNET = "10.77.7.0/24"
 
 
+def compile_packages() -> None:
+    """Bytecode for the project's packages, as a pip install of them has: the venv's
+    packages are the source tree (editable), and where PYTHONDONTWRITEBYTECODE is set (this
+    machine's environment sets it) every tcloud start would compile what it imports from
+    source again, about 30 ms that no installed tcloud pays. compileall writes them
+    whatever that variable says."""
+    sh([sys.executable, "-m", "compileall", "-q", str(ROOT / "packages")])
+
+
 def agent_metrics_port() -> int:
     """The node agent's /metrics port, as roles/tacc_agent declares it."""
     defaults = yaml.safe_load((ROOT / "roles/tacc_agent/defaults/main.yml").read_text())

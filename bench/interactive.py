@@ -37,7 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pexpect
-from benchlib import BIN, NAME, SUBNET, Record, add_json_argument, playbook, sh, summary
+from benchlib import (
+    BIN,
+    NAME,
+    SUBNET,
+    Record,
+    add_json_argument,
+    compile_packages,
+    playbook,
+    sh,
+    summary,
+)
 
 from tacc_lab.demo import researcher_env
 
@@ -325,6 +335,7 @@ def main() -> int:
     )
     add_json_argument(parser)
     args = parser.parse_args()
+    compile_packages()  # tcloud starts as an installed one does (benchlib)
     lab = args.lab or NAME
     with (
         Record(args.json, nodes=3, rounds=args.rounds, mib=args.mib) as out,

@@ -39,7 +39,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import submit_steps
-from benchlib import BIN, NAME, Record, add_json_argument, lab_down, lab_up, playbook, summary
+from benchlib import (
+    BIN,
+    NAME,
+    Record,
+    add_json_argument,
+    compile_packages,
+    lab_down,
+    lab_up,
+    playbook,
+    summary,
+)
 
 from tacc_lab.demo import researcher_env
 
@@ -433,6 +443,7 @@ def main() -> int:
     parser.add_argument("--lab", help="use this lab, already up, instead of the bench lab")
     add_json_argument(parser)
     args = parser.parse_args()
+    compile_packages()  # tcloud starts as an installed one does (benchlib)
     LAB["name"] = args.lab or NAME
     with (
         Record(args.json, nodes=3, samples=args.samples, task_s=10) as out,

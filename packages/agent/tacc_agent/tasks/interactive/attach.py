@@ -55,6 +55,11 @@ STATE_HINTS = {
     "HALTED": "it runs on no node while halted (tcloud resume {job})",
 }
 ENDED_HINT = "it runs on no node any more (tcloud logs {job})"
+# The agent's own steps in a job (enter, relay, node-usage) are no MPI job: no PMIx
+# server for them (MpiDefault=pmix sets one up per step: 61 ms of each `srun true` on
+# the bench lab, 36 ms with this). The step's tasks get no SLURM_MPI_TYPE, so an srun or
+# mpirun run inside one (in `tcloud shell`) still takes the cluster's MpiDefault.
+STEP_OPTIONS = ("--overlap", "--mpi=none", "--quiet")
 
 
 @dataclass(frozen=True)
@@ -153,12 +158,11 @@ def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool)
         "srun",
         *(["--pty"] if pty else []),  # right after "srun", where tcloud puts it (target)
         f"--jobid={job.slurm_job_id}",
-        "--overlap",
+        *STEP_OPTIONS,
         "--nodes=1",
         "--ntasks=1",
         f"--nodelist={job.host(rank)}",
         f"--chdir={job.job_dir}",
-        "--quiet",
         *execute.AGENT,
         *agent_words,
     ]

@@ -47,13 +47,12 @@ def node_usage_argv(job: attach.RunningJob) -> list[str]:
     return [
         "srun",
         f"--jobid={job.slurm_job_id}",
-        "--overlap",
+        *attach.STEP_OPTIONS,
         f"--nodes={count}",
         f"--ntasks={count}",
         "--ntasks-per-node=1",
         f"--nodelist={','.join(job.hosts)}",
         f"--chdir={job.job_dir}",
-        "--quiet",
         *AGENT,
         "node-usage",
     ]

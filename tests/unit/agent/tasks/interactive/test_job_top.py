@@ -185,15 +185,16 @@ def test_one_step_on_every_node_and_each_nodes_line_by_host(tmp_path, monkeypatc
     before = time.time()
     answer = verbs.JOB_TOP.answer.check(top.usage(running("n2", "n3", "n4")))
     argv = json.loads(argv_file.read_text())
-    assert argv[:9] == [
+    assert argv[:10] == [
         "--jobid=41",
         "--overlap",
+        "--mpi=none",
+        "--quiet",
         "--nodes=3",
         "--ntasks=3",
         "--ntasks-per-node=1",
         "--nodelist=n2,n3,n4",
         "--chdir=/ws/alice/jobs/41",
-        "--quiet",
         sys.executable,
     ]
     assert argv[-1] == "node-usage"
