@@ -55,11 +55,13 @@ STATE_HINTS = {
     "HALTED": "it runs on no node while halted (tcloud resume {job})",
 }
 ENDED_HINT = "it runs on no node any more (tcloud logs {job})"
-# The agent's own steps in a job (enter, relay, node-usage) are no MPI job: no PMIx
-# server for them (MpiDefault=pmix sets one up per step: 61 ms of each `srun true` on
-# the bench lab, 36 ms with this). The step's tasks get no SLURM_MPI_TYPE, so an srun or
-# mpirun run inside one (in `tcloud shell`) still takes the cluster's MpiDefault.
-STEP_OPTIONS = ("--overlap", "--mpi=none", "--quiet")
+STEP_OPTIONS = ("--overlap", "--quiet")
+# The steps that run only the agent's own code (relay for `tcloud forward`, node-usage
+# for `tcloud top`) are no MPI job: no PMIx server for them (MpiDefault=pmix sets one
+# up per step: 61 ms of each `srun true` on the bench lab, 36 ms with this). Not `enter`:
+# what runs there is the user's, and Debian 12's Open MPI 4.1 aborts in MPI_Init in a
+# step without PMI (docs/provisioning.md), where with pmix it runs as one rank.
+AGENT_CODE_ONLY = ("--mpi=none",)
 
 
 @dataclass(frozen=True)
@@ -151,14 +153,18 @@ def target(user_dir: Path, job_id: str, config: AgentConfig, rank: int | None = 
     return answer
 
 
-def step_argv(job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool) -> list[str]:
+def step_argv(
+    job: RunningJob, rank: int, agent_words: Sequence[str], pty: bool, agent_only: bool = False
+) -> list[str]:
     """A step of one task on the rank's node, beside the job's own steps (--overlap),
-    that runs `tacc-agent AGENT_WORDS` there; every word an argv word, never a shell line."""
+    that runs `tacc-agent AGENT_WORDS` there (agent_only: and nothing of the user's, so
+    no MPI set-up); every word an argv word, never a shell line."""
     return [
         "srun",
         *(["--pty"] if pty else []),  # right after "srun", where tcloud puts it (target)
         f"--jobid={job.slurm_job_id}",
         *STEP_OPTIONS,
+        *(AGENT_CODE_ONLY if agent_only else ()),
         "--nodes=1",
         "--ntasks=1",
         f"--nodelist={job.host(rank)}",

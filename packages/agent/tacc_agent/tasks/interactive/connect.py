@@ -113,7 +113,9 @@ def connect(
     stderr here (the relay's, on the node, come the same way: srun's stderr is ours)."""
     try:
         job = attach.running_job(user_dir, job_id, config)
-        argv = attach.step_argv(job, rank, target.words(back=not target.check), pty=False)
+        argv = attach.step_argv(
+            job, rank, target.words(back=not target.check), pty=False, agent_only=True
+        )
     except AgentError as exc:
         print(f"tacc-agent: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -48,6 +48,7 @@ def node_usage_argv(job: attach.RunningJob) -> list[str]:
         "srun",
         f"--jobid={job.slurm_job_id}",
         *attach.STEP_OPTIONS,
+        *attach.AGENT_CODE_ONLY,
         f"--nodes={count}",
         f"--ntasks={count}",
         "--ntasks-per-node=1",

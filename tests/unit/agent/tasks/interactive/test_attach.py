@@ -245,7 +245,6 @@ def test_attach_execs_srun_into_the_jobs_allocation_on_the_ranks_node(
                 "srun",
                 "--jobid=42",
                 "--overlap",
-                "--mpi=none",
                 "--quiet",
                 "--nodes=1",
                 "--ntasks=1",

@@ -188,8 +188,8 @@ def test_one_step_on_every_node_and_each_nodes_line_by_host(tmp_path, monkeypatc
     assert argv[:10] == [
         "--jobid=41",
         "--overlap",
-        "--mpi=none",
         "--quiet",
+        "--mpi=none",
         "--nodes=3",
         "--ntasks=3",
         "--ntasks-per-node=1",

@@ -246,7 +246,7 @@ def test_job_connect_runs_srun_with_relay_on_the_ranks_node(
     monkeypatch.setattr(connect.os, "execvp", lambda file, argv: execs.append(argv))
     assert connect.connect(user_dir, "42", config, 1, connect.RelayTarget(8888, None)) == 0
     connect.connect(user_dir, "42", config, 0, connect.RelayTarget(None, "/s/j.sock", True))
-    prefix = ["srun", "--jobid=42", "--overlap", "--mpi=none", "--quiet", "--nodes=1"]
+    prefix = ["srun", "--jobid=42", "--overlap", "--quiet", "--mpi=none", "--nodes=1"]
     assert started[0][:6] == prefix and "--nodelist=n3" in started[0]
     assert started[0][-4:] == ["relay", "--port", "8888", "--back"]
     assert execs[0][-4:] == ["relay", "--socket", "/s/j.sock", "--check"]
