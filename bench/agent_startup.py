@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import BIN, ROOT, Record, add_json_argument, compile_packages
+from benchlib import BIN, ROOT, Record, add_json_argument
 
 AGENT_PYTHON = "/opt/tacc-agent/venv/bin/python3"
 AGENT_CLI = ["tacc_agent.cli"]
@@ -162,7 +162,6 @@ def main() -> int:
     parser.add_argument("--before", default="HEAD~1", help="the older commit (git ref)")
     add_json_argument(parser)
     args = parser.parse_args()
-    compile_packages()  # tcloud starts as an installed one does (benchlib)
     before = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", args.before],
         capture_output=True,
