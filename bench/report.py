@@ -612,6 +612,47 @@ def section_goals(scripts: dict) -> list[str]:
     return lines
 
 
+# Issue [23]'s rows: one recorded entry (scripts["paths"]) gathers the latest side-by-side
+# measurement of each, from several scripts, each row with its own command and load.
+PATHS = "paths"
+PATHS_HEADER = [
+    "measured",
+    "before",
+    "after",
+    "goal",
+    "",
+    "load (1 min) at the start",
+    "command",
+]
+
+
+def section_paths(entry: dict | None) -> list[str]:
+    """Issue [23]'s table: every path a user waits on, before (REPORT.md at the commit
+    the entry names, and the issue's own fresh-machine figures) and after, side by side."""
+    if not entry:
+        return []
+    rows = [
+        [
+            row["measured"],
+            row["before"],
+            row["after"],
+            row["goal"],
+            "meets" if row["meets"] else "misses",
+            row["load"],
+            f"`{row['command']}`",
+        ]
+        for row in entry.get("rows", [])
+    ]
+    return [
+        "## Every path a user waits on (issue [23]): before and after",
+        "",
+        str(entry.get("intro", "")),
+        "",
+        *table(PATHS_HEADER, rows),
+        *notes(entry),
+    ]
+
+
 def section_steps(workflow: dict | None) -> list[str]:
     """Issue [12]'s per-step split (bench/task_workflow.py --steps, bench/submit_steps.py):
     median seconds of each step of a submit, alone and K at once, next to plain sbatch."""
@@ -1128,6 +1169,21 @@ def section_frameworks(entry: dict | None) -> list[str]:
         ],
     ]
     lines += table(["measurement", "pip", "uv (what the agent uses)", "pip / uv"], rows)
+    base = dig(r, ("baseline_sbatch_to_first_step", "median"))
+    if base and first:
+        lines += table(
+            ["measurement", "tcloud", "baseline", "tcloud / baseline"],
+            [
+                [
+                    "submit -> first training step, environment cached (median of "
+                    f"{dig(r, ('submit_to_first_step', 'n'))}, taking turns)",
+                    fmt(first, " s", 1),
+                    f"{fmt(base, ' s', 1)}: `sbatch` of the same train.py through torchrun "
+                    "in the same ready venv on the same storage",
+                    f"{first / base:.2f}x",
+                ]
+            ],
+        )
     lines += [f"Reproduce: {cmd(entry)}", ""]
     return lines
 
@@ -1228,7 +1284,7 @@ def recorded_sections(scripts: dict) -> list[str]:
     recorded from the script's own output, then their notes."""
     lines: list[str] = []
     for name, entry in scripts.items():
-        if name in BY_NAME:
+        if name in BY_NAME or name == PATHS:
             continue
         section = entry.get("section")
         if not section:
@@ -1288,6 +1344,7 @@ def render(results: dict, out_dir: Path) -> tuple[Path, Path | None]:
         *machine_lines(results),
         *section_runs(results),
         *section_goals(scripts),
+        *section_paths(scripts.get(PATHS)),
         *section_provisioning(scripts.get("converge")),
         *notes(scripts.get("converge")),
         *section_side_by_side(scripts.get("tcloud_upload"), scripts.get("task_workflow")),

@@ -86,3 +86,38 @@ def test_scripts_report_py_does_not_run_keep_their_recorded_section(report, tmp_
     text = report.render(base, tmp_path)[0].read_text()
     assert "## Into a running job\n\n| a | b |\n\nWhy.\n" in text
     assert "_No section recorded for operations.py._" in text
+
+
+def test_issue_23_paths_render_once_after_the_goals_with_each_rows_command(
+    report, tmp_path
+) -> None:
+    row = {
+        "measured": "exec on every node",
+        "before": "2.23x",
+        "after": "1.24x",
+        "goal": "<= 1.20x",
+        "meets": False,
+        "load": "0.3",
+        "command": "bench/interactive.py --only exec",
+    }
+    base = results()
+    base["scripts"] = {
+        report.PATHS: {
+            "script": "several",
+            "command": "each row's",
+            "ok": True,
+            "intro": "Before: the issue.",
+            "rows": [row],
+            "notes": ["Why exec misses."],
+        }
+    }
+    text = report.render(base, tmp_path)[0].read_text()
+    heading = "## Every path a user waits on (issue [23]): before and after"
+    assert text.count(heading) == 1
+    assert text.index(heading) > text.index("## At the cost of plain Slurm (issue [12])")
+    assert (
+        "| exec on every node | 2.23x | 1.24x | <= 1.20x | misses | 0.3 | "
+        "`bench/interactive.py --only exec` |" in text
+    )
+    assert text.index("Why exec misses.") > text.index(heading)
+    assert "## paths" not in text and "_No section recorded for several._" not in text
