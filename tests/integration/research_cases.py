@@ -67,6 +67,47 @@ def test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end(ali
     assert owner[0] == "alice" and int(owner[1], 8) & 0o022 == 0, owner
 
 
+def test_r1b_a_sampled_sweep_ranks_its_trials_fetches_the_best_and_reruns_the_same(alice, tmp_path):
+    """Issue [24]: 8 trials drawn from ranges (scrambled Sobol, a seed) with ASHA;
+    `status` lists them best first with the rung and accuracy each reached, `download
+    --best` fetches the best trial's outputs, and a rerun runs the same 8 trials."""
+    project = tmp_path / "sweep-adaptive"
+    shutil.copytree(ROOT / "examples/sweep-adaptive", project)
+    proc = alice("submit", "--json", "--sweep", str(project / "sampled.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)["job_id"]
+    info = wait_state(alice, job, FINAL, 300)
+    assert info["state"] == "COMPLETED" and info["reason"] == "8 COMPLETED", info
+    trials = info["trials"]
+    drawn = sorted(json.dumps(t["parameters"], sort_keys=True) for t in trials)
+    assert len(set(drawn)) == 8, drawn
+    for trial in trials:
+        assert 0.005 <= float(trial["parameters"]["LR"]) <= 0.5, trial
+        assert trial["parameters"]["SEED"] in ("1", "2", "3"), trial
+        assert trial["metric"] == "accuracy" and trial["rungs"] == 3, trial
+    # Best first: the highest rung reached, then the best accuracy there.
+    ranks = [(-t["rung"], -t["value"]) for t in trials]
+    assert ranks == sorted(ranks) and info["best"] == trials[0]["job_id"], trials
+    assert trials[0]["rung"] == 3 and not trials[0]["stopped"], trials[0]
+    shown = alice("status", job).stdout
+    assert f"best trial: {info['best']} (trials best first)" in shown, shown
+    assert re.search(rf"trial {info['best']} COMPLETED exit 0  accuracy [0-9.]+ at rung 3/3", shown)
+    best_dir = tmp_path / "best"
+    fetched = alice("download", job, str(best_dir), "--best")
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"of trial {info['best']}, the best (accuracy" in fetched.stdout, fetched.stdout
+    last = json.loads((best_dir / "outputs/progress.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 9 and abs(last["accuracy"] - trials[0]["value"]) < 1e-9, last
+    assert not (best_dir / "trials").exists()
+    # The rerun runs the trials the instruction holds: none drawn anew.
+    again = alice("rerun", "--json", job)
+    assert again.returncode == 0, again.stderr
+    rerun_id = json.loads(again.stdout)["job_id"]
+    rerun_trials = status(alice, rerun_id)["trials"]
+    alice("cancel", rerun_id)
+    assert sorted(json.dumps(t["parameters"], sort_keys=True) for t in rerun_trials) == drawn
+
+
 def counter_task(
     root: Path, name: str, nodes: int, cpus: int, preemptible: bool, until: int = 100000
 ) -> Path:

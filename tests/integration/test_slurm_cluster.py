@@ -88,6 +88,7 @@ from tests.integration.operations_cases import (  # noqa: F401  (issue [15]: ope
 )
 from tests.integration.research_cases import (  # noqa: F401  (issue [16]: research plug-ins)
     test_r1_an_adaptive_sweep_stops_weak_trials_and_runs_the_best_to_the_end,
+    test_r1b_a_sampled_sweep_ranks_its_trials_fetches_the_best_and_reruns_the_same,
     test_r2_tiresias_requeues_a_preemptible_job_of_a_lower_queue_for_one_that_waits,
     test_r3_oort_selects_the_participants_of_a_federated_task_and_off_is_random,
     test_r5_elastic_grows_a_running_job_onto_an_idle_node_and_shrinks_it_for_a_waiting_one,

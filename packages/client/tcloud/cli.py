@@ -204,6 +204,11 @@ def add_cluster_commands(sub) -> None:
     p_down = command("download", "fetch a job's outputs/ and logs/ (a sweep's: by trial)")
     p_down.add_argument("job")
     p_down.add_argument("dest", nargs="?", type=Path, help="local directory (default: ./JOB)")
+    p_down.add_argument(
+        "--best",
+        action="store_true",
+        help="a sweep's best trial only (highest rung, best metric there), into DEST",
+    )
     command("ls", "list your cluster directory", listing=True).add_argument("path", nargs="?")
     command("cat", "print a file from your cluster directory").add_argument("path")
     command("quota", "your limits, fair share and usage on the cluster", listing=True)
@@ -513,7 +518,16 @@ def run_images(cluster: Cluster, args: argparse.Namespace) -> None:
 def run_download(cluster: Cluster, args: argparse.Namespace) -> None:
     job = cluster.job(args.job)
     dest = args.dest or Path(job.id)
-    print(f"downloaded {job.download(dest)} file(s) to {dest}/")
+    if not args.best:
+        print(f"downloaded {job.download(dest)} file(s) to {dest}/")
+        return
+    best = job.best_trial()
+    count = job.download(dest, best=True)
+    print(
+        f"downloaded {count} file(s) of trial {best['job_id']}, the best "
+        f"({best.get('metric', 'metric')} {best.get('value')} at rung {best.get('rung')}"
+        f"/{best.get('rungs')}), to {dest}/"
+    )
 
 
 def run_shell(cluster: Cluster, args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tacc_contract import answers, verbs
 from tacc_contract.jobs import FINAL_STATES
@@ -179,17 +179,24 @@ class Cluster:
     def sweep(
         self,
         task: TaskLike,
-        parameters: Mapping[str, list] | None = None,
+        parameters: Mapping[str, Any] | None = None,
         *,
         parallel: int | None = None,
+        samples: int | None = None,
+        sampler: str | None = None,
+        seed: int | None = None,
         base_dir: PathLike | None = None,
         allow_outside: bool = False,
     ) -> Job:
         """Submit a sweep: one trial per combination of `parameters` (default: the task's
-        own sweep section), each trial seeing its values as environment variables."""
+        own sweep section), each trial seeing its values as environment variables. With
+        `samples`, that many trials drawn from the parameters' ranges ({"LR":
+        {"loguniform": [1e-4, 1e-1]}}, ...) by `sampler` ("random" or "sobol") from `seed`
+        (tacc_plugins/sampling.py)."""
         from tcloud.compile import tasks  # lazy start-up import
 
-        task, base_dir = tasks.with_sweep(task, parameters, parallel, base_dir)
+        drawn = {"samples": samples, "sampler": sampler, "seed": seed}
+        task, base_dir = tasks.with_sweep(task, parameters, parallel, base_dir, drawn)
         return self.submit(task, sweep=True, base_dir=base_dir, allow_outside=allow_outside)
 
     def dev(

@@ -111,13 +111,23 @@ class Cluster(core.Cluster):
 class Job(core.Job):
     """One of your jobs (a sweep, or one trial of it as 1234_5) on a Cluster."""
 
-    def download(self, dest: PathLike | None = None) -> int:
+    def download(self, dest: PathLike | None = None, *, best: bool = False) -> int:
         """Its outputs/ and logs/ (a whole sweep's: each trial's, into dest/trials/<i>/)
-        into dest (default: ./<job id>); how many files were fetched."""
+        into dest (default: ./<job id>); how many files were fetched. `best`: a sweep's
+        best trial only (the highest rung, the best value there), into dest."""
         target = download_dest(dest if dest is not None else Path(self.id))
         info = self.status()
+        if best:
+            files.best_trial(info)  # refused before a connection or a directory
         with closing(self.cluster.client.open_sftp()) as sftp:
+            if best:
+                return files.download_best(sftp, info, target)[0]
             return files.download_job(sftp, info, target)
+
+    def best_trial(self) -> dict:
+        """A sweep's best trial as `status` lists it (job_id, parameters, metric, value,
+        rung); a UsageError when it is not a sweep or no trial has a value yet."""
+        return files.best_trial(self.status())
 
 
 Cluster.job_class = Job

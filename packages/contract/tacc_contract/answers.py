@@ -105,6 +105,12 @@ class Trial(TypedDict):
     parameters: NotRequired[dict]
     nodes: NotRequired[str]
     reason: NotRequired[str | None]
+    # an adaptive sweep's trial (issue [24]): its metric's value at the last rung it reached
+    metric: NotRequired[str]
+    value: NotRequired[float | None]
+    rung: NotRequired[int]
+    rungs: NotRequired[int]
+    stopped: NotRequired[bool]
 
 
 class Event(TypedDict):
@@ -122,6 +128,7 @@ class JobStatus(TypedDict):
     exit_code: NotRequired[int | None]
     slurm_state: NotRequired[str | None]
     sweep: NotRequired[bool]
+    best: NotRequired[str | None]  # a sweep's best trial so far (issue [24])
     trials: NotRequired[list[Trial]]
     history: NotRequired[list[Event]]
     nodes: NotRequired[list[NodeState]]

@@ -338,6 +338,17 @@ def test_a_sweep_is_submitted_with_its_parameters_as_one_job(fake, tmp_path):
     assert "--array=0-1%1" in array, array
 
 
+def test_a_sampled_sweep_draws_its_trials_from_ranges_with_a_seed(fake, tmp_path):
+    ranges = {"LR": {"loguniform": [1.0e-4, 1.0e-1]}, "OPT": ["adam", "sgd"]}
+    with Cluster() as cluster:
+        job = cluster.sweep(project(tmp_path / "p"), ranges, samples=4, sampler="sobol", seed=3)
+        assert job.submission.plugins == {"sweep": "job array 0-3 (4 trials)"}
+        trials = [t["parameters"] for t in job.status()["trials"]]
+    assert len(trials) == 4 and all(1.0e-4 <= float(t["LR"]) <= 1.0e-1 for t in trials)
+    array = next(call for call in fake.slurm.calls("sbatch"))
+    assert "--array=0-3" in array, array
+
+
 def test_a_sweep_task_needs_sweep_true_and_a_plain_task_has_none(fake, tmp_path):
     swept = {**TASK, "sweep": {"parameters": {"LR": ["0.1", "0.01"]}}}
     with Cluster() as cluster:

@@ -50,6 +50,9 @@ LAZY_IMPORT_MARKS = {
     PACKAGES / "client" / "tcloud" / "__init__.py": "# lazy SDK import",
     # the cluster commands load the SSH stack: --help, validate and --dry-run start without
     PACKAGES / "client" / "tcloud" / "cli.py": "# lazy verb import",
+    # scipy only for a Sobol sweep's draw, at compile time on the researcher's machine:
+    # the agent imports tacc_plugins without it (issue [24])
+    PACKAGES / "plugins" / "tacc_plugins" / "sampling.py": "# lazy sampler import",
     # issue [23]: what a Python start on a user's wait skips until a call needs it (the
     # task compiler, importlib.metadata, urllib, the build file's parser);
     # tests/unit/{agent/test_agent_startup.py,client/test_client_startup.py} hold them off

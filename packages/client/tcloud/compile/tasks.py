@@ -26,7 +26,7 @@ from tacc_contract.instruction import parse
 from tacc_contract.registry import from_env
 from tacc_contract.sbatch import ClusterDefaults, sbatch_argv
 from tacc_contract.schema import TASK_FILE, TaskSpec, validated
-from tacc_plugins.sweep import trials_of
+from tacc_contract.trials import planned_count
 from tcloud.compile import local_paths
 from tcloud.compile.compiler import ImageResolver, Instruction, compile_task
 from tcloud.compile.task_file import (
@@ -167,7 +167,7 @@ def sbatch_line(task: Task) -> list[str]:
 def check_sweep(task: Task, sweep: bool) -> int:
     """A sweep can start many jobs: it runs only when asked for (--sweep, sweep=True).
     Returns how many trials it has."""
-    trials = len(trials_of(task.spec))
+    trials = planned_count((task.spec.extensions or {}).get("sweep") or {})
     if trials and not sweep:
         message = (
             f"this task is a sweep of {trials} trial(s); submit it with --sweep to run them "
@@ -239,13 +239,16 @@ def outside_paths(spec: TaskSpec) -> list[str]:
 
 def with_sweep(
     task: TaskLike,
-    parameters: Mapping[str, list] | None,
+    parameters: Mapping[str, Any] | None,
     parallel: int | None,
     base_dir: str | os.PathLike[str] | None,
+    drawn: Mapping[str, Any] | None = None,
 ) -> tuple[TaskLike, str | os.PathLike[str] | None]:
-    """(task, base_dir) with a sweep section of these parameters (and parallel): a task
-    file is read as a dict whose local paths stay relative to its directory."""
-    if parameters is None and parallel is None:
+    """(task, base_dir) with a sweep section of these parameters (and parallel, and
+    `drawn`: samples, sampler, seed where not None): a task file is read as a dict whose
+    local paths stay relative to its directory."""
+    drawn = {k: v for k, v in (drawn or {}).items() if v is not None}
+    if parameters is None and parallel is None and not drawn:
         return task, base_dir
     if not isinstance(task, Mapping):
         path = find_task_file(existing(task))
@@ -256,6 +259,7 @@ def with_sweep(
         sweep["parameters"] = dict(parameters)
     if parallel is not None:
         sweep["parallel"] = parallel
+    sweep.update(drawn)
     return {**task, "sweep": sweep}, base_dir
 
 

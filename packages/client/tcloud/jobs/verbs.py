@@ -132,6 +132,20 @@ def image_text(image: dict) -> str:
     return f"image: {reference or digest or '?'}{cached}"
 
 
+def trial_progress(trial: dict) -> str:
+    """An adaptive sweep's trial: its metric at the last rung it reached ("" for none)."""
+    value = trial.get("value")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return ""
+    if not isinstance(trial.get("rung"), int):
+        return ""
+    stopped = ", stopped" if trial.get("stopped") else ""
+    return (
+        f"  {trial.get('metric', 'metric')} {value:.4g}"
+        f" at rung {trial['rung']}/{trial.get('rungs', '?')}{stopped}"
+    )
+
+
 def describe(info: dict, out=None) -> None:
     """`tcloud status` for people: state, per-node states and, when it failed, why (to
     `out`, default: sys.stdout as it is at the call, so a redirection applies)."""
@@ -155,10 +169,13 @@ def describe(info: dict, out=None) -> None:
             print(f"requeued once: {entry['lost']}", file=out)
     for name, what in sorted((info.get("plugins") or {}).items()):
         print(f"plug-in {name}: {what}", file=out)
+    if info.get("best"):
+        print(f"best trial: {info['best']} (trials best first)", file=out)
     for trial in info.get("trials", []):
         exit_code = "" if trial.get("exit_code") is None else f" exit {trial['exit_code']}"
         values = " ".join(f"{k}={v}" for k, v in trial.get("parameters", {}).items())
-        print(f"  trial {trial['job_id']} {trial['state']}{exit_code}  {values}", file=out)
+        reached = trial_progress(trial)
+        print(f"  trial {trial['job_id']} {trial['state']}{exit_code}{reached}  {values}", file=out)
     for node in info.get("nodes", []):
         exit_code = "" if node.get("exit_code") is None else f" exit {node['exit_code']}"
         print(f"  [{node['host']}:{node['rank']}] {node['state']}{exit_code}", file=out)

@@ -196,6 +196,28 @@ def download_job(sftp: paramiko.SFTPClient, info: dict, dest: Path) -> int:
     return total
 
 
+def best_trial(info: dict) -> dict:
+    """The entry of the sweep's best trial (`status` names it), or a UsageError saying
+    why there is none."""
+    if not info.get("sweep"):
+        raise UsageError(f"--best: job {info.get('job_id')} is not a sweep")
+    best = info.get("best")
+    found = [t for t in info.get("trials") or [] if isinstance(t, dict) and t.get("job_id") == best]
+    if not best or not found:
+        raise UsageError(
+            f"--best: no trial of sweep {info.get('job_id')} has reported its metric at a rung "
+            "yet (sweep.adaptive, tacc_fluid.report); download the sweep, or a trial by its id"
+        )
+    return found[0]
+
+
+def download_best(sftp: paramiko.SFTPClient, info: dict, dest: Path) -> tuple[int, dict]:
+    """The best trial's outputs/ and logs/ into dest/ (files fetched, its entry)."""
+    trial = best_trial(info)
+    name = trial_name(trial)
+    return download(sftp, posixpath.join(info["workdir"], "trials", name), dest), trial
+
+
 def trial_name(trial: object) -> str:
     """A trial's name as the cluster sent it: one plain path component, else refused."""
     index = trial.get("trial") if isinstance(trial, dict) else None

@@ -4,7 +4,9 @@ the store: the same code digest, nothing uploaded), with the environment pinned 
 versions the past job ran with (its status/environment.json lock), then submitted like
 any job. The instruction records `rerun_of`. A task with a container image needs nothing
 more: its instruction holds the image pinned to the digest it was resolved to at submit,
-so the rerun runs the same bits (pulled again by that digest if the cache lost them)."""
+so the rerun runs the same bits (pulled again by that digest if the cache lost them).
+A sweep reruns whole: its instruction holds the trials it ran (drawn or a grid's), so
+the same ones run again, none drawn anew (issue [24])."""
 
 from __future__ import annotations
 
@@ -22,6 +24,18 @@ from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE, canonical, code_digest, digest_of
 
 
+def recorded_environment(job_dir: Path) -> dict | None:
+    """The environment the job ran with; a sweep's from the first of its trials that
+    built it (its trials share one: the same requirements)."""
+    if not sweeps.is_sweep(job_dir):
+        return envcache.job_environment(job_dir)
+    for index in sweeps.trial_indexes(job_dir):
+        found = envcache.job_environment(sweeps.trial_dir(job_dir, index))
+        if found and found.get("lock"):
+            return found
+    return None
+
+
 def rerun_document(job_id: str, job_dir: Path) -> dict:
     """The past job's instruction with its environment locked to what it ran with."""
     document = records.read_json(job_dir / FILE)
@@ -32,7 +46,7 @@ def rerun_document(job_id: str, job_dir: Path) -> dict:
     again.pop("rerun_of", None)
     wants_env = task.environment["requirements"] or task.environment.get("lock")
     if wants_env:
-        environment = envcache.job_environment(job_dir)
+        environment = recorded_environment(job_dir)
         if not environment or not environment.get("lock"):
             raise Rejected(
                 f"job {job_id} never built its environment (it did not start), so there are "
@@ -45,8 +59,12 @@ def rerun_document(job_id: str, job_dir: Path) -> dict:
 
 def rerun(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     job_dir = workspace.job_dir(user_dir, job_id)
-    if sweeps.is_sweep(job_dir) or sweeps.is_trial(job_dir):
-        raise Rejected(f"job {job_id} is (part of) a sweep; submit the sweep again instead")
+    if sweeps.is_trial(job_dir):
+        sweep_id = job_id.split("_", 1)[0]
+        raise Rejected(
+            f"job {job_id} is one trial of sweep {sweep_id}; rerun the sweep "
+            f"(tcloud rerun {sweep_id}) to run its trials again"
+        )
     document = rerun_document(job_id, job_dir)
     try:
         entries = document["manifest"].items()

@@ -15,7 +15,7 @@ from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks.execute import envcache, lost_nodes
 from tacc_agent.tasks.images import cache as imagecache
-from tacc_agent.tasks.jobs import job_tags, records, sweeps
+from tacc_agent.tasks.jobs import job_tags, records, sweep_progress, sweeps
 from tacc_agent.tasks.schedule import found_again as submitting
 from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.schedule.reasons import checked_reason
@@ -23,6 +23,7 @@ from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE, code_digest
 from tacc_contract.schema import session_of
 from tacc_contract.trials import trials_of
+from tacc_plugins import fluid
 
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING")
@@ -140,7 +141,8 @@ def sweep_status(
 ) -> dict:
     """A sweep: each trial reconciled like a job, and the sweep's state from theirs."""
     queue = array_queue(job_id, config) if queue is None else queue
-    parameters = trials_of(load(job_dir))
+    task = load(job_dir)
+    parameters, adaptive = trials_of(task), fluid.adaptive_of(task)
     trials = []
     for index in sweeps.trial_indexes(job_dir):
         trial_id, trial = f"{job_id}_{index}", sweeps.trial_dir(job_dir, index)
@@ -158,9 +160,11 @@ def sweep_status(
                 "exit_code": final.get("exit_code") if state in records.TERMINAL else None,
                 "parameters": parameters[int(index)] if int(index) < len(parameters) else {},
                 "nodes": (info or {}).get("NodeList", ""),
+                **sweep_progress.progress(trial, adaptive),
             }
         )
     states = [t["state"] for t in trials]
+    trials = sweep_progress.best_first(trials, (adaptive or {}).get("mode", "max"))
     return {
         "job_id": job_id,
         "name": _name(job_dir),
@@ -170,6 +174,7 @@ def sweep_status(
         "workdir": str(job_dir),
         "sweep": True,
         "trials": trials,
+        "best": sweep_progress.best_of(trials),
         "history": [],
         "nodes": [],
         "plugins": _plugins(job_dir),
