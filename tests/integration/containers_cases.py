@@ -175,3 +175,38 @@ def test_c6_in_the_container_a_researcher_is_themselves_and_sees_no_other_worksp
     assert match.group(3) == "hidden", log
     # The image is read-only inside: a job cannot change the cached image under the next.
     assert match.group(4) == "read-only", log
+
+
+def test_c7_image_plus_requirements_runs_in_a_venv_on_the_images_python_and_reruns_alike(
+    alice, tmp_path
+):
+    """Issue [24]: `image:` with `environment.requirements` builds a venv in the image,
+    on its own Python (keyed by the image's digest too), first on the container's PATH
+    in every rank; the rerun runs the same locked versions in the same image."""
+    probe = (
+        "python3 -c \"import numpy, sys; print('in', numpy.__version__, sys.prefix, "
+        "open('/etc/tacc-image').read().strip())\""
+    )
+    project = image_task(
+        tmp_path / "p", "image-venv", [probe], environment={"requirements": ["numpy"]}
+    )
+    job = submit(alice, project)
+    info, log = finished(alice, job)
+    assert info["state"] == "COMPLETED", log[-3000:]
+    found = re.findall(r"^\[(n\d):\d\] in (\S+) (\S+) (\S+)$", log, re.M)
+    assert len(found) == 2 and len({f[0] for f in found}) == 2, log[-3000:]
+    version, prefix = found[0][1], found[0][2]
+    assert all(f[1:3] == (version, prefix) for f in found), found  # one venv, both ranks
+    assert all(f[3] != "none" for f in found), found  # in the image, not on the node
+    assert prefix.startswith("/shared/tcloud/alice/envs/"), prefix
+    environment = info["environment"]
+    assert f"numpy=={version}" in environment["lock"], environment
+    assert environment["image"] == info["image"]["reference"].rsplit(":", 1)[1], info
+    again = alice("rerun", "--json", job)
+    assert again.returncode == 0, again.stderr
+    rerun_id = json.loads(again.stdout)["job_id"]
+    rerun_info, rerun_log = finished(alice, rerun_id)
+    assert rerun_info["state"] == "COMPLETED", rerun_log[-3000:]
+    assert rerun_info["environment"]["lock"] == environment["lock"]
+    assert rerun_info["image"]["reference"] == info["image"]["reference"]
+    assert re.search(rf"^\[n\d:0\] in {re.escape(version)} ", rerun_log, re.M), rerun_log

@@ -413,8 +413,10 @@ def check_cpus_and_memory(
         validator.problem(node_at(root, field), f"{prefix}{field}", message)
 
 
-# The environment fields an image replaces: its own software is the environment.
-IMAGE_EXCLUDES = ("requirements", "lock", "modules")
+# The environment fields that do not go with an image: Lmod modules are the node's
+# software, which a container does not see. Requirements (and a rerun's lock) do: a venv
+# built in the image, on top of its Python (issue [24]).
+IMAGE_EXCLUDES = ("modules",)
 BUILD_PATH_EXPECTED = (
     "a path relative to the task directory, without '..' (and not absolute): a build file, "
     "or a directory holding Containerfile or Dockerfile"
@@ -475,8 +477,8 @@ def check_image_value(
 
 
 def check_image(validator: Validator, root: yaml.Node, data: dict, prefix: str = "") -> None:
-    """An image holds the task's software: environment.requirements, lock and modules
-    (a venv or Lmod modules of the node) do not go with it; build them into the image."""
+    """Lmod modules (the node's software) do not go with an image: build what they give
+    into the image. Python requirements do (a venv on top of the image's Python)."""
     if not data.get("image") and not data.get("image_build"):
         return
     environment = data.get("environment") or {}
@@ -486,8 +488,9 @@ def check_image(validator: Validator, root: yaml.Node, data: dict, prefix: str =
             validator.problem(
                 node_at(root, name),
                 f"{prefix}{name}",
-                "not with 'image': the image holds the task's software (install these "
-                "in the image, or remove 'image' to build a venv on the node)",
+                "not with 'image': modules are the node's software, which the container "
+                "does not see (build it into the image; Python packages may go in "
+                "environment.requirements, installed on top of the image)",
             )
 
 

@@ -96,12 +96,6 @@ TASK_CASES = [
         ["tcloud.yaml:4:10: image.build: .: the directory holds no Containerfile or Dockerfile"],
     ),
     (
-        "with-requirements",
-        BUILD_HERE + "environment:\n  requirements: [numpy]\n",
-        GOOD,
-        ["tcloud.yaml:6:17: environment.requirements: not with 'image'"],
-    ),
-    (
         "with-modules",
         BUILD_HERE + "environment:\n  modules: [gcc]\n",
         GOOD,

@@ -21,8 +21,9 @@ EXPECTED = (
     "host[:port]/path/name@sha256:<64 hex digits> (e.g. n1:5000/tacc/base:bookworm)"
 )
 NOT_WITH_IMAGE = (
-    "not with 'image': the image holds the task's software (install these in the image, "
-    "or remove 'image' to build a venv on the node)"
+    "not with 'image': modules are the node's software, which the container does not see "
+    "(build it into the image; Python packages may go in environment.requirements, "
+    "installed on top of the image)"
 )
 HEAD = "name: t\nrun: [cat /etc/os-release]\n"
 WITH_IMAGE = HEAD + "image: n1:5000/tacc/base:bookworm\n"
@@ -70,29 +71,15 @@ CASES = [
         [f"tcloud.yaml:3:8: {EXPECTED}, got a mapping"],
     ),
     (
-        "with-requirements",
-        WITH_IMAGE + "environment:\n  requirements: [numpy]\n",
-        [f"tcloud.yaml:5:17: environment.requirements: {NOT_WITH_IMAGE}"],
-    ),
-    (
-        "with-lock",
-        WITH_IMAGE + "environment:\n  lock: [numpy==2.0.0]\n",
-        [f"tcloud.yaml:5:9: environment.lock: {NOT_WITH_IMAGE}"],
-    ),
-    (
         "with-modules",
         WITH_IMAGE + "environment:\n  modules: [gcc]\n",
         [f"tcloud.yaml:5:12: environment.modules: {NOT_WITH_IMAGE}"],
     ),
     (
-        "with-all-three",
+        "modules-beside-requirements",
         WITH_IMAGE + "environment:\n  requirements: [numpy]\n  lock: [numpy==2.0.0]"
         "\n  modules: [gcc]\n",
-        [
-            "tcloud.yaml:5:17: environment.requirements: not with 'image'",
-            "tcloud.yaml:6:9: environment.lock: not with 'image'",
-            "tcloud.yaml:7:12: environment.modules: not with 'image'",
-        ],
+        ["tcloud.yaml:7:12: environment.modules: not with 'image'"],
     ),
 ]
 
@@ -120,6 +107,14 @@ def test_env_goes_with_an_image(tmp_path: Path):
     assert validate(project).spec.image == "n1:5000/tacc/base:bookworm"
 
 
+def test_requirements_and_a_lock_go_with_an_image(tmp_path: Path):
+    # Issue [24]: a venv on top of the image (its own Python), not a build file.
+    text = WITH_IMAGE + "environment:\n  requirements: [numpy]\n  lock: [numpy==2.0.0]\n"
+    spec = validate(task_dir(tmp_path / "p", text)).spec
+    assert spec.environment["requirements"] == ["numpy"]
+    assert spec.environment["lock"] == ["numpy==2.0.0"]
+
+
 @pytest.mark.parametrize(
     ("image", "environment", "message"),
     [
@@ -127,11 +122,11 @@ def test_env_goes_with_an_image(tmp_path: Path):
         (["n1:5000/tacc/base"], {}, f"task: {EXPECTED}, got a list"),
         (
             "n1:5000/tacc/base",
-            {"requirements": ["numpy"]},
-            f"task: environment.requirements: {NOT_WITH_IMAGE}",
+            {"modules": ["gcc"]},
+            f"task: environment.modules: {NOT_WITH_IMAGE}",
         ),
     ],
-    ids=["no-registry-host", "a-list", "with-requirements"],
+    ids=["no-registry-host", "a-list", "with-modules"],
 )
 def test_a_dict_tasks_bad_image_names_the_field_without_a_line(
     tmp_path, image, environment, message

@@ -273,10 +273,13 @@ def job_binds(
     *,
     gpu_driver_dir: str | None = None,
     environ: Mapping[str, str] | None = None,
+    tools: Sequence[str] = (),
 ) -> JobBinds:
     """The job's binds, in mount order: ops' extra binds that exist on this node, the
     mask over the workspace root when an extra bind shows it, the user's directory,
-    the datasets' cluster paths, Slurm's spool directory, and for a job given GPUs
+    the datasets' cluster paths, Slurm's spool directory, `tools` (directories of the
+    node's the job runs in the image, at the same path: uv, for a venv on top of the
+    image) that exist, and for a job given GPUs
     (`environ`'s Slurm variables, default the process's) the node's NVIDIA driver
     directory `gpu_driver_dir` at /usr/local/nvidia where it exists (its
     mount point is made in the image wherever the setting is on, so a node without the
@@ -295,6 +298,7 @@ def job_binds(
     binds += [Bind(path, path) for path in own]
     if spool_dir and Path(spool_dir).is_dir():
         binds.append(Bind(spool_dir, spool_dir))
+    binds += [Bind(path, path) for path in tools if Path(path).is_dir()]
     points, mask_dirs = [], []
     for index, bind in enumerate(binds):
         covering = [b for b in binds[:index] if under(bind.target, b.target)]
@@ -353,6 +357,7 @@ class Container:
     binds: list[Bind]
     env: dict[str, str]
     cwd: Path
+    image: str = ""  # the image's digest (hex) or build key: what a venv on it is keyed by
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         return self.runtime.command(self.rootfs, argv, self.cwd, self.binds, self.env)

@@ -10,6 +10,10 @@ lock is kept in the environment (tacc-lock.txt) and recorded in each job that us
 (status/environment.json), so `tcloud rerun` can build the same versions again. A build
 that fails leaves nothing a later job would mistake for ready.
 
+A task with an image and requirements (issue [24]): the same venv, built in the job's
+container on the image's own Python (uv bound into the container), keyed by the image's
+digest or build key too, and put first on the container's PATH (launch.job_container).
+
 A step that fails because the cache could not reach upstream (devpi then says a project
 "does not exist", or answers 502) is run again after a pause, RETRY_DELAYS; one whose
 project is truly missing fails at once (tasks/execute/package_index.py tells them apart). Past
@@ -31,8 +35,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tacc_agent import locks
@@ -40,6 +44,8 @@ from tacc_agent.errors import AGENT_FAILED, AgentError
 from tacc_agent.tasks.execute import job_vars, package_index
 from tacc_agent.tasks.jobs import records
 
+# A command run in the job's container (containers.Container.wrap).
+Wrap = Callable[[list[str]], list[str]]
 MARKER = "tacc-env.json"
 LOCK_FILE = "tacc-lock.txt"
 JOB_RECORD = job_vars.ENVIRONMENT_RECORD
@@ -60,10 +66,15 @@ class Interpreter:
     platform: str
 
 
-def interpreter(python: str) -> Interpreter:
-    """What the environment's interpreter is: part of the environment's key."""
+def interpreter(
+    python: str, wrap: Wrap | None = None, env: Mapping[str, str] | None = None
+) -> Interpreter:
+    """What the environment's interpreter is: part of the environment's key (`wrap`:
+    the interpreter of the job's image, run in it with `env`)."""
+    argv = [python, "-I", "-c", INTERPRETER_PROBE]
     proc = subprocess.run(
-        [python, "-I", "-c", INTERPRETER_PROBE],
+        wrap(argv) if wrap else argv,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
@@ -77,8 +88,15 @@ def interpreter(python: str) -> Interpreter:
     return Interpreter(**json.loads(proc.stdout))
 
 
-def env_digest(requirements: list[str], lock: list[str], python: Interpreter) -> str:
+def env_digest(
+    requirements: list[str], lock: list[str], python: Interpreter, image: str = ""
+) -> str:
+    """The environment's key: what it holds, its interpreter, and the image it is built
+    on (its digest or build key: the same Python version in two images is two
+    interpreters, each with its own libraries)."""
     identity = {"requirements": requirements, "lock": lock, "python": asdict(python)}
+    if image:
+        identity["image"] = image
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -120,13 +138,21 @@ class Builder:
     uv: str
     index: str = ""  # the cluster's package cache; "" = uv's default (PyPI)
     cache_dir: Path | None = None  # uv's wheel cache (per user, beside the envs)
+    # A task with an image: each step runs in the job's container (uv bound into it),
+    # the venv on the image's Python, keyed by the image too.
+    wrap: Wrap | None = None
+    image: str = ""
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # what the runtime needs
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return self.wrap(argv) if self.wrap else argv
 
     def uv_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
         env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", UV_NATIVE_TLS="1")
         if self.cache_dir:
             env["UV_CACHE_DIR"] = str(self.cache_dir)
-        return env
+        return {**env, **self.extra_env}
 
     def index_args(self) -> list[str]:
         return ["--index-url", self.index] if self.index else []
@@ -223,7 +249,11 @@ def run_step(argv: list[str], builder: Builder, log: Callable[[str], None]) -> N
     refresh: list[str] = []
     for attempt, delay in enumerate((*delays, None), 1):
         proc = subprocess.run(
-            [*argv, *refresh], capture_output=True, text=True, check=False, env=builder.uv_env()
+            builder.argv([*argv, *refresh]),
+            capture_output=True,
+            text=True,
+            check=False,
+            env=builder.uv_env(),
         )
         for line in (proc.stdout + proc.stderr).splitlines():
             log(f"  {line}")
@@ -264,8 +294,8 @@ def ensure(
     """The ready environment's record (path, lock, ...) for these requirements, or for
     exactly the versions of `lock`, building it if no job has yet."""
     lock = list(lock or [])
-    python = interpreter(builder.python)
-    digest = env_digest(requirements, lock, python)
+    python = interpreter(builder.python, builder.wrap, builder.uv_env() if builder.wrap else None)
+    digest = env_digest(requirements, lock, python, builder.image)
     envs = user_dir / "envs"
     envs.mkdir(mode=0o700, exist_ok=True)
     env_dir = envs / digest
@@ -287,6 +317,7 @@ def ensure(
             "implementation": python.implementation,
             "platform": python.platform,
             "installer": builder.version(),
+            **({"image": builder.image} if builder.image else {}),
             "index": builder.index or "(uv default)",
             "built_by_job": job_id,
             "built_on": socket.gethostname(),

@@ -267,21 +267,24 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         if sweeps.is_trial(job_dir):
             sweeps.own_code_tree(job_dir)
         link_datasets(task, job_dir)
-        if task.environment["requirements"] or task.environment.get("lock"):
+        container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
+        if container:
+            runtime_user(env)
+        if wants_environment(task):
             environment = envcache.ensure(
                 user_dir_of(job_dir),
                 task.environment["requirements"],
-                environment_builder(config, user_dir_of(job_dir)),
+                environment_builder(config, user_dir_of(job_dir), container),
                 job_id,
                 say,
                 config.env_lock_timeout_seconds,
                 task.environment.get("lock"),
             )
             envcache.record_for_job(job_dir, environment)
-            job_vars.activate(Path(environment["path"]), env)
-        container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
-        if container:
-            runtime_user(env)
+            if container:  # the venv is the image's: first on the container's PATH
+                container = job_container(task, job_dir, config)
+            else:
+                job_vars.activate(Path(environment["path"]), env)
         marks.mark("environment")
     except AgentError as exc:
         say(str(exc))
@@ -382,6 +385,8 @@ def job_container(
     else:  # a wrapper: the batch step pulled or built it
         marker = imagecache.marker_at(user_dir, hex_key, name)
     datasets = [d.cluster for d in task.datasets if d.cluster]
+    # A venv on top of the image is built by uv run in the container: its directory too.
+    tools = [str(Path(envcache.uv_binary(config.uv)).parent)] if wants_environment(task) else []
     job = containers.job_binds(
         user_dir,
         config.workspace,
@@ -389,24 +394,34 @@ def job_container(
         config.container_binds,
         config.slurm_spool_dir,
         gpu_driver_dir=config.container_gpu_driver_dir,
+        tools=tools,
     )
     if prepare:
         containers.prepare_mask(job, user_dir / imagecache.IMAGES / containers.MASK)
         imagecache.make_mount_points_at(user_dir, hex_key, name, job.mount_points, lock_timeout)
     runtime = containers.runtime_named(config.container_runtime)
+    task_env = {**task.environment["env"], **(over_image or {})}
     env = containers.container_env(
-        marker.get("env") or {},
-        {**task.environment["env"], **(over_image or {})},
-        runtime.defaults,
-        job.search_paths,
+        marker.get("env") or {}, task_env, runtime.defaults, job.search_paths
     )
+    environment = envcache.job_environment(job_dir) if tools else None
+    if environment and environment.get("path"):  # the venv built on the image, first
+        venv = Path(environment["path"])
+        path = env.get("PATH") or task_env.get("PATH") or containers.DEFAULT_PATH
+        env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{path}")
     return containers.Container(
         runtime=runtime,
         rootfs=imagecache.rootfs_at(user_dir, hex_key),
         binds=job.binds,
         env=env,
         cwd=job_dir / "code",
+        image=hex_key,
     )
+
+
+def wants_environment(task: TaskSpec) -> bool:
+    """Whether the job runs in a venv the batch step builds (or finds) for it."""
+    return bool(task.environment["requirements"] or task.environment.get("lock"))
 
 
 def in_container(
@@ -428,12 +443,20 @@ def runtime_user(env: dict[str, str]) -> None:
         env["USER"] = getpass.getuser()
 
 
-def environment_builder(config: AgentConfig, user_dir: Path) -> envcache.Builder:
+def environment_builder(
+    config: AgentConfig, user_dir: Path, container: containers.Container | None = None
+) -> envcache.Builder:
+    """How this job's venv is built: on the node's Python (config.python), or in the
+    job's container on the image's own `python3`."""
     return envcache.Builder(
-        python=config.python,
+        python="python3" if container else config.python,
         uv=envcache.uv_binary(config.uv),
         index=config.package_index,
         cache_dir=user_dir / ".cache" / "uv",
+        wrap=container.wrap if container else None,
+        image=container.image if container else "",
+        # ch-run wants $USER (runtime_user), which a step started by hand may lack
+        extra_env={"USER": os.environ.get("USER") or getpass.getuser()} if container else {},
     )
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from tacc_agent.config import load_config
 from tacc_agent.errors import AgentError, Rejected
-from tacc_agent.tasks.execute import containers
+from tacc_agent.tasks.execute import containers, envcache
 from tacc_agent.tasks.execute import launch as execute
 from tacc_agent.tasks.execute.containers import Bind
 from tacc_agent.tasks.images import cache as imagecache
@@ -394,3 +394,64 @@ def test_a_wrapper_without_the_pulled_image_says_so(tmp_path):
     rank = records.ranks(job_dir)[0]
     assert rank["state"] == "EXITED" and rank["exit_code"] == 1
     assert ch_runs(tmp_path) == []
+
+
+# --- a venv on top of the image (issue [24]) --------------------------------------------
+FAKE_UV = r"""#!PYTHON
+import json, os, pathlib, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_UV_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+if args == ["--version"]:
+    print("uv 0.0.0 (FAKE)")
+elif args[0] == "venv":
+    (pathlib.Path(args[-1]) / "bin").mkdir(parents=True, exist_ok=True)
+elif args[:2] == ["pip", "compile"]:
+    pathlib.Path(args[args.index("-o") + 1]).write_text("tacc-probe==1.0\n")
+"""
+
+
+def test_a_venv_on_top_of_the_image_is_built_in_it_and_first_on_its_path(tmp_path):
+    user_dir, job_dir = make_image_job(
+        tmp_path,
+        {
+            "name": "t",
+            "run": ["echo venv=$VIRTUAL_ENV path=$PATH"],
+            "environment": {"requirements": ["tacc-probe"]},
+        },
+    )
+    imagecache.ensure(user_dir, PINNED, "1", lambda _l: None, 5, StubPuller())
+    uv = tmp_path / "uv-bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text(FAKE_UV.replace("PYTHON", sys.executable))
+    uv.chmod(0o755)
+    env = image_agent_env(tmp_path)
+    config = Path(env["TACC_AGENT_CONFIG"])
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "uv": str(uv)}))
+    env["FAKE_UV_LOG"] = str(tmp_path / "uv.log")
+    proc = agent("batch", str(job_dir), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = ch_runs(tmp_path)
+    # Every uv step and the interpreter probe ran in the image, uv's directory bound in.
+    in_image = [run["argv"] for run in runs]
+    assert in_image[0][:2] == ["python3", "-I"]
+    assert [argv[1] for argv in in_image[1:4]] == ["venv", "pip", "pip"]
+    assert all(argv[0] == str(uv) for argv in in_image[1:4])
+    assert [str(uv.parent), str(uv.parent)] in runs[1]["binds"]
+    venv_args = in_image[1]
+    assert venv_args[venv_args.index("--python") + 1] == "python3"  # the image's Python
+    environment = json.loads((job_dir / "status" / "environment.json").read_text())
+    assert environment["image"] == PINNED.rsplit(":", 1)[1]
+    assert environment["lock"] == ["tacc-probe==1.0"]
+    venv = environment["path"]
+    assert venv.startswith(str(user_dir / "envs"))
+    log = next((job_dir / "logs").glob("rank-0-*.log")).read_text()
+    assert f"venv={venv} path={venv}/bin:/usr/local/bin:/usr/bin:/bin" in log, log
+
+
+def test_the_venv_of_an_image_is_keyed_by_the_image_too():
+    python = envcache.Interpreter("cpython", "3.11.2", "linux-x86_64")
+    plain = envcache.env_digest(["numpy"], [], python)
+    assert plain == envcache.env_digest(["numpy"], [], python, "")  # the old keys stay
+    one, other = (envcache.env_digest(["numpy"], [], python, image) for image in ("a1", "b2"))
+    assert len({plain, one, other}) == 3
