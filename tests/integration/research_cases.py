@@ -85,10 +85,13 @@ def test_r1b_a_sampled_sweep_ranks_its_trials_fetches_the_best_and_reruns_the_sa
         assert 0.005 <= float(trial["parameters"]["LR"]) <= 0.5, trial
         assert trial["parameters"]["SEED"] in ("1", "2", "3"), trial
         assert trial["metric"] == "accuracy" and trial["rungs"] == 3, trial
-    # Best first: the highest rung reached, then the best accuracy there.
-    ranks = [(-t["rung"], -t["value"]) for t in trials]
-    assert ranks == sorted(ranks) and info["best"] == trials[0]["job_id"], trials
-    assert trials[0]["rung"] == 3 and not trials[0]["stopped"], trials[0]
+    # Trials by index; the ranking best first: the highest rung, then the best accuracy.
+    assert [t["trial"] for t in trials] == list(range(8)), trials
+    by_id = {t["job_id"]: t for t in trials}
+    ranked = [by_id[job_id] for job_id in info["ranking"]]
+    ranks = [(-t["rung"], -t["value"]) for t in ranked]
+    assert ranks == sorted(ranks) and info["best"] == ranked[0]["job_id"], ranked
+    assert ranked[0]["rung"] == 3 and not ranked[0]["stopped"], ranked[0]
     shown = alice("status", job).stdout
     assert f"best trial: {info['best']} (trials best first)" in shown, shown
     assert re.search(rf"trial {info['best']} COMPLETED exit 0  accuracy [0-9.]+ at rung 3/3", shown)
@@ -97,7 +100,7 @@ def test_r1b_a_sampled_sweep_ranks_its_trials_fetches_the_best_and_reruns_the_sa
     assert fetched.returncode == 0, fetched.stderr
     assert f"of trial {info['best']}, the best (accuracy" in fetched.stdout, fetched.stdout
     last = json.loads((best_dir / "outputs/progress.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == 9 and abs(last["accuracy"] - trials[0]["value"]) < 1e-9, last
+    assert last["step"] == 9 and abs(last["accuracy"] - ranked[0]["value"]) < 1e-9, last
     assert not (best_dir / "trials").exists()
     # The rerun runs the trials the instruction holds: none drawn anew.
     again = alice("rerun", "--json", job)

@@ -521,8 +521,7 @@ def run_download(cluster: Cluster, args: argparse.Namespace) -> None:
     if not args.best:
         print(f"downloaded {job.download(dest)} file(s) to {dest}/")
         return
-    best = job.best_trial()
-    count = job.download(dest, best=True)
+    count, best = job.download_best(dest)
     print(
         f"downloaded {count} file(s) of trial {best['job_id']}, the best "
         f"({best.get('metric', 'metric')} {best.get('value')} at rung {best.get('rung')}"

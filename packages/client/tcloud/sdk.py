@@ -115,19 +115,23 @@ class Job(core.Job):
         """Its outputs/ and logs/ (a whole sweep's: each trial's, into dest/trials/<i>/)
         into dest (default: ./<job id>); how many files were fetched. `best`: a sweep's
         best trial only (the highest rung, the best value there), into dest."""
+        if best:
+            return self.download_best(dest)[0]
         target = download_dest(dest if dest is not None else Path(self.id))
         info = self.status()
-        if best:
-            files.best_trial(info)  # refused before a connection or a directory
         with closing(self.cluster.client.open_sftp()) as sftp:
-            if best:
-                return files.download_best(sftp, info, target)[0]
             return files.download_job(sftp, info, target)
 
-    def best_trial(self) -> dict:
-        """A sweep's best trial as `status` lists it (job_id, parameters, metric, value,
-        rung); a UsageError when it is not a sweep or no trial has a value yet."""
-        return files.best_trial(self.status())
+    def download_best(self, dest: PathLike | None = None) -> tuple[int, dict]:
+        """A sweep's best trial's outputs/ and logs/ into dest: (files fetched, the
+        trial as `status` lists it: job_id, parameters, metric, value, rung). A
+        UsageError, before anything is fetched, when it is not a sweep or no trial has
+        reported its metric at a rung yet."""
+        target = download_dest(dest if dest is not None else Path(self.id))
+        info = self.status()
+        files.best_trial(info)  # refused before a connection or a directory
+        with closing(self.cluster.client.open_sftp()) as sftp:
+            return files.download_best(sftp, info, target)
 
 
 Cluster.job_class = Job

@@ -129,6 +129,7 @@ class JobStatus(TypedDict):
     slurm_state: NotRequired[str | None]
     sweep: NotRequired[bool]
     best: NotRequired[str | None]  # a sweep's best trial so far (issue [24])
+    ranking: NotRequired[list[str]]  # a sweep's trial ids, best first
     trials: NotRequired[list[Trial]]
     history: NotRequired[list[Event]]
     nodes: NotRequired[list[NodeState]]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import secrets
 import warnings
 from collections.abc import Mapping
@@ -37,17 +38,23 @@ SHAPES = (
 )
 
 
+NUMBER = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+INTEGER = re.compile(r"-?[0-9]{1,16}")
+INT_LIMIT = 2**53  # an int range's ends: exact as floats too
+
+
 def number(value: object) -> float | None:
-    """A bound as a float; YAML 1.1 reads 1e-4 (no dot) as text, so numeric text counts."""
+    """A bound as a float; YAML 1.1 reads 1e-4 (no dot) as text, so numeric text counts
+    (plain decimal or exponent notation only)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, int | float):
             return float(value)
-        except ValueError:
-            return None
+        if isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+            return float(value)
+    except (OverflowError, ValueError):
+        return None
     return None
 
 
@@ -76,6 +83,10 @@ def range_problem(name: str, spec: object) -> str | None:
     low, high = bounds
     if kind == "int" and not all(isinstance(v, int) and not isinstance(v, bool) for v in args):
         return f"{name}: int takes [low, high], two whole numbers"
+    if kind == "int" and not -INT_LIMIT < low < high < INT_LIMIT:
+        return f"{name}: int takes [low, high] with low < high, both within +-2**53"
+    if not math.isfinite(high - low):
+        return f"{name}: {kind} takes [low, high] whose difference is a finite number"
     if not low < high:
         return f"{name}: {kind} needs low < high, got [{args[0]}, {args[1]}]"
     if kind == "loguniform" and low <= 0:
@@ -105,8 +116,9 @@ def value_at(values: object, u: float) -> str:
         return text_of(args[min(int(u * len(args)), len(args) - 1)])
     low, high = bounds(args)
     if kind == "int":
-        span = int(high) - int(low)
-        return str(int(low) + min(int(u * (span + 1)), span))
+        first, last = (int(v) for v in args)
+        span = last - first
+        return str(first + min(int(u * (span + 1)), span))
     if kind == "loguniform":
         value = math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
     else:
@@ -156,6 +168,6 @@ def fits(values: object, text: object) -> bool:
     except ValueError:
         return False
     if kind == "int":
-        return text.lstrip("-").isdigit() and low <= int(text) <= high
-    got = number(text)
+        return INTEGER.fullmatch(text) is not None and low <= int(text) <= high
+    got = number(text) if NUMBER.fullmatch(text) else None
     return got is not None and math.isfinite(got) and low <= got <= high

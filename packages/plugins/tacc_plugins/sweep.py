@@ -156,6 +156,10 @@ class Sweep(Plugin):
         sweep = document["task"].get("sweep")
         if not sweep or not sweep.get("parameters"):
             return None
+        # Fields left out stay out of the instruction (its digest, and an agent that
+        # predates a field, see only what the task file says).
+        for field in [name for name, value in sweep.items() if value is None]:
+            del sweep[field]
         if not is_sampled(sweep):
             sweep["trials"] = expand(sweep["parameters"])
             return f"{len(sweep['trials'])} trials"
@@ -179,6 +183,12 @@ class Sweep(Plugin):
     def schedule(self, submission: Submission) -> None:
         trials = trials_of(submission.task)
         if not trials:
+            if is_sampled(submission.task.extensions.get("sweep") or {}):
+                raise Rejected(
+                    "a sampled sweep without its trials: tcloud draws them when it "
+                    "compiles the task (submit it with tcloud)",
+                    field="sweep.trials",
+                )
             return
         parallel = (submission.task.extensions.get("sweep") or {}).get("parallel")
         array = f"0-{len(trials) - 1}" + (f"%{parallel}" if parallel else "")

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from tacc_agent.tasks.schedule.instruction import parse
+from tacc_contract.errors import Rejected
 from tacc_contract.instruction import InvalidInstruction
-from tacc_contract.plugins import Launch
+from tacc_contract.plugins import Launch, Submission
 from tacc_contract.trials import planned_count
 from tacc_plugins import sampling, sweep
 from tcloud.compile.compiler import compile_task
@@ -89,7 +90,10 @@ def test_without_a_seed_tcloud_draws_one_and_records_it_with_the_trials(tmp_path
 
 def test_lists_stay_a_grid_unless_samples_asks_for_a_draw(tmp_path):
     grid, _ = compiled(tmp_path / "g", {"parameters": {"A": [1, 2], "B": ["x", "y"]}})
-    assert len(grid["task"]["sweep"]["trials"]) == 4 and grid["task"]["sweep"]["seed"] is None
+    assert len(grid["task"]["sweep"]["trials"]) == 4
+    # fields left out stay out: the instruction (and its digest) of a grid is as before,
+    # and an agent that predates them does not meet keys it does not know
+    assert set(grid["task"]["sweep"]) == {"parameters", "trials"}
     drawn, _ = compiled(
         tmp_path / "d", {"parameters": {"A": [1, 2], "B": ["x", "y"]}, "samples": 3, "seed": 1}
     )
@@ -227,3 +231,53 @@ def test_the_cluster_refuses_more_drawn_trials_than_samples(tmp_path):
     document["task"]["sweep"]["trials"] *= 600  # 1,200 trials for samples: 2
     with pytest.raises(InvalidInstruction, match=r"task.sweep.trials"):
         parse(json.dumps(document), "instruction.json")
+
+
+@pytest.mark.security
+def test_the_cluster_refuses_a_sampled_sweep_whose_trials_were_never_drawn(tmp_path):
+    # A hand-made instruction: ranges, samples, no trials. Run as one job it would run
+    # once without its parameters; the cluster draws nothing, so it refuses it.
+    document, _ = compiled(tmp_path, {"parameters": {"LR": RANGES["LR"]}, "samples": 2})
+    del document["task"]["sweep"]["trials"]
+    task = parse(json.dumps(document), "instruction.json")
+    submission = Submission(task, {"chdir": "/w/job"}, "batch")
+    with pytest.raises(Rejected, match="a sampled sweep without its trials") as caught:
+        sweep.Sweep().schedule(submission)
+    assert caught.value.field == "sweep.trials" and "array" not in submission.options
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"int": [0, 10**400]}, "int takes [low, high], two finite numbers"),
+        ({"int": [0, 2**60]}, "int takes [low, high] with low < high, both within +-2**53"),
+        (
+            {"uniform": [-1.0e308, 1.0e308]},
+            "uniform takes [low, high] whose difference is a finite number",
+        ),
+        ({"uniform": [0, 10**400]}, "uniform takes [low, high], two finite numbers"),
+        ({"uniform": ["1_0", 20]}, "uniform takes [low, high], two finite numbers"),
+    ],
+)
+def test_extreme_ranges_are_refused_with_the_field_not_a_traceback(tmp_path, spec, message):
+    with pytest.raises(TaskFileError) as caught:
+        load_task(task_file(tmp_path, {"parameters": {"X": spec}, "samples": 2}), [])
+    assert f"X: {message}" in str(caught.value)
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("spec", "text"),
+    [
+        ({"int": [0, 9]}, "²"),
+        ({"int": [0, 9]}, "--5"),
+        ({"int": [0, 9]}, "9" * 5000),
+        ({"int": [0, 9]}, "\u0661"),
+        ({"uniform": [0, 1]}, " 0.5\n"),
+        ({"uniform": [0, 1]}, "1_0"),
+        ({"uniform": [0, 1]}, "inf"),
+    ],
+)
+def test_a_drawn_value_must_be_plain_decimal_text_inside_its_range(spec, text):
+    assert sampling.fits(spec, text) is False

@@ -132,6 +132,14 @@ def image_text(image: dict) -> str:
     return f"image: {reference or digest or '?'}{cached}"
 
 
+def best_first(info: dict) -> list[dict]:
+    """A sweep's trials in the cluster's `ranking` (best first), the rest after by index."""
+    trials = [t for t in info.get("trials") or [] if isinstance(t, dict)]
+    ranking = info.get("ranking") if isinstance(info.get("ranking"), list) else []
+    place = {str(job_id): number for number, job_id in enumerate(ranking)}
+    return sorted(trials, key=lambda t: place.get(str(t.get("job_id")), len(place)))
+
+
 def trial_progress(trial: dict) -> str:
     """An adaptive sweep's trial: its metric at the last rung it reached ("" for none)."""
     value = trial.get("value")
@@ -171,7 +179,7 @@ def describe(info: dict, out=None) -> None:
         print(f"plug-in {name}: {what}", file=out)
     if info.get("best"):
         print(f"best trial: {info['best']} (trials best first)", file=out)
-    for trial in info.get("trials", []):
+    for trial in best_first(info):
         exit_code = "" if trial.get("exit_code") is None else f" exit {trial['exit_code']}"
         values = " ".join(f"{k}={v}" for k, v in trial.get("parameters", {}).items())
         reached = trial_progress(trial)

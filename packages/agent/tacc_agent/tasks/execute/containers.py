@@ -63,6 +63,9 @@ GPU_SEARCH_PATHS = {
 GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 NO_GPUS = ("", "NoDevFiles")
 # The PATH of an image whose config sets none (the OCI/Docker default): never the node's.
+# Where the node's tools a build step runs in the image are bound: a path of its own, so
+# the bind hides nothing of the image's (a uv in /usr/local/bin would hide its python3).
+TOOLS_TARGET = "/.tacc-tools"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -277,9 +280,9 @@ def job_binds(
 ) -> JobBinds:
     """The job's binds, in mount order: ops' extra binds that exist on this node, the
     mask over the workspace root when an extra bind shows it, the user's directory,
-    the datasets' cluster paths, Slurm's spool directory, `tools` (directories of the
-    node's the job runs in the image, at the same path: uv, for a venv on top of the
-    image) that exist, and for a job given GPUs
+    the datasets' cluster paths, Slurm's spool directory, `tools` (a directory of the
+    node's programs the batch step runs in the image: uv, to build a venv on top of
+    it) at TOOLS_TARGET where it exists, and for a job given GPUs
     (`environ`'s Slurm variables, default the process's) the node's NVIDIA driver
     directory `gpu_driver_dir` at /usr/local/nvidia where it exists (its
     mount point is made in the image wherever the setting is on, so a node without the
@@ -298,7 +301,7 @@ def job_binds(
     binds += [Bind(path, path) for path in own]
     if spool_dir and Path(spool_dir).is_dir():
         binds.append(Bind(spool_dir, spool_dir))
-    binds += [Bind(path, path) for path in tools if Path(path).is_dir()]
+    binds += [Bind(path, TOOLS_TARGET) for path in tools[:1] if Path(path).is_dir()]
     points, mask_dirs = [], []
     for index, bind in enumerate(binds):
         covering = [b for b in binds[:index] if under(bind.target, b.target)]

@@ -142,6 +142,7 @@ class Builder:
     # the venv on the image's Python, keyed by the image too.
     wrap: Wrap | None = None
     image: str = ""
+    step_uv: str = ""  # uv as the steps name it: its path in the container, when wrapped
     extra_env: Mapping[str, str] = field(default_factory=dict)  # what the runtime needs
 
     def argv(self, argv: list[str]) -> list[str]:
@@ -159,10 +160,11 @@ class Builder:
 
     def steps(self, env_dir: Path, requirements_file: Path, lock: bool) -> list[list[str]]:
         """uv's commands: a venv, the lock (unless given), exactly the locked versions."""
+        uv = self.step_uv or self.uv
         python = str(env_dir / "bin" / "python")
         lock_file = str(env_dir / LOCK_FILE)
         resolve = [
-            self.uv,
+            uv,
             "pip",
             "compile",
             "--no-config",
@@ -181,7 +183,7 @@ class Builder:
             # the cluster's cache too (without --index-url uv fetches it from PyPI).
             # --clear: a try again after a failure starts from an empty directory.
             [
-                self.uv,
+                uv,
                 "venv",
                 "--no-config",
                 "--quiet",
@@ -194,7 +196,7 @@ class Builder:
             ],
             *([] if lock else [resolve]),
             [
-                self.uv,
+                uv,
                 "pip",
                 "sync",
                 "--no-config",

@@ -267,7 +267,9 @@ def batch(job_dir: Path, config: AgentConfig) -> int:
         if sweeps.is_trial(job_dir):
             sweeps.own_code_tree(job_dir)
         link_datasets(task, job_dir)
-        container = job_container(task, job_dir, config, prepare=True, job_id=job_id)
+        container = job_container(
+            task, job_dir, config, prepare=True, job_id=job_id, build_tools=True
+        )
         if container:
             runtime_user(env)
         if wants_environment(task):
@@ -343,13 +345,15 @@ def job_container(
     prepare: bool = False,
     job_id: str = "",
     over_image: Mapping[str, str] | None = None,
+    build_tools: bool = False,
 ) -> containers.Container | None:
     """The job's container (None for a task without an image). `prepare` (the batch
     step): pull the image, or build it from the task's build file, if this user's cache
     lacks it, record it in the job, and make the mount points the binds need; the
     wrappers then find everything in place. `over_image`: variables the plug-ins set
     for the job (an MPS share's limits, the transport's), which win over the image's
-    like the task's own."""
+    like the task's own. `build_tools` (the batch step, for a task with requirements):
+    uv's directory bound at containers.TOOLS_TARGET, to build the venv in the image."""
     if not task.image_build and not task.image:
         return None
     user_dir = user_dir_of(job_dir)
@@ -386,7 +390,8 @@ def job_container(
         marker = imagecache.marker_at(user_dir, hex_key, name)
     datasets = [d.cluster for d in task.datasets if d.cluster]
     # A venv on top of the image is built by uv run in the container: its directory too.
-    tools = [str(Path(envcache.uv_binary(config.uv)).parent)] if wants_environment(task) else []
+    uv = Path(envcache.uv_binary(config.uv)).resolve() if build_tools else None
+    tools = [str(uv.parent)] if uv is not None and wants_environment(task) else []
     job = containers.job_binds(
         user_dir,
         config.workspace,
@@ -404,7 +409,7 @@ def job_container(
     env = containers.container_env(
         marker.get("env") or {}, task_env, runtime.defaults, job.search_paths
     )
-    environment = envcache.job_environment(job_dir) if tools else None
+    environment = envcache.job_environment(job_dir) if wants_environment(task) else None
     if environment and environment.get("path"):  # the venv built on the image, first
         venv = Path(environment["path"])
         path = env.get("PATH") or task_env.get("PATH") or containers.DEFAULT_PATH
@@ -448,9 +453,12 @@ def environment_builder(
 ) -> envcache.Builder:
     """How this job's venv is built: on the node's Python (config.python), or in the
     job's container on the image's own `python3`."""
+    uv = envcache.uv_binary(config.uv)
     return envcache.Builder(
         python="python3" if container else config.python,
-        uv=envcache.uv_binary(config.uv),
+        uv=uv,
+        # in the container: the same binary where job_container(build_tools=True) binds it
+        step_uv=f"{containers.TOOLS_TARGET}/{Path(uv).resolve().name}" if container else "",
         index=config.package_index,
         cache_dir=user_dir / ".cache" / "uv",
         wrap=container.wrap if container else None,

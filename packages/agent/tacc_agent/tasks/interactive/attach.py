@@ -239,7 +239,8 @@ def enter_argv(
         raise AgentError(
             f"the container runtime {argv[0]} is not on this node's PATH", AGENT_CLUSTER
         )
-    return argv, command_status(inner[0], image_path, container.rootfs)
+    binds = [(bind.source, bind.target) for bind in container.binds]
+    return argv, command_status(inner[0], image_path, container.rootfs, binds)
 
 
 def enter(job_dir: Path, rank: int, command: list[str], config: AgentConfig) -> int:

@@ -25,21 +25,37 @@ EXIT_NOT_FOUND = 127  # as a shell: the command is not there
 EXIT_NOT_EXECUTABLE = 126  # as a shell: it is there, it cannot be run
 
 
-def command_status(word: str, search_path: str, root: Path | None = None) -> int:
-    """0 when `word` can be run (on the host, or in the image at root); else what a
-    shell would exit with: 127 (not found), 126 (found, not executable). In an image
-    only presence is checked (its links may point at paths only it has)."""
+def command_status(
+    word: str,
+    search_path: str,
+    root: Path | None = None,
+    binds: Sequence[tuple[str, str]] = (),
+) -> int:
+    """0 when `word` can be run (on the host, or in the image at root, where a place
+    under one of the container's `binds` (source, target) is looked up in its source:
+    a venv on top of the image, in the user's directory); else what a shell would exit
+    with: 127 (not found), 126 (found, not executable). In an image only presence is
+    checked (its links may point at paths only it has)."""
     if root is not None:
         if "/" in word and not word.startswith("/"):
             return 0  # relative to the working directory: the runtime says
         places = [word] if "/" in word else [f"{d}/{word}" for d in search_path.split(":") if d]
-        found = any(os.path.lexists(root / place.lstrip("/")) for place in places)
+        found = any(os.path.lexists(in_image(root, binds, place)) for place in places)
         return 0 if found else EXIT_NOT_FOUND
     path = word if "/" in word else shutil.which(word, path=search_path)
     if path is None or not os.path.exists(path):
         return EXIT_NOT_FOUND
     runnable = os.access(path, os.X_OK) and not os.path.isdir(path)
     return 0 if runnable else EXIT_NOT_EXECUTABLE
+
+
+def in_image(root: Path, binds: Sequence[tuple[str, str]], place: str) -> Path:
+    """Where the container's path `place` is on the host: under the last bind whose
+    target holds it (ch-run mounts them in order), else in the image's root."""
+    for source, target in reversed(binds):
+        if place == target or place.startswith(target.rstrip("/") + "/"):
+            return Path(source) / os.path.relpath(place, target)
+    return root / place.lstrip("/")
 
 
 def shell_argv(search_path: str, root: Path | None = None, interactive: bool = True) -> list[str]:

@@ -19,15 +19,25 @@ def progress(trial_dir: Path, adaptive: dict | None) -> dict:
     result = fluid.read_result(trial_dir)
     if result is None:
         return {}
-    value = result.get("value")
-    finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return {
         "metric": adaptive["metric"],
-        "value": float(value) if finite else None,
+        "value": finite(result.get("value")),
         "rung": result["rung"],
         "rungs": result["rungs"],
         "stopped": result.get("stopped") is True,
     }
+
+
+def finite(value: object) -> float | None:
+    """A reported value as a finite float, None for anything else (the result file is
+    the trial program's: text, NaN, an integer too large for a float)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def best_first(trials: list[dict], mode: str) -> list[dict]:

@@ -164,7 +164,7 @@ def sweep_status(
             }
         )
     states = [t["state"] for t in trials]
-    trials = sweep_progress.best_first(trials, (adaptive or {}).get("mode", "max"))
+    ranked = sweep_progress.best_first(trials, (adaptive or {}).get("mode", "max"))
     return {
         "job_id": job_id,
         "name": _name(job_dir),
@@ -173,8 +173,9 @@ def sweep_status(
         "exit_code": None,
         "workdir": str(job_dir),
         "sweep": True,
-        "trials": trials,
-        "best": sweep_progress.best_of(trials),
+        "trials": trials,  # by index; `ranking`: their ids best first
+        "ranking": [t["job_id"] for t in ranked],
+        "best": sweep_progress.best_of(ranked),
         "history": [],
         "nodes": [],
         "plugins": _plugins(job_dir),

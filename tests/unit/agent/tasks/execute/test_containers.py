@@ -250,7 +250,11 @@ with open(os.environ["FAKE_CH_RUN_LOG"], "a") as log:
                           "argv": argv}) + "\n")
 os.environ.update(env)
 os.chdir(cwd)
-os.execvp(argv[0], argv)
+program = argv[0]
+for source, target in binds:  # a program the line names under a bind: run the source
+    if program.startswith(target + "/") and target != source:
+        program = os.path.join(source, os.path.relpath(program, target))
+os.execvp(program, argv)
 """
 FAKE_SRUN = r"""#!PYTHON
 import os, sys
@@ -436,8 +440,11 @@ def test_a_venv_on_top_of_the_image_is_built_in_it_and_first_on_its_path(tmp_pat
     in_image = [run["argv"] for run in runs]
     assert in_image[0][:2] == ["python3", "-I"]
     assert [argv[1] for argv in in_image[1:4]] == ["venv", "pip", "pip"]
-    assert all(argv[0] == str(uv) for argv in in_image[1:4])
-    assert [str(uv.parent), str(uv.parent)] in runs[1]["binds"]
+    # uv at a place of its own in the image (it hides nothing of the image's), bound
+    # for the build only: the ranks' containers do not have it
+    assert all(argv[0] == f"{containers.TOOLS_TARGET}/uv" for argv in in_image[1:4])
+    assert [str(uv.parent.resolve()), containers.TOOLS_TARGET] in runs[1]["binds"]
+    assert all(containers.TOOLS_TARGET not in dict(run["binds"]).values() for run in runs[4:])
     venv_args = in_image[1]
     assert venv_args[venv_args.index("--python") + 1] == "python3"  # the image's Python
     environment = json.loads((job_dir / "status" / "environment.json").read_text())

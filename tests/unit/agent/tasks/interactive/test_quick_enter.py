@@ -216,3 +216,21 @@ def test_the_command_runs_with_the_agents_private_umask_whatever_srun_handed_on(
     os.umask(0o002)
     assert quickly(job_dir, 0, ["touch", "x"]) == 0
     assert caught.umasks == [0o077]
+
+
+def test_a_command_of_a_venv_on_top_of_an_image_is_found_through_its_bind(tmp_path):
+    # Issue [24]: the venv is in the user's directory, bound into the container; in the
+    # image's root that path is only an empty mount point.
+    rootfs, user_dir = tmp_path / "rootfs", tmp_path / "shared" / "alice"
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/python3").touch()
+    venv_bin = user_dir / "envs" / "abc" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "jupyter").touch()
+    (rootfs / str(venv_bin).lstrip("/")).mkdir(parents=True)  # the mount point alone
+    search = f"{venv_bin}:/usr/bin"
+    binds = [(str(user_dir), str(user_dir))]
+    assert quick_enter.command_status("jupyter", search, rootfs, binds) == 0
+    assert quick_enter.command_status("jupyter", search, rootfs) == quick_enter.EXIT_NOT_FOUND
+    assert quick_enter.command_status("python3", search, rootfs, binds) == 0
+    assert quick_enter.command_status("nope", search, rootfs, binds) == 127

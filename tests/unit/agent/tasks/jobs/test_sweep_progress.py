@@ -58,7 +58,7 @@ def test_a_sweep_without_asha_or_reports_has_no_best(tmp_path):
 
 
 @pytest.mark.security
-@pytest.mark.parametrize("value", ["NaN", None, True, "0.9"])
+@pytest.mark.parametrize("value", ["NaN", None, True, "0.9", 10**400])
 def test_a_trial_cannot_rank_itself_first_with_a_value_that_is_no_number(tmp_path, value):
     # The result file is the trial program's own (the user's code): a NaN or text
     # is shown as no value and never ranks first.
@@ -75,11 +75,12 @@ SWEEP_INFO = {
     "workdir": "/w/jobs/x-1",
     "sweep": True,
     "best": "12_2",
-    "trials": [
-        trial(2, metric="accuracy", value=0.8123, rung=3, rungs=3, parameters={"LR": "0.01"}),
+    "trials": [  # by index, as the cluster sends them; `ranking`: best first
         trial(0, metric="accuracy", value=0.5, rung=1, rungs=3, stopped=True),
         trial(1, parameters={"LR": "0.1"}),
+        trial(2, metric="accuracy", value=0.8123, rung=3, rungs=3, parameters={"LR": "0.01"}),
     ],
+    "ranking": ["12_2", "12_0", "12_1"],
 }
 
 
