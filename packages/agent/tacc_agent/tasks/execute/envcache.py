@@ -150,7 +150,12 @@ class Builder:
 
     def uv_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-        env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", UV_NATIVE_TLS="1")
+        env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
+        if not self.wrap:
+            # The node's CA store (a site's own CA for its package cache). In an image
+            # uv keeps its own roots: a minimal image has no CA store, and uv then fails
+            # to start ("No CA certificates were loaded from the system").
+            env["UV_NATIVE_TLS"] = "1"
         if self.cache_dir:
             env["UV_CACHE_DIR"] = str(self.cache_dir)
         return {**env, **self.extra_env}

@@ -404,6 +404,8 @@ def test_a_wrapper_without_the_pulled_image_says_so(tmp_path):
 FAKE_UV = r"""#!PYTHON
 import json, os, pathlib, sys
 args = sys.argv[1:]
+if os.environ.get("UV_NATIVE_TLS"):  # as uv in an image without a CA store
+    sys.exit("error: No CA certificates were loaded from the system")
 with open(os.environ["FAKE_UV_LOG"], "a") as log:
     log.write(json.dumps(args) + "\n")
 if args == ["--version"]:
