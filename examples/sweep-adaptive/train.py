@@ -3,7 +3,8 @@ the learning rate (best at LR=0.05) and a little on the seed, ~1 s per step.
 
 With the fluid plug-in on (`sweep.adaptive`), it reports every step to tacc_fluid and
 stops when told to (exit 0: a stopped trial succeeded); without it, it runs every step
-(the plain grid). Writes outputs/progress.jsonl (one line per step)."""
+(the plain grid). Writes outputs/progress.jsonl (one line per step) in $TACC_WORKDIR,
+the trial's own directory on the cluster (what `tcloud download` fetches), else here."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def accuracy(step: int, final: float) -> float:
 def main() -> int:
     lr, seed = float(os.environ.get("LR", "0.05")), int(os.environ.get("SEED", "1"))
     final = final_accuracy(lr, seed)
-    outputs = Path("outputs")
+    outputs = Path(os.environ.get("TACC_WORKDIR", ".")) / "outputs"
     outputs.mkdir(exist_ok=True)
     with (outputs / "progress.jsonl").open("a") as progress:
         for step in range(1, STEPS + 1):
