@@ -496,12 +496,13 @@ def run_env(cluster: Cluster, args: argparse.Namespace) -> None:
             "requirements": " ".join(e["requirements"]),
             "python": e.get("python", ""),
             "locked": len(e.get("lock", [])),
+            "image": str(e.get("image", ""))[:12],  # built on top of this image
             "built_by_job": e["built_by_job"],
             "path": e["path"],
         }
         for e in cluster.environments()
     ]
-    columns = ("env", "requirements", "python", "locked", "built_by_job", "path")
+    columns = ("env", "requirements", "python", "locked", "image", "built_by_job", "path")
     print_rows(rows, args.json, columns)
 
 

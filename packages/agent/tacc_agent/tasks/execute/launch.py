@@ -426,7 +426,7 @@ def job_container(
 
 def wants_environment(task: TaskSpec) -> bool:
     """Whether the job runs in a venv the batch step builds (or finds) for it."""
-    return bool(task.environment["requirements"] or task.environment.get("lock"))
+    return bool(task.environment.get("requirements") or task.environment.get("lock"))
 
 
 def in_container(

@@ -381,7 +381,7 @@ def test_enter_runs_the_command_inside_the_jobs_container(
 
     class Container:
         def __init__(self) -> None:
-            self.rootfs, self.env = rootfs, {"PATH": "/usr/bin:/bin"}
+            self.rootfs, self.env, self.binds = rootfs, {"PATH": "/usr/bin:/bin"}, []
 
         def wrap(self, argv):
             wrapped.append(list(argv))

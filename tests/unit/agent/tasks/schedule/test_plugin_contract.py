@@ -13,8 +13,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -148,10 +150,43 @@ def foreign_imports(path: Path, own: str) -> list[str]:
     ]
 
 
+def optional_extras() -> set[str]:
+    """The import names of tacc-plugins' optional dependencies (pyproject's
+    [project.optional-dependencies]: scipy for a Sobol sweep's draw)."""
+    project = tomllib.loads((PLUGINS.parent / "pyproject.toml").read_text())["project"]
+    wanted = [w for words in project.get("optional-dependencies", {}).values() for w in words]
+    return {re.split(r"[<>=!~\[ ;]", word, maxsplit=1)[0].replace("-", "_") for word in wanted}
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The top-level modules a file imports when it is imported itself."""
+    found = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+    return found
+
+
 def test_every_builtin_plugin_imports_only_the_contract_and_the_standard_library():
+    """An optional extra (the agent installs the plug-ins without it) only inside the
+    function that needs it, so importing a plug-in never needs it."""
     modules = sorted(PLUGINS.rglob("*.py"))
     assert len(modules) >= 8, modules
-    problems = [p for path in modules for p in foreign_imports(path, "tacc_plugins")]
+    extras = optional_extras()
+    assert extras == {"scipy"}, extras
+    problems = [
+        p
+        for path in modules
+        for p in foreign_imports(path, "tacc_plugins")
+        if p.rsplit(" ", 1)[-1] not in extras
+    ]
+    problems += [
+        f"{path}: imports the optional {name} at module level"
+        for path in modules
+        for name in module_level_imports(path) & extras
+    ]
     assert not problems, "\n".join(problems)
 
 
