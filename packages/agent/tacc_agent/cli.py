@@ -208,7 +208,10 @@ def environments(call: Call) -> object:
 def image_resolve(call: Call) -> object:
     from tacc_agent.tasks.images.registry import resolve  # lazy verb import
 
-    return resolve(call.args.reference, call.config.image_resolve_timeout_seconds)
+    config = call.config
+    return resolve(
+        call.args.reference, config.image_resolve_timeout_seconds, config.image_registries
+    )
 
 
 def image_ls(call: Call) -> object:

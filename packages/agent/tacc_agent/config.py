@@ -14,6 +14,7 @@ import yaml
 
 from tacc_agent.accounts import mapping
 from tacc_agent.errors import AGENT_CLUSTER, AgentError
+from tacc_contract.images import is_registry
 from tacc_contract.job_defaults import CHECKPOINT_SIGNAL_SECONDS, DEFAULT_TIME_LIMIT
 
 DEFAULT_PATH = Path("/etc/tacc-agent/config.yaml")
@@ -85,6 +86,11 @@ class AgentConfig:
     # Slurm's SlurmdSpoolDir (Debian's; the slurm role's slurm_spool_dir): the PMIx
     # server's sockets (srun --mpi=pmix) live there.
     slurm_spool_dir: str = "/var/lib/slurm/slurmd"
+    # The registries a task's image may come from (host[:port] as references name them):
+    # the cluster's own and the public ones the site caches (the inventory's
+    # tacc_image_registry and tacc_image_upstreams; roles/tacc_agent). Empty: any registry
+    # the node reaches.
+    image_registries: tuple = ()
     # `image resolve` (at submit): upper bound of the registry's answer.
     image_resolve_timeout_seconds: float = 30.0
     # A pull (skopeo copy, umoci unpack), each step; and how long a job waits for another
@@ -203,6 +209,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
         "job_tmp_dirs",
         "container_binds",
         "metrics_job_scrapers",
+        "image_registries",
     ):
         if key in data:
             data[key] = tuple(data[key] or ())
@@ -210,6 +217,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     check_kernel_log(path, data.get("kernel_log"))
     check_switches(path, data.get("checks"))
     check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
+    check_registries(path, data.get("image_registries", ()))
     try:
         data["directory_accounts"] = mapping.group_accounts(data.get("directory_accounts"))
         data["directory_removed_jobs"] = mapping.removed_jobs(
@@ -275,6 +283,17 @@ def check_containers(path: Path, runtime: object, binds: tuple) -> None:
             raise AgentError(
                 f"{path}: container_binds: expected absolute host directories (no ':' or "
                 f"'..'), not {bind!r}",
+                AGENT_CLUSTER,
+            )
+
+
+def check_registries(path: Path, registries: tuple) -> None:
+    """`image_registries`: registry hosts as image references name them (host[:port])."""
+    for registry in registries:
+        if not isinstance(registry, str) or not is_registry(registry):
+            raise AgentError(
+                f"{path}: image_registries: expected registries as image references name "
+                f"them (host[:port], e.g. nvcr.io or n1:5000), not {registry!r}",
                 AGENT_CLUSTER,
             )
 

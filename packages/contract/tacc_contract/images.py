@@ -77,6 +77,15 @@ def is_registry_host(host: str) -> bool:
     return "." in host or ":" in host or host == "localhost"
 
 
+_REGISTRY = re.compile(rf"(?P<host>{_HOST})(?::(?P<port>{_PORT}))?")
+
+
+def is_registry(text: str) -> bool:
+    """`text` is a registry as a reference names it (host[:port], Docker's rule)."""
+    match = _REGISTRY.fullmatch(text)
+    return bool(match) and is_registry_host(text) and int(match["port"] or 0) <= 65535
+
+
 def parse_reference(text: str) -> ImageRef | None:
     """The reference `text` names, or None when it is not one with its registry."""
     if not isinstance(text, str) or len(text) > MAX_LENGTH:

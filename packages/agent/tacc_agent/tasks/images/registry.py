@@ -39,6 +39,18 @@ def parsed(reference: str) -> ImageRef:
     return ref
 
 
+def check_allowed(ref: ImageRef, allowed: tuple[str, ...]) -> None:
+    """Rejected unless the reference's registry is one the cluster takes images from
+    (the agent's image_registries; empty: any)."""
+    if allowed and ref.registry not in allowed:
+        raise Rejected(
+            f"{ref}: the registry {ref.registry} is not one this cluster takes images from; "
+            f"it allows {', '.join(allowed)} (the agent's image_registries, from the "
+            "inventory's tacc_image_registry and tacc_image_upstreams)",
+            FIELD,
+        )
+
+
 def skopeo_binary(configured: str = "skopeo") -> str:
     found = shutil.which(configured)
     if not found:
@@ -84,9 +96,13 @@ def run_skopeo(argv: list[str], ref: ImageRef, what: str, timeout: float) -> byt
     return proc.stdout
 
 
-def resolve(reference: str, timeout: float, skopeo: str = "skopeo") -> dict:
-    """IMAGE_RESOLVED: the reference, its pinned form and the digest it names now."""
+def resolve(
+    reference: str, timeout: float, allowed: tuple[str, ...] = (), skopeo: str = "skopeo"
+) -> dict:
+    """IMAGE_RESOLVED: the reference, its pinned form and the digest it names now, from
+    a registry in `allowed` (empty: any)."""
     ref = parsed(reference)
+    check_allowed(ref, allowed)
     argv = [skopeo_binary(skopeo), "inspect", "--raw", source_of(ref)]
     manifest = run_skopeo(argv, ref, "the manifest request", timeout)
     if not manifest:
@@ -102,9 +118,16 @@ def resolve(reference: str, timeout: float, skopeo: str = "skopeo") -> dict:
 
 
 def copy_to_layout(
-    ref: ImageRef, layout: Path, tag: str, timeout: float, skopeo: str = "skopeo"
+    ref: ImageRef,
+    layout: Path,
+    tag: str,
+    timeout: float,
+    allowed: tuple[str, ...] = (),
+    skopeo: str = "skopeo",
 ) -> None:
-    """The pinned image's bits into the OCI layout `layout` as `tag`; the digest in the
-    source makes skopeo check every byte it copies against it."""
+    """The pinned image's bits into the OCI layout `layout` as `tag`, from a registry in
+    `allowed` (empty: any; a rerun after the list changed is refused here); the digest
+    in the source makes skopeo check every byte it copies against it."""
+    check_allowed(ref, allowed)
     argv = [skopeo_binary(skopeo), "copy", "--quiet", source_of(ref), f"oci:{layout}:{tag}"]
     run_skopeo(argv, ref, "the image copy", timeout)

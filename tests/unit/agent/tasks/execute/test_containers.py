@@ -104,6 +104,18 @@ def test_an_unknown_runtime_is_refused_by_the_settings(tmp_path):
     assert containers.runtime_named(loaded.container_runtime).name == "apptainer"
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("entry", ["https://nvcr.io", "nvcr", "nvcr.io/nvidia", "n1:99999", "7"])
+def test_a_registry_list_entry_that_is_not_host_port_is_refused(tmp_path, entry):
+    """Issue [24]: image_registries names registries as references do (host[:port])."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"image_registries: [nvcr.io, {json.dumps(entry)}]\n")
+    with pytest.raises(AgentError, match=rf"image_registries: expected registries .*{entry!r}"):
+        load_config(config)
+    config.write_text("image_registries: [nvcr.io, 'n1:5000', localhost]\n")
+    assert load_config(config).image_registries == ("nvcr.io", "n1:5000", "localhost")
+
+
 @pytest.mark.security
 def test_the_workspace_root_is_masked_where_an_extra_bind_shows_it(tmp_path):
     shared = tmp_path / "shared"

@@ -119,6 +119,30 @@ def test_a_bad_reference_is_refused_before_any_registry_is_asked(reference, skop
     assert not skopeo_serving.exists()
 
 
+@pytest.mark.bad_input
+def test_a_registry_off_the_clusters_list_is_refused_naming_the_list(skopeo_serving, tmp_path):
+    """Issue [24] point 1: with image_registries set, an image from any other registry is
+    refused at submit (resolve) and at the pull of a rerun alike, naming the list, before
+    any registry is asked."""
+    allowed = ("n1:5000", "nvcr.io", "docker.io")
+    expected = (
+        "quay.io/org/tool:1: the registry quay.io is not one this cluster takes images "
+        "from; it allows n1:5000, nvcr.io, docker.io (the agent's image_registries, from "
+        "the inventory's tacc_image_registry and tacc_image_upstreams)"
+    )
+    with pytest.raises(Rejected) as caught:
+        registry_client.resolve("quay.io/org/tool:1", timeout=10, allowed=allowed)
+    assert str(caught.value) == expected and caught.value.field == "image"
+    pinned = parse_reference(f"quay.io/org/tool:1@{DIGEST}")
+    puller = imagecache.SkopeoUmoci(timeout=10, allowed=allowed)
+    with pytest.raises(Rejected, match="the registry quay.io is not one this cluster"):
+        puller(pinned, tmp_path / "work", print)
+    assert not skopeo_serving.exists()  # neither asked a registry
+    # A listed registry is asked as before.
+    answer = registry_client.resolve("nvcr.io/nvidia/pytorch:24.10-py3", 10, allowed)
+    assert answer["pinned"] == f"nvcr.io/nvidia/pytorch:24.10-py3@{DIGEST}"
+
+
 @pytest.mark.fault
 def test_no_skopeo_on_the_node_is_said_plainly(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
