@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.lab_helpers import node_sh, submit, wait_state
+from tests.integration.lab_helpers import lab_cli, node_sh, submit, wait_state
 from tests.integration.labs import SLURM_LAB
 
 IMAGE = "n1:5000/tacc/base:bookworm"
@@ -37,11 +38,13 @@ WHERE = (
 )
 
 
-def image_task(root: Path, name: str, run: list[str], nodes: int = 2, **extra) -> Path:
+def image_task(
+    root: Path, name: str, run: list[str], nodes: int = 2, image: str = IMAGE, **extra
+) -> Path:
     root.mkdir()
     task = {
         "name": name,
-        "image": IMAGE,
+        "image": image,
         "resources": {"nodes": nodes, "mem": "200M", "time": "5"},
         "run": run,
         **extra,
@@ -210,3 +213,83 @@ def test_c7_image_plus_requirements_runs_in_a_venv_on_the_images_python_and_reru
     assert rerun_info["environment"]["lock"] == environment["lock"]
     assert rerun_info["image"]["reference"] == info["image"]["reference"]
     assert re.search(rf"^\[n\d:0\] in {re.escape(version)} ", rerun_log, re.M), rerun_log
+
+
+PUBLIC = "nvcr.io/tacc-lab/debian:bookworm"  # the lab's stand-in (tacc_lab/public_registry.py)
+PUBLIC_PATH = PUBLIC.split("/", 1)[1]
+CACHE = "/var/lib/docker-registry-cache/nvcr.io/docker/registry/v2/repositories/tacc-lab/debian"
+
+
+def registry_answers(url: str) -> bool:
+    """Whether something answers HTTP at `url` from n1 (a 401 is an answer), asked
+    directly (not through the lab's HTTP proxy, which answers for anything)."""
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+        "try: opener.open(sys.argv[1], timeout=3)\n"
+        "except urllib.error.HTTPError: pass\n"
+    )
+    return node_sh(SLURM_LAB, "n1", f"python3 -c {shlex.quote(probe)} {url}").returncode == 0
+
+
+def test_c8_a_public_image_comes_through_the_cache_and_the_next_user_from_it_alone(
+    alice, bob, tmp_path
+):
+    """Issue [24] point 1. The site allows one public registry, nvcr.io, played by the
+    lab's stand-in (a registry with token auth on n1:5080 that only the cache's account
+    may read); the cache of it runs on the registry host (n1:5010).
+
+    alice's two-node job names nvcr.io/... as in any task file: resolved and pulled
+    through the cache (the nodes' registries.conf sends nvcr.io there; no node is ever
+    told the upstream). Then the upstream is stopped: bob's job with the same image, and
+    alice's rerun by digest, are served by the cache alone (how we know: nothing else
+    answers for nvcr.io any more). A registry not on the list is refused at submit,
+    naming the list."""
+    started = lab_cli(SLURM_LAB, "public-registry", "start", timeout=600)
+    assert started.returncode == 0, started.stderr
+    address = node_sh(SLURM_LAB, "n1", "getent ahostsv4 n1 | head -1").stdout.split()[0]
+    # The cache has been asking for the upstream since site.yml (it starts again every
+    # 10 s until its upstream answers).
+    deadline = time.monotonic() + 60
+    while not registry_answers(f"http://{address}:5010/v2/") and time.monotonic() < deadline:
+        time.sleep(2)
+    assert registry_answers(f"http://{address}:5010/v2/")
+    # The upstream wants a token, which only its account gets.
+    anonymous = node_sh(
+        SLURM_LAB,
+        "n1",
+        f"skopeo inspect --raw --tls-verify=false docker://{address}:5080/{PUBLIC_PATH}",
+    )
+    assert anonymous.returncode != 0 and "authentication required" in anonymous.stderr, anonymous
+    first = submit(alice, image_task(tmp_path / "a", "public-a", [WHERE], image=PUBLIC))
+    info, log = finished(alice, first)
+    assert info["state"] == "COMPLETED", log[-3000:]
+    assert info["image"]["reference"].startswith(f"{PUBLIC}@sha256:"), info["image"]
+    lines = re.findall(r"^\[(n\d):\d+\] where (.*)$", log, re.M)
+    assert sorted(host for host, _ in lines) == ["n2", "n3"], log
+    assert all("marker=tacc/base:bookworm" in line for _, line in lines), log
+    # The first pull came through the cache, which now holds the image.
+    assert node_sh(SLURM_LAB, "n1", f"test -d {CACHE}/_manifests").returncode == 0
+    # From here on the upstream is gone.
+    stopped = lab_cli(SLURM_LAB, "public-registry", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert not registry_answers(f"http://{address}:5080/v2/")
+    second = submit(bob, image_task(tmp_path / "b", "public-b", [WHERE], image=PUBLIC))
+    bob_info, bob_log = finished(bob, second)
+    assert bob_info["state"] == "COMPLETED", bob_log[-3000:]
+    assert bob_info["image"]["reference"] == info["image"]["reference"]  # the same digest
+    digest = info["image"]["reference"].rsplit("@", 1)[1]
+    images = json.loads(bob("images", "--json").stdout)
+    assert digest in [image["digest"] for image in images], images  # bob pulled it himself
+    again = alice("rerun", "--json", first)
+    assert again.returncode == 0, again.stderr
+    rerun_info, rerun_log = finished(alice, json.loads(again.stdout)["job_id"])
+    assert rerun_info["state"] == "COMPLETED", rerun_log[-3000:]
+    assert rerun_info["image"]["reference"] == info["image"]["reference"]
+    # A registry the site does not list: refused at submit, naming the list.
+    project = image_task(tmp_path / "q", "unlisted", ["true"], nodes=1, image="quay.io/org/tool:1")
+    refused = alice("submit", str(project))
+    assert refused.returncode == 3, (refused.stdout, refused.stderr)
+    said = " ".join(refused.stderr.split())
+    assert "the registry quay.io is not one this cluster takes images from" in said, said
+    assert "it allows n1:5000, nvcr.io" in said and "Traceback" not in said, said

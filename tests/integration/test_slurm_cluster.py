@@ -42,6 +42,7 @@ from tests.integration.containers_cases import (  # noqa: F401  (issue [13]: tas
     test_c5_an_image_that_does_not_exist_is_refused_at_submit_before_any_upload,
     test_c6_in_the_container_a_researcher_is_themselves_and_sees_no_other_workspace,
     test_c7_image_plus_requirements_runs_in_a_venv_on_the_images_python_and_reruns_alike,
+    test_c8_a_public_image_comes_through_the_cache_and_the_next_user_from_it_alone,
 )
 from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]; torch: bw lab)
     test_a_legacy_tuxiv_conf_job_runs_unchanged,

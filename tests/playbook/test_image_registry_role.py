@@ -102,15 +102,83 @@ def test_an_ipv6_listen_address_is_bracketed_and_tls_is_rendered(tmp_path: Path)
     }
 
 
-def test_a_pull_through_cache_is_not_made_read_only(tmp_path: Path) -> None:
-    """Distribution refuses pushes in proxy mode itself, and must write what it caches."""
-    serving, _ = render(
-        tmp_path,
-        image_registry_mode="pull_through",
-        image_registry_proxy_url="https://registry-1.docker.io",
+UPSTREAMS = [
+    {"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5010},
+    {"registry": "docker.io", "url": "https://registry-1.docker.io", "port": 5011},
+]
+ACCOUNT = {"username": "$oauthtoken", "password": "nvapi-s3cret-never-shown"}
+
+
+def render_caches(tmp_path: Path, **settings: object) -> dict[str, dict]:
+    """Each cache's configuration as the role writes it, by registry."""
+    upstreams = settings.get("image_registry_upstreams", UPSTREAMS)
+    tasks = [
+        {
+            "name": "render caches",
+            "ansible.builtin.template": {
+                "src": str(ROLE / "templates/cache.yml.j2"),
+                "dest": str(tmp_path / "cache-{{ image_registry_cache.port }}.yml"),
+                "mode": "0600",
+            },
+            "loop": "{{ image_registry_upstreams }}",
+            "loop_control": {"loop_var": "image_registry_cache"},
+        }
+    ]
+    play = [
+        {
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": [
+                str(ROLE / "defaults/main.yml"),
+                str(ROLE / "vars/main.yml"),
+                str(ROLE / "vars/Debian.yml"),
+            ],
+            "tasks": tasks,
+        }
+    ]
+    proc = playbook(tmp_path, play, {"image_registry_upstreams": upstreams, **settings})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    return {
+        u["registry"]: yaml.safe_load((tmp_path / f"cache-{u['port']}.yml").read_text())
+        for u in upstreams
+    }
+
+
+def test_each_public_registry_gets_its_own_cache_beside_the_seeded_registry(tmp_path) -> None:
+    """Issue [24] point 1: one proxy instance per upstream (Distribution 2.8 proxies one),
+    on its own port of the cluster address, with its own storage; the account only for
+    the registry it is for."""
+    caches = render_caches(tmp_path, image_registry_upstream_credentials={"nvcr.io": ACCOUNT})
+    nvcr, hub = caches["nvcr.io"], caches["docker.io"]
+    assert nvcr["http"]["addr"] == "10.77.31.11:5010" and hub["http"]["addr"] == "10.77.31.11:5011"
+    assert nvcr["proxy"] == {"remoteurl": "https://nvcr.io", **ACCOUNT}
+    assert hub["proxy"] == {"remoteurl": "https://registry-1.docker.io"}  # anonymous
+    assert (
+        nvcr["storage"]["filesystem"]["rootdirectory"] == "/var/lib/docker-registry-cache/nvcr.io"
     )
-    assert "maintenance" not in serving["storage"]
-    assert serving["proxy"] == {"remoteurl": "https://registry-1.docker.io"}
+    # What a cache fetched stays (a job's pinned image for its rerun); Distribution
+    # refuses pushes to a cache itself.
+    assert nvcr["storage"]["delete"] == {"enabled": False}
+    serving, _ = render(tmp_path)
+    assert serving["http"]["addr"] == "10.77.31.11:5000" and "proxy" not in serving
+
+
+@pytest.mark.security
+def test_an_upstream_account_is_never_shown_by_the_role() -> None:
+    """The cache's configuration (it holds the account) is written without diff or
+    log, the validation loops over registry names only, and the file is the registry
+    user's to read, no one else's."""
+    tasks = yaml.safe_load((ROLE / "tasks/caches.yml").read_text())
+    written = next(t for t in tasks if t["name"] == "Write each cache's configuration")
+    assert written["no_log"].startswith("{{ image_registry_upstream_credentials | length > 0")
+    assert written["diff"].startswith("{{ image_registry_upstream_credentials | length == 0")
+    assert written["ansible.builtin.template"]["mode"] == "0640"
+    checks = yaml.safe_load((ROLE / "tasks/validate.yml").read_text())
+    account = next(t for t in checks if t["name"].startswith("Refuse an account"))
+    assert account["loop"] == "{{ image_registry_upstream_credentials.keys() | list }}"
+    spec = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert options["image_registry_upstream_credentials"]["no_log"] is True
 
 
 def validate(tmp_path: Path, **settings: object) -> subprocess.CompletedProcess:
@@ -200,3 +268,83 @@ def test_redhat_names_docker_distribution_and_charliecloud() -> None:
     assert registry["image_registry_service"] == "docker-distribution"
     runtime = yaml.safe_load((ROOT / "roles/container_runtime/vars/RedHat.yml").read_text())
     assert runtime["container_runtime_os_packages"]["charliecloud"] == ["charliecloud"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ({"registry": "https://nvcr.io", "url": "https://nvcr.io", "port": 5010}, "registry"),
+        ({"registry": "nvcr", "url": "https://nvcr.io", "port": 5010}, "no dot"),
+        ({"registry": "nvcr.io", "url": "nvcr.io", "port": 5010}, "url without scheme"),
+        ({"registry": "nvcr.io", "url": "https://nvcr.io/v2/x", "port": 5010}, "url path"),
+        ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5000}, "serving port"),
+        ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5001}, "seeding port"),
+        ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 70000}, "port range"),
+    ],
+)
+def test_a_bad_public_registry_entry_is_refused_naming_its_index(tmp_path, entry, why) -> None:
+    proc = validate(tmp_path, image_registry_upstreams=[UPSTREAMS[1], entry])
+    assert proc.returncode != 0, why
+    assert "tacc_image_upstreams[1]=" in proc.stdout, proc.stdout[-2000:]
+    assert "expected {registry: the name tasks write" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.bad_input
+def test_a_registry_or_port_listed_twice_is_refused(tmp_path) -> None:
+    twice = [UPSTREAMS[0], {**UPSTREAMS[1], "port": 5010}]
+    proc = validate(tmp_path, image_registry_upstreams=twice)
+    assert proc.returncode != 0
+    assert "tacc_image_upstreams[1]: an earlier entry has the registry" in proc.stdout
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "credentials",
+    [
+        {"quay.io": ACCOUNT},
+        {"nvcr.io": {"username": "$oauthtoken"}},
+        {"nvcr.io": {"username": "", "password": "x"}},
+    ],
+)
+def test_an_account_for_an_unlisted_registry_or_half_an_account_is_refused(
+    tmp_path, credentials
+) -> None:
+    proc = validate(
+        tmp_path,
+        image_registry_upstreams=UPSTREAMS,
+        image_registry_upstream_credentials=credentials,
+    )
+    assert proc.returncode != 0
+    name = next(iter(credentials))
+    said = " ".join(proc.stdout.split())
+    assert f'image_registry_upstream_credentials["{name}"]: expected {{username, password}}' in said
+    assert "lists (nvcr.io, docker.io)" in said
+    assert "s3cret" not in proc.stdout and "$oauthtoken" not in proc.stdout
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"image_registry_mode": "pull_through"},
+        {"image_registry_proxy_url": "https://registry-1.docker.io"},
+    ],
+)
+def test_the_single_upstream_settings_of_before_are_refused_with_what_replaces_them(
+    tmp_path, old
+) -> None:
+    proc = validate(tmp_path, **old)
+    assert proc.returncode != 0
+    said = " ".join(proc.stdout.split())
+    assert "image_registry_mode: pull_through and image_registry_proxy_url are gone" in said
+    assert "tacc_image_upstreams" in said
+
+
+def test_good_public_registries_and_accounts_pass(tmp_path) -> None:
+    proc = validate(
+        tmp_path,
+        image_registry_upstreams=UPSTREAMS,
+        image_registry_upstream_credentials={"nvcr.io": ACCOUNT},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]

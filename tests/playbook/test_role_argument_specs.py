@@ -369,8 +369,8 @@ CASES = [
     ),
     (
         "image_registry",
-        {"image_registry_mode": "mirror"},
-        ["image_registry_mode must be one of: seeded, pull_through, got: mirror"],
+        {"image_registry_upstreams": [{"registry": "nvcr.io", "url": "https://nvcr.io"}]},
+        ["missing required arguments: port found in image_registry_upstreams"],
         None,
     ),
     (
@@ -381,7 +381,10 @@ CASES = [
     ),
     (
         "image_registry",
-        {"image_registry_proxy_password": SECRET, "image_registry_port": "http"},
+        {
+            "image_registry_upstream_credentials": {"nvcr.io": {"password": SECRET}},
+            "image_registry_port": "http",
+        },
         ["image_registry_port", "int"],
         None,
     ),

@@ -10,15 +10,18 @@ import shlex
 import sys
 from pathlib import Path
 
+from tacc_lab import public_registry
 from tacc_lab.addressing import LOGIN_NAME
 from tacc_lab.backup_controller import backup_node
 from tacc_lab.config import DEFAULT_NAME, DEFAULT_SUBNET, LabConfig
 from tacc_lab.errors import LabError
 from tacc_lab.fakehw import FakeHardware, install
+from tacc_lab.inventory import REGISTRY_PORT
 from tacc_lab.lab import (
     down,
     find_login_node,
     find_node,
+    lab_container_image,
     reimage,
     resolve_config,
     status,
@@ -194,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_user.add_argument(
         "researcher", metavar="NAME", help=f"one of: {', '.join(researcher_names())}"
     )
+    p_public = sub.add_parser(
+        "public-registry",
+        help="start or stop the lab's stand-in for nvcr.io on the head node",
+        description="A registry with token auth holding the lab's container image as "
+        f"{public_registry.REGISTRY}/{public_registry.IMAGE_PATH}:TAG, the upstream of the "
+        "cluster's cache of nvcr.io (tacc_lab/public_registry.py). Start it after site.yml.",
+    )
+    p_public.add_argument("action", choices=["start", "stop"])
     p_fake = sub.add_parser(
         "fake-hw", help="give a node FAKE GPUs, NVSwitches, ConnectX NICs and RDMA devices"
     )
@@ -296,6 +307,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         node = _lab_node(cfg, args.node)
         seconds = reimage(cfg, node.name, args.os)
         print(f"{node.name}: reinstalled with {args.os.codename} in {seconds:.1f} s")
+        return 0
+    if args.command == "public-registry":
+        image = lab_container_image(cfg)
+        if image is None:
+            raise LabError(f"lab {cfg.name!r} has no container image (up --container-image)")
+        head = _lab_node(cfg, "n1")
+        if args.action == "stop":
+            public_registry.stop(cfg, head)
+            print(f"{public_registry.REGISTRY} stand-in stopped on {head.name}")
+            return 0
+        seeded = f"{head.name}:{REGISTRY_PORT}/{image.name}"
+        print(public_registry.start(cfg, head, seeded))
         return 0
     if args.command == "fake-hw":
         node = _lab_node(cfg, args.node)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from tacc_lab import public_registry
 from tacc_lab.addressing import LOGIN_INDEX
 from tacc_lab.backup_controller import inventory_vars as backup_controller_vars
 from tacc_lab.config import NODE_PACKAGE_CACHE
@@ -99,18 +100,20 @@ def groups_for(
     return COMPUTE_GROUPS
 
 
-def container_vars(head: str, image: ContainerImage | None) -> dict:
+def container_vars(head: str, head_address: str, image: ContainerImage | None) -> dict:
     """Inventory variables of the container roles: without an image the lab skips the
-    runtime (and has no registry), so labs that run no container stay as fast as before."""
+    runtime (and has no registry), so labs that run no container stay as fast as before.
+    With one, the site allows one public registry, nvcr.io, played by the lab's stand-in
+    (tacc_lab/public_registry.py) and cached on the head node."""
     if image is None:
         return {"container_runtime_enabled": False}
     return {
+        **public_registry.upstream_vars(head, head_address),
         # The lab's registry on the head node speaks plain HTTP on the lab's bridge:
         # tasks pin images by digest at submit, so integrity does not rest on TLS.
         "tacc_image_registry": f"{head}:{REGISTRY_PORT}",
         "tacc_image_registry_insecure": True,
         "image_registry_port": REGISTRY_PORT,
-        "image_registry_mode": "seeded",
         "image_registry_seed": [{"archive": str(image.archive), "name": image.name}],
         "container_runtime_enabled": True,
         "container_runtime_name": "charliecloud",
@@ -191,6 +194,7 @@ def render_inventory(
     package_cache_wheels: list[str] | None = None,
     container_image: ContainerImage | None = None,
     accounting_password: str | None = None,
+    public_registry_password: str = "",
     directory: dict | None = None,
     backup_controller: str | None = None,
 ) -> str:
@@ -208,7 +212,8 @@ def render_inventory(
     indexes = [node.index for node in nodes]
     count = numbered_count(indexes)
     login_node = LOGIN_INDEX in indexes
-    head = head_node(nodes).name
+    head_record = head_node(nodes)
+    head = head_record.name
     groups: dict[str, dict] = {group: {"hosts": {}} for group in ALL_GROUPS}
     hosts: dict[str, dict] = {}
     registry = container_image is not None
@@ -216,6 +221,9 @@ def render_inventory(
         hosts[node.name] = {"ansible_host": node.address}
         for group in groups_for(node.index, count, login_node=login_node, image_registry=registry):
             groups[group]["hosts"][node.name] = None
+    if registry:
+        # The cache's account at the stand-in, on the registry host alone.
+        hosts[head].update(public_registry.account_vars(public_registry_password))
     if directory is not None:
         groups[DIRECTORY_GROUP]["hosts"][head] = None
     if backup_controller is not None:
@@ -310,7 +318,7 @@ def render_inventory(
                 "package_cache_dir": NODE_PACKAGE_CACHE,
                 "package_cache_wheels": list(package_cache_wheels or []),
                 # Containers (docs/containers.md): roles/image_registry, roles/container_runtime.
-                **container_vars(head, container_image),
+                **container_vars(head, head_record.address, container_image),
                 **accounting_vars(accounting_password, [user["name"] for user in users]),
                 # The lab's directory (roles/directory_server, roles/identity), if it has one.
                 **(directory or {}),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_lab import backup_controller as backup_controllers
+from tacc_lab import public_registry
 from tacc_lab.addressing import LOGIN_INDEX, node_address, node_name
 from tacc_lab.config import NODE_PACKAGE_CACHE, LabConfig
 from tacc_lab.directory import (
@@ -340,6 +341,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         package_cache_wheels=host_find_links_wheels(state.release),
         container_image=lab_container_image(cfg),
         accounting_password=ensure_accounting_password(cfg),
+        public_registry_password=public_registry.password(cfg),
         directory=directory,
         backup_controller=backup_controllers.backup_node(cfg),
     )

@@ -38,6 +38,7 @@ def render(image: ContainerImage | None, *, login_node: bool = True) -> dict:
         subnet="10.77.0.0/24",
         researchers={},
         container_image=image,
+        public_registry_password="upstream-pw",  # noqa: S106 (a test value)
     )
     return yaml.safe_load(text)["all"]
 
@@ -54,6 +55,21 @@ def test_with_a_container_image_n1_is_the_registry_and_seeds_it() -> None:
     ]
     assert lab_vars["container_runtime_enabled"] is True
     assert lab_vars["container_runtime_name"] == "charliecloud"
+
+
+def test_the_lab_allows_its_stand_in_for_nvcr_io_and_only_n1_holds_its_account() -> None:
+    """Issue [24]: the site's one public registry, nvcr.io, is the lab's stand-in on n1
+    (tacc_lab/public_registry.py), cached on n1:5010; the cache's account at it is a
+    host variable of the registry host alone."""
+    data = render(ContainerImage(ARCHIVE, "tacc/base:bookworm"))
+    assert data["vars"]["tacc_image_upstreams"] == [
+        {"registry": "nvcr.io", "url": "http://10.77.0.11:5080", "port": 5010}
+    ]
+    account = {"nvcr.io": {"username": "lab", "password": "upstream-pw"}}
+    assert data["hosts"]["n1"]["image_registry_upstream_credentials"] == account
+    others = [host for name, host in data["hosts"].items() if name != "n1"]
+    assert others and all("image_registry_upstream_credentials" not in h for h in others)
+    assert "upstream-pw" not in yaml.safe_dump(data["vars"])
 
 
 def test_without_one_there_is_no_registry_and_no_runtime() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -282,7 +283,9 @@ def test_an_unreachable_registry_is_one_clear_line(fake: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def render_registries(registries: list[dict]) -> dict:
+def render_registries(
+    registries: list[dict], upstreams: list[dict] | None = None, registry: str = "n1:5000"
+) -> dict:
     env = Environment(  # noqa: S701 (TOML, not HTML; as Ansible renders it)
         loader=FileSystemLoader(ROOT / "roles/container_runtime/templates"),
         undefined=StrictUndefined,
@@ -290,10 +293,33 @@ def render_registries(registries: list[dict]) -> dict:
     )
     env.filters["to_json"] = json.dumps
     env.filters["bool"] = bool
+    env.filters["regex_replace"] = lambda text, pattern, by: re.sub(pattern, by, text)
     text = env.get_template("registries.conf.j2").render(
-        container_runtime_registries=registries, ansible_managed="managed"
+        container_runtime_registries=registries,
+        container_runtime_upstreams=upstreams or [],
+        container_runtime_registry=registry,
+        container_runtime_registry_insecure=True,
+        ansible_managed="managed",
     )
     return tomllib.loads(text)
+
+
+@pytest.mark.security
+def test_each_public_registrys_names_go_to_its_cache_and_never_out() -> None:
+    """Issue [24] point 1: nvcr.io/... and docker.io/... are remapped to their caches on
+    the registry host (location, not a mirror: no fallback to the upstream)."""
+    upstreams = [
+        {"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5010},
+        {"registry": "docker.io", "url": "https://registry-1.docker.io", "port": 5011},
+    ]
+    parsed = render_registries([{"location": "n1:5000", "insecure": True}], upstreams)
+    assert parsed["registry"][1:] == [
+        {"prefix": "nvcr.io", "location": "n1:5010", "insecure": True, "blocked": False},
+        {"prefix": "docker.io", "location": "n1:5011", "insecure": True, "blocked": False},
+    ]
+    assert all("mirror" not in entry for entry in parsed["registry"])
+    bracketed = render_registries([], upstreams[:1], registry="[fd00::11]:5000")
+    assert bracketed["registry"][0]["location"] == "[fd00::11]:5010"
 
 
 def test_the_registries_file_names_the_cluster_registry() -> None:

@@ -6,13 +6,14 @@ failure is a TcloudError with a message (never a traceback)."""
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tcloud.errors import TcloudError
+from tcloud.errors import TcloudError, UsageError
 from tcloud.transfer import files
 from tcloud.transfer.upload import send
 
@@ -188,3 +189,32 @@ def test_a_file_that_vanished_since_hashing_is_named(tmp_path):
     progress = SimpleNamespace(add=lambda n: None)
     with pytest.raises(TcloudError, match=r"gone\.bin: cannot read: No such file or directory"):
         send(FakeSFTP({}), tmp_path / "gone.bin", "/u/store/.partial/x", 0, progress)
+
+
+@pytest.mark.parametrize(
+    ("info", "said"),
+    [
+        ({"job_id": "41", "sweep": False}, "--best: job 41 is not a sweep"),
+        (
+            {"job_id": "42", "sweep": True, "best": None, "trials": [{"job_id": "42_0"}]},
+            "--best: no trial of sweep 42 has reported its metric at a rung yet",
+        ),
+        (
+            {"job_id": "43", "sweep": True, "best": "43_9", "trials": [{"job_id": "43_0"}]},
+            "--best: no trial of sweep 43 has reported its metric",
+        ),
+    ],
+)
+def test_best_of_a_job_that_is_no_sweep_or_has_no_best_yet_says_why(info, said):
+    """Issue [24] point 3: `tcloud download JOB --best` names why there is nothing to
+    fetch (and fetches nothing)."""
+    with pytest.raises(UsageError, match=re.escape(said)):
+        files.download_best(FakeSFTP({}), info, Path("/nonexistent"))
+
+
+@pytest.mark.parametrize("index", ["..", "../x", "", "a/b", None])
+def test_a_best_trial_name_that_is_no_plain_name_is_refused(index):
+    info = {"job_id": "44", "sweep": True, "best": "44_1", "workdir": "/w"}
+    info["trials"] = [{"job_id": "44_1", "trial": index}]
+    with pytest.raises(TcloudError, match="refusing the trial name"):
+        files.download_best(FakeSFTP({}), info, Path("/nonexistent"))

@@ -370,9 +370,7 @@ def job_container(
             raise AgentError(f"task.image: not an image reference: {task.image!r}")
         hex_key, name = imagecache.digest_hex(ref), str(ref)
     if prepare:
-        puller = imagecache.SkopeoUmoci(
-            config.image_pull_timeout_seconds, config.image_registries
-        )
+        puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds, config.image_registries)
         if task.image_build:
             settings = imagebuild.BuildSettings(
                 lock_timeout,

@@ -135,7 +135,7 @@ def test_a_registry_off_the_clusters_list_is_refused_naming_the_list(skopeo_serv
     assert str(caught.value) == expected and caught.value.field == "image"
     pinned = parse_reference(f"quay.io/org/tool:1@{DIGEST}")
     puller = imagecache.SkopeoUmoci(timeout=10, allowed=allowed)
-    with pytest.raises(Rejected, match="the registry quay.io is not one this cluster"):
+    with pytest.raises(Rejected, match=r"the registry quay\.io is not one this cluster"):
         puller(pinned, tmp_path / "work", print)
     assert not skopeo_serving.exists()  # neither asked a registry
     # A listed registry is asked as before.
