@@ -286,6 +286,14 @@ def test_c8_a_public_image_comes_through_the_cache_and_the_next_user_from_it_alo
     rerun_info, rerun_log = finished(alice, json.loads(again.stdout)["job_id"])
     assert rerun_info["state"] == "COMPLETED", rerun_log[-3000:]
     assert rerun_info["image"]["reference"] == info["image"]["reference"]
+    # No one on the cluster network can push into the cache (Distribution refuses it).
+    push = node_sh(
+        SLURM_LAB,
+        "n1",
+        "cd /tmp && runuser -u alice -- skopeo copy --quiet --src-tls-verify=false "
+        f"--dest-tls-verify=false docker://{IMAGE} docker://{address}:5010/{PUBLIC_PATH}-x",
+    )
+    assert push.returncode != 0 and "unsupported" in push.stderr.lower(), push
     # A registry the site does not list: refused at submit, naming the list.
     project = image_task(tmp_path / "q", "unlisted", ["true"], nodes=1, image="quay.io/org/tool:1")
     refused = alice("submit", str(project))

@@ -281,13 +281,21 @@ def test_redhat_names_docker_distribution_and_charliecloud() -> None:
         ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5000}, "serving port"),
         ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 5001}, "seeding port"),
         ({"registry": "nvcr.io", "url": "https://nvcr.io", "port": 70000}, "port range"),
+        ({"registry": "nvcr.io", "url": "https://u:key@nvcr.io", "port": 5010}, "account"),
+        ({"registry": "nvcr.io", "url": "http://nvcr.io", "port": 5010}, "plain http"),
+        ({"registry": "NVCR.io", "url": "https://nvcr.io", "port": 5010}, "upper case"),
+        ({"registry": "ctl1:5000", "url": "https://x.org", "port": 5010}, "cluster's"),
     ],
 )
 def test_a_bad_public_registry_entry_is_refused_naming_its_index(tmp_path, entry, why) -> None:
-    proc = validate(tmp_path, image_registry_upstreams=[UPSTREAMS[1], entry])
+    proc = validate(
+        tmp_path, image_registry_upstreams=[UPSTREAMS[1], entry], tacc_image_registry="ctl1:5000"
+    )
     assert proc.returncode != 0, why
-    assert "tacc_image_upstreams[1]=" in proc.stdout, proc.stdout[-2000:]
-    assert "expected {registry: the name tasks write" in " ".join(proc.stdout.split())
+    said = " ".join(proc.stdout.split())
+    assert "tacc_image_upstreams[1] (registry " in said, proc.stdout[-2000:]
+    assert "expected {registry: the name tasks write" in said
+    assert "key@" not in said  # an account in the URL is never repeated
 
 
 @pytest.mark.bad_input
@@ -342,9 +350,10 @@ def test_the_single_upstream_settings_of_before_are_refused_with_what_replaces_t
 
 
 def test_good_public_registries_and_accounts_pass(tmp_path) -> None:
+    inside = {"registry": "reg.site.org", "url": "http://reg.site.org", "insecure": True}
     proc = validate(
         tmp_path,
-        image_registry_upstreams=UPSTREAMS,
+        image_registry_upstreams=[*UPSTREAMS, {**inside, "port": 5012}],
         image_registry_upstream_credentials={"nvcr.io": ACCOUNT},
     )
     assert proc.returncode == 0, proc.stdout[-3000:]

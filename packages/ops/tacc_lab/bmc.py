@@ -67,6 +67,8 @@ class Bmc:
                 return status
             print(f"tacc-lab bmc: the node rebooted itself; power-on {boots + 1}", flush=True)
             self.before_boot(self.command)
+            if self.stopping:  # told to stop while it waited: the node stays off
+                return status
 
 
 def main(argv: list[str] | None = None) -> int:

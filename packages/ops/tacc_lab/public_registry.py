@@ -54,7 +54,12 @@ def upstream_vars(head: str, head_address: str) -> dict:
     """Inventory variables (group all): the site's public registries, this one alone."""
     return {
         "tacc_image_upstreams": [
-            {"registry": REGISTRY, "url": f"http://{head_address}:{PORT}", "port": CACHE_PORT}
+            {
+                "registry": REGISTRY,
+                "url": f"http://{head_address}:{PORT}",
+                "insecure": True,  # plain HTTP on the lab's bridge
+                "port": CACHE_PORT,
+            }
         ]
     }
 

@@ -99,7 +99,8 @@ class TokenServer:
         except ValueError:
             return None
         known = self.users.get(user)
-        return user if known and hmac.compare_digest(known, password) else None
+        matches = known and hmac.compare_digest(known.encode(), password.encode())
+        return user if matches else None
 
     def token(self, user: str, scopes: list[str]) -> dict:
         now = int(time.time())

@@ -63,7 +63,7 @@ def test_the_lab_allows_its_stand_in_for_nvcr_io_and_only_n1_holds_its_account()
     host variable of the registry host alone."""
     data = render(ContainerImage(ARCHIVE, "tacc/base:bookworm"))
     assert data["vars"]["tacc_image_upstreams"] == [
-        {"registry": "nvcr.io", "url": "http://10.77.0.11:5080", "port": 5010}
+        {"registry": "nvcr.io", "url": "http://10.77.0.11:5080", "insecure": True, "port": 5010}
     ]
     account = {"nvcr.io": {"username": "lab", "password": "upstream-pw"}}
     assert data["hosts"]["n1"]["image_registry_upstream_credentials"] == account

@@ -51,6 +51,15 @@ def test_the_bmc_waits_for_the_old_veth_before_each_boot_after_a_reboot(tmp_path
 
 
 @pytest.mark.fault
+def test_a_stop_that_comes_while_the_bmc_waits_for_the_veth_keeps_the_node_off(tmp_path):
+    """`tacc-lab down` during that wait must not see the node booted again behind it."""
+    command = counted(tmp_path, [REBOOT_STATUS, 0])
+    bmc = Bmc(command, lambda _argv: bmc.forward(signal.SIGTERM, None))
+    assert bmc.run() == REBOOT_STATUS
+    assert (tmp_path / "runs").read_text() == "1"
+
+
+@pytest.mark.fault
 def test_a_node_that_fails_is_not_booted_again(tmp_path):
     command = counted(tmp_path, [1, 0])
     assert Bmc(command).run() == 1

@@ -75,6 +75,12 @@ class Bind:
     target: str
 
 
+def tool_in_container(tool: Path) -> str:
+    """Where the host tool `tool` is in a container whose job_binds got its folder in
+    `tools` (bound at TOOLS_TARGET)."""
+    return f"{TOOLS_TARGET}/{tool.name}"
+
+
 def under(path: str, root: str) -> bool:
     """Whether path is root or below it (lexically: both are absolute, normalised)."""
     return (

@@ -41,6 +41,7 @@ from tacc_agent.tasks.execute.agreement import Agreement
 from tacc_agent.tasks.execute.job_vars import user_dir_of
 from tacc_agent.tasks.execute.proctree import children, descendants
 from tacc_agent.tasks.images import cache as imagecache
+from tacc_agent.tasks.images import registry
 from tacc_agent.tasks.interactive import idle
 from tacc_agent.tasks.jobs import records, sweeps
 from tacc_agent.tasks.schedule import transport
@@ -358,6 +359,8 @@ def job_container(
         return None
     user_dir = user_dir_of(job_dir)
     lock_timeout = config.image_lock_timeout_seconds
+    # A rerun after the cluster's list of registries shrank, even of an image cached here.
+    registry.check_task(task.image, task.image_build, config.image_registries)
     if task.image_build:
         # Lazy: the build file's parser (dockerfile_parse, logging) is ~8 ms of every job
         # step's start; only a task with `build:` needs it.
@@ -458,7 +461,7 @@ def environment_builder(
         python="python3" if container else config.python,
         uv=uv,
         # in the container: the same binary where job_container(build_tools=True) binds it
-        step_uv=f"{containers.TOOLS_TARGET}/{Path(uv).resolve().name}" if container else "",
+        step_uv=containers.tool_in_container(Path(uv).resolve()) if container else "",
         index=config.package_index,
         cache_dir=user_dir / ".cache" / "uv",
         wrap=container.wrap if container else None,

@@ -4,7 +4,16 @@ bits by that digest into an OCI layout (the image cache's pull, tasks/images/cac
 
 Both go through skopeo. The registries' HTTP/TLS settings come from
 /etc/containers/registries.conf.d/ (the container_runtime role writes the cluster
-registry's entry there), never from the task: nothing a user writes turns TLS off.
+registry's entry there), never from the task nor the caller's own containers settings:
+skopeo runs with a HOME that holds none and without the CONTAINERS_* variables, so no
+registries.conf a user writes in ~/.config/containers turns TLS off or sends a listed
+registry's name elsewhere.
+
+With image_registries set, a reference to another registry is refused (check_allowed):
+at `image resolve`, at submit for a task's image or build base (tasks/schedule/submit.py),
+and before a job runs or pulls one (tasks/execute/launch.py). It keeps tasks to the
+listed registries; it is not a network boundary (anyone with a shell can run skopeo):
+egress rules keep the nodes off the others.
 
 The digest is the sha256 of the manifest's raw bytes as the registry serves them
 (`skopeo inspect --raw`, one request): for a single manifest and for an index alike it
@@ -15,6 +24,7 @@ these bytes again.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -51,6 +61,30 @@ def check_allowed(ref: ImageRef, allowed: tuple[str, ...]) -> None:
         )
 
 
+def check_task(image: object, image_build: dict | None, allowed: tuple[str, ...]) -> None:
+    """check_allowed for a task's image, or its build file's base."""
+    reference = image_build.get("base") if image_build else image
+    ref = parse_reference(reference) if isinstance(reference, str) else None
+    if ref is not None:
+        check_allowed(ref, allowed)
+
+
+# The variables skopeo reads its settings from that a caller could point elsewhere.
+_CALLER_SETTINGS = ("HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "REGISTRY_AUTH_FILE")
+# A HOME that holds no containers settings: skopeo then reads the system's alone.
+NO_HOME = "/nonexistent"
+
+
+def skopeo_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment skopeo runs in: the caller's, without what would make it read
+    the caller's own registries.conf, policy or credentials."""
+    env = dict(os.environ if environ is None else environ)
+    for name in [*_CALLER_SETTINGS, *(n for n in env if n.startswith("CONTAINERS_"))]:
+        env.pop(name, None)
+    env["HOME"] = NO_HOME
+    return env
+
+
 def skopeo_binary(configured: str = "skopeo") -> str:
     found = shutil.which(configured)
     if not found:
@@ -84,7 +118,12 @@ def source_of(ref: ImageRef) -> str:
 def run_skopeo(argv: list[str], ref: ImageRef, what: str, timeout: float) -> bytes:
     try:
         proc = subprocess.run(
-            argv, capture_output=True, check=False, timeout=timeout, stdin=subprocess.DEVNULL
+            argv,
+            capture_output=True,
+            check=False,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=skopeo_env(),
         )
     except subprocess.TimeoutExpired:
         raise AgentError(

@@ -51,7 +51,8 @@ def command_status(
 
 def in_image(root: Path, binds: Sequence[tuple[str, str]], place: str) -> Path:
     """Where the container's path `place` is on the host: under the last bind whose
-    target holds it (ch-run mounts them in order), else in the image's root."""
+    target holds it (ch-run mounts them in order), else in the image's root. (The rule
+    of containers.under, said again: the quick way imports nothing of the full agent.)"""
     for source, target in reversed(binds):
         if place == target or place.startswith(target.rstrip("/") + "/"):
             return Path(source) / os.path.relpath(place, target)

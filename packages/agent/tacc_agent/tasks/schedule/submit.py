@@ -21,6 +21,7 @@ from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.errors import AgentError, Rejected
 from tacc_agent.tasks.execute import containers
+from tacc_agent.tasks.images import registry
 from tacc_agent.tasks.jobs import job_tags, records, sweeps
 from tacc_agent.tasks.schedule import found_again as submitting
 from tacc_agent.tasks.schedule.cluster_shape import read_nodes, scheduling_partitions
@@ -155,9 +156,11 @@ def cluster_plugins(task: TaskSpec, config: AgentConfig) -> list[Plugin]:
         raise Rejected(str(exc), "plugins") from None
 
 
-def check_container(task: TaskSpec) -> None:
-    """A task in an image: every dataset's cluster path must be bindable into it (refused
-    at submit, not when the job starts)."""
+def check_container(task: TaskSpec, allowed_registries: tuple[str, ...] = ()) -> None:
+    """A task in an image: from a registry the cluster takes images from (its image or
+    its build's base), and every dataset's cluster path bindable into it (refused at
+    submit, not when the job starts)."""
+    registry.check_task(task.image, task.image_build, allowed_registries)
     if task.image:
         for dataset in task.datasets:
             if dataset.cluster:
@@ -174,7 +177,7 @@ def plan(
 ) -> Submission:
     """Check the task against the cluster (`shape`, else read now), then let the
     scheduling plug-ins shape it."""
-    check_container(task)
+    check_container(task, config.image_registries)
     partitions, nodes = shape or cluster_shape(config.slurm_timeout_seconds)
     partitions, nodes = list(partitions), list(nodes)  # a plug-in's changes stay its own
     partition = check_feasible(task, partitions, nodes)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,7 @@ from tacc_agent.cli import SessionVerbs, build_parser
 from tacc_agent.errors import AGENT_CLUSTER, AgentError, Rejected
 from tacc_agent.tasks.images import cache as imagecache
 from tacc_agent.tasks.images import registry as registry_client
+from tacc_agent.tasks.schedule import submit
 from tacc_contract import verbs
 from tacc_contract.images import parse_reference
 from tests.unit.agent_jobs import agent, agent_env
@@ -141,6 +143,51 @@ def test_a_registry_off_the_clusters_list_is_refused_naming_the_list(skopeo_serv
     # A listed registry is asked as before.
     answer = registry_client.resolve("nvcr.io/nvidia/pytorch:24.10-py3", 10, allowed)
     assert answer["pinned"] == f"nvcr.io/nvidia/pytorch:24.10-py3@{DIGEST}"
+
+
+@pytest.mark.security
+def test_skopeo_never_reads_the_callers_own_registries_settings(tmp_path, monkeypatch):
+    """A researcher's ~/.config/containers/registries.conf (or CONTAINERS_REGISTRIES_CONF)
+    could send a listed registry's name elsewhere or turn TLS off: skopeo runs with a
+    HOME that holds none, without those variables (review of issue [24])."""
+    bin_dir = fake_skopeo(
+        tmp_path,
+        f'echo "HOME=$HOME CONF=${{CONTAINERS_REGISTRIES_CONF-unset}} '
+        f'XDG=${{XDG_CONFIG_HOME-unset}} AUTH=${{REGISTRY_AUTH_FILE-unset}}" > {tmp_path / "env"}'
+        f"; printf '%s' '{MANIFEST.decode()}'",
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    mine = tmp_path / "home/.config/containers"
+    mine.mkdir(parents=True)
+    (mine / "registries.conf").write_text('[[registry]]\nprefix="nvcr.io"\nlocation="evil.org"\n')
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(mine / "registries.conf"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home/.config"))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "auth.json"))
+    registry_client.resolve("nvcr.io/nvidia/pytorch:24.10-py3", 10, ("nvcr.io",))
+    assert (tmp_path / "env").read_text().split() == [
+        "HOME=/nonexistent",
+        "CONF=unset",
+        "XDG=unset",
+        "AUTH=unset",
+    ]
+
+
+@pytest.mark.security
+def test_a_task_or_build_from_an_unlisted_registry_is_refused_at_submit_and_launch():
+    """A hand-written instruction skips tcloud's `image resolve`: the submit and the job's
+    start check the task's image, or its build file's base, against the list too."""
+    allowed = ("n1:5000", "nvcr.io")
+    pinned = f"ghcr.io/x/y@{DIGEST}"
+    with pytest.raises(Rejected, match=r"the registry ghcr\.io is not one"):
+        registry_client.check_task(pinned, None, allowed)
+    with pytest.raises(Rejected, match=r"the registry ghcr\.io is not one"):
+        registry_client.check_task(None, {"base": pinned, "file": "Containerfile"}, allowed)
+    registry_client.check_task(f"nvcr.io/x/y@{DIGEST}", None, allowed)
+    registry_client.check_task(pinned, None, ())  # no list: any registry
+    task = SimpleNamespace(image=pinned, image_build=None, datasets=[])
+    with pytest.raises(Rejected, match=r"the registry ghcr\.io is not one"):
+        submit.check_container(task, allowed)
 
 
 @pytest.mark.fault
