@@ -41,6 +41,12 @@ def playbook(tmp_path: Path, play: list[dict], *extra_vars: dict) -> subprocess.
     )
 
 
+def with_role_vars(tasks: list[dict]) -> list[dict]:
+    """A play of `tasks` that sees the role's defaults and vars (Debian's names)."""
+    files = [str(ROLE / name) for name in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml")]
+    return [{"hosts": "all", "gather_facts": False, "vars_files": files, "tasks": tasks}]
+
+
 def render(tmp_path: Path, **settings: object) -> tuple[dict, dict]:
     """config.yml and seed.yml as the role writes them, from its defaults and vars."""
     tasks = [
@@ -54,18 +60,7 @@ def render(tmp_path: Path, **settings: object) -> tuple[dict, dict]:
         }
         for name in ("config.yml.j2", "seed.yml.j2")
     ]
-    play = [
-        {
-            "hosts": "all",
-            "gather_facts": False,
-            "vars_files": [
-                str(ROLE / "defaults/main.yml"),
-                str(ROLE / "vars/main.yml"),
-                str(ROLE / "vars/Debian.yml"),
-            ],
-            "tasks": tasks,
-        }
-    ]
+    play = with_role_vars(tasks)
     proc = playbook(tmp_path, play, settings)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     return tuple(
@@ -124,18 +119,7 @@ def render_caches(tmp_path: Path, **settings: object) -> dict[str, dict]:
             "loop_control": {"loop_var": "image_registry_cache"},
         }
     ]
-    play = [
-        {
-            "hosts": "all",
-            "gather_facts": False,
-            "vars_files": [
-                str(ROLE / "defaults/main.yml"),
-                str(ROLE / "vars/main.yml"),
-                str(ROLE / "vars/Debian.yml"),
-            ],
-            "tasks": tasks,
-        }
-    ]
+    play = with_role_vars(tasks)
     proc = playbook(tmp_path, play, {"image_registry_upstreams": upstreams, **settings})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     return {

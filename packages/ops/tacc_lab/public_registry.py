@@ -7,7 +7,8 @@ site's public registries (tacc_image_upstreams) with this as its upstream, and
   token authentication like nvcr.io's: its token server (registry_token_server.py) on
   TOKEN_PORT gives tokens to the account USER only, whose password the lab keeps in its
   state directory and gives the cluster's cache as its upstream account;
-- one image in it, IMAGE_PATH:TAG, copied from the lab's seeded image.
+- one image in it, IMAGE_PATH:TAG: the lab's seeded image with a label (LABEL) of its
+  own, so its digest differs from the seeded copy's.
 
 The cluster's cache of it (roles/image_registry, docker-registry-cache@CACHE_PORT on the
 head node) asks it for its token realm when it starts, and starts again every few
@@ -36,13 +37,15 @@ CACHE_PORT = 5010
 USER = "lab"
 IMAGE_PATH = "tacc-lab/debian"
 ISSUER = "tacc-lab-token"
+LABEL = "org.opencontainers.image.vendor=tacc-lab-public-registry"
 SERVICE = "tacc-lab-public-registry"
 UNIT = "tacc-lab-public-registry"
 TOKEN_UNIT = "tacc-lab-public-registry-token"  # noqa: S105 (a unit's name)
 NODE_DIR = "/var/lib/tacc-lab-public-registry"  # on the head node, root's only
 TOKEN_SERVER = Path(__file__).with_name("registry_token_server.py")
-# Debian's packages the token server needs on the head node.
-TOKEN_PACKAGES = ("python3-jwt", "python3-cryptography")
+# Debian's packages the stand-in needs on the head node: the token server's, and umoci
+# to label its image.
+TOKEN_PACKAGES = ("python3-jwt", "python3-cryptography", "umoci")
 
 
 def password(cfg: LabConfig) -> str:
@@ -115,6 +118,8 @@ def start_script(address: str, seeded: str, tag: str) -> str:
             f"{NODE_DIR}/users.json",
         ]
     )
+    registry_url = f"http://{address}:{PORT}/v2/"
+    token_url = f"http://{address}:{TOKEN_PORT}/token"
     source = f"docker://{seeded}"
     target = f"docker://{address}:{PORT}/{IMAGE_PATH}:{tag}"
     return f"""set -eu
@@ -133,15 +138,27 @@ for unit in {TOKEN_UNIT} {UNIT}; do
 done
 systemd-run --quiet --unit {TOKEN_UNIT} {token_argv}
 systemd-run --quiet --unit {UNIT} docker-registry serve {NODE_DIR}/config.yml
-for i in $(seq 50); do
+answers() {{
   python3 -c 'import sys, urllib.request, urllib.error
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({{}}))
 try: opener.open(sys.argv[1], timeout=2)
-except urllib.error.HTTPError: pass' {quoted(f"http://{address}:{PORT}/v2/")} 2>/dev/null && break
-  sleep 0.2
+except urllib.error.HTTPError: pass' "$1" 2>/dev/null
+}}
+for url in {quoted(registry_url)} {quoted(token_url)}; do
+  for i in $(seq 100); do answers "$url" && break; sleep 0.2; done
+  if ! answers "$url"; then
+    journalctl -q --no-pager -n 20 -u {TOKEN_UNIT} -u {UNIT} >&2
+    echo "nothing answers at $url" >&2
+    exit 1
+  fi
 done
-skopeo copy --quiet --src-tls-verify=false --dest-tls-verify=false \\
-  --dest-authfile {NODE_DIR}/auth.json {quoted(source)} {quoted(target)}
+# The seeded image with a label of its own: another digest than the cluster registry's
+# copy, so a job of it pulls it anew (through the cache) even where that one is cached.
+rm -rf {NODE_DIR}/layout
+skopeo copy --quiet --src-tls-verify=false {quoted(source)} oci:{NODE_DIR}/layout:seeded
+umoci config --image {NODE_DIR}/layout:seeded --tag public --config.label {LABEL}
+skopeo copy --quiet --dest-tls-verify=false --dest-authfile {NODE_DIR}/auth.json \\
+  oci:{NODE_DIR}/layout:public {quoted(target)}
 echo "{REGISTRY}/{IMAGE_PATH}:{tag} served from {address}:{PORT}"
 """
 
