@@ -53,10 +53,15 @@ def test_the_registry_serves_the_seeded_archive_by_its_digest(cluster):
     registry = lab_vars(cluster)["tacc_image_registry"]
     served = sh("n2", f"skopeo inspect --format '{{{{.Digest}}}}' docker://{registry}/{name}")
     assert served.strip() == archive_digest(archive)
-    # The nodes reach it over plain HTTP because the inventory says so, and only it.
+    # The nodes reach it over plain HTTP because the inventory says so, and only it and
+    # the caches beside it on the same host (issue [24]: nvcr.io's, n1:5010).
     conf = sh("n2", "cat /etc/containers/registries.conf.d/50-tacc.conf")
     assert f'location = "{registry}"\ninsecure = true' in conf
-    assert conf.count("insecure = true") == 1
+    host = registry.rsplit(":", 1)[0]
+    caches = [f"{host}:{u['port']}" for u in lab_vars(cluster)["tacc_image_upstreams"]]
+    assert caches == ["n1:5010"]
+    assert 'prefix = "nvcr.io"\nlocation = "n1:5010"\ninsecure = true' in conf
+    assert conf.count("insecure = true") == 1 + len(caches)
 
 
 def seeded_copy(name: str) -> str:

@@ -43,9 +43,9 @@ UNIT = "tacc-lab-public-registry"
 TOKEN_UNIT = "tacc-lab-public-registry-token"  # noqa: S105 (a unit's name)
 NODE_DIR = "/var/lib/tacc-lab-public-registry"  # on the head node, root's only
 TOKEN_SERVER = Path(__file__).with_name("registry_token_server.py")
-# Debian's packages the stand-in needs on the head node: the token server's, and umoci
-# to label its image.
-TOKEN_PACKAGES = ("python3-jwt", "python3-cryptography", "umoci")
+# Debian's packages the stand-in needs on the head node: openssl (the token server's
+# key and signatures) and umoci (to label its image).
+TOKEN_PACKAGES = ("openssl", "umoci")
 
 
 def password(cfg: LabConfig) -> str:

@@ -7,9 +7,9 @@ with its account in HTTP Basic; it gets a JWT signed by this server's key, whose
 certificate the registry trusts (its auth.token.rootcertbundle) and whose x5c header
 names it. Only the accounts in the users file get a token.
 
-It runs on the lab's head node, under Debian's python3 with python3-jwt and
-python3-cryptography (which public_registry.py installs there); it is not imported on
-this machine.
+It runs on the lab's head node under python3, with openssl making its key and
+certificate and signing each token (RS256: `openssl dgst -sha256 -sign`); it imports
+nothing but the standard library.
 
     python3 registry_token_server.py init DIR
         DIR/key.pem (0600) and DIR/cert.pem, once
@@ -23,17 +23,12 @@ import datetime
 import hmac
 import json
 import secrets
+import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
-
-import jwt
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 
 TOKEN_SECONDS = 300
 ACTIONS = ("pull", "push")
@@ -45,29 +40,21 @@ def init(directory: Path, issuer: str = "tacc-lab-token") -> None:
     if key_file.exists() and cert_file.exists():
         return
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_file.touch(mode=0o600)
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365"]
+    argv += ["-keyout", str(key_file), "-out", str(cert_file), "-subj", f"/CN={issuer}"]
+    argv += ["-addext", "basicConstraints=critical,CA:TRUE"]
+    # umask 077: the key is root's only from its first byte.
+    subprocess.run(argv, check=True, capture_output=True, umask=0o077)
+    cert_file.chmod(0o644)
+
+
+def base64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def der_of(pem: str) -> str:
+    """A PEM certificate's DER, base64 (what a JWT's x5c header holds)."""
+    return "".join(line for line in pem.splitlines() if line and not line.startswith("-----"))
 
 
 def granted(scopes: list[str]) -> list[dict]:
@@ -85,10 +72,18 @@ def granted(scopes: list[str]) -> list[dict]:
 
 class TokenServer:
     def __init__(self, directory: Path, issuer: str, service: str, users: dict) -> None:
-        self.key = (directory / "key.pem").read_bytes()
-        cert = x509.load_pem_x509_certificate((directory / "cert.pem").read_bytes())
-        self.chain = [base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()]
+        self.key = directory / "key.pem"
+        self.chain = [der_of((directory / "cert.pem").read_text())]
         self.issuer, self.service, self.users = issuer, service, users
+
+    def signed(self, claims: dict) -> str:
+        """The JWT of `claims`, signed RS256 by the key whose certificate x5c names."""
+        header = {"typ": "JWT", "alg": "RS256", "x5c": self.chain}
+        parts = [base64url(json.dumps(part).encode()) for part in (header, claims)]
+        data = ".".join(parts).encode()
+        argv = ["openssl", "dgst", "-sha256", "-sign", str(self.key)]
+        signature = subprocess.run(argv, input=data, capture_output=True, check=True).stdout
+        return f"{data.decode()}.{base64url(signature)}"
 
     def account(self, header: str) -> str | None:
         """The user whose Basic credentials `header` carries, when they are right."""
@@ -114,7 +109,7 @@ class TokenServer:
             "jti": secrets.token_hex(16),
             "access": granted(scopes),
         }
-        signed = jwt.encode(claims, self.key, algorithm="RS256", headers={"x5c": self.chain})
+        signed = self.signed(claims)
         issued = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
         return {
             "token": signed,
