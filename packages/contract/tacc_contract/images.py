@@ -94,7 +94,7 @@ def parse_reference(text: str) -> ImageRef | None:
     if not match:
         return None
     host = match["host"] + (f":{match['port']}" if match["port"] else "")
-    if not is_registry_host(host) or (match["port"] and int(match["port"]) > 65535):
+    if not is_registry(host):
         return None
     return ImageRef(host, match["path"], match["tag"], match["digest"])
 

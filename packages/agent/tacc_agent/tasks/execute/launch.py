@@ -359,7 +359,8 @@ def job_container(
         return None
     user_dir = user_dir_of(job_dir)
     lock_timeout = config.image_lock_timeout_seconds
-    # A rerun after the cluster's list of registries shrank, even of an image cached here.
+    # Before any pull or build, and before reusing a cached copy: a rerun after the
+    # cluster's list of registries shrank is refused here.
     registry.check_task(task.image, task.image_build, config.image_registries)
     if task.image_build:
         # Lazy: the build file's parser (dockerfile_parse, logging) is ~8 ms of every job
@@ -373,7 +374,7 @@ def job_container(
             raise AgentError(f"task.image: not an image reference: {task.image!r}")
         hex_key, name = imagecache.digest_hex(ref), str(ref)
     if prepare:
-        puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds, config.image_registries)
+        puller = imagecache.SkopeoUmoci(config.image_pull_timeout_seconds)
         if task.image_build:
             settings = imagebuild.BuildSettings(
                 lock_timeout,

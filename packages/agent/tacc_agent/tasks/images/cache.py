@@ -102,13 +102,12 @@ class SkopeoUmoci:
     rootless (owned by the caller). Bounded by `timeout` seconds per tool."""
 
     timeout: float = 1800.0
-    allowed: tuple[str, ...] = ()  # the registries it may copy from (empty: any)
     skopeo: str = "skopeo"
     umoci: str = "umoci"
 
     def __call__(self, ref: ImageRef, work: Path, log: Log) -> Path:
         layout, bundle = work / "oci", work / "bundle"
-        copy_to_layout(ref, layout, LAYOUT_TAG, self.timeout, self.allowed, self.skopeo)
+        copy_to_layout(ref, layout, LAYOUT_TAG, self.timeout, self.skopeo)
         argv = [
             self.umoci,
             "unpack",

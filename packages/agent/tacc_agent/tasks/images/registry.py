@@ -157,16 +157,10 @@ def resolve(
 
 
 def copy_to_layout(
-    ref: ImageRef,
-    layout: Path,
-    tag: str,
-    timeout: float,
-    allowed: tuple[str, ...] = (),
-    skopeo: str = "skopeo",
+    ref: ImageRef, layout: Path, tag: str, timeout: float, skopeo: str = "skopeo"
 ) -> None:
-    """The pinned image's bits into the OCI layout `layout` as `tag`, from a registry in
-    `allowed` (empty: any; a rerun after the list changed is refused here); the digest
-    in the source makes skopeo check every byte it copies against it."""
-    check_allowed(ref, allowed)
+    """The pinned image's bits into the OCI layout `layout` as `tag`; the digest in the
+    source makes skopeo check every byte it copies against it. (Which registries a job
+    may pull from, launch.job_container checks before any pull or reuse: check_task.)"""
     argv = [skopeo_binary(skopeo), "copy", "--quiet", source_of(ref), f"oci:{layout}:{tag}"]
     run_skopeo(argv, ref, "the image copy", timeout)

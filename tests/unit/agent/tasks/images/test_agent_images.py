@@ -135,10 +135,9 @@ def test_a_registry_off_the_clusters_list_is_refused_naming_the_list(skopeo_serv
     with pytest.raises(Rejected) as caught:
         registry_client.resolve("quay.io/org/tool:1", timeout=10, allowed=allowed)
     assert str(caught.value) == expected and caught.value.field == "image"
-    pinned = parse_reference(f"quay.io/org/tool:1@{DIGEST}")
-    puller = imagecache.SkopeoUmoci(timeout=10, allowed=allowed)
+    # The rerun's pinned reference: what job_container checks before it pulls.
     with pytest.raises(Rejected, match=r"the registry quay\.io is not one this cluster"):
-        puller(pinned, tmp_path / "work", print)
+        registry_client.check_task(f"quay.io/org/tool:1@{DIGEST}", None, allowed)
     assert not skopeo_serving.exists()  # neither asked a registry
     # A listed registry is asked as before.
     answer = registry_client.resolve("nvcr.io/nvidia/pytorch:24.10-py3", 10, allowed)
