@@ -108,7 +108,7 @@ def container_vars(head: str, head_address: str, image: ContainerImage | None) -
     if image is None:
         return {"container_runtime_enabled": False}
     return {
-        **public_registry.upstream_vars(head, head_address),
+        **public_registry.upstream_vars(head_address),
         # The lab's registry on the head node speaks plain HTTP on the lab's bridge:
         # tasks pin images by digest at submit, so integrity does not rest on TLS.
         "tacc_image_registry": f"{head}:{REGISTRY_PORT}",

@@ -53,7 +53,7 @@ def password(cfg: LabConfig) -> str:
     return ensure_secret(cfg.state_dir / "secrets" / "public-registry-password")
 
 
-def upstream_vars(head: str, head_address: str) -> dict:
+def upstream_vars(head_address: str) -> dict:
     """Inventory variables (group all): the site's public registries, this one alone."""
     return {
         "tacc_image_upstreams": [
