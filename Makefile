@@ -27,6 +27,11 @@ LAB_INVENTORY := inventory/$(LAB_NAME)/hosts.yml
 APT_PACKAGES := systemd-container debootstrap mmdebstrap tinyproxy iproute2 openssh-client \
 	python3-venv python3-pip ca-certificates rsync umoci skopeo prometheus prometheus-alertmanager \
 	procps
+# The dashboard's browser tests (tests/integration/browser.py) drive Debian's Chromium
+# headless through its chromedriver (Selenium, the dev extra): both from the host's own
+# release, never a download. Only the dev venv (make test, check, unit, playbook,
+# integration) asks for them, so `make demo` does not pull a browser.
+BROWSER_PACKAGES := chromium chromium-driver
 STAMP := .cache/stamps
 
 .PHONY: help deps venv demo test check lint unit playbook integration molecule upgrade-test lab-up lab-down clean gpu-check gpu-check-bundle
@@ -56,9 +61,12 @@ fi
 @mkdir -p $(STAMP) && touch $@
 endef
 
-deps: $(STAMP)/apt
+deps: $(STAMP)/apt $(STAMP)/apt-browser
 $(STAMP)/apt: Makefile
 	$(call apt_install,$(APT_PACKAGES))
+
+$(STAMP)/apt-browser: Makefile
+	$(call apt_install,$(BROWSER_PACKAGES))
 
 # The demo's image builder alone, first: the image then builds while the other host
 # packages and the venv install (make demo).
@@ -71,7 +79,7 @@ DISTS := contract plugins client agent ops
 PYPROJECTS := $(foreach d,$(DISTS),packages/$(d)/pyproject.toml)
 EDITABLE := $(foreach d,contract plugins client agent,-e packages/$(d))
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(STAMP)/apt-browser
 $(VENV)/.installed: $(PYPROJECTS) $(STAMP)/apt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

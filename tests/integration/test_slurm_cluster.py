@@ -44,6 +44,13 @@ from tests.integration.containers_cases import (  # noqa: F401  (issue [13]: tas
     test_c7_image_plus_requirements_runs_in_a_venv_on_the_images_python_and_reruns_alike,
     test_c8_a_public_image_comes_through_the_cache_and_the_next_user_from_it_alone,
 )
+from tests.integration.dashboard_cases import (  # noqa: F401  (issue [25]: the web view)
+    running_jobs,
+    test_d1_alice_sees_her_job_its_logs_and_its_plot_and_nothing_of_bobs,
+    test_d2_no_page_of_bobs_shows_alices_job_name_or_owner,
+    test_d3_the_broker_gives_bob_none_of_alices_series,
+    test_d4_olga_of_tacc_admins_sees_the_nodes_and_the_whole_queue,
+)
 from tests.integration.frameworks_cases import (  # noqa: F401  (issue [9]; torch: bw lab)
     test_a_legacy_tuxiv_conf_job_runs_unchanged,
     test_mpi_allreduce_on_two_nodes_by_two_ranks,

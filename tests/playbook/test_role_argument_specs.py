@@ -87,6 +87,12 @@ CASES = [
     ),
     (
         "common",
+        {"common_cluster_groups": [{"name": "tacc_admins"}]},
+        ["missing required arguments: gid found in common_cluster_groups"],
+        None,
+    ),
+    (
+        "common",
         {"common_service_accounts": [{"name": "x", "uid": 1, "gid": 1, "shel": "/bin/sh"}]},
         ["common_service_accounts.shel", "Supported parameters include"],
         None,

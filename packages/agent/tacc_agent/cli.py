@@ -283,6 +283,18 @@ def job_top(call: Call) -> object:
     return top.top(call.user_dir, call.args.job, call.config)
 
 
+def settings_words(args: argparse.Namespace) -> list[str]:
+    """The caller's --config and --userdir, for a process the verb starts as the caller."""
+    words = ["--config", str(args.config)] if args.config else []
+    return words + (["--userdir", args.userdir] if args.userdir else [])
+
+
+def dashboard_open(call: Call) -> object:
+    from tacc_agent.dashboard import launch  # lazy verb import
+
+    return launch.open_dashboard(settings_words(call.args))
+
+
 def store(call: Call) -> object:
     """`store`, optionally with the scheduling steps that go with it, so a submit is two
     round trips: "check" (the instruction) refuses an impossible task before anything
@@ -315,6 +327,7 @@ def store_receive(call: Call) -> object:
 
 
 ANSWERS: dict[Verb, Callable[[Call], object]] = {
+    verbs.DASHBOARD_OPEN: dashboard_open,
     verbs.HELLO: hello,
     verbs.WHOAMI: whoami,
     verbs.QUOTA: quota,
@@ -458,6 +471,26 @@ def job_stop_on_disconnect(call: Call) -> int:
     return attach.stop_on_disconnect(call.user_dir, call.args.job, call.config)
 
 
+def dashboard_connect(call: Call) -> int:
+    from tacc_agent.dashboard import launch  # lazy verb import
+
+    return launch.connect(settings_words(call.args))
+
+
+def dashboard_serve(call: Call) -> int:
+    from tacc_agent.dashboard import server, views  # lazy verb import
+
+    config, settings = call.config, settings_words(call.args)
+    runner = SessionVerbs(call.args)
+    me = views.caller(config)
+
+    def dashboard_of(codes) -> server.Dashboard:
+        answers = views.Views(config, runner, me)
+        return server.Dashboard(answers, codes, config.dashboard_idle_seconds, settings)
+
+    return server.run(dashboard_of)
+
+
 def job_logs(call: Call) -> int:
     from tacc_agent.tasks.jobs import logs, records, sweeps  # lazy verb import
     from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
@@ -492,6 +525,8 @@ STREAMS: dict[Verb, Callable[[Call], int]] = {
     node_verbs.ENTER: enter,
     node_verbs.RELAY: relay,
     node_verbs.NODE_USAGE: node_usage,
+    verbs.DASHBOARD_CONNECT: dashboard_connect,
+    node_verbs.DASHBOARD_SERVE: dashboard_serve,
 }
 
 

@@ -164,6 +164,19 @@ class AgentConfig:
     # The cluster's Prometheus (roles/monitoring), e.g. http://n1:9090: the ops usage
     # report reads the GPU time jobs really used from it; "" = none (that column is empty).
     prometheus_url: str = ""
+    # --- the web dashboard (issue [25], docs/monitoring.md "The dashboard's broker") ---
+    # This node's daemon answers POST /dashboard on metrics_port: the broker that asks
+    # Prometheus (prometheus_url) for a researcher's own jobs' figures, the caller known
+    # by a MUNGE credential. The role turns it on on the first monitoring host only.
+    dashboard_broker: bool = False
+    # Where a login node's dashboard asks, http://<monitoring host>:<metrics_port>/dashboard;
+    # "" = no broker (the dashboard shows no plots).
+    dashboard_broker_url: str = ""
+    # The group whose members see the ops views (the whole queue, the cluster's use, the
+    # alerts), by their passwd group or a supplementary one on the monitoring host.
+    dashboard_admin_group: str = "tacc_admins"
+    # A researcher's dashboard server exits after this long without a request.
+    dashboard_idle_seconds: int = 900
     # Acceptance of a new or rebooted node (`tacc-agent accept`): the figures it must
     # reach; a key left out keeps its default (tacc_agent/health/acceptance.py).
     acceptance: dict | None = None
@@ -218,6 +231,7 @@ def load_config(path: Path | None = None) -> AgentConfig:
     check_switches(path, data.get("checks"))
     check_containers(path, data.get("container_runtime"), data.get("container_binds", ()))
     check_registries(path, data.get("image_registries", ()))
+    check_dashboard(path, data)
     try:
         data["directory_accounts"] = mapping.group_accounts(data.get("directory_accounts"))
         data["directory_removed_jobs"] = mapping.removed_jobs(
@@ -296,6 +310,32 @@ def check_registries(path: Path, registries: tuple) -> None:
                 f"them (host[:port], e.g. nvcr.io or n1:5000), not {registry!r}",
                 AGENT_CLUSTER,
             )
+
+
+GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?")
+
+
+def check_dashboard(path: Path, data: dict) -> None:
+    """The dashboard's settings: a switch, "" or an http(s) address, a group name and a
+    positive number of seconds."""
+    problems = []
+    if not isinstance(data.get("dashboard_broker", False), bool):
+        problems.append(
+            f"dashboard_broker: expected true or false, not {data['dashboard_broker']!r}"
+        )
+    url = data.get("dashboard_broker_url", "")
+    if not isinstance(url, str) or (url and not re.fullmatch(r"https?://[^\s/]+/\S*", url)):
+        problems.append(
+            f'dashboard_broker_url: expected "" or http://<host>:<port>/dashboard, not {url!r}'
+        )
+    group = data.get("dashboard_admin_group", "tacc_admins")
+    if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
+        problems.append(f"dashboard_admin_group: expected a group name, not {group!r}")
+    idle = data.get("dashboard_idle_seconds", 900)
+    if not isinstance(idle, int) or isinstance(idle, bool) or idle <= 0:
+        problems.append(f"dashboard_idle_seconds: expected seconds above 0, not {idle!r}")
+    if problems:
+        raise AgentError(f"{path}: {'; '.join(problems)}", AGENT_CLUSTER)
 
 
 def check_plugin_settings(path: Path, settings: object) -> None:

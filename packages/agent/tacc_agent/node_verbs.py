@@ -103,6 +103,12 @@ RELAY = Verb(
 NODE_USAGE = Verb(
     ("node-usage",), "(srun, by `job top`) this node's figures of the job", streams=True
 )
+DASHBOARD_SERVE = Verb(
+    ("dashboard", "serve"),
+    "(by `dashboard open` and `connect`) the caller's dashboard server on its private "
+    "socket; it exits when unused for the config's dashboard_idle_seconds",
+    streams=True,
+)
 
 NODE_VERBS: tuple[Verb, ...] = (
     CHECK,
@@ -116,4 +122,5 @@ NODE_VERBS: tuple[Verb, ...] = (
     ENTER,
     RELAY,
     NODE_USAGE,
+    DASHBOARD_SERVE,
 )

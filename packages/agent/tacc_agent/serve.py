@@ -12,6 +12,10 @@ which its connection is cut (a client sending a byte every few seconds holds not
 connections are capped per client address and in all (the oldest over a cap is cut), so a
 slow or silent client never delays another scrape. SIGTERM / SIGINT end it cleanly.
 
+On the monitoring host (dashboard_broker) it also answers POST /dashboard, the web
+dashboard's broker (dashboard/broker.py), whose requests get a longer deadline once
+their MUNGE credential is good.
+
 The per-job series (labels job and user) go only to the cluster's Prometheus (its token
 from an allowed address) and root on the node (health/metrics_access.py); every other
 client gets the node's own figures. The
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import ipaddress
 import signal
 import socket
@@ -38,6 +43,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tacc_agent.config import AgentConfig
+from tacc_agent.dashboard import broker
 from tacc_agent.errors import AGENT_CLUSTER, AgentError
 from tacc_agent.health import cycle as health
 from tacc_agent.health import job_usage, metrics, node_facts, slurm_cluster
@@ -121,12 +127,18 @@ def plain(start_response: Callable, status: str, text: bytes) -> list[bytes]:
     return [text]
 
 
-def routes(jobs_app: WsgiApp, node_app: WsgiApp) -> WsgiApp:
+def routes(jobs_app: WsgiApp, node_app: WsgiApp, dashboard_app: WsgiApp | None = None) -> WsgiApp:
     """/metrics (GET or HEAD) is the library's app, with the per-job series where the
-    client may read them (environ[JOBS_VISIBLE]); / says where to look; the rest 404."""
+    client may read them (environ[JOBS_VISIBLE]); /dashboard is the dashboard's broker
+    where this node runs it (dashboard_app), else 404; / says where to look; the rest
+    404."""
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if path == broker.PATH:
+            if dashboard_app is None:
+                return plain(start_response, "404 Not Found", b"no dashboard broker here\n")
+            return dashboard_app(environ, start_response)
         if method not in ("GET", "HEAD"):
             return plain(start_response, "405 Method Not Allowed", b"only GET\n")
         if path == "/metrics":
@@ -155,6 +167,7 @@ class QuietHandler(WSGIRequestHandler):
         environ[JOBS_VISIBLE] = self.server.jobs_visible(
             self.request, self.client_address, environ.get("HTTP_AUTHORIZATION", "")
         )
+        environ[broker.EXTEND_DEADLINE] = functools.partial(self.server.extend, self.request)
         return environ
 
 
@@ -227,6 +240,14 @@ class MetricsServer(ThreadingWSGIServer):
                 evict.shutdown(socket.SHUT_RDWR)
         return True
 
+    def extend(self, request: socket.socket, seconds: float) -> None:
+        """Give a connection `seconds` from now (the broker, once a request is
+        authenticated: no unauthenticated client holds a connection longer)."""
+        with self.lock:
+            if request in self.deadlines:
+                peer, _ = self.deadlines[request]
+                self.deadlines[request] = (peer, time.monotonic() + seconds)
+
     def shutdown_request(self, request) -> None:
         with self.lock:
             self.deadlines.pop(request, None)
@@ -294,7 +315,8 @@ def scrapers_token(config: AgentConfig) -> tuple[bytes, str]:
 
 
 def listen(daemon: Daemon, address: str, port: int) -> MetricsServer:
-    app = routes(make_wsgi_app(daemon.registry), make_wsgi_app(daemon.node_registry))
+    dashboard = broker.app(daemon.config) if daemon.config.dashboard_broker else None
+    app = routes(make_wsgi_app(daemon.registry), make_wsgi_app(daemon.node_registry), dashboard)
     try:
         server = MetricsServer((address, port), app)
     except OSError as exc:

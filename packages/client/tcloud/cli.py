@@ -101,6 +101,13 @@ def port(text: str) -> int:
     return int(text)
 
 
+def local_port(text: str) -> int:
+    """argparse type: a local port to listen on, 0 for any free one."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tcloud", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -271,6 +278,18 @@ def add_interactive_commands(command) -> None:
     )
     p_dev.add_argument("--detach", action="store_true", help="print how to connect and exit")
     add_outside_flag(p_dev)
+    p_dashboard = command(
+        "dashboard", "your jobs, their logs and plots in your browser, through your SSH login"
+    )
+    p_dashboard.add_argument(
+        "--port", type=local_port, default=0, help="the local port (default: any free one)"
+    )
+    p_dashboard.add_argument(
+        "--no-browser",
+        dest="browser",
+        action="store_false",
+        help="print the one-time login address instead of opening a browser",
+    )
     p_top = command("top", "live CPU, memory and GPU use per node of your running job")
     p_top.add_argument("job")
     p_top.add_argument("--once", action="store_true", help="one frame, then exit")
@@ -638,6 +657,15 @@ def run_dev(cluster: Cluster, args: argparse.Namespace) -> int:
         return job.shell(0)
 
 
+def run_dashboard(cluster: Cluster, args: argparse.Namespace) -> int:
+    from tcloud import dashboard  # lazy verb import
+
+    with contextlib.suppress(KeyboardInterrupt):  # before the forward was up
+        dashboard.serve(cluster, args.port, args.browser, say=lambda line: print(line, flush=True))
+    print("dashboard stopped", file=sys.stderr)
+    return EXIT_OK
+
+
 def run_top(cluster: Cluster, args: argparse.Namespace) -> int:
     from tcloud.jobs import usage_view  # lazy verb import
 
@@ -806,6 +834,7 @@ CLUSTER_COMMANDS = {
     "forward": run_forward,
     "dev": run_dev,
     "top": run_top,
+    "dashboard": run_dashboard,
 }
 
 

@@ -143,6 +143,14 @@ class JobStatus(TypedDict):
     session: NotRequired[dict | None]
 
 
+class DashboardOpened(TypedDict):
+    """`dashboard open`: the one-time code that logs a browser in (GET /login?code=...),
+    good once, for CODE_SECONDS."""
+
+    code: str
+    expires: float
+
+
 class Cancelled(TypedDict):
     job_id: str
     state: str

@@ -446,6 +446,18 @@ USAGE: Verb[answers.Usage] = Verb(
     answers.Usage,
     across=usage_order_problem,
 )
+DASHBOARD_OPEN: Verb[answers.DashboardOpened] = Verb(
+    ("dashboard", "open"),
+    "start the caller's dashboard server on this login node (or find it running) and a "
+    "one-time code that logs a browser in to it",
+    returns=answers.DashboardOpened,
+)
+DASHBOARD_CONNECT = Verb(
+    ("dashboard", "connect"),
+    "one browser connection to the caller's dashboard server on this login node (stdin "
+    "and stdout are its bytes, as `ssh -W`)",
+    streams=True,
+)
 
 VERBS: tuple[Verb, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Verb)

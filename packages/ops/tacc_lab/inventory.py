@@ -29,7 +29,7 @@ from tacc_lab.fakehw import (
     NODE_RDMA_SYSFS,
     NODE_REPO_URI,
 )
-from tacc_lab.researchers import RESEARCHERS
+from tacc_lab.researchers import ADMINS_GROUP, LOCAL_USERS, OPERATORS
 
 # Ganesha export options for the lab's /shared (kernel exports(5) syntax; the role maps
 # them to Access_Type/Squash).
@@ -169,16 +169,30 @@ def numbered_count(indexes: list[int]) -> int:
 
 
 def cluster_users(researchers: dict[str, str]) -> list[dict]:
-    """common_cluster_users entries, in RESEARCHERS order, with fixed UIDs."""
-    uids = dict(RESEARCHERS)
+    """common_cluster_users entries, in LOCAL_USERS order, with fixed UIDs; operators
+    are also in the admins group (cluster_groups)."""
+    uids = dict(LOCAL_USERS)
     unknown = sorted(set(researchers) - set(uids))
     if unknown:
         raise LabError(f"not lab researchers: {', '.join(unknown)}")
+    operators = dict(OPERATORS)
     return [
-        {"name": name, "uid": uid, "authorized_keys": [researchers[name].strip()]}
-        for name, uid in RESEARCHERS
+        {
+            "name": name,
+            "uid": uid,
+            **({"groups": [ADMINS_GROUP[0]]} if name in operators else {}),
+            "authorized_keys": [researchers[name].strip()],
+        }
+        for name, uid in LOCAL_USERS
         if name in researchers
     ]
+
+
+def cluster_groups() -> list[dict]:
+    """common_cluster_groups: the admins group, on every node whether or not an operator
+    is declared, so its GID never goes to anything else."""
+    name, gid = ADMINS_GROUP
+    return [{"name": name, "gid": gid}]
 
 
 def render_inventory(
@@ -304,7 +318,9 @@ def render_inventory(
                 # needs are a FAKE package (the host's kernel has no Debian headers).
                 "nvidia_gpu_driver_version": DRIVER_VERSIONS[0],
                 "nvidia_gpu_kernel_headers_packages": [FAKE_HEADERS_PACKAGE],
-                # The lab's researchers (`tacc-lab user NAME` points tcloud at them).
+                # The lab's researchers and operators (`tacc-lab user NAME` points tcloud
+                # at them); the operators are in the admins group (the dashboard's ops view).
+                "common_cluster_groups": cluster_groups(),
                 "common_cluster_users": users,
                 "tacc_agent_workspace": "/shared/tcloud",
                 # Researchers' environments are isolated venvs built from the package

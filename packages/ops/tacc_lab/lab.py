@@ -55,7 +55,7 @@ from tacc_lab.processes import stop_process
 from tacc_lab.proxy import proxy_alive, proxy_url, start_proxy, stop_proxy
 from tacc_lab.releases import DEFAULT as DEFAULT_RELEASE
 from tacc_lab.releases import Release, requested_release
-from tacc_lab.researchers import RESEARCHERS, ensure_researcher_keys
+from tacc_lab.researchers import LOCAL_USERS, ensure_researcher_keys
 from tacc_lab.runner import run
 from tacc_lab.state import LabState, NodeRecord, load_state, locked, save_state
 from tacc_lab.wheels import host_find_links_wheels
@@ -337,7 +337,7 @@ def write_inventory(cfg: LabConfig, state: LabState, path: Path) -> None:
         lab_name=cfg.name,
         hardware=host_hardware(),
         subnet=str(cfg.subnet),
-        researchers={name: keys[name] for name, _uid in RESEARCHERS},
+        researchers={name: keys[name] for name, _uid in LOCAL_USERS},
         package_cache_wheels=host_find_links_wheels(state.release),
         container_image=lab_container_image(cfg),
         accounting_password=ensure_accounting_password(cfg),

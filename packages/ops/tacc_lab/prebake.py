@@ -48,6 +48,7 @@ ROLE_PACKAGES = (
     "python3-setuptools",
     "python3-wheel",
     "python3-prometheus-client",
+    "python3-aiohttp",  # tacc_agent: the dashboard's per-user server
     "prometheus-node-exporter",  # node_exporter (every node runs it)
     "dbus",
 )

@@ -1,7 +1,9 @@
-"""The lab's researcher accounts: their SSH keys and the tcloud config that logs in as them.
+"""The lab's user accounts (researchers and an operator): their SSH keys and the tcloud
+config that logs in as them.
 
-The accounts themselves are created on every node by the common role, from the
-`common_cluster_users` the lab inventory declares (tacc_lab/inventory.py).
+The local accounts themselves are created on every node by the common role, from the
+`common_cluster_users` and `common_cluster_groups` the lab inventory declares
+(tacc_lab/inventory.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ from tacc_lab.nodes import generate_ed25519_key
 
 # (name, uid): the same UID on every node, like production's common_cluster_users.
 RESEARCHERS = (("alice", 2001), ("bob", 2002))
+# (name, uid): the lab's operators, local users like the researchers (a key, a tcloud
+# config, a Slurm association) who are also in ADMINS_GROUP on every node: the group
+# that admits to the dashboard's ops view.
+OPERATORS = (("olga", 2003),)
+# (name, gid): the operators' group, with a GID fixed across nodes (roles/common's
+# common_cluster_groups), clear of the users' own groups (their UIDs).
+ADMINS_GROUP = ("tacc_admins", 2100)
+# Every local account of the lab (common_cluster_users), researchers first.
+LOCAL_USERS = (*RESEARCHERS, *OPERATORS)
 # (name, uid): researchers who exist only in the lab's LDAP directory (`tacc-lab up
 # --directory`: tacc_lab/directory.py), in SSSD's ID range (roles/identity's
 # identity_min_id..identity_max_id), clear of the inventory's.
@@ -25,17 +36,18 @@ CLUSTER_NAME = "lab"
 
 
 def researcher_names() -> list[str]:
-    return [name for name, _uid in (*RESEARCHERS, *DIRECTORY_RESEARCHERS)]
+    """Every lab user who gets a key and a tcloud config: local users, then the directory's."""
+    return [name for name, _uid in (*LOCAL_USERS, *DIRECTORY_RESEARCHERS)]
 
 
 def check_researcher(name: str) -> None:
     if name not in researcher_names():
         known = ", ".join(researcher_names())
-        raise LabError(f"{name!r} is not a lab researcher; the researchers are: {known}")
+        raise LabError(f"{name!r} is not a lab user; the users are: {known}")
 
 
 def ensure_researcher_keys(cfg: LabConfig) -> dict[str, str]:
-    """An ed25519 key pair per researcher (created once); name -> public key line."""
+    """An ed25519 key pair per lab user (created once); name -> public key line."""
     public: dict[str, str] = {}
     for name in researcher_names():
         key = cfg.researcher_key(name)

@@ -813,6 +813,18 @@ CLI_CASES = [
         ["argument --port: expected a port from 1 to 65535, got '70000'"],
     ),
     (
+        "dashboard-port-range",
+        ["dashboard", "--port", "70000"],
+        2,
+        ["argument --port: expected a port from 0 to 65535, got '70000'"],
+    ),
+    (
+        "dashboard-port-word",
+        ["dashboard", "--port", "web"],
+        2,
+        ["argument --port: expected a port from 0 to 65535, got 'web'"],
+    ),
+    (
         "init-bad-name",
         ["init", "{tmp}/proj", "--name", "my job; rm -rf ~"],
         2,

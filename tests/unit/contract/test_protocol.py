@@ -178,6 +178,7 @@ SUBMITTED = {
 ANSWERS = {
     ("hello",): {"protocol": 1, "agent_version": "0.2.0"},
     ("whoami",): {"user": "alice", "userdir": "/shared/alice"},
+    ("dashboard", "open"): {"code": "nonce.1796539506.0123abcd", "expires": 1796539506.0},
     ("store", "receive"): {"received": ["b1"], "bad": [], "bytes": 10},
     ("quota",): {
         "user": "alice",

@@ -38,6 +38,7 @@ FIELDS: dict[Verb, dict] = {
     verbs.JOB_ATTACH: {"job": "7", "rank": 1, "pty": True, "command": ["ls", "-l", "--", "x"]},
     verbs.JOB_CONNECT: {"job": "7", "rank": 0, "socket": "/tmp/s.sock", "check": True},
     verbs.JOB_STOP_ON_DISCONNECT: {"job": "7"},
+    verbs.DASHBOARD_CONNECT: {},
     verbs.JOB_TOP: {"job": "7"},
     verbs.USAGE: {"since": "2026-09", "until": "2026-11"},
 }

@@ -14,6 +14,7 @@ from tacc_lab.inventory import (
 )
 
 KEYS = {
+    "olga": "ssh-ed25519 AAAAolga olga@tacc-lab-lab",
     "bob": "ssh-ed25519 AAAAbob bob@tacc-lab-lab\n",
     "alice": "ssh-ed25519 AAAAalice alice@tacc-lab-lab",
 }
@@ -135,13 +136,37 @@ def test_lab_researchers_become_cluster_users_with_their_keys():
             "authorized_keys": ["ssh-ed25519 AAAAalice alice@tacc-lab-lab"],
         },
         {"name": "bob", "uid": 2002, "authorized_keys": ["ssh-ed25519 AAAAbob bob@tacc-lab-lab"]},
+        {
+            "name": "olga",
+            "uid": 2003,
+            "groups": ["tacc_admins"],
+            "authorized_keys": ["ssh-ed25519 AAAAolga olga@tacc-lab-lab"],
+        },
     ]
     assert lab_vars["tacc_agent_workspace"] == "/shared/tcloud"
     assert "tacc_agent_extra_packages" not in lab_vars  # environments come from the cache
 
 
+def test_the_operator_is_in_the_admins_group_on_every_node():
+    lab_vars = render_lab(3, login_node=True)["all"]["vars"]  # all: every node gets it
+    assert lab_vars["common_cluster_groups"] == [{"name": "tacc_admins", "gid": 2100}]
+    admins = [
+        u["name"] for u in lab_vars["common_cluster_users"] if "tacc_admins" in u.get("groups", [])
+    ]
+    assert admins == ["olga"]
+    uids = {user["uid"] for user in lab_vars["common_cluster_users"]}
+    assert 2100 not in uids  # no user's own group (gid = uid) takes the admins' GID
+
+
+def test_every_local_user_gets_a_slurm_association():
+    lab_vars = render_lab(2, accounting_password="pw")["all"]["vars"]  # noqa: S106 (a test value)
+    assert lab_vars["slurm_accounts"] == [{"name": "research", "users": ["alice", "bob", "olga"]}]
+
+
 def test_no_researchers_means_no_cluster_users():
-    assert render_lab(1, researchers={})["all"]["vars"]["common_cluster_users"] == []
+    lab_vars = render_lab(1, researchers={})["all"]["vars"]
+    assert lab_vars["common_cluster_users"] == []
+    assert lab_vars["common_cluster_groups"] == [{"name": "tacc_admins", "gid": 2100}]
 
 
 def test_unknown_researcher_is_refused():

@@ -22,7 +22,8 @@ def lab(tmp_path) -> LabConfig:
 
 def test_one_key_per_researcher_created_once(lab):
     keys = ensure_researcher_keys(lab)
-    assert sorted(keys) == ["alice", "bob", "carol", "dave"]  # carol, dave: the directory's
+    # olga: the operator; carol, dave: the directory's
+    assert sorted(keys) == ["alice", "bob", "carol", "dave", "olga"]
     assert keys["alice"].startswith("ssh-ed25519 ")
     assert keys["alice"].endswith(" alice@tacc-lab-lab")
     private = lab.researcher_key("alice")
@@ -57,7 +58,7 @@ def test_user_config_of_a_lab_with_a_backup_controller_falls_back_to_it(lab, mon
 
 def test_user_config_needs_a_researcher_and_a_key(lab):
     with pytest.raises(
-        LabError, match=r"'mallory' is not a lab researcher.*alice, bob, carol, dave"
+        LabError, match=r"'mallory' is not a lab user.*alice, bob, olga, carol, dave"
     ):
         write_user_config(lab, "mallory", "10.77.0.11")
     with pytest.raises(LabError, match="run `tacc-lab up`"):
@@ -69,7 +70,7 @@ def test_user_config_needs_a_researcher_and_a_key(lab):
     [
         (
             "mallory",
-            "'mallory' is not a lab researcher; the researchers are: alice, bob, carol, dave",
+            "'mallory' is not a lab user; the users are: alice, bob, olga, carol, dave",
         ),
         ("alice", "is not up"),
     ],
@@ -83,17 +84,18 @@ def test_user_command_errors(name, message, tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-def test_user_command_prints_exports_for_eval(lab, tmp_path):
+@pytest.mark.parametrize("name", ["alice", "olga"])  # olga: the operator, the same way
+def test_user_command_prints_exports_for_eval(lab, tmp_path, name):
     ensure_researcher_keys(lab)
     state = LabState(subnet="10.77.0.0/24")
     state.nodes["n1"] = NodeRecord(name="n1", index=1, address="10.77.0.11")
     save_state(lab.state_file, state)
-    proc = run_cli("tacc-lab", "user", "alice", env={"TACC_LAB_STATE_ROOT": str(lab.state_root)})
+    proc = run_cli("tacc-lab", "user", name, env={"TACC_LAB_STATE_ROOT": str(lab.state_root)})
     assert proc.returncode == 0, proc.stderr
-    config = lab.users_dir / "alice/tcloud.yaml"
+    config = lab.users_dir / name / "tcloud.yaml"
     assert proc.stdout.splitlines() == [
         f"export TCLOUD_CONFIG={shlex.quote(str(config))}",
-        f"export TCLOUD_CACHE_DIR={shlex.quote(str(lab.users_dir / 'alice/cache'))}",
+        f"export TCLOUD_CACHE_DIR={shlex.quote(str(lab.users_dir / name / 'cache'))}",
     ]
     shell = subprocess.run(
         ["bash", "-c", 'eval "$1" && echo "$TCLOUD_CONFIG"', "-", proc.stdout],

@@ -26,3 +26,16 @@ def epoch_seconds(text: str) -> float:
     Unknown and the like."""
     text = text.strip()
     return float(text) if ASCII_DIGITS.fullmatch(text) else 0.0  # "²".isdigit() is True
+
+
+def run_time(seconds: int) -> str:
+    """A run time as squeue prints it (%M): minutes:seconds, hours:minutes:seconds, or
+    days-hours:minutes:seconds."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02}:{minutes:02}:{seconds:02}"
+    if hours:
+        return f"{hours}:{minutes:02}:{seconds:02}"
+    return f"{minutes}:{seconds:02}"

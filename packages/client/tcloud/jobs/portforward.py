@@ -172,6 +172,7 @@ class JobWay:
     gate: interactive.ChannelGate = field(default_factory=interactive.ChannelGate)
     said: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    verb: verbs.Verb = verbs.JOB_CONNECT  # what each connection's channel runs
 
     def start(self, pair: PortPair, check: bool = False):
         opened: list = []
@@ -184,7 +185,7 @@ class JobWay:
         try:
             return agent.open_exec(
                 self.client,
-                verbs.JOB_CONNECT,
+                self.verb,
                 self.userdir,
                 open_session,
                 shared=False,  # its tuned window, on the direct connection
@@ -238,7 +239,7 @@ class JobWay:
         if master is not None and master.take_slot():
             try:
                 command = agent.exec_command(
-                    self.client, verbs.JOB_CONNECT, self.userdir, **self.target(pair)
+                    self.client, self.verb, self.userdir, **self.target(pair)
                 )
             except BaseException:
                 master.give_slot()

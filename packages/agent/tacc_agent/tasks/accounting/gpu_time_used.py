@@ -20,33 +20,24 @@ it did not scrape) is not measured: the report says how many GPU-hours that leav
 Prometheus relabels a target's own `job` label to `exported_job` unless the scrape
 config honours labels; the Slurm job id is read from either.
 
-Every request goes straight to Prometheus (no http_proxy: cluster nodes often have one
-set, and urllib's no_proxy knows no address ranges), each within QUERY_TIMEOUT_SECONDS,
-all within DEADLINE_SECONDS. Prometheus unset or not answering is no error: the used
-figures are None and a warning says why.
+Every query goes straight to Prometheus (tacc_agent/prometheus.py), each within
+QUERY_TIMEOUT_SECONDS, all within DEADLINE_SECONDS. Prometheus unset or not answering is
+no error: the used figures are None and a warning says why.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from tacc_agent.prometheus import PrometheusUnavailable, query, usable_url
 
 METRIC = "tacc_agent_job_gpu_utilization_ratio"
 JOB_LABELS = ("exported_job", "job")  # relabelled by Prometheus, or honoured as exported
 CHUNK_SECONDS = 86400
 QUERY_TIMEOUT_SECONDS = 10.0
 DEADLINE_SECONDS = 120.0
-MOST_BYTES = 64 << 20
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class PrometheusUnavailable(Exception):
-    """Prometheus did not answer, or not with a query result."""
 
 
 @dataclass
@@ -63,33 +54,6 @@ class SeriesSum:
     job_id: str
     total: float = 0.0
     samples: float = 0.0
-
-
-def query(base_url: str, expression: str, at: float, timeout: float) -> list[dict]:
-    """An instant query's vector ([{"metric": {...}, "value": [time, "text"]}])."""
-    arguments = urllib.parse.urlencode({"query": expression, "time": f"{at:.3f}"})
-    url = f"{base_url.rstrip('/')}/api/v1/query?{arguments}"
-    try:
-        with DIRECT.open(url, timeout=timeout) as answer:
-            body = answer.read(MOST_BYTES)
-    except urllib.error.HTTPError as exc:  # Prometheus says why in its JSON body
-        body = exc.read(MOST_BYTES)
-        if not body:
-            raise PrometheusUnavailable(f"HTTP {exc.code}") from None
-    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, bad URL
-        raise PrometheusUnavailable(str(getattr(exc, "reason", exc))) from None
-    try:
-        reply = json.loads(body)
-    except ValueError:
-        raise PrometheusUnavailable("its answer is not JSON") from None
-    if not isinstance(reply, dict) or reply.get("status") != "success":
-        error = reply.get("error") if isinstance(reply, dict) else None
-        raise PrometheusUnavailable(f"the query failed: {error or 'no status'}")
-    data = reply.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector":
-        raise PrometheusUnavailable("the query's answer is not a vector")
-    result = data.get("result")
-    return result if isinstance(result, list) else []
 
 
 def slurm_job(labels: Mapping) -> str | None:
@@ -134,14 +98,6 @@ def series_sums(base_url: str, since: float, until: float, deadline: float) -> d
                 setattr(entry, slot, getattr(entry, slot) + value)
         start = end
     return sums
-
-
-def usable_url(url: str) -> str | None:
-    """Why url cannot be Prometheus' address; None when it can."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"prometheus_url {url!r} is not an http:// or https:// address"
-    return None
 
 
 def used_gpu_seconds(

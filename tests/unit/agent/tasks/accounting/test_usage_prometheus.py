@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tacc_agent.prometheus import DIRECT
 from tacc_agent.tasks.accounting import gpu_time_used
 
 METRIC = "tacc_agent_job_gpu_utilization_ratio"
@@ -57,7 +58,7 @@ def free_port() -> int:
 
 def ready(url: str) -> bool:
     try:
-        with gpu_time_used.DIRECT.open(f"{url}/-/ready", timeout=1) as answer:
+        with DIRECT.open(f"{url}/-/ready", timeout=1) as answer:
             return answer.status == 200
     except OSError:
         return False
