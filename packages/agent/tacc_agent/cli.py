@@ -237,7 +237,8 @@ def job_submit(call: Call) -> object:
 def job_ps(call: Call) -> object:
     from tacc_agent.tasks.jobs import verbs as jobs  # lazy verb import
 
-    return jobs.ps(call.user_dir, call.config)
+    limit = call.args.limit
+    return jobs.ps(call.user_dir, call.config, **({} if limit is None else {"limit": limit}))
 
 
 def job_status(call: Call) -> object:

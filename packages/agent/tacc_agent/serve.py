@@ -240,13 +240,22 @@ class MetricsServer(ThreadingWSGIServer):
                 evict.shutdown(socket.SHUT_RDWR)
         return True
 
-    def extend(self, request: socket.socket, seconds: float) -> None:
-        """Give a connection `seconds` from now (the broker, once a request is
-        authenticated: no unauthenticated client holds a connection longer)."""
+    def extend(self, request: socket.socket, seconds: float, holder: str) -> bool:
+        """Give a connection `seconds` from now and count it as `holder`'s (the broker,
+        once a request is authenticated: its caller, "uid:N"), no longer its address's:
+        every dashboard of a login node comes from one address, so a flood from there cuts
+        only connections not yet authenticated, never another user's request in flight.
+        False when the holder already has CONNECTIONS_PER_CLIENT (or the connection is
+        gone); then the request is refused."""
         with self.lock:
-            if request in self.deadlines:
-                peer, _ = self.deadlines[request]
-                self.deadlines[request] = (peer, time.monotonic() + seconds)
+            if request not in self.deadlines:
+                return False
+            if sum(1 for held, _ in self.deadlines.values() if held == holder) >= (
+                CONNECTIONS_PER_CLIENT
+            ):
+                return False
+            self.deadlines[request] = (holder, time.monotonic() + seconds)
+            return True
 
     def shutdown_request(self, request) -> None:
         with self.lock:

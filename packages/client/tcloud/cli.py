@@ -181,7 +181,8 @@ def add_cluster_commands(sub) -> None:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    command("ps", "your jobs, newest first", listing=True)
+    p_ps = command("ps", "your jobs, newest first", listing=True)
+    p_ps.add_argument("--limit", type=count, help="the newest N (default 50)")
     command("status", "one job's state, per-node states and exit codes", listing=True).add_argument(
         "job"
     )
@@ -453,7 +454,7 @@ def print_json_or(value, as_json: bool, text) -> None:
 def run_ps(cluster: Cluster, args: argparse.Namespace) -> None:
     from tcloud.jobs import verbs as jobs  # lazy verb import
 
-    rows = cluster.jobs()
+    rows = cluster.jobs(args.limit)
     columns = jobs.PS_FIELDS
     if not args.json and any("kind" in row for row in rows):  # an agent that says it
         rows = [{**row, "kind": row.get("kind", "job")} for row in rows]

@@ -234,9 +234,10 @@ class Cluster:
         """A handle on one of your jobs (checked as a job id; the cluster is not asked)."""
         return self.job_class(self, job_id)
 
-    def jobs(self) -> list[answers.PsRow]:
-        """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes."""
-        return jobs.ps(self.client, self.userdir)
+    def jobs(self, limit: int | None = None) -> list[answers.PsRow]:
+        """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes; the
+        newest `limit` (the cluster's default: 50)."""
+        return jobs.ps(self.client, self.userdir, whole_number(limit, "limit"))
 
     def cancel(self, *job_ids: str | int) -> list[answers.Cancelled]:
         """Cancel jobs: one {"job_id", "cancelled", "state"} each."""

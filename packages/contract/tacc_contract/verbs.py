@@ -345,7 +345,10 @@ JOB_SUBMIT: Verb[answers.JobSubmitted] = Verb(
     answers.JobSubmitted,
 )
 JOB_PS: Verb[list[answers.PsRow]] = Verb(
-    ("job", "ps"), "the caller's jobs", returns=list[answers.PsRow]
+    ("job", "ps"),
+    "the caller's jobs, newest first",
+    (whole("--limit", "the newest N (default 50)"),),
+    list[answers.PsRow],
 )
 JOB_STATUS: Verb[answers.JobStatus] = Verb(
     ("job", "status"),

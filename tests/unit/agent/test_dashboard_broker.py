@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pwd
+import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -515,13 +516,16 @@ def test_only_a_good_credential_earns_a_longer_deadline(config):
     """The daemon cuts every request after 5 s; the broker moves its own request's
     deadline only once munged vouched for it, so no unauthenticated client holds a
     connection longer."""
-    for body, extended in ((b"MUNGE:used:", []), (credential(1003, {"ask": "alerts"}), [15.0])):
-        asked: list[float] = []
+    good = credential(1003, {"ask": "alerts"})
+    for body, extended in ((b"MUNGE:used:", []), (good, [(15.0, "uid:1003")])):
+        asked: list[tuple[float, str]] = []
         environ = {
             "REQUEST_METHOD": "POST",
             "CONTENT_LENGTH": str(len(body)),
             "wsgi.input": io.BytesIO(body),
-            broker.EXTEND_DEADLINE: asked.append,
+            broker.EXTEND_DEADLINE: lambda seconds, holder, asked=asked: (
+                asked.append((seconds, holder)) or True
+            ),
         }
         b"".join(broker.app(config)(environ, lambda status, headers: None))
         assert asked == extended
@@ -532,10 +536,46 @@ def test_the_daemon_moves_a_connections_deadline(tmp_path):
     try:
         conn = object()
         server.deadlines[conn] = ("loopback", 0.0)
-        server.extend(conn, 60)
-        peer, due = server.deadlines[conn]
-        assert peer == "loopback" and due > serve.time.monotonic() + 50
-        server.extend(object(), 60)  # a connection already gone: nothing
+        assert server.extend(conn, 60, "uid:1003")
+        holder, due = server.deadlines[conn]
+        assert holder == "uid:1003" and due > serve.time.monotonic() + 50
+        assert not server.extend(object(), 60, "uid:1003")  # a connection already gone
         assert len(server.deadlines) == 1
     finally:
         server.server_close()
+
+
+@pytest.mark.security
+def test_a_flood_from_the_login_nodes_address_never_cuts_a_request_in_flight():
+    """Every dashboard of a login node reaches the broker from one address: a fifth
+    connection from there cuts a connection still unauthenticated, never one whose
+    caller munged vouched for (counted as that uid's own from then on), and a caller
+    past their own cap is refused instead (429)."""
+    server = serve.MetricsServer(("127.0.0.1", 0), serve.routes(None, None))
+    try:
+        victim = socket.socketpair()
+        server.verify_request(victim[0], ("10.0.0.10", 4000))
+        assert server.extend(victim[0], 15.0, "uid:2001")  # alice's request, in flight
+        flood = [socket.socketpair() for _ in range(serve.CONNECTIONS_PER_CLIENT + 3)]
+        for ours, _theirs in flood:
+            server.verify_request(ours, ("10.0.0.10", 4001))
+        assert victim[0] in server.deadlines
+        held = [ours for ours, _ in flood if ours in server.deadlines]
+        assert len(held) == serve.CONNECTIONS_PER_CLIENT  # the oldest unauthenticated cut
+        for ours in held:
+            assert server.extend(ours, 15.0, "uid:2066")
+        one_more = socket.socketpair()
+        server.verify_request(one_more[0], ("10.0.0.10", 4002))
+        assert not server.extend(one_more[0], 15.0, "uid:2066")  # the flooder's own cap
+        assert victim[0] in server.deadlines
+        for pair in (victim, one_more, *flood):
+            for end in pair:
+                end.close()
+    finally:
+        server.server_close()
+
+
+@pytest.mark.bad_input
+def test_a_payload_nested_too_deep_is_a_bad_request_not_a_crash():
+    with pytest.raises(broker.Refused, match="not JSON"):
+        broker.parsed(b"[" * 40000)

@@ -30,6 +30,7 @@ FIELDS: dict[Verb, dict] = {
     verbs.JOB_SUBMIT: {"workdir": "/shared/alice/jobs/1"},
     verbs.JOB_STATUS: {"job": "12_3"},
     verbs.JOB_LOGS: {"job": "12", "follow": True, "tail": 5, "rank": 1},
+    verbs.JOB_PS: {"limit": 200},
     verbs.JOB_CANCEL: {"jobs": ["1", "2_0"]},
     verbs.JOB_HALT: {"job": "7", "grace": 2.5},
     verbs.JOB_RESUME: {"job": "7"},

@@ -83,8 +83,11 @@ def respond(config: AgentConfig, environ: dict) -> dict:
     except munge.MungeError as exc:
         raise Refused("503 Service Unavailable", f"cannot check credentials here: {exc}") from None
     extend = environ.get(EXTEND_DEADLINE)
-    if callable(extend):
-        extend(ANSWER_DEADLINE_SECONDS)
+    if callable(extend) and not extend(ANSWER_DEADLINE_SECONDS, f"uid:{decoded.uid}"):
+        raise Refused(
+            "429 Too Many Requests",
+            f"uid {decoded.uid} has as many requests in flight here as one caller may; ask again",
+        )
     caller = who(decoded.uid, config.dashboard_admin_group)
     if caller is None:
         raise Refused("403 Forbidden", f"uid {decoded.uid} has no account on the monitoring host")
@@ -125,7 +128,7 @@ def parsed(payload: bytes) -> dict:
     expected = f'expected a JSON object with "ask": {", ".join(ASKS)}'
     try:
         request = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         raise Refused("400 Bad Request", f"{expected}; the payload is not JSON") from None
     if not isinstance(request, dict) or request.get("ask") not in ASKS:
         asked = request.get("ask") if isinstance(request, dict) else request

@@ -1,14 +1,21 @@
 """Where a user's dashboard server lives on the login node, and the one-time codes that
 log a browser in to it.
 
-Each user's server listens on a Unix socket in a directory of their own,
-`<tmp>/tacc-dashboard-<uid>`, made 0700 and checked on every use (a directory, not a
-link, owned by the user, no access for anyone else): only that user (and root) can
-connect, so nothing new listens where another user could reach it. The server writes a
-fresh secret there when it starts; `dashboard open`, run by the same user over SSH,
-signs a code with it (HMAC-SHA256 of a random nonce and an expiry), and the server
-takes each code once, before its expiry. No code, password or port is kept anywhere
-else."""
+Each user's server listens on a Unix socket in a directory of their own, made 0700 and
+checked on every use (a directory, not a link, owned by the user, no access for anyone
+else): only that user (and root) can connect, so nothing new listens where another user
+could reach it. Which directory:
+- `$XDG_RUNTIME_DIR/tacc-dashboard` where the login has one (pam_systemd's /run/user/UID,
+  made by root: nobody else can take the name);
+- else `<tmp>/tacc-dashboard-<uid>`; and when someone else took that name first (/tmp is
+  shared, and its sticky bit keeps the user from removing another's directory), a new
+  directory of a random name there, found again through a pointer file in the user's
+  own home (~/.cache/tacc-dashboard-<host>), so squatting the name stops nobody.
+
+The server writes a fresh secret there when it starts; `dashboard open`, run by the same
+user over SSH, signs a code with it (HMAC-SHA256 of a random nonce and an expiry), and
+the server takes each code once, before its expiry. No code, password or port is kept
+anywhere else."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import socket
 import stat
 import tempfile
 import time
@@ -32,24 +40,75 @@ CODE_SECONDS = 120  # a code not used by then is refused (the browser opens in s
 SECRET_BYTES = 32
 
 
-def directory(uid: int | None = None) -> Path:
-    uid = os.getuid() if uid is None else uid
-    return Path(tempfile.gettempdir()) / f"tacc-dashboard-{uid}"
+RUNTIME_NAME = "tacc-dashboard"
+POINTER = ".cache/tacc-dashboard-{host}"  # in the user's home: their directory's path
 
 
-def private_directory(path: Path | None = None) -> Path:
-    """The user's directory, made when missing; Rejected when it is anything but a
-    directory of theirs that only they can enter (someone made it first, or a link)."""
-    path = path or directory()
+def directory() -> Path:
+    """The caller's directory by its usual name (it may not exist yet)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/") and owned_privately(Path(runtime)):
+        return Path(runtime) / RUNTIME_NAME
+    return Path(tempfile.gettempdir()) / f"tacc-dashboard-{os.getuid()}"
+
+
+def owned_privately(path: Path) -> bool:
+    """path is a directory (not a link) of the caller's that nobody else may enter."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def checked(path: Path) -> Path:
+    """path, made when missing; Rejected when it is anything but a directory of the
+    caller's that only they can enter (someone made it first, or a link)."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+    if not owned_privately(path):
         raise Rejected(
             f"{path}: not a private directory of yours (expected a directory owned by you, "
             f"mode 0700, not a link); remove it, or ask an admin to"
         )
     return path
+
+
+def private_directory(path: Path | None = None) -> Path:
+    """The caller's directory (path, when given: checked only). When its usual name in
+    the shared tmp is someone else's, the one the pointer in the caller's home names, or
+    a new one of a random name there."""
+    if path is not None:
+        return checked(path)
+    usual = directory()
+    try:
+        return checked(usual)
+    except Rejected:
+        if usual.parent != Path(tempfile.gettempdir()):
+            raise
+        return squatted_elsewhere(usual)
+
+
+def squatted_elsewhere(usual: Path) -> Path:
+    pointer = Path.home() / POINTER.format(host=socket.gethostname())
+    try:
+        named = Path(pointer.read_text().strip())
+    except OSError:
+        named = None
+    if named is not None and named.parent == usual.parent and owned_privately(named):
+        return named
+    made = Path(tempfile.mkdtemp(prefix=f"{usual.name}-", dir=usual.parent))  # 0700
+    try:
+        pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = pointer.with_name(f"{pointer.name}.{os.getpid()}")
+        partial.write_text(f"{made}\n")
+        os.replace(partial, pointer)
+    except OSError as exc:
+        raise Rejected(
+            f"{usual}: someone else's directory, and {pointer} cannot say where yours is "
+            f"instead ({exc.strerror}); ask an admin to remove {usual}"
+        ) from None
+    return made
 
 
 def write_secret(where: Path) -> bytes:

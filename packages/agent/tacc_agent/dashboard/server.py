@@ -16,8 +16,8 @@ Who gets in:
   (Content-Security-Policy default-src 'self'): the page loads nothing from the internet.
 
 The server exits once nothing used it for the config's dashboard_idle_seconds with no log
-stream open; the next `tcloud dashboard` starts another (with a new secret: old cookies
-end with it)."""
+stream open, or once the agent is installed again (an upgrade); the next `tcloud
+dashboard` starts another (with a new secret: old cookies end with it)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,15 @@ def peer_uid(sock: socket.socket | None) -> int | None:
     return struct.unpack("3i", data)[1]
 
 
+def installed() -> tuple[int, int] | None:
+    """This file as installed now (inode, mtime): another after the agent's reinstall."""
+    try:
+        found = os.stat(__file__)
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
 def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -117,30 +126,34 @@ class Dashboard:
         self.last_use = time.monotonic()
         self.streams = 0
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="dashboard-verb")
+        self.installed = installed()
 
     # --- the gate ---------------------------------------------------------------------
 
     @web.middleware
     async def gate(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        self.last_use = time.monotonic()
         uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
         if uid is not None and uid != os.getuid():
             return error(403, "this dashboard is another user's")
         host = HOST.fullmatch(request.headers.get("Host", ""))
         if host is None:
             return error(403, "the Host header must be the local address tcloud listens on")
-        if request.path.startswith("/api/"):
-            if request.cookies.get(COOKIE.format(port=host[1])) not in self.sessions:
-                return error(401, ENDED_MESSAGE)
-            if request.method == "POST" and not self.same_origin(request):
-                return error(403, "a change must come from the dashboard's own page")
+        if request.cookies.get(COOKIE.format(port=host[1])) in self.sessions:
+            self.last_use = time.monotonic()  # only a logged-in page keeps the server
+        elif request.path.startswith("/api/"):
+            return error(401, ENDED_MESSAGE)
+        if request.method == "POST" and not self.same_origin(request):
+            return error(403, "a change must come from the dashboard's own page")
         try:
-            response = await handler(request)
+            return await handler(request)
         except ViewError as exc:
-            response = error(exc.status, str(exc))
+            return error(exc.status, str(exc))
+
+    @staticmethod
+    async def add_headers(_request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer's, aiohttp's own (404, 405, 400) and the gate's refusals too."""
         for name, value in HEADERS.items():
             response.headers.setdefault(name, value)
-        return response
 
     @staticmethod
     def same_origin(request: web.Request) -> bool:
@@ -162,14 +175,13 @@ class Dashboard:
             )
         session = secrets.token_urlsafe(32)
         self.sessions.add(session)
+        self.last_use = time.monotonic()
         port = HOST.fullmatch(request.headers["Host"])[1]
         response = web.HTTPSeeOther("/")
         response.headers.add(
             "Set-Cookie",
             f"{COOKIE.format(port=port)}={session}; Path=/; HttpOnly; SameSite=Strict",
         )
-        for name, value in HEADERS.items():
-            response.headers[name] = value
         raise response
 
     # --- the API ----------------------------------------------------------------------
@@ -186,7 +198,7 @@ class Dashboard:
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
         job = request.match_info["job"]
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **HEADERS})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         process = await asyncio.create_subprocess_exec(
             *self.log_command(job),
@@ -240,6 +252,7 @@ class Dashboard:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self.gate], client_max_size=64 * 1024)
+        app.on_response_prepare.append(self.add_headers)
         views = self.views
         app.router.add_get("/", self.index)
         app.router.add_get("/login", self.login)
@@ -262,11 +275,23 @@ class Dashboard:
     def idle(self) -> bool:
         return self.streams == 0 and time.monotonic() - self.last_use > self.idle_seconds
 
-    async def watch_idle(self, stop: asyncio.Event) -> None:
+    async def watch_idle(
+        self, stop: asyncio.Event, bound: Callable[[], bool] = lambda: True
+    ) -> None:
+        """Stop once idle; once the agent was installed again (an upgrade: the next
+        `dashboard open` or `connect` starts the new code); or once the socket is gone
+        (its directory removed: pam_systemd's /run/user/UID at the user's last logout)."""
         while not stop.is_set():
             await asyncio.sleep(min(IDLE_CHECK_SECONDS, self.idle_seconds))
-            if self.idle():
+            if self.idle() or installed() != self.installed or not bound():
                 stop.set()
+
+
+def same_file(path: Path, inode: int) -> bool:
+    try:
+        return path.stat().st_ino == inode
+    except OSError:
+        return False
 
 
 async def serve(dashboard: Dashboard, path: Path) -> None:
@@ -286,14 +311,13 @@ async def serve(dashboard: Dashboard, path: Path) -> None:
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(number, stop.set)
-    watcher = asyncio.ensure_future(dashboard.watch_idle(stop))
+    watcher = asyncio.ensure_future(dashboard.watch_idle(stop, lambda: same_file(path, bound)))
     try:
         await stop.wait()
     finally:
         watcher.cancel()
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_ino == bound:
-                path.unlink()
+        if same_file(path, bound):
+            path.unlink()
         await runner.cleanup()
         dashboard.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -34,6 +34,7 @@ VerbRunner = Callable[[list[str], bytes, BinaryIO | None], tuple[int, object]]
 ENDED = (*FINAL_STATES, "HALTED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
 UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "INVALID", "FUTURE")
 UNTYPED = "gpu"
+JOBS_SHOWN = 200  # the newest jobs on the home page (`tcloud ps --limit 200`)
 NO_BROKER = (
     "no plots: this cluster's agent has no dashboard_broker_url (the inventory has no "
     "monitoring group)"
@@ -93,7 +94,7 @@ class Views:
         return {**from_agent, "version": agent_version()}
 
     def jobs(self) -> dict:
-        return {"jobs": self.verb(verbs.JOB_PS)}
+        return {"jobs": self.verb(verbs.JOB_PS, limit=JOBS_SHOWN)}
 
     def job(self, job: str) -> object:
         return self.verb(verbs.JOB_STATUS, job=job)
@@ -109,7 +110,7 @@ class Views:
 
     def gpus(self) -> dict:
         nodes = slurm.nodes.all_nodes(self.config.slurm_timeout_seconds)
-        return {"types": free_gpus(nodes), "nodes": len(nodes)}
+        return {"types": free_gpus(nodes), "nodes": sum(1 for node in nodes if node.gpus)}
 
     def usage(self, job: str) -> dict:
         status = self.job(job)

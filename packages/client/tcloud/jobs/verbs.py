@@ -29,8 +29,10 @@ def check_ids(jobs: list[str]) -> list[str]:
     return jobs
 
 
-def ps(client: paramiko.SSHClient, userdir: str | None) -> list[answers.PsRow]:
-    return call(client, verbs.JOB_PS, userdir)
+def ps(
+    client: paramiko.SSHClient, userdir: str | None, limit: int | None = None
+) -> list[answers.PsRow]:
+    return call(client, verbs.JOB_PS, userdir, limit=limit)
 
 
 def status(client: paramiko.SSHClient, userdir: str | None, job: str) -> answers.JobStatus:

@@ -43,6 +43,9 @@ def own_tmp(tmp_path, monkeypatch):
     """TMPDIR (and tempfile's idea of it) in tmp_path, for this process and the server."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    (tmp_path / "home").mkdir(mode=0o700)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     config = tmp_path / "config.yaml"
     config.write_text("dashboard_idle_seconds: 2\n")
     return tmp_path, ["--config", str(config)]
@@ -113,21 +116,32 @@ def test_dashboard_connect_relays_one_connection_as_ssh_w_does(own_tmp):
 
 
 @pytest.mark.security
-def test_the_server_refuses_a_directory_another_user_made_first(own_tmp):
+def test_a_name_another_user_took_first_in_tmp_stops_nobody(own_tmp):
+    """/tmp is shared and sticky: mallory can make /tmp/tacc-dashboard-<alice's uid>
+    first, and alice cannot remove it. Her server goes to a directory of a random name
+    instead, which her home remembers; nothing of hers lands in mallory's."""
     tmp, settings = own_tmp
     if os.getuid() != 0:
         pytest.skip("needs root to make the directory another user's")
     squatted = place.directory()
-    squatted.mkdir(mode=0o700)
+    squatted.mkdir(mode=0o777)
+    squatted.chmod(0o777)
     os.chown(squatted, 2001, 2001)
-    served = subprocess.run(
+    env = {**os.environ, "TMPDIR": str(tmp), "HOME": str(tmp / "home")}
+    opened = subprocess.run(
         [sys.executable, "-m", "tacc_agent", *settings, "dashboard", "open"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
-        env={**os.environ, "TMPDIR": str(tmp)},
+        env=env,
     )
-    assert served.returncode != 0
-    assert "not a private directory of yours" in json.loads(served.stdout)["error"]
+    assert opened.returncode == 0, opened.stdout + opened.stderr
     assert list(squatted.iterdir()) == []
+    pointer = tmp / "home" / place.POINTER.format(host=socket.gethostname())
+    used = Path(pointer.read_text().strip())
+    assert used.parent == tmp and used != squatted and used.name.startswith(squatted.name)
+    assert used.stat().st_mode & 0o777 == 0o700 and (used / place.SOCKET).exists()
+    assert place.private_directory() == used  # found again
+    for pid in server_pids(tmp):
+        os.kill(pid, 15)

@@ -63,3 +63,14 @@ def test_a_code_signed_with_another_servers_secret_or_stretched_in_time_is_refus
     assert not codes.take(f"{nonce}.{far}.{place.signature(codes.secret, nonce, far)}")
     assert not codes.take("")
     assert not codes.take("a.b.c")
+
+
+def test_the_logins_runtime_directory_is_used_where_there_is_one(tmp_path, monkeypatch):
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert place.directory() == runtime / "tacc-dashboard"
+    runtime.chmod(0o755)  # not private: not used
+    assert place.directory().name == f"tacc-dashboard-{os.getuid()}"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/path")
+    assert place.directory().name == f"tacc-dashboard-{os.getuid()}"

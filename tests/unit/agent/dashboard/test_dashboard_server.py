@@ -185,8 +185,16 @@ def test_cancel_needs_the_pages_header_and_its_own_origin(tmp_path):
 def test_every_answer_forbids_framing_and_outside_scripts(tmp_path):
     async def scenario(h: Harness):
         cookie = await h.login()
-        for path in ("/", "/api/me", "/static/index.html", "/api/jobs/99"):
-            answer = await h.get(path, headers=cookie)
+        for path, headers in (
+            ("/", cookie),
+            ("/api/me", cookie),
+            ("/static/index.html", cookie),
+            ("/api/jobs/99", cookie),  # the verb's refusal
+            ("/api/jobs", {}),  # the gate's
+            ("/nowhere", cookie),  # aiohttp's own 404
+            ("/login?code=x", {}),
+        ):
+            answer = await h.get(path, headers=headers)
             policy = answer.headers["Content-Security-Policy"]
             assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
             assert answer.headers["X-Frame-Options"] == "DENY", path
@@ -253,3 +261,52 @@ def test_a_log_line_of_a_trial_and_the_verbs_error_line():
         "problem",
         {"error": "not a job of yours"},
     )
+
+
+@pytest.mark.fault
+def test_the_server_stops_once_idle_or_once_the_agent_is_installed_again(tmp_path, monkeypatch):
+    """An upgrade replaces the agent's files: a server of the old code stops, and the next
+    `dashboard open` starts the new one."""
+    monkeypatch.setattr(server, "IDLE_CHECK_SECONDS", 0.05)
+    harness = Harness(tmp_path)
+    dashboard = harness.dashboard
+    dashboard.idle_seconds = 3600
+
+    async def stops() -> bool:
+        stop = asyncio.Event()
+        watcher = asyncio.ensure_future(dashboard.watch_idle(stop))
+        try:
+            await asyncio.wait_for(stop.wait(), 2)
+        except TimeoutError:
+            return False
+        finally:
+            watcher.cancel()
+        return True
+
+    assert not asyncio.run(stops())  # used, and the same files
+    monkeypatch.setattr(server, "installed", lambda: (1, 2))
+    assert asyncio.run(stops())
+    monkeypatch.setattr(server, "installed", lambda: dashboard.installed)
+    dashboard.idle_seconds, dashboard.last_use = 0.01, 0.0
+    assert asyncio.run(stops())
+    dashboard.streams = 1  # a page follows a log: not idle
+    assert not asyncio.run(stops())
+
+
+@pytest.mark.security
+def test_only_a_logged_in_page_keeps_the_server_from_stopping(tmp_path):
+    """Someone knocking without the cookie (another account of the laptop that found the
+    port) does not keep the server, and its sessions, alive."""
+
+    async def scenario(h: Harness):
+        h.dashboard.last_use = 0.0
+        await h.get("/api/jobs")
+        await h.get("/")
+        await h.get("/login?code=forged")
+        assert h.dashboard.last_use == 0.0
+        cookie = await h.login()
+        h.dashboard.last_use = 0.0
+        await h.get("/api/me", headers=cookie)
+        assert h.dashboard.last_use > 0
+
+    run(tmp_path, scenario)
