@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -39,8 +40,10 @@ def request(path: Path, url: str, cookie: str = "") -> http.client.HTTPResponse:
 
 
 @pytest.fixture
-def own_tmp(tmp_path, monkeypatch):
-    """TMPDIR (and tempfile's idea of it) in tmp_path, for this process and the server."""
+def own_tmp(monkeypatch):
+    """TMPDIR (and tempfile's idea of it) in a short new directory (a Unix socket's path
+    holds 107 bytes), for this process and the server."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="td", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
@@ -48,7 +51,8 @@ def own_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     config = tmp_path / "config.yaml"
     config.write_text("dashboard_idle_seconds: 2\n")
-    return tmp_path, ["--config", str(config)]
+    yield tmp_path, ["--config", str(config)]
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def server_pids(where: Path) -> list[int]:
