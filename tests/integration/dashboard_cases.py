@@ -127,6 +127,7 @@ def test_d1_alice_sees_her_job_its_logs_and_its_plot_and_nothing_of_bobs(running
         assert driver.find_element("css selector", "#user").text == "alice"
         wait_for(driver, f'#jobs tr[data-job="{mine}"]')
         assert driver.find_elements("css selector", "#nav-ops") == []
+        wait_for(driver, "#usage tr[data-usage-month]")  # `tcloud usage`: her hours
         screenshot(driver, "researcher-jobs")
         page = driver.page_source
         assert ALICE_JOB_NAME in page
@@ -158,10 +159,10 @@ def test_d2_no_page_of_bobs_shows_alices_job_name_or_owner(running_jobs):
         driver.get(f"{home}#/job/{alices}")
         wait_ready(driver)
         seen.append(driver.page_source)
+        screenshot(driver, "researcher-refused")  # bob's page on alice's job: refused
         for api in (f"api/jobs/{alices}", f"api/jobs/{alices}/usage", "api/ops/queue"):
             driver.get(f"{home}{api}")
             seen.append(driver.page_source)
-        screenshot(driver, "researcher-refused")
     for page in seen:
         absent(page, ALICE_JOB_NAME, "alice", f'data-job="{alices}"')
 

@@ -265,6 +265,7 @@ class Dashboard:
         app.router.add_post(f"/api/jobs/{JOB}/cancel", self.api(views.cancel))
         app.router.add_post(f"/api/jobs/{JOB}/halt", self.api(views.halt))
         app.router.add_get("/api/quota", self.api(views.quota))
+        app.router.add_get("/api/usage", self.api(views.hours))
         app.router.add_get("/api/gpus", self.api(views.gpus))
         app.router.add_get("/api/ops/nodes", self.api(views.ops_nodes))
         app.router.add_get("/api/ops/queue", self.api(views.ops_queue))

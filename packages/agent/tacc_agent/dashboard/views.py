@@ -108,6 +108,10 @@ class Views:
     def quota(self) -> object:
         return self.verb(verbs.QUOTA)
 
+    def hours(self) -> object:
+        """`tcloud usage`: the caller's CPU and GPU seconds by month, account, partition."""
+        return self.verb(verbs.USAGE)
+
     def gpus(self) -> dict:
         nodes = slurm.nodes.all_nodes(self.config.slurm_timeout_seconds)
         return {"types": free_gpus(nodes), "nodes": sum(1 for node in nodes if node.gpus)}

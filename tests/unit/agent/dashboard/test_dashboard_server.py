@@ -45,7 +45,7 @@ class FakeViews:
     def halt(self, job: str) -> dict:
         return {"halted": {"job_id": job, "state": "HALTED", "checkpoint_signal": True}}
 
-    usage = quota = gpus = ops_nodes = ops_queue = ops_utilisation = ops_alerts = whoami
+    usage = quota = hours = gpus = ops_nodes = ops_queue = ops_utilisation = ops_alerts = whoami
 
 
 class Harness:

@@ -359,12 +359,17 @@
     const jobs = table('jobs', ['Job', 'Name', 'State', 'Submitted', 'Nodes']);
     jobsPanel.body.append(jobs.wrap);
     const quotaPanel = panel('Quota', 'quota');
+    const hoursPanel = panel('Usage', 'usage-panel');
+    const hours = table('usage', ['Month', 'Account', 'Partition', 'Jobs', 'CPU h', 'GPU h']);
+    const hoursFoot = h('p', { class: 'muted small' });
+    hoursPanel.body.append(hours.wrap, hoursFoot);
     const gpusPanel = panel('Free GPUs', 'gpus-panel');
     const gpus = table('gpus', ['Type', 'Free', 'Total', '']);
     const gpusFoot = h('p', { class: 'muted small' });
     gpusPanel.body.append(gpus.wrap, gpusFoot);
     mainEl().replaceChildren(h('div', { class: 'layout-home' },
-      jobsPanel.root, h('div', { class: 'side' }, quotaPanel.root, gpusPanel.root)));
+      jobsPanel.root,
+      h('div', { class: 'side' }, quotaPanel.root, hoursPanel.root, gpusPanel.root)));
 
     async function loadJobs() {
       try {
@@ -386,6 +391,16 @@
         if (ctx.alive && !ended) quotaPanel.fail(err);
       }
     }
+    async function loadHours() {
+      try {
+        const usage = await api('/api/usage');
+        if (!ctx.alive) return;
+        renderHours(hours.tbody, hoursFoot, usage);
+        hoursPanel.ok();
+      } catch (err) {
+        if (ctx.alive && !ended) hoursPanel.fail(err);
+      }
+    }
     async function loadGpus() {
       try {
         const answer = await api('/api/gpus');
@@ -397,9 +412,9 @@
       }
     }
 
-    await Promise.all([loadJobs(), loadQuota(), loadGpus()]);
+    await Promise.all([loadJobs(), loadQuota(), loadHours(), loadGpus()]);
     ctx.every(REFRESH_JOBS_MS, loadJobs);
-    ctx.every(REFRESH_SIDE_MS, () => Promise.all([loadQuota(), loadGpus()]));
+    ctx.every(REFRESH_SIDE_MS, () => Promise.all([loadQuota(), loadHours(), loadGpus()]));
   }
 
   function renderJobs(tbody, jobs) {
@@ -437,6 +452,25 @@
       if (Array.isArray(rows) && rows.length) parts.push(h('h3', null, title), objectTable(rows));
     }
     body.replaceChildren(...parts);
+  }
+
+  // `tcloud usage`: allocated CPU and GPU hours of the caller's jobs (Slurm accounting).
+  function renderHours(tbody, foot, usage) {
+    const rows = Array.isArray(usage.rows) ? usage.rows : [];
+    const hoursOf = (seconds) => ((Number(seconds) || 0) / 3600).toFixed(1);
+    if (!rows.length) tbody.replaceChildren(emptyRow(6, 'No jobs in these months.'));
+    else {
+      tbody.replaceChildren(...rows.map((row) => h('tr', { 'data-usage-month': text(row.month, '') },
+        h('td', { class: 'mono' }, text(row.month)),
+        h('td', null, text(row.account)),
+        h('td', null, text(row.partition)),
+        h('td', { class: 'num' }, String(Number(row.jobs) || 0)),
+        h('td', { class: 'num' }, hoursOf(row.cpu_seconds)),
+        h('td', { class: 'num' }, hoursOf(row.gpu_seconds)))));
+    }
+    foot.textContent = usage.since && usage.until
+      ? 'Allocated, from ' + String(usage.since).slice(0, 10) + ' to '
+        + String(usage.until).slice(0, 10) + ' (Slurm accounting; tcloud usage).' : '';
   }
 
   function renderGpus(tbody, foot, answer) {
