@@ -29,7 +29,7 @@ from tests.integration.labs import SLURM_LAB
 ALICE_JOB_NAME = "alice-dashboard-train"
 BOB_JOB_NAME = "bob-private-experiment"
 AGENT_VENV = "/opt/tacc-agent/venv"  # roles/tacc_agent: tacc_agent_prefix + /venv
-# alice's program: a line a second and a busy CPU, for 240 s (cancelled at the end).
+# alice's program: a line a second and a busy CPU, for 240 s (cancelled by the last case).
 BUSY = """import time
 start = time.time()
 step = 0
@@ -192,7 +192,17 @@ def test_d3_the_broker_gives_bob_none_of_alices_series(running_jobs):
     assert "HTTP 403" in queue and "tacc_admins" in queue, queue  # refused, saying who may
 
 
-def test_d4_olga_of_tacc_admins_sees_the_nodes_and_the_whole_queue(running_jobs):
+def test_d4_olga_of_tacc_admins_sees_the_nodes_and_the_whole_queue(running_jobs, alice, bob):
+    """The last of these cases: it cancels both jobs at its end, so the module's next
+    cases (which need every CPU of n2 and n3) do not wait for them to run out."""
+    try:
+        see_the_ops_view(running_jobs)
+    finally:
+        alice("cancel", running_jobs["alice"])
+        bob("cancel", running_jobs["bob"])
+
+
+def see_the_ops_view(running_jobs: dict[str, str]) -> None:
     with dashboard("olga") as login, chromium() as driver:
         driver.get(login)
         wait_ready(driver)
