@@ -461,7 +461,7 @@
     if (!rows.length) tbody.replaceChildren(emptyRow(6, 'No jobs in these months.'));
     else {
       tbody.replaceChildren(...rows.map((row) => h('tr', { 'data-usage-month': text(row.month, '') },
-        h('td', { class: 'mono' }, text(row.month)),
+        h('td', { class: 'mono nowrap' }, text(row.month)),
         h('td', null, text(row.account)),
         h('td', null, text(row.partition)),
         h('td', { class: 'num' }, String(Number(row.jobs) || 0)),
