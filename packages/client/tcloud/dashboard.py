@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import html
 import shutil
-import sys
 import tempfile
 import webbrowser
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tacc_contract import verbs
+from tcloud.core import warn
 from tcloud.jobs import portforward
 from tcloud.transport import agent, openssh
 
@@ -61,21 +61,15 @@ def login_file(url: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def serve(
-    cluster,
-    port: int = 0,
-    browser: bool = True,
-    say: Callable[[str], None] = print,
-    stop_after: Callable[[], bool] = lambda: False,
-) -> None:
+def serve(cluster, port: int = 0, browser: bool = True, say: Callable[[str], None] = print) -> None:
     """Open the dashboard and forward it until Ctrl-C. `say` gets the local address (and,
     with browser False, the one-time login address instead of a browser opening it)."""
     opened = agent.call(cluster.client, verbs.DASHBOARD_OPEN, cluster.userdir)
-    warn = portforward_warn
     pair = portforward.PortPair("dashboard", port)
     with (
         portforward.stop_on_interrupt() as stop,
         openssh.master_for(cluster.settings) as master,
+        ExitStack() as login_page,
     ):
         way = DashboardWay(cluster.client, cluster.userdir, "", 0, warn, master)
         with portforward.Forwarder([pair], way.open, warn=warn) as forwarder:
@@ -83,15 +77,9 @@ def serve(
             home = f"http://127.0.0.1:{local}/"
             login = f"{home}login?code={opened['code']}"
             if browser:
-                with login_file(login) as page:
-                    webbrowser.open(page.as_uri())
-                    say(f"dashboard: {home} (opened in your browser; Ctrl-C stops it)")
-                    portforward.hold(lambda: not stop_after(), poll=1.0, stop=stop)
+                webbrowser.open(login_page.enter_context(login_file(login)).as_uri())
+                say(f"dashboard: {home} (opened in your browser; Ctrl-C stops it)")
             else:
                 say(f"dashboard: {login}")
                 say(f"(the link logs one browser in, once; then {home}; Ctrl-C stops it)")
-                portforward.hold(lambda: not stop_after(), poll=1.0, stop=stop)
-
-
-def portforward_warn(message: str) -> None:
-    print(f"tcloud: {message}", file=sys.stderr, flush=True)
+            portforward.hold(lambda: True, poll=1.0, stop=stop)

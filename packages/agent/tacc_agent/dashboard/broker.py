@@ -20,16 +20,13 @@ server is moved to ANSWER_DEADLINE_SECONDS (Prometheus and squeue take their tim
 
 from __future__ import annotations
 
-import grp
 import json
-import os
-import pwd
 import re
 from collections.abc import Callable, Iterable
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.dashboard import broker_asks, munge
-from tacc_agent.dashboard.broker_asks import BadRequest, Caller
+from tacc_agent.dashboard.broker_asks import BadRequest, who
 
 PATH = "/dashboard"
 MOST_BODY_BYTES = 64 << 10
@@ -134,21 +131,3 @@ def parsed(payload: bytes) -> dict:
         asked = request.get("ask") if isinstance(request, dict) else request
         raise Refused("400 Bad Request", f"{expected}, not {asked!r:.60}")
     return request
-
-
-def who(uid: int, admin_group: str) -> Caller | None:
-    """The passwd name of uid and whether it is an admin (root, or a member of
-    admin_group, by its passwd group or a supplementary one); None for a uid without an
-    account here."""
-    try:
-        account = pwd.getpwuid(uid)
-    except KeyError:
-        return None
-    if uid == 0:
-        return Caller(account.pw_name, True)
-    try:
-        admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else None
-        groups = os.getgrouplist(account.pw_name, account.pw_gid)
-    except (KeyError, OSError):
-        return Caller(account.pw_name, False)
-    return Caller(account.pw_name, admin_gid is not None and admin_gid in groups)

@@ -18,7 +18,10 @@ empty and its "problem" says why, in one line.
 
 from __future__ import annotations
 
+import grp
 import math
+import os
+import pwd
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -48,6 +51,24 @@ class Caller(NamedTuple):
 
     name: str
     admin: bool
+
+
+def who(uid: int, admin_group: str) -> Caller | None:
+    """The passwd name of uid and whether it is an admin (root, or a member of
+    admin_group, by its passwd group or a supplementary one); None for a uid without an
+    account here."""
+    try:
+        account = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    if uid == 0:
+        return Caller(account.pw_name, True)
+    try:
+        admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else None
+        groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    except (KeyError, OSError):
+        return Caller(account.pw_name, False)
+    return Caller(account.pw_name, admin_gid is not None and admin_gid in groups)
 
 
 class Plot(NamedTuple):

@@ -10,9 +10,7 @@ checks that again with the caller's MUNGE identity."""
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import socket
 import time
 from collections.abc import Callable
@@ -23,7 +21,8 @@ from typing import BinaryIO
 from tacc_agent import slurm
 from tacc_agent.config import AgentConfig
 from tacc_agent.dashboard import broker_client
-from tacc_agent.errors import AGENT_REJECTED
+from tacc_agent.dashboard.broker_asks import who
+from tacc_agent.errors import AGENT_REJECTED, AgentError
 from tacc_agent.slurm import gres
 from tacc_contract import verbs
 from tacc_contract.jobs import FINAL_STATES
@@ -59,18 +58,11 @@ class Caller:
 
 
 def caller(config: AgentConfig) -> Caller:
-    user = pwd.getpwuid(os.getuid()).pw_name
-    return Caller(user, is_admin(config.dashboard_admin_group), socket.gethostname())
-
-
-def is_admin(group: str) -> bool:
-    if os.getuid() == 0:
-        return True
-    try:
-        gid = grp.getgrnam(group).gr_gid
-    except KeyError:
-        return False
-    return gid in os.getgroups() or gid == os.getgid()
+    """The server's user and whether it is an admin, by the broker's own rule (who)."""
+    found = who(os.getuid(), config.dashboard_admin_group)
+    if found is None:
+        raise AgentError(f"uid {os.getuid()} has no account on this login node")
+    return Caller(found.name, found.admin, socket.gethostname())
 
 
 @dataclass

@@ -8,6 +8,8 @@ import pytest
 
 from tacc_agent.config import AgentConfig
 from tacc_agent.dashboard import views
+from tacc_agent.dashboard.broker_asks import Caller
+from tacc_agent.errors import AgentError
 from tacc_agent.slurm.nodes import NodeRecord
 
 
@@ -92,3 +94,21 @@ def test_without_a_broker_the_plots_say_why():
     )
     answers = views.Views(AgentConfig(), run, views.Caller("bob", False, "login1"))
     assert answers.usage("7") == {"series": [], "problem": views.NO_BROKER}
+
+
+def test_the_page_knows_an_admin_by_the_brokers_own_rule(monkeypatch):
+    """One rule for both sides: the login node's page and the monitoring host's broker
+    both ask broker_asks.who (root, or the admin group by passwd or supplementary gid)."""
+    asked: list[tuple[int, str]] = []
+
+    def who(uid: int, group: str):
+        asked.append((uid, group))
+        return Caller("olga", True) if uid == 2003 else None
+
+    monkeypatch.setattr(views, "who", who)
+    monkeypatch.setattr(views.os, "getuid", lambda: 2003)
+    me = views.caller(AgentConfig())
+    assert (me.user, me.admin) == ("olga", True) and asked == [(2003, "tacc_admins")]
+    monkeypatch.setattr(views.os, "getuid", lambda: 4242)
+    with pytest.raises(AgentError, match="uid 4242 has no account"):
+        views.caller(AgentConfig())

@@ -169,6 +169,20 @@
     };
   }
 
+  // One panel's answer: drawn by `render` (with its "problem" line, if any) while the view
+  // is still shown; a failure is said in the panel, unless the whole session has ended.
+  async function loadPanel(ctx, p, path, render) {
+    try {
+      const answer = await api(path);
+      if (!ctx.alive) return;
+      p.problem(answer.problem);
+      render(answer);
+      p.ok();
+    } catch (err) {
+      if (ctx.alive && !ended) p.fail(err);
+    }
+  }
+
   function errorText(err) {
     return err && err.message ? err.message : String(err);
   }
@@ -371,46 +385,14 @@
       jobsPanel.root,
       h('div', { class: 'side' }, quotaPanel.root, hoursPanel.root, gpusPanel.root)));
 
-    async function loadJobs() {
-      try {
-        const answer = await api('/api/jobs');
-        if (!ctx.alive) return;
-        renderJobs(jobs.tbody, Array.isArray(answer.jobs) ? answer.jobs : []);
-        jobsPanel.ok();
-      } catch (err) {
-        if (ctx.alive && !ended) jobsPanel.fail(err);
-      }
-    }
-    async function loadQuota() {
-      try {
-        const quota = await api('/api/quota');
-        if (!ctx.alive) return;
-        renderQuota(quotaPanel.body, quota);
-        quotaPanel.ok();
-      } catch (err) {
-        if (ctx.alive && !ended) quotaPanel.fail(err);
-      }
-    }
-    async function loadHours() {
-      try {
-        const usage = await api('/api/usage');
-        if (!ctx.alive) return;
-        renderHours(hours.tbody, hoursFoot, usage);
-        hoursPanel.ok();
-      } catch (err) {
-        if (ctx.alive && !ended) hoursPanel.fail(err);
-      }
-    }
-    async function loadGpus() {
-      try {
-        const answer = await api('/api/gpus');
-        if (!ctx.alive) return;
-        renderGpus(gpus.tbody, gpusFoot, answer);
-        gpusPanel.ok();
-      } catch (err) {
-        if (ctx.alive && !ended) gpusPanel.fail(err);
-      }
-    }
+    const loadJobs = () => loadPanel(ctx, jobsPanel, '/api/jobs',
+      (a) => renderJobs(jobs.tbody, Array.isArray(a.jobs) ? a.jobs : []));
+    const loadQuota = () => loadPanel(ctx, quotaPanel, '/api/quota',
+      (a) => renderQuota(quotaPanel.body, a));
+    const loadHours = () => loadPanel(ctx, hoursPanel, '/api/usage',
+      (a) => renderHours(hours.tbody, hoursFoot, a));
+    const loadGpus = () => loadPanel(ctx, gpusPanel, '/api/gpus',
+      (a) => renderGpus(gpus.tbody, gpusFoot, a));
 
     await Promise.all([loadJobs(), loadQuota(), loadHours(), loadGpus()]);
     ctx.every(REFRESH_JOBS_MS, loadJobs);
@@ -1035,22 +1017,11 @@
     mainEl().replaceChildren(h('div', { class: 'layout-ops' },
       intro, nodesPanel.root, alertsPanel.root, queuePanel.root, utilPanel.root));
 
-    async function load(p, path, render) {
-      try {
-        const answer = await api(path);
-        if (!ctx.alive) return;
-        p.problem(answer.problem);
-        render(answer);
-        p.ok();
-      } catch (err) {
-        if (ctx.alive && !ended) p.fail(err);
-      }
-    }
     const loadAll = () => Promise.all([
-      load(nodesPanel, '/api/ops/nodes', (a) => renderOpsNodes(nodes.tbody, a.nodes)),
-      load(queuePanel, '/api/ops/queue', (a) => renderOpsQueue(queue.tbody, a.jobs)),
-      load(utilPanel, '/api/ops/utilisation', (a) => charts.update(Array.isArray(a.series) ? a.series : [])),
-      load(alertsPanel, '/api/ops/alerts', (a) => renderOpsAlerts(alerts.tbody, a.alerts)),
+      loadPanel(ctx, nodesPanel, '/api/ops/nodes', (a) => renderOpsNodes(nodes.tbody, a.nodes)),
+      loadPanel(ctx, queuePanel, '/api/ops/queue', (a) => renderOpsQueue(queue.tbody, a.jobs)),
+      loadPanel(ctx, utilPanel, '/api/ops/utilisation', (a) => charts.update(Array.isArray(a.series) ? a.series : [])),
+      loadPanel(ctx, alertsPanel, '/api/ops/alerts', (a) => renderOpsAlerts(alerts.tbody, a.alerts)),
     ]);
     await loadAll();
     ctx.every(REFRESH_OPS_MS, loadAll);
