@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -149,5 +150,18 @@ def train_epoch(
     return (totals[0] / totals[1]).item()
 
 
+def leave_without_finalizing() -> None:
+    """Exit now, skipping Python's shutdown. PyTorch keeps the process group's worker
+    threads (Gloo's, NCCL's) past destroy_process_group(), and one can still hold the last
+    reference to a tensor of the last collective: if it lets go while Python shuts down,
+    the thread dies taking the GIL and the process aborts after all the work is done
+    ("terminate called without an active exception", pytorch/pytorch#190489). Everything
+    is written and closed by now: flush what is printed and leave."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    leave_without_finalizing()
