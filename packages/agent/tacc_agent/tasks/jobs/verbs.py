@@ -8,6 +8,7 @@ recorded, so it never changes afterwards.
 from __future__ import annotations
 
 import time
+from itertools import islice
 from pathlib import Path
 
 from tacc_agent import slurm
@@ -279,7 +280,7 @@ def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
     queue = slurm.queue.own_jobs(config.slurm_timeout_seconds)
     rows = [submitting_row(job_dir) for job_dir in waiting]
     ended: dict[str, Path] = {}  # jobs that left the queue: where they ran comes after
-    for entry in reversed(workspace.entries(user_dir)[-limit:]):
+    for entry in islice(reversed(workspace.entries(user_dir)), limit):  # not [-limit:]: 0 is all
         job_id, job_dir = entry.job_id, entry.job_dir
         if sweeps.is_sweep(job_dir):
             sweep = sweep_status(job_id, job_dir, config, queue)

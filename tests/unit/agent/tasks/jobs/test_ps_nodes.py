@@ -57,3 +57,17 @@ def test_an_ended_job_shows_the_nodes_accounting_says_it_ran_on(tmp_path, slurm,
 def test_without_accounting_the_ranks_records_name_the_nodes(tmp_path, slurm, ended_job):
     user_dir, _ = ended_job
     assert ps_nodes(user_dir, tmp_path) == [("100", "COMPLETED", "n2,n3")]
+
+
+def test_limit_lists_the_newest_that_many_and_zero_lists_none(tmp_path, slurm):
+    """`tcloud ps --limit N`: the newest N jobs of the index; 0 is none, not all."""
+    env = agent_env(tmp_path) | slurm.env()
+    for _ in range(3):
+        user_dir, job_dir = make_job(tmp_path, TASK, {"train.py": "print('hi')\n"})
+        submitted = agent("--userdir", str(user_dir), "job", "submit", str(job_dir), env=env)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    config = AgentConfig(workspace=str(tmp_path / "workspace"), slurm_timeout_seconds=10)
+    everything = [row["job"] for row in jobs.ps(user_dir, config)]
+    assert len(everything) == 3 and everything == sorted(everything, key=int, reverse=True)
+    assert [row["job"] for row in jobs.ps(user_dir, config, limit=2)] == everything[:2]
+    assert jobs.ps(user_dir, config, limit=0) == []
