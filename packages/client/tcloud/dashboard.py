@@ -82,4 +82,4 @@ def serve(cluster, port: int = 0, browser: bool = True, say: Callable[[str], Non
             else:
                 say(f"dashboard: {login}")
                 say(f"(the link logs one browser in, once; then {home}; Ctrl-C stops it)")
-            portforward.hold(lambda: True, poll=1.0, stop=stop)
+            stop.wait()  # Ctrl-C sets it (stop_on_interrupt)
