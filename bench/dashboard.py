@@ -30,12 +30,12 @@ from pathlib import Path
 from benchlib import BIN, ROOT, add_json_argument, command_line, summary
 
 sys.path.insert(0, str(ROOT))
+from tacc_agent.dashboard.views import JOBS_SHOWN  # the newest jobs the page lists
 from tacc_lab.demo import researcher_env
 from tcloud import Cluster
 from tests.integration.browser import chromium
 
 TASK = {"name": "bench-dash", "resources": {"nodes": 1, "mem": "50M", "time": "2"}, "run": ["true"]}
-JOBS_SHOWN = 200  # tacc_agent/dashboard/views.py: the newest jobs the page lists
 
 
 def fill_index(env: dict[str, str], jobs: int, workdir: Path) -> float:

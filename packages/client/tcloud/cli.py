@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tacc_contract.jobs import FINAL_STATES
+from tacc_contract.jobs import FINAL_STATES, PS_LIMIT
 from tcloud.compile import local_paths
 from tcloud.errors import (
     EXIT_CLUSTER,
@@ -182,7 +182,7 @@ def add_cluster_commands(sub) -> None:
         return p
 
     p_ps = command("ps", "your jobs, newest first", listing=True)
-    p_ps.add_argument("--limit", type=count, help="the newest N (default 50)")
+    p_ps.add_argument("--limit", type=count, help=f"the newest N (default {PS_LIMIT})")
     command("status", "one job's state, per-node states and exit codes", listing=True).add_argument(
         "job"
     )

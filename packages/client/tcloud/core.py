@@ -236,7 +236,7 @@ class Cluster:
 
     def jobs(self, limit: int | None = None) -> list[answers.PsRow]:
         """Your jobs, newest first (`tcloud ps`): job, name, state, submitted, nodes; the
-        newest `limit` (the cluster's default: 50)."""
+        newest `limit` (the agent's default: tacc_contract.jobs.PS_LIMIT)."""
         return jobs.ps(self.client, self.userdir, whole_number(limit, "limit"))
 
     def cancel(self, *job_ids: str | int) -> list[answers.Cancelled]:

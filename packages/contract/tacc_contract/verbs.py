@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from tacc_contract import answers
 from tacc_contract.errors import ERROR_KINDS
+from tacc_contract.jobs import PS_LIMIT
 from tacc_contract.shapes import ListOf, Shape, list_of, shape_of
 from tacc_contract.wire import AGENT, BadArgument
 
@@ -347,7 +348,7 @@ JOB_SUBMIT: Verb[answers.JobSubmitted] = Verb(
 JOB_PS: Verb[list[answers.PsRow]] = Verb(
     ("job", "ps"),
     "the caller's jobs, newest first",
-    (whole("--limit", "the newest N (default 50)"),),
+    (whole("--limit", f"the newest N (default {PS_LIMIT})"),),
     list[answers.PsRow],
 )
 JOB_STATUS: Verb[answers.JobStatus] = Verb(

@@ -22,6 +22,7 @@ from tacc_agent.tasks.schedule.instruction import load
 from tacc_agent.tasks.schedule.reasons import checked_reason
 from tacc_agent.tasks.store import workspace
 from tacc_contract.instruction import FILE, code_digest
+from tacc_contract.jobs import PS_LIMIT
 from tacc_contract.schema import session_of
 from tacc_contract.trials import trials_of
 from tacc_plugins import fluid
@@ -273,7 +274,7 @@ def status(user_dir: Path, job_id: str, config: AgentConfig) -> dict:
     return result
 
 
-def ps(user_dir: Path, config: AgentConfig, limit: int = 50) -> list[dict]:
+def ps(user_dir: Path, config: AgentConfig, limit: int = PS_LIMIT) -> list[dict]:
     """The caller's jobs (their own index: nobody else's), newest first; a job whose
     sbatch has not answered yet is SUBMITTING, with no id."""
     waiting = submitting.resolve(user_dir, config)
